@@ -1,0 +1,1 @@
+"""Calibration: thresholds with a stated false-drop guarantee, score -> probability / equivalent step."""

@@ -1,0 +1,1 @@
+"""One module per CLI command; each is a thin click wrapper over library calls."""

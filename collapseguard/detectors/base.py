@@ -1,0 +1,140 @@
+"""The detector protocol and the registry every scorer lives behind.
+
+Conventions (see DESIGN.md):
+- ``score(images)`` takes a batch of decoded RGB uint8 arrays (H, W, 3) at native resolution and
+  returns a float32 array of the same length where **higher means more degraded**. NaN means the
+  detector could not score that image (for example an unparseable VLM answer); callers record it
+  as an error, never as a score.
+- Every detector has a ``name`` (the spec it was created from, e.g. ``"pyiqa:piqe"``) and a
+  ``version`` (a hash of its weights or parameters). Both go into every scores and calibration file.
+- Detectors are created by name: ``create("nss")``, ``create("cnn")``, ``create("pyiqa:piqe")``,
+  ``create("vlm:/models/VisualQuality-R1-7B")``. Implementations are imported lazily, so the core
+  never imports optional extras (pyiqa, transformers) until asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from abc import ABC, abstractmethod
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+class DetectorError(RuntimeError):
+    """A detector cannot be created or run (missing extra, missing weights, bad name)."""
+
+
+class Detector(ABC):
+    """Base class for all scorers. Subclasses set ``name``, ``version`` and implement ``score``."""
+
+    #: the spec this detector was created from, e.g. "nss" or "pyiqa:piqe"
+    name: str = ""
+    #: short hash of weights/parameters; a calibration is only valid for the same name + version
+    version: str = ""
+    #: how many images ``score`` is happy to take at once
+    batch_size: int = 16
+    #: human-readable one-liner for ``list_detectors`` and help texts
+    description: str = ""
+
+    @abstractmethod
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """Return float32 scores, one per image, higher = more degraded (NaN = could not score)."""
+
+    def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Scores plus optional extra per-image columns (e.g. ``raw`` metric values).
+
+        Always contains ``"score"``. Subclasses that keep a raw value beside the oriented score
+        (pyiqa adapters, VLM ratings) override this.
+        """
+        return {"score": self.score(images)}
+
+    def to(self, device: str) -> "Detector":  # pragma: no cover - trivial default
+        """Move to a torch device where that means something; returns self."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}@{self.version}>"
+
+
+def params_version(*parts: object) -> str:
+    """A short, stable version string from parameters or weight bytes."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else repr(p).encode())
+    return h.hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------
+
+#: name -> "module:Class" (lazy). A name that takes an argument is written "prefix:" and is called
+#: with the text after the colon, e.g. "pyiqa:" + "piqe".
+_REGISTRY: dict[str, str | Callable[..., Detector]] = {
+    "nss": "collapseguard.detectors.nss:NSSDetector",
+    "cnn": "collapseguard.detectors.cnn:CNNDetector",
+    "pyiqa:": "collapseguard.detectors.iqa:PyIQADetector",
+    "vlm:": "collapseguard.detectors.vlm:VLMJudge",
+    "rali:": "collapseguard.detectors.rali:RALIDetector",
+    "ens:": "collapseguard.detectors.ensemble:EnsembleDetector",
+}
+
+_HELP: dict[str, str] = {
+    "nss": "hand-written natural-scene, spectral and colour statistics (numpy/scipy, fast)",
+    "cnn": "the trained degradation detector shipped with the package (default)",
+    "pyiqa:": "any pyiqa no-reference metric, e.g. pyiqa:piqe (extra [iqa], non-commercial licence)",
+    "vlm:": "VLM judge through transformers, e.g. vlm:/models/VisualQuality-R1-7B (extra [vlm]; "
+    "a hub id downloads weights unless HF_HUB_OFFLINE=1)",
+    "rali:": "RALI scorer from a checkpoint folder, e.g. rali:/models/rali (extra [vlm])",
+    "ens:": "ensemble of calibrated detectors, e.g. ens:cnn+nss",
+}
+
+DEFAULT_DETECTOR = "cnn"
+
+
+def register(name: str, factory: str | Callable[..., Detector], help: str = "") -> None:
+    """Register a detector factory under ``name`` (end it with ':' for a parameterised family)."""
+    _REGISTRY[name] = factory
+    if help:
+        _HELP[name] = help
+
+
+def list_detectors() -> dict[str, str]:
+    """Registered names (parameterised ones end with ':') and a one-line description each."""
+    return {k: _HELP.get(k, "") for k in _REGISTRY}
+
+
+def _resolve(factory: str | Callable[..., Detector]) -> Callable[..., Detector]:
+    if callable(factory):
+        return factory
+    module, _, attr = factory.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise DetectorError(
+            f"cannot import {module} ({exc}); is the optional extra for this detector installed? "
+            "(pip install 'collapseguard[iqa]' for pyiqa:, 'collapseguard[vlm]' for vlm:/rali:)"
+        ) from exc
+    return getattr(mod, attr)
+
+
+def create(name: str, **kwargs) -> Detector:
+    """Create a detector from its spec, e.g. ``create("nss")`` or ``create("pyiqa:piqe")``."""
+    if not isinstance(name, str) or not name:
+        raise DetectorError("detector name must be a non-empty string")
+    if name in _REGISTRY:
+        det = _resolve(_REGISTRY[name])(**kwargs)
+    else:
+        prefix, sep, arg = name.partition(":")
+        key = prefix + ":"
+        if not sep or key not in _REGISTRY:
+            known = ", ".join(sorted(_REGISTRY))
+            raise DetectorError(f"unknown detector {name!r}; known: {known}")
+        if not arg:
+            raise DetectorError(f"detector {name!r} needs an argument after the colon")
+        det = _resolve(_REGISTRY[key])(arg, **kwargs)
+    if not det.name:
+        det.name = name
+    return det

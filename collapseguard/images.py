@@ -1,0 +1,88 @@
+"""Decoding image bytes into RGB uint8 arrays, and what counts as an image file."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image
+
+#: File extensions (lower case, no dot) treated as images, in order of preference.
+IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
+
+#: Refuse to decode images larger than this many pixels (decompression bombs).
+MAX_PIXELS = 16384 * 16384
+
+
+class DecodeError(ValueError):
+    """Raised when bytes cannot be decoded into an image."""
+
+
+def is_image_name(name: str) -> bool:
+    """True when a file or tar member name ends with an image extension."""
+    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    return ext in IMAGE_EXTENSIONS
+
+
+def to_rgb_array(img: Image.Image) -> np.ndarray:
+    """Convert a PIL image of any mode to an (H, W, 3) uint8 array.
+
+    Alpha is composited over white; 16-bit and float images are scaled to 8 bits.
+    """
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        arr = np.asarray(img, dtype=np.float64)
+        hi = 65535.0 if arr.max() > 255 else 255.0
+        arr = np.clip(arr / hi * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return np.repeat(arr[..., None], 3, axis=2)
+    if img.mode == "F":
+        arr = np.asarray(img, dtype=np.float64)
+        arr = np.clip(arr * (255.0 if arr.max() <= 1.0 else 1.0) + 0.5, 0, 255).astype(np.uint8)
+        return np.repeat(arr[..., None], 3, axis=2)
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(bg, rgba)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    """Decode encoded image bytes into an (H, W, 3) uint8 RGB array at native resolution.
+
+    Raises DecodeError with a readable message for anything that is not a decodable image.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                w, h = img.size
+                if w * h > MAX_PIXELS:
+                    raise DecodeError(f"image too large: {w}x{h} pixels")
+                img.load()
+                return to_rgb_array(img)
+    except DecodeError:
+        raise
+    except Exception as exc:  # PIL raises many types for bad data
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+def load_image(path) -> np.ndarray:
+    """Read and decode an image file (see decode_image)."""
+    with open(path, "rb") as f:
+        return decode_image(f.read())
+
+
+def encode_png(arr: np.ndarray) -> bytes:
+    """Losslessly encode an (H, W, 3) uint8 array as PNG bytes."""
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def encode_jpeg(arr: np.ndarray, quality: int = 90) -> bytes:
+    """Encode an (H, W, 3) uint8 array as JPEG bytes."""
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()

@@ -1,0 +1,141 @@
+"""The chain manifest: one row per image of a replication chain.
+
+Required columns: ``chain_id, source_image, family, task, step, path``. Optional columns (for
+example ``repeat``, ``generator``, ``width``, ``height``) pass through. ``step`` 0 is the original.
+``path`` is stored relative to the manifest's folder when it lies under it, so a chain folder can
+be moved as a whole. Splits are always made by ``source_image`` (see ``split_by_source``), never by
+row, so no source image leaks across a split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pandas as pd
+
+REQUIRED_COLUMNS = ("chain_id", "source_image", "family", "task", "step", "path")
+#: default file name of a manifest inside a chains folder
+MANIFEST_NAME = "manifest.csv"
+
+
+class ManifestError(ValueError):
+    """A manifest is malformed; the message says what is wrong and where."""
+
+
+def read_manifest(path: str | Path, *, check_files: bool = True) -> pd.DataFrame:
+    """Read a CSV or Parquet manifest (or a folder holding ``manifest.csv``/``.parquet``).
+
+    Returns a DataFrame whose ``path`` column holds absolute paths. Validates it (see
+    ``validate_manifest``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in (MANIFEST_NAME, "manifest.parquet"):
+            if (path / name).exists():
+                path = path / name
+                break
+        else:
+            raise ManifestError(f"no manifest.csv or manifest.parquet in {path}")
+    if path.suffix == ".parquet":
+        df = pd.read_parquet(path)
+    elif path.suffix in (".csv", ".tsv"):
+        df = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",", dtype={"chain_id": str,
+                         "source_image": str, "family": str, "task": str, "path": str})
+    else:
+        raise ManifestError(f"manifest must be .csv, .tsv or .parquet, got {path.name}")
+    root = path.parent.resolve()
+    if "path" in df.columns:
+        df["path"] = [str(p) if Path(p).is_absolute() else str(root / p) for p in df["path"]]
+    validate_manifest(df, check_files=check_files, where=str(path))
+    return df
+
+
+def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write a manifest as CSV or Parquet (by suffix); paths under its folder become relative."""
+    path = Path(path)
+    validate_manifest(df, check_files=False, where=str(path))
+    root = path.parent.resolve()
+    out = df.copy()
+
+    def rel(p: str) -> str:
+        pp = Path(p).resolve()
+        try:
+            return pp.relative_to(root).as_posix()
+        except ValueError:
+            return str(pp)
+
+    out["path"] = [rel(p) for p in out["path"]]
+    out = out.sort_values(["chain_id", "step"], kind="stable").reset_index(drop=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        out.to_parquet(path, index=False)
+    else:
+        out.to_csv(path, index=False)
+    return path
+
+
+def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str = "manifest") -> None:
+    """Raise ManifestError unless: required columns exist, steps are non-negative integers, every
+    chain has a step 0, no (chain, step) repeats, one source/family/task per chain, files exist."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ManifestError(f"{where}: missing column(s) {missing}; have {list(df.columns)}")
+    if len(df) == 0:
+        raise ManifestError(f"{where}: no rows")
+    for col in ("chain_id", "source_image", "path"):
+        if df[col].isna().any():
+            raise ManifestError(f"{where}: empty {col} in row(s) {list(df.index[df[col].isna()][:5])}")
+    steps = pd.to_numeric(df["step"], errors="coerce")
+    bad = steps.isna() | (steps < 0) | (steps != steps.round())
+    if bad.any():
+        raise ManifestError(f"{where}: step must be an integer >= 0; bad rows {list(df.index[bad][:5])}")
+    dup = df.assign(step=steps.astype(int)).duplicated(["chain_id", "step"], keep=False)
+    if dup.any():
+        ex = df.loc[dup, ["chain_id", "step"]].head(3).to_dict("records")
+        raise ManifestError(f"{where}: duplicate (chain_id, step) pairs, e.g. {ex}")
+    no_zero = sorted(set(df["chain_id"]) - set(df.loc[steps == 0, "chain_id"]))
+    if no_zero:
+        raise ManifestError(f"{where}: chain(s) without step 0 (the original): {no_zero[:5]}")
+    for col in ("source_image", "family", "task"):
+        n = df.groupby("chain_id")[col].nunique(dropna=False)
+        if (n > 1).any():
+            raise ManifestError(f"{where}: chain(s) with more than one {col}: {list(n.index[n > 1][:5])}")
+    if check_files:
+        gone = [p for p in df["path"] if not Path(p).is_file()]
+        if gone:
+            raise ManifestError(f"{where}: {len(gone)} file(s) do not exist, e.g. {gone[:3]}")
+    df["step"] = steps.astype(int)
+
+
+def source_bucket(source_image: str, salt: str = "") -> float:
+    """A stable number in [0, 1) from a source image's name, for reproducible splits."""
+    h = hashlib.sha256((salt + "\0" + str(source_image)).encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+def split_by_source(df: pd.DataFrame, fractions: dict[str, float], salt: str = "") -> dict[str, pd.DataFrame]:
+    """Split rows into named parts by ``source_image`` (no source in two parts).
+
+    ``fractions`` maps part name to its share, e.g. ``{"train": 0.7, "calib": 0.15, "test": 0.15}``.
+    The assignment depends only on the source name and ``salt``, so it is reproducible and stable
+    when chains are added.
+    """
+    total = sum(fractions.values())
+    if total <= 0:
+        raise ValueError("fractions must sum to a positive number")
+    edges, acc = [], 0.0
+    for name, frac in fractions.items():
+        acc += frac / total
+        edges.append((acc, name))
+    buckets = {s: source_bucket(s, salt) for s in df["source_image"].unique()}
+
+    def part_of(s: str) -> str:
+        b = buckets[s]
+        for edge, name in edges:
+            if b < edge:
+                return name
+        return edges[-1][1]
+
+    parts = df["source_image"].map(part_of)
+    return {name: df[parts == name].reset_index(drop=True) for name in fractions}
