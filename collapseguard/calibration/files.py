@@ -1,0 +1,409 @@
+"""Calibration files: what a threshold means, where it came from, and for which detector.
+
+A calibration is plain JSON (never pickle). It holds the threshold, the finite-sample bound that
+justifies it (name, alpha, confidence, number of clean samples), the per-step drop curve, and two
+monotone maps stored as knot arrays: score -> P(degraded) and score -> equivalent replication step.
+
+**Decision rule** (used everywhere): an image is *dropped* when ``score > threshold`` (strictly;
+see ``is_dropped``). The order-statistic bound in ``collapseguard.calibration.bounds`` is derived
+for exactly this rule; with ties it is conservative.
+
+A calibration is only valid for the detector name *and* version it was made for
+(``check_detector``), and its false-drop guarantee only speaks about clean images drawn from the
+same distribution as the calibration's clean set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+#: bumped when the JSON layout changes incompatibly
+FORMAT_VERSION = 1
+
+#: folder of the calibrations shipped inside the package
+DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"
+
+#: the caveat every calibration carries
+SCOPE_NOTE = (
+    "The false-drop guarantee holds for clean images drawn from the same distribution as this "
+    "calibration's clean set (listed in clean_sources); it says nothing about other kinds of images."
+)
+
+
+class CalibrationError(ValueError):
+    """A calibration file is malformed, or a calibration cannot be made from the data given."""
+
+
+class CalibrationMismatch(ValueError):
+    """A calibration was made for another detector name or version than the one in use."""
+
+
+class NoThresholdError(ValueError):
+    """No threshold was given and no calibration (file or packaged default) applies."""
+
+
+def _knots(m: dict | None, what: str) -> dict | None:
+    """Validate a monotone map stored as ``{"x": [...], "y": [...]}`` (x increasing, y non-decreasing)."""
+    if m is None:
+        return None
+    if not isinstance(m, dict) or "x" not in m or "y" not in m:
+        raise CalibrationError(f"{what} must be an object with 'x' and 'y' knot lists")
+    try:
+        x = np.asarray(m["x"], dtype=np.float64)
+        y = np.asarray(m["y"], dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise CalibrationError(f"{what}: knots must be numbers ({exc})") from None
+    if x.ndim != 1 or x.shape != y.shape or len(x) == 0:
+        raise CalibrationError(f"{what}: 'x' and 'y' must be equally long non-empty lists")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise CalibrationError(f"{what}: knots must be finite")
+    if np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
+        raise CalibrationError(f"{what}: knots must be non-decreasing in x and y (monotone map)")
+    return {"x": [float(v) for v in x], "y": [float(v) for v in y]}
+
+
+def _interp(m: dict | None, scores) -> np.ndarray:
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if m is None:
+        return np.full(s.shape, np.nan)
+    out = np.interp(s, m["x"], m["y"])  # clamps outside the knots, so the map stays monotone
+    out[~np.isfinite(s)] = np.nan
+    return out
+
+
+@dataclass
+class Calibration:
+    """A threshold for one detector (name + version), with the evidence behind it.
+
+    Only ``detector``, ``detector_version`` and ``threshold`` are required; the rest is filled by
+    ``collapseguard.calibration.calibrate`` (or stays empty for uncalibrated cuts).
+    """
+
+    detector: str
+    detector_version: str
+    threshold: float
+    #: "calibrated", or "uncalibrated: drop-fraction ..." for percentile cuts
+    label: str = "calibrated"
+    #: name of the finite-sample bound, e.g. "binomial order statistic (conformal)"
+    method: str = ""
+    #: the false-drop rate asked for (alpha) and the confidence 1 - delta
+    alpha: float | None = None
+    confidence: float | None = None
+    #: number of clean scores the threshold was computed from
+    n_clean: int = 0
+    #: rank k of the threshold among the clean scores (k-th largest)
+    k: int | None = None
+    #: false-drop rate guaranteed at ``confidence`` (<= alpha)
+    guaranteed_false_drop: float | None = None
+    #: fraction of the calibration's own clean scores that are dropped (for information)
+    empirical_false_drop: float | None = None
+    #: "step" or e.g. "fr:ssim<0.9" — what counted as degraded for maps and curves
+    target: str = "step"
+    clean_steps: list[int] = field(default_factory=list)
+    #: where clean samples came from (chains' steps, extra folders), and how they were split
+    clean_sources: list[str] = field(default_factory=list)
+    split: dict = field(default_factory=dict)
+    #: rows {family, step, n, dropped, fraction, ci_low, ci_high}; family "all" = overall
+    drop_curve: list[dict] = field(default_factory=list)
+    #: family -> {"0.9": step or None, "0.99": step or None}
+    first_step_dropped: dict = field(default_factory=dict)
+    #: monotone maps as knots {"x": scores, "y": values}
+    probability_map: dict | None = None
+    step_map: dict | None = None
+    created: str = ""
+    command: str = ""
+    scope: str = SCOPE_NOTE
+    notes: list[str] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+    #: unknown keys read from a newer file, kept for round trips
+    extra: dict = field(default_factory=dict)
+
+    # -- maps ---------------------------------------------------------------------------------
+
+    def probability(self, scores) -> np.ndarray:
+        """P(degraded | score) from the isotonic map (monotone in score; NaN where unknown)."""
+        return _interp(self.probability_map, scores)
+
+    def equivalent_step(self, scores) -> np.ndarray:
+        """The replication step whose images typically score like this (monotone; NaN if unknown)."""
+        return _interp(self.step_map, scores)
+
+    def drops(self, scores) -> np.ndarray:
+        """Boolean array: which scores this calibration's threshold drops (``score > threshold``)."""
+        return is_dropped(scores, self.threshold)
+
+    # -- text ---------------------------------------------------------------------------------
+
+    @property
+    def is_calibrated(self) -> bool:
+        return self.label == "calibrated"
+
+    def guarantee_text(self) -> str:
+        """e.g. 'at most 1% false drops with 95% confidence (n_clean=600)'."""
+        if not self.is_calibrated or self.guaranteed_false_drop is None or self.confidence is None:
+            return self.label
+        return (f"at most {_pct(self.guaranteed_false_drop)} false drops with "
+                f"{_pct(self.confidence)} confidence (n_clean={self.n_clean})")
+
+    def describe(self) -> str:
+        """One line for logs and reports."""
+        return (f"{self.detector}@{self.detector_version}: threshold {self.threshold:.6g}, "
+                f"{self.guarantee_text()}")
+
+    # -- JSON ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        extra = d.pop("extra") or {}
+        for k, v in extra.items():
+            d.setdefault(k, v)
+        return d
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """Plain JSON text (strict: no NaN/Infinity)."""
+        return json.dumps(_clean_json(self.to_dict()), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Calibration":
+        if not isinstance(d, dict):
+            raise CalibrationError("a calibration must be a JSON object")
+        missing = [k for k in ("detector", "detector_version", "threshold") if k not in d]
+        if missing:
+            raise CalibrationError(f"calibration is missing {missing}")
+        fv = d.get("format_version", FORMAT_VERSION)
+        if not isinstance(fv, int) or fv > FORMAT_VERSION:
+            raise CalibrationError(
+                f"calibration format_version {fv!r} is newer than this collapseguard understands "
+                f"({FORMAT_VERSION}); upgrade collapseguard")
+        names = {f.name for f in fields(cls)} - {"extra"}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["extra"] = {k: v for k, v in d.items() if k not in names}
+        for key in ("detector", "detector_version", "label", "method", "target", "created",
+                    "command", "scope"):
+            if key in kw and not isinstance(kw[key], str):
+                raise CalibrationError(f"calibration field {key!r} must be a string")
+        try:
+            thr = float(kw["threshold"])
+        except (TypeError, ValueError):
+            raise CalibrationError(f"threshold must be a number, got {kw['threshold']!r}") from None
+        if not math.isfinite(thr) or isinstance(kw["threshold"], bool):
+            raise CalibrationError(f"threshold must be a finite number, got {kw['threshold']!r}")
+        kw["threshold"] = thr
+        for key in ("alpha", "confidence", "guaranteed_false_drop", "empirical_false_drop"):
+            v = kw.get(key)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise CalibrationError(f"{key} must be a number in [0, 1], got {v!r}")
+                kw[key] = float(v)
+        for key in ("n_clean",):
+            if key in kw and (isinstance(kw[key], bool) or not isinstance(kw[key], int) or kw[key] < 0):
+                raise CalibrationError(f"{key} must be a non-negative integer")
+        for key, typ in (("clean_steps", list), ("clean_sources", list), ("split", dict),
+                         ("drop_curve", list), ("first_step_dropped", dict), ("notes", list)):
+            if key in kw and not isinstance(kw[key], typ):
+                raise CalibrationError(f"calibration field {key!r} must be a {typ.__name__}")
+        kw["probability_map"] = _knots(kw.get("probability_map"), "probability_map")
+        kw["step_map"] = _knots(kw.get("step_map"), "step_map")
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Calibration":
+        try:
+            d = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CalibrationError(f"calibration is not valid JSON: {exc}") from None
+        return cls.from_dict(d)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3g}%"
+
+
+def _clean_json(o):
+    """Numpy scalars -> Python, non-finite floats -> None, so json.dumps(allow_nan=False) works."""
+    if isinstance(o, dict):
+        return {str(k): _clean_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean_json(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return [_clean_json(v) for v in o.tolist()]
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        f = float(o)
+        return f if math.isfinite(f) else None
+    if isinstance(o, np.bool_):
+        return bool(o)
+    return o
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read a calibration JSON file; CalibrationError with the path on anything malformed."""
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise CalibrationError(f"cannot read calibration {path}: {exc.strerror or exc}") from None
+    try:
+        return Calibration.from_json(text)
+    except CalibrationError as exc:
+        raise CalibrationError(f"{path}: {exc}") from None
+
+
+def save_calibration(cal: Calibration, path: str | Path) -> Path:
+    """Write a calibration as JSON (to a temporary name, then renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(cal.to_json() + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Detector checks, defaults, resolution
+# ---------------------------------------------------------------------------------------------
+
+def _name_version(detector) -> tuple[str, str]:
+    """(name, version) of a Detector, or of a ``(name, version)`` pair."""
+    if isinstance(detector, (tuple, list)) and len(detector) == 2:
+        return str(detector[0]), str(detector[1])
+    name, version = getattr(detector, "name", None), getattr(detector, "version", None)
+    if not isinstance(name, str) or version is None:
+        raise TypeError("detector must be a Detector (with .name and .version) or a (name, version) pair")
+    return name, str(version)
+
+
+def check_detector(cal: Calibration, detector) -> None:
+    """Raise CalibrationMismatch unless ``cal`` was made for this detector's name and version."""
+    name, version = _name_version(detector)
+    if cal.detector != name or cal.detector_version != version:
+        raise CalibrationMismatch(
+            f"calibration was made for detector {cal.detector}@{cal.detector_version}, "
+            f"but the detector in use is {name}@{version}; recalibrate with "
+            f"`collapseguard calibrate --detector {name} ...` or pass --threshold")
+
+
+def default_calibration_path(detector_name: str) -> Path:
+    """Where the packaged default calibration for a detector name lives (may not exist)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", detector_name).strip(".") or "_"
+    return DEFAULTS_DIR / f"{safe}.json"
+
+
+def default_calibration(detector_name: str, version: str) -> Calibration | None:
+    """The packaged calibration for ``detector_name`` if present and made for ``version``, else None."""
+    path = default_calibration_path(detector_name)
+    if not path.is_file():
+        return None
+    cal = load_calibration(path)
+    if cal.detector != detector_name or cal.detector_version != str(version):
+        return None
+    return cal
+
+
+def resolve_threshold(
+    detector,
+    threshold: float | None = None,
+    calibration: str | Path | Calibration | None = None,
+) -> tuple[float, str, Calibration | None]:
+    """Decide the threshold to use, and say where it came from.
+
+    Order: an explicit ``threshold`` wins; else a calibration file (checked against the detector,
+    CalibrationMismatch if made for another); else the packaged default for this detector and
+    version; else NoThresholdError telling the user what to pass. Returns
+    ``(threshold, description, calibration or None)``; drop images with ``score > threshold``.
+    """
+    name, version = _name_version(detector)
+    if threshold is not None:
+        t = float(threshold)
+        if not math.isfinite(t):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+        cal = None
+        if calibration is not None:
+            cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+            check_detector(cal, detector)
+        return t, f"explicit threshold {t:.6g} (--threshold; uncalibrated, no stated guarantee)", cal
+    if calibration is not None:
+        if isinstance(calibration, Calibration):
+            cal, where = calibration, "calibration"
+        else:
+            cal, where = load_calibration(calibration), f"calibration {calibration}"
+        check_detector(cal, detector)
+        return cal.threshold, f"{where} for {name}@{version}: threshold {cal.threshold:.6g}, {cal.guarantee_text()}", cal
+    cal = default_calibration(name, version)
+    if cal is not None:
+        return (cal.threshold,
+                f"default calibration for {name}@{version}: threshold {cal.threshold:.6g}, "
+                f"{cal.guarantee_text()}", cal)
+    hint = ""
+    path = default_calibration_path(name)
+    if path.is_file():
+        try:
+            other = load_calibration(path)
+            hint = (f" (the packaged default calibration is for {other.detector}@"
+                    f"{other.detector_version}, not {name}@{version})")
+        except CalibrationError:
+            pass
+    raise NoThresholdError(
+        f"no threshold for detector {name}@{version}{hint}: pass --threshold T, "
+        f"--calibration FILE (made with `collapseguard calibrate`), or --drop-fraction F "
+        f"(an uncalibrated percentile cut)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions and uncalibrated cuts
+# ---------------------------------------------------------------------------------------------
+
+def is_dropped(scores, threshold: float) -> np.ndarray:
+    """True where ``score > threshold`` (NaN scores are never 'dropped as degraded')."""
+    s = np.asarray(scores, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return s > float(threshold)
+
+
+def threshold_for_drop_fraction(scores: Sequence[float] | np.ndarray, fraction: float) -> float:
+    """The threshold that drops the top ``fraction`` of ``scores`` (uncalibrated percentile cut).
+
+    With the rule ``score > threshold``, the threshold is the (m+1)-th largest finite score, where
+    m = round(fraction * n); ties at the threshold are kept, so at most m scores are dropped.
+    NaN scores are ignored. No guarantee about clean images comes with this cut.
+    """
+    f = float(fraction)
+    if not 0.0 <= f < 1.0:
+        raise ValueError(f"drop fraction must be in [0, 1), got {fraction!r}")
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    s = s[np.isfinite(s)]
+    if len(s) == 0:
+        raise ValueError("no finite scores to take a drop-fraction cut from")
+    m = int(round(f * len(s)))
+    m = min(m, len(s) - 1)
+    desc = np.sort(s)[::-1]
+    return float(desc[m])
+
+
+def drop_fraction_calibration(detector, scores, fraction: float) -> Calibration:
+    """An uncalibrated Calibration record for a ``--drop-fraction`` cut (for scores files/reports)."""
+    name, version = _name_version(detector)
+    t = threshold_for_drop_fraction(scores, fraction)
+    return Calibration(detector=name, detector_version=version, threshold=t,
+                       label=f"uncalibrated: drop-fraction {float(fraction):g} of the data being filtered",
+                       method="percentile cut", n_clean=0)
+
+
+__all__ = [
+    "Calibration", "CalibrationError", "CalibrationMismatch", "NoThresholdError", "SCOPE_NOTE",
+    "check_detector", "default_calibration", "default_calibration_path", "drop_fraction_calibration",
+    "is_dropped", "load_calibration", "resolve_threshold", "save_calibration",
+    "threshold_for_drop_fraction",
+]
