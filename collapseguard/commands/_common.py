@@ -1,0 +1,39 @@
+"""Options and helpers shared by several commands."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from collapseguard.detectors import DEFAULT_DETECTOR, DetectorError, create
+
+
+def detector_option(default: str = DEFAULT_DETECTOR):
+    return click.option("--detector", "-d", default=default, show_default=True,
+                        help="Detector name: cnn, nss, pyiqa:<metric>, vlm:<model>, rali:<dir>, "
+                             "ens:<a>+<b> (see `collapseguard detectors`).")
+
+
+def workers_option(default: int | None = None):
+    return click.option("--workers", "-w", type=click.IntRange(min=1),
+                        default=default or min(2, os.cpu_count() or 1), show_default=True,
+                        help="Worker processes (each loads the detector once).")
+
+
+def trust_pickle_option():
+    return click.option("--trust-pickle", is_flag=True, default=False,
+                        help="Allow loading pickled checkpoints (RALI's pca.pkl/ckpt.pt). Only for "
+                             "files you trust: unpickling can run arbitrary code.")
+
+
+def detector_kwargs(name: str, trust_pickle: bool) -> tuple:
+    return (("trust_pickle", True),) if trust_pickle and name.startswith(("rali:", "ens:")) else ()
+
+
+def load_detector(name: str, kwargs: tuple = ()):
+    """Create a detector or exit with its error message."""
+    try:
+        return create(name, **dict(kwargs))
+    except (DetectorError, FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None

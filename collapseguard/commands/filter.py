@@ -1,0 +1,71 @@
+"""``collapseguard filter``: split WebDataset shards into kept/ and rejected/ by degradation."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from collapseguard.commands._common import (detector_kwargs, detector_option, load_detector,
+                                            trust_pickle_option, workers_option)
+
+
+@click.command("filter")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
+              help="Output folder: kept/, rejected/, scores/, summary.json.")
+@detector_option()
+@click.option("--threshold", type=float, default=None,
+              help="Drop samples scoring above this (uncalibrated; overrides any calibration).")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="calibration.json from `collapseguard calibrate` (must match the detector).")
+@click.option("--drop-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="Uncalibrated: drop this fraction of the highest-scoring samples of this data "
+                   "(scores everything first, then decides).")
+@workers_option()
+@click.option("--resume/--overwrite", default=True, show_default=True,
+              help="Skip shards already completed in --out, or redo everything.")
+@click.option("--no-rejected", is_flag=True, help="Do not write rejected/ shards (scores still list them).")
+@click.option("--reject-no-image", is_flag=True, help="Reject samples that hold no image (default: keep).")
+@click.option("--dry-run", is_flag=True, help="Only score and decide: write scores/ and summary.json.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local worker processes, or a Ray cluster (extra [ray]).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Images per detector call.")
+@trust_pickle_option()
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
+               no_rejected, reject_no_image, dry_run, engine, batch_size, trust_pickle, quiet):
+    """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
+    through byte for byte. INPUTS are .tar shards, folders of shards, or brace patterns such as
+    'data/shard-{000..099}.tar'. Exits non-zero if any shard failed, naming it."""
+    from collapseguard.filter.run import FilterError, run_filter_cli
+
+    if drop_fraction is not None and (threshold is not None or calibration is not None):
+        raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
+    kwargs = detector_kwargs(detector, trust_pickle)
+    det = load_detector(detector, kwargs)
+    try:
+        summary = run_filter_cli(inputs, out, det, kwargs=kwargs, threshold=threshold,
+                                 calibration=calibration, drop_fraction=drop_fraction,
+                                 workers=workers, engine=engine, resume=resume,
+                                 write_rejected=not no_rejected, reject_no_image=reject_no_image,
+                                 dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet)
+    except (FilterError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if not quiet:
+        click.echo(format_summary(summary, out), err=True)
+    if summary["shards_failed"]:
+        raise click.ClickException("failed shard(s): " + ", ".join(summary["shards_failed"]))
+
+
+def format_summary(summary: dict, out: str) -> str:
+    lines = [
+        f"threshold: {summary['threshold_source']}",
+        f"shards: {summary['shards']}  samples: {summary['samples']}  kept: {summary['kept']}  "
+        f"rejected: {summary['rejected']}",
+        "reasons: " + json.dumps(summary["reasons"]),
+    ]
+    if summary.get("images_per_second"):
+        lines.append(f"speed: {summary['images_per_second']:.1f} images/s")
+    lines.append(f"outputs: {out}/kept, {out}/rejected, {out}/scores, {out}/summary.json")
+    return "\n".join(lines)

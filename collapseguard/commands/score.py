@@ -1,0 +1,39 @@
+"""``collapseguard score``: one row per image with its degradation score."""
+
+from __future__ import annotations
+
+import click
+
+from collapseguard.commands._common import (detector_kwargs, detector_option, load_detector,
+                                            trust_pickle_option, workers_option)
+from collapseguard.filter.inputs import InputError
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True)
+@detector_option()
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+              help="Output table: .csv or .parquet.")
+@workers_option(default=1)
+@trust_pickle_option()
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def score(paths, detector, out, workers, trust_pickle, quiet):
+    """Score images in PATHS: image files, folders (recursive), .tar shards, or brace patterns
+    such as 'data/shard-{000..009}.tar'. Higher score = more degraded; an image that cannot be
+    decoded gets an empty score and its error text."""
+    from collapseguard.filter.score_run import run_score, write_table
+
+    kwargs = detector_kwargs(detector, trust_pickle)
+    det = load_detector(detector, kwargs) if workers == 1 else None
+    try:
+        df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
+                                 detector_kwargs=kwargs)
+        write_table(df, out)
+    except (InputError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    n_err = int((df["error"].fillna("") != "").sum()) if len(df) else 0
+    click.echo(f"scored {len(df) - n_err} image(s), {n_err} error(s) -> {out}", err=True)
+    for f in failures:
+        click.echo(f"FAILED {f.splitlines()[0]}", err=True)
+    if failures:
+        raise SystemExit(1)

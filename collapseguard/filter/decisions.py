@@ -1,0 +1,34 @@
+"""From a scored sample to a decision: which bucket (kept/rejected) and why.
+
+Reasons:
+- ``kept``          scored at or below the threshold;
+- ``degraded``      scored above the threshold;
+- ``decode_error``  an image in the sample could not be decoded (rejected: nothing to vouch for);
+- ``no_image``      the sample holds no image file (kept unless ``reject_no_image``);
+- ``score_error``   the detector returned NaN for every image (kept: no evidence of damage);
+- ``unsafe_name``   member names had to be cleaned (absolute path, ``..``): set aside for a look.
+"""
+
+from __future__ import annotations
+
+import math
+
+from collapseguard.filter.scoring import Scored
+
+REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name")
+
+
+def decide(scored: Scored, threshold: float, *, unsafe: bool = False,
+           reject_no_image: bool = False) -> tuple[str, str]:
+    """Return ``(decision, reason)`` with decision ``"kept"`` or ``"rejected"``."""
+    if unsafe:
+        return "rejected", "unsafe_name"
+    if scored.status == "decode_error":
+        return "rejected", "decode_error"
+    if scored.status == "no_image":
+        return ("rejected" if reject_no_image else "kept"), "no_image"
+    if scored.status == "score_error" or math.isnan(scored.score):
+        return "kept", "score_error"
+    if scored.score > threshold:
+        return "rejected", "degraded"
+    return "kept", "kept"

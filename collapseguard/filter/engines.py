@@ -1,0 +1,148 @@
+"""Engines run the per-shard function over many shards: in this process, or in worker processes.
+
+An engine has one method, ``run(fn, tasks, detector, on_progress, on_done)``: it calls the
+module-level function ``fn(task, detector, progress)`` for every task (for ``filter`` a task is a
+shard and its options, see ``pipeline.filter_task``; for ``score`` a shard or a chunk of image
+files) and reports each finished task to ``on_done`` as ``(index, result, error)``. Workers load the detector once per process and split the machine's
+cores between them, so torch and BLAS threads do not oversubscribe the CPU. A distributed engine
+(Ray) implements the same method (see ``ray_engine.py``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Callable, Sequence
+
+OnProgress = Callable[[int], None]
+#: (task index, result or None, error text or None)
+OnDone = Callable[[int, object, "str | None"], None]
+#: fn(task, detector, progress) -> result; must be a module-level function (it is pickled)
+TaskFn = Callable[[object, object, "OnProgress | None"], object]
+
+_DETECTORS: dict = {}
+_PROGRESS_QUEUE = None
+
+
+def get_detector(name: str, kwargs: tuple = ()):
+    """The process-wide detector for ``name`` (created on first use, then reused)."""
+    key = (name, kwargs)
+    if key not in _DETECTORS:
+        from collapseguard.detectors import create
+        _DETECTORS[key] = create(name, **dict(kwargs))
+    return _DETECTORS[key]
+
+
+def set_thread_budget(n_threads: int) -> None:
+    """Limit torch/BLAS/OpenMP threads of this process to ``n_threads``."""
+    n = str(max(1, int(n_threads)))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = n
+    try:
+        import torch
+        torch.set_num_threads(int(n))
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        pass
+
+
+def _worker_init(threads: int, progress_queue, detector: str, kwargs: tuple) -> None:
+    global _PROGRESS_QUEUE
+    set_thread_budget(threads)
+    _PROGRESS_QUEUE = progress_queue
+    get_detector(detector, kwargs)
+
+
+def _worker_run(fn: TaskFn, task, detector: str, kwargs: tuple):
+    q = _PROGRESS_QUEUE
+    try:
+        res = fn(task, get_detector(detector, kwargs), (lambda n: q.put(n)) if q is not None else None)
+        return res, None
+    except Exception as exc:  # reported per task; the run goes on with the others
+        return None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+
+
+class InlineEngine:
+    """Runs tasks one after another in this process (workers=1, debugging, notebooks)."""
+
+    def __init__(self, detector=None):
+        self.detector = detector
+
+    def run(self, fn: TaskFn, tasks: Sequence, detector: str, kwargs: tuple,
+            on_progress: OnProgress | None, on_done: OnDone) -> None:
+        det = self.detector if self.detector is not None else get_detector(detector, kwargs)
+        for i, task in enumerate(tasks):
+            try:
+                on_done(i, fn(task, det, on_progress), None)
+            except Exception as exc:
+                on_done(i, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
+
+
+class LocalEngine:
+    """Runs tasks in ``workers`` spawned processes on this machine, one detector per process."""
+
+    def __init__(self, workers: int = 2, threads_per_worker: int | None = None):
+        self.workers = max(1, int(workers))
+        cores = os.cpu_count() or 1
+        self.threads = threads_per_worker or max(1, cores // self.workers)
+
+    def run(self, fn: TaskFn, tasks: Sequence, detector: str, kwargs: tuple,
+            on_progress: OnProgress | None, on_done: OnDone) -> None:
+        if not tasks:
+            return
+        ctx = mp.get_context("spawn")
+        manager = ctx.Manager() if on_progress else None
+        progress_q = manager.Queue() if manager else None
+        stop = threading.Event()
+
+        def pump():
+            while True:
+                try:
+                    on_progress(progress_q.get(timeout=0.2))
+                except queue.Empty:
+                    if stop.is_set():
+                        return
+                except (EOFError, OSError):
+                    return
+
+        pumper = threading.Thread(target=pump, daemon=True) if progress_q is not None else None
+        if pumper:
+            pumper.start()
+        try:
+            with ProcessPoolExecutor(
+                max_workers=min(self.workers, len(tasks)), mp_context=ctx,
+                initializer=_worker_init, initargs=(self.threads, progress_q, detector, kwargs),
+            ) as pool:
+                futures = {pool.submit(_worker_run, fn, t, detector, kwargs): i
+                           for i, t in enumerate(tasks)}
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        try:
+                            res, err = fut.result()
+                        except Exception as exc:  # the worker died (killed, out of memory)
+                            res, err = None, f"worker failed: {type(exc).__name__}: {exc}"
+                        on_done(futures[fut], res, err)
+        finally:
+            stop.set()
+            if pumper:
+                pumper.join(timeout=5)
+            if manager:
+                manager.shutdown()
+
+
+def make_engine(name: str = "local", workers: int = 2, detector=None):
+    """``"local"`` (processes; in this process when workers == 1) or ``"ray"``.
+
+    ``detector`` (optional) is an already-created detector the inline engine reuses.
+    """
+    if name == "local":
+        return InlineEngine(detector) if workers <= 1 else LocalEngine(workers)
+    if name == "ray":
+        from collapseguard.filter.ray_engine import RayEngine
+        return RayEngine(workers)
+    raise ValueError(f"unknown engine {name!r}; use 'local' or 'ray'")

@@ -1,0 +1,94 @@
+"""Turning command-line inputs into shards and image files.
+
+An input is an image file, a folder (searched recursively for images and ``.tar`` shards), a
+``.tar`` shard, or a brace pattern such as ``data/shard-{000..009}.tar`` (expanded like the shell
+and webdataset do, including zero-padded ranges). Glob characters (``*``, ``?``) are expanded too.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import braceexpand
+
+from collapseguard.images import is_image_name
+
+SHARD_SUFFIXES = (".tar",)
+
+
+class InputError(ValueError):
+    """An input path or pattern does not name anything usable."""
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """An image file and the key it is reported under (path relative to the folder given)."""
+
+    path: str
+    key: str
+    source: str
+
+
+def expand_pattern(pattern: str) -> list[str]:
+    """Expand braces (``{000..009}``, ``{a,b}``) then globs; keeps order, drops duplicates."""
+    out: list[str] = []
+    for p in braceexpand.braceexpand(pattern):
+        if any(ch in p for ch in "*?["):
+            out.extend(sorted(glob.glob(p)))
+        else:
+            out.append(p)
+    seen: set[str] = set()
+    return [p for p in out if not (p in seen or seen.add(p))]
+
+
+def is_shard(path: str) -> bool:
+    return path.endswith(SHARD_SUFFIXES)
+
+
+def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
+    """Shards and image files named by ``inputs``, each in a stable order.
+
+    Raises InputError for a path that does not exist or is neither a shard, an image nor a folder.
+    """
+    shards: list[str] = []
+    files: list[ImageFile] = []
+    for raw in inputs:
+        paths = expand_pattern(str(raw))
+        if not paths:
+            raise InputError(f"{raw!r} matched nothing")
+        for p in paths:
+            if os.path.isdir(p):
+                root = Path(p)
+                for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+                    dirnames.sort()
+                    for name in sorted(filenames):
+                        full = Path(dirpath) / name
+                        if is_shard(name):
+                            shards.append(str(full))
+                        elif is_image_name(name):
+                            files.append(ImageFile(str(full), full.relative_to(root).as_posix(), str(root)))
+            elif os.path.isfile(p):
+                if is_shard(p):
+                    shards.append(p)
+                elif is_image_name(p):
+                    files.append(ImageFile(p, os.path.basename(p), p))
+                else:
+                    raise InputError(f"{p}: not a .tar shard or an image file")
+            else:
+                raise InputError(f"{p}: no such file or folder")
+    return shards, files
+
+
+def expand_shards(inputs: Iterable[str]) -> list[str]:
+    """Only the shards named by ``inputs`` (folders searched for ``*.tar``); errors if none."""
+    shards, files = expand_inputs(inputs)
+    if files and not shards:
+        raise InputError("no .tar shards among the inputs (filter works on WebDataset shards; "
+                         "use `collapseguard score` for loose image files)")
+    if not shards:
+        raise InputError("no .tar shards found in the inputs")
+    return shards

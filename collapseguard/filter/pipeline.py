@@ -1,0 +1,210 @@
+"""The per-shard work: one function of (input shard, options) -> outputs.
+
+``process_shard`` reads a shard as raw samples, scores each sample's images, decides, and writes
+``kept/<name>.tar``, ``rejected/<name>.tar`` and ``scores/<stem>.parquet`` under temporary names,
+renaming them when the shard is complete and writing the completion marker
+``.done/<stem>.json`` last. Output bytes depend only on the input and the options, so a run that
+was killed and resumed gives the same files as one that was not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collapseguard.filter.decisions import decide
+from collapseguard.filter.scoring import Scored, score_records
+from collapseguard.filter.tario import ShardReader, ShardWriter
+
+SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
+                 "width", "height", "error")
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """Everything a worker needs to process a shard (picklable, no detector object)."""
+
+    out_dir: str
+    detector: str
+    threshold: float
+    detector_kwargs: tuple = ()
+    batch_size: int = 0
+    reject_no_image: bool = False
+    write_rejected: bool = True
+    dry_run: bool = False
+    #: folder of scores/*.parquet from an earlier scoring pass to decide from (no re-scoring)
+    scores_from: str = ""
+
+    def fingerprint(self) -> dict:
+        """Settings that change a shard's outputs; a completed shard is reused only if equal."""
+        d = asdict(self)
+        d.pop("out_dir")
+        d.pop("batch_size")
+        d.pop("scores_from")
+        return d
+
+
+def shard_name(path: str) -> str:
+    return os.path.basename(path)
+
+
+def shard_stem(path: str) -> str:
+    name = shard_name(path)
+    return name[: -len(".tar")] if name.endswith(".tar") else name
+
+
+def output_paths(shard: str, out_dir: str) -> dict[str, Path]:
+    out = Path(out_dir)
+    return {
+        "kept": out / "kept" / shard_name(shard),
+        "rejected": out / "rejected" / shard_name(shard),
+        "scores": out / "scores" / f"{shard_stem(shard)}.parquet",
+        "marker": out / ".done" / f"{shard_stem(shard)}.json",
+    }
+
+
+def read_marker(shard: str, out_dir: str) -> dict | None:
+    """The completion marker of a shard, or None when the shard is not complete."""
+    p = output_paths(shard, out_dir)["marker"]
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tmp(p: Path) -> Path:
+    return p.with_name(p.name + ".tmp")
+
+
+def process_shard(shard: str, options: FilterOptions, detector=None,
+                  progress: Callable[[int], None] | None = None) -> dict:
+    """Filter one shard; returns the completion record (also written as the marker).
+
+    ``detector`` is the already-loaded detector named by ``options.detector`` (workers keep one
+    per process); ``progress(n)`` is called with the number of samples done since the last call.
+    """
+    if detector is None:
+        from collapseguard.filter.engines import get_detector  # late: engines imports this module
+        detector = get_detector(options.detector, options.detector_kwargs)
+    t0 = time.perf_counter()
+    paths = output_paths(shard, options.out_dir)
+    for p in paths.values():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    write_kept = not options.dry_run
+    write_rej = write_kept and options.write_rejected
+    kept_w = ShardWriter(str(_tmp(paths["kept"]))) if write_kept else None
+    rej_w = ShardWriter(str(_tmp(paths["rejected"]))) if write_rej else None
+    rows = {c: [] for c in SCORE_COLUMNS}
+    reasons: Counter = Counter()
+    n_images = 0
+    reader = ShardReader(shard)
+    try:
+        done_since = 0
+        if options.scores_from:
+            stream = precomputed_scores(reader, Path(options.scores_from) / paths["scores"].name)
+        else:
+            stream = score_records(reader, detector,
+                                   members_of=lambda s: [(m.name, m.data) for m in s.members],
+                                   batch_size=options.batch_size or None)
+        for sample, scored in stream:
+            decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
+                                      reject_no_image=options.reject_no_image)
+            writer = kept_w if decision == "kept" else rej_w
+            if writer is not None:
+                writer.write(sample)
+            reasons[reason] += 1
+            n_images += scored.n_images
+            error = scored.error
+            if sample.unsafe_names:
+                error = "; ".join(filter(None, [error, "unsafe member names: " + ", ".join(
+                    repr(n) for n in sample.unsafe_names[:5])]))
+            for col, val in (("key", sample.key), ("score", scored.score), ("decision", decision),
+                             ("reason", reason), ("detector", detector.name),
+                             ("detector_version", detector.version), ("image", scored.image),
+                             ("width", scored.width), ("height", scored.height), ("error", error)):
+                rows[col].append(val)
+            done_since += 1
+            if progress is not None and done_since >= 16:
+                progress(done_since)
+                done_since = 0
+        if progress is not None and done_since:
+            progress(done_since)
+    except BaseException:
+        for w in (kept_w, rej_w):
+            if w is not None:
+                w.close()
+        raise
+    for w in (kept_w, rej_w):
+        if w is not None:
+            w.close()
+    table = pa.table({
+        "key": pa.array(rows["key"], pa.string()),
+        "score": pa.array(rows["score"], pa.float64()),
+        "decision": pa.array(rows["decision"], pa.string()),
+        "reason": pa.array(rows["reason"], pa.string()),
+        "detector": pa.array(rows["detector"], pa.string()),
+        "detector_version": pa.array(rows["detector_version"], pa.string()),
+        "image": pa.array(rows["image"], pa.string()),
+        "width": pa.array(rows["width"], pa.int32()),
+        "height": pa.array(rows["height"], pa.int32()),
+        "error": pa.array(rows["error"], pa.string()),
+    })
+    pq.write_table(table, _tmp(paths["scores"]))
+    if write_kept:
+        os.replace(_tmp(paths["kept"]), paths["kept"])
+    if write_rej:
+        os.replace(_tmp(paths["rejected"]), paths["rejected"])
+    os.replace(_tmp(paths["scores"]), paths["scores"])
+    n = len(rows["key"])
+    record = {
+        "shard": shard,
+        "samples": n,
+        "images": n_images,
+        "kept": sum(1 for d in rows["decision"] if d == "kept"),
+        "rejected": sum(1 for d in rows["decision"] if d == "rejected"),
+        "reasons": dict(sorted(reasons.items())),
+        "skipped_members": reader.skipped,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "options": options.fingerprint(),
+        "detector_version": detector.version,
+    }
+    tmp_marker = _tmp(paths["marker"])
+    tmp_marker.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp_marker, paths["marker"])
+    return record
+
+
+_STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
+                     "score_error": "score_error"}
+
+
+def precomputed_scores(samples, scores_path: Path):
+    """Pair samples with the rows of an earlier pass's scores file (same shard, same order)."""
+    table = pq.read_table(scores_path).to_pylist()
+    it = iter(table)
+    for sample in samples:
+        row = next(it, None)
+        if row is None or row["key"] != sample.key:
+            raise RuntimeError(f"{scores_path} does not match the shard (at key {sample.key!r}); "
+                               "the shard changed since it was scored")
+        score = row["score"]
+        yield sample, Scored(score=float("nan") if score is None else score, image=row["image"],
+                             error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
+                             width=row["width"], height=row["height"],
+                             n_images=0 if row["reason"] == "no_image" else 1)
+
+
+def filter_task(task: tuple[str, FilterOptions], detector, progress=None) -> dict:
+    """Engine task function for ``filter``: ``task`` is ``(shard, options)``."""
+    shard, options = task
+    return process_shard(shard, options, detector, progress)

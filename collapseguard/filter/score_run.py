@@ -1,0 +1,102 @@
+"""``run_score``: score images in files, folders and shards into one table (CSV or Parquet).
+
+Uses the same reading (``tario``), batching (``scoring``) and engines as the filter. Rows come out
+in input order: shards first in the order given, then loose image files.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from tqdm import tqdm
+
+from collapseguard.filter.engines import make_engine
+from collapseguard.filter.inputs import ImageFile, expand_inputs
+from collapseguard.filter.scoring import score_records
+from collapseguard.filter.tario import ShardReader
+
+FILES_PER_TASK = 64
+COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
+           "error"]
+
+
+def _file_members(f: ImageFile) -> list[tuple[str, bytes]]:
+    try:
+        with open(f.path, "rb") as fh:
+            return [(f.path, fh.read())]
+    except OSError:  # unreadable file: empty bytes, so it is reported as a decode error
+        return [(f.path, b"")]
+
+
+def score_task(task: tuple[str, object], detector, progress=None) -> list[dict]:
+    """Engine task: ``("shard", path)`` or ``("files", [ImageFile, ...])`` -> list of rows."""
+    kind, payload = task
+    rows: list[dict] = []
+    if kind == "shard":
+        records = ShardReader(str(payload))
+        members_of = lambda s: [(m.name, m.data) for m in s.members]  # noqa: E731
+        ident = lambda s: (str(payload), s.key)  # noqa: E731
+    else:
+        records = payload
+        members_of = _file_members
+        ident = lambda f: (f.source, f.key)  # noqa: E731
+    n = 0
+    for rec, res in score_records(records, detector, members_of=members_of):
+        source, key = ident(rec)
+        row = {"source": source, "key": key, "score": res.score, "detector": detector.name,
+               "detector_version": detector.version,
+               "image": res.image if kind == "shard" else "", "width": res.width,
+               "height": res.height, "error": res.error}
+        row.update({f"{k}": v for k, v in res.extra.items()})
+        rows.append(row)
+        n += 1
+        if progress is not None and n % 16 == 0:
+            progress(16)
+    if progress is not None and n % 16:
+        progress(n % 16)
+    return rows
+
+
+def plan_score_tasks(inputs: Sequence[str]) -> list[tuple[str, object]]:
+    shards, files = expand_inputs(inputs)
+    tasks: list[tuple[str, object]] = [("shard", s) for s in shards]
+    for i in range(0, len(files), FILES_PER_TASK):
+        tasks.append(("files", files[i: i + FILES_PER_TASK]))
+    return tasks
+
+
+def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
+              detector_obj=None, detector_kwargs: tuple = ()) -> tuple[pd.DataFrame, list[str]]:
+    """Score every image named by ``inputs``; returns (table, errors of tasks that failed)."""
+    tasks = plan_score_tasks(inputs)
+    results: list[list[dict] | None] = [None] * len(tasks)
+    failures: list[str] = []
+    bar = tqdm(unit="img", disable=quiet, file=sys.stderr, desc="score", dynamic_ncols=True)
+
+    def on_done(i, rows, err):
+        if err is not None:
+            failures.append(f"{tasks[i][1] if tasks[i][0] == 'shard' else 'image files'}: {err}")
+        results[i] = rows or []
+
+    make_engine("local", workers, detector_obj).run(
+        score_task, tasks, detector, detector_kwargs, (bar.update if not quiet else None), on_done)
+    bar.close()
+    rows = [r for part in results if part for r in part]
+    df = pd.DataFrame(rows, columns=COLUMNS + sorted({k for r in rows for k in r} - set(COLUMNS)))
+    return df, failures
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write CSV or Parquet by the file's suffix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        df.to_parquet(path, index=False)
+    elif path.suffix in (".csv", ".tsv"):
+        df.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
+    else:
+        raise ValueError(f"--out must end in .csv, .tsv or .parquet, got {path.name}")
+    return path
