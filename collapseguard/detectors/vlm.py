@@ -1,0 +1,247 @@
+"""``vlm:<model id or local path>`` — a Qwen2-VL / Qwen2.5-VL quality judge (VisualQuality-R1 style).
+
+The judge asks the model VisualQuality-R1's question (overall quality from 1 to 5, two decimals,
+final answer in ``<answer>`` tags; see :mod:`collapseguard.detectors.vlm_prompt`) and turns the
+rating into a detector score: ``score = 5 - rating`` so that higher = more degraded; the rating is
+kept as ``raw`` in :meth:`VLMJudge.score_detailed`.
+
+- Model class chosen from the config's ``model_type`` (``qwen2_vl`` or ``qwen2_5_vl``).
+- Non-thinking ("fast") mode by default; ``thinking=True`` asks for reasoning in ``<think>`` tags
+  first (slower: up to ``max_new_tokens`` = 1024 generated tokens per image).
+- Greedy decoding (``do_sample=False``): the same image always gets the same rating.
+- Batched with left padding; device auto: CUDA when present (bfloat16), else CPU (float32).
+- Resolution: images go in at native resolution, but the processor caps the pixel count at
+  ``max_pixels`` (default 1280*28*28 ~ 1.0 MP, i.e. at most 1280 visual tokens per image, the
+  Qwen2-VL processor default in transformers 5); larger images are downscaled by Qwen's
+  ``smart_resize``, smaller ones only rounded to multiples of 28 pixels. Pass ``max_pixels`` to
+  trade memory for detail.
+- An answer that cannot be parsed gives NaN, never a made-up score. ``n_parse_errors`` counts them
+  and ``last_answers`` / ``last_parse_errors`` keep the most recent raw answers for reporting.
+
+Network: a hub id (e.g. ``TianheWu/VisualQuality-R1-7B``) is downloaded by transformers unless
+``HF_HUB_OFFLINE=1``; a local folder never touches the network.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.vlm_prompt import RATING_MAX, parse_rating, rating_prompt
+
+#: default cap on image pixels handed to the vision tower (Qwen2-VL processor default)
+DEFAULT_MAX_PIXELS = 1280 * 28 * 28
+#: smallest pixel count the processor upsizes to (Qwen2-VL default)
+DEFAULT_MIN_PIXELS = 56 * 56
+
+_MODEL_CLASSES = {
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+}
+
+
+def _weights_fingerprint(folder: Path) -> list[tuple[str, int]]:
+    """(name, size) of weight and config files in a model folder: cheap identity for a version."""
+    keep = (".safetensors", ".bin", ".json", ".jinja")
+    return sorted(
+        (p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file() and p.name.endswith(keep)
+    )
+
+
+class VLMJudge(Detector):
+    """VisualQuality-R1-style rating with a Qwen2-VL / Qwen2.5-VL model through transformers.
+
+    Args:
+        model: a local model folder or a hub id.
+        thinking: ask for reasoning in ``<think>`` tags before the answer (slower).
+        device: torch device; default CUDA when available, else CPU.
+        dtype: torch dtype name; default bfloat16 on CUDA, float32 on CPU.
+        batch_size: images per generate call.
+        max_new_tokens: generation budget per image (default 64, or 1024 in thinking mode).
+        max_pixels / min_pixels: processor pixel bounds per image (see module docstring).
+        local_files_only: never contact the hub (default: when ``model`` is a local folder or
+            ``HF_HUB_OFFLINE=1``).
+        attn_implementation: passed to ``from_pretrained`` (default: transformers' choice).
+        keep_answers: how many recent raw answers to keep in ``last_answers``.
+    """
+
+    description = "VLM quality judge (VisualQuality-R1 prompt), score = 5 - rating"
+
+    def __init__(
+        self,
+        model: str,
+        thinking: bool = False,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 4,
+        max_new_tokens: int | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        min_pixels: int = DEFAULT_MIN_PIXELS,
+        local_files_only: bool | None = None,
+        attn_implementation: str | None = None,
+        keep_answers: int = 32,
+    ):
+        try:
+            import torch
+            import transformers
+            from transformers import AutoConfig, AutoProcessor
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise DetectorError(f"transformers is not installed ({exc}); pip install 'collapseguard[vlm]'") from exc
+
+        if not isinstance(model, str) or not model.strip():
+            raise DetectorError("vlm: needs a model id or a local folder, e.g. vlm:/models/VisualQuality-R1-7B")
+        model = model.strip()
+        if int(max_pixels) < int(min_pixels) or int(min_pixels) < 28 * 28:
+            raise DetectorError(f"need 28*28 <= min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
+        local = Path(model).expanduser()
+        is_local = local.is_dir()
+        if not is_local and (model.startswith((".", "/", "~")) or model.count("/") > 1):
+            raise DetectorError(f"model folder not found: {model}")
+        if local_files_only is None:
+            local_files_only = is_local or os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "yes")
+        src = str(local) if is_local else model
+        load_kw = {"local_files_only": bool(local_files_only)}
+
+        try:
+            config = AutoConfig.from_pretrained(src, **load_kw)
+        except Exception as exc:
+            raise DetectorError(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
+        model_type = getattr(config, "model_type", "")
+        if model_type not in _MODEL_CLASSES:
+            raise DetectorError(
+                f"{model!r} is a {model_type!r} model; the VLM judge supports {sorted(_MODEL_CLASSES)}"
+            )
+        cls = getattr(transformers, _MODEL_CLASSES[model_type])
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype is None:
+            torch_dtype = torch.bfloat16 if str(self.device).startswith("cuda") else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype, None)
+            if not isinstance(torch_dtype, torch.dtype):
+                raise DetectorError(f"unknown torch dtype {dtype!r}")
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        try:
+            self.processor = AutoProcessor.from_pretrained(src, **load_kw)
+            self.model = cls.from_pretrained(src, dtype=torch_dtype, **load_kw, **extra)
+        except Exception as exc:
+            raise DetectorError(f"cannot load {model!r}: {type(exc).__name__}: {exc}") from exc
+        self.model.to(self.device).eval()
+        tok = getattr(self.processor, "tokenizer", None)
+        if tok is None or not getattr(self.processor, "chat_template", None):
+            raise DetectorError(f"{model!r}: the processor has no tokenizer or no chat template")
+        tok.padding_side = "left"  # decoder-only batched generation needs left padding
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+
+        self.model_type = model_type
+        self.thinking = bool(thinking)
+        self.batch_size = max(1, int(batch_size))
+        self.max_new_tokens = int(max_new_tokens or (1024 if self.thinking else 64))
+        self.max_pixels, self.min_pixels = int(max_pixels), int(min_pixels)
+        self.prompt = rating_prompt(self.thinking)
+        self.n_parse_errors = 0
+        self.n_scored = 0
+        self.last_answers: collections.deque[str] = collections.deque(maxlen=keep_answers)
+        self.last_parse_errors: collections.deque[str] = collections.deque(maxlen=keep_answers)
+
+        ident: object
+        if is_local:
+            ident = _weights_fingerprint(local)
+        else:
+            ident = getattr(config, "_commit_hash", None) or model
+        cfg_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
+        self.version = params_version(
+            "vlm", model_type, hashlib.sha256(cfg_json.encode()).hexdigest(), ident,
+            self.prompt, self.max_pixels, self.min_pixels, self.max_new_tokens,
+            getattr(self.processor, "chat_template", ""),
+        )
+        self.name = f"vlm:{model}"
+
+    # -----------------------------------------------------------------------------------------
+    def _messages(self) -> list[dict]:
+        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
+
+    def generate(self, images: Sequence[np.ndarray]) -> list[str]:
+        """Raw decoded answers (special tokens removed), one per image, greedy decoding."""
+        import torch
+        from PIL import Image
+
+        pil = []
+        for i, img in enumerate(images):
+            a = np.asarray(img)
+            if a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8:
+                raise DetectorError(f"image {i}: expected (H, W, 3) uint8, got {a.shape} {a.dtype}")
+            pil.append(Image.fromarray(a))
+        text = self.processor.apply_chat_template(
+            self._messages(), tokenize=False, add_generation_prompt=True, add_vision_id=True
+        )
+        answers: list[str] = []
+        for s in range(0, len(pil), self.batch_size):
+            chunk = pil[s : s + self.batch_size]
+            inputs = self.processor(
+                text=[text] * len(chunk),
+                images=chunk,
+                padding=True,
+                return_tensors="pt",
+                size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            ).to(self.device)
+            with torch.inference_mode():
+                out = self.model.generate(
+                    **inputs,
+                    do_sample=False,
+                    num_beams=1,
+                    max_new_tokens=self.max_new_tokens,
+                    use_cache=True,
+                    pad_token_id=self.processor.tokenizer.pad_token_id,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                )
+            new = out[:, inputs["input_ids"].shape[1] :]
+            answers.extend(
+                self.processor.batch_decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            )
+        return answers
+
+    def ratings(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """Ratings in [1, 5] (higher = better quality); NaN for an unparseable answer (counted)."""
+        answers = self.generate(images) if len(images) else []
+        out = np.full(len(answers), np.nan, dtype=np.float64)
+        for i, ans in enumerate(answers):
+            self.last_answers.append(ans)
+            value = parse_rating(ans)
+            if value is None:
+                self.n_parse_errors += 1
+                self.last_parse_errors.append(ans)
+            else:
+                out[i] = value
+        self.n_scored += len(answers)
+        return out
+
+    def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        rating = self.ratings(images)
+        return {"score": (RATING_MAX - rating).astype(np.float32), "raw": rating.astype(np.float32)}
+
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return self.score_detailed(images)["score"]
+
+    def error_report(self) -> dict:
+        """Counts and the most recent unparseable answers, for summaries and logs."""
+        return {
+            "scored": self.n_scored,
+            "parse_errors": self.n_parse_errors,
+            "recent_unparseable_answers": list(self.last_parse_errors),
+        }
+
+    def to(self, device: str) -> "VLMJudge":
+        self.model.to(device)
+        self.device = device
+        return self
