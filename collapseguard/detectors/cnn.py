@@ -1,0 +1,100 @@
+"""``cnn``: the trained degradation detector shipped with the package (the default detector).
+
+It scores a fixed grid of native-resolution crops per image (``crops.crop_grid``; nothing is
+resized) with a small conv net (``cnn_model.DegradationNet``) and combines the crop logits into one
+score, higher = more degraded. Weights are safetensors inside the package
+(``collapseguard/weights/cnn.safetensors``, see MODEL_CARD.md for how they were made); the
+version is a hash of the weight bytes. Inference is deterministic: eval mode, fixed crops.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.cnn_model import DegradationNet, load_net
+from collapseguard.detectors.crops import crop_grid
+
+WEIGHTS_NAME = "cnn.safetensors"
+
+
+def default_weights_bytes() -> bytes:
+    """The packaged weights (raises DetectorError when the package was built without them)."""
+    ref = resources.files("collapseguard") / "weights" / WEIGHTS_NAME
+    try:
+        return ref.read_bytes()
+    except (FileNotFoundError, OSError) as exc:
+        raise DetectorError(f"packaged cnn weights missing ({exc}); train some with "
+                            "`collapseguard train` and pass weights=PATH") from None
+
+
+def image_crops(img: np.ndarray, size: int, n: int) -> np.ndarray:
+    """(n, size, size, 3) uint8 crops of one RGB image on the deterministic crop grid."""
+    arr = np.asarray(img)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"expected an (H, W, 3) RGB image, got shape {arr.shape}")
+    if arr.dtype != np.uint8:
+        raise ValueError(f"expected uint8 pixels, got {arr.dtype}")
+    arr = arr[..., :3]
+    crops = crop_grid(arr, size, n)
+    while len(crops) < n:  # small images give fewer distinct crops; repeat to keep K fixed
+        crops = crops + crops[: n - len(crops)]
+    return np.stack(crops)
+
+
+class CNNDetector(Detector):
+    """The trained crop-based degradation detector.
+
+    Parameters: ``weights`` (path to a .safetensors file; default: the packaged weights),
+    ``device`` ("cuda", "cpu" or None = CUDA when available), ``n_crops`` (override the number of
+    crops per image stored with the weights).
+    """
+
+    description = "trained crop-based degradation detector (conv net on native-resolution crops)"
+    batch_size = 32
+
+    def __init__(self, weights: str | Path | None = None, device: str | None = None,
+                 n_crops: int | None = None):
+        if weights is None:
+            data = default_weights_bytes()
+        else:
+            p = Path(weights)
+            if not p.is_file():
+                raise DetectorError(f"cnn weights not found: {p}")
+            data = p.read_bytes()
+        try:
+            net, meta = load_net(data)
+        except Exception as exc:
+            raise DetectorError(f"cannot load cnn weights: {exc}") from None
+        self.version = params_version(data)
+        self.metadata = meta
+        self.net: DegradationNet = net
+        self.n_crops = int(n_crops or net.config.n_crops)
+        if self.n_crops < 1:
+            raise DetectorError("n_crops must be >= 1")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.net.to(self.device).eval()
+
+    def to(self, device: str) -> "CNNDetector":
+        self.device = torch.device(device)
+        self.net.to(self.device)
+        return self
+
+    @torch.inference_mode()
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """One float32 score per image, higher = more degraded."""
+        out = np.empty(len(images), dtype=np.float32)
+        size = self.net.config.crop_size
+        for start in range(0, len(images), self.batch_size):
+            chunk = images[start : start + self.batch_size]
+            crops = np.stack([image_crops(im, size, self.n_crops) for im in chunk])
+            x = torch.from_numpy(crops).to(self.device)
+            out[start : start + len(chunk)] = self.net(x).float().cpu().numpy()
+        return out

@@ -1,0 +1,137 @@
+"""The network behind the ``cnn`` detector: a small conv net over native-resolution crops.
+
+Each crop (``crop_size`` x ``crop_size`` pixels, never resized) is turned into six input channels:
+the centred RGB values and a high-pass residual (pixel minus its 3x3 box mean, amplified), so the
+noise, dots, ripples and lost texture that replication adds stay visible to the first layer. The
+conv body ends in mean and standard-deviation pooling (texture energy), which is joined with the
+crop's colour statistics (mean and spread per channel, so a creeping colour cast is visible) and
+mapped to one logit per crop. An image's score combines the mean and a soft maximum of its crop
+logits, so damage confined to a few crops still counts; higher = more degraded.
+
+The architecture is described by a small JSON-able config stored in the safetensors metadata, so a
+weights file is self-describing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """Architecture and crop settings; stored alongside the weights."""
+
+    width: int = 16
+    crop_size: int = 64
+    #: crops per image at inference (deterministic grid, see detectors.crops.crop_grid)
+    n_crops: int = 24
+    #: gain applied to the high-pass residual channel (pixels in [0, 1])
+    residual_gain: float = 8.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NetConfig":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def _conv(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.LeakyReLU(0.1))
+
+
+class DegradationNet(nn.Module):
+    """Crops in, one degradation logit per image out.
+
+    ``forward(crops)`` takes uint8 or float crops of shape (B, K, S, S, 3) (pixels 0..255) and
+    returns (B,) image logits. ``crop_logits`` gives the (B, K) per-crop logits.
+    """
+
+    N_COLOUR = 8
+
+    def __init__(self, config: NetConfig | None = None):
+        super().__init__()
+        self.config = config or NetConfig()
+        w = self.config.width
+        self.body = nn.Sequential(
+            _conv(6, w), _conv(w, w, 2), _conv(w, 2 * w, 2), _conv(2 * w, 2 * w), _conv(2 * w, 3 * w, 2)
+        )
+        feat = 2 * 3 * w + self.N_COLOUR
+        self.head = nn.Sequential(nn.Linear(feat, 32), nn.LeakyReLU(0.1), nn.Linear(32, 1))
+        # image score = a * mean(crop logits) + b * softmax-pool(crop logits) + c
+        self.agg = nn.Parameter(torch.tensor([0.5, 0.5, 0.0]))
+
+    # -- input features ------------------------------------------------------------------------
+    def _inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, S, S, 3) pixels -> (N, 6, S, S) net input and (N, 8) colour statistics."""
+        x = x.float().permute(0, 3, 1, 2) / 255.0
+        local = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+        resid = (x - local) * self.config.residual_gain
+        mean = x.mean(dim=(2, 3))
+        std = x.std(dim=(2, 3))
+        r, g, b = mean[:, 0], mean[:, 1], mean[:, 2]
+        chroma = torch.stack([g - (r + b) / 2, b - r], dim=1) * 4.0
+        colour = torch.cat([mean - 0.5, std * 4.0, chroma], dim=1)
+        return torch.cat([x - 0.5, resid], dim=1), colour
+
+    def crop_logits(self, crops: torch.Tensor) -> torch.Tensor:
+        """(B, K, S, S, 3) -> (B, K) per-crop logits."""
+        b, k = crops.shape[:2]
+        x, colour = self._inputs(crops.reshape(b * k, *crops.shape[2:]))
+        h = self.body(x)
+        pooled = torch.cat([h.mean(dim=(2, 3)), h.std(dim=(2, 3))], dim=1)
+        return self.head(torch.cat([pooled, colour], dim=1)).reshape(b, k)
+
+    def aggregate(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, K) crop logits -> (B,) image logits; insensitive to K for constant logits."""
+        k = logits.shape[1]
+        soft_max = torch.logsumexp(logits, dim=1) - math.log(k)
+        return self.agg[0] * logits.mean(dim=1) + self.agg[1] * soft_max + self.agg[2]
+
+    def forward(self, crops: torch.Tensor) -> torch.Tensor:
+        return self.aggregate(self.crop_logits(crops))
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights I/O (safetensors only; the architecture config travels in the file's metadata)
+# ---------------------------------------------------------------------------------------------
+
+def save_net(net: DegradationNet, path, metadata: dict[str, str] | None = None) -> None:
+    """Write ``net`` as safetensors with its config (and optional string metadata) embedded."""
+    import json
+
+    from safetensors.torch import save_file
+
+    meta = {"format": "collapseguard-cnn", "config": json.dumps(net.config.to_dict())}
+    for k, v in (metadata or {}).items():
+        meta[str(k)] = v if isinstance(v, str) else json.dumps(v)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_net(data: bytes) -> tuple[DegradationNet, dict[str, str]]:
+    """Build a DegradationNet from safetensors bytes; returns (net in eval mode, metadata)."""
+    import json
+
+    from safetensors.torch import load as load_bytes
+
+    tensors = load_bytes(data)
+    # safetensors.torch.load does not return metadata; read the header directly.
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n].decode("utf-8"))
+    meta = header.get("__metadata__") or {}
+    if meta.get("format") != "collapseguard-cnn":
+        raise ValueError("not a collapseguard cnn weights file (metadata format missing)")
+    config = NetConfig.from_dict(json.loads(meta["config"]))
+    net = DegradationNet(config)
+    missing, unexpected = net.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the network: missing {missing}, unexpected {unexpected}")
+    net.eval()
+    return net, meta

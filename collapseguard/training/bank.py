@@ -1,0 +1,113 @@
+"""Crop banks: native-resolution crops cut once from every training image and kept in memory.
+
+A bank holds ``P`` random ``S`` x ``S`` crops per image (uint8) plus one metadata row per image
+(``target`` and ``weight`` for the classification loss, ``chain_id``/``step`` for the ranking
+loss). All steps of a chain whose images keep the size of step 0 share crop positions, so a
+ranking pair compares the same content before and after degradation. Nothing is ever resized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.images import load_image
+
+
+def step_label(step: int, degraded_from: int = 4) -> tuple[float, float]:
+    """(target, weight) of a chain image for the clean-vs-degraded loss.
+
+    Step 0 is clean (target 0). Steps 1-2 are too subtle to call either way (weight 0: only the
+    ranking loss sees them); step 3 counts as degraded with a low weight; steps >= ``degraded_from``
+    are degraded with full weight.
+    """
+    if step <= 0:
+        return 0.0, 1.0
+    if step < 3:
+        return 1.0, 0.0
+    if step < degraded_from:
+        return 1.0, 0.3
+    return 1.0, 1.0
+
+
+def crop_positions(h: int, w: int, size: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, 2) random top-left corners of ``size`` crops inside an h x w image (0 when smaller)."""
+    ys = rng.integers(0, max(1, h - size + 1), n)
+    xs = rng.integers(0, max(1, w - size + 1), n)
+    return np.stack([ys, xs], axis=1)
+
+
+def cut_crops(img: np.ndarray, pos: np.ndarray, size: int) -> np.ndarray:
+    """Cut (n, size, size, 3) crops at ``pos``; images smaller than ``size`` are reflect-padded."""
+    h, w = img.shape[:2]
+    if h < size or w < size:
+        ph, pw = max(0, size - h), max(0, size - w)
+        mode = "reflect" if (h > ph and w > pw) else "edge"
+        img = np.pad(img, ((0, ph), (0, pw), (0, 0)), mode=mode)
+    return np.stack([img[y : y + size, x : x + size] for y, x in pos])
+
+
+@dataclass
+class CropBank:
+    """``crops``: (N, P, S, S, 3) uint8; ``meta``: N rows (target, weight, kind, chain_id, step...)."""
+
+    crops: np.ndarray
+    meta: pd.DataFrame
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    @staticmethod
+    def concat(banks: Iterable["CropBank"]) -> "CropBank":
+        banks = [b for b in banks if len(b)]
+        if not banks:
+            raise ValueError("no crops to concatenate")
+        return CropBank(np.concatenate([b.crops for b in banks]),
+                        pd.concat([b.meta for b in banks], ignore_index=True))
+
+
+def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
+               loader: Callable[[str], np.ndarray] = load_image,
+               progress: Callable[[int, int], None] | None = None) -> CropBank:
+    """Crops of every row of a chain manifest (see module docstring for shared positions)."""
+    rng = np.random.default_rng(seed)
+    crops, rows = [], []
+    done = 0
+    for chain_id, g in manifest.sort_values(["chain_id", "step"]).groupby("chain_id", sort=True):
+        ref_shape, ref_pos = None, None
+        for r in g.itertuples(index=False):
+            img = loader(r.path)
+            if ref_shape is None:
+                ref_shape = img.shape
+                ref_pos = crop_positions(img.shape[0], img.shape[1], size, per_image, rng)
+            pos = ref_pos if img.shape == ref_shape else crop_positions(
+                img.shape[0], img.shape[1], size, per_image, rng)
+            crops.append(cut_crops(img, pos, size))
+            target, weight = step_label(int(r.step))
+            rows.append({"kind": "chain", "chain_id": str(chain_id), "family": str(r.family),
+                         "source_image": str(r.source_image), "step": int(r.step),
+                         "target": target, "weight": weight, "path": str(r.path),
+                         "aligned": bool(img.shape == ref_shape)})
+            done += 1
+            if progress:
+                progress(done, len(manifest))
+    return CropBank(np.stack(crops) if crops else np.zeros((0, per_image, size, size, 3), np.uint8),
+                    pd.DataFrame(rows))
+
+
+def image_bank(images: Iterable[tuple[str, np.ndarray]], size: int, per_image: int, seed: int,
+               target: float = 0.0, weight: float = 1.0, kind: str = "clean") -> CropBank:
+    """Crops of loose (name, image) pairs, all with the same target (0 = clean)."""
+    rng = np.random.default_rng(seed)
+    crops, rows = [], []
+    for name, img in images:
+        pos = crop_positions(img.shape[0], img.shape[1], size, per_image, rng)
+        crops.append(cut_crops(img, pos, size))
+        rows.append({"kind": kind, "chain_id": "", "family": kind, "source_image": name, "step": -1,
+                     "target": float(target), "weight": float(weight), "path": name,
+                     "aligned": False})
+    return CropBank(np.stack(crops) if crops else np.zeros((0, per_image, size, size, 3), np.uint8),
+                    pd.DataFrame(rows))

@@ -1,0 +1,75 @@
+"""The model card written next to trained weights (Markdown), from the run's summary dict."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else f"{v:.3f}"
+    return str(v)
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A Markdown table of ``rows`` restricted to ``columns`` (missing cells shown as n/a)."""
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(_fmt(r.get(c, float("nan"))) for c in columns) + " |\n"
+                          for r in rows)
+
+
+def render_card(summary: dict) -> str:
+    """Markdown model card from a training summary (see ``run.run_training``)."""
+    d, cfg = summary["data"], summary["config"]
+    lines = [
+        f"# Model card: {summary.get('name', 'cnn')} ({summary['weights_file']}, version {summary['version']})",
+        "",
+        "Crop-based degradation detector: a small conv net on native-resolution crops, one score per "
+        "image, higher = more degraded. Trained with a chain-aware objective (RankNet pairs within a "
+        "chain + clean-vs-degraded BCE: step 0 clean, steps 1-2 ranking only, step 3 weight 0.3, "
+        "steps >= 4 degraded).",
+        "",
+        "## Data",
+        f"- chains: {d['n_chains_train']} train / {d['n_chains_test']} held-out (split by source image, "
+        f"{d['n_sources_train']} / {d['n_sources_test']} sources)",
+        f"- families trained on: {', '.join(d['families_train']) or '(none)'}",
+        f"- families excluded: {', '.join(d['families_excluded']) or '(none)'}",
+        f"- steps present: {', '.join(map(str, d['steps']))}",
+        f"- clean negatives: {d['n_clean_train_files']} files x {d['clean_variants']} variants (as-is + "
+        "camera-like: sensor grain, JPEG q70-95, mild sharpening, small upscales, web-size downscales); "
+        f"{d['n_clean_heldout_files']} clean files held out",
+        f"- crop bank: {d['crops_per_bank_image']} crops of {cfg['net']['crop_size']} px per image",
+        "",
+        "## Training",
+        f"- iterations {cfg['iterations']}, chains/batch {cfg['chains_per_batch']} x {cfg['steps_per_chain']} "
+        f"steps, clean/batch {cfg['clean_per_batch']}, crops/image {cfg['crops_per_image']}, lr {cfg['lr']}, "
+        f"seed {cfg['seed']}, threads {cfg['threads']}",
+        f"- network: width {cfg['net']['width']}, crop {cfg['net']['crop_size']} px, "
+        f"{cfg['net']['n_crops']} crops at inference, {summary['n_parameters']} parameters, "
+        f"{summary['weights_bytes']} bytes",
+        f"- wall time: data {summary['seconds_data']:.0f} s, training {summary['seconds_train']:.0f} s, "
+        f"evaluation {summary['seconds_eval']:.0f} s",
+        f"- final loss {summary['final_loss']:.4f} (first logged {summary['first_loss']:.4f})",
+        "",
+        "## Held-out metrics (sources never seen in training)",
+        "",
+    ]
+    au = summary["heldout_auroc"]
+    cols = ["family", "n_chains"] + sorted({k for r in au for k in r if k.startswith("auroc")},
+                                            key=lambda c: int(c.split("v")[1]))
+    lines.append(table(au, cols))
+    c = summary["clean"]
+    lines += [
+        "Clean false-positive rate at the threshold that drops 95% of held-out step-10 images "
+        f"(threshold {_fmt(c['threshold'])}):",
+        "",
+        table(c["groups"], ["set", "n", "fpr"]),
+    ]
+    return "\n".join(lines)
+
+
+def write_card(summary: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(render_card(summary))
+    return path

@@ -1,0 +1,162 @@
+"""The training loop: batches of chain steps (for ranking + classification) and clean images.
+
+Each iteration draws ``chains_per_batch`` chains from the chain bank and ``steps_per_chain`` of
+their images (sorted by step, sharing crop positions when aligned), plus ``clean_per_batch`` clean
+images; every image contributes ``crops_per_image`` random crops from its bank entry. The loss is
+``classification + rank_weight * ranking``. Everything random comes from one seeded generator, and
+torch runs on a fixed number of threads, so a run is reproducible on the same machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from collapseguard.detectors.cnn_model import DegradationNet, NetConfig
+from collapseguard.training.bank import CropBank
+from collapseguard.training.losses import classification_loss, ranking_loss
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings (stored in the model card)."""
+
+    iterations: int = 1500
+    chains_per_batch: int = 12
+    steps_per_chain: int = 3
+    clean_per_batch: int = 16
+    crops_per_image: int = 8
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    rank_weight: float = 1.0
+    seed: int = 0
+    threads: int = 2
+    log_every: int = 50
+    net: NetConfig = field(default_factory=NetConfig)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random flips / transposition of (B, K, S, S, 3) crops (same for the whole batch)."""
+    r = torch.randint(0, 8, (1,), generator=gen).item()
+    if r & 1:
+        x = x.flip(2)
+    if r & 2:
+        x = x.flip(3)
+    if r & 4:
+        x = x.transpose(2, 3)
+    return x
+
+
+class Batcher:
+    """Draws training batches from a chain bank and a clean bank with one seeded generator."""
+
+    def __init__(self, chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig):
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.chains, self.clean = chains, clean
+        self.chain_rows: list[np.ndarray] = []
+        if chains is not None and len(chains):
+            m = chains.meta
+            for _, g in m.groupby("chain_id", sort=True):
+                self.chain_rows.append(g.sort_values("step").index.to_numpy())
+            self.chain_rows = [r for r in self.chain_rows if len(r) >= 2]
+        if not self.chain_rows and (clean is None or not len(clean)):
+            raise ValueError("nothing to train on: no chain with two or more steps and no clean images")
+
+    def _crops(self, bank: CropBank, rows: np.ndarray, shared: bool) -> np.ndarray:
+        p = bank.crops.shape[1]
+        k = min(self.cfg.crops_per_image, p)
+        if shared:
+            idx = self.rng.choice(p, k, replace=False)
+            return bank.crops[rows][:, idx]
+        idx = np.stack([self.rng.choice(p, k, replace=False) for _ in rows])
+        return bank.crops[rows[:, None], idx]
+
+    def batch(self) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        crops, target, weight, group, order = [], [], [], [], []
+        if self.chain_rows:
+            picks = self.rng.choice(len(self.chain_rows), min(cfg.chains_per_batch, len(self.chain_rows)),
+                                    replace=False)
+            for gi, c in enumerate(picks):
+                rows = self.chain_rows[c]
+                t = min(cfg.steps_per_chain, len(rows))
+                sel = np.sort(self.rng.choice(len(rows), t, replace=False))
+                rows = rows[sel]
+                meta = self.chains.meta.loc[rows]
+                crops.append(self._crops(self.chains, rows, shared=bool(meta["aligned"].all())))
+                target += meta["target"].tolist()
+                weight += meta["weight"].tolist()
+                group += [gi] * t
+                order += meta["step"].tolist()
+        if self.clean is not None and len(self.clean) and cfg.clean_per_batch > 0:
+            rows = self.rng.choice(len(self.clean), min(cfg.clean_per_batch, len(self.clean)), replace=False)
+            crops.append(self._crops(self.clean, rows, shared=False))
+            meta = self.clean.meta.loc[rows]
+            target += meta["target"].tolist()
+            weight += meta["weight"].tolist()
+            group += [-1 - i for i in range(len(rows))]  # singleton groups: no ranking pairs
+            order += [0] * len(rows)
+        return {
+            "crops": torch.from_numpy(np.concatenate(crops)),
+            "target": torch.tensor(target, dtype=torch.float32),
+            "weight": torch.tensor(weight, dtype=torch.float32),
+            "group": torch.tensor(group),
+            "order": torch.tensor(order),
+        }
+
+
+def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
+              log: Callable[[str], None] = print, net: DegradationNet | None = None
+              ) -> tuple[DegradationNet, list[dict]]:
+    """Train a DegradationNet; returns it (eval mode) and the logged history."""
+    torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    net = net or DegradationNet(cfg.net)
+    net.train()
+    batcher = Batcher(chains, clean, cfg)
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(1, cfg.iterations // 20)
+
+    def lr_at(it: int) -> float:
+        if it < warm:
+            return cfg.lr * (it + 1) / warm
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * (it - warm) / max(1, cfg.iterations - warm)))
+
+    history, acc, t0 = [], {"loss": 0.0, "cls": 0.0, "rank": 0.0, "n": 0}, time.time()
+    for it in range(cfg.iterations):
+        for gparam in opt.param_groups:
+            gparam["lr"] = lr_at(it)
+        b = batcher.batch()
+        logits = net(_augment(b["crops"], gen))
+        cls = classification_loss(logits, b["target"], b["weight"])
+        rank = ranking_loss(logits, b["group"], b["order"])
+        loss = cls + cfg.rank_weight * rank
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+        opt.step()
+        acc["loss"] += loss.item()
+        acc["cls"] += cls.item()
+        acc["rank"] += rank.item()
+        acc["n"] += 1
+        if (it + 1) % cfg.log_every == 0 or it + 1 == cfg.iterations:
+            n = acc.pop("n")
+            rec = {"iteration": it + 1, **{k: v / n for k, v in acc.items()},
+                   "lr": lr_at(it), "seconds": round(time.time() - t0, 1)}
+            history.append(rec)
+            log(f"iter {it + 1}/{cfg.iterations}  loss {rec['loss']:.4f}  cls {rec['cls']:.4f}  "
+                f"rank {rec['rank']:.4f}  lr {rec['lr']:.2e}  {rec['seconds']:.0f}s")
+            acc = {"loss": 0.0, "cls": 0.0, "rank": 0.0, "n": 0}
+    net.eval()
+    return net, history

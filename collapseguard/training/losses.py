@@ -1,0 +1,47 @@
+"""The chain-aware objective: pairwise ranking within a chain plus clean-vs-degraded classification.
+
+Both losses take soft targets, so the same code trains on chain labels (hard 0/1 targets, a chain's
+later step always more degraded) and on a teacher detector's labels (soft targets from its scores,
+pair probabilities from its score differences) for distillation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def classification_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted binary cross-entropy on image logits; ``targets`` may be soft (in [0, 1]).
+
+    Rows with weight 0 are ignored; returns 0 when every weight is 0.
+    """
+    w = weights.float()
+    total = w.sum()
+    if total <= 0:
+        return logits.sum() * 0.0
+    bce = F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="none")
+    return (bce * w).sum() / total
+
+
+def pair_indices(groups: torch.Tensor, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All (i, j) with the same group and ``order[j] > order[i]`` (j should score higher)."""
+    same = groups[:, None] == groups[None, :]
+    later = order[None, :] > order[:, None]
+    i, j = torch.nonzero(same & later, as_tuple=True)
+    return i, j
+
+
+def ranking_loss(logits: torch.Tensor, groups: torch.Tensor, order: torch.Tensor,
+                 pair_target: torch.Tensor | None = None) -> torch.Tensor:
+    """RankNet loss over pairs in the same group: -log sigmoid(s_j - s_i) for later j.
+
+    ``pair_target`` (one probability per pair, default 1) lets a teacher say how sure it is that
+    j is worse than i. Returns 0 when there are no pairs.
+    """
+    i, j = pair_indices(groups, order)
+    if len(i) == 0:
+        return logits.sum() * 0.0
+    diff = logits[j] - logits[i]
+    p = torch.ones_like(diff) if pair_target is None else pair_target.float()
+    return F.binary_cross_entropy_with_logits(diff, p)

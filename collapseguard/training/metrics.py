@@ -1,0 +1,77 @@
+"""Held-out metrics for a trained detector: AUROC of clean vs step k per family, and the clean
+false-positive rate at the threshold that drops a given share of step-10 images."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import roc_auc_score
+
+from collapseguard.detectors.base import Detector
+from collapseguard.images import load_image
+
+EVAL_STEPS = (1, 2, 3, 5, 10, 20)
+
+
+def score_paths(detector: Detector, paths: Sequence[str], batch: int = 16,
+                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """Score image files with ``detector`` (files are decoded at native resolution)."""
+    out = np.empty(len(paths), dtype=np.float32)
+    for s in range(0, len(paths), batch):
+        chunk = paths[s : s + batch]
+        out[s : s + len(chunk)] = detector.score([load_image(p) for p in chunk])
+        if progress:
+            progress(s + len(chunk), len(paths))
+    return out
+
+
+def score_images(detector: Detector, images: Iterable[np.ndarray], batch: int = 16) -> np.ndarray:
+    out, buf = [], []
+    for img in images:
+        buf.append(img)
+        if len(buf) == batch:
+            out.append(detector.score(buf))
+            buf = []
+    if buf:
+        out.append(detector.score(buf))
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def auroc(neg: np.ndarray, pos: np.ndarray) -> float:
+    """AUROC of positives (should score higher) against negatives; NaN if either side is empty."""
+    neg, pos = np.asarray(neg, float), np.asarray(pos, float)
+    if len(neg) == 0 or len(pos) == 0:
+        return float("nan")
+    y = np.r_[np.zeros(len(neg)), np.ones(len(pos))]
+    return float(roc_auc_score(y, np.r_[neg, pos]))
+
+
+def chain_auroc_table(scored: pd.DataFrame, steps: Sequence[int] = EVAL_STEPS) -> pd.DataFrame:
+    """AUROC(step 0 vs step k) per family and for all families together ("ALL").
+
+    ``scored`` is a manifest with a ``score`` column. Rows: family; columns: ``n_chains`` and
+    ``auroc_0v{k}`` for every k present.
+    """
+    rows = []
+    groups = [(f, g) for f, g in scored.groupby("family", sort=True)] + [("ALL", scored)]
+    for fam, g in groups:
+        rec = {"family": fam, "n_chains": int(g["chain_id"].nunique())}
+        neg = g.loc[g["step"] == 0, "score"].to_numpy()
+        for k in steps:
+            pos = g.loc[g["step"] == k, "score"].to_numpy()
+            if len(pos):
+                rec[f"auroc_0v{k}"] = auroc(neg, pos)
+        rows.append(rec)
+    return pd.DataFrame(rows).set_index("family")
+
+
+def clean_false_positive_rate(clean: np.ndarray, degraded: np.ndarray, drop: float = 0.95) -> tuple[float, float]:
+    """(threshold, share of clean scores above it) where the threshold drops ``drop`` of
+    ``degraded`` (the (1 - drop) quantile of the degraded scores)."""
+    degraded = np.asarray(degraded, float)
+    if len(degraded) == 0 or len(clean) == 0:
+        return float("nan"), float("nan")
+    thr = float(np.quantile(degraded, 1.0 - drop))
+    return thr, float(np.mean(np.asarray(clean, float) > thr))

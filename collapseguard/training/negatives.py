@@ -1,0 +1,117 @@
+"""Clean negatives that are *not* smooth renders: real photos and camera-like variants of them.
+
+A degradation filter that drops every grainy photograph is useless, so the training set's clean
+side holds photos with natural grain and fine texture, and realistic capture/processing variants of
+clean images, all labelled clean: signal-dependent sensor noise (ISO grain, slightly correlated
+like demosaiced noise, with a little chroma noise), JPEG at quality 70-95, mild unsharp masking,
+small upscales, and web-size downscales of large photos.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+from PIL import Image, ImageFilter
+
+from collapseguard.images import is_image_name, load_image
+from collapseguard.training_data_tools.manifest import source_bucket
+
+
+def list_images(folders: Sequence[str | Path]) -> list[Path]:
+    """Image files under ``folders`` (recursive), sorted, so the order is reproducible."""
+    out: list[Path] = []
+    for folder in folders:
+        folder = Path(folder)
+        if folder.is_file() and is_image_name(folder.name):
+            out.append(folder)
+            continue
+        if not folder.is_dir():
+            raise FileNotFoundError(f"clean folder not found: {folder}")
+        out.extend(p for p in folder.rglob("*") if p.is_file() and is_image_name(p.name))
+    return sorted(set(out))
+
+
+def split_clean(paths: Sequence[Path], holdout: float = 0.25, salt: str = "clean") -> tuple[list[Path], list[Path]]:
+    """Split clean files into (train, held-out) by a stable hash of the file name."""
+    train, held = [], []
+    for p in paths:
+        (held if source_bucket(Path(p).name, salt) < holdout else train).append(p)
+    return train, held
+
+
+def _resize(img: np.ndarray, scale: float) -> np.ndarray:
+    h, w = img.shape[:2]
+    nh, nw = max(8, int(round(h * scale))), max(8, int(round(w * scale)))
+    return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC if scale > 1 else Image.LANCZOS))
+
+
+def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) -> np.ndarray:
+    """Signal-dependent (Poisson-Gaussian) grain at ``iso_sigma`` (8-bit units at mid-grey),
+    mostly luminance with some chroma, spatially softened like demosaiced sensor noise."""
+    x = img.astype(np.float32)
+    h, w = x.shape[:2]
+    level = np.sqrt(0.25 + 0.75 * x.mean(axis=2, keepdims=True) / 128.0)  # brighter = more shot noise
+    lum = rng.standard_normal((h, w, 1)).astype(np.float32)
+    chroma = rng.standard_normal((h, w, 3)).astype(np.float32) * rng.uniform(0.2, 0.5)
+    n = lum + chroma
+    if rng.random() < 0.7:  # demosaic-like correlation
+        from scipy.ndimage import gaussian_filter
+
+        n = gaussian_filter(n, sigma=(rng.uniform(0.4, 0.9), rng.uniform(0.4, 0.9), 0))
+        n /= max(1e-6, float(n.std()))
+    return np.clip(x + n * iso_sigma * level, 0, 255).astype(np.uint8)
+
+
+def jpeg(img: np.ndarray, quality: int) -> np.ndarray:
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=int(quality))
+    buf.seek(0)
+    return np.asarray(Image.open(buf).convert("RGB"))
+
+
+def unsharp(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    f = ImageFilter.UnsharpMask(radius=rng.uniform(0.8, 2.0), percent=int(rng.uniform(30, 90)), threshold=2)
+    return np.asarray(Image.fromarray(img).filter(f))
+
+
+def camera_augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One random, realistic capture/processing variant of a clean image (still clean)."""
+    out = img
+    if rng.random() < 0.25:
+        out = _resize(out, rng.uniform(1.1, 1.6))  # small upscale
+    if rng.random() < 0.6:
+        out = sensor_noise(out, rng, iso_sigma=float(rng.uniform(1.0, 7.0)))
+    if rng.random() < 0.3:
+        out = unsharp(out, rng)
+    if rng.random() < 0.6:
+        out = jpeg(out, int(rng.integers(70, 96)))
+    return out
+
+
+def web_size(img: np.ndarray, rng: np.random.Generator, long_side=(640, 2048)) -> np.ndarray:
+    """Downscale a large image to a random web size (long side in ``long_side``); small ones pass."""
+    h, w = img.shape[:2]
+    target = rng.uniform(*long_side)
+    if max(h, w) <= target:
+        return img
+    return _resize(img, target / max(h, w))
+
+
+def clean_variants(paths: Sequence[Path], variants: int, seed: int,
+                   long_side=(640, 2048)) -> Iterator[tuple[str, np.ndarray]]:
+    """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
+    copies (each at its own web size). Yields (name, image)."""
+    rng = np.random.default_rng(seed)
+    for p in paths:
+        try:
+            base = load_image(p)
+        except Exception:  # unreadable files are skipped, not fatal
+            continue
+        for v in range(max(1, variants)):
+            img = web_size(base, rng, long_side)
+            if v > 0:
+                img = camera_augment(img, rng)
+            yield f"{Path(p).name}#{v}", img

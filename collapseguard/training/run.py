@@ -1,0 +1,175 @@
+"""One training run end to end: chains + clean folders -> weights, metrics, model card.
+
+Steps: read the chain manifest(s); drop excluded families; split by source image (train / test);
+split clean files by name (train / held-out); cut crop banks; train; save safetensors; score the
+held-out chains and held-out clean images with the saved weights through the real ``cnn``
+detector; write ``<out>.json`` (summary) and ``<out>.md`` (model card) next to the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.training.bank import CropBank, chain_bank, image_bank
+from collapseguard.training.card import write_card
+from collapseguard.training.loop import TrainConfig, train_net
+from collapseguard.training.metrics import (
+    chain_auroc_table,
+    clean_false_positive_rate,
+    score_images,
+    score_paths,
+)
+from collapseguard.training.negatives import clean_variants, list_images, split_clean
+from collapseguard.training_data_tools.manifest import read_manifest, split_by_source
+
+#: share of source images held out from training (by hash of the source name)
+TEST_FRACTION = 0.2
+SPLIT_SALT = "cnn"
+
+
+def load_chains(chain_dirs: Sequence[str | Path], exclude: Sequence[str] = ()) -> pd.DataFrame:
+    """Concatenate manifests (folders or files) and drop ``exclude`` families."""
+    frames = [read_manifest(d) for d in chain_dirs]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if exclude:
+        unknown = set(exclude) - set(df["family"])
+        if unknown:
+            raise ValueError(f"--exclude-family {sorted(unknown)} not among families {sorted(set(df['family']))}")
+        df = df[~df["family"].isin(exclude)].reset_index(drop=True)
+    return df
+
+
+def split_chains(df: pd.DataFrame, test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame]:
+    parts = split_by_source(df, {"train": 1 - test_fraction, "test": test_fraction}, salt=SPLIT_SALT)
+    return parts["train"], parts["test"]
+
+
+def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files: Sequence[Path],
+                     seed: int = 0, clean_variants_n: int = 2, log: Callable[[str], None] = print) -> dict:
+    """Held-out AUROC per family and clean false-positive rates, scored through ``CNNDetector``."""
+    from collapseguard.detectors.cnn import CNNDetector
+
+    det = CNNDetector(weights=weights, device="cpu")
+    out: dict = {"heldout_auroc": [], "clean": {"threshold": float("nan"), "groups": []}}
+    scored = test_chains.copy()
+    if len(scored):
+        log(f"scoring {len(scored)} held-out chain images")
+        scored["score"] = score_paths(det, scored["path"].tolist())
+        tab = chain_auroc_table(scored)
+        out["heldout_auroc"] = tab.reset_index().to_dict("records")
+    groups: dict[str, np.ndarray] = {}
+    if len(scored):
+        groups["held-out chain step 0"] = scored.loc[scored["step"] == 0, "score"].to_numpy()
+    if clean_files:
+        log(f"scoring {len(clean_files)} held-out clean files (+ camera-like variants)")
+        variants = list(clean_variants(clean_files, clean_variants_n + 1, seed=seed + 7, long_side=(10**9, 10**9)))
+        as_is = [img for name, img in variants if name.endswith("#0")]
+        aug = [img for name, img in variants if not name.endswith("#0")]
+        groups["held-out clean files, native"] = score_images(det, as_is)
+        groups["held-out clean files, grain/JPEG/sharpen variants"] = score_images(det, aug)
+    step10 = scored.loc[scored["step"] == 10, "score"].to_numpy() if len(scored) else np.zeros(0)
+    allclean = np.concatenate(list(groups.values())) if groups else np.zeros(0)
+    thr, fpr = clean_false_positive_rate(allclean, step10)
+    out["clean"]["threshold"] = thr
+    for name, s in groups.items():
+        out["clean"]["groups"].append({"set": name, "n": len(s), "fpr": clean_false_positive_rate(s, step10)[1]})
+    out["clean"]["groups"].append({"set": "all held-out clean", "n": len(allclean), "fpr": fpr})
+    out["scored"] = scored
+    return out
+
+
+def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
+                 clean_dirs: Sequence[str | Path] = (), exclude: Sequence[str] = (),
+                 crops_per_bank_image: int = 16, clean_variants_n: int = 3,
+                 evaluate: bool = True, epochs: float | None = None,
+                 log: Callable[[str], None] = print) -> dict:
+    """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
+
+    ``epochs``, when given, sets ``cfg.iterations`` so that every training chain is drawn about
+    ``epochs`` times.
+    """
+    from collapseguard.detectors.cnn_model import save_net
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    df = load_chains(chain_dirs, exclude)
+    if df.empty:
+        raise ValueError("no chains left to train on")
+    train_df, test_df = split_chains(df)
+    if train_df.empty:
+        raise ValueError("the source split left no training chains; add more source images")
+    if epochs is not None:
+        cfg.iterations = max(1, int(np.ceil(epochs * train_df["chain_id"].nunique() / cfg.chains_per_batch)))
+    clean_all = list_images(clean_dirs) if clean_dirs else []
+    clean_train, clean_held = split_clean(clean_all)
+    log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
+        f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
+    size = cfg.net.crop_size
+
+    def prog(i, n):
+        if i % 200 == 0 or i == n:
+            log(f"  crops {i}/{n}")
+
+    cb = chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed, progress=prog)
+    banks = []
+    if clean_train:
+        banks.append(image_bank(clean_variants(clean_train, clean_variants_n, seed=cfg.seed + 1),
+                                size, crops_per_bank_image, seed=cfg.seed + 2))
+    clean_bank = CropBank.concat(banks) if banks else None
+    t1 = time.time()
+    log(f"crop banks ready in {t1 - t0:.0f}s: {len(cb)} chain images, {len(clean_bank) if clean_bank else 0} clean images")
+    net, history = train_net(cb, clean_bank, cfg, log=log)
+    t2 = time.time()
+    families = sorted(set(train_df["family"]))
+    save_net(net, out, metadata={"families": families, "excluded_families": list(exclude),
+                                 "seed": str(cfg.seed), "iterations": str(cfg.iterations)})
+    from collapseguard.detectors.base import params_version
+
+    data = out.read_bytes()
+    summary = {
+        "name": "cnn",
+        "weights_file": out.name,
+        "version": params_version(data),
+        "weights_bytes": len(data),
+        "n_parameters": int(sum(p.numel() for p in net.parameters())),
+        "config": cfg.to_dict(),
+        "data": {
+            "chain_dirs": [str(d) for d in chain_dirs],
+            "n_chains_train": int(train_df["chain_id"].nunique()),
+            "n_chains_test": int(test_df["chain_id"].nunique()),
+            "n_sources_train": int(train_df["source_image"].nunique()),
+            "n_sources_test": int(test_df["source_image"].nunique()),
+            "families_train": families,
+            "families_excluded": list(exclude),
+            "steps": sorted(int(s) for s in set(df["step"])),
+            "n_clean_train_files": len(clean_train),
+            "n_clean_heldout_files": len(clean_held),
+            "clean_variants": clean_variants_n,
+            "crops_per_bank_image": crops_per_bank_image,
+        },
+        "history": history,
+        "first_loss": history[0]["loss"] if history else float("nan"),
+        "final_loss": history[-1]["loss"] if history else float("nan"),
+        "seconds_data": t1 - t0,
+        "seconds_train": t2 - t1,
+        "seconds_eval": 0.0,
+        "heldout_auroc": [],
+        "clean": {"threshold": float("nan"), "groups": []},
+    }
+    if evaluate:
+        ev = evaluate_weights(out, test_df, clean_held, seed=cfg.seed, log=log)
+        ev.pop("scored")
+        summary.update(ev)
+        summary["seconds_eval"] = time.time() - t2
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=float))
+    write_card(summary, out.with_suffix(".md"))
+    log(f"wrote {out} ({len(data)} bytes, version {summary['version']}), {out.with_suffix('.json').name}, "
+        f"{out.with_suffix('.md').name}")
+    return summary

@@ -1,0 +1,150 @@
+"""Training the cnn detector: losses, crop banks, a tiny run on tiny chains, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from collapseguard.cli import main
+from collapseguard.detectors.cnn_model import DegradationNet, NetConfig
+from collapseguard.training.bank import chain_bank, image_bank, step_label
+from collapseguard.training.losses import classification_loss, pair_indices, ranking_loss
+from collapseguard.training.loop import TrainConfig, train_net
+from collapseguard.training.metrics import auroc, chain_auroc_table, clean_false_positive_rate
+from collapseguard.training_data_tools.manifest import write_manifest
+
+
+def smooth_art(rng: np.random.Generator, h: int = 72, w: int = 88) -> np.ndarray:
+    """A smooth gradient with a flat disc: the look of a clean render."""
+    yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
+    c = rng.uniform(0, 1, (3, 3))
+    img = np.stack([c[i, 0] * yy + c[i, 1] * xx + c[i, 2] * 0.5 for i in range(3)], axis=2)
+    cy, cx, r = rng.uniform(0.3, 0.7) * h, rng.uniform(0.3, 0.7) * w, rng.uniform(0.15, 0.3) * h
+    disc = (np.mgrid[0:h, 0:w][0] - cy) ** 2 + (np.mgrid[0:h, 0:w][1] - cx) ** 2 < r * r
+    img[disc] = rng.uniform(0, 1, 3)
+    return (np.clip(img, 0, 1) * 255).astype(np.uint8)
+
+
+def trivial_degrade(img: np.ndarray, step: int, rng: np.random.Generator) -> np.ndarray:
+    """Noise that grows with the step: a stand-in replicator for tests."""
+    noise = rng.standard_normal(img.shape) * 3.0 * step
+    return np.clip(img.astype(float) + noise, 0, 255).astype(np.uint8)
+
+
+def make_tiny_chains(root, n_sources: int = 10, steps=(0, 1, 3, 5, 10), families=("noise", "grain2")):
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in range(n_sources):
+        src = smooth_art(rng)
+        for fam in families:
+            cid = f"{fam}-{s}"
+            for k in steps:
+                img = trivial_degrade(src, k if fam == "noise" else 2 * k, rng)
+                p = root / fam / f"{cid}_{k}.png"
+                p.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(img).save(p)
+                rows.append({"chain_id": cid, "source_image": f"src{s}", "family": fam,
+                             "task": "t", "step": k, "path": str(p)})
+    write_manifest(pd.DataFrame(rows), root / "manifest.csv")
+    return root
+
+
+def test_step_labels():
+    assert step_label(0) == (0.0, 1.0)
+    assert step_label(1)[1] == 0.0 and step_label(2)[1] == 0.0
+    assert 0 < step_label(3)[1] < 1
+    assert step_label(10) == (1.0, 1.0)
+
+
+def test_classification_loss_soft_targets_and_zero_weights():
+    logits = torch.tensor([0.0, 2.0, -2.0])
+    w = torch.tensor([1.0, 1.0, 0.0])
+    soft = classification_loss(logits, torch.tensor([0.5, 1.0, 1.0]), w)
+    expected = (np.log(2) + np.log1p(np.exp(-2.0))) / 2
+    assert soft.item() == pytest.approx(expected, rel=1e-5)
+    assert classification_loss(logits, torch.ones(3), torch.zeros(3)).item() == 0.0
+
+
+def test_ranking_pairs_stay_within_groups_and_order():
+    groups = torch.tensor([0, 0, 0, 1, 1, -1])
+    order = torch.tensor([0, 5, 10, 3, 1, 0])
+    i, j = pair_indices(groups, order)
+    pairs = set(zip(i.tolist(), j.tolist()))
+    assert pairs == {(0, 1), (0, 2), (1, 2), (4, 3)}
+    good = torch.tensor([0.0, 5.0, 10.0, 5.0, 0.0, 0.0])
+    bad = torch.tensor([10.0, 5.0, 0.0, 0.0, 5.0, 0.0])
+    assert ranking_loss(good, groups, order) < 0.01 < ranking_loss(bad, groups, order)
+
+
+def test_metrics_arithmetic():
+    assert auroc([0, 1], [2, 3]) == 1.0
+    assert auroc([2, 3], [0, 1]) == 0.0
+    assert auroc([0, 2], [1, 3]) == 0.75
+    thr, fpr = clean_false_positive_rate(np.array([0.0, 1.0, 5.0, 9.0]), np.arange(101, dtype=float), drop=0.95)
+    assert thr == pytest.approx(5.0) and fpr == 0.25
+    df = pd.DataFrame({"family": ["a"] * 4, "chain_id": ["1", "1", "2", "2"], "step": [0, 5, 0, 5],
+                       "score": [0.0, 1.0, 2.0, 3.0]})
+    tab = chain_auroc_table(df, steps=(5,))
+    assert tab.loc["a", "auroc_0v5"] == 0.75 and tab.loc["ALL", "n_chains"] == 2
+
+
+def test_chain_bank_shares_positions_within_a_chain(tmp_path):
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    df = read_manifest(make_tiny_chains(tmp_path, n_sources=2, steps=(0, 5)))
+    bank = chain_bank(df, size=32, per_image=4, seed=1)
+    assert bank.crops.shape == (8, 4, 32, 32, 3) and bank.meta["aligned"].all()
+    # same positions: step-0 and step-5 crops of one chain differ only by the added noise
+    a, b = bank.crops[0].astype(float), bank.crops[1].astype(float)
+    other = bank.crops[2].astype(float)  # the next chain (another source): unrelated content
+    assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.8 > np.corrcoef(a.ravel(), other.ravel())[0, 1]
+    small = image_bank([("tiny", np.zeros((10, 12, 3), np.uint8))], size=32, per_image=2, seed=0)
+    assert small.crops.shape == (1, 2, 32, 32, 3) and small.meta["target"].iloc[0] == 0.0
+
+
+def test_tiny_training_lowers_loss(tmp_path):
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    df = read_manifest(make_tiny_chains(tmp_path))
+    bank = chain_bank(df, size=32, per_image=4, seed=0)
+    rng = np.random.default_rng(3)
+    clean = image_bank([(f"c{i}", smooth_art(rng)) for i in range(6)], size=32, per_image=4, seed=0)
+    cfg = TrainConfig(iterations=60, chains_per_batch=6, clean_per_batch=4, crops_per_image=2,
+                      lr=5e-3, threads=1, log_every=10, net=NetConfig(width=6, crop_size=32))
+    net, hist = train_net(bank, clean, cfg, log=lambda s: None)
+    assert len(hist) == 6
+    assert hist[-1]["loss"] < 0.7 * hist[0]["loss"]
+    assert not net.training
+
+
+def test_train_cli_writes_weights_card_and_metrics(tmp_path):
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=10)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(4):
+        Image.fromarray(smooth_art(rng, 80, 96)).save(clean / f"photo{i}.png")
+    out = tmp_path / "w" / "tiny.safetensors"
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--out", str(out),
+                                    "--steps", "40", "--threads", "1", "--width", "6", "--crop-size", "32",
+                                    "--seed", "1", "--exclude-family", "grain2"])
+    assert res.exit_code == 0, res.output
+    assert "iter 40/40" in res.output and "held-out" in res.output
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["data"]["families_train"] == ["noise"]
+    assert summary["data"]["families_excluded"] == ["grain2"]
+    assert summary["data"]["n_chains_train"] + summary["data"]["n_chains_test"] == 10
+    assert "Held-out metrics" in out.with_suffix(".md").read_text()
+    from collapseguard.detectors import create
+
+    det = create("cnn", weights=str(out))
+    assert det.version == summary["version"]
+    bad = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out),
+                                    "--exclude-family", "nope", "--no-eval", "--steps", "1"])
+    assert bad.exit_code != 0 and "not among families" in bad.output
