@@ -147,10 +147,11 @@ class Calibration:
 
     def guarantee_text(self) -> str:
         """e.g. 'at most 1% false drops with 95% confidence (n_clean=600)'."""
-        if not self.is_calibrated or self.guaranteed_false_drop is None or self.confidence is None:
+        rate = self.alpha if self.alpha is not None else self.guaranteed_false_drop
+        if not self.is_calibrated or rate is None or self.confidence is None:
             return self.label
-        return (f"at most {_pct(self.guaranteed_false_drop)} false drops with "
-                f"{_pct(self.confidence)} confidence (n_clean={self.n_clean})")
+        return (f"at most {_pct(rate)} false drops with {_pct(self.confidence)} confidence "
+                f"(n_clean={self.n_clean}; for clean images like the calibration's clean set)")
 
     def describe(self) -> str:
         """One line for logs and reports."""

@@ -1,0 +1,174 @@
+"""Finite-sample statistics: the false-drop bound, binomial intervals, isotonic maps.
+
+The threshold bound (``order_statistic_threshold``)
+----------------------------------------------------
+Let the clean calibration scores X_1..X_n be exchangeable with a new clean score X (i.i.d. from
+the clean distribution), and drop an image when ``score > t``. Take ``t`` = the k-th largest clean
+score. With U_i = P(X > X_i), the true false-drop rate of ``t`` is the k-th smallest of n uniform
+variables, U_(k) ~ Beta(k, n - k + 1), so
+
+    P(false-drop rate > alpha) = P(U_(k) > alpha) = P(Binomial(n, alpha) <= k - 1).
+
+We take the largest k with ``P(Binomial(n, alpha) <= k - 1) <= delta`` ("binomial order statistic",
+the conformal / tolerance-interval construction). Ties in the scores only lower the true rate (the
+rule is strict), so the bound stays valid. A k >= 1 exists only when ``(1 - alpha)**n <= delta``,
+i.e. ``n >= log(delta) / log(1 - alpha)`` (299 for alpha = 1 %, delta = 5 %); with fewer clean
+scores we refuse and say how many are needed. The rate actually guaranteed at confidence 1 - delta
+is the (1 - delta) quantile of Beta(k, n - k + 1), which is <= alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from collapseguard.calibration.files import CalibrationError
+
+#: the name written into calibration files
+BOUND_NAME = ("binomial order statistic (conformal): threshold = k-th largest clean score, "
+              "largest k with P(Binomial(n, alpha) <= k-1) <= delta; drop if score > threshold")
+
+
+class NotEnoughCleanSamples(CalibrationError):
+    """Too few clean scores for the alpha / confidence asked for; ``needed`` says how many."""
+
+    def __init__(self, n: int, needed: int, alpha: float, confidence: float):
+        self.n, self.needed, self.alpha, self.confidence = n, needed, alpha, confidence
+        super().__init__(
+            f"{n} clean scores cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
+            f"confidence: at least {needed} clean scores are needed (add clean images with --clean, "
+            f"more chains, or relax --max-false-drop / --confidence)")
+
+
+def _check_rates(alpha: float, confidence: float) -> tuple[float, float]:
+    a, c = float(alpha), float(confidence)
+    if not 0.0 < a < 1.0:
+        raise ValueError(f"max false-drop rate must be in (0, 1), got {alpha!r}")
+    if not 0.0 < c < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    return a, c
+
+
+def min_clean_samples(alpha: float, confidence: float) -> int:
+    """Smallest n for which the order-statistic bound exists: (1 - alpha)**n <= 1 - confidence."""
+    a, c = _check_rates(alpha, confidence)
+    delta = 1.0 - c
+    n = math.ceil(math.log(delta) / math.log1p(-a))
+    # guard against floating point at the boundary
+    while n > 1 and (1 - a) ** (n - 1) <= delta:
+        n -= 1
+    while (1 - a) ** n > delta:
+        n += 1
+    return n
+
+
+def order_statistic_rank(n: int, alpha: float, confidence: float) -> int:
+    """The largest k (1-based, counted from the top) with P(Binomial(n, alpha) <= k-1) <= delta; 0 if none."""
+    a, c = _check_rates(alpha, confidence)
+    delta = 1.0 - c
+    if n <= 0:
+        return 0
+    ks = np.arange(1, n + 1)
+    ok = stats.binom.cdf(ks - 1, n, a) <= delta
+    return int(ks[ok].max()) if ok.any() else 0
+
+
+def guaranteed_rate(n: int, k: int, confidence: float) -> float:
+    """The false-drop rate bounded at ``confidence`` for the k-th largest of n: Beta(k, n-k+1) quantile."""
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    return float(stats.beta.ppf(float(confidence), k, n - k + 1))
+
+
+@dataclass
+class BoundResult:
+    threshold: float
+    k: int
+    n: int
+    alpha: float
+    confidence: float
+    guaranteed_false_drop: float
+    empirical_false_drop: float
+    method: str = BOUND_NAME
+
+
+def order_statistic_threshold(clean_scores, alpha: float = 0.01, confidence: float = 0.95) -> BoundResult:
+    """Threshold with P(true false-drop rate > alpha) <= 1 - confidence (see module docstring).
+
+    NaN scores are ignored (they are errors, not clean evidence). Raises NotEnoughCleanSamples
+    with the number needed when there are too few finite clean scores.
+    """
+    a, c = _check_rates(alpha, confidence)
+    s = np.asarray(clean_scores, dtype=np.float64).reshape(-1)
+    s = s[np.isfinite(s)]
+    n = len(s)
+    k = order_statistic_rank(n, a, c)
+    if k < 1:
+        raise NotEnoughCleanSamples(n, min_clean_samples(a, c), a, c)
+    desc = np.sort(s)[::-1]
+    t = float(desc[k - 1])
+    return BoundResult(threshold=t, k=k, n=n, alpha=a, confidence=c,
+                       guaranteed_false_drop=guaranteed_rate(n, k, c),
+                       empirical_false_drop=float(np.mean(s > t)))
+
+
+def thresholds_batch(clean: np.ndarray, alpha: float, confidence: float) -> np.ndarray:
+    """Vectorised ``order_statistic_threshold`` over rows of an (R, n) array (for simulations)."""
+    clean = np.asarray(clean, dtype=np.float64)
+    n = clean.shape[1]
+    k = order_statistic_rank(n, alpha, confidence)
+    if k < 1:
+        raise NotEnoughCleanSamples(n, min_clean_samples(alpha, confidence), alpha, confidence)
+    # k-th largest = (n-k)-th smallest (0-based)
+    return np.partition(clean, n - k, axis=1)[:, n - k]
+
+
+# ---------------------------------------------------------------------------------------------
+# Binomial intervals for the drop curve
+# ---------------------------------------------------------------------------------------------
+
+def clopper_pearson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper–Pearson) two-sided interval for a binomial proportion."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    x = int(successes)
+    tail = (1.0 - float(confidence)) / 2.0
+    lo = 0.0 if x == 0 else float(stats.beta.ppf(tail, x, n - x + 1))
+    hi = 1.0 if x == n else float(stats.beta.ppf(1.0 - tail, x + 1, n - x))
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------------------------
+# Isotonic maps
+# ---------------------------------------------------------------------------------------------
+
+def isotonic_knots(scores, targets, *, y_min: float | None = None, y_max: float | None = None,
+                   max_knots: int = 200) -> dict:
+    """Fit a non-decreasing map score -> target (sklearn IsotonicRegression) and return its knots.
+
+    The knots ``{"x": [...], "y": [...]}`` are interpolated linearly and clamped at the ends
+    (exactly what IsotonicRegression.predict does with out_of_bounds="clip"). Long knot lists are
+    thinned to ``max_knots`` points, which keeps the map monotone.
+    """
+    from sklearn.isotonic import IsotonicRegression
+
+    x = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(targets, dtype=np.float64).reshape(-1)
+    if x.shape != y.shape:
+        raise ValueError("scores and targets must have the same length")
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 2:
+        raise CalibrationError("need at least 2 finite (score, target) pairs to fit an isotonic map")
+    iso = IsotonicRegression(increasing=True, out_of_bounds="clip", y_min=y_min, y_max=y_max)
+    iso.fit(x, y)
+    kx = np.asarray(iso.X_thresholds_, dtype=np.float64)
+    ky = np.asarray(iso.y_thresholds_, dtype=np.float64)
+    if len(kx) > max_knots:
+        idx = np.unique(np.linspace(0, len(kx) - 1, max_knots).round().astype(int))
+        kx, ky = kx[idx], ky[idx]
+    ky = np.maximum.accumulate(ky)  # guard against float noise
+    return {"x": kx.tolist(), "y": ky.tolist()}

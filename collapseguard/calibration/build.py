@@ -1,0 +1,180 @@
+"""Build a Calibration from a scores table (see ``scoring``): threshold, drop curve, maps.
+
+The split (by source image, never by row, using ``manifest.split_by_source``):
+- **threshold part** (share ``1 - holdout`` of sources): its clean images give the clean scores
+  for the order-statistic threshold;
+- **holdout part** (share ``holdout``): its images, clean and degraded, give the drop curve and a
+  held-out false-drop estimate, so the curve is never measured on the images the threshold was
+  chosen from.
+The isotonic maps (for reports only, they carry no guarantee) are fitted on all rows.
+
+What counts as clean / degraded (``target``):
+- ``"step"``: chain images at ``clean_steps`` (default: step 0, the originals) and every extra
+  clean image are clean; chain images at later steps are degraded.
+- ``"fr:ssim"`` (or ``fr:ssim<L``, ``fr:psnr<L``): a chain image is degraded when its similarity
+  to its chain's step-0 image is below the level L (SSIM 0.90 / PSNR 30 dB by default) and clean
+  otherwise, whatever its step; extra clean images are clean.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.calibration.bounds import clopper_pearson, isotonic_knots, order_statistic_threshold
+from collapseguard.calibration.files import Calibration, CalibrationError, is_dropped
+from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
+from collapseguard.training_data_tools.manifest import split_by_source
+
+#: drop levels for "first step at which this fraction is dropped"
+LEVELS = (0.9, 0.99)
+
+
+def label_clean(table: pd.DataFrame, target: str = "step", clean_steps=(0,)) -> np.ndarray:
+    """Boolean per row: is this image clean under ``target`` (see module docstring)?"""
+    kind, _, level = parse_target(target)
+    extra = (table["kind"] == "clean").to_numpy()
+    if kind == "step":
+        return extra | table["step"].isin(list(clean_steps)).to_numpy()
+    if "fr" not in table.columns:
+        raise CalibrationError(f"target {target!r} needs full-reference values (column 'fr')")
+    fr = table["fr"].to_numpy(dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return extra | (fr >= level) | ((table["step"] == 0).to_numpy() & ~np.isfinite(fr))
+
+
+def _dedupe_clean(t: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct image: a chain's step 0 is shared by every chain of the same source."""
+    step0 = (t["kind"] == "chain") & (t["step"] == 0)
+    a = t[step0].drop_duplicates("source_image")
+    b = t[~step0].drop_duplicates("path")
+    return pd.concat([a, b]).sort_index()
+
+
+def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) -> list[dict]:
+    """Fraction of images dropped (score > threshold) per family and step, plus family "all".
+
+    Each row: family, step, n, dropped, fraction, ci_low, ci_high (Clopper–Pearson at
+    ``confidence``). Step-0 images shared by several chains are counted once for "all".
+    """
+    t = table[np.isfinite(table["score"].to_numpy(dtype=np.float64))]
+    rows = []
+    chains = t[t["kind"] == "chain"]
+    groups = [(fam, g) for fam, g in chains.groupby("family", sort=True)]
+    groups.append(("all", _dedupe_clean(chains)))
+    extra = t[t["kind"] == "clean"]
+    if len(extra):
+        groups.append((CLEAN_FAMILY, extra))
+    for fam, g in groups:
+        for step, gs in g.groupby("step", sort=True):
+            n = len(gs)
+            d = int(is_dropped(gs["score"].to_numpy(), threshold).sum())
+            lo, hi = clopper_pearson(d, n, confidence)
+            rows.append({"family": str(fam), "step": int(step), "n": n, "dropped": d,
+                         "fraction": d / n, "ci_low": lo, "ci_high": hi})
+    return rows
+
+
+def first_steps(curve: list[dict], levels=LEVELS) -> dict:
+    """family -> {"0.9": first step whose dropped fraction >= 0.9 (point estimate) or None, ...}."""
+    out: dict[str, dict] = {}
+    for fam in dict.fromkeys(r["family"] for r in curve):
+        rows = sorted((r for r in curve if r["family"] == fam and r["step"] > 0), key=lambda r: r["step"])
+        out[fam] = {f"{lv:g}": next((r["step"] for r in rows if r["fraction"] >= lv), None) for lv in levels}
+    return out
+
+
+def build_calibration(table: pd.DataFrame, detector: str, detector_version: str, *,
+                      alpha: float = 0.01, confidence: float = 0.95, clean_steps=(0,),
+                      target: str = "step", holdout: float = 0.3, salt: str = "calibration",
+                      command: str = "", clean_sources: list[str] | None = None) -> Calibration:
+    """Compute threshold (order-statistic bound), drop curve and isotonic maps from a scores table.
+
+    Raises NotEnoughCleanSamples (with the number needed) when the threshold part has too few
+    clean scores for ``alpha`` at ``confidence``.
+    """
+    if not 0.0 <= holdout < 1.0:
+        raise ValueError(f"holdout must be in [0, 1), got {holdout!r}")
+    clean_steps = sorted({int(s) for s in clean_steps})
+    t = table.reset_index(drop=True).copy()
+    t["clean"] = label_clean(t, target, clean_steps)
+    finite = np.isfinite(t["score"].to_numpy(dtype=np.float64))
+    n_unscored = int((~finite).sum())
+    t = t[finite].reset_index(drop=True)
+    if holdout > 0:
+        parts = split_by_source(t, {"threshold": 1.0 - holdout, "holdout": holdout}, salt=salt)
+        thr_part, hold_part = parts["threshold"], parts["holdout"]
+    else:
+        thr_part, hold_part = t, t
+    clean_thr = _dedupe_clean(thr_part[thr_part["clean"]])
+    bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
+
+    curve = drop_curve(hold_part, bound.threshold, confidence)
+    hold_clean = _dedupe_clean(hold_part[hold_part["clean"]])
+    held_fd = float(is_dropped(hold_clean["score"].to_numpy(), bound.threshold).mean()) if len(hold_clean) else None
+
+    # maps, for reports: all rows; P(degraded) on the clean/degraded label, step on chain rows
+    uniq = _dedupe_clean(t)
+    prob_map = step_map = None
+    if uniq["clean"].nunique() == 2:
+        prob_map = isotonic_knots(uniq["score"], (~uniq["clean"]).astype(float), y_min=0.0, y_max=1.0)
+    chains = uniq[uniq["kind"] == "chain"]
+    if chains["step"].nunique() >= 2:
+        step_map = isotonic_knots(chains["score"], chains["step"].astype(float))
+
+    n_src = int(clean_thr["source_image"].nunique())
+    notes = [
+        "Decision rule: drop when score > threshold.",
+        "P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
+        "steps and extra clean images); it is for reports and carries no guarantee.",
+        "The drop curve and held-out false-drop rate are measured on holdout sources only, disjoint "
+        "from the sources whose clean scores set the threshold." if holdout > 0 else
+        "holdout=0: the drop curve is measured on the same images that set the threshold (in-sample).",
+    ]
+    if n_src < bound.n:
+        notes.append(
+            f"The {bound.n} clean scores come from {n_src} distinct sources (variants such as crops "
+            "or several clean steps per source): they are not independent, and the guarantee assumes "
+            "they are; treat it as approximate.")
+    if n_unscored:
+        notes.append(f"{n_unscored} image(s) could not be scored (NaN) and were left out.")
+    kind, _, _ = parse_target(target)
+    split = {
+        "by": "source_image", "salt": salt, "holdout": holdout,
+        "threshold_sources": int(thr_part["source_image"].nunique()),
+        "holdout_sources": int(hold_part["source_image"].nunique()) if holdout > 0 else 0,
+        "n_clean_threshold": bound.n, "n_clean_threshold_sources": n_src,
+        "n_clean_holdout": int(len(hold_clean)),
+        "heldout_false_drop": held_fd,
+        "heldout_false_drop_ci": list(clopper_pearson(int(round((held_fd or 0) * len(hold_clean))),
+                                                      len(hold_clean), confidence)) if len(hold_clean) else None,
+        "n_unscored": n_unscored,
+    }
+    return Calibration(
+        detector=detector, detector_version=str(detector_version), threshold=bound.threshold,
+        label="calibrated", method=bound.method, alpha=bound.alpha, confidence=bound.confidence,
+        n_clean=bound.n, k=bound.k, guaranteed_false_drop=bound.guaranteed_false_drop,
+        empirical_false_drop=bound.empirical_false_drop, target=target_label(target),
+        clean_steps=clean_steps if kind == "step" else [], clean_sources=list(clean_sources or []),
+        split=split, drop_curve=curve, first_step_dropped=first_steps(curve),
+        probability_map=prob_map, step_map=step_map,
+        created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        command=command, notes=notes)
+
+
+def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:
+    """A small text table: dropped fraction [CI] per family at the given steps."""
+    by = {(r["family"], r["step"]): r for r in cal.drop_curve}
+    fams = list(dict.fromkeys(r["family"] for r in cal.drop_curve))
+    head = f"{'family':<22}" + "".join(f"{'step ' + str(s):>20}" for s in steps)
+    lines = [head]
+    for fam in fams:
+        cells = []
+        for s in steps:
+            r = by.get((fam, s))
+            cells.append(f"{'-':>20}" if r is None else
+                         f"{r['fraction']:>7.1%} [{r['ci_low']:.0%},{r['ci_high']:.0%}] n={r['n']:<3}".rjust(20))
+        lines.append(f"{fam:<22}" + "".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""The picture beside a calibration: drop curve by step per family, clean vs degraded histograms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.calibration.files import Calibration
+
+
+def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | Path) -> Path:
+    """Write a PNG: left, fraction dropped vs step per family (Clopper–Pearson band); right, score
+    histograms of clean and degraded images (``table`` with a boolean ``clean`` column, or
+    ``kind``/``step`` columns read with the calibration's clean steps) and the threshold."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=80)
+    curve = pd.DataFrame(cal.drop_curve)
+    if len(curve):
+        for fam, g in curve.groupby("family", sort=True):
+            g = g.sort_values("step")
+            x = np.maximum(g["step"].to_numpy(), 0.5)  # log axis: step 0 drawn at 0.5
+            style = dict(lw=2.5, color="black") if fam == "all" else dict(lw=1.2)
+            line, = ax1.plot(x, g["fraction"], marker="o", ms=3, label=fam, **style)
+            ax1.fill_between(x, g["ci_low"], g["ci_high"], alpha=0.12, color=line.get_color())
+        ax1.set_xscale("log")
+        ax1.axhline(0.9, ls=":", color="grey")
+        ax1.axhline(0.99, ls=":", color="grey")
+    ax1.set_xlabel("replication step (0 drawn at 0.5)")
+    ax1.set_ylabel("fraction dropped")
+    ax1.set_ylim(-0.02, 1.02)
+    ax1.set_title(f"{cal.detector}: drop curve (holdout sources)")
+    ax1.legend(fontsize=7, loc="lower right")
+    if table is not None and len(table):
+        s = table["score"].to_numpy(dtype=np.float64)
+        clean = table["clean"].to_numpy(dtype=bool)
+        ok = np.isfinite(s)
+        lo, hi = np.nanpercentile(s[ok], [0.5, 99.5]) if ok.any() else (0, 1)
+        bins = np.linspace(min(lo, cal.threshold), max(hi, cal.threshold), 60)
+        ax2.hist(np.clip(s[ok & clean], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label="clean")
+        ax2.hist(np.clip(s[ok & ~clean], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label="degraded")
+    ax2.axvline(cal.threshold, color="red", label=f"threshold {cal.threshold:.4g}")
+    ax2.set_xlabel("score (higher = more degraded)")
+    ax2.set_title(cal.guarantee_text(), fontsize=9)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

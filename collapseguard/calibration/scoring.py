@@ -1,0 +1,234 @@
+"""The scores table a calibration is built from: chain images and extra clean images, scored.
+
+One row per image with columns ``source_image, family, step, kind, path, score`` (``kind`` is
+``"chain"`` or ``"clean"`` for extra clean images) and, for ``fr:`` targets, ``fr`` (the
+full-reference similarity of the image to its chain's step-0 image).
+
+Extra clean images come from folders (searched recursively for image files) or WebDataset tar
+shards (image members only). Files named ``<name>__<anything>.<ext>`` are treated as variants (for
+example crops) of one source ``<name>``, so they stay on one side of the split by source.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.images import DecodeError, decode_image, is_image_name
+
+#: columns of a scores table
+COLUMNS = ("source_image", "family", "step", "kind", "path", "score")
+
+#: family name given to extra clean images
+CLEAN_FAMILY = "clean-extra"
+
+#: full-reference measures: name -> (default level, higher-is-more-similar)
+FR_MEASURES = {"ssim": 0.90, "psnr": 30.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------------------------
+
+def parse_target(target: str) -> tuple[str, str | None, float | None]:
+    """``"step"`` -> ("step", None, None); ``"fr:ssim"`` / ``"fr:ssim<0.85"`` / ``"fr:psnr<28"`` ->
+    ("fr", measure, level). An image is *degraded* when its measure against the chain's step-0
+    image is below the level (defaults: SSIM 0.90, PSNR 30 dB)."""
+    t = (target or "step").strip()
+    if t == "step":
+        return "step", None, None
+    m = re.fullmatch(r"fr:(ssim|psnr)(?:<([0-9]*\.?[0-9]+))?", t)
+    if not m:
+        raise ValueError(f"unknown target {target!r}; use 'step', 'fr:ssim', 'fr:ssim<0.85' or 'fr:psnr<30'")
+    measure = m.group(1)
+    level = float(m.group(2)) if m.group(2) else FR_MEASURES[measure]
+    if measure == "ssim" and not 0 < level <= 1:
+        raise ValueError(f"an SSIM level must be in (0, 1], got {level}")
+    return "fr", measure, level
+
+
+def target_label(target: str) -> str:
+    kind, measure, level = parse_target(target)
+    return "step" if kind == "step" else f"fr:{measure}<{level:g}"
+
+
+def _gray(img: np.ndarray) -> np.ndarray:
+    return img.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+
+
+def full_reference(ref: np.ndarray, img: np.ndarray, measure: str) -> float:
+    """SSIM (grayscale, 7x7 window, data range 255) or PSNR (RGB, dB) of ``img`` against ``ref``.
+
+    When sizes differ (aspect-ratio drift) ``img`` is resized to ``ref``'s size for this measure only.
+    """
+    if img.shape[:2] != ref.shape[:2]:
+        from PIL import Image
+
+        img = np.asarray(Image.fromarray(img).resize((ref.shape[1], ref.shape[0]), Image.BICUBIC))
+    if measure == "ssim":
+        from skimage.metrics import structural_similarity
+
+        a, b = _gray(ref), _gray(img)
+        win = min(7, min(a.shape) // 2 * 2 - 1) if min(a.shape) < 7 else 7
+        return float(structural_similarity(a, b, data_range=255.0, win_size=max(win, 3)))
+    if measure == "psnr":
+        mse = float(np.mean((ref.astype(np.float64) - img.astype(np.float64)) ** 2))
+        return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+    raise ValueError(f"unknown full-reference measure {measure!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Extra clean sources
+# ---------------------------------------------------------------------------------------------
+
+def _variant_source(name: str) -> str:
+    stem = Path(name).name.rsplit(".", 1)[0]
+    return stem.split("__", 1)[0]
+
+
+def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, str, Callable[[], bytes]]]:
+    """Yield ``(source_id, path_id, read_bytes)`` for every image in folders and tar shards.
+
+    A location may be a folder (recursive; ``.tar`` files inside are read as shards too), a single
+    image file, or a ``.tar`` shard. Only regular image members of tars are read.
+    """
+    for loc in locations:
+        loc = Path(loc)
+        if not loc.exists():
+            raise FileNotFoundError(f"clean location does not exist: {loc}")
+        files = [loc] if loc.is_file() else sorted(p for p in loc.rglob("*") if p.is_file())
+        for f in files:
+            if f.suffix.lower() == ".tar":
+                yield from _iter_tar(f)
+            elif is_image_name(f.name):
+                rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
+                parent = str(Path(rel).parent)
+                src = f"{loc.name}/{'' if parent == '.' else parent + '/'}{_variant_source(f.name)}"
+                yield src, str(f), (lambda f=f: f.read_bytes())
+
+
+def _iter_tar(path: Path):
+    with tarfile.open(path, "r:*") as tf:
+        members = [m for m in tf.getmembers() if m.isfile() and is_image_name(m.name)]
+    for m in members:
+        def read(m=m):
+            with tarfile.open(path, "r:*") as tf:
+                fh = tf.extractfile(m)
+                return fh.read() if fh is not None else b""
+        key = m.name.rsplit(".", 1)[0]
+        yield f"{path.name}:{_variant_source(key)}", f"{path}:{m.name}", read
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+# ---------------------------------------------------------------------------------------------
+
+def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int, progress=None):
+    """Scores for each reader (NaN when it cannot be decoded or scored)."""
+    out = np.full(len(readers), np.nan, dtype=np.float64)
+    errors: list[str] = []
+    for start in range(0, len(readers), batch_size):
+        idx, imgs = [], []
+        for i in range(start, min(start + batch_size, len(readers))):
+            try:
+                imgs.append(decode_image(readers[i]()))
+                idx.append(i)
+            except (DecodeError, OSError) as exc:
+                errors.append(str(exc))
+        if imgs:
+            s = np.asarray(detector.score(imgs), dtype=np.float64).reshape(-1)
+            if len(s) != len(imgs):
+                raise RuntimeError(f"detector returned {len(s)} scores for {len(imgs)} images")
+            out[idx] = s
+        if progress is not None:
+            progress(min(start + batch_size, len(readers)), len(readers))
+    return out, errors
+
+
+def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[str | Path] = (),
+                *, target: str = "step", batch_size: int | None = None, progress=None) -> pd.DataFrame:
+    """Score every chain image of ``manifest`` and every image under ``clean`` with ``detector``.
+
+    With an ``fr:`` target, also computes each chain image's full-reference similarity to its
+    chain's step-0 image (column ``fr``). Rows whose image cannot be decoded keep score NaN.
+    """
+    kind, measure, _ = parse_target(target)
+    bs = int(batch_size or getattr(detector, "batch_size", 16) or 16)
+    parts = []
+    if manifest is not None and len(manifest):
+        m = manifest.reset_index(drop=True)
+        readers = [(lambda p=p: Path(p).read_bytes()) for p in m["path"]]
+        scores, _ = _score_batches(detector, readers, bs, progress)
+        t = pd.DataFrame({"source_image": m["source_image"].astype(str), "family": m["family"].astype(str),
+                          "step": m["step"].astype(int), "kind": "chain", "path": m["path"].astype(str),
+                          "score": scores, "chain_id": m["chain_id"].astype(str)})
+        if kind == "fr":
+            t["fr"] = full_reference_column(m, measure)
+        parts.append(t)
+    items = list(iter_clean_images(clean))
+    if items:
+        scores, _ = _score_batches(detector, [r for _, _, r in items], bs, progress)
+        parts.append(pd.DataFrame({"source_image": [s for s, _, _ in items], "family": CLEAN_FAMILY,
+                                   "step": 0, "kind": "clean", "path": [p for _, p, _ in items],
+                                   "score": scores, "chain_id": ""}))
+    if not parts:
+        raise ValueError("nothing to score: give chains and/or clean folders")
+    table = pd.concat(parts, ignore_index=True)
+    table.attrs["detector"] = getattr(detector, "name", "")
+    table.attrs["detector_version"] = str(getattr(detector, "version", ""))
+    return table
+
+
+def full_reference_column(manifest: pd.DataFrame, measure: str) -> np.ndarray:
+    """Per row, the full-reference measure against the row's chain step-0 image (NaN if unreadable)."""
+    from collapseguard.images import load_image
+
+    out = np.full(len(manifest), np.nan)
+    m = manifest.reset_index(drop=True)
+    for _, rows in m.groupby("chain_id", sort=False):
+        ref_rows = rows[rows["step"] == 0]
+        try:
+            ref = load_image(ref_rows["path"].iloc[0])
+        except (DecodeError, OSError):
+            continue
+        for i, p in zip(rows.index, rows["path"]):
+            try:
+                out[i] = 1.0 if measure == "ssim" and p == ref_rows["path"].iloc[0] else \
+                    full_reference(ref, load_image(p), measure)
+            except (DecodeError, OSError):
+                pass
+    return out
+
+
+def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: str) -> Path:
+    """Write a scores table as CSV with the detector name and version in every row."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = table.copy()
+    t["detector"], t["detector_version"] = detector, version
+    t.to_csv(path, index=False)
+    return path
+
+
+def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
+    """Read a scores CSV written by ``save_scores``; returns (table, detector, version)."""
+    t = pd.read_csv(path, dtype={"source_image": str, "family": str, "kind": str, "path": str,
+                                 "chain_id": str, "detector": str, "detector_version": str},
+                    keep_default_na=False, na_values={"score": ["", "nan", "NaN"], "fr": ["", "nan", "NaN"]})
+    missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
+    if missing:
+        raise ValueError(f"{path}: not a scores table, missing {missing}")
+    names = set(t["detector"]) | set(t["detector_version"].map(lambda v: "\0" + v))
+    dets, vers = set(t["detector"]), set(t["detector_version"])
+    if len(dets) != 1 or len(vers) != 1:
+        raise ValueError(f"{path}: scores from more than one detector/version: {sorted(names)[:4]}")
+    t["score"] = pd.to_numeric(t["score"], errors="coerce")
+    t["step"] = pd.to_numeric(t["step"], errors="raise").astype(int)
+    if "fr" in t.columns:
+        t["fr"] = pd.to_numeric(t["fr"], errors="coerce")
+    return t.drop(columns=["detector", "detector_version"]), dets.pop(), vers.pop()

@@ -1,0 +1,136 @@
+"""``collapseguard calibrate``: a threshold with a stated false-drop guarantee, from replication chains."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+
+def _steps(text: str) -> list[int]:
+    try:
+        steps = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated step numbers, got {text!r}") from None
+    if not steps or steps[0] < 0:
+        raise click.BadParameter("clean steps must be non-negative integers")
+    return steps
+
+
+@click.command()
+@click.option("--chains", "chains_dir", type=click.Path(exists=True, path_type=Path),
+              help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
+@click.option("--detector", "detector_name", default=None,
+              help="Detector name (default: the package default, cnn).")
+@click.option("--max-false-drop", "alpha", type=float, default=0.01, show_default=True,
+              help="alpha: the largest acceptable fraction of clean images dropped.")
+@click.option("--confidence", type=float, default=0.95, show_default=True,
+              help="1 - delta: probability that the false-drop rate really is at most alpha.")
+@click.option("--clean-steps", default="0", show_default=True,
+              help="Chain steps counted as clean (target 'step'), e.g. 0 or 0,1.")
+@click.option("--clean", "clean_dirs", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="Extra clean images: a folder (recursive) or .tar shard; repeat for more. "
+                   "Files named NAME__x.png count as variants of one source NAME.")
+@click.option("--target", default="step", show_default=True,
+              help="Truth of degradation: 'step', or 'fr:ssim' / 'fr:ssim<0.85' / 'fr:psnr<30' "
+                   "(full-reference similarity to the chain's step-0 image below the level).")
+@click.option("--holdout", type=float, default=0.3, show_default=True,
+              help="Share of source images held out for the drop curve (split by source image).")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True,
+              help="Calibration JSON to write; a PNG plot is written beside it.")
+@click.option("--scores-out", type=click.Path(path_type=Path), default=None,
+              help="Also write the per-image scores table (CSV), reusable with --from-scores.")
+@click.option("--from-scores", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Reuse a scores CSV (from --scores-out) instead of scoring images again.")
+@click.option("--batch-size", type=int, default=None, help="Images per detector call.")
+@click.option("--device", default=None, help="torch device for the detector (e.g. cuda).")
+@click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
+def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_dirs, target, holdout,
+              out, scores_out, from_scores, batch_size, device, no_plot):
+    """Calibrate a detector's threshold against replication chains.
+
+    The threshold is the k-th largest clean score, with k chosen so that the fraction of clean
+    images dropped (score > threshold) exceeds --max-false-drop with probability at most
+    1 - --confidence (binomial order-statistic bound). The guarantee holds for clean images like
+    the calibration's clean set; include clean images like your data with --clean. The file also
+    holds the per-step drop curve with confidence intervals, and monotone maps score ->
+    P(degraded) and score -> equivalent replication step. Use it with
+    `collapseguard filter --calibration FILE`.
+    """
+    from collapseguard.calibration.bounds import NotEnoughCleanSamples
+    from collapseguard.calibration.build import build_calibration, curve_table, label_clean
+    from collapseguard.calibration.files import CalibrationError, save_calibration
+    from collapseguard.calibration.scoring import parse_target, read_scores, save_scores, score_table
+
+    steps = _steps(clean_steps)
+    try:
+        parse_target(target)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--target") from None
+    if not 0 < alpha < 1 or not 0 < confidence < 1:
+        raise click.BadParameter("--max-false-drop and --confidence must be in (0, 1)")
+    sources = []
+    if from_scores is not None:
+        if chains_dir is not None or clean_dirs:
+            raise click.UsageError("--from-scores replaces --chains/--clean; give one or the other")
+        try:
+            table, det_name, det_version = read_scores(from_scores)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        if detector_name is not None and detector_name != det_name:
+            raise click.ClickException(f"{from_scores} holds scores of {det_name}, not {detector_name}")
+        sources.append(f"scores table {from_scores}")
+    else:
+        if chains_dir is None and not clean_dirs:
+            raise click.UsageError("give --chains DIR (and optionally --clean DIR ...) or --from-scores")
+        from collapseguard.detectors import DEFAULT_DETECTOR, DetectorError, create
+        from collapseguard.training_data_tools.manifest import ManifestError, read_manifest
+
+        try:
+            manifest = read_manifest(chains_dir) if chains_dir is not None else None
+        except ManifestError as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            detector = create(detector_name or DEFAULT_DETECTOR)
+            if device:
+                detector = detector.to(device)
+        except DetectorError as exc:
+            raise click.ClickException(str(exc)) from None
+        det_name, det_version = detector.name, str(detector.version)
+        if manifest is not None:
+            sources.append(f"chains {chains_dir}: steps {','.join(map(str, steps))} "
+                           f"({manifest['source_image'].nunique()} sources)")
+        sources += [f"clean images {d}" for d in clean_dirs]
+        n_total = (len(manifest) if manifest is not None else 0)
+        click.echo(f"scoring {n_total} chain images and extra clean images with {det_name}@{det_version} ...",
+                   err=True)
+        table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size)
+        if scores_out is not None:
+            save_scores(table, scores_out, det_name, det_version)
+            click.echo(f"scores written to {scores_out}", err=True)
+    command = "collapseguard calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    try:
+        cal = build_calibration(table, det_name, det_version, alpha=alpha, confidence=confidence,
+                                clean_steps=steps, target=target, holdout=holdout, command=command,
+                                clean_sources=sources)
+    except NotEnoughCleanSamples as exc:
+        raise click.ClickException(str(exc)) from None
+    except CalibrationError as exc:
+        raise click.ClickException(str(exc)) from None
+    save_calibration(cal, out)
+    click.echo(f"wrote {out}")
+    click.echo(cal.describe())
+    click.echo(f"  bound: k={cal.k} of n={cal.n_clean} clean scores "
+               f"({cal.split['n_clean_threshold_sources']} sources); held-out false-drop "
+               f"{cal.split['heldout_false_drop']}")
+    click.echo(curve_table(cal))
+    for fam, lv in cal.first_step_dropped.items():
+        click.echo(f"  {fam}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
+    if not no_plot:
+        from collapseguard.calibration.plot import plot_calibration
+
+        png = plot_calibration(cal, table.assign(clean=label_clean(table, target, steps)),
+                               Path(out).with_suffix(".png"))
+        click.echo(f"plot written to {png}")

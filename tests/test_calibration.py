@@ -1,0 +1,330 @@
+"""Calibration: the finite-sample bound, isotonic maps, calibration files and threshold resolution.
+
+Everything here runs on synthetic scores with numpy (no detector, no images).
+"""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from collapseguard.calibration import bounds, files
+from collapseguard.calibration.bounds import (
+    NotEnoughCleanSamples,
+    min_clean_samples,
+    order_statistic_threshold,
+    thresholds_batch,
+)
+from collapseguard.calibration.build import build_calibration, drop_curve, first_steps, label_clean
+from collapseguard.calibration.files import (
+    Calibration,
+    CalibrationError,
+    CalibrationMismatch,
+    NoThresholdError,
+    check_detector,
+    default_calibration,
+    load_calibration,
+    resolve_threshold,
+    save_calibration,
+    threshold_for_drop_fraction,
+)
+from collapseguard.training_data_tools.manifest import split_by_source
+
+
+# ---------------------------------------------------------------------------------------------
+# The bound
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dist,n,alpha,conf", [
+    ("normal", 299, 0.01, 0.95),
+    ("normal", 1000, 0.01, 0.95),
+    ("exponential", 500, 0.05, 0.90),
+    ("normal", 200, 0.05, 0.99),
+])
+def test_bound_holds_over_resamples(dist, n, alpha, conf):
+    """Over many clean samples, the true false-drop rate of the threshold exceeds alpha in at most
+    about delta of them, and matches the exact Binomial tail the bound is built on."""
+    rng = np.random.default_rng(0)
+    reps = 20000
+    if dist == "normal":
+        clean = rng.standard_normal((reps, n))
+        sf = stats.norm.sf
+    else:
+        clean = rng.exponential(size=(reps, n))
+        sf = stats.expon.sf
+    t = thresholds_batch(clean, alpha, conf)
+    true_rate = sf(t)  # P(clean score > t), exact for the known distribution
+    exceed = float(np.mean(true_rate > alpha))
+    delta = 1 - conf
+    k = bounds.order_statistic_rank(n, alpha, conf)
+    exact = stats.binom.cdf(k - 1, n, alpha)  # P(rate > alpha) for this k
+    assert exact <= delta
+    mc_err = 4 * np.sqrt(delta * (1 - delta) / reps)
+    assert exceed <= delta + mc_err
+    assert abs(exceed - exact) <= mc_err  # the bound is what it says, not vacuous
+    # a fresh clean test set per resample: empirical false-drop rates behave accordingly
+    fresh = (rng.standard_normal((2000, 400)) if dist == "normal" else rng.exponential(size=(2000, 400)))
+    emp = np.mean(fresh > t[:2000, None], axis=1)
+    assert np.mean(emp > alpha) < 0.5  # sanity: most resamples drop fewer than alpha of fresh clean
+
+
+def test_bound_with_ties_stays_conservative():
+    rng = np.random.default_rng(1)
+    reps, n, alpha, conf = 20000, 400, 0.02, 0.9
+    clean = rng.integers(0, 30, size=(reps, n)).astype(float)  # heavy ties
+    t = thresholds_batch(clean, alpha, conf)
+    true_rate = np.array([np.mean(np.arange(30) > v) for v in range(30)])[t.astype(int)]
+    assert np.mean(true_rate > alpha) <= (1 - conf) + 0.01
+
+
+def test_single_threshold_matches_batch_and_reports_guarantee():
+    rng = np.random.default_rng(2)
+    s = rng.standard_normal(700)
+    r = order_statistic_threshold(s, 0.01, 0.95)
+    assert r.threshold == thresholds_batch(s[None], 0.01, 0.95)[0]
+    assert r.k == bounds.order_statistic_rank(700, 0.01, 0.95) and r.k >= 1
+    assert np.sum(s > r.threshold) == r.k - 1  # k-th largest, strict rule
+    assert 0 < r.guaranteed_false_drop <= 0.01
+    # Beta quantile and binomial tail agree: P(rate > guaranteed) == delta
+    assert stats.binom.cdf(r.k - 1, 700, r.guaranteed_false_drop) == pytest.approx(0.05, abs=1e-6)
+    assert "binomial order statistic" in r.method
+
+
+def test_too_few_clean_samples_refused_with_number_needed():
+    assert min_clean_samples(0.01, 0.95) == 299
+    assert min_clean_samples(0.05, 0.95) == 59
+    rng = np.random.default_rng(3)
+    order_statistic_threshold(rng.standard_normal(299), 0.01, 0.95)  # just enough
+    with pytest.raises(NotEnoughCleanSamples) as ei:
+        order_statistic_threshold(rng.standard_normal(298), 0.01, 0.95)
+    assert ei.value.needed == 299 and ei.value.n == 298
+    assert "299" in str(ei.value) and "298" in str(ei.value)
+    # NaN scores are not clean evidence
+    s = np.concatenate([rng.standard_normal(250), np.full(60, np.nan)])
+    with pytest.raises(NotEnoughCleanSamples, match="at least 299"):
+        order_statistic_threshold(s, 0.01, 0.95)
+
+
+def test_bad_rates_rejected():
+    with pytest.raises(ValueError):
+        order_statistic_threshold(np.zeros(1000), 0.0, 0.95)
+    with pytest.raises(ValueError):
+        order_statistic_threshold(np.zeros(1000), 0.01, 1.0)
+
+
+def test_clopper_pearson_covers():
+    lo, hi = bounds.clopper_pearson(0, 50)
+    assert lo == 0 and 0 < hi < 0.1
+    lo, hi = bounds.clopper_pearson(50, 50)
+    assert hi == 1 and 0.9 < lo < 1
+    lo, hi = bounds.clopper_pearson(30, 100)
+    assert lo < 0.3 < hi
+
+
+# ---------------------------------------------------------------------------------------------
+# Isotonic maps
+# ---------------------------------------------------------------------------------------------
+
+def _synthetic_table(n_sources=300, families=("noise", "dots"), steps=(0, 1, 2, 3, 5, 10, 20), seed=0,
+                     n_extra=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for fi, fam in enumerate(families):
+        for s in range(n_sources):
+            base = rng.normal()  # the step-0 score of this source is shared by its chains
+            for st in steps:
+                score = base if st == 0 else base + (1.0 + 0.5 * fi) * np.sqrt(st) + 0.3 * rng.normal()
+                path = f"src{s}/0.png" if st == 0 else f"{fam}/src{s}/{st}.png"
+                rows.append(dict(source_image=f"src{s}", family=fam, step=st, kind="chain",
+                                 path=path, score=score, chain_id=f"{fam}-{s}"))
+    for i in range(n_extra):
+        rows.append(dict(source_image=f"extra{i}", family="clean-extra", step=0, kind="clean",
+                         path=f"extra/{i}.png", score=rng.normal(), chain_id=""))
+    return pd.DataFrame(rows)
+
+
+def test_isotonic_maps_are_monotone():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=2000)
+    y = (rng.random(2000) < 1 / (1 + np.exp(-3 * x))).astype(float)
+    knots = bounds.isotonic_knots(x, y, y_min=0, y_max=1, max_knots=50)
+    assert len(knots["x"]) <= 50
+    assert np.all(np.diff(knots["x"]) >= 0) and np.all(np.diff(knots["y"]) >= 0)
+    cal = Calibration("d", "v", 0.0, probability_map=knots,
+                      step_map=bounds.isotonic_knots(x, np.round(5 * (x - x.min())) + rng.normal(size=2000)))
+    grid = np.linspace(-6, 6, 2001)
+    p = cal.probability(grid)
+    assert np.all(np.diff(p) >= 0) and p.min() >= 0 and p.max() <= 1
+    assert p[-1] > 0.9 and p[0] < 0.1
+    assert np.all(np.diff(cal.equivalent_step(grid)) >= 0)
+    assert np.isnan(cal.probability([np.nan])[0])
+    assert np.all(np.isnan(Calibration("d", "v", 0.0).probability([0.0, 1.0])))
+
+
+def test_build_calibration_maps_curve_and_split():
+    table = _synthetic_table(n_extra=200)
+    cal = build_calibration(table, "synthetic", "v1", alpha=0.01, confidence=0.95, holdout=0.3)
+    # threshold from the threshold part's clean images; split disjoint by source
+    parts = split_by_source(table[np.isfinite(table["score"])], {"threshold": 0.7, "holdout": 0.3},
+                            salt="calibration")
+    thr_src, hold_src = set(parts["threshold"]["source_image"]), set(parts["holdout"]["source_image"])
+    assert thr_src.isdisjoint(hold_src)
+    clean_thr = parts["threshold"]
+    clean_thr = clean_thr[(clean_thr["step"] == 0)].drop_duplicates("source_image")
+    assert cal.n_clean == len(clean_thr)
+    assert cal.threshold == order_statistic_threshold(clean_thr["score"], 0.01, 0.95).threshold
+    assert cal.split["threshold_sources"] + cal.split["holdout_sources"] == table["source_image"].nunique()
+    # drop curve on holdout sources only, rising with step
+    all_rows = sorted((r for r in cal.drop_curve if r["family"] == "all"), key=lambda r: r["step"])
+    assert sum(r["n"] for r in all_rows if r["step"] == 0) == len(
+        parts["holdout"][(parts["holdout"]["kind"] == "chain") & (parts["holdout"]["step"] == 0)]
+        .drop_duplicates("source_image"))
+    fr = [r["fraction"] for r in all_rows]
+    assert fr[-1] > 0.9 > fr[0] and fr[0] < 0.05
+    for r in cal.drop_curve:
+        assert r["ci_low"] <= r["fraction"] <= r["ci_high"]
+    # the harder-to-catch family needs at least as many steps
+    fs = cal.first_step_dropped
+    assert fs["dots"]["0.9"] is not None and fs["noise"]["0.9"] is not None
+    assert fs["dots"]["0.9"] <= fs["noise"]["0.9"]
+    # maps monotone
+    assert np.all(np.diff(cal.probability_map["y"]) >= 0)
+    assert np.all(np.diff(cal.step_map["y"]) >= 0)
+    # round trip through JSON keeps everything
+    again = Calibration.from_json(cal.to_json())
+    assert again.threshold == cal.threshold and again.drop_curve == cal.drop_curve
+    assert "binomial order statistic" in again.method and again.scope
+
+
+def test_build_refuses_too_few_clean_with_number():
+    table = _synthetic_table(n_sources=100)
+    with pytest.raises(NotEnoughCleanSamples) as ei:
+        build_calibration(table, "synthetic", "v1", alpha=0.01, confidence=0.95)
+    assert ei.value.needed == 299
+
+
+def test_clean_steps_and_fr_target_labels():
+    t = pd.DataFrame(dict(source_image=["a"] * 4 + ["x"], family=["f"] * 4 + ["clean-extra"],
+                          step=[0, 1, 2, 5, 0], kind=["chain"] * 4 + ["clean"],
+                          path=list("abcde"), score=[0.0] * 5,
+                          fr=[1.0, 0.95, 0.85, 0.5, np.nan]))
+    assert label_clean(t, "step", [0]).tolist() == [True, False, False, False, True]
+    assert label_clean(t, "step", [0, 1]).tolist() == [True, True, False, False, True]
+    assert label_clean(t, "fr:ssim", [0]).tolist() == [True, True, False, False, True]
+    assert label_clean(t, "fr:ssim<0.8", [0]).tolist() == [True, True, True, False, True]
+    with pytest.raises(ValueError):
+        label_clean(t, "fr:lpips", [0])
+
+
+def test_first_steps_none_when_never_reached():
+    curve = [{"family": "f", "step": s, "n": 10, "dropped": d, "fraction": d / 10, "ci_low": 0, "ci_high": 1}
+             for s, d in [(0, 0), (1, 5), (3, 9), (5, 9)]]
+    assert first_steps(curve) == {"f": {"0.9": 3, "0.99": None}}
+    rows = drop_curve(_synthetic_table(n_sources=20), threshold=1e9)
+    assert all(r["dropped"] == 0 for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files, detector checks, resolution
+# ---------------------------------------------------------------------------------------------
+
+class _Det:
+    def __init__(self, name, version):
+        self.name, self.version = name, version
+
+
+def _cal(**kw):
+    base = dict(detector="cnn", detector_version="abc123", threshold=0.42, alpha=0.01, confidence=0.95,
+                n_clean=400, guaranteed_false_drop=0.0098, method=bounds.BOUND_NAME)
+    base.update(kw)
+    return Calibration(**base)
+
+
+def test_save_load_round_trip(tmp_path):
+    cal = _cal(probability_map={"x": [0, 1], "y": [0.1, 0.9]}, notes=["n"])
+    p = save_calibration(cal, tmp_path / "c.json")
+    assert load_calibration(p) == cal
+    d = json.loads(p.read_text())
+    d["future_field"] = {"a": 1}
+    p.write_text(json.dumps(d))
+    again = load_calibration(p)
+    assert again.extra == {"future_field": {"a": 1}}
+    assert json.loads(again.to_json())["future_field"] == {"a": 1}
+
+
+@pytest.mark.parametrize("text,match", [
+    ("not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"detector": "cnn", "threshold": 1}', "missing"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": "high"}', "threshold"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": NaN}', "finite"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "alpha": 3}', "alpha"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "probability_map": {"x": [0, 1], "y": [1, 0]}}',
+     "monotone"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "format_version": 99}', "newer"),
+])
+def test_malformed_files_rejected(tmp_path, text, match):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(CalibrationError, match=match):
+        load_calibration(p)
+
+
+def test_missing_file_clear_error(tmp_path):
+    with pytest.raises(CalibrationError, match="cannot read"):
+        load_calibration(tmp_path / "nope.json")
+
+
+def test_mismatched_detector_or_version_refused(tmp_path):
+    cal = _cal()
+    check_detector(cal, _Det("cnn", "abc123"))
+    for det in (_Det("nss", "abc123"), _Det("cnn", "other")):
+        with pytest.raises(CalibrationMismatch) as ei:
+            check_detector(cal, det)
+        assert "cnn@abc123" in str(ei.value) and f"{det.name}@{det.version}" in str(ei.value)
+    p = save_calibration(cal, tmp_path / "c.json")
+    with pytest.raises(CalibrationMismatch):
+        resolve_threshold(_Det("cnn", "other"), calibration=p)
+    with pytest.raises(CalibrationMismatch):  # even beside an explicit threshold
+        resolve_threshold(_Det("cnn", "other"), threshold=0.3, calibration=p)
+
+
+def test_resolve_threshold_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "DEFAULTS_DIR", tmp_path / "defaults")
+    det = _Det("cnn", "abc123")
+    with pytest.raises(NoThresholdError, match="--threshold.*--calibration.*--drop-fraction"):
+        resolve_threshold(det)
+    save_calibration(_cal(threshold=0.5), tmp_path / "defaults" / "cnn.json")
+    t, msg, cal = resolve_threshold(det)
+    assert t == 0.5 and cal is not None
+    assert msg.startswith("default calibration for cnn@abc123") and "1% false drops with 95% confidence" in msg
+    assert default_calibration("cnn", "abc123").threshold == 0.5
+    assert default_calibration("cnn", "newer") is None
+    with pytest.raises(NoThresholdError, match="packaged default calibration is for cnn@abc123"):
+        resolve_threshold(_Det("cnn", "newer"))
+    p = save_calibration(_cal(threshold=0.7), tmp_path / "mine.json")
+    t, msg, cal = resolve_threshold(det, calibration=p)
+    assert t == 0.7 and str(p) in msg
+    t, msg, cal = resolve_threshold(det, threshold=0.1, calibration=None)
+    assert t == 0.1 and cal is None and "explicit" in msg
+    with pytest.raises(ValueError):
+        resolve_threshold(det, threshold=float("nan"))
+
+
+def test_drop_fraction_threshold():
+    rng = np.random.default_rng(5)
+    s = rng.normal(size=1000)
+    t = threshold_for_drop_fraction(s, 0.05)
+    assert np.sum(s > t) == 50
+    assert np.sum(np.concatenate([s, [np.nan] * 10]) > threshold_for_drop_fraction(
+        np.concatenate([s, [np.nan] * 10]), 0.05)) == 50
+    assert np.sum(s > threshold_for_drop_fraction(s, 0.0)) == 0
+    with pytest.raises(ValueError):
+        threshold_for_drop_fraction(s, 1.0)
+    with pytest.raises(ValueError):
+        threshold_for_drop_fraction([np.nan], 0.1)
+    cal = files.drop_fraction_calibration(_Det("nss", "v"), s, 0.05)
+    assert cal.label.startswith("uncalibrated: drop-fraction") and not cal.is_calibrated
+    assert "uncalibrated" in cal.guarantee_text()
