@@ -1,0 +1,88 @@
+"""``collapseguard evaluate``: the Banana100 study's evaluation of detectors on replication chains."""
+
+from __future__ import annotations
+
+import click
+
+from collapseguard.detectors import DetectorError
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = tuple(int(v) for v in str(value).split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not out or any(v < 0 for v in out):
+        raise click.BadParameter("expected one or more non-negative integers")
+    return out
+
+
+def _name_list(ctx, param, value):
+    out = [v.strip() for v in str(value).split(",") if v.strip()]
+    if not out:
+        raise click.BadParameter("expected at least one detector name")
+    if len(set(out)) != len(out):
+        raise click.BadParameter(f"detector named twice: {out}")
+    return out
+
+
+@click.command()
+@click.option("--chains", "chains", required=True, type=click.Path(exists=True),
+              help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
+@click.option("--detectors", "detectors", default="cnn,nss", show_default=True, callback=_name_list,
+              help="Comma-separated detector names, e.g. cnn,nss,pyiqa:piqe,pyiqa:niqe.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Output folder for results.md, chains.csv, scores.csv, auroc.csv, plot, summary.json.")
+@click.option("--steps", default="5,10,20", show_default=True, callback=_int_list,
+              help="Steps k of the gap Δ_k = (s_k − s_base)/scale; a chain passes when all are > 0.")
+@click.option("--base-step", default=1, show_default=True, type=click.IntRange(min=0),
+              help="Reference step of the gap (the study uses step 1).")
+@click.option("--auroc-steps", default="2,3,5,10,20", show_default=True, callback=_int_list,
+              help="Steps k for AUROC of clean (steps 0 and 1) vs step k.")
+@click.option("--scale", "scale_method", type=click.Choice(["std", "iqr"]), default="std",
+              show_default=True,
+              help="Per-detector normaliser: population std or IQR/1.349 of its scores over the set.")
+@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Images decoded and handed to every detector at a time.")
+@click.option("--device", default=None, help="Torch device for detectors that use one (e.g. cuda).")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Torch CPU threads.")
+@click.option("--family", "families", multiple=True, help="Evaluate only this family (repeatable).")
+@click.option("--max-chains-per-family", type=click.IntRange(min=1), default=None,
+              help="Evaluate only the first N chains (by id) of each family.")
+@click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def evaluate(chains, detectors, out, steps, base_step, auroc_steps, scale_method, batch_size, device,
+             threads, families, max_chains_per_family, no_plot, quiet):
+    """Score replication chains with each detector and apply the study's criterion.
+
+    For every detector and chain: Δ_k = (s_k − s_base)/scale at each --steps k (scores oriented
+    higher = more degraded; scale = that detector's spread over the evaluated set, see --scale). A
+    chain passes when every Δ_k > 0; the failure count per detector is the study's criterion.
+    Chains missing a needed step are skipped with a note; a NaN score is a failure with a reason.
+    Also: AUROC of clean (steps 0, 1) vs step k per family and overall, Spearman ρ of score with
+    step per chain, and images/s of each detector measured in this run (scoring time only, decode
+    excluded). Detectors such as pyiqa:* and vlm:* may need optional extras (see `detectors`).
+    """
+    from collapseguard.evaluation import report, run_evaluation
+
+    def progress(done, total):
+        if not quiet:
+            click.echo(f"\rscored {done}/{total} images", nl=done == total, err=True)
+
+    try:
+        ev = run_evaluation(chains, detectors, batch_size=batch_size, device=device, threads=threads,
+                            progress=progress, families=families or None,
+                            max_chains_per_family=max_chains_per_family, scale_method=scale_method,
+                            delta_steps=steps, base_step=base_step, auroc_steps=auroc_steps)
+    except (DetectorError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    paths = report.write_outputs(ev, out, plot=not no_plot)
+    for _, r in ev.failures.iterrows():
+        t = next((t for t in ev.timings if t.detector == r["detector"]), None)
+        speed = f", {t.images_per_s:.1f} images/s" if t else ""
+        click.echo(f"{r['detector']}: failed {r['failed']} of {r['evaluated']} chains "
+                   f"({r['skipped']} skipped){speed}")
+    click.echo(f"wrote {', '.join(p.name for p in paths.values())} to {out}")

@@ -1,0 +1,164 @@
+"""The study's evaluation end to end: load chains, score them, compute the tables, write the report."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.detectors import Detector, create
+from collapseguard.evaluation import metrics
+from collapseguard.evaluation.scoring import Timing, score_manifest
+from collapseguard.training_data_tools.manifest import read_manifest
+
+
+@dataclass
+class Evaluation:
+    """Every table of one evaluation run (what ``report.write_outputs`` writes)."""
+
+    source: str
+    scores: pd.DataFrame
+    per_chain: pd.DataFrame
+    failures: pd.DataFrame
+    failures_by_family: pd.DataFrame
+    auroc: pd.DataFrame
+    spearman: pd.DataFrame
+    scales: dict[str, metrics.Scale]
+    timings: list[Timing]
+    decode_seconds: float = 0.0
+    delta_steps: tuple[int, ...] = metrics.DELTA_STEPS
+    base_step: int = metrics.BASE_STEP
+    auroc_steps: tuple[int, ...] = metrics.AUROC_STEPS
+    clean_steps: tuple[int, ...] = metrics.CLEAN_STEPS
+    batch_size: int = 16
+    threads: int | None = None
+    device: str = "default"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_chains(self) -> int:
+        return int(self.scores["chain_id"].nunique())
+
+    @property
+    def n_images(self) -> int:
+        return int(len(self.scores) // max(1, self.scores["detector"].nunique()))
+
+    @property
+    def families(self) -> list[str]:
+        return sorted(self.scores["family"].unique())
+
+    @property
+    def steps_present(self) -> list[int]:
+        return sorted(int(s) for s in self.scores["step"].unique())
+
+
+def load_chain_manifest(path: str | Path) -> pd.DataFrame:
+    """A chains folder or manifest file as a validated manifest DataFrame (absolute paths).
+
+    Uses ``collapseguard.training_data_tools.loaders.load_chains`` when that module exists (it may
+    understand more layouts), else ``manifest.read_manifest``.
+    """
+    if importlib.util.find_spec("collapseguard.training_data_tools.loaders") is not None:
+        loaders = importlib.import_module("collapseguard.training_data_tools.loaders")
+        if hasattr(loaders, "load_chains"):
+            df = loaders.load_chains(path)
+            if isinstance(df, pd.DataFrame):
+                return df
+    return read_manifest(path)
+
+
+def select_chains(manifest: pd.DataFrame, families: Sequence[str] | None = None,
+                  max_chains_per_family: int | None = None) -> pd.DataFrame:
+    """Keep only some families and/or the first N chains (sorted by id) of each family."""
+    df = manifest
+    if families:
+        unknown = sorted(set(families) - set(df["family"].unique()))
+        if unknown:
+            raise ValueError(f"family(ies) {unknown} not in the chains; have {sorted(df['family'].unique())}")
+        df = df[df["family"].isin(families)]
+    if max_chains_per_family is not None:
+        if max_chains_per_family < 1:
+            raise ValueError("max_chains_per_family must be >= 1")
+        keep = []
+        for _, g in df.groupby("family", sort=True):
+            keep += sorted(g["chain_id"].unique())[:max_chains_per_family]
+        df = df[df["chain_id"].isin(keep)]
+    return df.reset_index(drop=True)
+
+
+def evaluate_scores(
+    scores: pd.DataFrame,
+    timings: Sequence[Timing] = (),
+    *,
+    source: str = "",
+    scale_method: str = "std",
+    delta_steps: Sequence[int] = metrics.DELTA_STEPS,
+    base_step: int = metrics.BASE_STEP,
+    auroc_steps: Sequence[int] = metrics.AUROC_STEPS,
+    clean_steps: Sequence[int] = metrics.CLEAN_STEPS,
+    decode_seconds: float = 0.0,
+    **info,
+) -> Evaluation:
+    """Compute every table from a long scores frame (chain_id, family, step, detector, score)."""
+    scores = scores.copy()
+    scores["step"] = scores["step"].astype(int)
+    scores["score"] = pd.to_numeric(scores["score"], errors="coerce").astype(np.float64)
+    if "error" not in scores.columns:
+        scores["error"] = ""
+    scores["error"] = scores["error"].fillna("").astype(str)
+    scales = metrics.scales_for(scores, scale_method)
+    per_chain = metrics.per_chain_table(scores, scales, delta_steps, base_step)
+    notes = []
+    present = set(scores["step"].unique())
+    absent = [k for k in auroc_steps if k not in present]
+    if absent:
+        notes.append(f"no images at step(s) {absent}: their AUROC columns are empty")
+    for det, s in scales.items():
+        if s.degenerate:
+            notes.append(f"detector {det}: every finite score equal (or none); scale set to 1.0")
+    return Evaluation(
+        source=source, scores=scores, per_chain=per_chain,
+        failures=metrics.failure_counts(per_chain),
+        failures_by_family=metrics.failure_counts(per_chain, by_family=True),
+        auroc=metrics.auroc_table(scores, auroc_steps, clean_steps),
+        spearman=metrics.spearman_summary(per_chain),
+        scales=scales, timings=list(timings), decode_seconds=decode_seconds,
+        delta_steps=tuple(delta_steps), base_step=base_step, auroc_steps=tuple(auroc_steps),
+        clean_steps=tuple(clean_steps), notes=notes, **info,
+    )
+
+
+def run_evaluation(
+    chains: str | Path | pd.DataFrame,
+    detectors: Sequence[str | Detector],
+    *,
+    batch_size: int = 16,
+    device: str | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    families: Sequence[str] | None = None,
+    max_chains_per_family: int | None = None,
+    **kwargs,
+) -> Evaluation:
+    """Load chains, create the detectors by name, score every image and compute the tables."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    manifest = chains if isinstance(chains, pd.DataFrame) else load_chain_manifest(chains)
+    manifest = select_chains(manifest, families, max_chains_per_family)
+    dets = []
+    for d in detectors:
+        det = create(d) if isinstance(d, str) else d
+        if device:
+            det = det.to(device) or det
+        dets.append(det)
+    scores, timings, decode_s = score_manifest(manifest, dets, batch_size=batch_size, progress=progress)
+    return evaluate_scores(scores, timings, source=str(chains) if not isinstance(chains, pd.DataFrame)
+                           else "<DataFrame>", decode_seconds=decode_s, batch_size=batch_size,
+                           threads=threads, device=device or "default", **kwargs)

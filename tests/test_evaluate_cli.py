@@ -1,0 +1,186 @@
+"""End to end: `collapseguard evaluate` on tiny chains made here, with detectors registered here."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+from collapseguard.detectors import Detector, register
+from collapseguard.evaluation.scoring import score_manifest, time_detectors
+from collapseguard.images import encode_png
+from collapseguard.training_data_tools.manifest import read_manifest, write_manifest
+
+STEPS = (0, 1, 2, 3, 5, 10, 20)
+
+
+def _residual_energy(img: np.ndarray) -> float:
+    """Mean absolute difference between horizontally adjacent pixels: grows with added noise."""
+    x = img.astype(np.float64)
+    return float(np.abs(np.diff(x, axis=1)).mean())
+
+
+class Tracking(Detector):
+    """Sees the degradation: high-frequency energy goes up with every noise step."""
+
+    name = "evaltest-track"
+    version = "t1"
+
+    def score(self, images):
+        return np.array([_residual_energy(im) for im in images], dtype=np.float32)
+
+
+class Anti(Tracking):
+    """Anti-correlated with the degradation."""
+
+    name = "evaltest-anti"
+
+    def score(self, images):
+        return -super().score(images)
+
+
+class Flaky(Tracking):
+    """NaN for 36-wide images; refuses batches holding a 40-wide image, and some such images."""
+
+    name = "evaltest-flaky"
+
+    def score(self, images):
+        if any(im.shape[1] == 40 for im in images):
+            if len(images) > 1:
+                raise RuntimeError("batch refused")
+            if images[0][0, 0, 0] % 2:  # some single images still fail
+                raise RuntimeError("odd pixel")
+        out = super().score(images)
+        out[[im.shape[1] == 36 for im in images]] = np.nan
+        return out
+
+
+register("evaltest-track", Tracking)
+register("evaltest-anti", Anti)
+register("evaltest-flaky", Flaky)
+
+
+def _make_chains(root, n_sources=3, families=("grain", "speckle"), drop=None, width=32):
+    """Smooth sources; each step adds a little seeded noise (grain: gaussian, speckle: sparse)."""
+    rows = []
+    for s in range(n_sources):
+        yy, xx = np.mgrid[0:24, 0:width]
+        src = np.stack([(xx * 3 + s * 20) % 200, (yy * 4 + 30) % 200, np.full_like(xx, 90 + s)], -1)
+        for fam in families:
+            rng = np.random.default_rng(s * 7 + len(fam))
+            cur = src.astype(np.float64)
+            for step in range(max(STEPS) + 1):
+                if step:
+                    if fam == "grain":
+                        cur = cur + rng.normal(0, 3.0, cur.shape)
+                    else:
+                        cur = cur + (rng.random(cur.shape) < 0.03) * rng.normal(0, 40.0, cur.shape)
+                if step in STEPS and (drop is None or (f"{fam}-{s}", step) != drop):
+                    path = root / f"{fam}-{s}" / f"{step:02d}.png"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(encode_png(np.clip(cur, 0, 255).round().astype(np.uint8)))
+                    rows.append({"chain_id": f"{fam}-{s}", "source_image": f"src{s}", "family": fam,
+                                 "task": "edit", "step": step, "path": str(path)})
+    write_manifest(pd.DataFrame(rows), root / "manifest.csv")
+    return root
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory):
+    return _make_chains(tmp_path_factory.mktemp("chains"), drop=("grain-2", 10))
+
+
+def test_evaluate_tracking_passes_anti_fails(chains, tmp_path):
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors",
+                                    "evaltest-track,evaltest-anti", "--out", str(out),
+                                    "--batch-size", "5", "-q"])
+    assert res.exit_code == 0, res.output
+    for name in ("results.md", "chains.csv", "scores.csv", "auroc.csv", "summary.json",
+                 "mean_score_vs_step.png"):
+        assert (out / name).is_file(), name
+    assert (out / "mean_score_vs_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    summary = json.loads((out / "summary.json").read_text())
+    fails = {r["detector"]: r for r in summary["failures"]}
+    # 6 chains, grain-2 lacks step 10 -> skipped; 5 evaluated
+    assert fails["evaltest-track"]["evaluated"] == 5 and fails["evaltest-track"]["failed"] == 0
+    assert fails["evaltest-anti"]["failed"] == 5 and fails["evaltest-anti"]["passed"] == 0
+    assert fails["evaltest-track"]["skipped"] == 1
+    speed = {d["detector"]: d for d in summary["speed"]["detectors"]}
+    assert speed["evaltest-track"]["images"] == 41 and speed["evaltest-track"]["images_per_s"] > 0
+
+    au = pd.read_csv(out / "auroc.csv").set_index(["detector", "family"])
+    assert au.loc[("evaltest-track", "all"), "k20"] == 1.0
+    assert au.loc[("evaltest-anti", "all"), "k20"] == 0.0
+    assert set(au.index.get_level_values("family")) == {"all", "grain", "speckle"}
+
+    per_chain = pd.read_csv(out / "chains.csv")
+    assert {"chain_id", "family", "detector", "delta_5", "delta_10", "delta_20", "pass",
+            "spearman"} <= set(per_chain.columns)
+    assert len(per_chain) == 12
+    tr = per_chain[per_chain.detector == "evaltest-track"].set_index("chain_id")
+    assert (tr.drop("grain-2")["delta_20"] > tr.drop("grain-2")["delta_5"]).all()
+    assert tr.loc["grain-2", "status"] == "skipped" and "10" in tr.loc["grain-2", "reason"]
+    assert tr["spearman"].min() > 0.9
+
+    scores = pd.read_csv(out / "scores.csv")
+    assert len(scores) == 2 * 41 and scores["score"].notna().all()
+    md = (out / "results.md").read_text()
+    assert "| evaltest-anti | 5 | 5 | 0 | 1 |" in md
+    assert "grain-2" in md and "population std" in md and "decode excluded" in md
+    assert "evaltest-anti: failed 5 of 5 chains" in res.output
+
+
+def test_nan_and_errors_count_as_failures(tmp_path):
+    chains = _make_chains(tmp_path / "c36", n_sources=2, families=("grain",), width=36)
+    other = _make_chains(tmp_path / "c32", n_sources=1, families=("speckle",))
+    df = pd.concat([read_manifest(chains), read_manifest(other)])
+    df.to_csv(tmp_path / "all.csv", index=False)
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(tmp_path / "all.csv"), "--detectors",
+                                    "evaltest-flaky", "--out", str(out), "--no-plot", "-q",
+                                    "--scale", "iqr"])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    f = s["failures"][0]
+    assert (f["evaluated"], f["failed"], f["fail_nan"], f["passed"]) == (3, 2, 2, 1)
+    assert s["scale"]["evaltest-flaky"]["method"] == "iqr"
+    assert not (out / "mean_score_vs_step.png").exists()
+    assert "NaN score at step(s)" in (out / "results.md").read_text()
+
+
+def test_score_manifest_records_decode_and_detector_errors(tmp_path):
+    root = _make_chains(tmp_path / "c", n_sources=1, families=("grain",), width=40)
+    df = read_manifest(root)
+    df.loc[df.step == 3, "path"] = str(tmp_path / "missing.png")
+    (tmp_path / "junk.png").write_bytes(b"not an image")
+    df.loc[df.step == 5, "path"] = str(tmp_path / "junk.png")
+    scores, timings, _ = score_manifest(df, [Flaky(), Tracking()], batch_size=4)
+    flaky = scores[scores.detector == "evaltest-flaky"].reset_index(drop=True)
+    assert flaky.loc[flaky.step == 5, "error"].iloc[0].startswith("decode_error")
+    assert flaky.loc[flaky.step == 3, "error"].iloc[0].startswith("decode_error")
+    odd = flaky["error"].str.contains("odd pixel")
+    assert flaky.loc[odd, "score"].isna().all()
+    ok = flaky["error"] == ""
+    assert odd.sum() >= 1 and ok.sum() >= 1  # both paths of the per-image retry are exercised
+    assert ok.sum() + odd.sum() == len(df) - 2 and flaky.loc[ok, "score"].notna().all()
+    track = scores[scores.detector == "evaltest-track"]
+    assert (track["error"] == "").sum() == len(df) - 2
+    assert timings[1].images == len(df) - 2
+
+
+def test_time_detectors_counts_images_and_bad_input():
+    imgs = [np.zeros((8, 8, 3), np.uint8)] * 5
+    t = time_detectors([Tracking()], imgs, batch_size=2)[0]
+    assert t.images == 5 and t.seconds > 0 and t.images_per_s > 0
+    with pytest.raises(ValueError):
+        score_manifest(pd.DataFrame({"path": []}), [Tracking()])
+
+
+def test_unknown_detector_is_a_clean_error(chains, tmp_path):
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "nope-xyz",
+                                    "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "unknown detector" in res.output
