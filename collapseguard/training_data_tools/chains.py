@@ -1,0 +1,155 @@
+"""Make simulated replication chains: run replicators for N steps, keep selected steps.
+
+``make_chains(sources, families, ...)`` makes one chain per (source, family, repeat): it creates a
+replicator seeded from ``(seed, source name, family, repeat)`` (so a chain does not depend on
+which other chains are made, or in which order, or by how many workers), runs it for ``steps``
+steps, writes the kept steps as PNG under ``out_dir/<family>/<chain_id>/step_XXX.png`` and returns
+the manifest (also written to ``out_dir/manifest.csv``).
+
+Manifest columns: ``chain_id, source_image, family, task, step, path`` plus ``repeat, generator,
+width, height, seed, params`` (the replicator's drawn parameters as JSON) and, where a replicator
+records state, one column per state key (``content_scale_x``, ``content_scale_y``,
+``content_aspect_drift`` for aspect drift).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from collapseguard.training_data_tools.manifest import MANIFEST_NAME, write_manifest
+from collapseguard.training_data_tools.replicators import (
+    create_replicator,
+    list_families,
+)
+from collapseguard.training_data_tools.replicators.base import ReplicatorError
+
+DEFAULT_KEEP = (0, 1, 2, 3, 5, 10, 20, 30, 50, 100)
+#: task name written for simulated chains (real chains carry the study's task names)
+SIMULATED_TASK = "replicate"
+
+
+def chain_seed(seed: int, source_name: str, family: str, repeat: int) -> np.random.SeedSequence:
+    """The seed sequence of one chain: depends only on these four values."""
+    h = hashlib.sha256(f"{seed}\0{source_name}\0{family}\0{repeat}".encode()).digest()
+    return np.random.SeedSequence([int.from_bytes(h[i:i + 4], "little") for i in range(0, 16, 4)])
+
+
+def chain_id_for(source_name: str, family: str, repeat: int) -> str:
+    """A readable, file-system-safe, unique chain id."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", source_name).strip("-")[:48] or "src"
+    h = hashlib.sha256(f"{source_name}\0{family}\0{repeat}".encode()).hexdigest()[:8]
+    return f"{family}-{slug}-r{repeat}-{h}"
+
+
+def run_chain(image: np.ndarray, family: str, steps: int, keep: Sequence[int],
+              seed: np.random.SeedSequence | int) -> tuple[dict, list[tuple[int, np.ndarray, dict]]]:
+    """Run one chain in memory. Returns (params, [(step, image, state) for kept steps])."""
+    rng = np.random.default_rng(seed)
+    rep = create_replicator(family, rng)
+    keep = {int(k) for k in keep}
+    out = [(0, image, {})] if 0 in keep else []
+    x = image
+    for k in range(1, steps + 1):
+        x = rep.step(x, rng)
+        if k in keep:
+            out.append((k, x, dict(rep.state)))
+    return rep.params, out
+
+
+def _save_png(arr: np.ndarray, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    Image.fromarray(arr).save(tmp, format="PNG", compress_level=3)
+    os.replace(tmp, path)
+
+
+def _chain_job(job: dict) -> list[dict]:
+    """Worker: make one chain and write its PNGs; returns its manifest rows."""
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:  # pragma: no cover
+        pass
+    params, kept = run_chain(job["image"], job["family"], job["steps"], job["keep"], job["seed_seq"])
+    folder = Path(job["out_dir"]) / job["family"] / job["chain_id"]
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    h, w = job["image"].shape[:2]
+    for step, img, state in kept:
+        path = folder / f"step_{step:03d}.png"
+        _save_png(img, path)
+        rows.append({"chain_id": job["chain_id"], "source_image": job["source_image"],
+                     "family": job["family"], "task": SIMULATED_TASK, "step": step,
+                     "path": str(path), "repeat": job["repeat"],
+                     "generator": f"simulated:{job['family']}", "width": w, "height": h,
+                     "seed": job["seed"], "params": json.dumps(params, sort_keys=True), **state})
+    return rows
+
+
+def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[str] | None = None,
+                steps: int = 100, keep: Sequence[int] = DEFAULT_KEEP, out_dir: str | Path = "chains",
+                seed: int = 0, workers: int = 2, progress: bool = True, repeats: int = 1,
+                manifest_name: str = MANIFEST_NAME) -> pd.DataFrame:
+    """Make one chain per (source, family, repeat), write PNGs + manifest, return the manifest.
+
+    ``keep`` steps above ``steps`` are dropped; step 0 (the source itself) is always kept.
+    ``workers`` > 1 runs chains in that many processes. Raises ValueError for unknown families,
+    an empty source, or bad step settings.
+    """
+    families = list(families) if families else list_families()
+    known = list_families()
+    bad = [f for f in families if f not in known]
+    if bad:
+        raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")
+    if steps < 0 or repeats < 1:
+        raise ValueError(f"steps must be >= 0 and repeats >= 1, got steps={steps}, repeats={repeats}")
+    keep = sorted({0} | {int(k) for k in keep if 0 <= int(k) <= steps})
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs, seen = [], set()
+    for name, image in sources:
+        image = np.asarray(image)
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"source {name!r}: expected (H, W, 3) uint8, got {image.dtype} {image.shape}")
+        if name in seen:
+            raise ValueError(f"duplicate source name {name!r}")
+        seen.add(name)
+        for fam in families:
+            for r in range(repeats):
+                jobs.append({"image": image, "family": fam, "steps": steps, "keep": keep,
+                             "seed_seq": chain_seed(seed, name, fam, r), "seed": seed,
+                             "chain_id": chain_id_for(name, fam, r), "source_image": name,
+                             "repeat": r, "out_dir": str(out_dir)})
+    if not jobs:
+        raise ValueError("no sources given: nothing to make")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(jobs), desc="chains", unit="chain")
+    rows: list[dict] = []
+    if workers <= 1:
+        for job in jobs:
+            rows += _chain_job(job)
+            if bar:
+                bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            futs = [ex.submit(_chain_job, job) for job in jobs]
+            for f in as_completed(futs):
+                rows += f.result()
+                if bar:
+                    bar.update(1)
+    if bar:
+        bar.close()
+    df = pd.DataFrame(rows).sort_values(["chain_id", "step"], kind="stable").reset_index(drop=True)
+    write_manifest(df, out_dir / manifest_name)
+    return df

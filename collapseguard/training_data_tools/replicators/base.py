@@ -1,0 +1,131 @@
+"""The replicator protocol and the family registry.
+
+A *replicator* imitates one generative model re-rendering its own output. It is created once per
+chain with ``create_replicator(family, rng)``: the constructor draws the chain's parameters from
+wide ranges (so a detector trained on these chains learns the kind of damage, not one setting) and
+records them in ``params``. ``step(image, rng)`` then maps one (H, W, 3) uint8 image to the next
+one of the chain, and may keep per-chain ``state`` between steps (for example a cumulative
+aspect-ratio drift). Same family + same seed = the same chain, bit for bit.
+
+Every replicator keeps the image size: ``step`` returns an array of the same shape as its input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import numpy as np
+
+
+class ReplicatorError(ValueError):
+    """Unknown family or an image a replicator cannot take."""
+
+
+class Replicator:
+    """Base class. Subclasses set ``family``/``description`` and implement ``draw`` and ``_step``."""
+
+    #: registry name of the family, e.g. ``"noise_tint"``
+    family: str = ""
+    #: one line for ``list_families`` and help texts
+    description: str = ""
+
+    def __init__(self, rng: np.random.Generator, **overrides: Any):
+        params = self.draw(rng)
+        unknown = set(overrides) - set(params)
+        if unknown:
+            raise ReplicatorError(f"{self.family}: unknown parameter(s) {sorted(unknown)}; "
+                                  f"known: {sorted(params)}")
+        params.update(overrides)
+        #: what was drawn for this chain (JSON-serialisable), recorded in the manifest
+        self.params: dict[str, Any] = params
+        #: per-chain state carried between steps (JSON-serialisable scalars)
+        self.state: dict[str, Any] = {}
+        #: number of steps taken so far
+        self.n_steps = 0
+
+    def draw(self, rng: np.random.Generator) -> dict[str, Any]:
+        """Draw this chain's parameters from wide ranges; override in subclasses."""
+        return {}
+
+    def step(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One re-rendering: (H, W, 3) uint8 in, the same shape uint8 out."""
+        image = check_image(image)
+        out = self._step(image, rng)
+        out = np.asarray(out)
+        if out.dtype != np.uint8:
+            out = to_uint8(out)
+        if out.shape != image.shape:  # pragma: no cover - a bug in a subclass
+            raise AssertionError(f"{self.family} changed shape {image.shape} -> {out.shape}")
+        self.n_steps += 1
+        return out
+
+    def _step(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.params}>"
+
+
+def check_image(image: np.ndarray) -> np.ndarray:
+    """Return ``image`` as a contiguous (H, W, 3) uint8 array or raise ReplicatorError."""
+    arr = np.asarray(image)
+    if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
+        raise ReplicatorError(f"expected an (H, W, 3) uint8 image, got {arr.dtype} {arr.shape}")
+    if arr.shape[0] < 16 or arr.shape[1] < 16:
+        raise ReplicatorError(f"image too small for a replicator: {arr.shape[1]}x{arr.shape[0]}")
+    return np.ascontiguousarray(arr)
+
+
+def to_uint8(x: np.ndarray) -> np.ndarray:
+    """Round and clip a float image (0..255 scale) to uint8."""
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """A draw whose logarithm is uniform on [log lo, log hi]."""
+    return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------
+
+#: family name -> "module:Class" (imported lazily)
+REPLICATORS: dict[str, str] = {
+    "noise_tint": "collapseguard.training_data_tools.replicators.noise_tint:NoiseTint",
+    "contour_wrinkles": "collapseguard.training_data_tools.replicators.contour_wrinkles:ContourWrinkles",
+    "scattered_dots": "collapseguard.training_data_tools.replicators.scattered_dots:ScatteredDots",
+    "texture_simplify": "collapseguard.training_data_tools.replicators.texture_simplify:TextureSimplify",
+    "aspect_drift": "collapseguard.training_data_tools.replicators.aspect_drift:AspectDrift",
+    "codec": "collapseguard.training_data_tools.replicators.codec:CodecLoss",
+    "learned": "collapseguard.training_data_tools.replicators.learned:LearnedReplicator",
+    "mixed": "collapseguard.training_data_tools.replicators.mixed:MixedReplicator",
+}
+
+
+def replicator_class(family: str) -> type[Replicator]:
+    """The class registered under ``family``."""
+    target = REPLICATORS.get(family)
+    if target is None:
+        raise ReplicatorError(f"unknown replicator family {family!r}; known: {list_families()}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def list_families() -> list[str]:
+    """Names of all registered replicator families."""
+    return [name for name, target in REPLICATORS.items()
+            if importlib.util.find_spec(target.partition(":")[0]) is not None]
+
+
+def create_replicator(family: str, rng: np.random.Generator | int | None = None,
+                      **overrides: Any) -> Replicator:
+    """Create a replicator for one chain; its parameters are drawn from ``rng``.
+
+    ``overrides`` pin named parameters (e.g. ``strength=1.0``) instead of drawing them.
+    """
+    if not isinstance(rng, np.random.Generator):
+        rng = np.random.default_rng(rng)
+    return replicator_class(family)(rng, **overrides)

@@ -1,0 +1,264 @@
+"""Clean image sources: the "source" currency is an iterable of ``(name, RGB uint8 array)``.
+
+- ``bundled_photos()``: photos that ship inside installed wheels (scikit-image's ``data`` folder,
+  scikit-learn's sample images, matplotlib's ``grace_hopper.jpg``); nothing is downloaded.
+- ``procedural_art(n, seed)``: clean "digital art" in the look of AI-generated originals: smooth
+  gradients, flat-colour shapes with outlines, soft lighting and shadows, in various sizes and
+  aspect ratios.
+- ``folder_images(path)``: image files under a folder (recursively, sorted).
+- ``shard_images(paths)``: images inside WebDataset ``.tar`` shards (tar members are read as bytes
+  and decoded; nothing is unpickled).
+- ``resolve_sources(spec)``: the command-line spellings of the above.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tarfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from collapseguard.images import DecodeError, decode_image, is_image_name, load_image
+
+Source = tuple[str, np.ndarray]
+
+#: scikit-image data files that ship inside its wheel (no pooch download), colour or grey
+_SKIMAGE_FILES = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
+                  "hubble_deep_field.jpg", "retina.jpg", "camera.png", "brick.png", "grass.png",
+                  "gravel.png", "moon.png", "coins.png", "page.png", "horse.png", "color.png")
+
+
+class SourceError(ValueError):
+    """A source spec or folder that yields no usable images."""
+
+
+def _bundled_paths() -> list[tuple[str, Path]]:
+    out = []
+    try:
+        import skimage
+        d = Path(skimage.__file__).parent / "data"
+        out += [(f"skimage/{Path(n).stem}", d / n) for n in _SKIMAGE_FILES if (d / n).is_file()]
+    except ImportError:  # pragma: no cover - scikit-image is a core dependency
+        pass
+    try:
+        import sklearn.datasets
+        d = Path(sklearn.datasets.__file__).parent / "images"
+        out += [(f"sklearn/{p.stem}", p) for p in sorted(d.glob("*.jpg"))]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import matplotlib
+        p = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+        if p.is_file():
+            out.append(("matplotlib/grace_hopper", p))
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+def bundled_photos(min_side: int = 64) -> list[Source]:
+    """Photos shipped inside installed packages (no network), as RGB uint8 arrays.
+
+    Grey images are repeated into three channels. Images smaller than ``min_side`` are skipped.
+    """
+    out = []
+    for name, path in _bundled_paths():
+        try:
+            arr = load_image(path)
+        except (OSError, DecodeError):
+            continue
+        if min(arr.shape[:2]) >= min_side:
+            out.append((name, arr))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# procedural digital art
+# ---------------------------------------------------------------------------------------------
+
+_ASPECTS = (1.0, 4 / 3, 3 / 4, 16 / 9, 9 / 16, 3 / 2, 2 / 3, 5 / 4)
+
+
+def _palette(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n harmonious colours: hues around a random base, varied saturation/value (0..255 floats)."""
+    import colorsys
+    base = rng.uniform(0, 1)
+    scheme = rng.choice([0.08, 0.33, 0.5, 0.15])
+    cols = []
+    for i in range(n):
+        hue = (base + scheme * rng.integers(-2, 3) + rng.normal(0, 0.03)) % 1.0
+        sat = rng.uniform(0.25, 0.9)
+        val = rng.uniform(0.35, 1.0)
+        cols.append(colorsys.hsv_to_rgb(hue, sat, val))
+    return np.asarray(cols, np.float32) * 255
+
+
+def _gradient(rng, w, h, cols) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    if rng.random() < 0.5:  # linear
+        a = rng.uniform(0, 2 * np.pi)
+        t = (xx / w - 0.5) * np.cos(a) + (yy / h - 0.5) * np.sin(a)
+    else:  # radial
+        cx, cy = rng.uniform(0.2, 0.8) * w, rng.uniform(0.2, 0.8) * h
+        t = np.hypot(xx - cx, yy - cy) / max(w, h)
+    t = (t - t.min()) / (t.max() - t.min() + 1e-6)
+    t = t * t * (3 - 2 * t)  # smoothstep
+    return cols[0] * (1 - t[..., None]) + cols[1] * t[..., None]
+
+
+def _art_one(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    ss = 2  # supersampling for anti-aliased outlines
+    cols = _palette(rng, 8)
+    bg = _gradient(rng, w * ss, h * ss, cols[:2])
+    canvas = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8))
+    shadow = Image.new("L", canvas.size, 0)
+    draw, sdraw = ImageDraw.Draw(canvas), ImageDraw.Draw(shadow)
+    outline_col = tuple(int(v) for v in np.clip(cols[2] * rng.uniform(0.05, 0.4), 0, 255))
+    outline_w = int(rng.integers(0, 5)) * ss
+    for _ in range(int(rng.integers(3, 11))):
+        kind = rng.choice(["ellipse", "rect", "polygon", "blob"])
+        cx, cy = rng.uniform(0, w * ss), rng.uniform(0, h * ss)
+        r = rng.uniform(0.05, 0.3) * min(w, h) * ss
+        fill = tuple(int(v) for v in cols[int(rng.integers(2, 8))])
+        if kind == "ellipse":
+            box = [cx - r, cy - r * rng.uniform(0.5, 1.5), cx + r, cy + r * rng.uniform(0.5, 1.5)]
+            sdraw.ellipse([box[0] + r * 0.15, box[1] + r * 0.2, box[2] + r * 0.15, box[3] + r * 0.2], fill=110)
+            draw.ellipse(box, fill=fill, outline=outline_col, width=outline_w)
+        elif kind == "rect":
+            box = [cx - r, cy - r * rng.uniform(0.4, 1.2), cx + r, cy + r * rng.uniform(0.4, 1.2)]
+            rad = int(r * rng.uniform(0, 0.5))
+            sdraw.rounded_rectangle([box[0] + r * 0.15, box[1] + r * 0.2, box[2] + r * 0.15, box[3] + r * 0.2],
+                                    radius=rad, fill=110)
+            draw.rounded_rectangle(box, radius=rad, fill=fill, outline=outline_col, width=outline_w)
+        else:
+            k = int(rng.integers(3, 8)) if kind == "polygon" else 24
+            ang = np.sort(rng.uniform(0, 2 * np.pi, k)) if kind == "polygon" else np.linspace(0, 2 * np.pi, k, endpoint=False)
+            rad = r * (rng.uniform(0.5, 1.0, k) if kind == "polygon"
+                       else 1 + 0.25 * np.sin(ang * rng.integers(2, 5) + rng.uniform(0, 6)))
+            pts = [(float(cx + q * np.cos(a)), float(cy + q * np.sin(a))) for a, q in zip(ang, rad)]
+            sdraw.polygon([(x + r * 0.15, y + r * 0.2) for x, y in pts], fill=110)
+            draw.polygon(pts, fill=fill, outline=outline_col, width=outline_w)
+    canvas = canvas.resize((w, h), Image.Resampling.LANCZOS)
+    shadow = shadow.resize((w, h), Image.Resampling.BILINEAR).filter(
+        ImageFilter.GaussianBlur(rng.uniform(0.01, 0.04) * min(w, h)))
+    x = np.asarray(canvas, np.float32)
+    # soft shadows under shapes (darken background where the blurred shadow is, but not shapes'
+    # own fill too strongly), then soft key light + vignette
+    x = x * (1 - 0.35 * np.asarray(shadow, np.float32)[..., None] / 255)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    lx, ly = rng.uniform(0, w), rng.uniform(0, h)
+    d = np.hypot(xx - lx, yy - ly) / np.hypot(w, h)
+    light = 1 + rng.uniform(0.05, 0.3) * np.exp(-(d / rng.uniform(0.2, 0.5)) ** 2)
+    vign = 1 - rng.uniform(0.0, 0.3) * (np.hypot(xx / w - 0.5, yy / h - 0.5) / 0.7071) ** 2
+    x = x * (light * vign)[..., None]
+    x = x + rng.normal(0, 0.6, x.shape).astype(np.float32)  # dither, no banding
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1024) -> list[Source]:
+    """``n`` clean procedural "digital art" images, sizes in [min_side, max_side] with varied aspects.
+
+    Deterministic for ``seed``; the names (``art/<seed>-<i>``) are unique per (seed, i).
+    """
+    if n < 0 or min_side < 32 or max_side < min_side:
+        raise SourceError(f"procedural_art: bad n={n}, min_side={min_side}, max_side={max_side}")
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, i, 7919])
+        long_side = int(rng.integers(min_side, max_side + 1))
+        aspect = float(rng.choice(_ASPECTS))
+        w, h = (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
+        w, h = max(min_side // 2, int(w)) // 2 * 2, max(min_side // 2, int(h)) // 2 * 2
+        out.append((f"art/{seed}-{i}", _art_one(rng, w, h)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# folders and shards
+# ---------------------------------------------------------------------------------------------
+
+def _clean_name(name: str) -> str:
+    """A source name safe for file and chain names: no separators, '..', or odd characters."""
+    name = re.sub(r"[^A-Za-z0-9._/-]+", "_", name).strip("/")
+    parts = [p for p in name.split("/") if p not in ("", ".", "..")]
+    return "/".join(parts) or "image"
+
+
+def folder_images(path: str | os.PathLike, recursive: bool = True) -> Iterator[Source]:
+    """Yield ``(relative name, array)`` for every decodable image file under ``path`` (sorted).
+
+    Undecodable files are skipped. Raises SourceError when the folder does not exist.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise SourceError(f"not a folder: {root}")
+    files = sorted(p for p in (root.rglob("*") if recursive else root.iterdir())
+                   if p.is_file() and is_image_name(p.name))
+    for p in files:
+        try:
+            arr = load_image(p)
+        except (OSError, DecodeError):
+            continue
+        yield _clean_name(p.relative_to(root).with_suffix("").as_posix()), arr
+
+
+def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
+    """Yield ``(shard/key, array)`` for the first image of every sample in WebDataset tar shards.
+
+    ``paths`` is a glob pattern or a list of paths. Members are read as raw bytes and decoded with
+    PIL; undecodable images are skipped.
+    """
+    files = sorted(glob.glob(paths)) if isinstance(paths, str) else list(paths)
+    if not files:
+        raise SourceError(f"no shards match {paths!r}")
+    for f in files:
+        seen = set()
+        with tarfile.open(f, "r:*") as tar:
+            for m in tar:
+                if not m.isfile() or not is_image_name(m.name):
+                    continue
+                key = m.name.rsplit(".", 1)[0].split(".")[0] if "/" not in m.name else \
+                    m.name.rsplit("/", 1)[0] + "/" + m.name.rsplit("/", 1)[1].split(".")[0]
+                if key in seen:
+                    continue
+                seen.add(key)
+                data = tar.extractfile(m).read()
+                try:
+                    arr = decode_image(data)
+                except DecodeError:
+                    continue
+                yield _clean_name(f"{Path(f).stem}/{key}"), arr
+
+
+def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
+    """Turn a command-line spec into a source.
+
+    ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides) | ``folder:PATH`` | ``shards:GLOB`` |
+    a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``.
+    """
+    for part in [s.strip() for s in spec.split(",") if s.strip()]:
+        kind, _, arg = part.partition(":")
+        if part == "bundled":
+            yield from bundled_photos()
+        elif kind == "art":
+            m = re.fullmatch(r"(\d+)(?::(\d+)-(\d+))?", arg)
+            if not m:
+                raise SourceError(f"bad art spec {part!r}; use art:N or art:N:MIN-MAX")
+            lo, hi = (int(m.group(2)), int(m.group(3))) if m.group(2) else (320, 1024)
+            yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi)
+        elif kind == "folder":
+            yield from folder_images(arg)
+        elif kind == "shards":
+            yield from shard_images(arg)
+        elif os.path.isdir(part):
+            yield from folder_images(part)
+        elif part.endswith(".tar") or glob.glob(part):
+            yield from shard_images(part)
+        else:
+            raise SourceError(f"unknown source {part!r}: use bundled, art:N, folder:PATH, "
+                              "shards:GLOB, a folder or a .tar shard")

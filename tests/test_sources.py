@@ -1,0 +1,89 @@
+"""Clean image sources: bundled photos, procedural art, folders, shards, CLI specs."""
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from collapseguard.training_data_tools.sources import (
+    SourceError,
+    bundled_photos,
+    folder_images,
+    procedural_art,
+    resolve_sources,
+    shard_images,
+)
+
+
+def test_bundled_photos_are_rgb_and_named_uniquely():
+    photos = bundled_photos()
+    assert len(photos) >= 5
+    names = [n for n, _ in photos]
+    assert len(set(names)) == len(names)
+    for _, a in photos:
+        assert a.dtype == np.uint8 and a.ndim == 3 and a.shape[2] == 3 and min(a.shape[:2]) >= 64
+
+
+def test_procedural_art_deterministic_varied_sizes():
+    a = procedural_art(4, seed=5, min_side=64, max_side=160)
+    b = procedural_art(4, seed=5, min_side=64, max_side=160)
+    for (na, xa), (nb, xb) in zip(a, b):
+        assert na == nb
+        np.testing.assert_array_equal(xa, xb)
+        assert xa.dtype == np.uint8 and max(xa.shape[:2]) <= 160
+    assert len({x.shape for _, x in a}) > 1
+    # smooth, but not flat: many distinct colours and mostly small neighbour differences
+    x = a[0][1].astype(int)
+    assert len(np.unique(x.reshape(-1, 3), axis=0)) > 100
+    assert np.median(np.abs(np.diff(x, axis=1))) <= 3
+    c = procedural_art(1, seed=6, min_side=64, max_side=160)
+    assert not np.array_equal(c[0][1], a[0][1]) or c[0][1].shape != a[0][1].shape
+    with pytest.raises(SourceError):
+        procedural_art(1, min_side=100, max_side=50)
+
+
+def test_folder_images_skips_junk_and_cleans_names(tmp_path):
+    (tmp_path / "sub").mkdir()
+    Image.new("RGB", (20, 10), (255, 0, 0)).save(tmp_path / "sub" / "a b.png")
+    Image.new("L", (8, 8), 7).save(tmp_path / "g.jpg")
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    (tmp_path / "notes.txt").write_text("x")
+    got = dict(folder_images(tmp_path))
+    assert set(got) == {"g", "sub/a_b"}
+    assert got["sub/a_b"].shape == (10, 20, 3) and got["g"].shape == (8, 8, 3)
+    with pytest.raises(SourceError, match="not a folder"):
+        list(folder_images(tmp_path / "missing"))
+
+
+def _png(color):
+    buf = io.BytesIO()
+    Image.new("RGB", (12, 9), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_shard_images_reads_first_image_per_sample(tmp_path):
+    path = tmp_path / "shard-000.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("s1.png", _png((1, 2, 3))), ("s1.json", b"{}"), ("s1.jpg", _png((9, 9, 9))),
+                           ("s2.png", b"garbage"), ("s3.webp", _png((5, 5, 5)))]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    got = list(shard_images(str(path)))
+    assert [n for n, _ in got] == ["shard-000/s1", "shard-000/s3"]
+    assert tuple(got[0][1][0, 0]) == (1, 2, 3)
+    with pytest.raises(SourceError, match="no shards"):
+        list(shard_images(str(tmp_path / "none-*.tar")))
+
+
+def test_resolve_sources_specs(tmp_path):
+    Image.new("RGB", (16, 16)).save(tmp_path / "x.png")
+    names = [n for n, _ in resolve_sources(f"art:2:64-96,folder:{tmp_path}")]
+    assert names == ["art/0-0", "art/0-1", "x"]
+    assert [n for n, _ in resolve_sources(str(tmp_path))] == ["x"]
+    with pytest.raises(SourceError, match="unknown source"):
+        list(resolve_sources("what:ever"))
+    with pytest.raises(SourceError, match="bad art spec"):
+        list(resolve_sources("art:many"))
