@@ -49,7 +49,7 @@ class FilterOptions:
         d.pop("out_dir")
         d.pop("batch_size")
         d.pop("scores_from")
-        return d
+        return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
 def shard_name(path: str) -> str:

@@ -1,0 +1,39 @@
+"""Helpers shared by tests (importable because setup.cfg puts tests/ on pytest's pythonpath)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+
+
+def add_member(tf: tarfile.TarFile, name: str, data: bytes, mtime: int = 1_700_000_000) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = mtime
+    tf.addfile(info, io.BytesIO(data))
+
+
+def read_members(path) -> list[tuple[str, bytes]]:
+    """All regular members of a tar as (name, bytes), in order."""
+    out = []
+    with tarfile.open(path) as tf:
+        for m in tf.getmembers():
+            if m.isfile():
+                out.append((m.name, tf.extractfile(m).read()))
+    return out
+
+
+def degrade(img: np.ndarray, rounds: int = 6, seed: int = 0) -> np.ndarray:
+    """A crude replication loop for fixtures: noise, sharpen, slight green cast, each round."""
+    from scipy import ndimage
+    rng = np.random.default_rng(seed)
+    x = img.astype(np.float32)
+    for _ in range(rounds):
+        x = x + rng.normal(0, 4, x.shape)
+        blur = ndimage.gaussian_filter(x, (1, 1, 0))
+        x = x + 0.6 * (x - blur)
+        x[..., 1] += 1.5
+        x = np.clip(x, 0, 255)
+    return x.astype(np.uint8)

@@ -1,0 +1,253 @@
+"""The shard filter on real tar shards: conservation, byte-identical passthrough, bad input,
+resume after a kill, brace patterns, samples without images, unsafe names."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from cg_testutil import add_member, degrade, read_members
+
+from collapseguard.cli import main
+from collapseguard.filter.inputs import InputError, expand_inputs, expand_pattern
+from collapseguard.images import encode_jpeg, encode_png
+
+
+def make_shard(path: Path, photos, *, degraded=True, extra=(), start=0) -> list[tuple[str, bytes]]:
+    """A shard of clean + degraded photos with captions and json; returns its members."""
+    members = []
+    for i, img in enumerate(photos):
+        for deg in ((0, 1) if degraded else (0,)):
+            key = f"{path.stem}_{start + i:04d}_{deg}"
+            im = degrade(img, seed=i) if deg else img
+            members += [(f"{key}.jpg", encode_jpeg(im, 92)), (f"{key}.txt", f"caption {i}".encode()),
+                        (f"{key}.json", json.dumps({"i": i, "deg": deg}).encode())]
+    members += list(extra)
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            add_member(tf, name, data)
+    return members
+
+
+def run_cli(args, expect=0):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+
+
+def threshold_between(photos):
+    """A threshold for nss that separates these clean photos from their degraded copies."""
+    from collapseguard.detectors import create
+    det = create("nss")
+    clean = det.score(photos)
+    bad = det.score([degrade(p, seed=i) for i, p in enumerate(photos)])
+    assert bad.min() > clean.max(), "fixture degradation must be visible to nss"
+    return float((bad.min() + clean.max()) / 2)
+
+
+def test_conservation_and_ordered_passthrough(tmp_path, photos):
+    shard = tmp_path / "in" / "shard-000.tar"
+    shard.parent.mkdir()
+    members = make_shard(shard, photos, extra=[("notes.cls", b"7"), ("odd.seg.png", encode_png(photos[0]))])
+    t = threshold_between(photos)
+    run_cli(["filter", shard, "--out", tmp_path / "out", "--detector", "nss", "--threshold", t,
+             "--workers", "1", "--quiet"])
+    kept = read_members(tmp_path / "out/kept/shard-000.tar")
+    rej = read_members(tmp_path / "out/rejected/shard-000.tar")
+    # conservation: the multiset of (name, bytes) in == kept + rejected
+    assert collections.Counter(members) == collections.Counter(kept + rej)
+    # order: each output is the input restricted to its members, in input order
+    kept_set, rej_set = set(kept), set(rej)
+    assert kept == [m for m in members if m in kept_set]
+    assert rej == [m for m in members if m in rej_set]
+    scores = pd.read_parquet(tmp_path / "out/scores/shard-000.parquet")
+    assert list(scores.columns[:6]) == ["key", "score", "decision", "reason", "detector", "detector_version"]
+    by_key = scores.set_index("key")
+    for i in range(len(photos)):
+        assert by_key.loc[f"shard-000_{i:04d}_0", "reason"] == "kept"
+        assert by_key.loc[f"shard-000_{i:04d}_1", "reason"] == "degraded"
+    assert by_key.loc["notes", "reason"] == "no_image"
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["samples"] == len(scores) == 2 * len(photos) + 2
+    assert summary["reasons"]["degraded"] == len(photos)
+    assert summary["threshold"] == pytest.approx(t)
+
+
+def test_corrupt_image_is_decode_error_and_nothing_lost(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    good = encode_jpeg(photos[0])
+    truncated = good[: len(good) // 3]
+    extra = [("broken.jpg", truncated), ("broken.txt", b"still here"), ("garbage.png", b"\x89PNG nope")]
+    members = make_shard(shard, photos[:1], degraded=False, extra=extra)
+    run_cli(["filter", shard, "--out", tmp_path / "out", "-d", "nss", "--threshold", "1e9",
+             "--workers", "1", "-q"])
+    scores = pd.read_parquet(tmp_path / "out/scores/s.parquet").set_index("key")
+    assert scores.loc["broken", "reason"] == "decode_error"
+    assert scores.loc["garbage", "reason"] == "decode_error"
+    assert np.isnan(scores.loc["broken", "score"]) and "broken.jpg" in scores.loc["broken", "error"]
+    rej = read_members(tmp_path / "out/rejected/s.tar")
+    assert ("broken.jpg", truncated) in rej and ("broken.txt", b"still here") in rej
+    kept = read_members(tmp_path / "out/kept/s.tar")
+    assert collections.Counter(members) == collections.Counter(kept + rej)
+
+
+def test_samples_without_images_kept_or_rejected_by_flag(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos[:1], degraded=False, extra=[("cap.txt", b"a caption"), ("meta.json", b"{}")])
+    run_cli(["filter", shard, "--out", tmp_path / "a", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
+    a = pd.read_parquet(tmp_path / "a/scores/s.parquet").set_index("key")
+    assert (a.loc[["cap", "meta"], "decision"] == "kept").all()
+    assert (a.loc[["cap", "meta"], "reason"] == "no_image").all()
+    run_cli(["filter", shard, "--out", tmp_path / "b", "-d", "nss", "--threshold", "1e9", "-w", "1",
+             "-q", "--reject-no-image"])
+    b = pd.read_parquet(tmp_path / "b/scores/s.parquet").set_index("key")
+    assert (b.loc[["cap", "meta"], "decision"] == "rejected").all()
+    assert ("cap.txt", b"a caption") in read_members(tmp_path / "b/rejected/s.tar")
+
+
+def test_unsafe_member_names_are_cleaned_and_set_aside(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    img = encode_jpeg(photos[1])
+    make_shard(shard, photos[:1], degraded=False,
+               extra=[("../../etc/evil.jpg", img), ("/abs/path.txt", b"abs"), ("a/./b/../c.txt", b"c")])
+    run_cli(["filter", shard, "--out", tmp_path / "out", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
+    names = [n for n, _ in read_members(tmp_path / "out/kept/s.tar") + read_members(tmp_path / "out/rejected/s.tar")]
+    assert all(not n.startswith("/") and ".." not in n.split("/") and "." not in n.split("/") for n in names)
+    assert "etc/evil.jpg" in names and "abs/path.txt" in names
+    scores = pd.read_parquet(tmp_path / "out/scores/s.parquet").set_index("key")
+    assert scores.loc["etc/evil", "reason"] == "unsafe_name"
+    assert "../../etc/evil.jpg" in scores.loc["etc/evil", "error"]
+    # nothing was written outside the output folder
+    assert not (tmp_path / "etc").exists() and not Path("/abs/path.txt").exists()
+
+
+def test_brace_patterns_expand_and_filter_many_shards(tmp_path, photos):
+    d = tmp_path / "data"
+    d.mkdir()
+    for s in range(3):
+        make_shard(d / f"shard-{s:03d}.tar", photos[:1], start=s * 10)
+    assert expand_pattern(str(d / "shard-{000..002}.tar")) == [str(d / f"shard-{s:03d}.tar") for s in range(3)]
+    assert expand_pattern("x-{a,b}-{1..2}") == ["x-a-1", "x-a-2", "x-b-1", "x-b-2"]
+    with pytest.raises(InputError):
+        expand_inputs([str(d / "missing-{0..1}.tar")])
+    t = threshold_between(photos[:1])
+    run_cli(["filter", str(d / "shard-{000..002}.tar"), "--out", tmp_path / "out", "-d", "nss",
+             "--threshold", t, "--workers", "2", "-q"])
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["shards"] == 3 and summary["samples"] == 6 and summary["rejected"] == 3
+    assert sorted(p.name for p in (tmp_path / "out/kept").iterdir()) == [f"shard-{s:03d}.tar" for s in range(3)]
+
+
+def test_failed_shard_is_named_and_others_complete(tmp_path, photos):
+    good = tmp_path / "good.tar"
+    make_shard(good, photos[:1], degraded=False)
+    bad = tmp_path / "bad.tar"
+    data = good.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # truncated mid-member
+    res = run_cli(["filter", good, bad, "--out", tmp_path / "out", "-d", "nss", "--threshold", "1e9",
+                   "-w", "1", "-q"], expect=1)
+    assert "bad.tar" in res.output
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["shards_failed"] == [str(bad)]
+    assert (tmp_path / "out/kept/good.tar").exists() and not (tmp_path / "out/kept/bad.tar").exists()
+
+
+def test_shard_name_clash_and_changed_settings_are_refused(tmp_path, photos):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        make_shard(tmp_path / sub / "s.tar", photos[:1], degraded=False)
+    res = run_cli(["filter", tmp_path / "a/s.tar", tmp_path / "b/s.tar", "--out", tmp_path / "o",
+                   "-d", "nss", "--threshold", "1", "-q"], expect=1)
+    assert "share the name" in res.output
+    run_cli(["filter", tmp_path / "a/s.tar", "--out", tmp_path / "o", "-d", "nss", "--threshold", "1",
+             "-w", "1", "-q"])
+    res = run_cli(["filter", tmp_path / "a/s.tar", "--out", tmp_path / "o", "-d", "nss",
+                   "--threshold", "2", "-w", "1", "-q"], expect=1)
+    assert "--overwrite" in res.output
+    run_cli(["filter", tmp_path / "a/s.tar", "--out", tmp_path / "o", "-d", "nss", "--threshold", "2",
+             "-w", "1", "-q", "--overwrite"])
+
+
+def test_drop_fraction_drops_the_top_scores(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos)  # 8 images
+    run_cli(["filter", shard, "--out", tmp_path / "out", "-d", "nss", "--drop-fraction", "0.25",
+             "-w", "1", "-q"])
+    scores = pd.read_parquet(tmp_path / "out/scores/s.parquet")
+    rejected = scores[scores.decision == "rejected"]
+    assert len(rejected) == 2
+    assert rejected.score.min() > scores[scores.decision == "kept"].score.max()
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["threshold_source"].startswith("uncalibrated")
+
+
+def _all_outputs(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for sub in ("kept", "rejected", "scores")
+            for p in sorted((out / sub).glob("*")) if not p.name.endswith(".tmp")}
+
+
+def test_killed_run_resumes_to_identical_outputs(tmp_path):
+    from skimage import data
+    big = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket()] * 2
+    d = tmp_path / "data"
+    d.mkdir()
+    for s in range(3):
+        make_shard(d / f"shard-{s}.tar", big, start=s * 100)
+    cmd = [sys.executable, "-m", "collapseguard.cli", "filter", str(d / "shard-{0..2}.tar"),
+           "-d", "nss", "--threshold", "3.2", "--workers", "1", "--batch-size", "1", "-q"]
+    ref = tmp_path / "ref"
+    subprocess.run(cmd + ["--out", str(ref)], check=True)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(cmd + ["--out", str(out)], start_new_session=True)
+    deadline = time.time() + 120
+    # kill once the second shard is being written: one shard complete, one mid-way
+    while time.time() < deadline:
+        if (out / ".done/shard-0.json").exists() and list((out / "kept").glob("shard-1.tar.tmp")):
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / ".done/shard-2.json").exists(), "run finished before it could be killed"
+    assert list((out / "kept").glob("*.tmp")), "expected a partial shard at the kill"
+    subprocess.run(cmd + ["--out", str(out)], check=True)
+    assert _all_outputs(out) == _all_outputs(ref)
+    summary = json.loads((out / "summary.json").read_text())
+    statuses = {Path(s["shard"]).name: s["status"] for s in summary["per_shard"]}
+    assert statuses["shard-0.tar"] == "resumed" and statuses["shard-2.tar"] == "done"
+
+
+def test_score_command_files_folders_shards(tmp_path, photos):
+    folder = tmp_path / "imgs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.png").write_bytes(encode_png(photos[0]))
+    (folder / "sub" / "b.jpg").write_bytes(encode_jpeg(photos[1]))
+    (folder / "sub" / "broken.jpg").write_bytes(b"not a jpeg")
+    single = tmp_path / "single.jpg"
+    single.write_bytes(encode_jpeg(photos[2]))
+    make_shard(tmp_path / "s-0.tar", photos[:1])
+    for out in ("scores.csv", "scores.parquet"):
+        run_cli(["score", folder, single, str(tmp_path / "s-{0..0}.tar"), "-d", "nss", "--out",
+                 tmp_path / out, "-q"])
+    csv = pd.read_csv(tmp_path / "scores.csv", keep_default_na=False)
+    pq = pd.read_parquet(tmp_path / "scores.parquet")
+    assert list(csv.key) == list(pq.key)
+    for col in ("source", "key", "score", "detector", "detector_version", "error"):
+        assert col in csv.columns
+    keys = set(csv.key)
+    assert {"a.png", "sub/b.jpg", "sub/broken.jpg", "single.jpg", "s-0_0000_0", "s-0_0000_1"} <= keys
+    broken = pq.set_index("key").loc["sub/broken.jpg"]
+    assert np.isnan(broken.score) and broken.error
+    ok = pq[pq.error == ""]
+    assert len(ok) == 5 and np.isfinite(ok.score).all()
+    assert (pq.detector == "nss").all()
