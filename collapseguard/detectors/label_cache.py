@@ -1,0 +1,202 @@
+"""Label images with any detector into a cached, resumable table (the teacher side of distillation).
+
+``label_images(detector, items, cache_path)`` scores every image once per detector version and
+remembers the result in ``cache_path`` (Parquet, or CSV when the name ends in ``.csv``), keyed by
+the SHA-256 of the image's encoded bytes. Re-running with the same cache skips every image already
+labelled, so a slow judge (a 7B VLM) can be stopped and resumed, and identical images (same bytes)
+are scored once.
+
+Rows record a status: ``ok`` (finite score), ``nan`` (the detector could not score it, e.g. an
+unparseable VLM answer — kept so a deterministic failure is not retried; pass ``retry_nan=True``
+to try again), ``decode_error`` or ``missing`` (file not found). Only ``ok`` rows carry a score.
+
+A cache file belongs to one detector name + version; using it with another raises
+:class:`~collapseguard.detectors.base.DetectorError` instead of mixing labels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.detectors.base import Detector, DetectorError
+
+CACHE_COLUMNS = ["key", "path", "score", "raw", "status", "detector", "detector_version"]
+
+
+def image_key(data: bytes) -> str:
+    """The identity of an image: SHA-256 hex digest of its encoded bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_item(item) -> tuple[str, bytes | None, str]:
+    """(path or '', bytes or None, status) for a path, bytes, or a mapping with 'path'/'data'."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return "", bytes(item), "ok"
+    if isinstance(item, Mapping):
+        path = str(item.get("path", "") or "")
+        data = item.get("data", item.get("bytes"))
+        if data is not None:
+            return path, bytes(data), "ok"
+        if not path:
+            raise DetectorError("a record needs 'path' or 'data'")
+        item = path
+    if isinstance(item, (str, os.PathLike)):
+        p = str(item)
+        try:
+            with open(p, "rb") as fh:
+                return p, fh.read(), "ok"
+        except FileNotFoundError:
+            return p, None, "missing"
+        except IsADirectoryError:
+            return p, None, "missing"
+    raise DetectorError(f"cannot label a {type(item).__name__}: pass paths, bytes or {{'path'|'data'}} records")
+
+
+def read_cache(cache_path: str | os.PathLike) -> pd.DataFrame:
+    """The cache table (empty with the right columns when the file does not exist)."""
+    p = Path(cache_path)
+    if not p.is_file():
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("score", "raw") else "object") for c in CACHE_COLUMNS})
+    df = pd.read_csv(p, dtype={"key": str, "path": str, "status": str, "detector": str, "detector_version": str},
+                     keep_default_na=False, na_values={"score": ["", "nan", "NaN"], "raw": ["", "nan", "NaN"]}) \
+        if p.suffix.lower() == ".csv" else pd.read_parquet(p)
+    missing = [c for c in CACHE_COLUMNS if c not in df.columns]
+    if missing:
+        raise DetectorError(f"{p} is not a label cache (missing columns {missing})")
+    return df[CACHE_COLUMNS]
+
+
+def _write_cache(df: pd.DataFrame, cache_path: Path) -> None:
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_path.parent, prefix=cache_path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        if cache_path.suffix.lower() == ".csv":
+            df.to_csv(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)
+        os.replace(tmp, cache_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def label_images(
+    detector: Detector,
+    items: Iterable,
+    cache_path: str | os.PathLike,
+    batch_size: int | None = None,
+    flush_every: int = 512,
+    retry_nan: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> pd.DataFrame:
+    """Score ``items`` with ``detector``, reusing and extending the cache at ``cache_path``.
+
+    Args:
+        detector: any :class:`Detector` (``create("vlm:...")``, ``create("rali:...")``, ...).
+        items: image paths, encoded image bytes, or mappings with ``path`` and/or ``data``.
+        cache_path: ``.parquet`` (default) or ``.csv`` file; created if missing, rewritten
+            atomically every ``flush_every`` new labels and at the end (so an interrupted run
+            loses at most that many).
+        batch_size: images per ``score_detailed`` call (default: the detector's ``batch_size``).
+        retry_nan: re-score images whose cached status is ``nan``.
+        progress: called with the number of items handled since the last call (e.g. tqdm.update).
+
+    Returns:
+        One row per input item, in input order: ``key, path, score, raw, status, detector,
+        detector_version`` (``score``/``raw`` NaN unless status is ``ok``; ``raw`` is the
+        detector's raw value where it has one, e.g. a VLM rating, else equal to ``score``).
+    """
+    from collapseguard.images import DecodeError, decode_image
+
+    cache_path = Path(cache_path)
+    name, version = str(detector.name), str(detector.version)
+    cache = read_cache(cache_path)
+    if len(cache):
+        seen = set(zip(cache["detector"].astype(str), cache["detector_version"].astype(str)))
+        if seen != {(name, version)}:
+            other = ", ".join(f"{n}@{v}" for n, v in sorted(seen))
+            raise DetectorError(
+                f"{cache_path} holds labels of {other}, not {name}@{version}; use another cache file"
+            )
+    known: dict[str, dict] = {r["key"]: r for r in cache.to_dict("records")}
+    if retry_nan:
+        known = {k: r for k, r in known.items() if r["status"] != "nan"}
+    bs = max(1, int(batch_size or getattr(detector, "batch_size", 16) or 16))
+
+    order: list[tuple[str, str, str]] = []  # (key, path, status-if-unreadable)
+    pending: list[tuple[str, str, np.ndarray]] = []
+    new_rows: list[dict] = []
+    since_flush = 0
+
+    def row(key, path, score, raw, status):
+        return {"key": key, "path": path, "score": score, "raw": raw, "status": status,
+                "detector": name, "detector_version": version}
+
+    def flush_batch():
+        nonlocal since_flush
+        if not pending:
+            return
+        out = detector.score_detailed([img for _, _, img in pending])
+        scores = np.asarray(out["score"], dtype=np.float64)
+        raws = np.asarray(out.get("raw", out["score"]), dtype=np.float64)
+        if scores.shape != (len(pending),):
+            raise DetectorError(f"{name} returned {scores.shape} scores for {len(pending)} images")
+        for (key, path, _), s, r in zip(pending, scores, raws):
+            ok = bool(np.isfinite(s))
+            rec = row(key, path, float(s) if ok else np.nan, float(r) if ok else np.nan, "ok" if ok else "nan")
+            known[key] = rec
+            new_rows.append(rec)
+        since_flush += len(pending)
+        pending.clear()
+
+    def save():
+        nonlocal since_flush
+        _write_cache(pd.DataFrame(list(known.values()), columns=CACHE_COLUMNS), cache_path)
+        since_flush = 0
+
+    queued: set[str] = set()
+    for item in items:
+        path, data, status = _read_item(item)
+        if data is None:
+            order.append(("", path, status))
+        else:
+            key = image_key(data)
+            order.append((key, path, ""))
+            if key not in known and key not in queued:
+                try:
+                    img = decode_image(data)
+                except DecodeError:
+                    rec = row(key, path, np.nan, np.nan, "decode_error")
+                    known[key] = rec
+                    new_rows.append(rec)
+                else:
+                    pending.append((key, path, img))
+                    queued.add(key)
+                if len(pending) >= bs:
+                    flush_batch()
+                    if since_flush >= flush_every:
+                        save()
+        if progress is not None:
+            progress(1)
+    flush_batch()
+    if new_rows or not cache_path.is_file():
+        save()
+
+    result = []
+    for key, path, status in order:
+        if not key:
+            result.append(row("", path, np.nan, np.nan, status))
+        else:
+            rec = dict(known[key])
+            if path:
+                rec["path"] = path
+            result.append(rec)
+    return pd.DataFrame(result, columns=CACHE_COLUMNS)
