@@ -184,3 +184,25 @@ def test_unknown_detector_is_a_clean_error(chains, tmp_path):
     res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "nope-xyz",
                                     "--out", str(tmp_path / "o")])
     assert res.exit_code != 0 and "unknown detector" in res.output
+
+
+def test_tables_recomputed_from_scores_file(chains, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    args = ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track,evaltest-anti",
+            "--no-plot", "-q"]
+    assert CliRunner().invoke(main, [*args, "--out", str(first)]).exit_code == 0
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"),
+                                    "--out", str(second), "--no-plot", "--steps", "20"])
+    assert res.exit_code == 0, res.output
+    a = pd.read_csv(first / "chains.csv")
+    b = pd.read_csv(second / "chains.csv")
+    same = a["status"] != "skipped"
+    assert same.sum() == 10 and np.allclose(a.loc[same, "delta_20"], b.loc[same, "delta_20"])
+    assert "delta_5" not in b.columns
+    # with only Δ20 required, the chain that lacks step 10 is evaluated instead of skipped
+    assert (b["status"] == "skipped").sum() == 0 and (a["status"] == "skipped").sum() == 2
+    assert "not measured" in (second / "results.md").read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x,y\n1,2\n")
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(bad), "--out", str(tmp_path / "c")])
+    assert res.exit_code != 0 and "not a scores.csv" in res.output

@@ -29,8 +29,11 @@ def _name_list(ctx, param, value):
 
 
 @click.command()
-@click.option("--chains", "chains", required=True, type=click.Path(exists=True),
+@click.option("--chains", "chains", default=None, type=click.Path(exists=True),
               help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
+@click.option("--from-scores", "from_scores", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Recompute the tables from an earlier run's scores.csv instead of scoring "
+              "(no speed figures then; --detectors, --chains ignored).")
 @click.option("--detectors", "detectors", default="cnn,nss", show_default=True, callback=_name_list,
               help="Comma-separated detector names, e.g. cnn,nss,pyiqa:piqe,pyiqa:niqe.")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
@@ -54,7 +57,7 @@ def _name_list(ctx, param, value):
               help="Evaluate only the first N chains (by id) of each family.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def evaluate(chains, detectors, out, steps, base_step, auroc_steps, scale_method, batch_size, device,
+def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, scale_method, batch_size, device,
              threads, families, max_chains_per_family, no_plot, quiet):
     """Score replication chains with each detector and apply the study's criterion.
 
@@ -72,17 +75,39 @@ def evaluate(chains, detectors, out, steps, base_step, auroc_steps, scale_method
         if not quiet:
             click.echo(f"\rscored {done}/{total} images", nl=done == total, err=True)
 
-    try:
-        ev = run_evaluation(chains, detectors, batch_size=batch_size, device=device, threads=threads,
-                            progress=progress, families=families or None,
-                            max_chains_per_family=max_chains_per_family, scale_method=scale_method,
-                            delta_steps=steps, base_step=base_step, auroc_steps=auroc_steps)
-    except (DetectorError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    kw = {"scale_method": scale_method, "delta_steps": steps, "base_step": base_step,
+          "auroc_steps": auroc_steps}
+    if from_scores:
+        ev = _from_scores(from_scores, **kw)
+    elif not chains:
+        raise click.UsageError("give --chains (or --from-scores)")
+    else:
+        try:
+            ev = run_evaluation(chains, detectors, batch_size=batch_size, device=device,
+                                threads=threads, progress=progress, families=families or None,
+                                max_chains_per_family=max_chains_per_family, **kw)
+        except (DetectorError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
     paths = report.write_outputs(ev, out, plot=not no_plot)
+    speed = {t.detector: t.images_per_s for t in ev.timings}
     for _, r in ev.failures.iterrows():
-        t = next((t for t in ev.timings if t.detector == r["detector"]), None)
-        speed = f", {t.images_per_s:.1f} images/s" if t else ""
+        rate = f", {speed[r['detector']]:.1f} images/s" if r["detector"] in speed else ""
         click.echo(f"{r['detector']}: failed {r['failed']} of {r['evaluated']} chains "
-                   f"({r['skipped']} skipped){speed}")
+                   f"({r['skipped']} skipped){rate}")
     click.echo(f"wrote {', '.join(p.name for p in paths.values())} to {out}")
+
+
+def _from_scores(path, **kw):
+    """An Evaluation recomputed from an earlier run's scores.csv (no timings)."""
+    import pandas as pd
+
+    from collapseguard.evaluation import evaluate_scores
+
+    try:
+        df = pd.read_csv(path, dtype={"chain_id": str, "family": str, "detector": str, "error": str})
+        ev = evaluate_scores(df, source=str(path), **kw)
+    except (KeyError, ValueError, pd.errors.ParserError) as exc:
+        raise click.ClickException(f"{path}: not a scores.csv written by `evaluate` ({exc})") from None
+    ev.notes.append("tables recomputed from a scores file: no speed measured in this run")
+    ev.device = "none"
+    return ev

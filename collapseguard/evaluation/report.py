@@ -128,10 +128,13 @@ def results_markdown(ev) -> str:
     out.append("- scale per detector (over every finite score of that detector in this run):")
     for det, sc in ev.scales.items():
         out.append(f"  - `{det}`: {sc.describe()}")
-    out.append("- speed: images/s counts time inside `Detector.score` only (decode excluded, one "
-               f"untimed warm-up image per detector), batch size {ev.batch_size}, "
-               f"{ev.threads} torch thread(s), device {ev.device}; decode took "
-               f"{ev.decode_seconds:.1f} s for {ev.n_images} images.")
+    if ev.timings:
+        out.append("- speed: images/s counts time inside `Detector.score` only (decode excluded, one "
+                   f"untimed warm-up image per detector), batch size {ev.batch_size}, "
+                   f"{ev.threads or 'default'} torch thread(s), device {ev.device}; decode took "
+                   f"{ev.decode_seconds:.1f} s for {ev.n_images} images.")
+    else:
+        out.append("- speed: not measured in this run.")
     out += ["", "## Failures per detector (the study's criterion)", ""]
     speed = {t.detector: t.images_per_s for t in ev.timings}
     f = ev.failures.assign(images_per_s=[_fmt(speed.get(d), 1) for d in ev.failures["detector"]])
