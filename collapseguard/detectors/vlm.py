@@ -41,6 +41,9 @@ DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 #: smallest pixel count the processor upsizes to (Qwen2-VL default)
 DEFAULT_MIN_PIXELS = 56 * 56
 
+_SAMPLING_KEYS = {"do_sample", "temperature", "top_p", "top_k", "num_beams", "num_return_sequences",
+                  "max_new_tokens", "generation_config"}
+
 _MODEL_CLASSES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
@@ -70,6 +73,8 @@ class VLMJudge(Detector):
             ``HF_HUB_OFFLINE=1``).
         attn_implementation: passed to ``from_pretrained`` (default: transformers' choice).
         keep_answers: how many recent raw answers to keep in ``last_answers``.
+        generation_kwargs: extra ``generate`` arguments (e.g. ``logits_processor``,
+            ``repetition_penalty``); sampling arguments are refused: decoding stays greedy.
     """
 
     description = "VLM quality judge (VisualQuality-R1 prompt), score = 5 - rating"
@@ -87,6 +92,7 @@ class VLMJudge(Detector):
         local_files_only: bool | None = None,
         attn_implementation: str | None = None,
         keep_answers: int = 32,
+        generation_kwargs: dict | None = None,
     ):
         try:
             import torch
@@ -100,6 +106,10 @@ class VLMJudge(Detector):
         model = model.strip()
         if int(max_pixels) < int(min_pixels) or int(min_pixels) < 28 * 28:
             raise DetectorError(f"need 28*28 <= min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
+        generation_kwargs = dict(generation_kwargs or {})
+        sampling = sorted(set(generation_kwargs) & _SAMPLING_KEYS)
+        if sampling:
+            raise DetectorError(f"decoding is greedy and deterministic; refusing {sampling}")
         local = Path(model).expanduser()
         is_local = local.is_dir()
         if not is_local and (model.startswith((".", "/", "~")) or model.count("/") > 1):
@@ -141,6 +151,7 @@ class VLMJudge(Detector):
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
 
+        self.generation_kwargs = generation_kwargs
         self.model_type = model_type
         self.thinking = bool(thinking)
         self.batch_size = max(1, int(batch_size))
@@ -162,12 +173,20 @@ class VLMJudge(Detector):
             "vlm", model_type, hashlib.sha256(cfg_json.encode()).hexdigest(), ident,
             self.prompt, self.max_pixels, self.min_pixels, self.max_new_tokens,
             getattr(self.processor, "chat_template", ""),
+            sorted((k, repr(v) if isinstance(v, (int, float, str, bool)) else type(v).__name__)
+                   for k, v in self.generation_kwargs.items()),
         )
         self.name = f"vlm:{model}"
 
     # -----------------------------------------------------------------------------------------
     def _messages(self) -> list[dict]:
         return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.prompt}]}]
+
+    def chat_text(self) -> str:
+        """The full prompt text (chat template applied) sent with every image."""
+        return self.processor.apply_chat_template(
+            self._messages(), tokenize=False, add_generation_prompt=True, add_vision_id=True
+        )
 
     def generate(self, images: Sequence[np.ndarray]) -> list[str]:
         """Raw decoded answers (special tokens removed), one per image, greedy decoding."""
@@ -180,9 +199,7 @@ class VLMJudge(Detector):
             if a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8:
                 raise DetectorError(f"image {i}: expected (H, W, 3) uint8, got {a.shape} {a.dtype}")
             pil.append(Image.fromarray(a))
-        text = self.processor.apply_chat_template(
-            self._messages(), tokenize=False, add_generation_prompt=True, add_vision_id=True
-        )
+        text = self.chat_text()
         answers: list[str] = []
         for s in range(0, len(pil), self.batch_size):
             chunk = pil[s : s + self.batch_size]
@@ -204,6 +221,7 @@ class VLMJudge(Detector):
                     temperature=None,
                     top_p=None,
                     top_k=None,
+                    **self.generation_kwargs,
                 )
             new = out[:, inputs["input_ids"].shape[1] :]
             answers.extend(

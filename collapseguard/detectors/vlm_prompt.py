@@ -29,7 +29,7 @@ RATING_MIN, RATING_MAX = 1.0, 5.0
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w.])")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?!\w)(?!\.\d)")
 _BARE_NUMBER = re.compile(r"\s*[-+]?\d+(?:\.\d+)?\s*")
 
 

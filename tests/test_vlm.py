@@ -1,0 +1,241 @@
+"""The VLM judge end to end on tiny Qwen2-VL / Qwen2.5-VL models built offline with random weights.
+
+Each model folder is made in the test: config -> random weights -> save_pretrained, with a real
+Qwen2VLProcessor (Qwen2VLImageProcessor + a byte-level BPE tokenizer trained on the spot with the
+Qwen special tokens + a Qwen-style chat template), and loaded through the same path as a real
+model folder (``create("vlm:<folder>")``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from collapseguard.detectors import DetectorError, create  # noqa: E402
+from collapseguard.detectors.vlm_prompt import QUESTION, extract_reasoning, parse_rating, rating_prompt  # noqa: E402
+
+torch.set_num_threads(1)
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+            "<|image_pad|>", "<|video_pad|>"]
+
+# Qwen2-VL's chat template, reduced to what the judge uses (system turn, images, text, vision ids)
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [QUESTION, "<answer> 3.45 </answer> <think> The image is blurry and noisy. </think>"] * 3
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIALS[1:])
+
+
+def build_tiny_qwen(folder, family: str):
+    """Save a tiny random-weight Qwen2-VL or Qwen2.5-VL model + real processor into ``folder``."""
+    import transformers
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+
+    tok = _tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    video = transformers.Qwen2VLVideoProcessor() if hasattr(transformers, "Qwen2VLVideoProcessor") else None
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(), tokenizer=tok, video_processor=video,
+                            chat_template=CHAT_TEMPLATE)
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], bos_token_id=None)
+    common = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                  vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    if family == "qwen2_vl":
+        cfg = transformers.Qwen2VLConfig(
+            text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2),
+            **common)
+        cls = transformers.Qwen2VLForConditionalGeneration
+    else:
+        cfg = transformers.Qwen2_5_VLConfig(
+            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 out_hidden_size=32, fullatt_block_indexes=[0], window_size=56),
+            **common)
+        cls = transformers.Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(0)
+    cls(cfg).eval().save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder
+
+
+def _force_processor(tokenizer, text: str):
+    """A logits processor that makes the model emit ``text`` and then end its turn."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    class Force(LogitsProcessor):
+        def __init__(self):
+            self.start = None
+
+        def __call__(self, input_ids, scores):
+            if self.start is None:
+                self.start = input_ids.shape[1]
+            i = min(input_ids.shape[1] - self.start, len(ids) - 1)
+            forced = torch.full_like(scores, float("-inf"))
+            forced[:, ids[i]] = 0.0
+            return forced
+
+    return LogitsProcessorList([Force()])
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def model_dir(request, tmp_path_factory):
+    return build_tiny_qwen(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _images():
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, (40, 60, 3), dtype=np.uint8),
+            rng.integers(0, 256, (90, 70, 3), dtype=np.uint8),
+            np.full((56, 56, 3), 200, np.uint8)]
+
+
+# ------------------------------------------------------------------------------------------------
+# parser and prompt
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<answer>3.45</answer>", 3.45),
+    ("<answer> 4 </answer>", 4.0),
+    ("<think>noisy, blocky</think> <answer>2.10</answer>", 2.10),
+    ("<answer>1.00</answer> then <answer>4.50</answer>", 4.50),  # the last answer counts
+    ("<ANSWER>3.3</ANSWER>", 3.3),
+    ("<answer>The rating is 3.75.</answer>", 3.75),  # a sentence's full stop is not a decimal
+    ("<answer>1.2.3</answer>", None),
+    ("<answer>rating: 3.75 out of 5</answer>", 3.75),
+    ("3.20", 3.20),  # bare number, no tags
+    ("<think>looks fine</think>4.10", 4.10),
+])
+def test_parse_well_formed(text, expected):
+    got = parse_rating(text)
+    assert (got is None) if expected is None else got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", [
+    "", "<answer></answer>", "<answer>great</answer>", "<answer>7.5</answer>", "<answer>0.3</answer>",
+    "<answer>-2</answer>", "I would say 3.5", "<think>3.4</think>", "<answer>nan</answer>", "3.5 4.5",
+    "<answer>3.45", None,
+])
+def test_parse_malformed_is_none(text):
+    assert parse_rating(text) is None
+
+
+def test_prompt_is_visualquality_r1s():
+    fast, think = rating_prompt(False), rating_prompt(True)
+    for p in (fast, think):
+        assert p.startswith("You are doing the image quality assessment task.")
+        assert "between 1 and 5, rounded to two decimal places" in p
+        assert p.endswith("with only one score in <answer> </answer> tags.")
+    assert "<think>" not in fast and "<think> </think>" in think
+    assert extract_reasoning("<think> soft edges </think><answer>3</answer>") == "soft edges"
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole judge path on tiny models
+
+
+def test_random_weights_give_nan_and_counted_errors(model_dir):
+    judge = create(f"vlm:{model_dir}", batch_size=2, max_new_tokens=8, device="cpu")
+    assert judge.device == "cpu" and judge.model.dtype == torch.float32
+    text = judge.chat_text()
+    assert "Picture 1: <|vision_start|><|image_pad|><|vision_end|>" in text
+    assert QUESTION in text and text.endswith("<|im_start|>assistant\n")
+    out = judge.score_detailed(_images())
+    assert set(out) == {"score", "raw"} and out["score"].shape == (3,)
+    answers = list(judge.last_answers)
+    assert len(answers) == 3 and all(isinstance(a, str) for a in answers)
+    # garbage answers must be NaN, never a made-up rating; whatever parses must be in range
+    parsed = [parse_rating(a) for a in answers]
+    for p, s, r in zip(parsed, out["score"], out["raw"]):
+        if p is None:
+            assert np.isnan(s) and np.isnan(r)
+        else:
+            assert r == pytest.approx(p) and s == pytest.approx(5 - p)
+    assert judge.n_parse_errors == sum(p is None for p in parsed) >= 1
+    report = judge.error_report()
+    assert report["scored"] == 3 and report["parse_errors"] == judge.n_parse_errors
+    assert len(report["recent_unparseable_answers"]) == judge.n_parse_errors
+
+
+def test_greedy_and_batching_are_deterministic(model_dir):
+    judge = create(f"vlm:{model_dir}", batch_size=3, max_new_tokens=6, device="cpu")
+    imgs = _images()
+    batched = judge.generate(imgs)
+    assert judge.generate(imgs) == batched  # greedy: same answers every time
+    judge.batch_size = 1
+    assert [judge.generate([im])[0] for im in imgs] == batched  # left padding does not leak
+
+
+def test_forced_valid_answer_is_parsed_and_oriented(model_dir):
+    probe = create(f"vlm:{model_dir}", device="cpu")
+    lp = _force_processor(probe.processor.tokenizer, "<answer>3.45</answer>")
+    judge = create(f"vlm:{model_dir}", device="cpu", batch_size=2, generation_kwargs={"logits_processor": lp})
+    out = judge.score_detailed(_images()[:2])
+    np.testing.assert_allclose(out["raw"], [3.45, 3.45], rtol=1e-6)
+    np.testing.assert_allclose(out["score"], [5 - 3.45] * 2, rtol=1e-6)  # higher = more degraded
+    assert judge.n_parse_errors == 0 and list(judge.last_answers)[-1] == "<answer>3.45</answer>"
+
+
+def test_forced_malformed_answer_is_nan(model_dir):
+    probe = create(f"vlm:{model_dir}", device="cpu")
+    lp = _force_processor(probe.processor.tokenizer, "<answer>blurry</answer>")
+    judge = create(f"vlm:{model_dir}", device="cpu", generation_kwargs={"logits_processor": lp})
+    out = judge.score_detailed(_images()[:1])
+    assert np.isnan(out["score"][0]) and judge.n_parse_errors == 1
+    assert judge.error_report()["recent_unparseable_answers"] == ["<answer>blurry</answer>"]
+
+
+def test_thinking_mode(model_dir):
+    probe = create(f"vlm:{model_dir}", device="cpu", thinking=True)
+    assert "<think> </think>" in probe.chat_text() and probe.max_new_tokens == 1024
+    assert probe.version != create(f"vlm:{model_dir}", device="cpu").version
+    lp = _force_processor(probe.processor.tokenizer, "<think>blurry noise</think><answer>2.10</answer>")
+    judge = create(f"vlm:{model_dir}", device="cpu", thinking=True, generation_kwargs={"logits_processor": lp})
+    out = judge.score_detailed(_images()[:1])
+    assert out["raw"][0] == pytest.approx(2.10) and out["score"][0] == pytest.approx(2.90)
+    assert extract_reasoning(judge.last_answers[-1]) == "blurry noise"
+
+
+def test_bad_specs_are_clear_errors(tmp_path):
+    with pytest.raises(DetectorError, match="not found"):
+        create(f"vlm:{tmp_path}/no/such/model")
+    from transformers import CLIPConfig
+
+    CLIPConfig().save_pretrained(tmp_path)
+    with pytest.raises(DetectorError, match="supports"):
+        create(f"vlm:{tmp_path}")
+    with pytest.raises(DetectorError, match="greedy"):
+        create(f"vlm:{tmp_path}", generation_kwargs={"do_sample": True})
