@@ -17,7 +17,12 @@ from collapseguard.calibration.bounds import (
     order_statistic_threshold,
     thresholds_batch,
 )
-from collapseguard.calibration.build import build_calibration, drop_curve, first_steps, label_clean
+from collapseguard.calibration.build import (
+    build_calibration,
+    drop_curve,
+    first_steps,
+    label_clean,
+)
 from collapseguard.calibration.files import (
     Calibration,
     CalibrationError,
@@ -31,7 +36,6 @@ from collapseguard.calibration.files import (
     threshold_for_drop_fraction,
 )
 from collapseguard.training_data_tools.manifest import split_by_source
-
 
 # ---------------------------------------------------------------------------------------------
 # The bound
@@ -137,11 +141,11 @@ def _synthetic_table(n_sources=300, families=("noise", "dots"), steps=(0, 1, 2, 
             for st in steps:
                 score = base if st == 0 else base + (1.0 + 0.5 * fi) * np.sqrt(st) + 0.3 * rng.normal()
                 path = f"src{s}/0.png" if st == 0 else f"{fam}/src{s}/{st}.png"
-                rows.append(dict(source_image=f"src{s}", family=fam, step=st, kind="chain",
-                                 path=path, score=score, chain_id=f"{fam}-{s}"))
+                rows.append({"source_image": f"src{s}", "family": fam, "step": st, "kind": "chain",
+                                 "path": path, "score": score, "chain_id": f"{fam}-{s}"})
     for i in range(n_extra):
-        rows.append(dict(source_image=f"extra{i}", family="clean-extra", step=0, kind="clean",
-                         path=f"extra/{i}.png", score=rng.normal(), chain_id=""))
+        rows.append({"source_image": f"extra{i}", "family": "clean-extra", "step": 0, "kind": "clean",
+                         "path": f"extra/{i}.png", "score": rng.normal(), "chain_id": ""})
     return pd.DataFrame(rows)
 
 
@@ -206,10 +210,10 @@ def test_build_refuses_too_few_clean_with_number():
 
 
 def test_clean_steps_and_fr_target_labels():
-    t = pd.DataFrame(dict(source_image=["a"] * 4 + ["x"], family=["f"] * 4 + ["clean-extra"],
-                          step=[0, 1, 2, 5, 0], kind=["chain"] * 4 + ["clean"],
-                          path=list("abcde"), score=[0.0] * 5,
-                          fr=[1.0, 0.95, 0.85, 0.5, np.nan]))
+    t = pd.DataFrame({"source_image": ["a"] * 4 + ["x"], "family": ["f"] * 4 + ["clean-extra"],
+                          "step": [0, 1, 2, 5, 0], "kind": ["chain"] * 4 + ["clean"],
+                          "path": list("abcde"), "score": [0.0] * 5,
+                          "fr": [1.0, 0.95, 0.85, 0.5, np.nan]})
     assert label_clean(t, "step", [0]).tolist() == [True, False, False, False, True]
     assert label_clean(t, "step", [0, 1]).tolist() == [True, True, False, False, True]
     assert label_clean(t, "fr:ssim", [0]).tolist() == [True, True, False, False, True]
@@ -236,8 +240,8 @@ class _Det:
 
 
 def _cal(**kw):
-    base = dict(detector="cnn", detector_version="abc123", threshold=0.42, alpha=0.01, confidence=0.95,
-                n_clean=400, guaranteed_false_drop=0.0098, method=bounds.BOUND_NAME)
+    base = {"detector": "cnn", "detector_version": "abc123", "threshold": 0.42, "alpha": 0.01, "confidence": 0.95,
+                "n_clean": 400, "guaranteed_false_drop": 0.0098, "method": bounds.BOUND_NAME}
     base.update(kw)
     return Calibration(**base)
 

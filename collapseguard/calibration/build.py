@@ -23,7 +23,11 @@ import datetime as _dt
 import numpy as np
 import pandas as pd
 
-from collapseguard.calibration.bounds import clopper_pearson, isotonic_knots, order_statistic_threshold
+from collapseguard.calibration.bounds import (
+    clopper_pearson,
+    isotonic_knots,
+    order_statistic_threshold,
+)
 from collapseguard.calibration.files import Calibration, CalibrationError, is_dropped
 from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
 from collapseguard.training_data_tools.manifest import split_by_source
@@ -127,8 +131,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     n_src = int(clean_thr["source_image"].nunique())
     notes = [
         "Decision rule: drop when score > threshold.",
-        "P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
-        "steps and extra clean images); it is for reports and carries no guarantee.",
+        ("P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
+        "steps and extra clean images); it is for reports and carries no guarantee."),
         "The drop curve and held-out false-drop rate are measured on holdout sources only, disjoint "
         "from the sources whose clean scores set the threshold." if holdout > 0 else
         "holdout=0: the drop curve is measured on the same images that set the threshold (in-sample).",
@@ -146,9 +150,9 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "threshold_sources": int(thr_part["source_image"].nunique()),
         "holdout_sources": int(hold_part["source_image"].nunique()) if holdout > 0 else 0,
         "n_clean_threshold": bound.n, "n_clean_threshold_sources": n_src,
-        "n_clean_holdout": int(len(hold_clean)),
+        "n_clean_holdout": len(hold_clean),
         "heldout_false_drop": held_fd,
-        "heldout_false_drop_ci": list(clopper_pearson(int(round((held_fd or 0) * len(hold_clean))),
+        "heldout_false_drop_ci": list(clopper_pearson(round((held_fd or 0) * len(hold_clean)),
                                                       len(hold_clean), confidence)) if len(hold_clean) else None,
         "n_unscored": n_unscored,
     }
@@ -160,7 +164,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         clean_steps=clean_steps if kind == "step" else [], clean_sources=list(clean_sources or []),
         split=split, drop_curve=curve, first_step_dropped=first_steps(curve),
         probability_map=prob_map, step_map=step_map,
-        created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=command, notes=notes)
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -172,7 +173,7 @@ class Calibration:
         return json.dumps(_clean_json(self.to_dict()), indent=indent, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Calibration":
+    def from_dict(cls, d: Any) -> Calibration:
         if not isinstance(d, dict):
             raise CalibrationError("a calibration must be a JSON object")
         missing = [k for k in ("detector", "detector_version", "threshold") if k not in d]
@@ -215,7 +216,7 @@ class Calibration:
         return cls(**kw)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Calibration":
+    def from_json(cls, text: str | bytes) -> Calibration:
         try:
             d = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -345,8 +346,8 @@ def resolve_threshold(
     cal = default_calibration(name, version)
     if cal is not None:
         return (cal.threshold,
-                f"default calibration for {name}@{version}: threshold {cal.threshold:.6g}, "
-                f"{cal.guarantee_text()}", cal)
+                (f"default calibration for {name}@{version}: threshold {cal.threshold:.6g}, "
+                f"{cal.guarantee_text()}"), cal)
     hint = ""
     path = default_calibration_path(name)
     if path.is_file():
@@ -387,7 +388,7 @@ def threshold_for_drop_fraction(scores: Sequence[float] | np.ndarray, fraction: 
     s = s[np.isfinite(s)]
     if len(s) == 0:
         raise ValueError("no finite scores to take a drop-fraction cut from")
-    m = int(round(f * len(s)))
+    m = round(f * len(s))
     m = min(m, len(s) - 1)
     desc = np.sort(s)[::-1]
     return float(desc[m])
@@ -403,8 +404,18 @@ def drop_fraction_calibration(detector, scores, fraction: float) -> Calibration:
 
 
 __all__ = [
-    "Calibration", "CalibrationError", "CalibrationMismatch", "NoThresholdError", "SCOPE_NOTE",
-    "check_detector", "default_calibration", "default_calibration_path", "drop_fraction_calibration",
-    "is_dropped", "load_calibration", "resolve_threshold", "save_calibration",
+    "SCOPE_NOTE",
+    "Calibration",
+    "CalibrationError",
+    "CalibrationMismatch",
+    "NoThresholdError",
+    "check_detector",
+    "default_calibration",
+    "default_calibration_path",
+    "drop_fraction_calibration",
+    "is_dropped",
+    "load_calibration",
+    "resolve_threshold",
+    "save_calibration",
     "threshold_for_drop_fraction",
 ]

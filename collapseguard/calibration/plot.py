@@ -26,7 +26,7 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
         for fam, g in curve.groupby("family", sort=True):
             g = g.sort_values("step")
             x = np.maximum(g["step"].to_numpy(), 0.5)  # log axis: step 0 drawn at 0.5
-            style = dict(lw=2.5, color="black") if fam == "all" else dict(lw=1.2)
+            style = {"lw": 2.5, "color": "black"} if fam == "all" else {"lw": 1.2}
             line, = ax1.plot(x, g["fraction"], marker="o", ms=3, label=fam, **style)
             ax1.fill_between(x, g["ci_low"], g["ci_high"], alpha=0.12, color=line.get_color())
         ax1.set_xscale("log")

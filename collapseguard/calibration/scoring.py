@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 import tarfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd

@@ -60,9 +60,18 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     `collapseguard filter --calibration FILE`.
     """
     from collapseguard.calibration.bounds import NotEnoughCleanSamples
-    from collapseguard.calibration.build import build_calibration, curve_table, label_clean
+    from collapseguard.calibration.build import (
+        build_calibration,
+        curve_table,
+        label_clean,
+    )
     from collapseguard.calibration.files import CalibrationError, save_calibration
-    from collapseguard.calibration.scoring import parse_target, read_scores, save_scores, score_table
+    from collapseguard.calibration.scoring import (
+        parse_target,
+        read_scores,
+        save_scores,
+        score_table,
+    )
 
     steps = _steps(clean_steps)
     try:
@@ -86,7 +95,10 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if chains_dir is None and not clean_dirs:
             raise click.UsageError("give --chains DIR (and optionally --clean DIR ...) or --from-scores")
         from collapseguard.detectors import DEFAULT_DETECTOR, DetectorError, create
-        from collapseguard.training_data_tools.manifest import ManifestError, read_manifest
+        from collapseguard.training_data_tools.manifest import (
+            ManifestError,
+            read_manifest,
+        )
 
         try:
             manifest = read_manifest(chains_dir) if chains_dir is not None else None

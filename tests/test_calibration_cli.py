@@ -1,0 +1,153 @@
+"""`collapseguard calibrate` end to end on tiny generated chains, scored by the real `nss` detector."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from collapseguard.calibration.files import (
+    CalibrationMismatch,
+    load_calibration,
+    resolve_threshold,
+    save_calibration,
+)
+from collapseguard.cli import main
+from collapseguard.detectors import create
+from collapseguard.training_data_tools.manifest import write_manifest
+
+SIZE = 48
+
+
+def _clean_image(rng):
+    """Smooth gradient plus a flat shape: a clean, noise-free picture."""
+    y, x = np.mgrid[0:SIZE, 0:SIZE] / SIZE
+    img = np.stack([x * rng.uniform(60, 200), y * rng.uniform(60, 200), (x + y) * rng.uniform(30, 100)], -1)
+    cy, cx, r = rng.integers(10, 38, 2).tolist() + [rng.integers(5, 12)]
+    img[(np.mgrid[0:SIZE, 0:SIZE][0] - cy) ** 2 + (np.mgrid[0:SIZE, 0:SIZE][1] - cx) ** 2 < r * r] = rng.uniform(0, 255, 3)
+    return np.clip(img + 20, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("calib")
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in range(6):
+        orig = _clean_image(rng)
+        for fam, sigma in (("noise", 12.0), ("grain", 20.0)):
+            cid = f"{fam}-{s}"
+            img = orig.astype(np.float64)
+            for step in range(6):
+                if step:
+                    img = img + rng.normal(0, sigma, img.shape)  # accumulating noise
+                if step not in (0, 1, 3, 5):
+                    continue
+                p = root / "chains" / cid / f"{step}.png"
+                p.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(p)
+                rows.append({"chain_id": cid, "source_image": f"src{s}", "family": fam, "task": "t", "step": step, "path": str(p)})
+    write_manifest(pd.DataFrame(rows), root / "chains" / "manifest.csv")
+    clean = root / "clean"
+    clean.mkdir()
+    for i in range(40):
+        Image.fromarray(_clean_image(rng)).save(clean / f"photo{i}.png")
+    return root
+
+
+def _run(args):
+    res = CliRunner().invoke(main, ["calibrate", *args])
+    return res
+
+
+@pytest.fixture(scope="module")
+def calibrated(data):
+    """One real scoring run (chains + clean folder), kept for the tests below."""
+    out, scores = data / "cal.json", data / "scores.csv"
+    res = _run(["--chains", str(data / "chains"), "--detector", "nss", "--clean", str(data / "clean"),
+                "--max-false-drop", "0.1", "--confidence", "0.9", "--out", str(out),
+                "--scores-out", str(scores)])
+    assert res.exit_code == 0, res.output
+    return out, scores, res.output
+
+
+def test_calibrate_end_to_end(calibrated, tmp_path):
+    out, scores, output = calibrated
+    cal = load_calibration(out)
+    det = create("nss")
+    assert cal.detector == "nss" and cal.detector_version == det.version
+    assert cal.alpha == 0.1 and cal.confidence == 0.9 and cal.n_clean >= 22
+    assert 0 < cal.guaranteed_false_drop <= 0.1
+    assert "binomial order statistic" in cal.method
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "first step with >=90% dropped" in output
+    # accumulating noise is caught more as steps grow
+    allc = {r["step"]: r["fraction"] for r in cal.drop_curve if r["family"] == "all"}
+    assert allc[5] > allc[1] > allc[0] and allc[5] >= 0.9
+    assert np.all(np.diff(cal.probability_map["y"]) >= 0)
+    # the file is accepted for nss at its version, refused for another version / detector
+    t, msg, _ = resolve_threshold(det, calibration=out)
+    assert t == cal.threshold and "nss@" in msg
+    det.version = "not-" + det.version
+    with pytest.raises(CalibrationMismatch):
+        resolve_threshold(det, calibration=out)
+    # reusing the scores table gives the same calibration without scoring again
+    out2 = tmp_path / "cal2.json"
+    res = _run(["--from-scores", str(scores), "--max-false-drop", "0.1", "--confidence", "0.9",
+                "--out", str(out2), "--no-plot"])
+    assert res.exit_code == 0, res.output
+    assert load_calibration(out2).threshold == cal.threshold
+    res = _run(["--from-scores", str(scores), "--detector", "cnn", "--out", str(out2)])
+    assert res.exit_code != 0 and "nss" in res.output
+
+
+def test_calibrate_refuses_too_few_clean(calibrated, tmp_path):
+    res = _run(["--from-scores", str(calibrated[1]), "--out", str(tmp_path / "c.json")])
+    assert res.exit_code != 0
+    assert "at least 299 clean scores are needed" in res.output
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_calibrate_fr_target(data, tmp_path):
+    out = tmp_path / "fr.json"
+    res = _run(["--chains", str(data / "chains"), "--detector", "nss",
+                "--max-false-drop", "0.2", "--confidence", "0.8", "--target", "fr:psnr<20",
+                "--out", str(out), "--no-plot"])
+    assert res.exit_code == 0, res.output
+    cal = json.loads(out.read_text())
+    assert cal["target"] == "fr:psnr<20" and cal["clean_steps"] == []
+    # with PSNR as the truth, some early-step images count as clean: more clean than originals
+    assert cal["n_clean"] + cal["split"]["n_clean_holdout"] > 6
+
+
+def test_calibrate_bad_options(data, tmp_path):
+    assert _run(["--out", str(tmp_path / "x.json")]).exit_code != 0
+    res = _run(["--chains", str(data / "chains"), "--target", "fr:lpips", "--out", str(tmp_path / "x.json")])
+    assert res.exit_code != 0 and "target" in res.output
+    res = _run(["--chains", str(data / "chains"), "--clean-steps", "a,b", "--out", str(tmp_path / "x.json")])
+    assert res.exit_code != 0
+
+
+def test_saved_calibration_round_trips_through_filter_resolution(tmp_path):
+    det = create("nss")
+    cal = load_calibration(save_calibration(
+        __import__("collapseguard.calibration.files", fromlist=["Calibration"]).Calibration(
+            detector="nss", detector_version=det.version, threshold=1.5), tmp_path / "c.json"))
+    assert resolve_threshold(det, calibration=tmp_path / "c.json")[0] == cal.threshold == 1.5
+
+
+def test_full_reference_measures():
+    from collapseguard.calibration.scoring import full_reference
+
+    rng = np.random.default_rng(1)
+    ref = _clean_image(rng)
+    noisy = [np.clip(ref + rng.normal(0, s, ref.shape), 0, 255).astype(np.uint8) for s in (5, 20)]
+    assert full_reference(ref, ref, "ssim") == pytest.approx(1.0)
+    s1, s2 = (full_reference(ref, n, "ssim") for n in noisy)
+    assert 1.0 > s1 > s2
+    p1, p2 = (full_reference(ref, n, "psnr") for n in noisy)
+    assert p1 > p2 > 10
+    wider = np.asarray(Image.fromarray(ref).resize((SIZE + 8, SIZE)))  # aspect drift
+    assert 0.5 < full_reference(ref, wider, "ssim") < 1.0
