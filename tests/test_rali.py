@@ -1,0 +1,177 @@
+"""RALI: a checkpoint in the published layout, made in the test, is refused without trust, scored
+with it, and converted once to pickle-free files that load without it."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("sklearn")
+
+import torch  # noqa: E402
+
+from collapseguard.detectors import DetectorError, create  # noqa: E402
+from collapseguard.detectors.rali import is_converted  # noqa: E402
+from collapseguard.detectors.rali_convert import main as convert_main  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _clip():
+    from transformers import CLIPConfig, CLIPModel
+
+    cfg = CLIPConfig(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=99, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=16,
+    )
+    torch.manual_seed(0)
+    return CLIPModel(cfg).eval()
+
+
+def make_rali_dir(root, bin_only=False):
+    """Published RALI layout: best/ (CLIP), pca.pkl, basis.npz (vectors, scores), ckpt.pt."""
+    from sklearn.decomposition import PCA
+    from transformers import CLIPImageProcessor
+
+    model = _clip()
+    if bin_only:  # an older-style checkpoint: config + pickled torch weights, no safetensors
+        model.config.save_pretrained(root / "best")
+        torch.save(model.state_dict(), root / "best" / "pytorch_model.bin")
+    else:
+        model.save_pretrained(root / "best")
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(root / "best")
+    rng = np.random.default_rng(0)
+    pca = PCA(n_components=6, whiten=False).fit(rng.normal(size=(60, 16)) * np.linspace(3, 0.5, 16))
+    with open(root / "pca.pkl", "wb") as fh:
+        pickle.dump(pca, fh)
+    np.savez(root / "basis.npz", vectors=rng.normal(size=(5, 6)), scores=np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    proj = model.visual_projection.weight.detach() * 1.5  # "fine-tuned" projection in the checkpoint
+    torch.save({"state_dict": {"temperature": torch.tensor(0.5), "module.clip.visual_projection.weight": proj,
+                               "head.unused": torch.ones(3)}, "epoch": 7}, root / "ckpt.pt")
+    return root, proj, pca
+
+
+def _images():
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), np.full((40, 40, 3), 90, np.uint8),
+            rng.integers(0, 256, (70, 50, 3), dtype=np.uint8)]
+
+
+def _reference_quality(root, proj, pca, images):
+    """RALI computed independently: transformers CLIP + sklearn whitening + numpy softmax."""
+    from sklearn.decomposition import PCA
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    model = CLIPModel.from_pretrained(str(root / "best")).eval()
+    with torch.no_grad():
+        model.visual_projection.weight.copy_(proj)
+        px = CLIPImageProcessor.from_pretrained(str(root / "best"))(images=list(images), return_tensors="pt")
+        f = model.get_image_features(**px)
+    f = (f if isinstance(f, torch.Tensor) else f.pooler_output).double().numpy()
+    white = PCA(n_components=pca.n_components_, whiten=True)
+    white.mean_, white.components_ = pca.mean_, pca.components_
+    white.explained_variance_, white.n_components_ = pca.explained_variance_, pca.n_components_
+    white.n_features_in_ = pca.n_features_in_
+    z = white.transform(f)
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    b = np.load(root / "basis.npz")
+    v = b["vectors"] / np.linalg.norm(b["vectors"], axis=1, keepdims=True)
+    logits = z @ v.T / 0.5
+    w = np.exp(logits - logits.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    return w @ b["scores"]
+
+
+@pytest.fixture(scope="module")
+def rali_dir(tmp_path_factory):
+    return make_rali_dir(tmp_path_factory.mktemp("rali"))
+
+
+def test_refused_without_trust(rali_dir):
+    root, _, _ = rali_dir
+    with pytest.raises(DetectorError, match="trust_pickle=True") as info:
+        create(f"rali:{root}")
+    assert "pca.pkl" in str(info.value) and "rali_convert" in str(info.value)
+
+
+def test_torch_checkpoint_alone_is_refused_too(rali_dir, tmp_path):
+    root, _, pca = rali_dir
+    shutil.copytree(root, tmp_path / "r")
+    np.savez(tmp_path / "r" / "pca.npz", mean=pca.mean_, components=pca.components_,
+             explained_variance=pca.explained_variance_)
+    (tmp_path / "r" / "pca.pkl").unlink()
+    with pytest.raises(DetectorError, match="ckpt.pt"):
+        create(f"rali:{tmp_path / 'r'}")
+
+
+def test_scores_match_an_independent_computation(rali_dir):
+    root, proj, pca = rali_dir
+    det = create(f"rali:{root}", trust_pickle=True, device="cpu")
+    assert det.temperature == 0.5 and det.n_overlaid == 1 and det.ignored_keys == ["head.unused"]
+    imgs = _images()
+    out = det.score_detailed(imgs)
+    expected = _reference_quality(root, proj, pca, imgs)
+    np.testing.assert_allclose(out["raw"], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["score"], -out["raw"])  # quality -> higher = more degraded
+    assert np.all((out["raw"] >= 1) & (out["raw"] <= 5))  # a convex mix of prototype scores
+    assert len(np.unique(np.round(out["raw"], 6))) == 3
+    # another temperature is another detector version (calibrations never carry over)
+    assert det.version != create(f"rali:{root}", trust_pickle=True, device="cpu", temperature=0.2).version
+
+
+def test_convert_once_then_load_without_pickle(rali_dir, tmp_path, capsys):
+    root, _, _ = rali_dir
+    out_dir = tmp_path / "converted"
+    assert convert_main([str(root), "--out", str(out_dir)]) == 0
+    assert "no --trust-pickle needed" in capsys.readouterr().out
+    assert is_converted(out_dir)
+    assert not (out_dir / "pca.pkl").exists() and not (out_dir / "ckpt.pt").exists()
+    det = create(f"rali:{out_dir}", device="cpu")  # no trust flag
+    ref = create(f"rali:{root}", trust_pickle=True, device="cpu")
+    imgs = _images()
+    np.testing.assert_allclose(det.score(imgs), ref.score(imgs), rtol=1e-6)
+    assert det.version == ref.version and det.temperature == 0.5
+
+
+def test_bin_only_clip_needs_trust_and_converts(tmp_path):
+    root, _, _ = make_rali_dir(tmp_path, bin_only=True)
+    assert not list((root / "best").glob("*.safetensors"))
+    with pytest.raises(DetectorError, match="pytorch_model.bin"):
+        create(f"rali:{root}")
+    trusted = create(f"rali:{root}", trust_pickle=True, device="cpu").score(_images())
+    assert convert_main([str(root)]) == 0  # in place
+    assert list((root / "best").glob("*.safetensors"))
+    (root / "pca.pkl").unlink()
+    (root / "ckpt.pt").unlink()
+    (root / "best" / "pytorch_model.bin").unlink()
+    np.testing.assert_allclose(create(f"rali:{root}", device="cpu").score(_images()), trusted, rtol=1e-6)
+
+
+def test_native_crop_preprocessing(rali_dir):
+    root, _, _ = rali_dir
+    det = create(f"rali:{root}", trust_pickle=True, device="cpu", preprocess="crop")
+    img = np.random.default_rng(3).integers(0, 256, (100, 120, 3), dtype=np.uint8)
+    centre = img[34:66, 44:76]
+    # a native crop: only the centre 32x32 pixels matter, nothing is resized
+    assert det.score([img])[0] == pytest.approx(det.score([centre])[0], rel=1e-6)
+
+
+def test_broken_layouts_are_clear_errors(rali_dir, tmp_path):
+    root, _, _ = rali_dir
+    with pytest.raises(DetectorError, match="not found"):
+        create(f"rali:{tmp_path / 'missing'}")
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    np.savez(bad / "basis.npz", vectors=np.ones((4, 3)), scores=np.arange(4.0))
+    with pytest.raises(DetectorError, match="3 dims but the PCA keeps 6"):
+        create(f"rali:{bad}", trust_pickle=True)
+    np.savez(bad / "basis.npz", vectors=np.ones((4, 6)))
+    with pytest.raises(DetectorError, match="'vectors' and 'scores'"):
+        create(f"rali:{bad}", trust_pickle=True)
