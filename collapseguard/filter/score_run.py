@@ -31,12 +31,18 @@ def _file_members(f: ImageFile) -> list[tuple[str, bytes]]:
         return [(f.path, b"")]
 
 
-def score_task(task: tuple[str, object], detector, progress=None) -> list[dict]:
-    """Engine task: ``("shard", path)`` or ``("files", [ImageFile, ...])`` -> list of rows."""
-    kind, payload = task
+def score_task(task: tuple, detector, progress=None) -> list[dict]:
+    """Engine task: ``("shard", path)`` or ``("files", [ImageFile, ...])`` -> list of rows.
+
+    A shard task may carry a third element, ``select(source, key) -> bool``: samples it rejects
+    are skipped before anything is decoded (used by ``audit --sample``)."""
+    kind, payload = task[0], task[1]
+    select = task[2] if len(task) > 2 else None
     rows: list[dict] = []
     if kind == "shard":
         records = ShardReader(str(payload))
+        if select is not None:
+            records = (s for s in records if select(str(payload), s.key))
         members_of = lambda s: [(m.name, m.data) for m in s.members]  # noqa: E731
         ident = lambda s: (str(payload), s.key)  # noqa: E731
     else:
@@ -60,18 +66,26 @@ def score_task(task: tuple[str, object], detector, progress=None) -> list[dict]:
     return rows
 
 
-def plan_score_tasks(inputs: Sequence[str]) -> list[tuple[str, object]]:
+def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
+    """One task per shard and per chunk of image files. ``select(source, key) -> bool``
+    (optional, picklable for worker processes) limits scoring to the samples it accepts."""
     shards, files = expand_inputs(inputs)
-    tasks: list[tuple[str, object]] = [("shard", s) for s in shards]
+    tasks: list[tuple] = [("shard", s) if select is None else ("shard", s, select) for s in shards]
+    if select is not None:
+        files = [f for f in files if select(f.source, f.key)]
     for i in range(0, len(files), FILES_PER_TASK):
         tasks.append(("files", files[i: i + FILES_PER_TASK]))
     return tasks
 
 
 def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
-              detector_obj=None, detector_kwargs: tuple = ()) -> tuple[pd.DataFrame, list[str]]:
-    """Score every image named by ``inputs``; returns (table, errors of tasks that failed)."""
-    tasks = plan_score_tasks(inputs)
+              detector_obj=None, detector_kwargs: tuple = (),
+              select=None) -> tuple[pd.DataFrame, list[str]]:
+    """Score every image named by ``inputs``; returns (table, errors of tasks that failed).
+
+    ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
+    read past without being decoded."""
+    tasks = plan_score_tasks(inputs, select)
     results: list[list[dict] | None] = [None] * len(tasks)
     failures: list[str] = []
     bar = tqdm(unit="img", disable=quiet, file=sys.stderr, desc="score", dynamic_ncols=True)

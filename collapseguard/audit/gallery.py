@@ -1,0 +1,169 @@
+"""Gallery images for the report: fetched again after scoring, shown as a thumbnail plus a
+native-resolution crop (replication damage — grain, dots, lost texture — is invisible once an
+image is shrunk to a thumbnail).
+
+Only the samples a gallery needs are read back: each shard is streamed once with the filter's
+``ShardReader`` (stopping as soon as its wanted keys are found), loose files are opened directly.
+Everything is embedded as ``data:`` URIs so the report stays one self-contained file.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from collapseguard.filter.inputs import is_shard
+from collapseguard.filter.scoring import image_members
+from collapseguard.filter.tario import ShardReader
+from collapseguard.images import DecodeError, decode_image, encode_png
+
+#: member extensions read as captions (shown as text, escaped)
+CAPTION_EXTENSIONS = ("txt", "caption", "text")
+MAX_CAPTION = 300
+
+
+@dataclass
+class Fetched:
+    """One sample read back for a gallery: its decoded image (or why not) and caption."""
+
+    image: np.ndarray | None = None
+    error: str = ""
+    caption: str = ""
+
+
+def _caption(members: list[tuple[str, bytes]], key: str) -> str:
+    for name, data in members:
+        ext = name.rpartition(".")[2].lower()
+        if ext in CAPTION_EXTENSIONS:
+            text = data[: 4 * MAX_CAPTION].decode("utf-8", "replace").strip()
+            return text[:MAX_CAPTION] + ("…" if len(text) > MAX_CAPTION else "")
+    return ""
+
+
+def _decode_member(members: list[tuple[str, bytes]], image: str) -> Fetched:
+    imgs = image_members(members)
+    chosen = next((d for n, d in imgs if n == image), None) if image else None
+    if chosen is None and imgs:
+        chosen = imgs[0][1]
+    if chosen is None:
+        return Fetched(error="no image file in the sample")
+    try:
+        return Fetched(decode_image(chosen))
+    except DecodeError as exc:
+        return Fetched(error=str(exc))
+
+
+def _file_path(source: str, key: str) -> str | None:
+    """The path of a loose image file from its (source, key) as ``expand_inputs`` made them."""
+    if os.path.isfile(source):
+        return source
+    root = os.path.realpath(source)
+    path = os.path.realpath(os.path.join(source, key))
+    return path if path.startswith(root + os.sep) else None
+
+
+def fetch_samples(wanted: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], Fetched]:
+    """Read back ``(source, key, image member name)`` samples; returns ``{(source, key): Fetched}``.
+
+    Each shard is streamed at most once; a sample that cannot be found or decoded gets an error.
+    """
+    by_source: dict[str, dict[str, str]] = {}
+    for source, key, image in wanted:
+        by_source.setdefault(source, {})[key] = image or ""
+    out: dict[tuple[str, str], Fetched] = {}
+    for source, keys in by_source.items():
+        if is_shard(source) and os.path.isfile(source):
+            left = dict(keys)
+            try:
+                for sample in ShardReader(source):
+                    if sample.key in left:
+                        members = [(m.name, m.data) for m in sample.members]
+                        f = _decode_member(members, left.pop(sample.key))
+                        f.caption = _caption(members, sample.key)
+                        out[(source, sample.key)] = f
+                        if not left:
+                            break
+            except Exception as exc:  # a shard that broke since scoring: say so per sample
+                for k in left:
+                    out[(source, k)] = Fetched(error=f"cannot read {source}: {exc}")
+                left = {}
+            for k in left:
+                out[(source, k)] = Fetched(error="sample not found on second read")
+        else:
+            for key in keys:
+                path = _file_path(source, key)
+                if path is None:
+                    out[(source, key)] = Fetched(error="path outside its input folder")
+                    continue
+                try:
+                    with open(path, "rb") as fh:
+                        out[(source, key)] = Fetched(decode_image(fh.read()))
+                except (OSError, DecodeError) as exc:
+                    out[(source, key)] = Fetched(error=str(exc))
+    return out
+
+
+def thumbnail(img: np.ndarray, max_side: int = 200) -> np.ndarray:
+    """A downscaled copy (longest side ``max_side``) for the overview only."""
+    h, w = img.shape[:2]
+    scale = min(1.0, max_side / max(h, w))
+    if scale >= 1.0:
+        return img
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return np.asarray(Image.fromarray(img).resize(size, Image.Resampling.LANCZOS))
+
+
+def detail_window(img: np.ndarray, size: int = 256) -> tuple[int, int, int, int]:
+    """``(y, x, h, w)`` of a ``size`` x ``size`` window (smaller if the image is) in the most
+    textured part of the image, with a mild preference for the centre."""
+    h, w = img.shape[:2]
+    ch, cw = min(size, h), min(size, w)
+    if ch == h and cw == w:
+        return 0, 0, h, w
+    y = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    g = np.zeros_like(y)
+    g[:, 1:] += np.abs(np.diff(y, axis=1))
+    g[1:, :] += np.abs(np.diff(y, axis=0))
+    ii = np.pad(g.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+    stride = max(8, size // 8)
+    ys = np.unique(np.r_[np.arange(0, h - ch + 1, stride), h - ch])
+    xs = np.unique(np.r_[np.arange(0, w - cw + 1, stride), w - cw])
+    Y, X = np.meshgrid(ys, xs, indexing="ij")
+    energy = ii[Y + ch, X + cw] - ii[Y, X + cw] - ii[Y + ch, X] + ii[Y, X]
+    cy, cx = (h - ch) / 2, (w - cw) / 2
+    dist = np.hypot((Y - cy) / max(h, 1), (X - cx) / max(w, 1))
+    score = energy * (1.0 - 0.6 * dist)
+    i, j = np.unravel_index(int(np.argmax(score)), score.shape)
+    return int(Y[i, j]), int(X[i, j]), ch, cw
+
+
+def detail_crop(img: np.ndarray, size: int = 256) -> tuple[np.ndarray, tuple[int, int]]:
+    """The native-resolution (1:1, not resampled) crop of ``detail_window`` and its ``(y, x)``."""
+    y, x, ch, cw = detail_window(img, size)
+    return img[y: y + ch, x: x + cw], (y, x)
+
+
+def jpeg_bytes(img: np.ndarray, quality: int = 85) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(img, np.uint8)).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def data_uri(data: bytes, mime: str) -> str:
+    """A ``data:`` URI for embedding (base64 has no characters that need HTML escaping)."""
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def png_uri(img: np.ndarray) -> str:
+    """Lossless PNG data URI (for crops: compression must not add or hide damage)."""
+    return data_uri(encode_png(img), "image/png")
+
+
+def jpeg_uri(img: np.ndarray, quality: int = 85) -> str:
+    return data_uri(jpeg_bytes(img, quality), "image/jpeg")

@@ -1,0 +1,340 @@
+"""``run_audit``: score a dataset, compare detectors, and write the audit outputs.
+
+Scoring goes through the filter's own ``run_score`` (same reading, decoding, batching and
+engines); with ``sample`` a seeded random subset is chosen from tar headers first and the rest is
+never decoded. Outputs in ``out_dir``:
+
+- ``scores.parquet``  every audited sample: source, key, image, width, height, error, score,
+  flagged, equivalent_step, probability, and ``score:<name>`` / ``flagged:<name>`` per compared
+  detector;
+- ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first;
+- ``summary.json``    the figures (strict JSON);
+- ``report.html``     one self-contained page (see ``report_html``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.audit import gallery, plots, stats
+from collapseguard.audit.sampling import choose_sample
+from collapseguard.calibration.files import (
+    NoThresholdError,
+    is_dropped,
+    resolve_threshold,
+)
+from collapseguard.filter.score_run import run_score
+
+OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
+
+
+class AuditError(RuntimeError):
+    """The audit cannot run (no threshold, bad inputs, a detector that cannot be created)."""
+
+
+@dataclass
+class AuditOptions:
+    """Settings of one audit (see ``collapseguard audit --help``)."""
+
+    detector: str = "cnn"
+    threshold: float | None = None
+    calibration: str | None = None
+    compare: tuple[str, ...] = ()
+    #: audit a seeded random subset of this many samples (None = all)
+    sample: int | None = None
+    seed: int = 0
+    workers: int = 1
+    detector_kwargs: tuple = ()
+    #: detector name -> creation kwargs for compared detectors (e.g. trust_pickle for rali:)
+    compare_kwargs: dict = field(default_factory=dict)
+    #: images per gallery (most degraded, borderline, random kept); disagreements get half
+    gallery_size: int = 12
+    crop_size: int = 256
+    confidence: float = stats.CONFIDENCE
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("collapseguard")
+    except Exception:  # pragma: no cover - not installed
+        return "unknown"
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _create(name: str, kwargs: tuple):
+    from collapseguard.detectors import create
+    try:
+        return create(name, **dict(kwargs))
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        raise AuditError(f"cannot create detector {name!r}: {exc}") from None
+
+
+def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
+    """``other``'s scores in ``base``'s row order, matched by (source, key); NaN where missing."""
+    if len(base) == len(other) and (base["source"].to_numpy() == other["source"].to_numpy()).all() \
+            and (base["key"].to_numpy() == other["key"].to_numpy()).all():
+        return other["score"].to_numpy(np.float64)
+    lookup: dict[tuple[str, str], float] = {}
+    for s, k, v in zip(other["source"], other["key"], other["score"]):
+        lookup.setdefault((s, k), v)
+    return np.array([lookup.get((s, k), math.nan) for s, k in zip(base["source"], base["key"])],
+                    dtype=np.float64)
+
+
+def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quiet: bool):
+    """Score through the filter's ``run_score`` (one detector, the same reading and engines)."""
+    obj = det if options.workers <= 1 else None
+    if obj is None and options.workers <= 1:
+        obj = _create(name, kwargs)
+    df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
+                             detector_kwargs=kwargs, select=select)
+    df["score"] = pd.to_numeric(df["score"], errors="coerce").astype(np.float64)
+    return df, failures
+
+
+def _pick_galleries(df: pd.DataFrame, threshold: float, comparisons, options: AuditOptions) -> dict:
+    """Row indices per gallery: most degraded, borderline, random kept, and disagreements."""
+    k = options.gallery_size
+    s = df["score"].to_numpy(np.float64)
+    fin = np.isfinite(s)
+    idx = np.flatnonzero(fin)
+    shown: set[int] = set()
+    top = idx[np.argsort(-s[idx], kind="stable")][:k].tolist()
+    shown.update(top)
+    rest = np.array([i for i in idx if i not in shown], dtype=int)
+    border = rest[np.argsort(np.abs(s[rest] - threshold), kind="stable")][:k].tolist() if len(rest) else []
+    shown.update(border)
+    kept = np.array([i for i in idx if s[i] <= threshold and i not in shown], dtype=int)
+    rng = np.random.default_rng(options.seed)
+    rand = sorted(rng.choice(kept, size=min(k, len(kept)), replace=False).tolist()) if len(kept) else []
+    out = {"degraded": top, "borderline": sorted(border, key=lambda i: -s[i]), "kept": rand}
+    half = max(2, k // 2)
+    for c in comparisons:
+        other = df[f"score:{c.name}"].to_numpy(np.float64)
+        mo = np.flatnonzero(c.main_only)
+        oo = np.flatnonzero(c.other_only)
+        out[f"main_only:{c.name}"] = mo[np.argsort(-s[mo], kind="stable")][:half].tolist()
+        out[f"other_only:{c.name}"] = oo[np.argsort(-other[oo], kind="stable")][:half].tolist()
+    return out
+
+
+def _items(df: pd.DataFrame, picks: dict, options: AuditOptions) -> dict:
+    """Gallery items (dicts for the report) with thumbnails and native crops."""
+    wanted = {int(i) for rows in picks.values() for i in rows}
+    fetched = gallery.fetch_samples(
+        (df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or "")) for i in sorted(wanted))
+    cards: dict[int, dict] = {}
+    compared = [c[len("score:"):] for c in df.columns if c.startswith("score:")]
+    for i in sorted(wanted):
+        row = df.loc[i]
+        f = fetched.get((row["source"], row["key"]), gallery.Fetched(error="not read"))
+        card = {"source": str(row["source"]), "key": str(row["key"]), "score": float(row["score"]),
+                "flagged": bool(row["flagged"]), "step": float(row["equivalent_step"]),
+                "width": int(row["width"] or 0), "height": int(row["height"] or 0),
+                "caption": f.caption, "error": f.error,
+                "others": {n: (float(row[f"score:{n}"]), bool(row[f"flagged:{n}"])) for n in compared}}
+        if f.image is not None:
+            crop, (y, x) = gallery.detail_crop(f.image, options.crop_size)
+            card.update(thumb=gallery.jpeg_uri(gallery.thumbnail(f.image)), crop=gallery.png_uri(crop),
+                        crop_at=(y, x), crop_size=(crop.shape[1], crop.shape[0]))
+        cards[i] = card
+    return {name: [cards[int(i)] for i in rows] for name, rows in picks.items()}
+
+
+def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions, *,
+              quiet: bool = False, detector_obj=None) -> dict:
+    """Audit ``inputs`` into ``out_dir``; returns the summary (also written as summary.json)."""
+    from collapseguard.audit import report_html
+
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    inputs = [str(p) for p in inputs]
+    det = detector_obj if detector_obj is not None else _create(options.detector, options.detector_kwargs)
+    try:
+        threshold, threshold_source, cal = resolve_threshold(det, options.threshold, options.calibration)
+    except NoThresholdError as exc:
+        raise AuditError(str(exc).replace(", or --drop-fraction F (an uncalibrated percentile cut)",
+                                          "")) from None
+    select, population = None, None
+    if options.sample:
+        _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from tar headers",
+             quiet)
+        select, population = choose_sample(inputs, options.sample, options.seed)
+    _log(f"scoring with {det.name}", quiet)
+    df, failures = _score(inputs, det.name, det, options.detector_kwargs, options, select, quiet)
+    if population is None:
+        population = len(df)
+    s = df["score"].to_numpy(np.float64)
+    df["flagged"] = is_dropped(s, threshold)
+    has_step = cal is not None and cal.step_map is not None
+    has_prob = cal is not None and cal.probability_map is not None
+    df["equivalent_step"] = cal.equivalent_step(s) if has_step else np.full(len(df), np.nan)
+    df["probability"] = cal.probability(s) if has_prob else np.full(len(df), np.nan)
+
+    comparisons = []
+    for name in options.compare:
+        if name == det.name:
+            continue
+        _log(f"scoring with {name} (--compare)", quiet)
+        odf, ofail = _score(inputs, name, None, tuple(options.compare_kwargs.get(name, ())), options,
+                            select, quiet)
+        failures += [f"[{name}] {f}" for f in ofail]
+        other = align_scores(df, odf)
+        version = str(odf["detector_version"].iloc[0]) if len(odf) else ""
+        c = stats.compare(s, threshold, other, name, version)
+        df[f"score:{name}"] = other
+        df[f"flagged:{name}"] = is_dropped(other, c.threshold) if np.isfinite(c.threshold) else False
+        comparisons.append(c)
+
+    counts = stats.flag_counts(s, threshold, options.confidence)
+    per_source = stats.per_source_table(df, threshold, options.confidence)
+    sampled = select is not None
+    summary = {
+        "tool": "collapseguard audit", "collapseguard_version": _version(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "detector": det.name, "detector_version": str(det.version),
+        "threshold": threshold, "threshold_source": threshold_source,
+        "decision_rule": "flagged when score > threshold; unscored images are not flagged",
+        "calibration": None if cal is None else {
+            "label": cal.label, "guarantee": cal.guarantee_text(), "scope": cal.scope,
+            "has_step_map": has_step, "has_probability_map": has_prob},
+        "sample": {"sampled": sampled, "audited": len(df), "population": int(population),
+                   "seed": options.seed if sampled else None,
+                   "note": (f"figures are estimates from a seeded random sample of {len(df)} of "
+                            f"{population} samples" if sampled else "every sample was audited")},
+        **counts.as_dict(),
+        "confidence": options.confidence, "interval_method": "clopper-pearson",
+    }
+    summary["flagged_fraction"] = summary.pop("fraction")
+    if sampled and counts.scored:
+        scale = population * counts.scored / max(1, counts.samples)
+        summary["estimated_flagged_in_dataset"] = {
+            "count": round(counts.fraction * scale), "low": math.floor(counts.ci_low * scale),
+            "high": math.ceil(counts.ci_high * scale)}
+    fl = df["flagged"].to_numpy(bool)
+    summary["equivalent_step"] = ({"available": True, "all": stats.quantiles(df["equivalent_step"]),
+                                   "flagged": stats.quantiles(df["equivalent_step"][fl])}
+                                  if has_step else
+                                  {"available": False, "reason": (
+                                      "no calibration with a step map is in use (pass --calibration "
+                                      "FILE made by `collapseguard calibrate`)" if cal is None else
+                                      "the calibration in use has no score -> step map")})
+    errs = df[df["error"].fillna("") != ""]
+    summary["error_examples"] = [{"source": a, "key": b, "error": c}
+                                 for a, b, c in errs[["source", "key", "error"]].head(50).itertuples(index=False)]
+    summary["per_source"] = [{k: stats._num(v) for k, v in r.items()}
+                             for r in per_source.to_dict(orient="records")]
+    summary["compare"] = [c.as_dict() for c in comparisons]
+    summary["failures"] = failures
+
+    _log("building the report", quiet)
+    picks = _pick_galleries(df, threshold, comparisons, options)
+    cards = _items(df, picks, options)
+    figures = {"scores": gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")}
+    if has_step:
+        figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl), "image/png")
+    for c in comparisons:
+        figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
+            s, df[f"score:{c.name}"], threshold, c.threshold, det.name, c.name), "image/png")
+    summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
+    summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
+
+    out.mkdir(parents=True, exist_ok=True)
+    _write(out / "scores.parquet", lambda p: df.to_parquet(p, index=False))
+    flagged = df.loc[fl, ["source", "key", "score", "equivalent_step"]].sort_values(
+        "score", ascending=False, kind="stable")
+    _write(out / "flagged.csv", lambda p: flagged.to_csv(p, index=False))
+    _write(out / "summary.json", lambda p: Path(p).write_text(
+        json.dumps(_strict(summary), indent=2, allow_nan=False), encoding="utf-8"))
+    html = report_html.render(summary, per_source, cards, figures, comparisons)
+    _write(out / "report.html", lambda p: Path(p).write_text(html, encoding="utf-8"))
+    return summary
+
+
+def _write(path: Path, writer) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    writer(tmp)
+    os.replace(tmp, path)
+
+
+def _strict(o):
+    """Non-finite floats -> None and numpy scalars -> Python, for strict JSON."""
+    if isinstance(o, dict):
+        return {str(k): _strict(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_strict(v) for v in o]
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else None
+    return o
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:.1f}%"
+
+
+def format_summary(summary: dict, max_sources: int = 5) -> str:
+    """The short table printed in the terminal."""
+    lines = [f"detector   {summary['detector']}@{summary['detector_version']}",
+             f"threshold  {summary['threshold_source']}"]
+    smp = summary["sample"]
+    if smp["sampled"]:
+        lines.append(f"sample     {smp['audited']} of {smp['population']} samples (seed {smp['seed']}): "
+                     "figures are ESTIMATES")
+    lines.append(f"audited    {summary['samples']} samples, {summary['scored']} scored, "
+                 f"{summary['errors']} could not be scored")
+    lines.append(f"flagged    {summary['flagged']} = {_pct(summary['flagged_fraction'])} "
+                 f"({100 * summary['confidence']:.0f}% CI {_pct(summary['ci_low'])} - {_pct(summary['ci_high'])})")
+    est = summary.get("estimated_flagged_in_dataset")
+    if est:
+        lines.append(f"estimate   about {est['count']} flagged in the whole dataset ({est['low']} - {est['high']})")
+    step = summary["equivalent_step"]
+    if step["available"] and step.get("flagged"):
+        lines.append(f"step       median estimated replication step of flagged images: "
+                     f"{step['flagged']['p50']:.1f}")
+    rows = sorted(summary["per_source"], key=lambda r: -(r["fraction"] or 0))[:max_sources]
+    if len(summary["per_source"]) > 1 and rows:
+        width = min(48, max(len(_short(r["source"])) for r in rows))
+        lines.append(f"{'source':<{width}}  {'scored':>7}  {'flagged':>7}  {'fraction':>8}")
+        for r in rows:
+            lines.append(f"{_short(r['source'])[-width:]:<{width}}  {r['scored']:>7}  {r['flagged']:>7}  "
+                         f"{_pct(r['fraction']):>8}")
+        if len(summary["per_source"]) > max_sources:
+            lines.append(f"... {len(summary['per_source']) - max_sources} more sources in summary.json")
+    for c in summary["compare"]:
+        lines.append(f"compare    {c['detector']}: agreement {_pct(c['agreement'])}, "
+                     f"{c['main_flags_other_calls_fine']} flagged only by {summary['detector']}, "
+                     f"{c['other_flags_main_calls_fine']} only by {c['detector']}")
+    for f in summary["failures"]:
+        lines.append(f"FAILED     {f.splitlines()[0]}")
+    lines.append(f"report     {summary['outputs']['report.html']}")
+    return "\n".join(_printable(x) for x in lines)
+
+
+def _short(source: str) -> str:
+    return os.path.basename(source.rstrip("/")) or source
+
+
+def _printable(s: str) -> str:
+    """Terminal-safe text: control characters (escape sequences from hostile names) made visible."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in s)

@@ -1,0 +1,77 @@
+"""Seeded random subsets of a dataset, chosen before anything is decoded (``audit --sample N``).
+
+Every sample (a shard's ``source, key`` or a loose file's) gets a pseudo-random 64-bit rank from a
+keyed hash of its source and key; the N lowest ranks form the subset (bottom-k sampling). Listing
+the keys reads only tar headers, so choosing the subset costs no decoding, and the selection is a
+tiny picklable predicate (``HashSelect``) that worker processes apply while they read: samples
+outside it are skipped before they are decoded. Same inputs + same seed = the same subset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from collapseguard.filter.inputs import expand_inputs
+from collapseguard.filter.tario import clean_member_name, split_key
+
+
+def sample_rank(seed: int, source: str, key: str) -> int:
+    """The pseudo-random 64-bit rank of a sample for ``seed`` (uniform, independent of order)."""
+    h = hashlib.blake2b(f"{source}\0{key}".encode("utf-8", "surrogatepass"), digest_size=8,
+                        key=int(seed).to_bytes(8, "little", signed=True))
+    return int.from_bytes(h.digest(), "big")
+
+
+@dataclass(frozen=True)
+class HashSelect:
+    """``select(source, key)``: true for samples whose rank is at most ``cutoff``."""
+
+    seed: int
+    cutoff: int
+
+    def __call__(self, source: str, key: str) -> bool:
+        return sample_rank(self.seed, source, key) <= self.cutoff
+
+
+def shard_keys(path: str) -> Iterator[str]:
+    """The sample keys of a tar shard in order, from its headers only (file bodies are skipped),
+    named exactly as ``ShardReader`` names them."""
+    last = None
+    with tarfile.open(path, mode="r:*") as tf:
+        for info in tf:
+            if not info.isfile():
+                continue
+            key, _ = split_key(clean_member_name(info.name) or "unnamed")
+            if key != last:
+                yield key
+                last = key
+
+
+def list_samples(inputs: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """``(source, key)`` of every sample named by ``inputs`` (shards first, then image files)."""
+    shards, files = expand_inputs(inputs)
+    for s in shards:
+        for key in shard_keys(s):
+            yield s, key
+    for f in files:
+        yield f.source, f.key
+
+
+def choose_sample(inputs: Sequence[str], n: int, seed: int = 0) -> tuple[HashSelect | None, int]:
+    """A predicate selecting ``n`` random samples of ``inputs``, and the number of samples there are.
+
+    Returns ``(None, total)`` when ``n >= total`` (everything is audited).
+    """
+    if n < 1:
+        raise ValueError(f"sample size must be at least 1, got {n}")
+    ranks = np.fromiter((sample_rank(seed, s, k) for s, k in list_samples(inputs)), dtype=np.uint64)
+    total = len(ranks)
+    if n >= total:
+        return None, total
+    cutoff = int(np.partition(ranks, n - 1)[n - 1])
+    return HashSelect(int(seed), cutoff), total
