@@ -13,7 +13,7 @@ Common scale, in order of preference:
    compare unlike things, so if any member lacks one, all members use (2).
 2. **Quantile against a fixed reference set** — each member scores the same reference images once
    at creation; a score becomes its position in that member's reference distribution (the
-   empirical CDF, linearly interpolated, with exponential tails outside the reference range so it
+   empirical CDF, linearly interpolated, with hyperbolic tails outside the reference range so it
    stays strictly monotone in (0, 1)). The reference is ``reference=`` (a list of RGB uint8 images,
    ideally a sample of clean *and* degraded images from your own data) or, by default, a small
    deterministic built-in set of procedurally generated images with and without noise, blur and
@@ -90,8 +90,12 @@ class QuantileMap:
         s = np.asarray(scores, dtype=np.float64)
         out = np.interp(s, self.knots_x, self.knots_y) if self.knots_x.size > 1 else np.full_like(s, 0.5)
         lo, hi = s < self.knots_x[0], s > self.knots_x[-1]
-        out = np.where(lo, self.lo_y * np.exp((s - self.knots_x[0]) / self.scale), out)
-        out = np.where(hi, 1.0 - (1.0 - self.hi_y) * np.exp(-(s - self.knots_x[-1]) / self.scale), out)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            below = (self.knots_x[0] - s) / self.scale
+            above = (s - self.knots_x[-1]) / self.scale
+            # hyperbolic tails: strictly monotone and, unlike exp, not flattened by underflow
+            out = np.where(lo, self.lo_y / (1.0 + below), out)
+            out = np.where(hi, 1.0 - (1.0 - self.hi_y) / (1.0 + above), out)
         return np.where(np.isfinite(s), out, np.nan)
 
 
