@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import threading
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -38,15 +39,17 @@ def get_detector(name: str, kwargs: tuple = ()):
 
 
 def set_thread_budget(n_threads: int) -> None:
-    """Limit torch/BLAS/OpenMP threads of this process to ``n_threads``."""
+    """Limit torch/BLAS/OpenMP threads of this process to ``n_threads``.
+
+    The environment variables cover libraries imported later (torch reads OMP_NUM_THREADS when
+    it loads); torch is only told directly if it is already loaded, so detectors that do not
+    need torch never pay for importing it.
+    """
     n = str(max(1, int(n_threads)))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = n
-    try:
-        import torch
-        torch.set_num_threads(int(n))
-    except ImportError:  # pragma: no cover - torch is a core dependency
-        pass
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(n))
 
 
 def _worker_init(threads: int, progress_queue, detector: str, kwargs: tuple) -> None:
