@@ -1,0 +1,123 @@
+"""The teacher side of distillation: label images once per detector version, cached and resumable."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from collapseguard.detectors import Detector, DetectorError, create
+from collapseguard.detectors.label_cache import image_key, label_images, read_cache
+from collapseguard.images import decode_image, encode_png
+
+
+class Counting(Detector):
+    """The real nss detector, counting how many images it is asked to score (and able to fail)."""
+
+    def __init__(self, fail_after: int | None = None, nan_every: int | None = None):
+        self.inner = create("nss")
+        self.name, self.version, self.batch_size = "nss", self.inner.version, 2
+        self.seen = 0
+        self.fail_after, self.nan_every = fail_after, nan_every
+
+    def score(self, images):
+        if self.fail_after is not None and self.seen >= self.fail_after:
+            raise RuntimeError("teacher crashed")
+        self.seen += len(images)
+        s = self.inner.score(images).astype(np.float32)
+        if self.nan_every:
+            s[:: self.nan_every] = np.nan
+        return s
+
+
+def _files(folder, n, seed=0):
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(n):
+        img = np.clip(128 + rng.normal(0, 5 + 10 * i, (48, 48, 3)), 0, 255).astype(np.uint8)
+        p = folder / f"img{seed}_{i}.png"
+        p.write_bytes(encode_png(img))
+        paths.append(p)
+    return paths
+
+
+def test_labels_match_the_detector_and_keys_are_content_hashes(tmp_path):
+    paths = _files(tmp_path, 5)
+    det = Counting()
+    cache = tmp_path / "labels.parquet"
+    df = label_images(det, paths, cache)
+    assert list(df["path"]) == [str(p) for p in paths] and (df["status"] == "ok").all()
+    assert list(df["key"]) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    expected = create("nss").score([decode_image(p.read_bytes()) for p in paths])
+    np.testing.assert_allclose(df["score"], expected, rtol=1e-6)
+    np.testing.assert_allclose(df["raw"], df["score"])  # nss has no separate raw value
+    assert set(df["detector"]) == {"nss"} and set(df["detector_version"]) == {det.version}
+    assert len(read_cache(cache)) == 5
+
+
+def test_resume_scores_only_new_images(tmp_path):
+    first = _files(tmp_path, 4, seed=1)
+    cache = tmp_path / "labels.parquet"
+    det = Counting()
+    label_images(det, first, cache)
+    assert det.seen == 4
+    again = Counting()
+    df = label_images(again, first, cache)
+    assert again.seen == 0 and len(df) == 4  # everything from the cache
+    more = first + _files(tmp_path, 3, seed=2)
+    third = Counting()
+    df = label_images(third, more, cache)
+    assert third.seen == 3 and len(df) == 7 and len(read_cache(cache)) == 7
+
+
+def test_interrupted_run_keeps_flushed_labels(tmp_path):
+    paths = _files(tmp_path, 8, seed=3)
+    cache = tmp_path / "labels.parquet"
+    crashing = Counting(fail_after=4)
+    with pytest.raises(RuntimeError, match="crashed"):
+        label_images(crashing, paths, cache, flush_every=2)
+    assert len(read_cache(cache)) == 4  # two batches of two were written before the crash
+    rest = Counting()
+    df = label_images(rest, paths, cache)
+    assert rest.seen == 4 and (df["status"] == "ok").all()
+
+
+def test_duplicates_bytes_records_and_bad_items(tmp_path):
+    (p,) = _files(tmp_path, 1, seed=4)
+    data = p.read_bytes()
+    items = [p, data, {"path": "in-shard/a.png", "data": data}, b"not an image",
+             tmp_path / "missing.png", {"path": str(p)}]
+    det = Counting()
+    df = label_images(det, items, tmp_path / "labels.csv")
+    assert det.seen == 1  # four references to the same bytes, scored once
+    assert list(df["status"]) == ["ok", "ok", "ok", "decode_error", "missing", "ok"]
+    assert df.loc[2, "path"] == "in-shard/a.png" and df.loc[0, "key"] == image_key(data)
+    assert df["score"].iloc[[0, 1, 2, 5]].nunique() == 1 and np.isnan(df["score"].iloc[3])
+    back = read_cache(tmp_path / "labels.csv")  # CSV round trip keeps statuses and NaN
+    assert set(back["status"]) == {"ok", "decode_error"} and back["score"].isna().sum() == 1
+    with pytest.raises(DetectorError, match="cannot label"):
+        label_images(det, [123], tmp_path / "x.parquet")
+
+
+def test_nan_labels_are_cached_and_retried_on_request(tmp_path):
+    paths = _files(tmp_path, 4, seed=5)
+    cache = tmp_path / "labels.parquet"
+    df = label_images(Counting(nan_every=2), paths, cache)
+    assert list(df["status"]) == ["nan", "ok", "nan", "ok"]
+    again = Counting()
+    label_images(again, paths, cache)
+    assert again.seen == 0  # a deterministic failure is not retried by default
+    retry = Counting()
+    df = label_images(retry, paths, cache, retry_nan=True)
+    assert retry.seen == 2 and (df["status"] == "ok").all()
+
+
+def test_cache_of_another_detector_version_is_refused(tmp_path):
+    paths = _files(tmp_path, 2, seed=6)
+    cache = tmp_path / "labels.parquet"
+    label_images(Counting(), paths, cache)
+    other = Counting()
+    other.version = "000000000000"
+    with pytest.raises(DetectorError, match="use another cache file"):
+        label_images(other, paths, cache)
