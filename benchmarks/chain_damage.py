@@ -32,6 +32,11 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(list_families()))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    try:
+        import torch
+        torch.set_num_threads(1)  # as in make_chains' workers
+    except ImportError:
+        pass
     keep = [int(s) for s in args.steps.split(",")]
     photos = [p for p in bundled_photos() if p[0].startswith(("skimage/a", "skimage/c", "sklearn", "matplotlib", "skimage/rocket", "skimage/coffee"))]
     sources = (photos[: (args.chains + 1) // 2] + procedural_art(args.chains, seed=args.seed, min_side=320, max_side=640))[: args.chains]
