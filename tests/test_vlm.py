@@ -239,3 +239,17 @@ def test_bad_specs_are_clear_errors(tmp_path):
         create(f"vlm:{tmp_path}")
     with pytest.raises(DetectorError, match="greedy"):
         create(f"vlm:{tmp_path}", generation_kwargs={"do_sample": True})
+
+
+def test_images_go_in_at_native_resolution_up_to_max_pixels(model_dir):
+    judge = create(f"vlm:{model_dir}", device="cpu")
+    assert judge.grid == 28
+    img = np.random.default_rng(5).integers(0, 256, (90, 70, 3), dtype=np.uint8)
+    grid = judge.prepare([img])["image_grid_thw"][0].tolist()
+    assert grid == [1, 84 // 14, 56 // 14]  # centre-cropped to 84 x 56, not resized
+    n_tokens = int((judge.prepare([img])["input_ids"] == judge.processor.image_token_id).sum())
+    assert n_tokens == 6 * 4 // 4  # one visual token per 2 x 2 merged patches
+    capped = create(f"vlm:{model_dir}", device="cpu", max_pixels=56 * 56)
+    t, h, w = capped.prepare([img])["image_grid_thw"][0].tolist()
+    assert h * w * 14 * 14 <= 56 * 56 < 84 * 56
+    assert capped.version != judge.version

@@ -10,11 +10,12 @@ kept as ``raw`` in :meth:`VLMJudge.score_detailed`.
   first (slower: up to ``max_new_tokens`` = 1024 generated tokens per image).
 - Greedy decoding (``do_sample=False``): the same image always gets the same rating.
 - Batched with left padding; device auto: CUDA when present (bfloat16), else CPU (float32).
-- Resolution: images go in at native resolution, but the processor caps the pixel count at
-  ``max_pixels`` (default 1280*28*28 ~ 1.0 MP, i.e. at most 1280 visual tokens per image, the
-  Qwen2-VL processor default in transformers 5); larger images are downscaled by Qwen's
-  ``smart_resize``, smaller ones only rounded to multiples of 28 pixels. Pass ``max_pixels`` to
-  trade memory for detail.
+- Resolution: each image is first centre-cropped (never resized) to a multiple of the vision
+  grid (28 pixels = patch 14 x merge 2), so that Qwen's processor takes it at native resolution.
+  Only images above ``max_pixels`` (default 1536*28*28 ~ 1.2 MP, i.e. at most 1536 visual tokens;
+  a 1024 x 1024 image fits) are downscaled by the processor's ``smart_resize`` — the one place
+  where the judge shrinks an image, to bound memory. Pass ``max_pixels`` to trade memory for
+  detail (VisualQuality-R1's own processor config allows up to 12845056 pixels).
 - An answer that cannot be parsed gives NaN, never a made-up score. ``n_parse_errors`` counts them
   and ``last_answers`` / ``last_parse_errors`` keep the most recent raw answers for reporting.
 
@@ -36,8 +37,9 @@ import numpy as np
 from collapseguard.detectors.base import Detector, DetectorError, params_version
 from collapseguard.detectors.vlm_prompt import RATING_MAX, parse_rating, rating_prompt
 
-#: default cap on image pixels handed to the vision tower (Qwen2-VL processor default)
-DEFAULT_MAX_PIXELS = 1280 * 28 * 28
+#: default cap on image pixels handed to the vision tower: 1536 visual tokens (~1.2 MP), enough
+#: for a 1024 x 1024 image to go in at native resolution
+DEFAULT_MAX_PIXELS = 1536 * 28 * 28
 #: smallest pixel count the processor upsizes to (Qwen2-VL default)
 DEFAULT_MIN_PIXELS = 56 * 56
 
@@ -188,28 +190,41 @@ class VLMJudge(Detector):
             self._messages(), tokenize=False, add_generation_prompt=True, add_vision_id=True
         )
 
-    def generate(self, images: Sequence[np.ndarray]) -> list[str]:
-        """Raw decoded answers (special tokens removed), one per image, greedy decoding."""
-        import torch
+    @property
+    def grid(self) -> int:
+        """Pixel multiple the vision tower works in (patch size x spatial merge size)."""
+        ip = self.processor.image_processor
+        return int(getattr(ip, "patch_size", 14)) * int(getattr(ip, "merge_size", 2))
+
+    def prepare(self, images: Sequence[np.ndarray]):
+        """Processor inputs (token ids, pixel patches, grid sizes) for one batch of images."""
         from PIL import Image
 
+        g = self.grid
         pil = []
         for i, img in enumerate(images):
             a = np.asarray(img)
             if a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8:
                 raise DetectorError(f"image {i}: expected (H, W, 3) uint8, got {a.shape} {a.dtype}")
-            pil.append(Image.fromarray(a))
-        text = self.chat_text()
+            h, w = a.shape[:2]
+            ch, cw = (h // g) * g or h, (w // g) * g or w  # tiny images: left to the processor
+            y, x = (h - ch) // 2, (w - cw) // 2
+            pil.append(Image.fromarray(np.ascontiguousarray(a[y : y + ch, x : x + cw])))
+        return self.processor(
+            text=[self.chat_text()] * len(pil),
+            images=pil,
+            padding=True,
+            return_tensors="pt",
+            size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+        )
+
+    def generate(self, images: Sequence[np.ndarray]) -> list[str]:
+        """Raw decoded answers (special tokens removed), one per image, greedy decoding."""
+        import torch
+
         answers: list[str] = []
-        for s in range(0, len(pil), self.batch_size):
-            chunk = pil[s : s + self.batch_size]
-            inputs = self.processor(
-                text=[text] * len(chunk),
-                images=chunk,
-                padding=True,
-                return_tensors="pt",
-                size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
-            ).to(self.device)
+        for s in range(0, len(images), self.batch_size):
+            inputs = self.prepare(images[s : s + self.batch_size]).to(self.device)
             with torch.inference_mode():
                 out = self.model.generate(
                     **inputs,
