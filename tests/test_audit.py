@@ -1,0 +1,302 @@
+"""``collapseguard audit`` on real tiny shards: outputs agree with independent scoring, sampling
+decodes only the sample, detector comparison, native crops, and the report in a real headless
+browser (no console errors, images decode, a hostile key stays text)."""
+
+from __future__ import annotations
+
+import json
+import math
+import tarfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from cg_testutil import add_member, degrade
+from click.testing import CliRunner
+from scipy import ndimage
+from scipy import stats as sps
+
+from collapseguard.audit import gallery, stats
+from collapseguard.audit.browser import find_chromium, inspect_report
+from collapseguard.audit.run import AuditError, AuditOptions, run_audit
+from collapseguard.audit.sampling import choose_sample, list_samples
+from collapseguard.calibration.files import Calibration, save_calibration
+from collapseguard.cli import main
+from collapseguard.detectors import create
+from collapseguard.detectors.base import Detector, register
+from collapseguard.images import decode_image, encode_jpeg, encode_png
+
+HOSTILE_KEY = ('<img src=x onerror="document.body.dataset.pwned=1">'
+               '<script>document.title="PWNED";document.body.dataset.ran=1</script>')
+HOSTILE_CAPTION = '<script>document.title="CAPTION RAN"</script>&amp; <b>bold?</b>'
+
+
+class LaplaceEnergy(Detector):
+    """Mean absolute Laplacian of luminance: a crude sharpness/noise metric (higher = rougher)."""
+
+    name = "test-laplace"
+    version = "1"
+
+    def score(self, images):
+        return np.array([np.abs(ndimage.laplace(im.astype(np.float32).mean(2))).mean()
+                         for im in images], dtype=np.float32)
+
+
+class CountingDetector(Detector):
+    """Mean brightness, counting every image it is given (to see what was decoded)."""
+
+    name = "test-count"
+    version = "1"
+    seen = 0
+
+    def score(self, images):
+        CountingDetector.seen += len(images)
+        return np.array([im.mean() for im in images], dtype=np.float32)
+
+
+register("test-laplace", LaplaceEnergy)
+register("test-count", CountingDetector)
+
+
+def small(photos):
+    return [p[:144, :176] for p in photos]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, photos):
+    """clean shard, degraded shard (+ hostile key/caption, broken image, sample without image),
+    and a folder of loose images. Returns paths and the images by (shard, key)."""
+    root = tmp_path_factory.mktemp("audit")
+    imgs = small(photos)
+    truth = {}
+    with tarfile.open(root / "clean-000.tar", "w") as tf:
+        for i, im in enumerate(imgs):
+            add_member(tf, f"c{i}.png", encode_png(im))
+            add_member(tf, f"c{i}.txt", f"clean photo {i}".encode())
+            truth[("clean-000.tar", f"c{i}")] = ("clean", im)
+    with tarfile.open(root / "degraded-000.tar", "w") as tf:
+        for i, im in enumerate(imgs):
+            d = degrade(im, seed=i)
+            add_member(tf, f"d{i}.png", encode_png(d))
+            truth[("degraded-000.tar", f"d{i}")] = ("degraded", d)
+        add_member(tf, HOSTILE_KEY + ".png", encode_png(imgs[0]))
+        add_member(tf, HOSTILE_KEY + ".txt", HOSTILE_CAPTION.encode())
+        truth[("degraded-000.tar", HOSTILE_KEY)] = ("clean", imgs[0])
+        add_member(tf, "broken.png", b"this is not a png <script>x</script>")
+        add_member(tf, "meta-only.json", b"{}")
+    loose = root / "loose"
+    (loose / "sub").mkdir(parents=True)
+    (loose / "sub" / "a.jpg").write_bytes(encode_jpeg(imgs[1], 97))
+    (loose / "b.png").write_bytes(encode_png(degrade(imgs[2], seed=9)))
+    truth[("loose", "sub/a.jpg")] = ("clean", decode_image((loose / "sub" / "a.jpg").read_bytes()))
+    truth[("loose", "b.png")] = ("degraded", decode_image((loose / "b.png").read_bytes()))
+    inputs = [str(root / "clean-000.tar"), str(root / "degraded-000.tar"), str(loose)]
+    return root, inputs, truth
+
+
+def nss_threshold(truth):
+    det = create("nss")
+    clean = det.score([im for t, im in truth.values() if t == "clean"])
+    bad = det.score([im for t, im in truth.values() if t == "degraded"])
+    assert bad.min() > clean.max(), "fixture degradation must be visible to nss"
+    return float((bad.min() + clean.max()) / 2)
+
+
+def step_calibration(threshold: float) -> Calibration:
+    det = create("nss")
+    return Calibration(detector="nss", detector_version=det.version, threshold=threshold,
+                       step_map={"x": [0.0, threshold, 3 * threshold], "y": [0.0, 4.0, 20.0]},
+                       probability_map={"x": [0.0, threshold, 2 * threshold], "y": [0.0, 0.5, 1.0]})
+
+
+@pytest.fixture(scope="module")
+def audited(dataset):
+    """One CLI audit with nss, an explicit threshold, a calibration with a step map, a compare."""
+    root, inputs, truth = dataset
+    t = nss_threshold(truth)
+    cal = save_calibration(step_calibration(t * 1.01), root / "cal.json")
+    out = root / "out"
+    res = CliRunner().invoke(main, ["audit", *inputs, "--out", str(out), "-d", "nss", "--threshold",
+                                    repr(t), "--calibration", str(cal), "--compare",
+                                    "test-laplace,nss", "--gallery-size", "4", "--quiet"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return out, t, truth, cal
+
+
+def test_outputs_agree_with_independent_scores(audited):
+    out, t, truth, cal_path = audited
+    df = pd.read_parquet(out / "scores.parquet")
+    det = create("nss")
+    # every scored row equals nss on the image itself, read independently of the audit
+    got = {(Path(s).name, k): v for s, k, v in zip(df["source"], df["key"], df["score"])}
+    for (src, key), (_, im) in truth.items():
+        assert got[(src, key)] == pytest.approx(float(det.score([im])[0]), rel=1e-5)
+    # clean never flagged, degraded always flagged
+    for (src, key), (label, _) in truth.items():
+        row = df[(df["source"].map(lambda s: Path(s).name) == src) & (df["key"] == key)].iloc[0]
+        assert bool(row["flagged"]) == (label == "degraded"), (src, key)
+    errors = df[df["error"].fillna("") != ""]
+    assert set(errors["key"]) == {"broken", "meta-only"}
+    assert errors["score"].isna().all() and not errors["flagged"].any()
+
+    flagged = pd.read_csv(out / "flagged.csv", keep_default_na=False, na_values=[""])
+    assert list(flagged.columns) == ["source", "key", "score", "equivalent_step"]
+    expect = df[df["score"] > t].sort_values("score", ascending=False)
+    assert list(flagged["key"]) == list(expect["key"])
+    np.testing.assert_allclose(flagged["score"], expect["score"], rtol=1e-12)
+    cal = Calibration.from_json(Path(cal_path).read_text())
+    np.testing.assert_allclose(flagged["equivalent_step"], cal.equivalent_step(flagged["score"]))
+    np.testing.assert_allclose(df["probability"], cal.probability(df["score"]), equal_nan=True)
+
+    summary = json.loads((out / "summary.json").read_text())
+    scored = df["score"].notna()
+    assert summary["samples"] == len(df) == len(truth) + 2
+    assert summary["scored"] == int(scored.sum())
+    assert summary["flagged"] == len(flagged)
+    assert summary["flagged_fraction"] == pytest.approx(len(flagged) / scored.sum())
+    lo, hi = stats.binomial_interval(len(flagged), int(scored.sum()))
+    assert (summary["ci_low"], summary["ci_high"]) == pytest.approx((lo, hi))
+    assert lo < summary["flagged_fraction"] < hi
+    assert summary["threshold"] == t and not summary["sample"]["sampled"]
+    per = {Path(r["source"]).name: r for r in summary["per_source"]}
+    assert per["clean-000.tar"]["flagged"] == 0 and per["degraded-000.tar"]["flagged"] == 4
+    assert sum(r["samples"] for r in summary["per_source"]) == len(df)
+    st = summary["equivalent_step"]
+    assert st["available"] and st["flagged"]["p50"] == pytest.approx(
+        float(np.median(cal.equivalent_step(flagged["score"]))))
+
+
+def test_compare_is_percentile_matched(audited):
+    out, t, _, _ = audited
+    df = pd.read_parquet(out / "scores.parquet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert [c["detector"] for c in summary["compare"]] == ["test-laplace"]  # nss is the main one
+    c = summary["compare"][0]
+    other = df["score:test-laplace"].to_numpy()
+    main_scores = df["score"].to_numpy()
+    both = np.isfinite(other) & np.isfinite(main_scores)
+    fo = df["flagged:test-laplace"].to_numpy(bool)
+    assert not fo[~both].any()
+    assert fo.sum() == c["other_flagged"] <= c["main_flagged"] == int((main_scores[both] > t).sum())
+    assert (other[fo].min() if fo.any() else np.inf) > c["matched_threshold"] >= other[both & ~fo].max()
+    assert c["main_flags_other_calls_fine"] == int((df["flagged"] & ~df["flagged:test-laplace"]).sum())
+    assert c["other_flags_main_calls_fine"] == int((~df["flagged"] & df["flagged:test-laplace"]).sum())
+    rho = sps.spearmanr(main_scores[both], other[both]).statistic
+    assert c["spearman"] == pytest.approx(rho)
+    html = (out / "report.html").read_text()
+    assert "Where other metrics disagree" in html and "nss vs test-laplace" in html
+
+
+def test_report_is_self_contained_and_escaped(audited):
+    out = audited[0]
+    html = (out / "report.html").read_text()
+    assert "<script" not in html.lower()  # no script at all; the hostile ones are escaped
+    assert html.count("&lt;script&gt;") >= 2
+
+    class Tags(HTMLParser):
+        tags, links, handlers, csp = [], [], [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "meta" and ("http-equiv", "Content-Security-Policy") in attrs:
+                self.csp.append(dict(attrs)["content"])
+            self.links += [v for k, v in attrs if k in ("src", "href", "action", "srcset")]
+            self.handlers += [k for k, v in attrs if k.startswith("on")]
+
+    parsed = Tags()
+    parsed.feed(html)
+    assert "script" not in parsed.tags and "iframe" not in parsed.tags and not parsed.handlers
+    assert parsed.links and all(v.startswith(("data:image/", "#")) for v in parsed.links)
+    assert parsed.tags.count("img") > 10 and "meta" in parsed.tags
+    assert len(parsed.csp) == 1 and "default-src 'none'" in parsed.csp[0]
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed (CI installs "
+                    "Debian's chromium: apt-get install chromium)")
+def test_report_in_headless_chromium(audited, tmp_path):
+    out = audited[0]
+    shot = tmp_path / "report.png"
+    info = inspect_report(out / "report.html", screenshot=shot)
+    assert info["problems"] == []  # no console errors, exceptions or CSP violations
+    assert info["images"] > 10 and info["broken"] == []  # every embedded image decoded
+    assert info["scripts"] == 0 and info["handlers"] == 0
+    assert info["bodyData"] == {} and info["title"].startswith("collapseguard audit")
+    assert HOSTILE_KEY in info["text"]  # shown as text, not markup
+    assert '<script>document.title="CAPTION RAN"</script>&amp;' in info["text"]
+    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sample_scores_only_the_sample(dataset, tmp_path):
+    _, inputs, truth = dataset
+    all_keys = list(list_samples(inputs))
+    assert len(all_keys) == len(truth) + 2
+    sel, total = choose_sample(inputs, 5, seed=3)
+    assert total == len(all_keys) and sum(sel(s, k) for s, k in all_keys) == 5
+    assert choose_sample(inputs, total, seed=3) == (None, total)
+
+    CountingDetector.seen = 0
+    opts = AuditOptions(detector="test-count", threshold=100.0, sample=5, seed=3, gallery_size=2)
+    summary = run_audit(inputs, tmp_path / "a", opts, quiet=True)
+    df = pd.read_parquet(tmp_path / "a" / "scores.parquet")
+    assert len(df) == 5 and summary["sample"] == {
+        "sampled": True, "audited": 5, "population": total, "seed": 3,
+        "note": f"figures are estimates from a seeded random sample of 5 of {total} samples"}
+    # only the sampled images were decoded and scored (the gallery reads them back later)
+    assert CountingDetector.seen == int(df["score"].notna().sum())
+    assert {(s, k) for s, k in zip(df["source"], df["key"])} == {
+        (s, k) for s, k in all_keys if sel(s, k)}
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "Estimates." in html and f"5 of {total} samples" in html
+    again = run_audit(inputs, tmp_path / "b", opts, quiet=True)
+    other = run_audit(inputs, tmp_path / "c", AuditOptions(
+        detector="test-count", threshold=100.0, sample=5, seed=4, gallery_size=2), quiet=True)
+    keys = lambda d: set(pd.read_parquet(Path(d) / "scores.parquet")["key"])  # noqa: E731
+    assert again["samples"] == 5 and keys(tmp_path / "b") == keys(tmp_path / "a")
+    assert other["samples"] == 5 and keys(tmp_path / "c") != keys(tmp_path / "a")
+
+
+def test_cli_summary_table_and_errors(dataset, tmp_path):
+    _, inputs, truth = dataset
+    t = nss_threshold(truth)
+    res = CliRunner().invoke(main, ["audit", inputs[0], inputs[2], "--out", str(tmp_path / "o"),
+                                    "-d", "nss", "--threshold", repr(t)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert f"flagged    {summary['flagged']} = " in res.stdout
+    assert "clean-000.tar" in res.stdout and str(tmp_path / "o" / "report.html") in res.stdout
+    assert summary["flagged"] == 1  # only loose/b.png is degraded
+    # no threshold and no calibration for nss: a clear error, nothing written
+    res = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(tmp_path / "x"), "-d", "nss"])
+    assert res.exit_code != 0 and "--threshold" in res.output and not (tmp_path / "x").exists()
+    with pytest.raises(AuditError):
+        run_audit(inputs[:1], tmp_path / "y", AuditOptions(detector="nss"), quiet=True)
+    res = CliRunner().invoke(main, ["audit", str(tmp_path / "missing.tar"), "--out",
+                                    str(tmp_path / "z"), "-d", "nss", "--threshold", "1"])
+    assert res.exit_code != 0 and "missing.tar" in res.output
+
+
+def test_binomial_interval_matches_scipy():
+    for k, n in [(0, 10), (3, 10), (10, 10), (17, 400)]:
+        r = sps.binomtest(k, n)
+        for method in ("clopper-pearson", "wilson"):
+            ci = r.proportion_ci(0.95, method="exact" if method == "clopper-pearson" else "wilson")
+            assert stats.binomial_interval(k, n, 0.95, method) == pytest.approx((ci.low, ci.high))
+    assert all(math.isnan(v) for v in stats.binomial_interval(0, 0))
+    with pytest.raises(ValueError):
+        stats.binomial_interval(5, 3)
+
+
+def test_detail_crop_is_native_and_finds_texture():
+    rng = np.random.default_rng(0)
+    img = np.full((400, 600, 3), 128, np.uint8)
+    img[:, 400:] = rng.integers(0, 256, (400, 200, 3), dtype=np.uint8)  # texture on the right
+    crop, (y, x) = gallery.detail_crop(img, 128)
+    assert crop.shape == (128, 128, 3) and x >= 400 - 16
+    np.testing.assert_array_equal(crop, img[y: y + 128, x: x + 128])
+    small_img = img[:50, :70]
+    crop, (y, x) = gallery.detail_crop(small_img, 128)
+    np.testing.assert_array_equal(crop, small_img)  # smaller than the crop: shown whole, not padded
+    assert max(gallery.thumbnail(img, 100).shape[:2]) == 100
