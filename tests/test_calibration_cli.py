@@ -151,3 +151,55 @@ def test_full_reference_measures():
     assert p1 > p2 > 10
     wider = np.asarray(Image.fromarray(ref).resize((SIZE + 8, SIZE)))  # aspect drift
     assert 0.5 < full_reference(ref, wider, "ssim") < 1.0
+
+
+def test_clean_variants_grouped_by_source(tmp_path):
+    """Crops/JPEGs of one photo are written as NAME__variant and read back as one source."""
+    from collapseguard.calibration.clean_sets import largest_per_folder, write_variants
+    from collapseguard.calibration.scoring import iter_clean_images
+
+    rng = np.random.default_rng(2)
+    big = rng.integers(0, 255, (200, 300, 3), dtype=np.uint8)
+    small = rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)
+    paths = write_variants([("pack/a b", big), ("small", small)], tmp_path / "clean", crops=3, crop_size=96)
+    names = sorted(p.name for p in paths)
+    assert names == ["pack_a_b__c0.png", "pack_a_b__c0_q85.jpg", "pack_a_b__c1.png", "pack_a_b__c2.png",
+                     "small__c0.png", "small__c0_q85.jpg"]
+    crop = np.asarray(Image.open(tmp_path / "clean" / "pack_a_b__c0.png"))
+    assert crop.shape == (96, 96, 3)  # native-resolution crop, not a resize
+    assert any((crop == big[y:y + 96, x:x + 96]).all() for y in range(105) for x in range(205))
+    sources = {s for s, _, _ in iter_clean_images([tmp_path / "clean"])}
+    assert sources == {"clean/pack_a_b", "clean/small"}
+    with pytest.raises(ValueError, match="same file stem"):
+        write_variants([("x/y", small), ("x_y", small)], tmp_path / "dup")
+    # one picture per folder of a multi-resolution wallpaper pack
+    for size in ((64, 48), (128, 96)):
+        (tmp_path / "wp" / "Kite").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(
+            tmp_path / "wp" / "Kite" / f"{size[0]}x{size[1]}.png")
+    assert [p.name for p in largest_per_folder(tmp_path / "wp")] == ["128x96.png"]
+
+
+def test_clean_images_from_tar_shard(tmp_path):
+    import io
+    import tarfile
+
+    from collapseguard.calibration.scoring import iter_clean_images
+
+    shard = tmp_path / "shard-000.tar"
+    with tarfile.open(shard, "w") as tf:
+        for name, data in (("s1.png", _png_bytes()), ("s1.json", b"{}"), ("s2.jpg", _png_bytes())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    items = list(iter_clean_images([shard]))
+    assert [s for s, _, _ in items] == ["shard-000.tar:s1", "shard-000.tar:s2"]
+    assert items[0][2]() == _png_bytes()
+
+
+def _png_bytes():
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), 100, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Build the calibrations shipped in collapseguard/calibration/defaults/<detector>.json (+ .png).
+#
+#   benchmarks/make_default_calibration.sh            # cnn and nss
+#   benchmarks/make_default_calibration.sh nss        # only nss
+#
+# What it does (all offline except `apt-get download` of two Debian wallpaper packages):
+#   1. clean photos: Debian's ukui-wallpapers and plasma-workspace-wallpapers (one picture per
+#      wallpaper, at its largest size). NOT gnome/mate-backgrounds: those are the cnn detector's
+#      training negatives, and calibrating on training images would make the threshold optimistic.
+#      Images stay under $WORK and are never committed.
+#   2. chains: every 3rd wallpaper (one 512 px native-resolution centre crop) plus procedural
+#      "digital art" (seed $SEED, not the training seed), through every replicator family for 20
+#      steps, keeping steps 0,1,3,5,10,20.
+#   3. extra clean images (--clean): the other wallpapers as 2 native-resolution 768 px crops + one
+#      JPEG (q85) each, procedural art as PNG, and other procedural art as JPEG (q80).
+#   4. `collapseguard calibrate` with alpha = 1 %, confidence 95 %, 30 % of sources held out for the
+#      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
+#
+# Environment: CG_CALIB_WORK (default /tmp/cg_default_calibration), CG_CALIB_SEED (20261130),
+# CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (40), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${CG_CALIB_WORK:-/tmp/cg_default_calibration}
+SEED=${CG_CALIB_SEED:-20261130}
+WORKERS=${CG_CALIB_WORKERS:-2}
+ART_CHAINS=${CG_CALIB_ART_CHAINS:-40}
+ART_CLEAN=${CG_CALIB_ART_CLEAN:-400}
+OUTDIR=collapseguard/calibration/defaults
+DETECTORS=("$@")
+[ ${#DETECTORS[@]} -eq 0 ] && DETECTORS=(cnn nss)
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+mkdir -p "$WORK/debs" "$OUTDIR"
+
+# 1. wallpapers ---------------------------------------------------------------------------------
+if [ ! -d "$WORK/debs/x/usr/share/wallpapers" ]; then
+  (cd "$WORK/debs" && apt-get download ukui-wallpapers plasma-workspace-wallpapers \
+     && for f in *.deb; do dpkg -x "$f" x; done)
+fi
+
+# 2 + 3. chains and extra clean images -----------------------------------------------------------
+if [ ! -f "$WORK/chains/manifest.csv" ] || [ ! -f "$WORK/clean/.done" ]; then
+  WORK="$WORK" SEED="$SEED" WORKERS="$WORKERS" ART_CHAINS="$ART_CHAINS" ART_CLEAN="$ART_CLEAN" \
+  python - <<'EOF'
+import os, shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from collapseguard.calibration.clean_sets import largest_per_folder, load_files, write_variants
+from collapseguard.detectors.crops import crop_grid
+from collapseguard.training_data_tools.chains import make_chains
+from collapseguard.training_data_tools.sources import procedural_art
+
+torch.set_num_threads(1)
+work, seed = Path(os.environ["WORK"]), int(os.environ["SEED"])
+deb = work / "debs" / "x" / "usr" / "share"
+files = largest_per_folder(deb / "wallpapers")  # KDE: one folder per wallpaper
+files += sorted(p for p in (deb / "backgrounds").glob("*") if p.is_file())  # ukui: flat folder
+photos = []
+for p in files:
+    for _, img in load_files([p]):  # skips undecodable files
+        name = p.parents[2].name if "wallpapers" in p.parts else p.stem  # KDE: <Name>/contents/images/
+        photos.append((f"wp-{len(photos):03d}-{name}", img))
+print(f"{len(photos)} wallpapers")
+chain_photos = [(n, crop_grid(img, min(512, *img.shape[:2]), 1)[0]) for n, img in photos[::3]]
+clean_photos = [x for i, x in enumerate(photos) if i % 3]
+art_chain = procedural_art(int(os.environ["ART_CHAINS"]), seed=seed, min_side=320, max_side=640)
+n_clean = int(os.environ["ART_CLEAN"])
+art_clean = procedural_art(n_clean, seed=seed + 1, min_side=320, max_side=768)
+
+clean = work / "clean"
+shutil.rmtree(clean, ignore_errors=True)
+n = len(write_variants(clean_photos, clean / "photos", crops=2, crop_size=768, jpeg_quality=85))
+n += len(write_variants(art_clean[: n_clean // 2], clean / "art_png", crops=1, crop_size=4096, jpeg_quality=None))
+n += len(write_variants(art_clean[n_clean // 2:], clean / "art_jpeg", crops=1, crop_size=4096,
+                        jpeg_quality=80, png=False))
+(clean / ".done").write_text("ok\n")
+print(f"{n} extra clean images in {clean}")
+shutil.rmtree(work / "chains", ignore_errors=True)
+make_chains(chain_photos + art_chain, steps=20, keep=[0, 1, 3, 5, 10, 20], out_dir=work / "chains",
+            seed=seed, workers=int(os.environ["WORKERS"]), progress=False)
+print("chains written to", work / "chains")
+EOF
+fi
+
+# 4. calibrate ----------------------------------------------------------------------------------
+for det in "${DETECTORS[@]}"; do
+  safe=$(echo "$det" | tr -c 'A-Za-z0-9_.\n-' '_')
+  ver=$(python -c "from collapseguard.detectors import create; print(create('$det').version)")
+  scores="$WORK/scores_${safe}_${ver}.csv"  # reused only for the same detector version
+  if [ -f "$scores" ]; then
+    src=(--from-scores "$scores")
+  else
+    src=(--chains "$WORK/chains" --clean "$WORK/clean" --detector "$det" --scores-out "$scores")
+  fi
+  collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
+    --out "$OUTDIR/$safe.json"
+done
