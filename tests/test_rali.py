@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("sklearn")
 
-import torch  # noqa: E402
+import torch
 
-from collapseguard.detectors import DetectorError, create  # noqa: E402
-from collapseguard.detectors.rali import is_converted  # noqa: E402
-from collapseguard.detectors.rali_convert import main as convert_main  # noqa: E402
+from collapseguard.detectors import DetectorError, create
+from collapseguard.detectors.rali import is_converted
+from collapseguard.detectors.rali_convert import main as convert_main
 
 torch.set_num_threads(1)
 

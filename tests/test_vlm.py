@@ -13,10 +13,15 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
+import torch
 
-from collapseguard.detectors import DetectorError, create  # noqa: E402
-from collapseguard.detectors.vlm_prompt import QUESTION, extract_reasoning, parse_rating, rating_prompt  # noqa: E402
+from collapseguard.detectors import DetectorError, create
+from collapseguard.detectors.vlm_prompt import (
+    QUESTION,
+    extract_reasoning,
+    parse_rating,
+    rating_prompt,
+)
 
 torch.set_num_threads(1)
 
@@ -250,6 +255,6 @@ def test_images_go_in_at_native_resolution_up_to_max_pixels(model_dir):
     n_tokens = int((judge.prepare([img])["input_ids"] == judge.processor.image_token_id).sum())
     assert n_tokens == 6 * 4 // 4  # one visual token per 2 x 2 merged patches
     capped = create(f"vlm:{model_dir}", device="cpu", max_pixels=56 * 56)
-    t, h, w = capped.prepare([img])["image_grid_thw"][0].tolist()
+    _, h, w = capped.prepare([img])["image_grid_thw"][0].tolist()
     assert h * w * 14 * 14 <= 56 * 56 < 84 * 56
     assert capped.version != judge.version

@@ -30,8 +30,8 @@ go in ``member_kwargs={name: {...}}``.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 

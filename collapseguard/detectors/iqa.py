@@ -34,8 +34,8 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 from urllib.parse import urlparse
 
 import numpy as np
@@ -66,7 +66,7 @@ class MissingWeightsError(DetectorError):
 
 def _import_pyiqa():
     try:
-        import pyiqa  # noqa: F401  (imports every arch module, which we patch below)
+        import pyiqa
         from pyiqa.utils import download_util
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise DetectorError(
@@ -343,7 +343,7 @@ class PyIQADetector(Detector):
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return self.score_detailed(images)["score"]
 
-    def to(self, device: str) -> "PyIQADetector":
+    def to(self, device: str) -> PyIQADetector:
         import torch
 
         self._metric.to(torch.device(device))

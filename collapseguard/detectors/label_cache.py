@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd

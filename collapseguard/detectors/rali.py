@@ -51,8 +51,8 @@ import hashlib
 import json
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -85,7 +85,7 @@ def load_pca(folder: Path, trust_pickle: bool = False) -> dict[str, np.ndarray]:
         if not trust_pickle:
             raise _refuse(pkl, "pickled scikit-learn PCA")
         with open(pkl, "rb") as fh:
-            obj = pickle.load(fh)  # noqa: S301 - only with trust_pickle=True
+            obj = pickle.load(fh)
         get = (lambda k: obj[k]) if isinstance(obj, dict) else (lambda k: getattr(obj, k))
         try:
             pca = {
@@ -376,7 +376,7 @@ class RALIDetector(Detector):
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return self.score_detailed(images)["score"]
 
-    def to(self, device: str) -> "RALIDetector":
+    def to(self, device: str) -> RALIDetector:
         self.model.to(device)
         self.device = device
         return self

@@ -22,7 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from collapseguard.detectors.base import DetectorError
-from collapseguard.detectors.rali import CONVERTED_MARKER, load_basis, load_head, load_pca
+from collapseguard.detectors.rali import (
+    CONVERTED_MARKER,
+    load_basis,
+    load_head,
+    load_pca,
+)
 
 FORMAT = "collapseguard-rali-v1"
 

@@ -29,8 +29,8 @@ import collections
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -274,7 +274,7 @@ class VLMJudge(Detector):
             "recent_unparseable_answers": list(self.last_parse_errors),
         }
 
-    def to(self, device: str) -> "VLMJudge":
+    def to(self, device: str) -> VLMJudge:
         self.model.to(device)
         self.device = device
         return self

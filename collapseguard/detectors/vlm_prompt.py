@@ -27,8 +27,8 @@ THINK_SUFFIX = (
 #: lowest and highest rating the prompt asks for
 RATING_MIN, RATING_MAX = 1.0, 5.0
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-_THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?!\w)(?!\.\d)")
 _BARE_NUMBER = re.compile(r"\s*[-+]?\d+(?:\.\d+)?\s*")
 
@@ -65,5 +65,5 @@ def parse_rating(text: str) -> float | None:
 
 def extract_reasoning(text: str) -> str:
     """The content of the last ``<think>`` block ('' when there is none)."""
-    found = re.findall(r"<think>(.*?)</think>", text or "", re.S | re.I)
+    found = re.findall(r"<think>(.*?)</think>", text or "", re.DOTALL | re.IGNORECASE)
     return found[-1].strip() if found else ""
