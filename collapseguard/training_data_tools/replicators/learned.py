@@ -17,7 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from collapseguard.training_data_tools.replicators.base import Replicator, ReplicatorError, log_uniform
+from collapseguard.training_data_tools.replicators.base import (
+    Replicator,
+    ReplicatorError,
+    log_uniform,
+)
 
 WEIGHTS = Path(__file__).resolve().parents[2] / "weights" / "replicator_ae.safetensors"
 
@@ -42,7 +46,7 @@ def build_model():
                 nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1), act,
                 nn.ConvTranspose2d(16, 3, 4, stride=2, padding=1))
 
-        def forward(self, x: "torch.Tensor") -> "torch.Tensor":  # x in [0, 1], (N, 3, H, W)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x in [0, 1], (N, 3, H, W)
             return self.dec(self.enc(x)) + _skip(x)
 
     def _skip(x):

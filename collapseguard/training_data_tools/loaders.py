@@ -1,0 +1,401 @@
+"""Load replication chains from a manifest, a folder of chains, or a Banana100 download.
+
+``load_chains(path)`` accepts:
+
+- a manifest file (``.csv``, ``.tsv``, ``.parquet``) or a folder holding ``manifest.csv``;
+- a folder of chains in common layouts: one folder per chain whose files carry the step in their
+  names (``0.png``, ``step_012.png``, ``iter12.jpg``, ``012.webp``, ``image_0012.png``), optionally
+  nested under family and task folders (``FAMILY/TASK/CHAIN/step.png`` or ``FAMILY/CHAIN/...``),
+  which become those columns; or flat files ``CHAIN_<step>.png`` grouped by their prefix;
+- a Hugging Face ``imagefolder`` with ``metadata.csv``/``metadata.jsonl`` (a ``file_name`` column
+  plus chain/step columns under common names);
+- a Hugging Face Parquet dataset (for example ``kenantang/Banana100`` as downloaded, whose exact
+  layout is not known here): image bytes are extracted once to ``extract_dir`` and chains are
+  inferred from column names.
+
+``discover_chains(path)`` returns a ``Discovery``: the manifest, the layout it inferred, notes on
+what it guessed, and every file it could not place with the reason. When nothing can be read,
+``ChainLayoutError`` says what was seen (file counts by type, example paths, columns).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from collapseguard.images import is_image_name
+from collapseguard.training_data_tools.manifest import (
+    MANIFEST_NAME,
+    ManifestError,
+    read_manifest,
+    validate_manifest,
+)
+
+#: words that precede a step number in a file name (and are not a chain name)
+STEP_WORDS = {"", "step", "steps", "iter", "iteration", "iterations", "it", "round", "turn",
+              "gen", "generation", "image", "img", "frame", "t", "s", "epoch", "edit", "output",
+              "out", "result", "sample", "pass", "v"}
+#: names of a chain's original (step 0) when it is not numbered
+ORIGINAL_NAMES = {"original", "orig", "source", "src", "input", "init", "start", "reference",
+                  "ref", "gt", "base", "seed"}
+#: column aliases for metadata/parquet datasets
+ALIASES = {
+    "chain_id": ["chain_id", "chain", "chain_idx", "sequence", "sequence_id", "seq_id", "trajectory",
+                 "trajectory_id", "run", "run_id", "sample_id", "image_id", "img_id", "id"],
+    "step": ["step", "iteration", "iter", "round", "turn", "generation", "gen", "index", "t", "idx"],
+    "family": ["family", "model", "model_name", "generator", "editor", "method"],
+    "task": ["task", "task_type", "edit_type", "prompt_type", "category", "setting", "instruction"],
+    "source_image": ["source_image", "source", "original", "source_id", "image_name", "start_image"],
+}
+_NUM = re.compile(r"^(.*?)(\d+)$")
+
+
+class ChainLayoutError(ValueError):
+    """No chains could be inferred; the message lists what was seen."""
+
+
+@dataclass
+class Discovery:
+    """What ``discover_chains`` found."""
+
+    manifest: pd.DataFrame
+    layout: str
+    notes: list[str] = field(default_factory=list)
+    #: (path, reason) for every image file that is in no chain
+    unplaced: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """A short human-readable report (used by ``collapseguard chains ls``)."""
+        df = self.manifest
+        lines = [f"layout: {self.layout}",
+                 (f"chains: {df['chain_id'].nunique()}  images: {len(df)}  "
+                 f"source images: {df['source_image'].nunique()}")]
+        for col in ("family", "task"):
+            counts = df.groupby(col)["chain_id"].nunique().sort_values(ascending=False)
+            lines.append(f"{col + ' chains':<14}" + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+        steps = sorted(df["step"].unique())
+        lines.append(f"steps: {_ranges(steps)}")
+        per = df.groupby("chain_id")["step"].agg(["count", "max"])
+        lines.append(f"images per chain: {per['count'].min()}-{per['count'].max()}, "
+                     f"last step per chain: {per['max'].min()}-{per['max'].max()}")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        if self.unplaced:
+            lines.append(f"could not place {len(self.unplaced)} file(s):")
+            for p, why in self.unplaced[:20]:
+                lines.append(f"  {p}: {why}")
+            if len(self.unplaced) > 20:
+                lines.append(f"  ... and {len(self.unplaced) - 20} more")
+        return "\n".join(lines)
+
+
+def _ranges(values: list[int]) -> str:
+    if len(values) > 12:
+        return f"{len(values)} distinct, {values[0]}..{values[-1]}: " + ",".join(map(str, values[:12])) + ",..."
+    return ",".join(str(v) for v in values)
+
+
+def load_chains(path: str | Path, extract_dir: str | Path | None = None,
+                check_files: bool = True) -> pd.DataFrame:
+    """Load chains from any supported input (see module doc) as a validated manifest DataFrame."""
+    return discover_chains(path, extract_dir=extract_dir, check_files=check_files).manifest
+
+
+def discover_chains(path: str | Path, extract_dir: str | Path | None = None,
+                    check_files: bool = True, one_based: bool | None = None) -> Discovery:
+    """Find chains under ``path`` and say how (see module doc).
+
+    ``one_based``: when a chain has no step 0 and no original-named file but starts at step 1,
+    ``None`` (default) renumbers it from 0 and says so in ``notes``; ``False`` drops such chains
+    as unplaced; ``True`` always renumbers.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ChainLayoutError(f"{path} does not exist")
+    if path.is_file():
+        if path.suffix.lower() in (".csv", ".tsv", ".parquet"):
+            try:
+                return Discovery(read_manifest(path, check_files=check_files), "manifest file")
+            except ManifestError:
+                if path.suffix.lower() != ".parquet":
+                    raise
+                return _from_parquet([path], path.parent, extract_dir, one_based)
+        raise ChainLayoutError(f"{path}: expected a manifest (.csv/.tsv/.parquet) or a folder")
+    for name in (MANIFEST_NAME, "manifest.parquet"):
+        if (path / name).is_file():
+            return Discovery(read_manifest(path / name, check_files=check_files), f"manifest {name}")
+    for name in ("metadata.csv", "metadata.jsonl"):
+        meta = sorted(path.rglob(name))
+        if meta:
+            return _from_metadata(path, meta, one_based)
+    parquets = sorted(p for p in path.rglob("*.parquet") if not _hidden(p.relative_to(path)))
+    images = sorted(p for p in path.rglob("*") if p.is_file() and is_image_name(p.name)
+                    and not _hidden(p.relative_to(path)))
+    if images:
+        try:
+            return _from_folders(path, images, one_based)
+        except ChainLayoutError:
+            if not parquets:
+                raise
+    if parquets:
+        return _from_parquet(parquets, path, extract_dir, one_based)
+    raise ChainLayoutError(_seen(path, "no image, manifest, metadata or parquet files"))
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def _seen(root: Path, why: str, extra: list[str] | None = None) -> str:
+    """A message listing what is under ``root`` (for layouts that could not be read)."""
+    files = [p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root))]
+    exts = Counter(p.suffix.lower() or "(none)" for p in files)
+    dirs = sorted({p.parent.relative_to(root).as_posix() for p in files})
+    lines = [f"could not find replication chains under {root}: {why}.",
+             f"seen: {len(files)} file(s) in {len(dirs)} folder(s); by type: "
+             + (", ".join(f"{e} {n}" for e, n in exts.most_common(10)) or "none")]
+    lines += [f"  e.g. {p.relative_to(root).as_posix()}" for p in files[:12]]
+    lines += extra or []
+    lines.append("supported: a manifest (.csv/.parquet with chain_id, source_image, family, task, "
+                 "step, path); CHAIN/STEP.png folders (optionally under FAMILY/TASK/); flat "
+                 "CHAIN_STEP.png files; an imagefolder metadata.csv/jsonl with file_name + chain and "
+                 "step columns; Parquet with an image column plus chain and step columns.")
+    return "\n".join(lines)
+
+
+def parse_step(stem: str) -> tuple[str, int] | None:
+    """Split a file stem into (chain prefix, step) or None when it carries no step.
+
+    ``"012"`` -> ("", 12); ``"step_012"``/``"iter12"``/``"image_0012"`` -> ("", 12);
+    ``"cat_007"`` -> ("cat", 7); ``"original"`` -> ("", 0).
+    """
+    s = stem.strip()
+    if s.lower() in ORIGINAL_NAMES:
+        return "", 0
+    m = _NUM.match(s)
+    if not m:
+        return None
+    prefix = m.group(1).rstrip("_-. ")
+    step = int(m.group(2))
+    if prefix.lower() in STEP_WORDS:
+        prefix = ""
+    else:
+        # "cat_iter_7" -> chain "cat"
+        parts = re.split(r"[_\-. ]+", prefix)
+        if parts and parts[-1].lower() in STEP_WORDS and len(parts) > 1:
+            prefix = "_".join(parts[:-1])
+    return prefix, step
+
+
+def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
+            one_based: bool | None) -> pd.DataFrame:
+    """Group rows into chains: drop duplicate steps, fix or drop chains without step 0."""
+    by_chain: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_chain[r["chain_id"]].append(r)
+    out, renumbered = [], 0
+    for cid, rs in by_chain.items():
+        steps = Counter(r["step"] for r in rs)
+        dups = {s for s, n in steps.items() if n > 1}
+        if dups:
+            keep = []
+            for r in rs:
+                if r["step"] in dups:
+                    unplaced.append((r["path"], f"chain {cid} has step {r['step']} more than once"))
+                else:
+                    keep.append(r)
+            rs = keep
+        if len(rs) < 2:
+            unplaced += [(r["path"], f"chain {cid}: a chain needs at least two steps") for r in rs]
+            continue
+        if min(r["step"] for r in rs) != 0:
+            if one_based is False or min(r["step"] for r in rs) != 1:
+                unplaced += [(r["path"], f"chain {cid} has no step 0 (original)") for r in rs]
+                continue
+            for r in rs:
+                r["step"] -= 1
+            renumbered += 1
+        out += rs
+    if renumbered:
+        notes.append(f"{renumbered} chain(s) numbered from 1 without an original were renumbered "
+                     "from 0 (their first image is taken as the original)")
+    if not out:
+        raise ChainLayoutError("")
+    df = pd.DataFrame(out)
+    validate_manifest(df, check_files=False, where="discovered chains")
+    return df.sort_values(["family", "task", "chain_id", "step"], kind="stable").reset_index(drop=True)
+
+
+def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Discovery:
+    rows, unplaced, notes = [], [], []
+    kinds = Counter()
+    for p in images:
+        rel = p.relative_to(root)
+        parsed = parse_step(p.stem)
+        if parsed is None:
+            unplaced.append((rel.as_posix(), "no step number in the file name"))
+            continue
+        prefix, step = parsed
+        folders = list(rel.parent.parts)
+        if prefix:  # flat: CHAIN_STEP files; folders above are family/task
+            chain_name, above = prefix, folders
+            kinds["flat"] += 1
+        else:  # one folder per chain
+            if not folders:
+                unplaced.append((rel.as_posix(), ("a bare step number at the top level: put each "
+                                 "chain in its own folder")))
+                continue
+            chain_name, above = folders[-1], folders[:-1]
+            kinds["folder"] += 1
+        family = above[0] if above else "unknown"
+        task = "/".join(above[1:]) if len(above) > 1 else "unknown"
+        cid = "/".join(above + [chain_name])
+        # the same chain name under several family/task folders = the same start image
+        rows.append({"chain_id": cid, "source_image": chain_name, "family": family, "task": task,
+                     "step": step, "path": str(p.resolve()), "_rel": rel.as_posix()})
+    try:
+        df = _finish(rows, unplaced, notes, one_based)
+    except ChainLayoutError:
+        raise ChainLayoutError(_seen(root, "no folder or file group forms a chain with numbered steps",
+                                     [f"  unplaced {p}: {w}" for p, w in unplaced[:10]])) from None
+    depth = Counter(len(Path(r).parts) for r in df["_rel"])
+    df = df.drop(columns=["_rel"])
+    unplaced = [(p if not Path(p).is_absolute() else Path(p).relative_to(root).as_posix(), w)
+                for p, w in unplaced]
+    layout = " + ".join(f"{k} ({n} files)" for k, n in kinds.items())
+    layout = f"chain folders: {layout}; path depth {dict(depth)}"
+    if (df["family"] == "unknown").all():
+        notes.append("no family folders: family is 'unknown'")
+    return Discovery(df, layout, notes, unplaced)
+
+
+def _pick(columns: list[str], key: str) -> str | None:
+    lower = {c.lower(): c for c in columns}
+    for alias in ALIASES[key]:
+        if alias in lower:
+            return lower[alias]
+    return None
+
+
+def _rows_from_table(t: pd.DataFrame, where: str, path_of) -> tuple[list[dict], list[str]]:
+    """Map a metadata table to manifest rows; ``path_of(row)`` gives the image path."""
+    cols = list(t.columns)
+    step_c, chain_c = _pick(cols, "step"), _pick(cols, "chain_id")
+    fam_c, task_c, src_c = _pick(cols, "family"), _pick(cols, "task"), _pick(cols, "source_image")
+    notes = [(f"{where}: columns {cols}; using step={step_c}, chain={chain_c or src_c}, "
+             f"family={fam_c}, task={task_c}")]
+    if step_c is None or (chain_c is None and src_c is None):
+        raise ChainLayoutError(f"{where}: cannot tell chain and step apart; columns seen: {cols}. "
+                               f"Step columns tried: {ALIASES['step']}; chain columns tried: "
+                               f"{ALIASES['chain_id'] + ALIASES['source_image']}")
+    rows = []
+    for _, r in t.iterrows():
+        fam = str(r[fam_c]) if fam_c else "unknown"
+        task = str(r[task_c]) if task_c else "unknown"
+        chain = str(r[chain_c] if chain_c else r[src_c])
+        # the same image id may be replicated by several models / tasks: one chain each
+        cid = "/".join(x for x in (fam if fam_c else "", task if task_c else "", chain) if x)
+        step = pd.to_numeric(r[step_c], errors="coerce")
+        if pd.isna(step):
+            continue
+        rows.append({"chain_id": cid, "source_image": str(r[src_c]) if src_c else chain,
+                     "family": fam, "task": task, "step": int(step), "path": path_of(r)})
+    return rows, notes
+
+
+def _from_metadata(root: Path, metas: list[Path], one_based: bool | None) -> Discovery:
+    rows, notes, unplaced = [], [], []
+    for meta in metas:
+        if meta.suffix == ".csv":
+            t = pd.read_csv(meta, dtype=str)
+        else:
+            t = pd.DataFrame([json.loads(line) for line in meta.read_text().splitlines() if line.strip()])
+        if "file_name" not in t.columns:
+            raise ChainLayoutError(f"{meta}: an imagefolder metadata file needs a file_name column; "
+                                   f"columns seen: {list(t.columns)}")
+        base = meta.parent.resolve()
+
+        def path_of(r, base=base, meta=meta):
+            p = (base / str(r["file_name"])).resolve()
+            if base not in p.parents:
+                raise ChainLayoutError(f"{meta}: file_name {r['file_name']!r} points outside its folder")
+            return str(p)
+
+        r, n = _rows_from_table(t, meta.relative_to(root).as_posix(), path_of)
+        rows += r
+        notes += n
+    df = _finish(rows, unplaced, notes, one_based)
+    gone = [p for p in df["path"] if not Path(p).is_file()]
+    if gone:
+        raise ChainLayoutError(f"metadata names {len(gone)} missing file(s), e.g. {gone[:3]}")
+    return Discovery(df, "imagefolder metadata", notes, unplaced)
+
+
+def _image_column(t) -> str | None:
+    import pyarrow as pa
+    for name, typ in zip(t.schema.names, t.schema.types):
+        if pa.types.is_struct(typ) and "bytes" in [f.name for f in typ]:
+            return name
+        if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+            return name
+    return None
+
+
+def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | None) -> Discovery:
+    """Read a Hugging Face Parquet dataset; extract image bytes to ``extract_dir`` (once)."""
+    import pyarrow.parquet as pq
+
+    extract = Path(extract_dir) if extract_dir else root / ".collapseguard_extracted"
+    rows, notes, unplaced, seen = [], [], [], []
+    for f in files:
+        t = pq.read_table(f)
+        img_c = _image_column(t)
+        seen.append(f"  {f.relative_to(root).as_posix() if root in f.parents else f}: "
+                    f"{t.num_rows} rows, columns {t.schema.names}")
+        if img_c is None:
+            continue
+        meta = t.drop_columns([img_c]).to_pandas()
+        col = t.column(img_c).to_pylist()
+        out_dir = extract / f.stem
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+        def path_of(r, col=col, out_dir=out_dir, f=f):
+            i = int(r.name)
+            v = col[i]
+            data = v.get("bytes") if isinstance(v, dict) else v
+            if not data:
+                raise ChainLayoutError(f"{f}: row {i} has no image bytes")
+            ext = _sniff(data)
+            p = out_dir / f"{i:07d}.{ext}"
+            if not p.is_file() or p.stat().st_size != len(data):
+                tmp = p.with_suffix(".tmp")
+                tmp.write_bytes(data)
+                tmp.replace(p)
+            return str(p.resolve())
+
+        try:
+            r, n = _rows_from_table(meta, f.name, path_of)
+        except ChainLayoutError as e:
+            raise ChainLayoutError(f"{e}\nparquet files seen:\n" + "\n".join(seen)) from None
+        rows += r
+        notes += n
+    if not rows:
+        raise ChainLayoutError(_seen(root, "parquet files hold no image column", seen))
+    notes.append(f"images extracted to {extract}")
+    df = _finish(rows, unplaced, notes, one_based)
+    return Discovery(df, "parquet dataset", notes, unplaced)
+
+
+def _sniff(data: bytes) -> str:
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return "bin"
