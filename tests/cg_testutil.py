@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
+from pathlib import Path
 
 import numpy as np
+
+from collapseguard.images import encode_jpeg
 
 
 def add_member(tf: tarfile.TarFile, name: str, data: bytes, mtime: int = 1_700_000_000) -> None:
@@ -37,3 +41,19 @@ def degrade(img: np.ndarray, rounds: int = 6, seed: int = 0) -> np.ndarray:
         x[..., 1] += 1.5
         x = np.clip(x, 0, 255)
     return x.astype(np.uint8)
+
+
+def make_shard(path: Path, photos, *, degraded=True, extra=(), start=0) -> list[tuple[str, bytes]]:
+    """A shard of clean + degraded photos (jpg + txt + json per sample) with captions and json; returns its members."""
+    members = []
+    for i, img in enumerate(photos):
+        for deg in ((0, 1) if degraded else (0,)):
+            key = f"{path.stem}_{start + i:04d}_{deg}"
+            im = degrade(img, seed=i) if deg else img
+            members += [(f"{key}.jpg", encode_jpeg(im, 92)), (f"{key}.txt", f"caption {i}".encode()),
+                        (f"{key}.json", json.dumps({"i": i, "deg": deg}).encode())]
+    members += list(extra)
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            add_member(tf, name, data)
+    return members

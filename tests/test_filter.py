@@ -17,27 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from cg_testutil import add_member, degrade, read_members
+from cg_testutil import degrade, make_shard, read_members
 
 from collapseguard.cli import main
 from collapseguard.filter.inputs import InputError, expand_inputs, expand_pattern
 from collapseguard.images import encode_jpeg, encode_png
-
-
-def make_shard(path: Path, photos, *, degraded=True, extra=(), start=0) -> list[tuple[str, bytes]]:
-    """A shard of clean + degraded photos with captions and json; returns its members."""
-    members = []
-    for i, img in enumerate(photos):
-        for deg in ((0, 1) if degraded else (0,)):
-            key = f"{path.stem}_{start + i:04d}_{deg}"
-            im = degrade(img, seed=i) if deg else img
-            members += [(f"{key}.jpg", encode_jpeg(im, 92)), (f"{key}.txt", f"caption {i}".encode()),
-                        (f"{key}.json", json.dumps({"i": i, "deg": deg}).encode())]
-    members += list(extra)
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            add_member(tf, name, data)
-    return members
 
 
 def run_cli(args, expect=0):
