@@ -140,6 +140,8 @@ class VLMJudge(Detector):
             if not isinstance(torch_dtype, torch.dtype):
                 raise DetectorError(f"unknown torch dtype {dtype!r}")
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        if str(self.device).startswith("cuda"):
+            extra["device_map"] = self.device  # load straight onto the GPU (no 16 GB CPU copy)
         try:
             self.processor = AutoProcessor.from_pretrained(src, **load_kw)
             self.model = cls.from_pretrained(src, dtype=torch_dtype, **load_kw, **extra)
