@@ -131,6 +131,7 @@ class EnsembleDetector(Detector):
         nan_policy: ``"propagate"`` (any member NaN -> NaN) or ``"omit"``.
         member_kwargs: ``{member name: kwargs}`` passed to ``create`` for that member.
         members: already-created detectors to use instead of creating them from ``spec``.
+        trust_pickle: passed on to members that load pickles (``rali:``), as ``--trust-pickle``.
     """
 
     description = "ensemble of detectors on a common calibrated scale"
@@ -144,6 +145,7 @@ class EnsembleDetector(Detector):
         nan_policy: str = "propagate",
         member_kwargs: Mapping[str, dict] | None = None,
         members: Sequence[Detector] | None = None,
+        trust_pickle: bool = False,
     ):
         names = [p.strip() for p in str(spec).split("+")]
         if len(names) < 2 or any(not n for n in names):
@@ -158,6 +160,11 @@ class EnsembleDetector(Detector):
         unknown = set(member_kwargs) - set(names)
         if unknown:
             raise DetectorError(f"member_kwargs for detectors not in the ensemble: {sorted(unknown)}")
+        if trust_pickle:
+            for n in names:
+                if n.startswith("rali:"):
+                    member_kwargs.setdefault(n, {})
+                    member_kwargs[n] = {"trust_pickle": True, **member_kwargs[n]}
         if members is not None:
             if len(members) != len(names):
                 raise DetectorError("members must match the names in the spec one to one")
