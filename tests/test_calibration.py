@@ -218,6 +218,7 @@ def test_clean_steps_and_fr_target_labels():
     assert label_clean(t, "step", [0, 1]).tolist() == [True, True, False, False, True]
     assert label_clean(t, "fr:ssim", [0]).tolist() == [True, True, False, False, True]
     assert label_clean(t, "fr:ssim<0.8", [0]).tolist() == [True, True, True, False, True]
+    assert label_clean(t, "fr:ssim:0.8", [0]).tolist() == [True, True, True, False, True]
     with pytest.raises(ValueError):
         label_clean(t, "fr:lpips", [0])
 

@@ -37,12 +37,12 @@ FR_MEASURES = {"ssim": 0.90, "psnr": 30.0}
 
 def parse_target(target: str) -> tuple[str, str | None, float | None]:
     """``"step"`` -> ("step", None, None); ``"fr:ssim"`` / ``"fr:ssim<0.85"`` / ``"fr:psnr<28"`` ->
-    ("fr", measure, level). An image is *degraded* when its measure against the chain's step-0
+    ("fr", measure, level); ``"fr:ssim:0.85"`` is the same without shell quoting. An image is *degraded* when its measure against the chain's step-0
     image is below the level (defaults: SSIM 0.90, PSNR 30 dB)."""
     t = (target or "step").strip()
     if t == "step":
         return "step", None, None
-    m = re.fullmatch(r"fr:(ssim|psnr)(?:<([0-9]*\.?[0-9]+))?", t)
+    m = re.fullmatch(r"fr:(ssim|psnr)(?:[<:]([0-9]*\.?[0-9]+))?", t)
     if not m:
         raise ValueError(f"unknown target {target!r}; use 'step', 'fr:ssim', 'fr:ssim<0.85' or 'fr:psnr<30'")
     measure = m.group(1)

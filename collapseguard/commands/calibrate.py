@@ -35,7 +35,8 @@ def _steps(text: str) -> list[int]:
                    "Files named NAME__x.png count as variants of one source NAME.")
 @click.option("--target", default="step", show_default=True,
               help="Truth of degradation: 'step', or 'fr:ssim' / 'fr:ssim<0.85' / 'fr:psnr<30' "
-                   "(full-reference similarity to the chain's step-0 image below the level).")
+                   "(full-reference similarity to the chain's step-0 image below the level; "
+                   "defaults SSIM 0.90, PSNR 30 dB; 'fr:ssim:0.85' avoids shell quoting).")
 @click.option("--holdout", type=float, default=0.3, show_default=True,
               help="Share of source images held out for the drop curve (split by source image).")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,
