@@ -23,14 +23,15 @@ class NoiseTint(Replicator):
         hue = rng.normal(115.0, 35.0) if rng.random() < 0.75 else rng.uniform(0.0, 360.0)
         return {
             "strength": log_uniform(rng, 0.6, 1.7),
-            "noise_sigma": log_uniform(rng, 0.5, 1.8),     # fresh grain per step (8-bit levels)
+            "noise_sigma": log_uniform(rng, 0.8, 2.4),     # fresh grain per step (8-bit levels)
             "grain": float(rng.choice([0.0, rng.uniform(0.3, 1.4)])),  # grain blur (px)
             "low_freq": float(rng.uniform(0.0, 0.6) if rng.random() < 0.4 else 0.0),
             "chroma": float(rng.uniform(0.0, 0.7)),
             "noise_colour": [float(v) for v in np.clip(1 + rng.normal(0, 0.25, 3), 0.4, 1.6)],
-            "resmooth": float(rng.uniform(0.25, 0.7)),      # re-render softening (px)
-            "sharpen_radius": float(rng.uniform(0.6, 1.8)),
-            "sharpen_amount": log_uniform(rng, 0.1, 0.35),
+            "resmooth": float(rng.uniform(0.0, 0.4)),       # re-render softening (px), restored below
+            "sharpen_radius": float(rng.uniform(0.5, 1.4)),
+            "halo_limit": log_uniform(rng, 6.0, 40.0),     # edges' halos grow only this far
+            "sharpen_amount": log_uniform(rng, 0.15, 0.45),
             "tint_hue_deg": float(hue % 360),
             "tint_rate": log_uniform(rng, 0.0008, 0.004),   # per-step channel-gain change
             "contrast_rate": float(rng.uniform(-0.002, 0.004)),
@@ -40,8 +41,10 @@ class NoiseTint(Replicator):
         p, s = self.params, self.params["strength"]
         x = image.astype(np.float32)
         h, w = x.shape[:2]
-        x = ops.blur(x, p["resmooth"])
-        x = ops.unsharp(x, p["sharpen_radius"], p["sharpen_amount"] * s + 0.5 * p["resmooth"])
+        if p["resmooth"] > 0:  # the re-render softens, then restores edges (not grain)
+            soft = ops.blur(x, p["resmooth"])
+            x = soft + (x - soft) * (1 - np.exp(-np.abs(x - soft) / 3.0))
+        x = ops.unsharp(x, p["sharpen_radius"], p["sharpen_amount"] * s, limit=p["halo_limit"])
         noise = ops.coloured_noise(rng, (h, w), p["grain"], p["chroma"],
                                    np.asarray(p["noise_colour"]), p["low_freq"])
         x = x + noise * (p["noise_sigma"] * s)

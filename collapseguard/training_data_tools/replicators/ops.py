@@ -17,11 +17,18 @@ def blur(x: np.ndarray, sigma: float) -> np.ndarray:
     return ndimage.gaussian_filter(x, sig, mode="reflect", truncate=3.0)
 
 
-def unsharp(x: np.ndarray, radius: float, amount: float) -> np.ndarray:
-    """Unsharp mask: ``x + amount * (x - blur(x, radius))``."""
+def unsharp(x: np.ndarray, radius: float, amount: float, limit: float | None = None) -> np.ndarray:
+    """Unsharp mask: ``x + amount * (x - blur(x, radius))``.
+
+    ``limit`` (8-bit levels) soft-clips the detail term, ``d / (1 + |d| / limit)``, so small
+    detail (grain, dots) is amplified fully while large edges do not grow ever-wider halos.
+    """
     if amount == 0:
         return x
-    return x + amount * (x - blur(x, radius))
+    d = x - blur(x, radius)
+    if limit:
+        d = d / (1 + np.abs(d) / limit)
+    return x + amount * d
 
 
 def luma(x: np.ndarray) -> np.ndarray:

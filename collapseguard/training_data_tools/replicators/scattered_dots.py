@@ -1,8 +1,9 @@
 """Scattered dots (FLUX.2-like): small specks that appear with every re-render and stay.
 
 Each step sprinkles a few new dots (per-chain size, density, polarity, colour, contrast and
-placement preference: anywhere, flat areas, or textured areas) and applies a mild sharpening that
-reinforces the dots of earlier steps, so they accumulate rather than wash out.
+placement preference: anywhere, flat areas, or textured areas). The dots of earlier steps are
+re-drawn too, a little stronger (``reinforce``), as a model that takes its own specks for image
+content would; a light softening keeps them from being perfectly crisp.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ class ScatteredDots(Replicator):
         colour = (np.ones(3) if rng.random() < 0.5 else np.clip(rng.uniform(0.2, 1.0, 3), 0, 1))
         return {
             "strength": log_uniform(rng, 0.6, 1.7),
-            "density": log_uniform(rng, 40.0, 600.0),        # new dots per megapixel per step
-            "radius": log_uniform(rng, 0.5, 2.2),            # gaussian sigma of a dot (px)
-            "contrast": log_uniform(rng, 12.0, 60.0),        # peak amplitude (8-bit levels)
+            "density": log_uniform(rng, 100.0, 1000.0),        # new dots per megapixel per step
+            "radius": log_uniform(rng, 0.6, 2.5),            # gaussian sigma of a dot (px)
+            "contrast": log_uniform(rng, 35.0, 110.0),        # peak amplitude (8-bit levels)
             "polarity": str(rng.choice(["dark", "light", "both"])),
             "colour": [float(v) for v in colour / colour.max()],
             "placement": str(rng.choice(["uniform", "flat", "textured"])),
-            "reinforce": float(rng.uniform(0.0, 0.25)),      # unsharp gain that grows old dots
+            "reinforce": float(rng.uniform(0.02, 0.12)),      # per-step growth of older dots
             "soften": float(rng.uniform(0.0, 0.35)),
         }
 
@@ -36,7 +37,12 @@ class ScatteredDots(Replicator):
         x = image.astype(np.float32)
         h, w = x.shape[:2]
         x = ops.blur(x, p["soften"])
-        x = ops.unsharp(x, p["radius"] * 1.5 + 0.5, p["reinforce"] * s + p["soften"])
+        x = ops.unsharp(x, 0.8, p["soften"], limit=4.0)  # the re-render keeps its sharpness
+        layer = getattr(self, "_layer", None)
+        if layer is not None and layer.shape == (h, w, 3):
+            x = x + layer * (p["reinforce"] * s)  # older dots grow a little
+        else:
+            layer = np.zeros((h, w, 3), np.float32)
         n = rng.poisson(p["density"] * s * h * w / 1e6)
         if n:
             if p["placement"] == "uniform":
@@ -54,5 +60,8 @@ class ScatteredDots(Replicator):
             np.add.at(imp, idx, amp)
             sig = p["radius"]
             dots = ops.blur(imp.reshape(h, w), sig) * (2 * np.pi * sig * sig)
-            x = x + dots[..., None] * np.asarray(p["colour"], np.float32)[None, None, :]
+            new = dots[..., None] * np.asarray(p["colour"], np.float32)[None, None, :]
+            x = x + new
+            layer = layer + new
+        self._layer = layer
         return x

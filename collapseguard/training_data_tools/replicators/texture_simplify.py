@@ -30,7 +30,7 @@ class TextureSimplify(Replicator):
             "resample": float(rng.uniform(0.8, 0.97) if rng.random() < 0.5 else 1.0),
             "quant_step": float(rng.uniform(6.0, 24.0)),     # palette grid spacing (levels)
             "quant_pull": float(rng.uniform(0.0, 0.1)),     # pull toward the grid per step
-            "saturation_rate": float(rng.uniform(0.0, 0.02)),
+            "saturation_rate": float(rng.uniform(0.0, 0.012)),
             "contrast_rate": float(rng.uniform(-0.002, 0.008)),
             "edge_sharpen": float(rng.uniform(0.0, 0.15)),
         }

@@ -1,0 +1,140 @@
+"""``collapseguard chains``: list, make, export and look at replication chains."""
+
+from __future__ import annotations
+
+import click
+
+
+def _int_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+@click.group()
+def chains():
+    """Replication chains: list real ones, make simulated ones, export, view."""
+
+
+@chains.command("ls")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--extract-dir", type=click.Path(), default=None,
+              help="Where to extract images of a Parquet dataset (default PATH/.collapseguard_extracted).")
+@click.option("--one-based/--no-one-based", default=None,
+              help="Chains numbered from 1 with no original: renumber (default: yes, with a note) or drop.")
+@click.option("--manifest-out", type=click.Path(), default=None,
+              help="Also write what was found as a manifest (.csv or .parquet).")
+def ls_cmd(path, extract_dir, one_based, manifest_out):
+    """Show the chains found in PATH: a manifest, a chains folder, or a Banana100 download.
+
+    Prints the inferred layout, chains, families, tasks, steps, image count and every file that
+    could not be placed in a chain (with the reason).
+    """
+    from collapseguard.training_data_tools.loaders import (
+        ChainLayoutError,
+        discover_chains,
+    )
+    from collapseguard.training_data_tools.manifest import ManifestError, write_manifest
+
+    try:
+        d = discover_chains(path, extract_dir=extract_dir, one_based=one_based)
+    except (ChainLayoutError, ManifestError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(d.summary())
+    if manifest_out:
+        write_manifest(d.manifest, manifest_out)
+        click.echo(f"manifest written to {manifest_out}")
+
+
+@chains.command("make")
+@click.option("--sources", default="bundled,art:24", show_default=True,
+              help="Comma-separated: bundled | art:N[:MIN-MAX] | folder:PATH | shards:GLOB | a folder | a .tar.")
+@click.option("--families", default=None,
+              help="Comma-separated replicator families (default: all; see `chains families`).")
+@click.option("--steps", default=100, show_default=True, type=int, help="Steps per chain.")
+@click.option("--keep", default="0,1,2,3,5,10,20,30,50,100", show_default=True,
+              help="Steps to write (step 0, the source, is always written).")
+@click.option("--repeats", default=1, show_default=True, type=int,
+              help="Chains per (source, family), each with freshly drawn parameters.")
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Output folder.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--workers", default=2, show_default=True, type=int, help="Worker processes.")
+@click.option("--max-sources", default=None, type=int, help="Use at most this many sources.")
+@click.option("--progress/--no-progress", default=True)
+def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, max_sources, progress):
+    """Make simulated replication chains: PNGs under OUT/<family>/<chain>/ plus OUT/manifest.csv."""
+    import itertools
+
+    from collapseguard.training_data_tools.chains import make_chains
+    from collapseguard.training_data_tools.replicators import ReplicatorError
+    from collapseguard.training_data_tools.sources import SourceError, resolve_sources
+
+    fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
+    try:
+        src = resolve_sources(sources, seed=seed)
+        if max_sources:
+            src = itertools.islice(src, max_sources)
+        df = make_chains(src, fams, steps=steps, keep=_int_list(keep) or [0], out_dir=out_dir,
+                         seed=seed, workers=workers, progress=progress, repeats=repeats)
+    except (SourceError, ReplicatorError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
+               f"{sorted(df['family'].unique())} -> {out_dir}/manifest.csv")
+
+
+@chains.command("families")
+def families_cmd():
+    """List the replicator families."""
+    from collapseguard.training_data_tools.replicators import (
+        list_families,
+        replicator_class,
+    )
+
+    for f in list_families():
+        click.echo(f"{f:<18} {replicator_class(f).description}")
+
+
+@chains.command("export")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Folder for the shards.")
+@click.option("--maxcount", default=1000, show_default=True, type=int, help="Samples per shard.")
+@click.option("--prefix", default="chains", show_default=True, help="Shard file name prefix.")
+@click.option("--shuffle-seed", default=None, type=int, help="Shuffle samples across shards.")
+def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
+    """Write the chains in PATH as WebDataset shards (image bytes + json with chain, family, task, step)."""
+    from collapseguard.training_data_tools.export import export_shards
+    from collapseguard.training_data_tools.loaders import ChainLayoutError
+    from collapseguard.training_data_tools.manifest import ManifestError
+
+    try:
+        paths = export_shards(path, out_dir, maxcount=maxcount, prefix=prefix, shuffle_seed=shuffle_seed)
+    except (ChainLayoutError, ManifestError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{len(paths)} shard(s) -> {out_dir}")
+
+
+@chains.command("sheet")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--out", required=True, type=click.Path(), help="Output PNG.")
+@click.option("--crop", default=160, show_default=True, type=int, help="Crop side in pixels (native resolution).")
+@click.option("--steps", default=None, help="Comma-separated steps to show (default: all kept).")
+@click.option("--max-chains", default=16, show_default=True, type=int, help="Rows (spread over families).")
+@click.option("--families", default=None, help="Comma-separated families to show.")
+@click.option("--where", type=click.Choice(["detail", "centre"]), default="detail", show_default=True,
+              help="Crop where step 0 has the most detail, or at the centre.")
+def sheet_cmd(path, out, crop, steps, max_chains, families, where):
+    """Contact sheet of the chains in PATH: rows = chains, columns = steps, native-resolution crops."""
+    from collapseguard.training_data_tools.loaders import ChainLayoutError
+    from collapseguard.training_data_tools.manifest import ManifestError
+    from collapseguard.training_data_tools.sheet import contact_sheet
+
+    fams = [f.strip() for f in families.split(",")] if families else None
+    try:
+        p = contact_sheet(path, out, crop=crop, steps=_int_list(steps), max_chains=max_chains,
+                          families=fams, where=where)
+    except (ChainLayoutError, ManifestError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"contact sheet -> {p}")
