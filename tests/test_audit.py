@@ -253,7 +253,7 @@ def test_sample_scores_only_the_sample(dataset, tmp_path):
     again = run_audit(inputs, tmp_path / "b", opts, quiet=True)
     other = run_audit(inputs, tmp_path / "c", AuditOptions(
         detector="test-count", threshold=100.0, sample=5, seed=4, gallery_size=2), quiet=True)
-    keys = lambda d: set(pd.read_parquet(Path(d) / "scores.parquet")["key"])  # noqa: E731
+    keys = lambda d: set(pd.read_parquet(Path(d) / "scores.parquet")["key"])
     assert again["samples"] == 5 and keys(tmp_path / "b") == keys(tmp_path / "a")
     assert other["samples"] == 5 and keys(tmp_path / "c") != keys(tmp_path / "a")
 
@@ -273,6 +273,10 @@ def test_cli_summary_table_and_errors(dataset, tmp_path):
     assert res.exit_code != 0 and "--threshold" in res.output and not (tmp_path / "x").exists()
     with pytest.raises(AuditError):
         run_audit(inputs[:1], tmp_path / "y", AuditOptions(detector="nss"), quiet=True)
+    # a compared detector that does not exist fails before anything is scored or written
+    res = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(tmp_path / "w"), "-d", "nss",
+                                    "--threshold", "1", "--compare", "no-such-metric", "-w", "2"])
+    assert res.exit_code != 0 and "no-such-metric" in res.output and not (tmp_path / "w").exists()
     res = CliRunner().invoke(main, ["audit", str(tmp_path / "missing.tar"), "--out",
                                     str(tmp_path / "z"), "-d", "nss", "--threshold", "1"])
     assert res.exit_code != 0 and "missing.tar" in res.output

@@ -15,6 +15,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,14 +70,19 @@ class Chromium:
                 f"--user-data-dir={self._profile}", "--remote-debugging-pipe",
                 f"--window-size={self.width},{self.height}", "about:blank"]
 
-        def child_fds():  # runs in the child: the protocol pipe must be fds 3 (in) and 4 (out)
-            os.dup2(to_chrome_r, 3)
-            os.dup2(from_chrome_w, 4)
-
+        # the protocol pipe must be fds 3 (chromium reads) and 4 (chromium writes) in chromium;
+        # a tiny Python trampoline moves them there and execs it (no preexec_fn, no fd leaks)
+        trampoline = ("import fcntl,os,sys\n"
+                      "r,w=int(sys.argv[1]),int(sys.argv[2])\n"
+                      "a=fcntl.fcntl(r,fcntl.F_DUPFD,10);b=fcntl.fcntl(w,fcntl.F_DUPFD,10)\n"
+                      "os.close(r);os.close(w)\n"
+                      "os.dup2(a,3);os.dup2(b,4);os.close(a);os.close(b)\n"
+                      "os.execv(sys.argv[3],sys.argv[3:])")
         try:
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, pass_fds=(3, 4),
-                                         preexec_fn=child_fds)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", trampoline, str(to_chrome_r), str(from_chrome_w), *args],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(to_chrome_r, from_chrome_w))
         except OSError as exc:
             raise BrowserError(f"cannot start {self.executable}: {exc}") from None
         finally:

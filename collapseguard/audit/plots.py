@@ -42,7 +42,7 @@ def score_histogram(scores, threshold: float, detector: str) -> bytes:
                 color=[KEPT, FLAGGED], label=["kept", "flagged"])
         ax.axvline(threshold, color="black", linestyle="--", linewidth=1.2,
                    label=f"threshold {threshold:.4g}")
-        ax.legend(frameon=False, fontsize=9)
+        ax.legend(frameon=False, fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3)
     else:
         ax.text(0.5, 0.5, "no image could be scored", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel(f"{detector} score (higher = more degraded)")
@@ -64,7 +64,7 @@ def step_histogram(steps, flagged) -> bytes:
         bins = np.linspace(0, hi, int(min(40, max(10, hi * 2))) + 1)
         ax.hist([st[ok & ~fl], st[ok & fl]], bins=bins, stacked=True, color=[KEPT, FLAGGED],
                 label=["kept", "flagged"])
-        ax.legend(frameon=False, fontsize=9)
+        ax.legend(frameon=False, fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     ax.set_xlabel("estimated replication step (0 = looks like an original)")
     ax.set_ylabel("images")
     ax.spines[["top", "right"]].set_visible(False)
@@ -78,20 +78,21 @@ def compare_scatter(main, other, t_main: float, t_other: float, main_name: str, 
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     fa, fb = a > t_main, b > t_other
-    fig = Figure(figsize=(5.2, 4.0))
+    fig = Figure(figsize=(7.2, 4.0))
     ax = fig.add_subplot()
     groups = [(~fa & ~fb, "#9aa5b1", "both call it fine"), (fa & fb, "#7b3294", "both flag"),
               (fa & ~fb, FLAGGED, f"only {main_name} flags"), (~fa & fb, "#e69f00", f"only {other_name} flags")]
     for m, c, label in groups:
         if m.any():
-            ax.scatter(a[m], b[m], s=10, color=c, label=f"{label} ({int(m.sum())})", alpha=0.8,
+            ax.scatter(a[m], b[m], s=22, color=c, label=f"{label} ({int(m.sum())})", alpha=0.8,
                        linewidths=0)
     if np.isfinite(t_main):
         ax.axvline(t_main, color="black", linestyle="--", linewidth=1)
     if np.isfinite(t_other):
         ax.axhline(t_other, color="black", linestyle=":", linewidth=1)
+    ax.set_title("dashed: thresholds (the compared one percentile-matched)", fontsize=9, loc="left")
     ax.set_xlabel(f"{main_name} score")
     ax.set_ylabel(f"{other_name} score")
-    ax.legend(frameon=False, fontsize=8, loc="best")
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.spines[["top", "right"]].set_visible(False)
     return _png(fig)

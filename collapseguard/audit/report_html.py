@@ -37,7 +37,7 @@ th{background:#f1f3f6;position:sticky;top:0}
 td.l,th.l{text-align:left;overflow-wrap:anywhere;max-width:420px}
 .bar{display:inline-block;height:9px;background:#d6452c;border-radius:2px;vertical-align:middle}
 .grid{display:flex;flex-wrap:wrap;gap:12px}
-figure.card{margin:0;border:1px solid #dfe3e8;border-radius:7px;padding:8px;background:#fbfbfc;width:480px;box-sizing:border-box}
+figure.card{margin:0;border:1px solid #dfe3e8;border-radius:7px;padding:8px;background:#fbfbfc;flex:1 1 480px;max-width:560px;box-sizing:border-box}
 figure.card.flagged{border-color:#e3a29b;background:#fff8f7}
 .imgs{display:flex;gap:8px;align-items:flex-start}
 .thumb{max-width:200px;max-height:200px;border-radius:3px}

@@ -100,8 +100,6 @@ def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
 def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quiet: bool):
     """Score through the filter's ``run_score`` (one detector, the same reading and engines)."""
     obj = det if options.workers <= 1 else None
-    if obj is None and options.workers <= 1:
-        obj = _create(name, kwargs)
     df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
                              detector_kwargs=kwargs, select=select)
     df["score"] = pd.to_numeric(df["score"], errors="coerce").astype(np.float64)
@@ -171,6 +169,11 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     except NoThresholdError as exc:
         raise AuditError(str(exc).replace(", or --drop-fraction F (an uncalibrated percentile cut)",
                                           "")) from None
+    # compared detectors are created up front: a bad name fails before any scoring
+    others = {}
+    for name in options.compare:
+        if name != det.name and name not in others:
+            others[name] = _create(name, tuple(options.compare_kwargs.get(name, ())))
     select, population = None, None
     if options.sample:
         _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from tar headers",
@@ -188,16 +191,13 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     df["probability"] = cal.probability(s) if has_prob else np.full(len(df), np.nan)
 
     comparisons = []
-    for name in options.compare:
-        if name == det.name:
-            continue
+    for name, other_det in others.items():
         _log(f"scoring with {name} (--compare)", quiet)
-        odf, ofail = _score(inputs, name, None, tuple(options.compare_kwargs.get(name, ())), options,
-                            select, quiet)
+        odf, ofail = _score(inputs, name, other_det, tuple(options.compare_kwargs.get(name, ())),
+                            options, select, quiet)
         failures += [f"[{name}] {f}" for f in ofail]
         other = align_scores(df, odf)
-        version = str(odf["detector_version"].iloc[0]) if len(odf) else ""
-        c = stats.compare(s, threshold, other, name, version)
+        c = stats.compare(s, threshold, other, name, str(other_det.version))
         df[f"score:{name}"] = other
         df[f"flagged:{name}"] = is_dropped(other, c.threshold) if np.isfinite(c.threshold) else False
         comparisons.append(c)

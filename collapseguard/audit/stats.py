@@ -171,4 +171,4 @@ def quantiles(values, qs=(0.1, 0.25, 0.5, 0.75, 0.9)) -> dict:
     v = v[np.isfinite(v)]
     if not len(v):
         return {}
-    return {f"p{int(round(q * 100))}": float(np.quantile(v, q)) for q in qs}
+    return {f"p{round(q * 100)}": float(np.quantile(v, q)) for q in qs}
