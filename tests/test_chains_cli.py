@@ -2,6 +2,7 @@
 
 import json
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,7 +80,7 @@ def test_export_writes_shards_with_metadata(chains_dir, tmp_path):
         meta = json.loads(parts["json"])
         assert {"chain_id", "family", "task", "step", "source_image"} <= set(meta)
         assert isinstance(meta["params"], dict)
-        assert parts["png"] == open(want[key], "rb").read()  # bytes copied, not re-encoded
+        assert parts["png"] == Path(want[key]).read_bytes()  # bytes copied, not re-encoded
     with pytest.raises(ValueError, match="prefix"):
         export_shards(df, tmp_path, prefix="../x")
 

@@ -96,3 +96,18 @@ def shift_hue_saturation(x: np.ndarray, saturation: float) -> np.ndarray:
 def to_uint8_image(x: np.ndarray) -> np.ndarray:
     """Round and clip a float image (0..255 scale) to uint8."""
     return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def guided_smooth(x: np.ndarray, radius: int, eps: float) -> np.ndarray:
+    """Self-guided filter (He et al.) per channel: flattens texture whose local variance is below
+    ``eps`` (8-bit levels squared) within a ``(2 radius + 1)`` window, keeps strong edges."""
+    size = (2 * radius + 1, 2 * radius + 1) + (1,) * (x.ndim - 2)
+
+    def box(a):
+        return ndimage.uniform_filter(a, size, mode="reflect")
+
+    mean = box(x)
+    var = np.maximum(box(x * x) - mean * mean, 0)
+    a = var / (var + eps)
+    b = mean - a * mean
+    return box(a) * x + box(b)
