@@ -304,3 +304,21 @@ def test_detail_crop_is_native_and_finds_texture():
     crop, (y, x) = gallery.detail_crop(small_img, 128)
     np.testing.assert_array_equal(crop, small_img)  # smaller than the crop: shown whole, not padded
     assert max(gallery.thumbnail(img, 100).shape[:2]) == 100
+
+
+def test_select_travels_to_workers_and_skips_before_decoding(dataset):
+    """The sampling predicate is picklable (worker processes get it with each shard task), and a
+    shard task that carries it yields rows only for the samples it accepts."""
+    import pickle
+
+    from collapseguard.filter.score_run import plan_score_tasks, score_task
+    _, inputs, _ = dataset
+    sel, _ = choose_sample(inputs, 4, seed=1)
+    tasks = pickle.loads(pickle.dumps(plan_score_tasks(inputs, sel)))
+    CountingDetector.seen = 0
+    rows = [r for t in tasks for r in score_task(t, CountingDetector())]
+    chosen = {(s, k) for s, k in list_samples(inputs) if sel(s, k)}
+    assert {(r["source"], r["key"]) for r in rows} == chosen and len(rows) == 4
+    assert CountingDetector.seen == sum(1 for r in rows if not r["error"])
+    # without a predicate the tasks are the filter's plain ones
+    assert all(len(t) == 2 for t in plan_score_tasks(inputs))
