@@ -166,3 +166,19 @@ def test_duplicate_steps_are_reported(tmp_path):
     d = discover_chains(tmp_path)
     assert list(d.manifest["step"]) == [0, 1]
     assert sorted(p for p, _ in d.unplaced) == ["c/2.jpg", "c/2.png"]
+
+
+def test_parquet_without_step_columns_uses_stored_file_names(tmp_path):
+    root = tmp_path / "ds"
+    (root / "data").mkdir(parents=True)
+    recs = [{"image": {"bytes": _png_bytes(s), "path": f"pro/edit/chain{c}/iter_{s:03d}.png"}, "caption": "x"}
+            for c in (1, 2) for s in range(3)]
+    recs.append({"image": {"bytes": _png_bytes(9), "path": "../../evil/readme.png"}, "caption": "y"})
+    pq.write_table(pa.Table.from_pylist(recs), root / "data" / "train-00000.parquet")
+    d = discover_chains(root, extract_dir=tmp_path / "x")
+    df = d.manifest
+    assert sorted(df["chain_id"].unique()) == ["pro/edit/chain1", "pro/edit/chain2"]
+    assert set(df["family"]) == {"pro"} and set(df["task"]) == {"edit"}
+    assert [p for p, _ in d.unplaced] == ["evil/readme.png"]
+    assert all(str(tmp_path / "x") in p for p in df["path"])
+    assert any("stored image file names" in n for n in d.notes)

@@ -24,7 +24,7 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
@@ -231,12 +231,11 @@ def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
     return df.sort_values(["family", "task", "chain_id", "step"], kind="stable").reset_index(drop=True)
 
 
-def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Discovery:
-    rows, unplaced, notes = [], [], []
-    kinds = Counter()
-    for p in images:
-        rel = p.relative_to(root)
-        parsed = parse_step(p.stem)
+def _rows_from_names(items: list[tuple[PurePosixPath, str]]) -> tuple[list[dict], list, Counter]:
+    """Place files by their relative names: ``(relative name, real path)`` -> chain rows."""
+    rows, unplaced, kinds = [], [], Counter()
+    for rel, real in items:
+        parsed = parse_step(rel.stem)
         if parsed is None:
             unplaced.append((rel.as_posix(), "no step number in the file name"))
             continue
@@ -257,7 +256,20 @@ def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Dis
         cid = "/".join(above + [chain_name])
         # the same chain name under several family/task folders = the same start image
         rows.append({"chain_id": cid, "source_image": chain_name, "family": family, "task": task,
-                     "step": step, "path": str(p.resolve()), "_rel": rel.as_posix()})
+                     "step": step, "path": real, "_rel": rel.as_posix()})
+    return rows, unplaced, kinds
+
+
+def _safe_rel(name: str) -> PurePosixPath:
+    """An untrusted stored file name as a relative name (no root, no '..'), for parsing only."""
+    parts = [p for p in str(name).replace("\\", "/").split("/") if p not in ("", ".", "..")]
+    return PurePosixPath(*parts) if parts else PurePosixPath("unnamed")
+
+
+def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Discovery:
+    rows, unplaced, kinds = _rows_from_names(
+        [(PurePosixPath(p.relative_to(root).as_posix()), str(p.resolve())) for p in images])
+    notes: list[str] = []
     try:
         df = _finish(rows, unplaced, notes, one_based)
     except ChainLayoutError:
@@ -381,7 +393,17 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
         try:
             r, n = _rows_from_table(meta, f.name, path_of)
         except ChainLayoutError as e:
-            raise ChainLayoutError(f"{e}\nparquet files seen:\n" + "\n".join(seen)) from None
+            names = _stored_names(col, meta)
+            if names is None:
+                raise ChainLayoutError(f"{e}\nno stored file names to infer chains from either."
+                                       "\nparquet files seen:\n" + "\n".join(seen)) from None
+            r, un, _ = _rows_from_names([(_safe_rel(nm), path_of(meta.iloc[i]))
+                                         for i, nm in enumerate(names)])
+            unplaced += un
+            n = [(f"{f.name}: no chain/step columns ({list(meta.columns)}); chains inferred from the "
+                 "stored image file names as if they were a folder layout")]
+        for row in r:
+            row.pop("_rel", None)
         rows += r
         notes += n
     if not rows:
@@ -389,6 +411,17 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
     notes.append(f"images extracted to {extract}")
     df = _finish(rows, unplaced, notes, one_based)
     return Discovery(df, "parquet dataset", notes, unplaced)
+
+
+def _stored_names(col: list, meta: pd.DataFrame) -> list[str] | None:
+    """File names stored with the images (HF ``Image`` struct ``path``, or a name column)."""
+    names = [v.get("path") if isinstance(v, dict) else None for v in col]
+    if sum(1 for n in names if n) >= 0.9 * max(1, len(names)):
+        return [n or "" for n in names]
+    for c in ("file_name", "filename", "path", "image_path", "name", "file"):
+        if c in meta.columns and meta[c].notna().mean() >= 0.9:
+            return [str(v) for v in meta[c].fillna("")]
+    return None
 
 
 def _sniff(data: bytes) -> str:
