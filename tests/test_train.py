@@ -148,3 +148,24 @@ def test_train_cli_writes_weights_card_and_metrics(tmp_path):
     bad = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out),
                                     "--exclude-family", "nope", "--no-eval", "--steps", "1"])
     assert bad.exit_code != 0 and "not among families" in bad.output
+
+
+def test_clean_variants_and_camera_noise(tmp_path):
+    from collapseguard.training.negatives import clean_variants, list_images, sensor_noise, split_clean
+
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(smooth_art(rng, 300, 400)).save(tmp_path / f"p{i}.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    files = list_images([tmp_path])
+    assert [f.name for f in files] == ["p0.png", "p1.png", "p2.png"]
+    train, held = split_clean(files, holdout=0.5)
+    assert sorted(train + held) == files and split_clean(files, holdout=0.5) == (train, held)
+    out = list(clean_variants(files[:1], 3, seed=1, long_side=(200, 250), window_side=128))
+    assert [n for n, _ in out] == ["p0.png#0", "p0.png#1", "p0.png#2"]
+    assert max(out[0][1].shape[:2]) <= 250 and max(out[1][1].shape[:2]) <= 128 * 1.6 + 1
+    flat = np.full((200, 200, 3), 128, np.uint8)
+    noisy = sensor_noise(flat, np.random.default_rng(2), iso_sigma=4.0).astype(float)
+    assert 2.0 < noisy.std() < 6.0 and abs(noisy.mean() - 128) < 1
+    with pytest.raises(FileNotFoundError):
+        list_images([tmp_path / "missing"])

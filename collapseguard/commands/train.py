@@ -13,15 +13,18 @@ import click
                    "25% of the files (by name hash) are held out for the clean false-positive check.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="weights file to write (.safetensors); <out>.json and <out>.md are written beside it")
-@click.option("--steps", "iterations", type=int, default=None, help="optimizer steps (default 1500)")
+@click.option("--steps", "iterations", type=int, default=None, help="optimizer steps (default 800)")
 @click.option("--epochs", type=float, default=None, help="instead of --steps: passes over the training chains")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--exclude-family", "exclude", multiple=True, help="leave this family out (repeatable)")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads")
 @click.option("--width", type=int, default=16, show_default=True, help="network width")
-@click.option("--crop-size", type=int, default=64, show_default=True, help="crop size in pixels")
+@click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+              help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, no_eval):
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, cache_dir,
+          no_eval):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -50,7 +53,8 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
         cfg.iterations = iterations
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
-                               evaluate=not no_eval, epochs=epochs, log=click.echo)
+                               evaluate=not no_eval, epochs=epochs, log=click.echo,
+                               cache_dir=cache_dir)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:

@@ -27,7 +27,7 @@ class NetConfig:
     """Architecture and crop settings; stored alongside the weights."""
 
     width: int = 16
-    crop_size: int = 64
+    crop_size: int = 48
     #: crops per image at inference (deterministic grid, see detectors.crops.crop_grid)
     n_crops: int = 24
     #: gain applied to the high-pass residual channel (pixels in [0, 1])
@@ -42,8 +42,8 @@ class NetConfig:
         return cls(**known)
 
 
-def _conv(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.LeakyReLU(0.1))
+def _conv(cin: int, cout: int, stride: int = 1, k: int = 3) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride=stride, padding=1), nn.LeakyReLU(0.1))
 
 
 class DegradationNet(nn.Module):
@@ -60,7 +60,8 @@ class DegradationNet(nn.Module):
         self.config = config or NetConfig()
         w = self.config.width
         self.body = nn.Sequential(
-            _conv(6, w), _conv(w, w, 2), _conv(w, 2 * w, 2), _conv(2 * w, 2 * w), _conv(2 * w, 3 * w, 2)
+            # 4x4 stride-2 stem: sees every pixel (overlapping windows) at half the cost
+            _conv(6, w, 2, k=4), _conv(w, 2 * w, 2), _conv(2 * w, 2 * w), _conv(2 * w, 3 * w, 2)
         )
         feat = 2 * 3 * w + self.N_COLOUR
         self.head = nn.Sequential(nn.Linear(feat, 32), nn.LeakyReLU(0.1), nn.Linear(32, 1))
@@ -70,8 +71,8 @@ class DegradationNet(nn.Module):
     # -- input features ------------------------------------------------------------------------
     def _inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, S, S, 3) pixels -> (N, 6, S, S) net input and (N, 8) colour statistics."""
-        x = x.float().permute(0, 3, 1, 2) / 255.0
-        local = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+        x = x.permute(0, 3, 1, 2).float().contiguous().mul_(1.0 / 255.0)
+        local = F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
         resid = (x - local) * self.config.residual_gain
         mean = x.mean(dim=(2, 3))
         std = x.std(dim=(2, 3))

@@ -8,7 +8,10 @@ ranking pair compares the same content before and after degradation. Nothing is 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -59,6 +62,24 @@ class CropBank:
 
     def __len__(self) -> int:
         return len(self.meta)
+
+    def subset(self, mask) -> "CropBank":
+        """The images where ``mask`` (boolean, one per image) is true."""
+        mask = np.asarray(mask, dtype=bool)
+        return CropBank(self.crops[mask], self.meta[mask].reset_index(drop=True))
+
+    def save(self, folder: str | Path) -> None:
+        """Write ``crops.npy`` + ``meta.parquet`` into ``folder`` (no pickle)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / "crops.npy", self.crops, allow_pickle=False)
+        self.meta.to_parquet(folder / "meta.parquet", index=False)
+
+    @staticmethod
+    def load(folder: str | Path) -> "CropBank":
+        folder = Path(folder)
+        return CropBank(np.load(folder / "crops.npy", allow_pickle=False),
+                        pd.read_parquet(folder / "meta.parquet"))
 
     @staticmethod
     def concat(banks: Iterable["CropBank"]) -> "CropBank":
@@ -111,3 +132,25 @@ def image_bank(images: Iterable[tuple[str, np.ndarray]], size: int, per_image: i
                      "aligned": False})
     return CropBank(np.stack(crops) if crops else np.zeros((0, per_image, size, size, 3), np.uint8),
                     pd.DataFrame(rows))
+
+
+def cache_key(paths: Iterable[str | Path], **settings) -> str:
+    """A key for a cached bank: file names, sizes and modification times, plus settings."""
+    items = []
+    for p in paths:
+        st = Path(p).stat()
+        items.append([str(p), st.st_size, int(st.st_mtime)])
+    blob = json.dumps({"files": items, "settings": settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cached(cache_dir: str | Path | None, key: str, build: Callable[[], CropBank]) -> CropBank:
+    """Load the bank stored under ``cache_dir/key`` or build and store it (no cache when None)."""
+    if cache_dir is None:
+        return build()
+    folder = Path(cache_dir) / key
+    if (folder / "meta.parquet").is_file() and (folder / "crops.npy").is_file():
+        return CropBank.load(folder)
+    bank = build()
+    bank.save(folder)
+    return bank

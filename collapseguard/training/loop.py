@@ -26,11 +26,11 @@ from collapseguard.training.losses import classification_loss, ranking_loss
 class TrainConfig:
     """Optimisation settings (stored in the model card)."""
 
-    iterations: int = 1500
+    iterations: int = 800
     chains_per_batch: int = 12
     steps_per_chain: int = 3
-    clean_per_batch: int = 16
-    crops_per_image: int = 8
+    clean_per_batch: int = 12
+    crops_per_image: int = 6
     lr: float = 3e-3
     weight_decay: float = 1e-4
     rank_weight: float = 1.0

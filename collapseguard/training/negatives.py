@@ -45,7 +45,9 @@ def split_clean(paths: Sequence[Path], holdout: float = 0.25, salt: str = "clean
 def _resize(img: np.ndarray, scale: float) -> np.ndarray:
     h, w = img.shape[:2]
     nh, nw = max(8, int(round(h * scale))), max(8, int(round(w * scale)))
-    return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC if scale > 1 else Image.LANCZOS))
+    if scale > 1:
+        return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC))
+    return np.asarray(Image.fromarray(img).resize((nw, nh), Image.LANCZOS, reducing_gap=3.0))
 
 
 def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) -> np.ndarray:
@@ -60,7 +62,8 @@ def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) ->
     if rng.random() < 0.7:  # demosaic-like correlation
         from scipy.ndimage import gaussian_filter
 
-        n = gaussian_filter(n, sigma=(rng.uniform(0.4, 0.9), rng.uniform(0.4, 0.9), 0))
+        sig = (rng.uniform(0.4, 0.9), rng.uniform(0.4, 0.9))
+        n = np.stack([gaussian_filter(n[..., c], sigma=sig, truncate=3.0) for c in range(3)], axis=2)
         n /= max(1e-6, float(n.std()))
     return np.clip(x + n * iso_sigma * level, 0, 255).astype(np.uint8)
 
@@ -100,18 +103,34 @@ def web_size(img: np.ndarray, rng: np.random.Generator, long_side=(640, 2048)) -
     return _resize(img, target / max(h, w))
 
 
-def clean_variants(paths: Sequence[Path], variants: int, seed: int,
-                   long_side=(640, 2048)) -> Iterator[tuple[str, np.ndarray]]:
+def window(img: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
+    """A random ``side`` x ``side`` window (the whole image when smaller)."""
+    h, w = img.shape[:2]
+    y = int(rng.integers(0, max(1, h - side + 1)))
+    x = int(rng.integers(0, max(1, w - side + 1)))
+    return img[y : y + side, x : x + side]
+
+
+def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),
+                   window_side: int | None = 640) -> Iterator[tuple[str, np.ndarray]]:
     """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
-    copies (each at its own web size). Yields (name, image)."""
+    copies (each at its own web size). Yields (name, image).
+
+    With ``window_side`` set, each augmented copy is a random window of that size (augmenting the
+    whole of a 4K photo only to cut a few crops from it is wasted time); None keeps whole images.
+    """
     rng = np.random.default_rng(seed)
     for p in paths:
         try:
             base = load_image(p)
         except Exception:  # unreadable files are skipped, not fatal
             continue
+        # one shared downscale to the largest web size first: later variants resize from it
+        base = web_size(base, rng, (long_side[1], long_side[1]))
         for v in range(max(1, variants)):
             img = web_size(base, rng, long_side)
             if v > 0:
+                if window_side:
+                    img = window(img, window_side, rng)
                 img = camera_augment(img, rng)
             yield f"{Path(p).name}#{v}", img

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from collapseguard.training.bank import CropBank, chain_bank, image_bank
+from collapseguard.training.bank import CropBank, cache_key, cached, chain_bank, image_bank
 from collapseguard.training.card import write_card
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
@@ -68,7 +68,8 @@ def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files
         groups["held-out chain step 0"] = scored.loc[scored["step"] == 0, "score"].to_numpy()
     if clean_files:
         log(f"scoring {len(clean_files)} held-out clean files (+ camera-like variants)")
-        variants = list(clean_variants(clean_files, clean_variants_n + 1, seed=seed + 7, long_side=(10**9, 10**9)))
+        variants = list(clean_variants(clean_files, clean_variants_n + 1, seed=seed + 7,
+                                       long_side=(10**9, 10**9), window_side=1024))
         as_is = [img for name, img in variants if name.endswith("#0")]
         aug = [img for name, img in variants if not name.endswith("#0")]
         groups["held-out clean files, native"] = score_images(det, as_is)
@@ -84,11 +85,42 @@ def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files
     return out
 
 
+def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainConfig,
+                crops_per_bank_image: int = 16, clean_variants_n: int = 3,
+                log: Callable[[str], None] = print, cache_dir: str | Path | None = None
+                ) -> tuple[CropBank, CropBank | None]:
+    """Crop banks of the training chains and of the clean files (with camera-like variants).
+
+    With ``cache_dir``, banks are stored there (crops.npy + meta.parquet) under a key made of the
+    file list (names, sizes, mtimes) and settings, and reused by later runs.
+    """
+    t0 = time.time()
+    size = cfg.net.crop_size
+
+    def prog(i, n):
+        if i % 500 == 0 or i == n:
+            log(f"  chain crops {i}/{n}")
+
+    settings = {"size": size, "per_image": crops_per_bank_image, "seed": cfg.seed}
+    ckey = cache_key(sorted(train_df["path"]), kind="chains", **settings)
+    cb = cached(cache_dir, ckey, lambda: chain_bank(train_df, size, crops_per_bank_image,
+                                                    seed=cfg.seed, progress=prog))
+    clean_bank = None
+    if clean_files:
+        key = cache_key(clean_files, kind="clean", variants=clean_variants_n, **settings)
+        clean_bank = cached(cache_dir, key, lambda: image_bank(
+            clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1),
+            size, crops_per_bank_image, seed=cfg.seed + 2))
+    log(f"crop banks ready in {time.time() - t0:.0f}s: {len(cb)} chain images, "
+        f"{len(clean_bank) if clean_bank else 0} clean images")
+    return cb, clean_bank
+
+
 def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
                  clean_dirs: Sequence[str | Path] = (), exclude: Sequence[str] = (),
                  crops_per_bank_image: int = 16, clean_variants_n: int = 3,
                  evaluate: bool = True, epochs: float | None = None,
-                 log: Callable[[str], None] = print) -> dict:
+                 log: Callable[[str], None] = print, cache_dir: str | Path | None = None) -> dict:
     """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
 
     ``epochs``, when given, sets ``cfg.iterations`` so that every training chain is drawn about
@@ -111,20 +143,9 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     clean_train, clean_held = split_clean(clean_all)
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
-    size = cfg.net.crop_size
-
-    def prog(i, n):
-        if i % 200 == 0 or i == n:
-            log(f"  crops {i}/{n}")
-
-    cb = chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed, progress=prog)
-    banks = []
-    if clean_train:
-        banks.append(image_bank(clean_variants(clean_train, clean_variants_n, seed=cfg.seed + 1),
-                                size, crops_per_bank_image, seed=cfg.seed + 2))
-    clean_bank = CropBank.concat(banks) if banks else None
+    cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
+                                 cache_dir=cache_dir)
     t1 = time.time()
-    log(f"crop banks ready in {t1 - t0:.0f}s: {len(cb)} chain images, {len(clean_bank) if clean_bank else 0} clean images")
     net, history = train_net(cb, clean_bank, cfg, log=log)
     t2 = time.time()
     families = sorted(set(train_df["family"]))

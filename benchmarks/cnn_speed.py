@@ -1,0 +1,60 @@
+"""Images/s of `cnn` (CPU) versus pyiqa's PIQE on the same 1024x768 images, in one run.
+
+    python benchmarks/cnn_speed.py [--n 16] [--threads 2] [--weights PATH]
+
+Images: bundled photos and procedural art resized to exactly 1024x768 (the resize only makes the
+test images; both detectors score them at that native size). Decoding is not timed; each detector
+gets one warm-up batch first. Prints one line per detector and the speed ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+def test_images(n: int) -> list[np.ndarray]:
+    from collapseguard.training_data_tools import sources
+
+    srcs = [a for _, a in sources.bundled_photos()] + [a for _, a in sources.procedural_art(8, seed=3)]
+    out = [np.asarray(Image.fromarray(a).resize((1024, 768), Image.BICUBIC)) for a in srcs]
+    return (out * (n // len(out) + 1))[:n]
+
+
+def rate(det, images, batch: int) -> float:
+    det.score(images[:batch])  # warm-up
+    t = time.perf_counter()
+    for s in range(0, len(images), batch):
+        det.score(images[s : s + batch])
+    return len(images) / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from collapseguard.detectors import create
+
+    images = test_images(args.n)
+    cnn = create("cnn", device="cpu", **({"weights": args.weights} if args.weights else {}))
+    piqe = create("pyiqa:piqe", device="cpu")
+    r_cnn = rate(cnn, images, 8)
+    r_piqe = rate(piqe, images, 8)
+    print(f"images: {len(images)} x 1024x768, torch threads {args.threads}")
+    print(f"cnn        {r_cnn:8.2f} images/s  (version {cnn.version})")
+    print(f"pyiqa:piqe {r_piqe:8.2f} images/s")
+    print(f"speed ratio cnn/piqe: {r_cnn / r_piqe:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
