@@ -96,5 +96,7 @@ for det in "${DETECTORS[@]}"; do
     src=(--chains "$WORK/chains" --clean "$WORK/clean" --detector "$det" --scores-out "$scores")
   fi
   collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
+    --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
+    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1)))" \
     --out "$OUTDIR/$safe.json"
 done

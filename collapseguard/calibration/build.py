@@ -86,6 +86,8 @@ def first_steps(curve: list[dict], levels=LEVELS) -> dict:
     out: dict[str, dict] = {}
     for fam in dict.fromkeys(r["family"] for r in curve):
         rows = sorted((r for r in curve if r["family"] == fam and r["step"] > 0), key=lambda r: r["step"])
+        if not rows:  # extra clean images have no later steps
+            continue
         out[fam] = {f"{lv:g}": next((r["step"] for r in rows if r["fraction"] >= lv), None) for lv in levels}
     return out
 

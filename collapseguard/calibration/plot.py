@@ -25,10 +25,15 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
     if len(curve):
         for fam, g in curve.groupby("family", sort=True):
             g = g.sort_values("step")
+            if g["step"].nunique() < 2:  # extra clean images: a single step-0 point, not a curve
+                continue
             x = np.maximum(g["step"].to_numpy(), 0.5)  # log axis: step 0 drawn at 0.5
-            style = {"lw": 2.5, "color": "black"} if fam == "all" else {"lw": 1.2}
-            line, = ax1.plot(x, g["fraction"], marker="o", ms=3, label=fam, **style)
-            ax1.fill_between(x, g["ci_low"], g["ci_high"], alpha=0.12, color=line.get_color())
+            if fam == "all":  # the confidence band only for the overall curve, to stay readable
+                ax1.plot(x, g["fraction"], marker="o", ms=4, lw=2.5, color="black", label="all", zorder=5)
+                ax1.fill_between(x, g["ci_low"], g["ci_high"], alpha=0.15, color="black",
+                                 label="all: 95% CI" if cal.confidence == 0.95 else "all: CI")
+            else:
+                ax1.plot(x, g["fraction"], marker="o", ms=3, lw=1.2, label=fam)
         ax1.set_xscale("log")
         ax1.axhline(0.9, ls=":", color="grey")
         ax1.axhline(0.99, ls=":", color="grey")
@@ -36,7 +41,7 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
     ax1.set_ylabel("fraction dropped")
     ax1.set_ylim(-0.02, 1.02)
     ax1.set_title(f"{cal.detector}: drop curve (holdout sources)")
-    ax1.legend(fontsize=7, loc="lower right")
+    ax1.legend(fontsize=7, loc="upper left")
     if table is not None and len(table):
         s = table["score"].to_numpy(dtype=np.float64)
         clean = table["clean"].to_numpy(dtype=bool)
@@ -47,7 +52,10 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
         ax2.hist(np.clip(s[ok & ~clean], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label="degraded")
     ax2.axvline(cal.threshold, color="red", label=f"threshold {cal.threshold:.4g}")
     ax2.set_xlabel("score (higher = more degraded)")
-    ax2.set_title(cal.guarantee_text(), fontsize=9)
+    rate = cal.alpha if cal.alpha is not None else cal.guaranteed_false_drop
+    ax2.set_title(f"at most {rate:.3g} false drops, confidence {cal.confidence}, n_clean={cal.n_clean}"
+                  if cal.is_calibrated and rate is not None and cal.confidence is not None else cal.label,
+                  fontsize=9)
     ax2.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,11 +45,13 @@ def _steps(text: str) -> list[int]:
               help="Also write the per-image scores table (CSV), reusable with --from-scores.")
 @click.option("--from-scores", type=click.Path(exists=True, path_type=Path), default=None,
               help="Reuse a scores CSV (from --scores-out) instead of scoring images again.")
+@click.option("--describe-clean", "describe_clean", multiple=True,
+              help="Free text recorded in the file's clean_sources (what the clean images are); repeatable.")
 @click.option("--batch-size", type=int, default=None, help="Images per detector call.")
 @click.option("--device", default=None, help="torch device for the detector (e.g. cuda).")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
 def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_dirs, target, holdout,
-              out, scores_out, from_scores, batch_size, device, no_plot):
+              out, scores_out, from_scores, describe_clean, batch_size, device, no_plot):
     """Calibrate a detector's threshold against replication chains.
 
     The threshold is the k-th largest clean score, with k chosen so that the fraction of clean
@@ -123,6 +125,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if scores_out is not None:
             save_scores(table, scores_out, det_name, det_version)
             click.echo(f"scores written to {scores_out}", err=True)
+    sources += list(describe_clean)
     command = "collapseguard calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     try:
         cal = build_calibration(table, det_name, det_version, alpha=alpha, confidence=confidence,
@@ -138,7 +141,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     click.echo(f"  bound: k={cal.k} of n={cal.n_clean} clean scores "
                f"({cal.split['n_clean_threshold_sources']} sources); held-out false-drop "
                f"{cal.split['heldout_false_drop']}")
-    click.echo(curve_table(cal))
+    click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
     for fam, lv in cal.first_step_dropped.items():
         click.echo(f"  {fam}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
     if not no_plot:
