@@ -85,7 +85,7 @@ def test_calibrate_end_to_end(calibrated, tmp_path):
     assert "first step with >=90% dropped" in output
     # accumulating noise is caught more as steps grow
     allc = {r["step"]: r["fraction"] for r in cal.drop_curve if r["family"] == "all"}
-    assert allc[5] > allc[1] > allc[0] and allc[5] >= 0.9
+    assert allc[0] < allc[1] <= allc[3] <= allc[5] and allc[5] >= 0.9
     assert np.all(np.diff(cal.probability_map["y"]) >= 0)
     # the file is accepted for nss at its version, refused for another version / detector
     t, msg, _ = resolve_threshold(det, calibration=out)
