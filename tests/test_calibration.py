@@ -333,3 +333,34 @@ def test_drop_fraction_threshold():
     cal = files.drop_fraction_calibration(_Det("nss", "v"), s, 0.05)
     assert cal.label.startswith("uncalibrated: drop-fraction") and not cal.is_calibrated
     assert "uncalibrated" in cal.guarantee_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# The calibrations shipped in the package
+# ---------------------------------------------------------------------------------------------
+
+SHIPPED = sorted(files.DEFAULTS_DIR.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_default_is_valid_and_current(path):
+    """A shipped default loads, states its guarantee, and matches the detector as it is now
+    (otherwise `filter` without --threshold would silently have no default):
+    rerun benchmarks/make_default_calibration.sh after changing a detector."""
+    from collapseguard.detectors import create
+
+    cal = load_calibration(path)
+    assert files.default_calibration_path(cal.detector) == path
+    assert cal.is_calibrated and cal.guaranteed_false_drop <= cal.alpha
+    assert cal.n_clean >= min_clean_samples(cal.alpha, cal.confidence)
+    assert cal.scope and cal.clean_sources and "binomial order statistic" in cal.method
+    assert np.all(np.diff(cal.probability_map["y"]) >= 0) and np.all(np.diff(cal.step_map["y"]) >= 0)
+    try:
+        det = create(cal.detector)
+    except Exception as exc:  # noqa: BLE001 - e.g. weights not present in this checkout
+        pytest.skip(f"detector {cal.detector} not available here: {exc}")
+    assert det.version == cal.detector_version, (
+        f"{path.name} was made for {cal.detector}@{cal.detector_version} but the detector is now "
+        f"@{det.version}: rerun benchmarks/make_default_calibration.sh {cal.detector}")
+    t, msg, _ = resolve_threshold(det)
+    assert t == cal.threshold and msg.startswith(f"default calibration for {cal.detector}@")
