@@ -203,3 +203,15 @@ def _png_bytes():
     buf = io.BytesIO()
     Image.fromarray(np.full((8, 8, 3), 100, np.uint8)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def test_scores_table_from_two_detectors_refused(calibrated, tmp_path):
+    from collapseguard.calibration.scoring import read_scores
+
+    t = pd.read_csv(calibrated[1])
+    t.loc[0, "detector_version"] = "other"
+    t.to_csv(tmp_path / "mixed.csv", index=False)
+    with pytest.raises(ValueError, match="exactly one detector/version"):
+        read_scores(tmp_path / "mixed.csv")
+    res = _run(["--from-scores", str(tmp_path / "mixed.csv"), "--out", str(tmp_path / "c.json")])
+    assert res.exit_code != 0 and "exactly one detector" in res.output

@@ -223,12 +223,13 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
     missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
     if missing:
         raise ValueError(f"{path}: not a scores table, missing {missing}")
-    names = set(t["detector"]) | set(t["detector_version"].map(lambda v: "\0" + v))
-    dets, vers = set(t["detector"]), set(t["detector_version"])
-    if len(dets) != 1 or len(vers) != 1:
-        raise ValueError(f"{path}: scores from more than one detector/version: {sorted(names)[:4]}")
+    pairs = set(zip(t["detector"], t["detector_version"]))
+    if len(pairs) != 1:
+        shown = sorted(f"{d}@{v}" for d, v in pairs)[:4]
+        raise ValueError(f"{path}: scores must come from exactly one detector/version, found {shown}")
+    (det, ver), = pairs
     t["score"] = pd.to_numeric(t["score"], errors="coerce")
     t["step"] = pd.to_numeric(t["step"], errors="raise").astype(int)
     if "fr" in t.columns:
         t["fr"] = pd.to_numeric(t["fr"], errors="coerce")
-    return t.drop(columns=["detector", "detector_version"]), dets.pop(), vers.pop()
+    return t.drop(columns=["detector", "detector_version"]), det, ver
