@@ -32,7 +32,7 @@ class AspectDrift(Replicator):
             "side": str(rng.choice(["centre", "start", "end", "random"])),
             "jitter": float(rng.uniform(0.0, 0.6)),          # relative randomness of the crop
             "filter": str(rng.choice(list(_FILTERS))),
-            "sharpen": float(rng.uniform(0.0, 0.25)),
+            "sharpen": float(rng.uniform(0.0, 0.2)),
         }
 
     def _step(self, image, rng):
@@ -54,5 +54,5 @@ class AspectDrift(Replicator):
         st["content_scale_y"] = float(st.get("content_scale_y", 1.0) * h / (h - ch))
         st["content_aspect_drift"] = st["content_scale_x"] / st["content_scale_y"]
         if p["sharpen"] > 0:
-            return ops.unsharp(out.astype(np.float32), 1.0, p["sharpen"] * min(s, 1.0))
+            return ops.unsharp(out.astype(np.float32), 1.0, p["sharpen"] * min(s, 1.0), limit=6.0)
         return out

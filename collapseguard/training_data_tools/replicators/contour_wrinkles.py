@@ -24,7 +24,7 @@ class ContourWrinkles(Replicator):
             "strength": log_uniform(rng, 0.6, 1.7),
             "edge_sigma": float(rng.uniform(0.8, 2.5)),      # scale at which contours are found
             "band": float(rng.uniform(1.5, 6.0)),            # how far from a contour damage reaches
-            "warp_px": log_uniform(rng, 0.15, 0.6),         # displacement per step near edges
+            "warp_px": log_uniform(rng, 0.1, 0.45),         # displacement per step near edges
             "warp_scale": float(rng.uniform(2.0, 12.0)),     # wavelength of the wiggle (px)
             "warp_persist": float(rng.uniform(0.3, 0.9)),    # share of the displacement fixed per chain
             "ripple_amount": log_uniform(rng, 0.08, 0.3),   # echo gain per step
