@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ def main() -> None:
         psnr = np.zeros((len(sources), len(keep)))
         ssim = np.zeros_like(psnr)
         for i, (name, img) in enumerate(sources):
-            rng = np.random.default_rng([args.seed, i, abs(hash(fam)) % 2**31])
+            rng = np.random.default_rng([args.seed, i, zlib.crc32(fam.encode())])
             rep = create_replicator(fam, rng)
             x, j = img, 0
             for k in range(1, max(keep) + 1):
