@@ -104,6 +104,16 @@ def test_chain_bank_shares_positions_within_a_chain(tmp_path):
     a, b = bank.crops[0].astype(float), bank.crops[1].astype(float)
     other = bank.crops[2].astype(float)  # the next chain (another source): unrelated content
     assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.8 > np.corrcoef(a.ravel(), other.ravel())[0, 1]
+    from collapseguard.training.bank import cache_key, cached
+
+    key = cache_key(sorted(df["path"]), size=32)
+    assert key != cache_key(sorted(df["path"]), size=48)
+    calls = []
+    first = cached(tmp_path / "cache", key, lambda: calls.append(1) or bank)
+    again = cached(tmp_path / "cache", key, lambda: calls.append(1) or bank)
+    assert calls == [1] and first is bank
+    np.testing.assert_array_equal(again.crops, bank.crops)
+    assert again.meta.equals(bank.meta)
     small = image_bank([("tiny", np.zeros((10, 12, 3), np.uint8))], size=32, per_image=2, seed=0)
     assert small.crops.shape == (1, 2, 32, 32, 3) and small.meta["target"].iloc[0] == 0.0
 

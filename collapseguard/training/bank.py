@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -152,5 +154,10 @@ def cached(cache_dir: str | Path | None, key: str, build: Callable[[], CropBank]
     if (folder / "meta.parquet").is_file() and (folder / "crops.npy").is_file():
         return CropBank.load(folder)
     bank = build()
-    bank.save(folder)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    bank.save(tmp)
+    try:
+        os.replace(tmp, folder)  # atomic; a concurrent run that finished first wins
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
     return bank

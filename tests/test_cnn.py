@@ -1,0 +1,92 @@
+"""The shipped `cnn` detector: registry, packaged weights, determinism, direction of the score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from collapseguard.detectors import Detector, DetectorError, create
+from collapseguard.detectors.base import params_version
+from collapseguard.detectors.cnn import default_weights_bytes, image_crops
+from collapseguard.detectors.cnn_model import DegradationNet, NetConfig, load_net, save_net
+
+
+@pytest.fixture(scope="module")
+def det():
+    torch.set_num_threads(1)
+    return create("cnn", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def photos():
+    from collapseguard.training_data_tools.sources import bundled_photos
+
+    keep = ("skimage/chelsea", "skimage/coffee", "sklearn/china", "skimage/astronaut")
+    return [a for n, a in bundled_photos() if n in keep]
+
+
+def test_registry_round_trip(det):
+    assert isinstance(det, Detector)
+    assert det.name == "cnn"
+    data = default_weights_bytes()
+    assert len(data) < 5 * 2**20
+    assert det.version == params_version(data) and len(det.version) == 12
+
+
+def test_shipped_weights_are_deterministic(det, photos):
+    a = det.score(photos)
+    b = det.score(photos)
+    c = create("cnn", device="cpu").score(photos[::-1])[::-1]
+    assert a.dtype == np.float32 and a.shape == (len(photos),)
+    assert np.isfinite(a).all()
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, c, rtol=0, atol=1e-5)
+
+
+def _visibly_degraded(img: np.ndarray, seed: int) -> np.ndarray:
+    """Ten rounds of sharpened, accumulating noise with a slight green cast."""
+    rng = np.random.default_rng(seed)
+    x = img.astype(np.float32)
+    for _ in range(10):
+        x = x + rng.normal(0, 5.0, x.shape)
+        x[..., 1] += 1.0
+        blur = (x + np.roll(x, 1, 0) + np.roll(x, -1, 0) + np.roll(x, 1, 1) + np.roll(x, -1, 1)) / 5
+        x = np.clip(x + 0.4 * (x - blur), 0, 255)
+    return x.astype(np.uint8)
+
+
+def test_degraded_scores_higher_than_clean(det, photos):
+    clean = det.score(photos)
+    bad = det.score([_visibly_degraded(p, i) for i, p in enumerate(photos)])
+    assert (bad - clean).min() > 1.0, (clean, bad)
+
+
+def test_input_checks_and_small_images(det):
+    grey = np.full((40, 30), 128, np.uint8)
+    s = det.score([grey, np.zeros((5, 7, 3), np.uint8), np.zeros((50, 60, 4), np.uint8)])
+    assert np.isfinite(s).all()
+    with pytest.raises(ValueError, match="uint8"):
+        det.score([np.zeros((64, 64, 3), np.float32)])
+    with pytest.raises(ValueError, match="RGB"):
+        det.score([np.zeros((64, 64, 2), np.uint8)])
+    assert image_crops(np.zeros((70, 70, 3), np.uint8), 64, 5).shape == (5, 64, 64, 3)
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path):
+    torch.manual_seed(0)
+    net = DegradationNet(NetConfig(width=4, crop_size=32, n_crops=3)).eval()
+    path = tmp_path / "w.safetensors"
+    save_net(net, path, metadata={"families": ["a", "b"]})
+    net2, meta = load_net(path.read_bytes())
+    assert net2.config == net.config and meta["families"] == '["a", "b"]'
+    x = torch.randint(0, 256, (2, 3, 32, 32, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), net2(x))
+    d = create("cnn", weights=str(path), device="cpu")
+    assert d.n_crops == 3 and d.version == params_version(path.read_bytes())
+    (tmp_path / "junk.safetensors").write_bytes(b"not weights")
+    with pytest.raises(DetectorError):
+        create("cnn", weights=str(tmp_path / "junk.safetensors"))
+    with pytest.raises(DetectorError, match="not found"):
+        create("cnn", weights=str(tmp_path / "missing.safetensors"))
