@@ -13,7 +13,7 @@ WORK=${WORK:-/tmp/cg_train}
 CLEAN=${CLEAN:-/tmp/wp/usr/share/backgrounds}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
 SOURCES=${SOURCES:-bundled,art:24:320-640}
-ITERS=${ITERS:-1200}
+ITERS=${ITERS:-2000}
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 rm -rf "$WORK/chains"

@@ -112,25 +112,33 @@ def window(img: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),
-                   window_side: int | None = 640) -> Iterator[tuple[str, np.ndarray]]:
+                   window_side: int | None = 640, native_windows: bool = False
+                   ) -> Iterator[tuple[str, np.ndarray]]:
     """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
     copies (each at its own web size). Yields (name, image).
 
     With ``window_side`` set, each augmented copy is a random window of that size (augmenting the
     whole of a 4K photo only to cut a few crops from it is wasted time); None keeps whole images.
+    With ``native_windows``, every odd variant is instead a window at the file's native resolution
+    (camera-augmented half of the time), so large photos are also seen unscaled.
     """
     rng = np.random.default_rng(seed)
     for p in paths:
         try:
-            base = load_image(p)
+            native = load_image(p)
         except Exception:  # unreadable files are skipped, not fatal
             continue
         # one shared downscale to the largest web size first: later variants resize from it
-        base = web_size(base, rng, (long_side[1], long_side[1]))
+        base = web_size(native, rng, (long_side[1], long_side[1]))
         for v in range(max(1, variants)):
-            img = web_size(base, rng, long_side)
-            if v > 0:
-                if window_side:
-                    img = window(img, window_side, rng)
-                img = camera_augment(img, rng)
+            if native_windows and v % 2 == 1:
+                img = window(native, window_side or 640, rng)
+                if rng.random() < 0.5:
+                    img = camera_augment(img, rng)
+            else:
+                img = web_size(base, rng, long_side)
+                if v > 0:
+                    if window_side:
+                        img = window(img, window_side, rng)
+                    img = camera_augment(img, rng)
             yield f"{Path(p).name}#{v}", img

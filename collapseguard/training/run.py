@@ -86,7 +86,7 @@ def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files
 
 
 def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainConfig,
-                crops_per_bank_image: int = 16, clean_variants_n: int = 3,
+                crops_per_bank_image: int = 16, clean_variants_n: int = 4,
                 log: Callable[[str], None] = print, cache_dir: str | Path | None = None
                 ) -> tuple[CropBank, CropBank | None]:
     """Crop banks of the training chains and of the clean files (with camera-like variants).
@@ -107,9 +107,9 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
                                                     seed=cfg.seed, progress=prog))
     clean_bank = None
     if clean_files:
-        key = cache_key(clean_files, kind="clean", variants=clean_variants_n, **settings)
+        key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True, **settings)
         clean_bank = cached(cache_dir, key, lambda: image_bank(
-            clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1),
+            clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1, native_windows=True),
             size, crops_per_bank_image, seed=cfg.seed + 2))
     log(f"crop banks ready in {time.time() - t0:.0f}s: {len(cb)} chain images, "
         f"{len(clean_bank) if clean_bank else 0} clean images")
@@ -118,7 +118,7 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
 
 def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
                  clean_dirs: Sequence[str | Path] = (), exclude: Sequence[str] = (),
-                 crops_per_bank_image: int = 16, clean_variants_n: int = 3,
+                 crops_per_bank_image: int = 16, clean_variants_n: int = 4,
                  evaluate: bool = True, epochs: float | None = None,
                  log: Callable[[str], None] = print, cache_dir: str | Path | None = None) -> dict:
     """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
