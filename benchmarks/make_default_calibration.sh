@@ -40,6 +40,7 @@ fi
 
 # 2 + 3. chains and extra clean images -----------------------------------------------------------
 if [ ! -f "$WORK/chains/manifest.csv" ] || [ ! -f "$WORK/clean/.done" ]; then
+  rm -f "$WORK"/scores_*.csv  # cached scores belong to the old images
   WORK="$WORK" SEED="$SEED" WORKERS="$WORKERS" ART_CHAINS="$ART_CHAINS" ART_CLEAN="$ART_CLEAN" \
   python - <<'EOF'
 import os, shutil
