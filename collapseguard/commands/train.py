@@ -6,7 +6,7 @@ import click
 
 
 @click.command()
-@click.option("--chains", "chains", multiple=True, required=True, type=click.Path(exists=True),
+@click.option("--chains", "chains", multiple=True, type=click.Path(exists=True),
               help="chains folder (with manifest.csv/.parquet) or manifest file; repeatable")
 @click.option("--clean", "clean", multiple=True, type=click.Path(exists=True),
               help="folder of extra clean images (photos, art) used as negatives; repeatable. "
@@ -23,14 +23,24 @@ import click
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
+@click.option("--teacher", default=None,
+              help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss) whose "
+                   "scores on --images become the training labels (cached, resumable)")
+@click.option("--images", "images", multiple=True, type=click.Path(exists=True),
+              help="with --teacher: image files or folders to label; repeatable")
+@click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
+              help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, cache_dir,
-          no_eval):
+          no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
     trains with RankNet pairs within each chain plus clean-vs-degraded classification, and writes
     the weights, a summary JSON and a model card with held-out AUROC per family and the clean
     false-positive rate.
+
+    Distillation: `--teacher DETECTOR --images PATH...` trains on a slow judge's scores instead
+    (soft targets + the teacher's pairwise order), optionally mixed with --chains.
 
     Clean photos help the detector not to flag grainy photographs. The Debian wallpapers are a
     good offline source (never commit them):
@@ -51,6 +61,23 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     cfg = TrainConfig(seed=seed, threads=threads, net=NetConfig(width=width, crop_size=crop_size))
     if iterations is not None:
         cfg.iterations = iterations
+    if teacher or images:
+        if not (teacher and images):
+            raise click.UsageError("--teacher and --images go together")
+        if epochs is not None:
+            raise click.UsageError("use --steps with --teacher")
+        from collapseguard.detectors import DetectorError, create
+        from collapseguard.training.distill import run_distillation
+
+        try:
+            summary = run_distillation(create(teacher), images, out, cfg, cache_path=teacher_cache,
+                                       chain_dirs=chains, log=click.echo)
+        except (ValueError, DetectorError) as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"held-out Spearman(student, teacher): {summary['heldout_spearman_vs_teacher']:.3f}")
+        return
+    if not chains:
+        raise click.UsageError("give --chains (or --teacher with --images)")
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,

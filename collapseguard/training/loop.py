@@ -34,6 +34,8 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-4
     rank_weight: float = 1.0
+    #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
+    teacher_per_batch: int = 24
     seed: int = 0
     threads: int = 2
     log_every: int = 50
@@ -58,18 +60,19 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 class Batcher:
     """Draws training batches from a chain bank and a clean bank with one seeded generator."""
 
-    def __init__(self, chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig):
+    def __init__(self, chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
+                 teacher: CropBank | None = None):
         self.cfg = cfg
         self.rng = np.random.default_rng(cfg.seed)
-        self.chains, self.clean = chains, clean
+        self.chains, self.clean, self.teacher = chains, clean, teacher
         self.chain_rows: list[np.ndarray] = []
         if chains is not None and len(chains):
             m = chains.meta
             for _, g in m.groupby("chain_id", sort=True):
                 self.chain_rows.append(g.sort_values("step").index.to_numpy())
             self.chain_rows = [r for r in self.chain_rows if len(r) >= 2]
-        if not self.chain_rows and (clean is None or not len(clean)):
-            raise ValueError("nothing to train on: no chain with two or more steps and no clean images")
+        if not self.chain_rows and (clean is None or not len(clean)) and (teacher is None or not len(teacher)):
+            raise ValueError("nothing to train on: no chain with two or more steps, no clean or teacher images")
 
     def _crops(self, bank: CropBank, rows: np.ndarray, shared: bool) -> np.ndarray:
         p = bank.crops.shape[1]
@@ -105,26 +108,42 @@ class Batcher:
             weight += meta["weight"].tolist()
             group += [-1 - i for i in range(len(rows))]  # singleton groups: no ranking pairs
             order += [0] * len(rows)
+        n_teacher = 0
+        if self.teacher is not None and len(self.teacher) and cfg.teacher_per_batch > 0:
+            rows = self.rng.choice(len(self.teacher), min(cfg.teacher_per_batch, len(self.teacher)), replace=False)
+            crops.append(self._crops(self.teacher, rows, shared=False))
+            meta = self.teacher.meta.loc[rows]
+            target += meta["target"].tolist()
+            weight += meta["weight"].tolist()
+            group += [-10**6] * len(rows)  # one group: every pair ranked by the teacher's score
+            order += meta["teacher_score"].tolist()
+            n_teacher = len(rows)
         return {
+            "n_teacher": n_teacher,
             "crops": torch.from_numpy(np.concatenate(crops)),
             "target": torch.tensor(target, dtype=torch.float32),
             "weight": torch.tensor(weight, dtype=torch.float32),
             "group": torch.tensor(group),
-            "order": torch.tensor(order),
+            "order": torch.tensor(order, dtype=torch.float64),
         }
 
 
 def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
-              log: Callable[[str], None] = print, net: DegradationNet | None = None
+              log: Callable[[str], None] = print, net: DegradationNet | None = None,
+              teacher: CropBank | None = None, teacher_scale: float = 1.0
               ) -> tuple[DegradationNet, list[dict]]:
-    """Train a DegradationNet; returns it (eval mode) and the logged history."""
+    """Train a DegradationNet; returns it (eval mode) and the logged history.
+
+    ``teacher`` (distillation) is a bank whose ``target`` is a soft label in [0, 1] and whose
+    ``teacher_score`` column ranks its images; pairs get soft targets with ``teacher_scale``.
+    """
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     gen = torch.Generator().manual_seed(cfg.seed)
     net = net or DegradationNet(cfg.net)
     net.train()
-    batcher = Batcher(chains, clean, cfg)
+    batcher = Batcher(chains, clean, cfg, teacher)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, cfg.iterations // 20)
 
@@ -140,7 +159,11 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         b = batcher.batch()
         logits = net(_augment(b["crops"], gen))
         cls = classification_loss(logits, b["target"], b["weight"])
-        rank = ranking_loss(logits, b["group"], b["order"])
+        nt = b["n_teacher"]
+        n = len(logits) - nt
+        rank = ranking_loss(logits[:n], b["group"][:n], b["order"][:n])
+        if nt:
+            rank = rank + ranking_loss(logits[n:], b["group"][n:], b["order"][n:], soft_scale=teacher_scale)
         loss = cls + cfg.rank_weight * rank
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -33,15 +33,20 @@ def pair_indices(groups: torch.Tensor, order: torch.Tensor) -> tuple[torch.Tenso
 
 
 def ranking_loss(logits: torch.Tensor, groups: torch.Tensor, order: torch.Tensor,
-                 pair_target: torch.Tensor | None = None) -> torch.Tensor:
+                 soft_scale: float | None = None) -> torch.Tensor:
     """RankNet loss over pairs in the same group: -log sigmoid(s_j - s_i) for later j.
 
-    ``pair_target`` (one probability per pair, default 1) lets a teacher say how sure it is that
-    j is worse than i. Returns 0 when there are no pairs.
+    By default every pair is certain (a chain's later step is worse). With ``soft_scale`` the
+    ``order`` values are a teacher's scores and the target probability that j is worse than i is
+    ``sigmoid((order_j - order_i) / soft_scale)``, so near-ties count little. Returns 0 when there
+    are no pairs.
     """
     i, j = pair_indices(groups, order)
     if len(i) == 0:
         return logits.sum() * 0.0
     diff = logits[j] - logits[i]
-    p = torch.ones_like(diff) if pair_target is None else pair_target.float()
+    if soft_scale is None:
+        p = torch.ones_like(diff)
+    else:
+        p = torch.sigmoid((order[j] - order[i]).float() / soft_scale)
     return F.binary_cross_entropy_with_logits(diff, p)

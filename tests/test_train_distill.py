@@ -1,0 +1,64 @@
+"""Distillation: a student trained on a teacher detector's labels ranks held-out images like it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from collapseguard.cli import main
+from collapseguard.detectors import register
+from collapseguard.detectors.base import Detector
+from collapseguard.training.distill import soft_targets
+from collapseguard.training.losses import ranking_loss
+
+
+class HighPassTeacher(Detector):
+    """A deterministic stand-in for a slow judge: mean absolute high-pass energy."""
+
+    name = "test-highpass"
+    version = "hp1"
+
+    def score(self, images):
+        out = []
+        for im in images:
+            x = np.asarray(im, float).mean(axis=2)
+            out.append(np.abs(x[1:-1, 1:-1] * 4 - x[:-2, 1:-1] - x[2:, 1:-1] - x[1:-1, :-2] - x[1:-1, 2:]).mean())
+        return np.asarray(out, np.float32)
+
+
+def test_soft_targets_and_soft_pairs():
+    t = soft_targets(np.array([3.0, 1.0, 2.0, 2.0]))
+    assert t[1] < t[2] == t[3] < t[0] and 0 < t.min() and t.max() < 1
+    logits = torch.tensor([0.0, 1.0])
+    groups = torch.zeros(2, dtype=torch.long)
+    near_tie = ranking_loss(logits, groups, torch.tensor([0.0, 0.01]), soft_scale=1.0)
+    sure = ranking_loss(logits, groups, torch.tensor([0.0, 100.0]), soft_scale=1.0)
+    assert sure < near_tie  # a confident teacher pair is fitted better by s_j > s_i
+
+
+def test_student_ranks_held_out_images_like_the_teacher(tmp_path):
+    register("test-highpass", HighPassTeacher)
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    yy, xx = np.mgrid[0:64, 0:64] / 64.0
+    for i in range(70):
+        c = rng.uniform(0.2, 0.8, 3)
+        base = np.stack([c[k] + 0.2 * (yy if k else xx) for k in range(3)], axis=2) * 255
+        img = base + rng.normal(0, rng.uniform(0, 25), base.shape)
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(folder / f"im{i:02d}.png")
+    out = tmp_path / "student.safetensors"
+    res = CliRunner().invoke(main, ["train", "--teacher", "test-highpass", "--images", str(folder),
+                                    "--out", str(out), "--steps", "150", "--threads", "1",
+                                    "--width", "6", "--crop-size", "32"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["n_heldout"] >= 8 and summary["teacher_version"] == "hp1"
+    assert summary["heldout_spearman_vs_teacher"] > 0.8
+    assert out.with_suffix(".labels.parquet").is_file()  # the teacher's labels are cached
+    bad = CliRunner().invoke(main, ["train", "--teacher", "test-highpass", "--out", str(out)])
+    assert bad.exit_code != 0 and "go together" in bad.output
