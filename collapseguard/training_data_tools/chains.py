@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -26,6 +27,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from collapseguard.filter.engines import set_thread_budget
 from collapseguard.training_data_tools.manifest import MANIFEST_NAME, write_manifest
 from collapseguard.training_data_tools.replicators import (
     create_replicator,
@@ -142,7 +144,11 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
             if bar:
                 bar.update(1)
     else:
-        with ProcessPoolExecutor(max_workers=workers) as ex:
+        # spawn, not fork: a parent that already ran torch/OpenMP can deadlock forked children;
+        # each worker gets an even share of the cores so torch-based replicators don't oversubscribe
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                 initializer=set_thread_budget, initargs=(threads,)) as ex:
             futs = [ex.submit(_chain_job, job) for job in jobs]
             for f in as_completed(futs):
                 rows += f.result()
