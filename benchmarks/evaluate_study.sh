@@ -23,7 +23,7 @@ fi
 
 collapseguard evaluate --chains "$WORK/chains" \
   --detectors cnn,nss,pyiqa:piqe,pyiqa:niqe \
-  --steps 5,10,20 --auroc-steps 2,3,5,10,20 --scale std --batch-size 8 --threads 2 -q \
+  --steps 5,10,20 --auroc-steps 2,3,5,10,20 --scale std --batch-size 8 --threads 1 -q \
   --out "$WORK/evaluate"
 
 # the same scores, restricted to chains whose source the cnn never saw in training
