@@ -18,13 +18,13 @@
 #      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
 #
 # Environment: CG_CALIB_WORK (default /tmp/cg_default_calibration), CG_CALIB_SEED (20261130),
-# CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (40), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG).
+# CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${CG_CALIB_WORK:-/tmp/cg_default_calibration}
 SEED=${CG_CALIB_SEED:-20261130}
 WORKERS=${CG_CALIB_WORKERS:-2}
-ART_CHAINS=${CG_CALIB_ART_CHAINS:-40}
+ART_CHAINS=${CG_CALIB_ART_CHAINS:-60}
 ART_CLEAN=${CG_CALIB_ART_CLEAN:-400}
 OUTDIR=collapseguard/calibration/defaults
 DETECTORS=("$@")
