@@ -364,3 +364,16 @@ def test_shipped_default_is_valid_and_current(path):
         f"@{det.version}: rerun benchmarks/make_default_calibration.sh {cal.detector}")
     t, msg, _ = resolve_threshold(det)
     assert t == cal.threshold and msg.startswith(f"default calibration for {cal.detector}@")
+
+
+def test_show_prints_guarantee_and_curve(tmp_path, capsys):
+    from collapseguard.calibration.__main__ import main as show_main
+
+    cal = build_calibration(_synthetic_table(n_extra=200), "synthetic", "v1")
+    p = save_calibration(cal, tmp_path / "c.json")
+    assert show_main([str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "synthetic@v1" in out and f"k={cal.k} of n={cal.n_clean}" in out
+    assert "step 20" in out and "dots: first step >=90% dropped:" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert show_main([str(tmp_path / "bad.json")]) == 1
