@@ -9,12 +9,13 @@ version is a hash of the weight bytes. Inference is deterministic: eval mode, fi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from collapseguard.detectors.base import Detector, DetectorError, params_version
 from collapseguard.detectors.cnn_model import DegradationNet, load_net
@@ -71,7 +72,7 @@ class CNNDetector(Detector):
             data = p.read_bytes()
         try:
             net, meta = load_net(data)
-        except Exception as exc:
+        except (ValueError, KeyError, RuntimeError, SafetensorError) as exc:
             raise DetectorError(f"cannot load cnn weights: {exc}") from None
         self.version = params_version(data)
         self.metadata = meta
@@ -82,7 +83,7 @@ class CNNDetector(Detector):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.net.to(self.device).eval()
 
-    def to(self, device: str) -> "CNNDetector":
+    def to(self, device: str) -> CNNDetector:
         self.device = torch.device(device)
         self.net.to(self.device)
         return self

@@ -12,9 +12,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -65,7 +65,7 @@ class CropBank:
     def __len__(self) -> int:
         return len(self.meta)
 
-    def subset(self, mask) -> "CropBank":
+    def subset(self, mask) -> CropBank:
         """The images where ``mask`` (boolean, one per image) is true."""
         mask = np.asarray(mask, dtype=bool)
         return CropBank(self.crops[mask], self.meta[mask].reset_index(drop=True))
@@ -78,13 +78,13 @@ class CropBank:
         self.meta.to_parquet(folder / "meta.parquet", index=False)
 
     @staticmethod
-    def load(folder: str | Path) -> "CropBank":
+    def load(folder: str | Path) -> CropBank:
         folder = Path(folder)
         return CropBank(np.load(folder / "crops.npy", allow_pickle=False),
                         pd.read_parquet(folder / "meta.parquet"))
 
     @staticmethod
-    def concat(banks: Iterable["CropBank"]) -> "CropBank":
+    def concat(banks: Iterable[CropBank]) -> CropBank:
         banks = [b for b in banks if len(b)]
         if not banks:
             raise ValueError("no crops to concatenate")

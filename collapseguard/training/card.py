@@ -25,31 +25,32 @@ def render_card(summary: dict) -> str:
     lines = [
         f"# Model card: {summary.get('name', 'cnn')} ({summary['weights_file']}, version {summary['version']})",
         "",
-        "Crop-based degradation detector: a small conv net on native-resolution crops, one score per "
-        "image, higher = more degraded. Trained with a chain-aware objective (RankNet pairs within a "
-        "chain + clean-vs-degraded BCE: step 0 clean, steps 1-2 ranking only, step 3 weight 0.3, "
-        "steps >= 4 degraded).",
+        ("Crop-based degradation detector: a small conv net on native-resolution crops, one score per "
+         "image, higher = more degraded. Trained with a chain-aware objective (RankNet pairs within a "
+         "chain + clean-vs-degraded BCE: step 0 clean, steps 1-2 ranking only, step 3 weight 0.3, "
+         "steps >= 4 degraded)."),
         "",
         "## Data",
-        f"- chains: {d['n_chains_train']} train / {d['n_chains_test']} held-out (split by source image, "
-        f"{d['n_sources_train']} / {d['n_sources_test']} sources)",
+        (f"- chains: {d['n_chains_train']} train / {d['n_chains_test']} held-out (split by source image, "
+         f"{d['n_sources_train']} / {d['n_sources_test']} sources)"),
         f"- families trained on: {', '.join(d['families_train']) or '(none)'}",
         f"- families excluded: {', '.join(d['families_excluded']) or '(none)'}",
         f"- steps present: {', '.join(map(str, d['steps']))}",
-        f"- clean negatives: {d['n_clean_train_files']} files x {d['clean_variants']} variants (as-is + "
-        "camera-like: sensor grain, JPEG q70-95, mild sharpening, small upscales, web-size downscales); "
-        f"{d['n_clean_heldout_files']} clean files held out",
+        (f"- clean negatives: {d['n_clean_train_files']} files x {d['clean_variants']} variants (as-is + "
+         "camera-like: sensor grain, JPEG q70-95, mild sharpening, small upscales, web-size downscales, "
+          "native-resolution windows of large photos); "
+         f"{d['n_clean_heldout_files']} clean files held out"),
         f"- crop bank: {d['crops_per_bank_image']} crops of {cfg['net']['crop_size']} px per image",
         "",
         "## Training",
-        f"- iterations {cfg['iterations']}, chains/batch {cfg['chains_per_batch']} x {cfg['steps_per_chain']} "
-        f"steps, clean/batch {cfg['clean_per_batch']}, crops/image {cfg['crops_per_image']}, lr {cfg['lr']}, "
-        f"seed {cfg['seed']}, threads {cfg['threads']}",
-        f"- network: width {cfg['net']['width']}, crop {cfg['net']['crop_size']} px, "
-        f"{cfg['net']['n_crops']} crops at inference, {summary['n_parameters']} parameters, "
-        f"{summary['weights_bytes']} bytes",
-        f"- wall time: data {summary['seconds_data']:.0f} s, training {summary['seconds_train']:.0f} s, "
-        f"evaluation {summary['seconds_eval']:.0f} s",
+        (f"- iterations {cfg['iterations']}, chains/batch {cfg['chains_per_batch']} x {cfg['steps_per_chain']} "
+         f"steps, clean/batch {cfg['clean_per_batch']}, crops/image {cfg['crops_per_image']}, lr {cfg['lr']}, "
+         f"seed {cfg['seed']}, threads {cfg['threads']}"),
+        (f"- network: width {cfg['net']['width']}, crop {cfg['net']['crop_size']} px, "
+         f"{cfg['net']['n_crops']} crops at inference, {summary['n_parameters']} parameters, "
+         f"{summary['weights_bytes']} bytes"),
+        (f"- wall time: data {summary['seconds_data']:.0f} s, training {summary['seconds_train']:.0f} s, "
+         f"evaluation {summary['seconds_eval']:.0f} s"),
         f"- final loss {summary['final_loss']:.4f} (first logged {summary['first_loss']:.4f})",
         "",
         "## Held-out metrics (sources never seen in training)",
@@ -61,8 +62,8 @@ def render_card(summary: dict) -> str:
     lines.append(table(au, cols))
     c = summary["clean"]
     lines += [
-        "Clean false-positive rate at the threshold that drops 95% of held-out step-10 images "
-        f"(threshold {_fmt(c['threshold'])}):",
+        ("Clean false-positive rate at the threshold that drops 95% of held-out step-10 images "
+         f"(threshold {_fmt(c['threshold'])}):"),
         "",
         table(c["groups"], ["set", "n", "fpr"]),
     ]

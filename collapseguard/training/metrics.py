@@ -3,7 +3,7 @@ false-positive rate at the threshold that drops a given share of step-10 images.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd

@@ -10,13 +10,13 @@ small upscales, and web-size downscales of large photos.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageFilter
 
-from collapseguard.images import is_image_name, load_image
+from collapseguard.images import DecodeError, is_image_name, load_image
 from collapseguard.training_data_tools.manifest import source_bucket
 
 
@@ -44,7 +44,7 @@ def split_clean(paths: Sequence[Path], holdout: float = 0.25, salt: str = "clean
 
 def _resize(img: np.ndarray, scale: float) -> np.ndarray:
     h, w = img.shape[:2]
-    nh, nw = max(8, int(round(h * scale))), max(8, int(round(w * scale)))
+    nh, nw = max(8, round(h * scale)), max(8, round(w * scale))
     if scale > 1:
         return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC))
     return np.asarray(Image.fromarray(img).resize((nw, nh), Image.LANCZOS, reducing_gap=3.0))
@@ -126,7 +126,7 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
     for p in paths:
         try:
             native = load_image(p)
-        except Exception:  # unreadable files are skipped, not fatal
+        except (OSError, DecodeError):  # unreadable files are skipped, not fatal
             continue
         # one shared downscale to the largest web size first: later variants resize from it
         base = web_size(native, rng, (long_side[1], long_side[1]))

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from collapseguard.training.bank import CropBank, cache_key, cached, chain_bank, image_bank
+from collapseguard.training.bank import (
+    CropBank,
+    cache_key,
+    cached,
+    chain_bank,
+    image_bank,
+)
 from collapseguard.training.card import write_card
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
