@@ -38,7 +38,7 @@ def render_card(summary: dict) -> str:
         f"- steps present: {', '.join(map(str, d['steps']))}",
         (f"- clean negatives: {d['n_clean_train_files']} files x {d['clean_variants']} variants (as-is + "
          "camera-like: sensor grain, JPEG q70-95, mild sharpening, small upscales, web-size downscales, "
-          "native-resolution windows of large photos); "
+         "native-resolution windows of large photos); "
          f"{d['n_clean_heldout_files']} clean files held out"),
         f"- crop bank: {d['crops_per_bank_image']} crops of {cfg['net']['crop_size']} px per image",
         "",
