@@ -26,6 +26,7 @@ from collapseguard.calibration.files import Calibration, save_calibration
 from collapseguard.cli import main
 from collapseguard.detectors import create
 from collapseguard.detectors.base import Detector, register
+from collapseguard.detectors.nss import NSSDetector
 from collapseguard.images import decode_image, encode_jpeg, encode_png
 
 HOSTILE_KEY = ('<img src=x onerror="document.body.dataset.pwned=1">'
@@ -258,6 +259,14 @@ def test_sample_scores_only_the_sample(dataset, tmp_path):
     assert other["samples"] == 5 and keys(tmp_path / "c") != keys(tmp_path / "a")
 
 
+class _Renamed(NSSDetector):
+    """nss under another name: a detector that has no packaged calibration."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+
 def test_cli_summary_table_and_errors(dataset, tmp_path):
     _, inputs, truth = dataset
     t = nss_threshold(truth)
@@ -268,11 +277,16 @@ def test_cli_summary_table_and_errors(dataset, tmp_path):
     assert f"flagged    {summary['flagged']} = " in res.stdout
     assert "clean-000.tar" in res.stdout and str(tmp_path / "o" / "report.html") in res.stdout
     assert summary["flagged"] == 1  # only loose/b.png is degraded
-    # no threshold and no calibration for nss: a clear error, nothing written
-    res = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(tmp_path / "x"), "-d", "nss"])
+    # without a threshold the packaged default calibration is used, and the report says so
+    res = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(tmp_path / "d"), "-d", "nss", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "default calibration for nss" in json.loads((tmp_path / "d/summary.json").read_text())["threshold_source"]
+    # a detector with no threshold and no calibration: a clear error, nothing written
+    register("uncalibrated-nss", lambda: _Renamed("uncalibrated-nss"))
+    res = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(tmp_path / "x"), "-d", "uncalibrated-nss"])
     assert res.exit_code != 0 and "--threshold" in res.output and not (tmp_path / "x").exists()
     with pytest.raises(AuditError):
-        run_audit(inputs[:1], tmp_path / "y", AuditOptions(detector="nss"), quiet=True)
+        run_audit(inputs[:1], tmp_path / "y", AuditOptions(detector="uncalibrated-nss"), quiet=True)
     # a compared detector that does not exist fails before anything is scored or written
     res = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(tmp_path / "w"), "-d", "nss",
                                     "--threshold", "1", "--compare", "no-such-metric", "-w", "2"])
