@@ -12,23 +12,12 @@ set -euo pipefail
 WORK=${WORK:-/tmp/cg_train}
 CLEAN=${CLEAN:-/tmp/wp/usr/share/backgrounds}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
-SOURCES=${SOURCES:-bundled,art:24:320-640}
-ITERS=${ITERS:-2000}
+SOURCES=${SOURCES:-bundled,art:64:320-640}
+ITERS=${ITERS:-3000}
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 rm -rf "$WORK/chains"
-python - "$SOURCES" "$WORK/chains" <<'PY'
-import sys, time
-import torch
-torch.set_num_threads(1)
-from collapseguard.training_data_tools import chains, sources
-t = time.time()
-df = chains.make_chains(list(sources.resolve_sources(sys.argv[1], seed=0)), None, steps=20,
-                        keep=(0, 1, 2, 3, 5, 10, 20), out_dir=sys.argv[2], seed=0, workers=2,
-                        progress=False)
-print(f"chains: {df['chain_id'].nunique()} chains, {len(df)} images, families "
-      f"{sorted(df['family'].unique())} in {time.time() - t:.0f}s")
-PY
+python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains"
 clean_args=()
 if [ -d "$CLEAN" ]; then clean_args=(--clean "$CLEAN"); else echo "no clean folder $CLEAN: training without extra photos"; fi
 collapseguard train --chains "$WORK/chains" "${clean_args[@]}" --out "$OUT" --steps "$ITERS" --seed 0 --threads 2
