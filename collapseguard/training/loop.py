@@ -26,7 +26,7 @@ from collapseguard.training.losses import classification_loss, ranking_loss
 class TrainConfig:
     """Optimisation settings (stored in the model card)."""
 
-    iterations: int = 800
+    iterations: int = 3000
     chains_per_batch: int = 12
     steps_per_chain: int = 3
     clean_per_batch: int = 12
