@@ -15,9 +15,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+import torch
+from PIL import Image
 
 
 def test_images(n: int) -> list[np.ndarray]:

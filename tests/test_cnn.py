@@ -9,7 +9,12 @@ import torch
 from collapseguard.detectors import Detector, DetectorError, create
 from collapseguard.detectors.base import params_version
 from collapseguard.detectors.cnn import default_weights_bytes, image_crops
-from collapseguard.detectors.cnn_model import DegradationNet, NetConfig, load_net, save_net
+from collapseguard.detectors.cnn_model import (
+    DegradationNet,
+    NetConfig,
+    load_net,
+    save_net,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,19 @@ from click.testing import CliRunner
 from PIL import Image
 
 from collapseguard.cli import main
-from collapseguard.detectors.cnn_model import DegradationNet, NetConfig
+from collapseguard.detectors.cnn_model import NetConfig
 from collapseguard.training.bank import chain_bank, image_bank, step_label
-from collapseguard.training.losses import classification_loss, pair_indices, ranking_loss
 from collapseguard.training.loop import TrainConfig, train_net
-from collapseguard.training.metrics import auroc, chain_auroc_table, clean_false_positive_rate
+from collapseguard.training.losses import (
+    classification_loss,
+    pair_indices,
+    ranking_loss,
+)
+from collapseguard.training.metrics import (
+    auroc,
+    chain_auroc_table,
+    clean_false_positive_rate,
+)
 from collapseguard.training_data_tools.manifest import write_manifest
 
 
@@ -161,7 +169,12 @@ def test_train_cli_writes_weights_card_and_metrics(tmp_path):
 
 
 def test_clean_variants_and_camera_noise(tmp_path):
-    from collapseguard.training.negatives import clean_variants, list_images, sensor_noise, split_clean
+    from collapseguard.training.negatives import (
+        clean_variants,
+        list_images,
+        sensor_noise,
+        split_clean,
+    )
 
     rng = np.random.default_rng(0)
     for i in range(3):

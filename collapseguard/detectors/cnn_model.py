@@ -37,7 +37,7 @@ class NetConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NetConfig":
+    def from_dict(cls, d: dict) -> NetConfig:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
 
