@@ -95,3 +95,35 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         create("cnn", weights=str(tmp_path / "junk.safetensors"))
     with pytest.raises(DetectorError, match="not found"):
         create("cnn", weights=str(tmp_path / "missing.safetensors"))
+
+
+def test_config_defaults_bandpass_and_legacy_files():
+    with pytest.raises(ValueError):
+        NetConfig(n_crops=0)
+    with pytest.raises(ValueError):
+        NetConfig(crop_size=4)
+    new = DegradationNet(NetConfig(width=4, crop_size=32))
+    x = torch.randint(0, 256, (3, 32, 32, 3), dtype=torch.uint8)
+    inp, colour = new._inputs(x)
+    assert inp.shape == (3, 9, 32, 32) and colour.shape == (3, 8)
+    # the band-pass channels are zero on a flat crop and non-zero on a textured one
+    flat = torch.full((1, 32, 32, 3), 128, dtype=torch.uint8)
+    assert new._inputs(flat)[0][:, 6:].abs().max() == 0
+    assert inp[:, 6:].abs().max() > 0
+    # files written before the band-pass channels existed (no "bandpass" key) load as 6 channels
+    legacy = NetConfig.from_dict({"width": 4, "crop_size": 32, "n_crops": 3, "residual_gain": 8.0})
+    assert not legacy.bandpass and DegradationNet(legacy)._inputs(x)[0].shape[1] == 6
+
+
+def test_fast_box_means_match_torch_pooling():
+    import torch.nn.functional as F
+
+    from collapseguard.detectors.cnn_model import _box_means
+
+    x = torch.rand(2, 3, 21, 17)
+    with torch.no_grad():  # the scoring path (OpenCV when installed)
+        fast = _box_means(x, (3, 7))
+    for m, k in zip(fast, (3, 7)):
+        ref = F.avg_pool2d(x, k, stride=1, padding=k // 2, count_include_pad=False)
+        assert m.shape == x.shape
+        torch.testing.assert_close(m, ref, atol=1e-5, rtol=0)

@@ -30,7 +30,8 @@ class TrainConfig:
     chains_per_batch: int = 12
     steps_per_chain: int = 3
     clean_per_batch: int = 12
-    crops_per_image: int = 6
+    #: random crops per image per batch; 0 = automatic: 6 up to 64 px crops, 4 for larger ones
+    crops_per_image: int = 0
     lr: float = 3e-3
     weight_decay: float = 1e-4
     rank_weight: float = 1.0
@@ -40,6 +41,10 @@ class TrainConfig:
     threads: int = 2
     log_every: int = 50
     net: NetConfig = field(default_factory=NetConfig)
+
+    def __post_init__(self):
+        if self.crops_per_image == 0:
+            self.crops_per_image = 6 if self.net.crop_size <= 64 else 4
 
     def to_dict(self) -> dict:
         return asdict(self)
