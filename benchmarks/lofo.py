@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=500, help="training iterations per family")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--crop-size", type=int, default=80, help="crop size in pixels (shipped recipe: 80)")
+    ap.add_argument("--crop-size", type=int, default=48, help="crop size in pixels (shipped recipe: 48)")
     ap.add_argument("--cache", default=None, help="crop-bank cache folder (shared with collapseguard train --cache)")
     ap.add_argument("--families", default=None, help="comma-separated subset")
     args = ap.parse_args()

@@ -102,7 +102,7 @@ def test_config_defaults_bandpass_and_legacy_files():
         NetConfig(n_crops=0)
     with pytest.raises(ValueError):
         NetConfig(crop_size=4)
-    new = DegradationNet(NetConfig(width=4, crop_size=32))
+    new = DegradationNet(NetConfig(width=4, crop_size=32, bandpass=True))
     x = torch.randint(0, 256, (3, 32, 32, 3), dtype=torch.uint8)
     inp, colour = new._inputs(x)
     assert inp.shape == (3, 9, 32, 32) and colour.shape == (3, 8)
@@ -113,6 +113,7 @@ def test_config_defaults_bandpass_and_legacy_files():
     # files written before the band-pass channels existed (no "bandpass" key) load as 6 channels
     legacy = NetConfig.from_dict({"width": 4, "crop_size": 32, "n_crops": 3, "residual_gain": 8.0})
     assert not legacy.bandpass and DegradationNet(legacy)._inputs(x)[0].shape[1] == 6
+    assert "bandpass" not in legacy.to_dict() and NetConfig.from_dict(new.config.to_dict()).bandpass
 
 
 def test_fast_box_means_match_torch_pooling():
