@@ -122,7 +122,7 @@ def test_fast_box_means_match_torch_pooling():
     from collapseguard.detectors.cnn_model import _box_means
 
     x = torch.rand(2, 3, 21, 17)
-    with torch.no_grad():  # the scoring path (OpenCV when installed)
+    with torch.no_grad():  # the scoring path (scipy's box filter)
         fast = _box_means(x, (3, 7))
     for m, k in zip(fast, (3, 7)):
         ref = F.avg_pool2d(x, k, stride=1, padding=k // 2, count_include_pad=False)
