@@ -4,11 +4,13 @@ It scores a fixed grid of native-resolution crops per image (``crops.crop_grid``
 resized) with a small conv net (``cnn_model.DegradationNet``) and combines the crop logits into one
 score, higher = more degraded. Weights are safetensors inside the package
 (``collapseguard/weights/cnn.safetensors``, see MODEL_CARD.md for how they were made); the
-version is a hash of the weight bytes. Inference is deterministic: eval mode, fixed crops.
+version is a hash of the weights' tensors, config and crop count. Inference is deterministic:
+eval mode, fixed crops.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -22,6 +24,18 @@ from collapseguard.detectors.cnn_model import DegradationNet, load_net
 from collapseguard.detectors.crops import crop_grid
 
 WEIGHTS_NAME = "cnn.safetensors"
+
+
+def weights_version(net: DegradationNet, n_crops: int) -> str:
+    """A hash of what decides the scores: the architecture config, the crops per image and every
+    tensor (name, dtype, shape, values) in sorted order. Unlike a hash of the file bytes it does
+    not change when the same weights are saved again (safetensors writes its metadata keys in an
+    arbitrary order per process)."""
+    parts: list[object] = ["cnn", json.dumps(net.config.to_dict(), sort_keys=True), int(n_crops)]
+    for name, t in sorted(net.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        parts += [name, str(t.dtype), tuple(t.shape), t.numpy().tobytes()]
+    return params_version(*parts)
 
 
 def default_weights_bytes() -> bytes:
@@ -74,10 +88,10 @@ class CNNDetector(Detector):
             net, meta = load_net(data)
         except (ValueError, KeyError, RuntimeError, SafetensorError) as exc:
             raise DetectorError(f"cannot load cnn weights: {exc}") from None
-        self.version = params_version(data)
         self.metadata = meta
         self.net: DegradationNet = net
         self.n_crops = int(n_crops or net.config.n_crops)
+        self.version = weights_version(net, self.n_crops)
         if self.n_crops < 1:
             raise DetectorError("n_crops must be >= 1")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -59,8 +59,7 @@ def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: 
                      holdout: float = 0.2, crops_per_bank_image: int = 16,
                      log: Callable[[str], None] = print) -> dict:
     """Label, train the student, save weights to ``out``, report held-out agreement."""
-    from collapseguard.detectors.base import params_version
-    from collapseguard.detectors.cnn import CNNDetector
+    from collapseguard.detectors.cnn import CNNDetector, weights_version
     from collapseguard.detectors.cnn_model import save_net
     from collapseguard.training.metrics import score_paths
     from collapseguard.training.run import build_banks, load_chains, split_chains
@@ -92,8 +91,7 @@ def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: 
     if len(test_l) >= 3:
         student = score_paths(CNNDetector(weights=out, device="cpu"), test_l["path"].tolist())
         rho = float(spearmanr(student, test_l["score"]).statistic)
-    data = out.read_bytes()
-    summary = {"name": "cnn", "weights_file": out.name, "version": params_version(data),
+    summary = {"name": "cnn", "weights_file": out.name, "version": weights_version(net, net.config.n_crops),
                "teacher": teacher.name, "teacher_version": teacher.version,
                "n_labelled": len(labels), "n_train": len(train_l), "n_heldout": len(test_l),
                "heldout_spearman_vs_teacher": rho, "config": cfg.to_dict(), "history": history,

@@ -157,13 +157,13 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     families = sorted(set(train_df["family"]))
     save_net(net, out, metadata={"families": families, "excluded_families": list(exclude),
                                  "seed": str(cfg.seed), "iterations": str(cfg.iterations)})
-    from collapseguard.detectors.base import params_version
+    from collapseguard.detectors.cnn import weights_version
 
     data = out.read_bytes()
     summary = {
         "name": "cnn",
         "weights_file": out.name,
-        "version": params_version(data),
+        "version": weights_version(net, net.config.n_crops),
         "weights_bytes": len(data),
         "n_parameters": int(sum(p.numel() for p in net.parameters())),
         "config": cfg.to_dict(),
