@@ -12,13 +12,13 @@ example crops) of one source ``<name>``, so they stay on one side of the split b
 from __future__ import annotations
 
 import re
-import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from collapseguard.filter.tario import ShardReader
 from collapseguard.images import DecodeError, decode_image, is_image_name
 
 #: columns of a scores table
@@ -113,15 +113,12 @@ def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, st
 
 
 def _iter_tar(path: Path):
-    with tarfile.open(path, "r:*") as tf:
-        members = [m for m in tf.getmembers() if m.isfile() and is_image_name(m.name)]
-    for m in members:
-        def read(m=m):
-            with tarfile.open(path, "r:*") as tf:
-                fh = tf.extractfile(m)
-                return fh.read() if fh is not None else b""
-        key = m.name.rsplit(".", 1)[0]
-        yield f"{path.name}:{_variant_source(key)}", f"{path}:{m.name}", read
+    """Image members of a shard, read once through the filter's reader (member names cleaned)."""
+    for sample in ShardReader(str(path)):
+        for m in sample.members:
+            if is_image_name(m.name):
+                key = m.name.rsplit(".", 1)[0]
+                yield f"{path.name}:{_variant_source(key)}", f"{path}:{m.name}", (lambda d=m.data: d)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,3 +37,15 @@ def load_detector(name: str, kwargs: tuple = ()):
         return create(name, **dict(kwargs))
     except (DetectorError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def threshold_options(verb: str):
+    """``--threshold`` and ``--calibration``, shared by the commands that decide (filter, audit)."""
+    def deco(f):
+        f = click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
+                         help="calibration.json from `collapseguard calibrate` (must match the "
+                              "detector); default: the calibration shipped for the detector.")(f)
+        return click.option("--threshold", type=float, default=None,
+                            help=f"{verb} samples scoring above this (uncalibrated; overrides any "
+                                 "calibration).")(f)
+    return deco

@@ -8,6 +8,7 @@ from collapseguard.commands._common import (
     detector_kwargs,
     detector_option,
     load_detector,
+    threshold_options,
     trust_pickle_option,
     workers_option,
 )
@@ -22,11 +23,7 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Output folder: report.html, summary.json, flagged.csv, scores.parquet.")
 @detector_option()
-@click.option("--threshold", type=float, default=None,
-              help="Flag samples scoring above this (uncalibrated; overrides the calibration's).")
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="calibration.json from `collapseguard calibrate` (must match the detector); "
-                   "gives the threshold's guarantee and the estimated replication step.")
+@threshold_options("Flag")
 @click.option("--compare", default=None, metavar="NAMES",
               help="Other detectors to compare, comma-separated (e.g. pyiqa:piqe,nss): shows the "
                    "images they call fine that the main detector flags, and vice versa.")

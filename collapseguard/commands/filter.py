@@ -6,8 +6,14 @@ import json
 
 import click
 
-from collapseguard.commands._common import (detector_kwargs, detector_option, load_detector,
-                                            trust_pickle_option, workers_option)
+from collapseguard.commands._common import (
+    detector_kwargs,
+    detector_option,
+    load_detector,
+    threshold_options,
+    trust_pickle_option,
+    workers_option,
+)
 
 
 @click.command("filter")
@@ -15,10 +21,7 @@ from collapseguard.commands._common import (detector_kwargs, detector_option, lo
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Output folder: kept/, rejected/, scores/, summary.json.")
 @detector_option()
-@click.option("--threshold", type=float, default=None,
-              help="Drop samples scoring above this (uncalibrated; overrides any calibration).")
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="calibration.json from `collapseguard calibrate` (must match the detector).")
+@threshold_options("Drop")
 @click.option("--drop-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
               help="Uncalibrated: drop this fraction of the highest-scoring samples of this data "
                    "(scores everything first, then decides).")
@@ -61,8 +64,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
 def format_summary(summary: dict, out: str) -> str:
     lines = [
         f"threshold: {summary['threshold_source']}",
-        f"shards: {summary['shards']}  samples: {summary['samples']}  kept: {summary['kept']}  "
-        f"rejected: {summary['rejected']}",
+        (f"shards: {summary['shards']}  samples: {summary['samples']}  kept: {summary['kept']}  "
+         f"rejected: {summary['rejected']}"),
         "reasons: " + json.dumps(summary["reasons"]),
     ]
     if summary.get("images_per_second"):

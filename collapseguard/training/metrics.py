@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import roc_auc_score
 
 from collapseguard.detectors.base import Detector
+from collapseguard.evaluation.metrics import auroc
 from collapseguard.images import load_image
 
 EVAL_STEPS = (1, 2, 3, 5, 10, 20)
@@ -38,14 +38,6 @@ def score_images(detector: Detector, images: Iterable[np.ndarray], batch: int = 
         out.append(detector.score(buf))
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-
-def auroc(neg: np.ndarray, pos: np.ndarray) -> float:
-    """AUROC of positives (should score higher) against negatives; NaN if either side is empty."""
-    neg, pos = np.asarray(neg, float), np.asarray(pos, float)
-    if len(neg) == 0 or len(pos) == 0:
-        return float("nan")
-    y = np.r_[np.zeros(len(neg)), np.ones(len(pos))]
-    return float(roc_auc_score(y, np.r_[neg, pos]))
 
 
 def chain_auroc_table(scored: pd.DataFrame, steps: Sequence[int] = EVAL_STEPS) -> pd.DataFrame:
