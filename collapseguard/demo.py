@@ -8,9 +8,9 @@ fed its own output. Each sample's json records the truth, so the demo can say ho
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
-import io
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,10 @@ def _fit(img: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
 
 def build_demo_shards(out_dir: str | Path, steps: int = 12, n_shards: int = 3, seed: int = 0) -> list[Path]:
     """Write ``n_shards`` shards of clean photos and degraded copies; returns the shard paths."""
-    from collapseguard.training_data_tools.replicators import create_replicator, list_families
+    from collapseguard.training_data_tools.replicators import (
+        create_replicator,
+        list_families,
+    )
     from collapseguard.training_data_tools.sources import bundled_photos
 
     out = Path(out_dir)

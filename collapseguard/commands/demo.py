@@ -9,7 +9,11 @@ from pathlib import Path
 
 import click
 
-from collapseguard.commands._common import detector_option, load_detector, workers_option
+from collapseguard.commands._common import (
+    detector_option,
+    load_detector,
+    workers_option,
+)
 
 
 @click.command()

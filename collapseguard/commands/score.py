@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import click
 
-from collapseguard.commands._common import (detector_kwargs, detector_option, load_detector,
-                                            trust_pickle_option, workers_option)
+from collapseguard.commands._common import (
+    detector_kwargs,
+    detector_option,
+    load_detector,
+    trust_pickle_option,
+    workers_option,
+)
 from collapseguard.filter.inputs import InputError
 
 

@@ -16,8 +16,8 @@ import queue
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Callable, Sequence
 
 OnProgress = Callable[[int], None]
 #: (task index, result or None, error text or None)

@@ -13,9 +13,9 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,7 +58,7 @@ def shard_name(path: str) -> str:
 
 def shard_stem(path: str) -> str:
     name = shard_name(path)
-    return name[: -len(".tar")] if name.endswith(".tar") else name
+    return name.removesuffix(".tar")
 
 
 def output_paths(shard: str, out_dir: str) -> dict[str, Path]:
@@ -94,7 +94,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     per process); ``progress(n)`` is called with the number of samples done since the last call.
     """
     if detector is None:
-        from collapseguard.filter.engines import get_detector  # late: engines imports this module
+        from collapseguard.filter.engines import (
+            get_detector,  # late: engines imports this module
+        )
         detector = get_detector(options.detector, options.detector_kwargs)
     t0 = time.perf_counter()
     paths = output_paths(shard, options.out_dir)

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tqdm import tqdm
 
 from collapseguard.filter.engines import make_engine
 from collapseguard.filter.inputs import expand_shards
-from collapseguard.filter.pipeline import (FilterOptions, filter_task, output_paths, read_marker,
-                                           shard_name)
+from collapseguard.filter.pipeline import (
+    FilterOptions,
+    filter_task,
+    output_paths,
+    read_marker,
+    shard_name,
+)
 
 
 class FilterError(RuntimeError):
@@ -146,7 +150,10 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                    dry_run: bool = False, batch_size: int = 0, quiet: bool = False) -> dict:
     """Resolve the threshold (explicit, calibration file, packaged default, or a drop-fraction
     cut over this data) and run the filter. ``detector`` is a created detector."""
-    from collapseguard.calibration.files import resolve_threshold, threshold_for_drop_fraction
+    from collapseguard.calibration.files import (
+        resolve_threshold,
+        threshold_for_drop_fraction,
+    )
 
     base = dict(out_dir=str(out), detector=detector.name, detector_kwargs=tuple(kwargs),
                 batch_size=batch_size, reject_no_image=reject_no_image,

@@ -7,8 +7,8 @@ in input order: shards first in the order given, then loose image files.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 from tqdm import tqdm
@@ -43,12 +43,12 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
         records = ShardReader(str(payload))
         if select is not None:
             records = (s for s in records if select(str(payload), s.key))
-        members_of = lambda s: [(m.name, m.data) for m in s.members]  # noqa: E731
-        ident = lambda s: (str(payload), s.key)  # noqa: E731
+        members_of = lambda s: [(m.name, m.data) for m in s.members]
+        ident = lambda s: (str(payload), s.key)
     else:
         records = payload
         members_of = _file_members
-        ident = lambda f: (f.source, f.key)  # noqa: E731
+        ident = lambda f: (f.source, f.key)
     n = 0
     for rec, res in score_records(records, detector, members_of=members_of):
         source, key = ident(rec)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import io
 import posixpath
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 
 @dataclass
