@@ -48,7 +48,7 @@ def split_key(name: str) -> tuple[str, str]:
     """(key, extension) of a clean member name: key is everything up to the first dot of the
     file name, keeping its folder; extension is the rest (may be empty)."""
     folder, base = posixpath.split(name)
-    stem, dot, ext = base.partition(".")
+    stem, _, ext = base.partition(".")
     key = posixpath.join(folder, stem) if folder else stem
     return key, ext
 
