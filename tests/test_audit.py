@@ -31,6 +31,7 @@ from collapseguard.images import decode_image, encode_jpeg, encode_png
 
 HOSTILE_KEY = ('<img src=x onerror="document.body.dataset.pwned=1">'
                '<script>document.title="PWNED";document.body.dataset.ran=1</script>')
+FORMULA_KEY = '=1+cmd|" /C calc"!A0'
 HOSTILE_CAPTION = '<script>document.title="CAPTION RAN"</script>&amp; <b>bold?</b>'
 
 
@@ -82,6 +83,9 @@ def dataset(tmp_path_factory, photos):
             d = degrade(im, seed=i)
             add_member(tf, f"d{i}.png", encode_png(d))
             truth[("degraded-000.tar", f"d{i}")] = ("degraded", d)
+        d = degrade(imgs[3], seed=11)  # a key a spreadsheet would run as a formula
+        add_member(tf, FORMULA_KEY + ".png", encode_png(d))
+        truth[("degraded-000.tar", FORMULA_KEY)] = ("degraded", d)
         add_member(tf, HOSTILE_KEY + ".png", encode_png(imgs[0]))
         add_member(tf, HOSTILE_KEY + ".txt", HOSTILE_CAPTION.encode())
         truth[("degraded-000.tar", HOSTILE_KEY)] = ("clean", imgs[0])
@@ -146,7 +150,9 @@ def test_outputs_agree_with_independent_scores(audited):
     flagged = pd.read_csv(out / "flagged.csv", keep_default_na=False, na_values=[""])
     assert list(flagged.columns) == ["source", "key", "score", "equivalent_step"]
     expect = df[df["score"] > t].sort_values("score", ascending=False)
-    assert list(flagged["key"]) == list(expect["key"])
+    # formula-like keys are written inert (leading '), everything else exactly
+    assert list(flagged["key"]) == [("'" + k if k.startswith("=") else k) for k in expect["key"]]
+    assert "'" + FORMULA_KEY in set(flagged["key"]) and FORMULA_KEY in set(df["key"])
     np.testing.assert_allclose(flagged["score"], expect["score"], rtol=1e-12)
     cal = Calibration.from_json(Path(cal_path).read_text())
     np.testing.assert_allclose(flagged["equivalent_step"], cal.equivalent_step(flagged["score"]))
@@ -163,7 +169,8 @@ def test_outputs_agree_with_independent_scores(audited):
     assert lo < summary["flagged_fraction"] < hi
     assert summary["threshold"] == t and not summary["sample"]["sampled"]
     per = {Path(r["source"]).name: r for r in summary["per_source"]}
-    assert per["clean-000.tar"]["flagged"] == 0 and per["degraded-000.tar"]["flagged"] == 4
+    assert per["clean-000.tar"]["flagged"] == 0 and per["degraded-000.tar"]["flagged"] == sum(
+        1 for (src, _), (label, _) in truth.items() if src == "degraded-000.tar" and label == "degraded")
     assert sum(r["samples"] for r in summary["per_source"]) == len(df)
     st = summary["equivalent_step"]
     assert st["available"] and st["flagged"]["p50"] == pytest.approx(

@@ -8,6 +8,9 @@ never decoded. Outputs in ``out_dir``:
   flagged, equivalent_step, probability, and ``score:<name>`` / ``flagged:<name>`` per compared
   detector;
 - ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first;
+  a source or key that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``,
+  ``@``, tab or carriage return) is written with a leading ``'`` (``csv_text``); scores.parquet
+  keeps the exact strings;
 - ``summary.json``    the figures (strict JSON);
 - ``report.html``     one self-contained page (see ``report_html``).
 """
@@ -260,12 +263,24 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     _write(out / "scores.parquet", lambda p: df.to_parquet(p, index=False))
     flagged = df.loc[fl, ["source", "key", "score", "equivalent_step"]].sort_values(
         "score", ascending=False, kind="stable")
+    flagged = flagged.assign(source=flagged["source"].map(csv_text), key=flagged["key"].map(csv_text))
     _write(out / "flagged.csv", lambda p: flagged.to_csv(p, index=False))
     _write(out / "summary.json", lambda p: Path(p).write_text(
         json.dumps(_strict(summary), indent=2, allow_nan=False), encoding="utf-8"))
     html = report_html.render(summary, per_source, cards, figures, comparisons)
     _write(out / "report.html", lambda p: Path(p).write_text(html, encoding="utf-8"))
     return summary
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: object) -> object:
+    """A text cell made inert for spreadsheets: strings that start like a formula get a leading
+    ``'`` (CSV/formula injection); other values pass unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def _write(path: Path, writer) -> None:
