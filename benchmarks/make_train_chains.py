@@ -1,25 +1,59 @@
 """Make the chains the shipped `cnn` weights are trained on (step 1 of benchmarks/train_cnn.sh).
 
-    python benchmarks/make_train_chains.py SOURCES OUT_DIR
+    python benchmarks/make_train_chains.py SOURCES OUT_DIR [--photos PATH ...] [--both-views]
+                                           [--clean-art N --clean-art-dir DIR]
 
-SOURCES is a source spec (e.g. ``bundled,art:64:320-640``); every replicator family, 20 steps,
-keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes.
+SOURCES is a source spec (e.g. ``bundled,art:40:320-640``). ``--photos`` adds large photos as
+chain sources through ``sources.photo_views`` (a native 512 px window or a web-size downscale per
+photo), but only those on the *training* side of ``training.negatives.split_clean`` -- the same
+hash by file name that ``collapseguard train --clean`` uses -- so the photos it holds out as unseen
+clean images are never chain sources either; ``--both-views`` takes both views of every photo
+(their chains stay on one side of the train/held-out split). ``--clean-art N`` also writes N
+procedural art PNGs (seed 7, never chain sources) into ``--clean-art-dir`` for ``--clean``, where
+training adds JPEG/grain/resize variants: clean digital art as a pipeline delivers it. Every
+replicator family, 20 steps, keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import torch
 
+from collapseguard.training.negatives import list_images, split_clean
 from collapseguard.training_data_tools import chains, sources
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    spec, out = sys.argv[1], sys.argv[2]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec")
+    ap.add_argument("out")
+    ap.add_argument("--photos", nargs="*", default=[], help="photo folders or files (train side only)")
+    ap.add_argument("--side", type=int, default=512)
+    ap.add_argument("--both-views", action="store_true")
+    ap.add_argument("--clean-art", type=int, default=0)
+    ap.add_argument("--clean-art-dir", default=None)
+    args = ap.parse_args()
     t = time.time()
-    df = chains.make_chains(list(sources.resolve_sources(spec, seed=0)), None, steps=20,
-                            keep=(0, 1, 2, 3, 5, 10, 20), out_dir=out, seed=0, workers=2, progress=False)
+    srcs = list(sources.resolve_sources(args.spec, seed=0)) if args.spec else []
+    if args.photos:
+        train_files, held = split_clean(list_images(args.photos))
+        views = list(sources.photo_views(train_files, args.side, seed=0, both=args.both_views))
+        print(f"photo sources: {len(views)} views of {len(train_files)} training photos "
+              f"({len(held)} held out, never used)")
+        srcs += views
+    if args.clean_art:
+        from pathlib import Path
+
+        from PIL import Image
+
+        folder = Path(args.clean_art_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, img in sources.procedural_art(args.clean_art, seed=7, min_side=320, max_side=1024):
+            Image.fromarray(img).save(folder / f"{name.replace('/', '-')}.png")
+        print(f"clean art: {args.clean_art} PNGs in {folder}")
+    df = chains.make_chains(srcs, None, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,
+                            seed=0, workers=2, progress=False)
     print(f"chains: {df['chain_id'].nunique()} chains, {len(df)} images, families "
           f"{sorted(df['family'].unique())} in {time.time() - t:.0f}s")

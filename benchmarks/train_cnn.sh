@@ -1,28 +1,52 @@
 #!/usr/bin/env bash
 # Reproduce the shipped cnn weights (collapseguard/weights/cnn.safetensors) in one command:
 #   bash benchmarks/train_cnn.sh
-# 1. makes the training chains (bundled photos + procedural art, every replicator family,
-#    20 steps, keeping 0,1,2,3,5,10,20) with make_chains, seed 0, 2 workers;
-# 2. trains with `collapseguard train` (seed 0, 2 threads), writing the weights, <out>.json and
-#    the model card <out>.md with held-out metrics.
-# Clean photos (optional, strongly recommended): the Debian wallpaper packages, never committed:
-#   cd /tmp && apt-get download gnome-backgrounds mate-backgrounds && for f in *.deb; do dpkg -x $f wp; done
-# and CLEAN=/tmp/wp/usr/share/backgrounds (the default, or /tmp/wp/x/usr/share/backgrounds when
-# only that exists; skipped when neither folder exists).
+# 1. photos (never committed): `apt-get download` of five Debian wallpaper/texture packages
+#    (gnome-backgrounds, mate-backgrounds, lomiri-wallpapers{,-16.04,-20.04}, mypaint-data-extras),
+#    unpacked with dpkg -x into $WORK/debs and linked flat into $WORK/photos (exact duplicates and
+#    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the
+#    calibration's (benchmarks/make_default_calibration.sh), which is how models are compared.
+# 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + one view of every
+#    training-side photo (native 512 px window or web-size downscale), every replicator family,
+#    20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard train` holds
+#    out as unseen clean images (hash of the file name) are never chain sources.
+# 3. `collapseguard train` (seed 0, 2 threads) with the photos as extra clean negatives, writing
+#    the weights, <out>.json and the model card <out>.md with held-out metrics.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/cg_train}
-if [ -z "${CLEAN:-}" ]; then
-  CLEAN=/tmp/wp/usr/share/backgrounds
-  [ -d "$CLEAN" ] || CLEAN=/tmp/wp/x/usr/share/backgrounds
-fi
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
-SOURCES=${SOURCES:-bundled,art:64:320-640}
+SOURCES=${SOURCES:-bundled,art:40:320-640}
 ITERS=${ITERS:-3000}
+EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
+
+# 1. photos --------------------------------------------------------------------------------------
+mkdir -p "$WORK/debs"
+if [ ! -d "$WORK/debs/x/usr/share/mypaint" ]; then
+  (cd "$WORK/debs" && apt-get download gnome-backgrounds mate-backgrounds lomiri-wallpapers \
+     lomiri-wallpapers-16.04 lomiri-wallpapers-20.04 mypaint-data-extras \
+     && for f in *.deb; do dpkg -x "$f" x; done)
+fi
+share="$WORK/debs/x/usr/share"
+rm -rf "$WORK/photos" && mkdir -p "$WORK/photos"
+for f in "$share"/backgrounds/gnome/*.webp "$share"/backgrounds/mate/*/* "$share"/backgrounds/*.jpg \
+         "$share"/backgrounds/*.png "$share"/mypaint/backgrounds/*/*.png; do
+  [ -f "$f" ] || continue
+  case "$(basename "$f")" in
+    Elephants.jpg|Elephants_3840x2160.jpg|lomiri-default-background.png) continue ;;  # copies
+  esac
+  ln -sf "$f" "$WORK/photos/$(basename "$f" | tr ' ' '_')"
+done
+echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
+
+# 2. chains --------------------------------------------------------------------------------------
 rm -rf "$WORK/chains"
-python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains"
-clean_args=()
-if [ -d "$CLEAN" ]; then clean_args=(--clean "$CLEAN"); else echo "no clean folder $CLEAN: training without extra photos"; fi
-collapseguard train --chains "$WORK/chains" "${clean_args[@]}" --out "$OUT" --steps "$ITERS" --seed 0 --threads 2
+python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos"
+
+# 3. train ---------------------------------------------------------------------------------------
+# shellcheck disable=SC2086
+collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --out "$OUT" --steps "$ITERS" \
+  --seed 0 --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

@@ -11,6 +11,7 @@ from collapseguard.training_data_tools.sources import (
     SourceError,
     bundled_photos,
     folder_images,
+    photo_views,
     procedural_art,
     resolve_sources,
     shard_images,
@@ -87,3 +88,39 @@ def test_resolve_sources_specs(tmp_path):
         list(resolve_sources("what:ever"))
     with pytest.raises(SourceError, match="bad art spec"):
         list(resolve_sources("art:many"))
+
+
+def test_photo_views_native_window_and_web_downscale(tmp_path):
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, 256, (700, 1000, 3), dtype=np.uint8)
+    for name in ("a.png", "b.png"):
+        Image.fromarray(big).save(tmp_path / name)
+    (tmp_path / "junk.png").write_bytes(b"not an image")
+    files = [tmp_path / "a.png", tmp_path / "junk.png", tmp_path / "b.png"]
+    views = list(photo_views(files, side=128, seed=0))
+    # junk is skipped; "a" (position 0) gives a native window, "b" (position 2) too
+    assert [n for n, _ in views] == ["a@native", "b@native"]
+    for _, v in views:
+        assert v.shape == (128, 128, 3)
+        # a native window: the exact pixels of some place of the photo, nothing resampled
+        ys, xs = np.nonzero((big[:, :, 0] == v[0, 0, 0]) & (big[:, :, 1] == v[0, 0, 1]))
+        assert any(np.array_equal(big[y:y + 128, x:x + 128], v) for y, x in zip(ys, xs))
+    both = dict(photo_views([tmp_path / "a.png"], side=128, seed=0, both=True))
+    assert set(both) == {"a@native", "a@web"}
+    assert both["a@web"].shape == (134, 192, 3)  # long side 1.5 x 128, aspect kept
+    assert list(resolve_sources(f"views:{tmp_path}:128"))[0][0] == "a@native"
+    with pytest.raises(SourceError):
+        list(photo_views(files, side=8))
+
+
+def test_split_keeps_views_of_one_picture_together():
+    import pandas as pd
+
+    from collapseguard.training_data_tools.manifest import split_by_source
+
+    names = [f"p{i}@{v}" for i in range(60) for v in ("native", "web")]
+    df = pd.DataFrame({"source_image": names, "x": range(len(names))})
+    parts = split_by_source(df, {"train": 0.5, "test": 0.5}, salt="s")
+    groups = {name: {s.split("@")[0] for s in part["source_image"]} for name, part in parts.items()}
+    assert groups["train"] and groups["test"] and not groups["train"] & groups["test"]
+    assert len(parts["train"]) + len(parts["test"]) == len(df)

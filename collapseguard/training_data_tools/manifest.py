@@ -114,8 +114,15 @@ def source_bucket(source_image: str, salt: str = "") -> float:
     return int.from_bytes(h[:8], "big") / 2**64
 
 
+def source_group(source_image: str) -> str:
+    """The picture a source comes from: views of one photo (``<name>@<view>``, as
+    ``sources.photo_views`` names them) share it, so a split keeps them on one side."""
+    return str(source_image).split("@", 1)[0]
+
+
 def split_by_source(df: pd.DataFrame, fractions: dict[str, float], salt: str = "") -> dict[str, pd.DataFrame]:
-    """Split rows into named parts by ``source_image`` (no source in two parts).
+    """Split rows into named parts by ``source_image`` (no source in two parts; views of one
+    picture, ``<name>@<view>``, stay together: see ``source_group``).
 
     ``fractions`` maps part name to its share, e.g. ``{"train": 0.7, "calib": 0.15, "test": 0.15}``.
     The assignment depends only on the source name and ``salt``, so it is reproducible and stable
@@ -128,7 +135,7 @@ def split_by_source(df: pd.DataFrame, fractions: dict[str, float], salt: str = "
     for name, frac in fractions.items():
         acc += frac / total
         edges.append((acc, name))
-    buckets = {s: source_bucket(s, salt) for s in df["source_image"].unique()}
+    buckets = {s: source_bucket(source_group(s), salt) for s in df["source_image"].unique()}
 
     def part_of(s: str) -> str:
         b = buckets[s]

@@ -8,6 +8,10 @@
 - ``folder_images(path)``: image files under a folder (recursively, sorted).
 - ``shard_images(paths)``: images inside WebDataset ``.tar`` shards (tar members are read as bytes
   and decoded; nothing is unpickled).
+- ``photo_views(paths, side)``: one view per large photo, alternating between a native-resolution
+  ``side`` x ``side`` window (camera grain and optics intact) and a whole-picture downscale to a web
+  size (long side 1.5 x ``side``), so chains start from both kinds of clean photo that training
+  sets hold.
 - ``resolve_sources(spec)``: the command-line spellings of the above.
 """
 
@@ -184,7 +188,7 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
 
 def _clean_name(name: str) -> str:
     """A source name safe for file and chain names: no separators, '..', or odd characters."""
-    name = re.sub(r"[^A-Za-z0-9._/-]+", "_", name).strip("/")
+    name = re.sub(r"[^A-Za-z0-9._/@-]+", "_", name).strip("/")
     parts = [p for p in name.split("/") if p not in ("", ".", "..")]
     return "/".join(parts) or "image"
 
@@ -205,6 +209,34 @@ def folder_images(path: str | os.PathLike, recursive: bool = True) -> Iterator[S
         except (OSError, DecodeError):
             continue
         yield _clean_name(p.relative_to(root).with_suffix("").as_posix()), arr
+
+
+def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int = 0,
+                both: bool = False) -> Iterator[Source]:
+    """One view per image file in ``paths`` (files, in the order given): even positions give a
+    native-resolution ``side`` x ``side`` window at a seeded random place, odd ones the whole
+    picture downscaled (Lanczos) to a long side of ``1.5 * side`` (never upscaled). With ``both``
+    every file gives both views. Names are ``<file stem>@native`` / ``<file stem>@web`` (splits by
+    source keep the views of one picture together). Undecodable files are skipped."""
+    if side < 32:
+        raise SourceError(f"photo_views: side must be >= 32, got {side}")
+    rng = np.random.default_rng(seed)
+    for i, p in enumerate(Path(x) for x in paths):
+        try:
+            img = load_image(p)
+        except (OSError, DecodeError):
+            continue
+        h, w = img.shape[:2]
+        if both or i % 2 == 0:
+            y = int(rng.integers(0, max(1, h - side + 1)))
+            x = int(rng.integers(0, max(1, w - side + 1)))
+            yield _clean_name(f"{p.stem}@native"), np.ascontiguousarray(img[y : y + side, x : x + side])
+        if both or i % 2 == 1:
+            scale = min(1.0, 1.5 * side / max(h, w))
+            size = (max(8, round(w * scale)), max(8, round(h * scale)))
+            view = img if scale == 1.0 else np.asarray(
+                Image.fromarray(img).resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0))
+            yield _clean_name(f"{p.stem}@web"), view
 
 
 def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
@@ -238,7 +270,8 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
 def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
     """Turn a command-line spec into a source.
 
-    ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides) | ``folder:PATH`` | ``shards:GLOB`` |
+    ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides) | ``folder:PATH`` | ``views:PATH`` (or
+    ``views:PATH:SIDE``; ``photo_views`` of the image files under a folder) | ``shards:GLOB`` |
     a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``.
     """
     for part in [s.strip() for s in spec.split(",") if s.strip()]:
@@ -253,6 +286,13 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
             yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi)
         elif kind == "folder":
             yield from folder_images(arg)
+        elif kind == "views":
+            folder, _, side = arg.rpartition(":") if re.search(r":\d+$", arg) else (arg, "", "")
+            root = Path(folder)
+            if not root.is_dir():
+                raise SourceError(f"not a folder: {root}")
+            files = sorted(p for p in root.rglob("*") if p.is_file() and is_image_name(p.name))
+            yield from photo_views(files, int(side or 512), seed=seed)
         elif kind == "shards":
             yield from shard_images(arg)
         elif os.path.isdir(part):
@@ -260,5 +300,5 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
         elif part.endswith(".tar") or glob.glob(part):
             yield from shard_images(part)
         else:
-            raise SourceError(f"unknown source {part!r}: use bundled, art:N, folder:PATH, "
+            raise SourceError(f"unknown source {part!r}: use bundled, art:N, folder:PATH, views:PATH, "
                               "shards:GLOB, a folder or a .tar shard")

@@ -1,0 +1,100 @@
+"""Compare cnn weights on an independent set: the default calibration's chains and clean images.
+
+    python benchmarks/select_cnn.py WEIGHTS [WEIGHTS ...] [--work /tmp/cg_default_calibration]
+                                    [--n-crops N] [--out scores_dir]
+
+The set is made by ``benchmarks/make_default_calibration.sh`` (Debian ukui/plasma wallpapers and
+procedural art of another seed, none of them used in training). This is where candidate weights
+are compared before one is shipped: held-out sources of the training generator flatter a model
+(MODEL_CARD.md, "Tried and not shipped"). Printed per weights file: AUROC of step 0 vs steps 5, 10
+and 20 (all chains, wallpaper-photo chains, art chains), and step 0 of every photo chain vs step 10
+of each family's photo chains; the share of clean images (chain step 0
+plus the extra clean folder) above the threshold that drops 95% of step-10 images; and the share
+of step-5/10/20 images dropped at the empirical 99th percentile of the clean scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from collapseguard.detectors.cnn import CNNDetector
+from collapseguard.evaluation.metrics import auroc
+from collapseguard.training.metrics import score_paths
+from collapseguard.training.negatives import list_images
+from collapseguard.training_data_tools.manifest import read_manifest
+
+
+def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None) -> dict:
+    out = {}
+    if clean_paths is not None:  # every clean image of a kind (step 0 + extra clean) vs step k
+        is_photo = np.array(["/photos/" in str(p) for p in clean_paths])
+        for name, mask, sel in (("photo", is_photo, chains["source_image"].str.startswith("wp-")),
+                                ("art", ~is_photo, ~chains["source_image"].str.startswith("wp-"))):
+            g = chains[sel]
+            neg = np.concatenate([g.loc[g["step"] == 0, "score"].drop_duplicates().to_numpy(), clean[mask]])
+            for k in (5, 10):
+                out[f"{name} allclean 0v{k}"] = auroc(neg, g.loc[g["step"] == k, "score"].to_numpy())
+    kinds = {"all": chains, "photo": chains[chains["source_image"].str.startswith("wp-")],
+             "art": chains[~chains["source_image"].str.startswith("wp-")]}
+    for name, g in kinds.items():
+        neg = g.loc[g["step"] == 0, "score"].to_numpy()
+        for k in (5, 10, 20):
+            out[f"{name} 0v{k}"] = auroc(neg, g.loc[g["step"] == k, "score"].to_numpy())
+    photo = kinds["photo"]
+    neg = photo.loc[photo["step"] == 0, "score"].to_numpy()
+    for fam, g in photo.groupby("family", sort=True):
+        out[f"photo {fam} 0v10"] = auroc(neg, g.loc[g["step"] == 10, "score"].to_numpy())
+    allclean = np.concatenate([chains.loc[chains["step"] == 0, "score"].to_numpy(), clean])
+    s10 = chains.loc[chains["step"] == 10, "score"].to_numpy()
+    thr = np.quantile(s10, 0.05)
+    out["clean>thr95@10"] = float(np.mean(allclean > thr))
+    t99 = np.quantile(allclean, 0.99)
+    for k in (5, 10, 20):
+        out[f"drop@99%clean s{k}"] = float(np.mean(chains.loc[chains["step"] == k, "score"] > t99))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("weights", nargs="*")
+    ap.add_argument("--work", default="/tmp/cg_default_calibration")
+    ap.add_argument("--n-crops", type=int, default=None)
+    ap.add_argument("--out", default=None, help="folder for per-image score CSVs")
+    ap.add_argument("--from-scores", nargs="*", default=[], help="VERSION names of CSV pairs in --out to "
+                    "summarise again without scoring")
+    args = ap.parse_args(argv)
+    work = Path(args.work)
+    chains = read_manifest(work / "chains")
+    clean_files = [str(p) for p in list_images([work / "clean"])]
+    rows = []
+    for v in args.from_scores:
+        sc = pd.read_csv(Path(args.out) / f"chains_{v}.csv")
+        cl = pd.read_csv(Path(args.out) / f"clean_{v}.csv")
+        rows.append({"weights": v, "version": v, "n_crops": 0,
+                     **summarise(sc, cl["score"].to_numpy(), cl["path"].tolist())})
+    for w in args.weights:
+        det = CNNDetector(weights=w, device="cpu", n_crops=args.n_crops)
+        sc = chains.copy()
+        sc["score"] = score_paths(det, sc["path"].tolist())
+        clean = score_paths(det, clean_files)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            sc.to_csv(Path(args.out) / f"chains_{det.version}.csv", index=False)
+            pd.DataFrame({"path": clean_files, "score": clean}).to_csv(
+                Path(args.out) / f"clean_{det.version}.csv", index=False)
+        rows.append({"weights": Path(w).name, "version": det.version, "n_crops": det.n_crops,
+                     **summarise(sc, clean, clean_files)})
+        print(pd.DataFrame(rows[-1:]).T.to_string(), flush=True)
+    if not rows:
+        ap.error("give weights files or --from-scores")
+    print(pd.DataFrame(rows).set_index("weights").T.round(3).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
