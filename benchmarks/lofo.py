@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--crop-size", type=int, default=48, help="crop size in pixels (shipped recipe: 48)")
     ap.add_argument("--width", type=int, default=16, help="network width (shipped recipe: 16)")
+    ap.add_argument("--n-crops", type=int, default=48, help="crops per image when scoring (shipped: 48)")
     ap.add_argument("--cache", default=None, help="crop-bank cache folder (shared with collapseguard train --cache)")
     ap.add_argument("--families", default=None, help="comma-separated subset")
     args = ap.parse_args()
@@ -33,7 +34,7 @@ def main() -> None:
     from collapseguard.training.loop import TrainConfig
 
     cfg = TrainConfig(iterations=args.steps, seed=args.seed, threads=args.threads, log_every=100,
-                      net=NetConfig(crop_size=args.crop_size, width=args.width))
+                      net=NetConfig(crop_size=args.crop_size, width=args.width, n_crops=args.n_crops))
     res = lofo(args.chains, args.out, cfg, clean_dirs=args.clean,
                families=args.families.split(",") if args.families else None, cache_dir=args.cache)
     cols = ["family", "n_chains_heldout", "heldout_auroc_0v5", "heldout_auroc_0v10",

@@ -9,7 +9,7 @@ photo), but only those on the *training* side of ``training.negatives.split_clea
 hash by file name that ``collapseguard train --clean`` uses -- so the photos it holds out as unseen
 clean images are never chain sources either; ``--both-views`` takes both views of every photo
 (their chains stay on one side of the train/held-out split). ``--clean-art N`` also writes N
-procedural art PNGs (seed 7, never chain sources) into ``--clean-art-dir`` for ``--clean``, where
+procedural art PNGs (seed 11, never chain sources; the study script draws its unseen art with seed 7) into ``--clean-art-dir`` for ``--clean``, where
 training adds JPEG/grain/resize variants: clean digital art as a pipeline delivers it. Every
 replicator family, 20 steps, keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes.
 """
@@ -50,7 +50,7 @@ if __name__ == "__main__":
 
         folder = Path(args.clean_art_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        for name, img in sources.procedural_art(args.clean_art, seed=7, min_side=320, max_side=1024):
+        for name, img in sources.procedural_art(args.clean_art, seed=11, min_side=320, max_side=1024):
             Image.fromarray(img).save(folder / f"{name.replace('/', '-')}.png")
         print(f"clean art: {args.clean_art} PNGs in {folder}")
     df = chains.make_chains(srcs, None, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,

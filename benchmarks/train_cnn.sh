@@ -6,22 +6,27 @@
 #    unpacked with dpkg -x into $WORK/debs and linked flat into $WORK/photos (exact duplicates and
 #    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the
 #    calibration's (benchmarks/make_default_calibration.sh), which is how models are compared.
-# 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + one view of every
-#    training-side photo (native 512 px window or web-size downscale), every replicator family,
-#    20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard train` holds
-#    out as unseen clean images (hash of the file name) are never chain sources.
-# 3. `collapseguard train` (seed 0, 2 threads) with the photos as extra clean negatives, writing
-#    the weights, <out>.json and the model card <out>.md with held-out metrics.
+# 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + two views of every
+#    training-side photo (a native 512 px window and a web-size downscale), every replicator
+#    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard
+#    train` holds out as unseen clean images (hash of the file name) are never chain sources.
+#    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
+# 3. `collapseguard train` (seed 0, 2 threads) with the photos and the clean art as extra clean
+#    negatives (training adds JPEG/grain/resize variants), writing the weights, <out>.json and the
+#    model card <out>.md with held-out metrics.
+# STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/cg_train}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
-SOURCES=${SOURCES:-bundled,art:40:320-640}
-ITERS=${ITERS:-3000}
+SOURCES=${SOURCES:-bundled,art:64:320-640}
+ITERS=${ITERS:-9000}
+STAGE=${STAGE:-all}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 
+if [ "$STAGE" != train ]; then
 # 1. photos --------------------------------------------------------------------------------------
 mkdir -p "$WORK/debs"
 if [ ! -d "$WORK/debs/x/usr/share/mypaint" ]; then
@@ -42,11 +47,15 @@ done
 echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
 
 # 2. chains --------------------------------------------------------------------------------------
-rm -rf "$WORK/chains"
-python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos"
+rm -rf "$WORK/chains" "$WORK/clean_art"
+python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
+  --clean-art 120 --clean-art-dir "$WORK/clean_art"
+echo "chains stage: $(( $(date +%s) - start )) s"
+fi
+[ "$STAGE" = chains ] && exit 0
 
 # 3. train ---------------------------------------------------------------------------------------
 # shellcheck disable=SC2086
-collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --out "$OUT" --steps "$ITERS" \
+collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --clean "$WORK/clean_art" --out "$OUT" --steps "$ITERS" \
   --seed 0 --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

@@ -20,6 +20,8 @@ import click
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads")
 @click.option("--width", type=int, default=16, show_default=True, help="network width")
 @click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
+@click.option("--n-crops", type=int, default=48, show_default=True,
+              help="crops per image when scoring (stored with the weights; training draws random crops)")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
@@ -30,7 +32,7 @@ import click
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, cache_dir,
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, cache_dir,
           no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -58,7 +60,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     from collapseguard.training.loop import TrainConfig
     from collapseguard.training.run import run_training
 
-    cfg = TrainConfig(seed=seed, threads=threads, net=NetConfig(width=width, crop_size=crop_size))
+    cfg = TrainConfig(seed=seed, threads=threads, net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     if iterations is not None:
         cfg.iterations = iterations
     if teacher or images:
