@@ -151,7 +151,7 @@ def test_train_cli_writes_weights_card_and_metrics(tmp_path):
     out = tmp_path / "w" / "tiny.safetensors"
     res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--out", str(out),
                                     "--steps", "40", "--threads", "1", "--width", "6", "--crop-size", "32",
-                                    "--seed", "1", "--exclude-family", "grain2"])
+                                    "--n-crops", "10", "--seed", "1", "--exclude-family", "grain2"])
     assert res.exit_code == 0, res.output
     assert "iter 40/40" in res.output and "held-out" in res.output
     summary = json.loads(out.with_suffix(".json").read_text())
@@ -163,6 +163,7 @@ def test_train_cli_writes_weights_card_and_metrics(tmp_path):
 
     det = create("cnn", weights=str(out))
     assert det.version == summary["version"]
+    assert det.n_crops == 10 and summary["config"]["net"]["n_crops"] == 10  # stored with the weights
     bad = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out),
                                     "--exclude-family", "nope", "--no-eval", "--steps", "1"])
     assert bad.exit_code != 0 and "not among families" in bad.output
