@@ -108,7 +108,7 @@ def test_photo_views_native_window_and_web_downscale(tmp_path):
     both = dict(photo_views([tmp_path / "a.png"], side=128, seed=0, both=True))
     assert set(both) == {"a@native", "a@web"}
     assert both["a@web"].shape == (134, 192, 3)  # long side 1.5 x 128, aspect kept
-    assert list(resolve_sources(f"views:{tmp_path}:128"))[0][0] == "a@native"
+    assert next(iter(resolve_sources(f"views:{tmp_path}:128")))[0] == "a@native"
     with pytest.raises(SourceError):
         list(photo_views(files, side=8))
 
