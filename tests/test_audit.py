@@ -343,3 +343,46 @@ def test_select_travels_to_workers_and_skips_before_decoding(dataset):
     assert CountingDetector.seen == sum(1 for r in rows if not r["error"])
     # without a predicate the tasks are the filter's plain ones
     assert all(len(t) == 2 for t in plan_score_tasks(inputs))
+
+
+class Broken(Detector):
+    """A compared detector that always fails (to see the main scores survive it)."""
+
+    name = "test-broken"
+    version = "1"
+
+    def score(self, images):
+        raise RuntimeError("no scores today")
+
+
+register("test-broken", Broken)
+
+
+def test_compare_in_one_pass_matches_separate_passes(dataset, tmp_path):
+    """workers=1 scores the compared detector on the same decoded images (ComparePanel);
+    workers=2 gives it its own read-and-decode pass in worker processes. Same numbers."""
+    _, inputs, truth = dataset
+    t = nss_threshold(truth)
+    runs = {}
+    for w in (1, 2):
+        out = tmp_path / f"w{w}"
+        summary = run_audit(inputs, out, AuditOptions(detector="nss", threshold=t, compare=("cnn",),
+                                                      workers=w, gallery_size=2), quiet=True)
+        runs[w] = (summary, pd.read_parquet(out / "scores.parquet"))
+    (s1, d1), (s2, d2) = runs[1], runs[2]
+    assert list(zip(d1["source"], d1["key"])) == list(zip(d2["source"], d2["key"]))
+    np.testing.assert_allclose(d1["score:cnn"], d2["score:cnn"], rtol=1e-5, equal_nan=True)
+    assert np.isfinite(d1["score:cnn"]).sum() == len(truth)
+    for k in ("matched_threshold", "images_compared", "main_flagged", "other_flagged", "both_flagged"):
+        assert s1["compare"][0][k] == pytest.approx(s2["compare"][0][k], rel=1e-5)
+
+
+def test_failing_compared_detector_keeps_main_scores(dataset, tmp_path):
+    _, inputs, truth = dataset
+    t = nss_threshold(truth)
+    summary = run_audit(inputs, tmp_path / "out", AuditOptions(
+        detector="nss", threshold=t, compare=("test-broken",), workers=1, gallery_size=2), quiet=True)
+    df = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    assert np.isfinite(df["score"]).sum() == len(truth)  # the main detector scored everything
+    assert df["score:test-broken"].isna().all()
+    assert any("test-broken" in f and "no scores today" in f for f in summary["failures"])

@@ -2,7 +2,8 @@
 
 Scoring goes through the filter's own ``run_score`` (same reading, decoding, batching and
 engines); with ``sample`` a seeded random subset is chosen from tar headers first and the rest is
-never decoded. Outputs in ``out_dir``:
+never decoded. With one process, ``--compare`` detectors score the same decoded images in the same
+pass (``panel.ComparePanel``); with worker processes each compared detector gets its own pass. Outputs in ``out_dir``:
 
 - ``scores.parquet``  every audited sample: source, key, image, width, height, error, score,
   flagged, equivalent_step, probability, and ``score:<name>`` / ``flagged:<name>`` per compared
@@ -31,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.audit import gallery, plots, stats
+from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
 from collapseguard.calibration.files import (
     NoThresholdError,
@@ -182,8 +184,12 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from tar headers",
              quiet)
         select, population = choose_sample(inputs, options.sample, options.seed)
-    _log(f"scoring with {det.name}", quiet)
-    df, failures = _score(inputs, det.name, det, options.detector_kwargs, options, select, quiet)
+    # one process: the compared detectors score the same decoded images (one read, one decode)
+    panel = ComparePanel(det, others) if others and options.workers <= 1 else None
+    _log(f"scoring with {det.name}" + (f" and {', '.join(others)} (--compare)" if panel else ""), quiet)
+    df, failures = _score(inputs, det.name, panel or det, options.detector_kwargs, options, select, quiet)
+    if panel is not None:
+        failures += panel.errors
     if population is None:
         population = len(df)
     s = df["score"].to_numpy(np.float64)
@@ -195,11 +201,16 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
 
     comparisons = []
     for name, other_det in others.items():
-        _log(f"scoring with {name} (--compare)", quiet)
-        odf, ofail = _score(inputs, name, other_det, tuple(options.compare_kwargs.get(name, ())),
-                            options, select, quiet)
-        failures += [f"[{name}] {f}" for f in ofail]
-        other = align_scores(df, odf)
+        if panel is not None:
+            col = compare_column(name)
+            other = (pd.to_numeric(df[col], errors="coerce").to_numpy(np.float64) if col in df
+                     else np.full(len(df), np.nan))
+        else:  # worker processes create detectors by name: one scoring pass per compared detector
+            _log(f"scoring with {name} (--compare)", quiet)
+            odf, ofail = _score(inputs, name, other_det, tuple(options.compare_kwargs.get(name, ())),
+                                options, select, quiet)
+            failures += [f"[{name}] {f}" for f in ofail]
+            other = align_scores(df, odf)
         c = stats.compare(s, threshold, other, name, str(other_det.version))
         df[f"score:{name}"] = other
         df[f"flagged:{name}"] = is_dropped(other, c.threshold) if np.isfinite(c.threshold) else False
