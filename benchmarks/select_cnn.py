@@ -24,7 +24,7 @@ import pandas as pd
 
 from collapseguard.detectors.cnn import CNNDetector
 from collapseguard.evaluation.metrics import auroc
-from collapseguard.training.metrics import score_paths
+from collapseguard.training.metrics import clean_false_positive_rate, score_paths
 from collapseguard.training.negatives import list_images
 from collapseguard.training_data_tools.manifest import read_manifest
 
@@ -51,8 +51,7 @@ def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None) -> dict
         out[f"photo {fam} 0v10"] = auroc(neg, g.loc[g["step"] == 10, "score"].to_numpy())
     allclean = np.concatenate([chains.loc[chains["step"] == 0, "score"].to_numpy(), clean])
     s10 = chains.loc[chains["step"] == 10, "score"].to_numpy()
-    thr = np.quantile(s10, 0.05)
-    out["clean>thr95@10"] = float(np.mean(allclean > thr))
+    out["clean>thr95@10"] = clean_false_positive_rate(allclean, s10, drop=0.95)[1]
     t99 = np.quantile(allclean, 0.99)
     for k in (5, 10, 20):
         out[f"drop@99%clean s{k}"] = float(np.mean(chains.loc[chains["step"] == k, "score"] > t99))

@@ -129,7 +129,7 @@ def _pick_galleries(df: pd.DataFrame, threshold: float, comparisons, options: Au
     out = {"degraded": top, "borderline": sorted(border, key=lambda i: -s[i]), "kept": rand}
     half = max(2, k // 2)
     for c in comparisons:
-        other = df[f"score:{c.name}"].to_numpy(np.float64)
+        other = df[compare_column(c.name)].to_numpy(np.float64)
         mo = np.flatnonzero(c.main_only)
         oo = np.flatnonzero(c.other_only)
         out[f"main_only:{c.name}"] = mo[np.argsort(-s[mo], kind="stable")][:half].tolist()
@@ -151,7 +151,7 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions) -> dict:
                 "flagged": bool(row["flagged"]), "step": float(row["equivalent_step"]),
                 "width": int(row["width"] or 0), "height": int(row["height"] or 0),
                 "caption": f.caption, "error": f.error,
-                "others": {n: (float(row[f"score:{n}"]), bool(row[f"flagged:{n}"])) for n in compared}}
+                "others": {n: (float(row[compare_column(n)]), bool(row[f"flagged:{n}"])) for n in compared}}
         if f.image is not None:
             crop, (y, x) = gallery.detail_crop(f.image, options.crop_size)
             card.update(thumb=gallery.jpeg_uri(gallery.thumbnail(f.image)), crop=gallery.png_uri(crop),
@@ -212,7 +212,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
             failures += [f"[{name}] {f}" for f in ofail]
             other = align_scores(df, odf)
         c = stats.compare(s, threshold, other, name, str(other_det.version))
-        df[f"score:{name}"] = other
+        df[compare_column(name)] = other
         df[f"flagged:{name}"] = is_dropped(other, c.threshold) if np.isfinite(c.threshold) else False
         comparisons.append(c)
 
@@ -266,7 +266,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl), "image/png")
     for c in comparisons:
         figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
-            s, df[f"score:{c.name}"], threshold, c.threshold, det.name, c.name), "image/png")
+            s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
 

@@ -159,12 +159,12 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
                                  "seed": str(cfg.seed), "iterations": str(cfg.iterations)})
     from collapseguard.detectors.cnn import weights_version
 
-    data = out.read_bytes()
+    n_bytes = out.stat().st_size
     summary = {
         "name": "cnn",
         "weights_file": out.name,
         "version": weights_version(net, net.config.n_crops),
-        "weights_bytes": len(data),
+        "weights_bytes": n_bytes,
         "n_parameters": int(sum(p.numel() for p in net.parameters())),
         "config": cfg.to_dict(),
         "data": {
@@ -197,6 +197,6 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         summary["seconds_eval"] = time.time() - t2
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=float))
     write_card(summary, out.with_suffix(".md"))
-    log(f"wrote {out} ({len(data)} bytes, version {summary['version']}), {out.with_suffix('.json').name}, "
+    log(f"wrote {out} ({n_bytes} bytes, version {summary['version']}), {out.with_suffix('.json').name}, "
         f"{out.with_suffix('.md').name}")
     return summary
