@@ -1,7 +1,7 @@
 """Compare cnn weights on an independent set: the default calibration's chains and clean images.
 
     python benchmarks/select_cnn.py WEIGHTS [WEIGHTS ...] [--work /tmp/cg_default_calibration]
-                                    [--n-crops N] [--out scores_dir]
+                                    [--n-crops N] [--out scores_dir] [--jpeg Q]
 
 The set is made by ``benchmarks/make_default_calibration.sh`` (Debian ukui/plasma wallpapers and
 procedural art of another seed, none of them used in training). This is where candidate weights
@@ -11,6 +11,9 @@ and 20 (all chains, wallpaper-photo chains, art chains), and step 0 of every pho
 of each family's photo chains; the share of clean images (chain step 0
 plus the extra clean folder) above the threshold that drops 95% of step-10 images; and the share
 of step-5/10/20 images dropped at the empirical 99th percentile of the clean scores.
+
+``--jpeg Q`` re-encodes every image (chains and clean) as JPEG at quality Q before scoring, as a web
+dataset would store them: a detector that reads JPEG blocks as "clean" falls apart here.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="/tmp/cg_default_calibration")
     ap.add_argument("--n-crops", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for per-image score CSVs")
+    ap.add_argument("--jpeg", type=int, default=None, help="re-encode every image as JPEG at this quality")
     ap.add_argument("--from-scores", nargs="*", default=[], help="VERSION names of CSV pairs in --out to "
                     "summarise again without scoring")
     args = ap.parse_args(argv)
@@ -71,6 +75,12 @@ def main(argv=None) -> int:
     chains = read_manifest(work / "chains")
     clean_files = [str(p) for p in list_images([work / "clean"])]
     rows = []
+    transform, tag = None, ""
+    if args.jpeg:
+        from functools import partial
+
+        from collapseguard.training.negatives import jpeg
+        transform, tag = partial(jpeg, quality=args.jpeg), f"_q{args.jpeg}"
     for v in args.from_scores:
         sc = pd.read_csv(Path(args.out) / f"chains_{v}.csv")
         cl = pd.read_csv(Path(args.out) / f"clean_{v}.csv")
@@ -79,13 +89,13 @@ def main(argv=None) -> int:
     for w in args.weights:
         det = CNNDetector(weights=w, device="cpu", n_crops=args.n_crops)
         sc = chains.copy()
-        sc["score"] = score_paths(det, sc["path"].tolist())
-        clean = score_paths(det, clean_files)
+        sc["score"] = score_paths(det, sc["path"].tolist(), transform=transform)
+        clean = score_paths(det, clean_files, transform=transform)
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
-            sc.to_csv(Path(args.out) / f"chains_{det.version}.csv", index=False)
+            sc.to_csv(Path(args.out) / f"chains_{det.version}{tag}.csv", index=False)
             pd.DataFrame({"path": clean_files, "score": clean}).to_csv(
-                Path(args.out) / f"clean_{det.version}.csv", index=False)
+                Path(args.out) / f"clean_{det.version}{tag}.csv", index=False)
         rows.append({"weights": Path(w).name, "version": det.version, "n_crops": det.n_crops,
                      **summarise(sc, clean, clean_files)})
         print(pd.DataFrame(rows[-1:]).T.to_string(), flush=True)

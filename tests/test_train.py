@@ -126,6 +126,35 @@ def test_chain_bank_shares_positions_within_a_chain(tmp_path):
     assert small.crops.shape == (1, 2, 32, 32, 3) and small.meta["target"].iloc[0] == 0.0
 
 
+def test_chain_bank_delivery_jpeg_encodes_whole_chains_at_one_quality(tmp_path):
+    from collapseguard.training.bank import DELIVERY_QUALITY
+    from collapseguard.training.negatives import jpeg
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    df = read_manifest(make_tiny_chains(tmp_path, n_sources=6, steps=(0, 3, 5)))
+    plain = chain_bank(df, size=32, per_image=3, seed=4)
+    assert (plain.meta["jpeg_quality"] == 0).all()
+    half = chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=0.5)
+    # the JPEG choice has its own random stream: same crop positions as without it
+    q = half.meta.groupby("chain_id")["jpeg_quality"].agg(["min", "max"])
+    assert (q["min"] == q["max"]).all()  # one decision and one quality per chain
+    coded = q["min"] > 0
+    assert 0 < coded.sum() < len(q)
+    assert q.loc[coded, "min"].between(*DELIVERY_QUALITY).all()
+    i = int(np.flatnonzero(half.meta["jpeg_quality"] > 0)[0])
+    img = np.asarray(Image.open(half.meta.loc[i, "path"]).convert("RGB"))
+    full = jpeg(img, int(half.meta.loc[i, "jpeg_quality"]))
+    assert not np.array_equal(half.crops[i], plain.crops[i])
+    # the crop is cut from the re-encoded image at the position the PNG's crop was cut from
+    at = [(y, x) for y in range(img.shape[0] - 31) for x in range(img.shape[1] - 31)
+          if np.array_equal(plain.crops[i][0], img[y:y + 32, x:x + 32])]
+    assert at and any(np.array_equal(half.crops[i][0], full[y:y + 32, x:x + 32]) for y, x in at)
+    uncoded = half.meta["jpeg_quality"].to_numpy() == 0
+    np.testing.assert_array_equal(half.crops[uncoded], plain.crops[uncoded])
+    with pytest.raises(ValueError, match="delivery_jpeg"):
+        chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=1.5)
+
+
 def test_tiny_training_lowers_loss(tmp_path):
     from collapseguard.training_data_tools.manifest import read_manifest
 

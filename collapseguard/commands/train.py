@@ -22,6 +22,9 @@ import click
 @click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
+@click.option("--delivery-jpeg", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="share of training chains JPEG-encoded once (quality 70-98, every step alike) before "
+                   "cropping, so that JPEG storage is not read as a sign of a clean image")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
@@ -32,7 +35,7 @@ import click
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, cache_dir,
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, delivery_jpeg, cache_dir,
           no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -60,7 +63,8 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     from collapseguard.training.loop import TrainConfig
     from collapseguard.training.run import run_training
 
-    cfg = TrainConfig(seed=seed, threads=threads, net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
+    cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg,
+                      net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     if iterations is not None:
         cfg.iterations = iterations
     if teacher or images:

@@ -92,17 +92,39 @@ class CropBank:
                         pd.concat([b.meta for b in banks], ignore_index=True))
 
 
+#: JPEG qualities of the delivery re-encoding (see ``chain_bank``)
+DELIVERY_QUALITY = (70, 98)
+
+
 def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
                loader: Callable[[str], np.ndarray] = load_image,
-               progress: Callable[[int, int], None] | None = None) -> CropBank:
-    """Crops of every row of a chain manifest (see module docstring for shared positions)."""
+               progress: Callable[[int, int], None] | None = None,
+               delivery_jpeg: float = 0.0) -> CropBank:
+    """Crops of every row of a chain manifest (see module docstring for shared positions).
+
+    ``delivery_jpeg``: the share of chains whose images (every step, step 0 included) are
+    JPEG-encoded once at one quality in ``DELIVERY_QUALITY`` before the crops are cut, as a web
+    dataset delivers them. Chains are written as PNG while the clean negatives' camera variants are
+    often JPEG; without this, "has JPEG blocks" would be a shortcut for "clean", and degraded
+    images would score as clean once a dataset stores them as JPEG. The choice uses its own random
+    stream, so crop positions do not depend on it.
+    """
+    from collapseguard.training.negatives import jpeg
+
+    if not 0.0 <= delivery_jpeg <= 1.0:
+        raise ValueError(f"delivery_jpeg must be in [0, 1], got {delivery_jpeg}")
     rng = np.random.default_rng(seed)
+    jrng = np.random.default_rng([seed, 7919])
     crops, rows = [], []
     done = 0
     for chain_id, g in manifest.sort_values(["chain_id", "step"]).groupby("chain_id", sort=True):
         ref_shape, ref_pos = None, None
+        quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
+        delivered = bool(jrng.random() < delivery_jpeg)
         for r in g.itertuples(index=False):
             img = loader(r.path)
+            if delivered:
+                img = jpeg(img, quality)
             if ref_shape is None:
                 ref_shape = img.shape
                 ref_pos = crop_positions(img.shape[0], img.shape[1], size, per_image, rng)
@@ -113,7 +135,8 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
             rows.append({"kind": "chain", "chain_id": str(chain_id), "family": str(r.family),
                          "source_image": str(r.source_image), "step": int(r.step),
                          "target": target, "weight": weight, "path": str(r.path),
-                         "aligned": bool(img.shape == ref_shape)})
+                         "aligned": bool(img.shape == ref_shape),
+                         "jpeg_quality": quality if delivered else 0})
             done += 1
             if progress:
                 progress(done, len(manifest))

@@ -35,6 +35,9 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-4
     rank_weight: float = 1.0
+    #: share of training chains JPEG-encoded once (every step) before cropping, like a web
+    #: dataset stores images (training.bank.chain_bank); 0 trains on the chains' PNG pixels
+    delivery_jpeg: float = 0.5
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
     seed: int = 0

@@ -16,12 +16,17 @@ EVAL_STEPS = (1, 2, 3, 5, 10, 20)
 
 
 def score_paths(detector: Detector, paths: Sequence[str], batch: int = 16,
-                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """Score image files with ``detector`` (files are decoded at native resolution)."""
+                progress: Callable[[int, int], None] | None = None,
+                transform: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """Score image files with ``detector`` (files are decoded at native resolution; ``transform``,
+    e.g. a JPEG re-encoding, is applied to each decoded image first)."""
     out = np.empty(len(paths), dtype=np.float32)
     for s in range(0, len(paths), batch):
         chunk = paths[s : s + batch]
-        out[s : s + len(chunk)] = detector.score([load_image(p) for p in chunk])
+        imgs = [load_image(p) for p in chunk]
+        if transform is not None:
+            imgs = [transform(im) for im in imgs]
+        out[s : s + len(chunk)] = detector.score(imgs)
         if progress:
             progress(s + len(chunk), len(paths))
     return out
