@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/cg_train}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
 SOURCES=${SOURCES:-bundled,art:64:320-640}
-ITERS=${ITERS:-9000}
+ITERS=${ITERS:-12000}
 STAGE=${STAGE:-all}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
