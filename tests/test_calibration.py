@@ -196,9 +196,18 @@ def test_build_calibration_maps_curve_and_split():
     # maps monotone
     assert np.all(np.diff(cal.probability_map["y"]) >= 0)
     assert np.all(np.diff(cal.step_map["y"]) >= 0)
+    # the clean images the threshold rests on: the highest clean scores of the threshold part
+    top = clean_thr.sort_values("score", ascending=False)
+    assert [r["score"] for r in cal.top_clean] == pytest.approx(top["score"].head(len(cal.top_clean)).tolist())
+    assert len(cal.top_clean) >= max(5, cal.k + 3)
+    assert cal.top_clean[0]["path"] == top["path"].iloc[0]
+    # the threshold is the k-th highest clean score: k - 1 clean images lie above it
+    assert cal.top_clean[cal.k - 1]["score"] == cal.threshold
+    assert all(r["score"] > cal.threshold for r in cal.top_clean[:cal.k - 1])
     # round trip through JSON keeps everything
     again = Calibration.from_json(cal.to_json())
     assert again.threshold == cal.threshold and again.drop_curve == cal.drop_curve
+    assert again.top_clean == cal.top_clean
     assert "binomial order statistic" in again.method and again.scope
 
 
@@ -375,5 +384,16 @@ def test_show_prints_guarantee_and_curve(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "synthetic@v1" in out and f"k={cal.k} of n={cal.n_clean}" in out
     assert "step 20" in out and "dots: first step >=90% dropped:" in out
+    assert "highest clean scores" in out and cal.top_clean[0]["path"] in out
+    # a file name with a terminal control sequence is printed escaped, never raw
+    table = _synthetic_table(n_extra=200)
+    table.loc[table["kind"] == "clean", "source_image"] = "extra-x"  # keep it on one side of the split
+    evil = table.index[table["kind"] == "clean"][0]
+    table.loc[evil, ["path", "score"]] = ["evil\x1b[2J.png", 99.0]
+    cal = build_calibration(table, "synthetic", "v1", holdout=0.0)
+    assert cal.top_clean[0]["path"] == "evil\x1b[2J.png"
+    assert show_main([str(save_calibration(cal, tmp_path / "e.json"))]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "'evil\\x1b[2J.png'" in out
     (tmp_path / "bad.json").write_text("{}")
     assert show_main([str(tmp_path / "bad.json")]) == 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from collapseguard.calibration.build import curve_table
+from collapseguard.calibration.build import curve_table, top_clean_text
 from collapseguard.calibration.files import (
     DEFAULTS_DIR,
     CalibrationError,
@@ -27,6 +27,8 @@ def show(path) -> str:
              f"held-out clean false drops {split.get('heldout_false_drop')} "
              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"),
              curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
+    if cal.top_clean:
+        lines.insert(-1, top_clean_text(cal))
     for fam, lv in cal.first_step_dropped.items():
         lines.append(f"  {fam}: first step >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
     return "\n".join(lines)

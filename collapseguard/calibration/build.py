@@ -36,6 +36,24 @@ from collapseguard.training_data_tools.manifest import split_by_source
 LEVELS = (0.9, 0.99)
 
 
+#: how many of the highest clean scores a calibration records (at least k + 3)
+TOP_CLEAN = 5
+
+
+def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
+    """Lines naming the clean images with the highest scores, i.e. those the threshold rests on."""
+    rows = cal.top_clean[:n]
+    if not rows:
+        return ""
+    lines = ["  highest clean scores (the threshold rests on these; check that they are clean):"]
+    for r in rows:
+        mark = "dropped" if r["score"] > cal.threshold else "kept"
+        name = str(r.get("path") or r.get("source_image"))
+        name = name if name.isprintable() else ascii(name)  # no terminal control codes from file names
+        lines.append(f"    {r['score']:10.4g}  {mark:<8} {name}")
+    return "\n".join(lines)
+
+
 def label_clean(table: pd.DataFrame, target: str = "step", clean_steps=(0,)) -> np.ndarray:
     """Boolean per row: is this image clean under ``target`` (see module docstring)?"""
     kind, _, level = parse_target(target)
@@ -116,6 +134,9 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         thr_part, hold_part = t, t
     clean_thr = _dedupe_clean(thr_part[thr_part["clean"]])
     bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
+    top = clean_thr.sort_values("score", ascending=False, kind="stable").head(max(TOP_CLEAN, (bound.k or 0) + 3))
+    top_clean = [{"source_image": str(r.source_image), "path": str(getattr(r, "path", "")),
+                  "score": float(r.score)} for r in top.itertuples(index=False)]
 
     curve = drop_curve(hold_part, bound.threshold, confidence)
     hold_clean = _dedupe_clean(hold_part[hold_part["clean"]])
@@ -164,7 +185,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         n_clean=bound.n, k=bound.k, guaranteed_false_drop=bound.guaranteed_false_drop,
         empirical_false_drop=bound.empirical_false_drop, target=target_label(target),
         clean_steps=clean_steps if kind == "step" else [], clean_sources=list(clean_sources or []),
-        split=split, drop_curve=curve, first_step_dropped=first_steps(curve),
+        split=split, top_clean=top_clean, drop_curve=curve, first_step_dropped=first_steps(curve),
         probability_map=prob_map, step_map=step_map,
         created=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=command, notes=notes)

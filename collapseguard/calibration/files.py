@@ -111,6 +111,10 @@ class Calibration:
     #: where clean samples came from (chains' steps, extra folders), and how they were split
     clean_sources: list[str] = field(default_factory=list)
     split: dict = field(default_factory=dict)
+    #: the highest clean scores of the threshold part, highest first ({source_image, path, score}):
+    #: the images the threshold rests on. With few clean scores a strict guarantee puts the
+    #: threshold at the very top, so one odd (or mislabelled) image can set it; look at these.
+    top_clean: list[dict] = field(default_factory=list)
     #: rows {family, step, n, dropped, fraction, ci_low, ci_high}; family "all" = overall
     drop_curve: list[dict] = field(default_factory=list)
     #: family -> {"0.9": step or None, "0.99": step or None}
@@ -207,7 +211,7 @@ class Calibration:
         for key in ("n_clean",):
             if key in kw and (isinstance(kw[key], bool) or not isinstance(kw[key], int) or kw[key] < 0):
                 raise CalibrationError(f"{key} must be a non-negative integer")
-        for key, typ in (("clean_steps", list), ("clean_sources", list), ("split", dict),
+        for key, typ in (("clean_steps", list), ("clean_sources", list), ("split", dict), ("top_clean", list),
                          ("drop_curve", list), ("first_step_dropped", dict), ("notes", list)):
             if key in kw and not isinstance(kw[key], typ):
                 raise CalibrationError(f"calibration field {key!r} must be a {typ.__name__}")

@@ -67,6 +67,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         build_calibration,
         curve_table,
         label_clean,
+        top_clean_text,
     )
     from collapseguard.calibration.files import CalibrationError, save_calibration
     from collapseguard.calibration.scoring import (
@@ -141,6 +142,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     click.echo(f"  bound: k={cal.k} of n={cal.n_clean} clean scores "
                f"({cal.split['n_clean_threshold_sources']} sources); held-out false-drop "
                f"{cal.split['heldout_false_drop']}")
+    click.echo(top_clean_text(cal))
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
     for fam, lv in cal.first_step_dropped.items():
         click.echo(f"  {fam}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
