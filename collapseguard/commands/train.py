@@ -25,6 +25,9 @@ import click
 @click.option("--delivery-jpeg", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of training chains JPEG-encoded once (quality 70-98, every step alike) before "
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
+@click.option("--clean-variants", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="images made from each --clean file: one as it is, the rest camera-like variants "
+                   "(grain, JPEG, sharpening, resizing) and native-resolution windows")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
@@ -35,7 +38,7 @@ import click
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, delivery_jpeg, cache_dir,
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, delivery_jpeg, clean_variants, cache_dir,
           no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -87,7 +90,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
-                               cache_dir=cache_dir)
+                               cache_dir=cache_dir, clean_variants_n=clean_variants)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:
