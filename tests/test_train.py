@@ -153,6 +153,15 @@ def test_chain_bank_delivery_jpeg_encodes_whole_chains_at_one_quality(tmp_path):
     np.testing.assert_array_equal(half.crops[uncoded], plain.crops[uncoded])
     with pytest.raises(ValueError, match="delivery_jpeg"):
         chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=1.5)
+    # per image: decisions and qualities vary within a chain; positions still those of the PNGs
+    per_img = chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=0.5, delivery_per="image")
+    qi = per_img.meta.groupby("chain_id")["jpeg_quality"]
+    assert (qi.nunique() > 1).any()
+    uncoded = per_img.meta["jpeg_quality"].to_numpy() == 0
+    assert 0 < uncoded.sum() < len(uncoded)
+    np.testing.assert_array_equal(per_img.crops[uncoded], plain.crops[uncoded])
+    with pytest.raises(ValueError, match="delivery_per"):
+        chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=0.5, delivery_per="shard")
 
 
 def test_tiny_training_lowers_loss(tmp_path):

@@ -25,6 +25,8 @@ import click
 @click.option("--delivery-jpeg", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of training chains JPEG-encoded once (quality 70-98, every step alike) before "
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
+@click.option("--delivery-per", type=click.Choice(["chain", "image"]), default="chain", show_default=True,
+              help="with --delivery-jpeg: decide the JPEG encoding once per chain, or for every image")
 @click.option("--clean-variants", type=click.IntRange(1, 64), default=4, show_default=True,
               help="images made from each --clean file: one as it is, the rest camera-like variants "
                    "(grain, JPEG, sharpening, resizing) and native-resolution windows")
@@ -38,7 +40,7 @@ import click
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, delivery_jpeg, clean_variants, cache_dir,
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, delivery_jpeg, delivery_per, clean_variants, cache_dir,
           no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -66,7 +68,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     from collapseguard.training.loop import TrainConfig
     from collapseguard.training.run import run_training
 
-    cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg,
+    cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                       net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     if iterations is not None:
         cfg.iterations = iterations

@@ -99,7 +99,7 @@ DELIVERY_QUALITY = (70, 98)
 def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
                loader: Callable[[str], np.ndarray] = load_image,
                progress: Callable[[int, int], None] | None = None,
-               delivery_jpeg: float = 0.0) -> CropBank:
+               delivery_jpeg: float = 0.0, delivery_per: str = "chain") -> CropBank:
     """Crops of every row of a chain manifest (see module docstring for shared positions).
 
     ``delivery_jpeg``: the share of chains whose images (every step, step 0 included) are
@@ -107,12 +107,16 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
     dataset delivers them. Chains are written as PNG while the clean negatives' camera variants are
     often JPEG; without this, "has JPEG blocks" would be a shortcut for "clean", and degraded
     images would score as clean once a dataset stores them as JPEG. The choice uses its own random
-    stream, so crop positions do not depend on it.
+    stream, so crop positions do not depend on it. ``delivery_per="image"`` decides (and draws the
+    quality) for every image on its own instead, so the two images of a ranking pair often differ in
+    storage and the ranking loss itself asks for scores that JPEG does not move.
     """
     from collapseguard.training.negatives import jpeg
 
     if not 0.0 <= delivery_jpeg <= 1.0:
         raise ValueError(f"delivery_jpeg must be in [0, 1], got {delivery_jpeg}")
+    if delivery_per not in ("chain", "image"):
+        raise ValueError(f"delivery_per must be 'chain' or 'image', got {delivery_per!r}")
     rng = np.random.default_rng(seed)
     jrng = np.random.default_rng([seed, 7919])
     crops, rows = [], []
@@ -123,6 +127,9 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
         delivered = bool(jrng.random() < delivery_jpeg)
         for r in g.itertuples(index=False):
             img = loader(r.path)
+            if delivery_per == "image":
+                quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
+                delivered = bool(jrng.random() < delivery_jpeg)
             if delivered:
                 img = jpeg(img, quality)
             if ref_shape is None:

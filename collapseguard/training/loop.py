@@ -38,6 +38,8 @@ class TrainConfig:
     #: share of training chains JPEG-encoded once (every step) before cropping, like a web
     #: dataset stores images (training.bank.chain_bank); 0 trains on the chains' PNG pixels
     delivery_jpeg: float = 0.5
+    #: "chain": one JPEG decision per chain; "image": one per image (see training.bank.chain_bank)
+    delivery_per: str = "chain"
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
     seed: int = 0

@@ -109,9 +109,12 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
 
     settings = {"size": size, "per_image": crops_per_bank_image, "seed": cfg.seed}
     chain_settings = dict(settings, delivery_jpeg=cfg.delivery_jpeg) if cfg.delivery_jpeg else settings
+    if cfg.delivery_jpeg and cfg.delivery_per != "chain":
+        chain_settings["delivery_per"] = cfg.delivery_per
     ckey = cache_key(sorted(train_df["path"]), kind="chains", **chain_settings)
     cb = cached(cache_dir, ckey, lambda: chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed,
-                                                    progress=prog, delivery_jpeg=cfg.delivery_jpeg))
+                                                    progress=prog, delivery_jpeg=cfg.delivery_jpeg,
+                                                    delivery_per=cfg.delivery_per))
     clean_bank = None
     if clean_files:
         key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True, **settings)
