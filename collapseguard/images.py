@@ -1,4 +1,5 @@
-"""Decoding image bytes into RGB uint8 arrays, and what counts as an image file."""
+"""Decoding image bytes into RGB uint8 arrays, what counts as an image file, and the two geometric
+helpers (resizing by a factor, a random window) shared by the training-data tools."""
 
 from __future__ import annotations
 
@@ -86,3 +87,20 @@ def encode_jpeg(arr: np.ndarray, quality: int = 90) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
+
+
+def resize_by(img: np.ndarray, scale: float) -> np.ndarray:
+    """Resize by ``scale`` (sides at least 8 px): bicubic up, Lanczos down (``reducing_gap=3``)."""
+    h, w = img.shape[:2]
+    nh, nw = max(8, round(h * scale)), max(8, round(w * scale))
+    if scale > 1:
+        return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC))
+    return np.asarray(Image.fromarray(img).resize((nw, nh), Image.LANCZOS, reducing_gap=3.0))
+
+
+def random_window(img: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
+    """A ``side`` x ``side`` window at a random place (the whole image when smaller): draws y, then x."""
+    h, w = img.shape[:2]
+    y = int(rng.integers(0, max(1, h - side + 1)))
+    x = int(rng.integers(0, max(1, w - side + 1)))
+    return img[y : y + side, x : x + side]

@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFilter
 
-from collapseguard.images import DecodeError, is_image_name, load_image
+from collapseguard.images import (
+    DecodeError,
+    is_image_name,
+    load_image,
+    random_window,
+    resize_by,
+)
 from collapseguard.training_data_tools.manifest import source_bucket
 
 
@@ -40,14 +46,6 @@ def split_clean(paths: Sequence[Path], holdout: float = 0.25, salt: str = "clean
     for p in paths:
         (held if source_bucket(Path(p).name, salt) < holdout else train).append(p)
     return train, held
-
-
-def _resize(img: np.ndarray, scale: float) -> np.ndarray:
-    h, w = img.shape[:2]
-    nh, nw = max(8, round(h * scale)), max(8, round(w * scale))
-    if scale > 1:
-        return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC))
-    return np.asarray(Image.fromarray(img).resize((nw, nh), Image.LANCZOS, reducing_gap=3.0))
 
 
 def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) -> np.ndarray:
@@ -84,7 +82,7 @@ def camera_augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One random, realistic capture/processing variant of a clean image (still clean)."""
     out = img
     if rng.random() < 0.25:
-        out = _resize(out, rng.uniform(1.1, 1.6))  # small upscale
+        out = resize_by(out, rng.uniform(1.1, 1.6))  # small upscale
     if rng.random() < 0.6:
         out = sensor_noise(out, rng, iso_sigma=float(rng.uniform(1.0, 7.0)))
     if rng.random() < 0.3:
@@ -100,15 +98,7 @@ def web_size(img: np.ndarray, rng: np.random.Generator, long_side=(640, 2048)) -
     target = rng.uniform(*long_side)
     if max(h, w) <= target:
         return img
-    return _resize(img, target / max(h, w))
-
-
-def window(img: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
-    """A random ``side`` x ``side`` window (the whole image when smaller)."""
-    h, w = img.shape[:2]
-    y = int(rng.integers(0, max(1, h - side + 1)))
-    x = int(rng.integers(0, max(1, w - side + 1)))
-    return img[y : y + side, x : x + side]
+    return resize_by(img, target / max(h, w))
 
 
 def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),
@@ -132,13 +122,13 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
         base = web_size(native, rng, (long_side[1], long_side[1]))
         for v in range(max(1, variants)):
             if native_windows and v % 2 == 1:
-                img = window(native, window_side or 640, rng)
+                img = random_window(native, window_side or 640, rng)
                 if rng.random() < 0.5:
                     img = camera_augment(img, rng)
             else:
                 img = web_size(base, rng, long_side)
                 if v > 0:
                     if window_side:
-                        img = window(img, window_side, rng)
+                        img = random_window(img, window_side, rng)
                     img = camera_augment(img, rng)
             yield f"{Path(p).name}#{v}", img

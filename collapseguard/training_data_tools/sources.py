@@ -27,7 +27,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from collapseguard.images import DecodeError, decode_image, is_image_name, load_image
+from collapseguard.images import (
+    DecodeError,
+    decode_image,
+    is_image_name,
+    load_image,
+    random_window,
+    resize_by,
+)
 
 Source = tuple[str, np.ndarray]
 
@@ -226,17 +233,11 @@ def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int =
             img = load_image(p)
         except (OSError, DecodeError):
             continue
-        h, w = img.shape[:2]
         if both or i % 2 == 0:
-            y = int(rng.integers(0, max(1, h - side + 1)))
-            x = int(rng.integers(0, max(1, w - side + 1)))
-            yield _clean_name(f"{p.stem}@native"), np.ascontiguousarray(img[y : y + side, x : x + side])
+            yield _clean_name(f"{p.stem}@native"), np.ascontiguousarray(random_window(img, side, rng))
         if both or i % 2 == 1:
-            scale = min(1.0, 1.5 * side / max(h, w))
-            size = (max(8, round(w * scale)), max(8, round(h * scale)))
-            view = img if scale == 1.0 else np.asarray(
-                Image.fromarray(img).resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0))
-            yield _clean_name(f"{p.stem}@web"), view
+            scale = min(1.0, 1.5 * side / max(img.shape[:2]))
+            yield _clean_name(f"{p.stem}@web"), img if scale == 1.0 else resize_by(img, scale)
 
 
 def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
