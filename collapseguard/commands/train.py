@@ -40,8 +40,8 @@ import click
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops, delivery_jpeg, delivery_per, clean_variants, cache_dir,
-          no_eval, teacher, images, teacher_cache):
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops,
+          delivery_jpeg, delivery_per, clean_variants, cache_dir, no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,

@@ -123,6 +123,8 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
     done = 0
     for chain_id, g in manifest.sort_values(["chain_id", "step"]).groupby("chain_id", sort=True):
         ref_shape, ref_pos = None, None
+        # drawn per chain in both modes (per image, "image" mode overrides it), so the random
+        # stream and the weights trained with either mode stay reproducible
         quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
         delivered = bool(jrng.random() < delivery_jpeg)
         for r in g.itertuples(index=False):
