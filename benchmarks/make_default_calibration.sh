@@ -4,7 +4,7 @@
 #   benchmarks/make_default_calibration.sh            # cnn and nss
 #   benchmarks/make_default_calibration.sh nss        # only nss
 #
-# What it does (all offline except `apt-get download` of two Debian wallpaper packages):
+# What it does (all offline except `apt-get download` of two Debian wallpaper packages and stellarium-data):
 #   1. clean photos: Debian's ukui-wallpapers and plasma-workspace-wallpapers (one picture per
 #      wallpaper, at its largest size). NOT gnome/mate-backgrounds: those are the cnn detector's
 #      training negatives, and calibrating on training images would make the threshold optimistic.
@@ -13,7 +13,8 @@
 #      "digital art" (seed $SEED, not the training seed), through every replicator family for 20
 #      steps, keeping steps 0,1,3,5,10,20.
 #   3. extra clean images (--clean): the other wallpapers as 2 native-resolution 768 px crops + one
-#      JPEG (q85) each, procedural art as PNG, and other procedural art as JPEG (q80).
+#      JPEG (q85) each, procedural art as PNG, other procedural art as JPEG (q80), and the
+#      calibration quarter of Debian's stellarium-data night-sky photos (benchmarks/nightsky.sh).
 #   4. `collapseguard calibrate` with alpha = 1 %, confidence 95 %, 30 % of sources held out for the
 #      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
 #
@@ -86,6 +87,12 @@ print("chains written to", work / "chains")
 EOF
 fi
 
+# 3b. night skies: the calibration quarter of the stellarium-data astrophotographs, as they ship
+if [ ! -d "$WORK/clean/nightsky" ]; then
+  bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/clean/nightsky" calibration
+  rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
+fi
+
 # 4. calibrate ----------------------------------------------------------------------------------
 for det in "${DETECTORS[@]}"; do
   safe=$(echo "$det" | tr -c 'A-Za-z0-9_.\n-' '_')
@@ -98,6 +105,6 @@ for det in "${DETECTORS[@]}"; do
   fi
   collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
     --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
-    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1)))" \
+    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, benchmarks/nightsky.sh)" \
     --out "$OUTDIR/$safe.json"
 done

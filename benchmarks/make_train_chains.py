@@ -2,13 +2,16 @@
 
     python benchmarks/make_train_chains.py SOURCES OUT_DIR [--photos PATH ...] [--both-views]
                                            [--clean-art N --clean-art-dir DIR]
+                                           [--extra-photos PATH ... --extra-n N]
 
 SOURCES is a source spec (e.g. ``bundled,art:40:320-640``). ``--photos`` adds large photos as
 chain sources through ``sources.photo_views`` (a native 512 px window or a web-size downscale per
 photo), but only those on the *training* side of ``training.negatives.split_clean`` -- the same
 hash by file name that ``collapseguard train --clean`` uses -- so the photos it holds out as unseen
 clean images are never chain sources either; ``--both-views`` takes both views of every photo
-(their chains stay on one side of the train/held-out split). ``--clean-art N`` also writes N
+(their chains stay on one side of the train/held-out split). ``--extra-photos`` adds ``--extra-n``
+files (seeded choice among the training side, one view each) of another photo kind -- night skies
+in train_cnn.sh -- so that kind is seen degraded as well as clean. ``--clean-art N`` also writes N
 procedural art PNGs (seed 11, never chain sources; the study script draws its unseen art with seed 7) into ``--clean-art-dir`` for ``--clean``, where
 training adds JPEG/grain/resize variants: clean digital art as a pipeline delivers it. Every
 replicator family, 20 steps, keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes.
@@ -32,6 +35,8 @@ if __name__ == "__main__":
     ap.add_argument("--photos", nargs="*", default=[], help="photo folders or files (train side only)")
     ap.add_argument("--side", type=int, default=512)
     ap.add_argument("--both-views", action="store_true")
+    ap.add_argument("--extra-photos", nargs="*", default=[], help="another photo kind (train side only)")
+    ap.add_argument("--extra-n", type=int, default=0, help="chain sources taken from --extra-photos")
     ap.add_argument("--clean-art", type=int, default=0)
     ap.add_argument("--clean-art-dir", default=None)
     args = ap.parse_args()
@@ -43,6 +48,14 @@ if __name__ == "__main__":
         print(f"photo sources: {len(views)} views of {len(train_files)} training photos "
               f"({len(held)} held out, never used)")
         srcs += views
+    if args.extra_photos and args.extra_n > 0:
+        import numpy as np
+
+        train_files, _ = split_clean(list_images(args.extra_photos))
+        pick = np.random.default_rng(0).permutation(len(train_files))[: args.extra_n]
+        extra = list(sources.photo_views([train_files[i] for i in sorted(pick)], args.side, seed=1))
+        print(f"extra photo sources: {len(extra)} of {len(train_files)} training-side files")
+        srcs += extra
     if args.clean_art:
         from pathlib import Path
 

@@ -12,7 +12,8 @@ of each family's photo chains; the share of clean images (chain step 0
 plus the extra clean folder) above the threshold that drops 95% of step-10 images; and the share
 of step-5/10/20 images dropped at the empirical 99th percentile of the clean scores, at the highest
 and second-highest clean score (where a 1% guarantee from a few hundred clean scores puts the
-threshold), and at each ``--threshold``.
+threshold), and at each ``--threshold``; and the share of the set's night-sky photos (clean/nightsky,
+see benchmarks/nightsky.sh) above each of those cuts.
 
 ``--jpeg Q`` re-encodes every image (chains and clean) as JPEG at quality Q before scoring, as a web
 dataset would store them: a detector that reads JPEG blocks as "clean" falls apart here.
@@ -38,8 +39,9 @@ def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None, thresho
     out = {}
     if clean_paths is not None:  # every clean image of a kind (step 0 + extra clean) vs step k
         is_photo = np.array(["/photos/" in str(p) for p in clean_paths])
+        is_night = np.array(["/nightsky/" in str(p) for p in clean_paths])
         for name, mask, sel in (("photo", is_photo, chains["source_image"].str.startswith("wp-")),
-                                ("art", ~is_photo, ~chains["source_image"].str.startswith("wp-"))):
+                                ("art", ~is_photo & ~is_night, ~chains["source_image"].str.startswith("wp-"))):
             g = chains[sel]
             neg = np.concatenate([g.loc[g["step"] == 0, "score"].drop_duplicates().to_numpy(), clean[mask]])
             for k in (5, 10):
@@ -68,6 +70,11 @@ def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None, thresho
     for name, t in cuts.items():
         for k in (5, 10, 20):
             out[f"drop@{name} s{k}"] = float(np.mean(chains.loc[chains["step"] == k, "score"] > t))
+    if clean_paths is not None and is_night.any():  # night-sky photos (benchmarks/nightsky.sh)
+        night = clean[is_night]
+        out["nightsky n"] = int(is_night.sum())
+        for name, t in cuts.items():
+            out[f"nightsky>{name}"] = float(np.mean(night > t))
     return out
 
 

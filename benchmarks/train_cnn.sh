@@ -6,14 +6,17 @@
 #    unpacked with dpkg -x into $WORK/debs and linked flat into $WORK/photos (exact duplicates and
 #    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the
 #    calibration's (benchmarks/make_default_calibration.sh), which is how models are compared.
+#    Night skies: the `train` quarter of Debian's stellarium-data astrophotographs
+#    (benchmarks/nightsky.sh), linked into $WORK/nightsky.
 # 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + two views of every
 #    training-side photo (a native 512 px window and a web-size downscale), every replicator
 #    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard
 #    train` holds out as unseen clean images (hash of the file name) are never chain sources.
+#    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
 # 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 12000 iterations, half of the chains
-#    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos and the
-#    clean art as extra clean negatives (training adds JPEG/grain/resize variants), writing the
+#    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos, the
+#    night skies and the clean art as extra clean negatives (training adds JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
 # About 25 minutes on the 2-core machine from an empty $WORK (MODEL_CARD.md, "Reproduction").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
@@ -24,6 +27,7 @@ OUT=${OUT:-collapseguard/weights/cnn.safetensors}
 SOURCES=${SOURCES:-bundled,art:64:320-640}
 ITERS=${ITERS:-12000}
 STAGE=${STAGE:-all}
+NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
@@ -47,17 +51,18 @@ for f in "$share"/backgrounds/gnome/*.webp "$share"/backgrounds/mate/*/* "$share
   ln -sf "$f" "$WORK/photos/$(basename "$f" | tr ' ' '_')"
 done
 echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
+bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/nightsky" train
 
 # 2. chains --------------------------------------------------------------------------------------
 rm -rf "$WORK/chains" "$WORK/clean_art"
 python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
-  --clean-art 120 --clean-art-dir "$WORK/clean_art"
+  --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS"
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0
 
 # 3. train ---------------------------------------------------------------------------------------
 # shellcheck disable=SC2086
-collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --clean "$WORK/clean_art" --out "$OUT" --steps "$ITERS" \
+collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --out "$OUT" --steps "$ITERS" \
   --seed 0 --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"
