@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/cg_train}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
 SOURCES=${SOURCES:-bundled,art:64:320-640}
-ITERS=${ITERS:-12000}
+ITERS=${ITERS:-16000}
 STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options

@@ -67,6 +67,12 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return x
 
 
+def _columns(bank: CropBank) -> dict[str, np.ndarray]:
+    """The meta columns a batch needs, positionally indexed (banks have a 0..N-1 index)."""
+    m = bank.meta.reset_index(drop=True)
+    return {c: m[c].to_numpy() for c in ("target", "weight", "step", "aligned", "teacher_score") if c in m}
+
+
 class Batcher:
     """Draws training batches from a chain bank and a clean bank with one seeded generator."""
 
@@ -76,6 +82,9 @@ class Batcher:
         self.rng = np.random.default_rng(cfg.seed)
         self.chains, self.clean, self.teacher = chains, clean, teacher
         self.chain_rows: list[np.ndarray] = []
+        # meta columns as numpy arrays: indexing pandas per chain dominated batch assembly
+        self._cols = {name: _columns(bank) for name, bank in
+                      (("chains", chains), ("clean", clean), ("teacher", teacher)) if bank is not None}
         if chains is not None and len(chains):
             m = chains.meta
             for _, g in m.groupby("chain_id", sort=True):
@@ -104,29 +113,29 @@ class Batcher:
                 t = min(cfg.steps_per_chain, len(rows))
                 sel = np.sort(self.rng.choice(len(rows), t, replace=False))
                 rows = rows[sel]
-                meta = self.chains.meta.loc[rows]
-                crops.append(self._crops(self.chains, rows, shared=bool(meta["aligned"].all())))
-                target += meta["target"].tolist()
-                weight += meta["weight"].tolist()
+                meta = self._cols["chains"]
+                crops.append(self._crops(self.chains, rows, shared=bool(meta["aligned"][rows].all())))
+                target += meta["target"][rows].tolist()
+                weight += meta["weight"][rows].tolist()
                 group += [gi] * t
-                order += meta["step"].tolist()
+                order += meta["step"][rows].tolist()
         if self.clean is not None and len(self.clean) and cfg.clean_per_batch > 0:
             rows = self.rng.choice(len(self.clean), min(cfg.clean_per_batch, len(self.clean)), replace=False)
             crops.append(self._crops(self.clean, rows, shared=False))
-            meta = self.clean.meta.loc[rows]
-            target += meta["target"].tolist()
-            weight += meta["weight"].tolist()
+            meta = self._cols["clean"]
+            target += meta["target"][rows].tolist()
+            weight += meta["weight"][rows].tolist()
             group += [-1 - i for i in range(len(rows))]  # singleton groups: no ranking pairs
             order += [0] * len(rows)
         n_teacher = 0
         if self.teacher is not None and len(self.teacher) and cfg.teacher_per_batch > 0:
             rows = self.rng.choice(len(self.teacher), min(cfg.teacher_per_batch, len(self.teacher)), replace=False)
             crops.append(self._crops(self.teacher, rows, shared=False))
-            meta = self.teacher.meta.loc[rows]
-            target += meta["target"].tolist()
-            weight += meta["weight"].tolist()
+            meta = self._cols["teacher"]
+            target += meta["target"][rows].tolist()
+            weight += meta["weight"][rows].tolist()
             group += [-10**6] * len(rows)  # one group: every pair ranked by the teacher's score
-            order += meta["teacher_score"].tolist()
+            order += meta["teacher_score"][rows].tolist()
             n_teacher = len(rows)
         return {
             "n_teacher": n_teacher,
