@@ -14,7 +14,7 @@
 #    train` holds out as unseen clean images (hash of the file name) are never chain sources.
 #    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
-# 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 12000 iterations, half of the chains
+# 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 16000 iterations, half of the chains
 #    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos, the
 #    night skies and the clean art as extra clean negatives (training adds JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.

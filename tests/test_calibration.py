@@ -196,6 +196,13 @@ def test_build_calibration_maps_curve_and_split():
     # maps monotone
     assert np.all(np.diff(cal.probability_map["y"]) >= 0)
     assert np.all(np.diff(cal.step_map["y"]) >= 0)
+    # equivalent step: a score typical of step k (its median over the chains) maps to k, so a
+    # typical original reads as step 0 rather than as the average step of images that overlap it
+    chain_rows = table[(table["kind"] == "chain") & np.isfinite(table["score"])]
+    chain_rows = chain_rows.drop_duplicates("path")  # an original shared by several chains counts once
+    med = chain_rows.groupby("step")["score"].median()
+    np.testing.assert_allclose(cal.equivalent_step(med.to_numpy()), med.index.to_numpy(), atol=1e-9)
+    assert cal.equivalent_step([med.iloc[0] - 100.0])[0] == 0.0
     # the clean images the threshold rests on: the highest clean scores of the threshold part
     top = clean_thr.sort_values("score", ascending=False)
     assert [r["score"] for r in cal.top_clean] == pytest.approx(top["score"].head(len(cal.top_clean)).tolist())

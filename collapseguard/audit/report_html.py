@@ -190,8 +190,10 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
     if has_step:
         q = s["equivalent_step"].get("flagged") or {}
         med = f" Median for flagged images: {q['p50']:.1f}." if q else ""
-        body = (f'<p class="note">The replication step whose images typically score like each image '
-                f"(from the calibration's score → step map; 0 = looks like an original).{e(med)}</p>"
+        body = (f'<p class="note">The replication step whose median image scores like each image '
+                f"(from the calibration's chains: 0 = scores like a typical original; the last "
+                f"calibrated step, e.g. 20, means at least as damaged as a typical image of that "
+                f"step).{e(med)}</p>"
                 f'<img class="plot" src="{figures["steps"]}" alt="histogram of estimated replication steps">')
     else:
         body = f'<p class="note">Unavailable: {e(s["equivalent_step"]["reason"])}.</p>'

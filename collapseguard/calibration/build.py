@@ -40,6 +40,18 @@ LEVELS = (0.9, 0.99)
 TOP_CLEAN = 5
 
 
+def step_knots(chains: pd.DataFrame) -> dict:
+    """Score -> "equivalent replication step": the step whose *median* score equals this score.
+
+    An isotonic fit through (median score of step k, k) for every step present, interpolated
+    between steps and clamped at the ends, so a score typical of originals maps to 0 and one
+    typical of step 20 to 20. (A regression of step on score over all chain images would instead
+    give E[step | score], which puts every clean-looking image at the average step of the
+    images that overlap it -- around step 5 for an original -- and reads as "replicated".)
+    """
+    med = chains.groupby("step", sort=True)["score"].median()
+    return isotonic_knots(med.to_numpy(dtype=np.float64), med.index.to_numpy(dtype=np.float64))
+
 def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
     """Lines naming the clean images with the highest scores, i.e. those the threshold rests on."""
     rows = cal.top_clean[:n]
@@ -149,7 +161,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         prob_map = isotonic_knots(uniq["score"], (~uniq["clean"]).astype(float), y_min=0.0, y_max=1.0)
     chains = uniq[uniq["kind"] == "chain"]
     if chains["step"].nunique() >= 2:
-        step_map = isotonic_knots(chains["score"], chains["step"].astype(float))
+        step_map = step_knots(chains)
 
     n_src = int(clean_thr["source_image"].nunique())
     notes = [

@@ -137,7 +137,8 @@ class Calibration:
         return _interp(self.probability_map, scores)
 
     def equivalent_step(self, scores) -> np.ndarray:
-        """The replication step whose images typically score like this (monotone; NaN if unknown)."""
+        """The replication step whose median image scores like this (monotone, clamped to the
+        calibrated steps; NaN if unknown)."""
         return _interp(self.step_map, scores)
 
     def drops(self, scores) -> np.ndarray:

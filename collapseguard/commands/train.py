@@ -13,7 +13,7 @@ import click
                    "25% of the files (by name hash) are held out for the clean false-positive check.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="weights file to write (.safetensors); <out>.json and <out>.md are written beside it")
-@click.option("--steps", "iterations", type=int, default=None, help="optimizer steps (default 3000; the shipped weights used 12000, see MODEL_CARD.md)")
+@click.option("--steps", "iterations", type=int, default=None, help="optimizer steps (default 3000; the shipped weights used 16000, see MODEL_CARD.md)")
 @click.option("--epochs", type=float, default=None, help="instead of --steps: passes over the training chains")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--exclude-family", "exclude", multiple=True, help="leave this family out (repeatable)")
