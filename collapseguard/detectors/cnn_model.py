@@ -80,8 +80,9 @@ def _box_means(x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
 
     The window is clipped at the crop border (mean over the pixels inside the crop, i.e.
     ``avg_pool2d(..., count_include_pad=False)``, to float rounding ~2e-7). Computed as separable
-    sums of shifted slices, which is 3-5x faster on CPU than torch's stride-1 pooling (the
-    slowest part of input preparation) and the same code for training, scoring and GPUs.
+    sums of shifted slices: about 6x faster on CPU than torch's stride-1 pooling (the
+    slowest part of input preparation; benchmarks/train_step_parts.py), and the same code for
+    training, scoring and GPUs.
     """
     out = []
     for k in sizes:
@@ -146,7 +147,8 @@ class DegradationNet(nn.Module):
         """(B, K, S, S, 3) -> (B, K) per-crop logits."""
         b, k = crops.shape[:2]
         x, colour = self._inputs(crops.reshape(b * k, *crops.shape[2:]))
-        # channels-last convolutions: ~30% faster forward + backward on CPU (oneDNN)
+        # channels-last convolutions (oneDNN): forward + backward 1.13x faster on CPU
+        # (benchmarks/train_step_parts.py)
         h = self.body(x.contiguous(memory_format=torch.channels_last))
         pooled = torch.cat([h.mean(dim=(2, 3)), h.std(dim=(2, 3))], dim=1)
         return self.head(torch.cat([pooled, colour], dim=1)).reshape(b, k)
