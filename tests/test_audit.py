@@ -175,6 +175,14 @@ def test_outputs_agree_with_independent_scores(audited):
     st = summary["equivalent_step"]
     assert st["available"] and st["flagged"]["p50"] == pytest.approx(
         float(np.median(cal.equivalent_step(flagged["score"]))))
+    assert st["max_step"] == 20.0  # the map's clamp: a value there reads "at least step 20"
+
+
+def test_format_step_marks_the_clamp():
+    from collapseguard.audit.stats import format_step
+
+    assert format_step(20.0, 20.0) == ">= 20" and format_step(19.96, 20.0) == "20.0"
+    assert format_step(7.25, 20.0) == "7.2" and format_step(3.0, None) == "3.0"
 
 
 def test_compare_is_percentile_matched(audited):

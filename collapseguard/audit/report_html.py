@@ -15,6 +15,8 @@ import os
 
 import pandas as pd
 
+from collapseguard.audit import stats
+
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'")
 MAX_TABLE_ROWS = 200
@@ -189,7 +191,8 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                f'flagged.</p><img class="plot" src="{figures["scores"]}" alt="histogram of scores"></section>')
     if has_step:
         q = s["equivalent_step"].get("flagged") or {}
-        med = f" Median for flagged images: {q['p50']:.1f}." if q else ""
+        med = (f" Median for flagged images: {stats.format_step(q['p50'], s['equivalent_step'].get('max_step'))}."
+               if q else "")
         body = (f'<p class="note">The replication step whose median image scores like each image '
                 f"(from the calibration's chains: 0 = scores like a typical original; the last "
                 f"calibrated step, e.g. 20, means at least as damaged as a typical image of that "

@@ -244,7 +244,9 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
             "high": math.ceil(counts.ci_high * scale)}
     fl = df["flagged"].to_numpy(bool)
     summary["equivalent_step"] = ({"available": True, "all": stats.quantiles(df["equivalent_step"]),
-                                   "flagged": stats.quantiles(df["equivalent_step"][fl])}
+                                   "flagged": stats.quantiles(df["equivalent_step"][fl]),
+                                   # the map is clamped here: this value means "at least this step"
+                                   "max_step": float(max(cal.step_map["y"]))}
                                   if has_step else
                                   {"available": False, "reason": (
                                       "no calibration with a step map is in use (pass --calibration "
@@ -337,7 +339,7 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
     step = summary["equivalent_step"]
     if step["available"] and step.get("flagged"):
         lines.append(f"step       median estimated replication step of flagged images: "
-                     f"{step['flagged']['p50']:.1f}")
+                     f"{stats.format_step(step['flagged']['p50'], step.get('max_step'))}")
     rows = sorted(summary["per_source"], key=lambda r: -(r["fraction"] or 0))[:max_sources]
     if len(summary["per_source"]) > 1 and rows:
         width = min(48, max(len(_short(r["source"])) for r in rows))

@@ -172,3 +172,10 @@ def quantiles(values, qs=(0.1, 0.25, 0.5, 0.75, 0.9)) -> dict:
     if not len(v):
         return {}
     return {f"p{round(q * 100)}": float(np.quantile(v, q)) for q in qs}
+
+
+def format_step(value: float, max_step: float | None) -> str:
+    """An equivalent step for people: "12.3", or ">= 20" where the calibration's map is clamped."""
+    if max_step is not None and value >= max_step - 1e-9:
+        return f">= {max_step:g}"
+    return f"{value:.1f}"
