@@ -1,6 +1,7 @@
 """Night-sky photos never used in training or calibration: how many would the filter drop?
 
-    python benchmarks/nightsky_check.py [WEIGHTS ...] [--folder DIR] [--threshold T ...]
+    python benchmarks/nightsky_check.py [WEIGHTS ...] [--folder DIR ...] [--heldout-split]
+                                        [--threshold T ...]
 
 The folder is the `test` half of Debian's stellarium-data astrophotographs
 (``bash benchmarks/nightsky.sh /tmp/ns_debs /tmp/ns_test test``, the default ``--folder``): real
@@ -8,6 +9,11 @@ night skies whose sensor noise resembles the noise replication adds, the clean i
 filter is most likely to drop by mistake. Printed per weights file (default: the packaged weights):
 the score quantiles, and the share scored above the shipped calibration's threshold (for the
 packaged weights; the calibration is tied to a weights version) and above each ``--threshold``.
+
+Any clean folders work. With ``--heldout-split`` only the files that ``collapseguard train`` holds
+out of its ``--clean`` folders (``training.negatives.split_clean``) are scored: e.g. the training
+folders of benchmarks/train_cnn.sh, giving clean photos, night skies and art that training never
+saw, a second check of the shipped guarantee on images unlike the calibration's.
 """
 
 from __future__ import annotations
@@ -21,16 +27,21 @@ import pandas as pd
 from collapseguard.calibration.files import default_calibration
 from collapseguard.detectors.cnn import CNNDetector
 from collapseguard.training.metrics import score_paths
-from collapseguard.training.negatives import list_images
+from collapseguard.training.negatives import list_images, split_clean
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="*", help="cnn weights files (default: the packaged weights)")
-    ap.add_argument("--folder", default="/tmp/ns_test")
+    ap.add_argument("--folder", nargs="+", default=["/tmp/ns_test"])
+    ap.add_argument("--heldout-split", action="store_true",
+                    help="score only the files collapseguard train holds out of these folders")
     ap.add_argument("--threshold", type=float, nargs="*", default=[])
     args = ap.parse_args(argv)
-    files = [str(p) for p in list_images([Path(args.folder)])]
+    paths = list_images([Path(f) for f in args.folder])
+    if args.heldout_split:
+        paths = split_clean(paths)[1]
+    files = [str(p) for p in paths]
     if not files:
         ap.error(f"no images in {args.folder}")
     rows = []
@@ -39,6 +50,8 @@ def main(argv=None) -> int:
         s = score_paths(det, files)
         row = {"weights": Path(w).name if w else "packaged", "version": det.version, "n": len(s)}
         row.update({f"q{q}": float(np.quantile(s, q / 100)) for q in (50, 90, 99)})
+        row["max"] = float(s.max())
+        row["highest"] = Path(files[int(np.argmax(s))]).name
         cal = default_calibration("cnn", det.version)
         if cal is not None and cal.threshold is not None:
             row["shipped threshold"] = cal.threshold
