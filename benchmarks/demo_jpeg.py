@@ -14,31 +14,20 @@ import sys
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
-from collapseguard.demo import DEMO_FAMILIES, _fit
+from collapseguard.demo import demo_pairs
 from collapseguard.detectors.base import create
+from collapseguard.evaluation.metrics import auroc
 from collapseguard.training.negatives import jpeg
-from collapseguard.training_data_tools.replicators import create_replicator
-from collapseguard.training_data_tools.sources import bundled_photos
 
 torch.set_num_threads(2)
 det = create("cnn", weights=sys.argv[1]) if len(sys.argv) > 1 else create("cnn")
-rng = np.random.default_rng(0)
-clean, deg = [], []
-for i, (_name, img) in enumerate(bundled_photos(min_side=256)):
-    img = _fit(img)
-    clean.append(img)
-    rep = create_replicator(DEMO_FAMILIES[i % 5], rng)
-    x = img
-    for _ in range(12):
-        x = rep.step(x, rng)
-    deg.append(x)
+pairs = list(demo_pairs(12, np.random.default_rng(0)))
+clean, deg = [p[2] for p in pairs], [p[3] for p in pairs]
 for q in (None, 95, 85):
     def f(a, q=q):
         return a if q is None else jpeg(a, q)
     sc = det.score([f(a) for a in clean])
     sd = det.score([f(a) for a in deg])
-    y = np.r_[np.zeros(len(sc)), np.ones(len(sd))]
-    print(q, "AUROC", round(roc_auc_score(y, np.r_[sc, sd]), 3), "clean max", sc.max().round(2),
+    print(q, "AUROC", round(auroc(sc, sd), 3), "clean max", sc.max().round(2),
           "deg", np.round(sd, 1), "above thr 6.78:", (sd > 6.7776).sum(), (sc > 6.7776).sum())

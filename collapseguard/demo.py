@@ -28,27 +28,35 @@ def _fit(img: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
     return img[y: y + max_side, x: x + max_side]
 
 
-def build_demo_shards(out_dir: str | Path, steps: int = 12, n_shards: int = 3, seed: int = 0) -> list[Path]:
-    """Write ``n_shards`` shards of clean photos and degraded copies; returns the shard paths."""
+def demo_pairs(steps: int, rng: np.random.Generator):
+    """Yield ``(i, name, clean, degraded, family)`` for every bundled photo: the photo
+    centre-cropped to ``MAX_SIDE`` and a copy re-rendered ``steps`` times by one replicator family
+    (families in turn). Draws from ``rng`` in a fixed order, so a seed gives the same pairs."""
     from collapseguard.training_data_tools.replicators import (
         create_replicator,
         list_families,
     )
     from collapseguard.training_data_tools.sources import bundled_photos
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     families = [f for f in DEMO_FAMILIES if f in list_families()]
-    samples = []
     for i, (name, img) in enumerate(bundled_photos(min_side=256)):
         img = _fit(img)
-        samples.append((f"{i:03d}_clean", img, {"truth": "clean", "source": name}))
         fam = families[i % len(families)]
         rep = create_replicator(fam, rng)
         x = img
         for _ in range(steps):
             x = rep.step(x, rng)
+        yield i, name, img, x, fam
+
+
+def build_demo_shards(out_dir: str | Path, steps: int = 12, n_shards: int = 3, seed: int = 0) -> list[Path]:
+    """Write ``n_shards`` shards of clean photos and degraded copies; returns the shard paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i, name, img, x, fam in demo_pairs(steps, rng):
+        samples.append((f"{i:03d}_clean", img, {"truth": "clean", "source": name}))
         samples.append((f"{i:03d}_degraded", x, {"truth": "degraded", "source": name,
                                                  "family": fam, "steps": steps}))
     order = rng.permutation(len(samples))

@@ -52,6 +52,7 @@ def step_knots(chains: pd.DataFrame) -> dict:
     med = chains.groupby("step", sort=True)["score"].median()
     return isotonic_knots(med.to_numpy(dtype=np.float64), med.index.to_numpy(dtype=np.float64))
 
+
 def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
     """Lines naming the clean images with the highest scores, i.e. those the threshold rests on."""
     rows = cal.top_clean[:n]

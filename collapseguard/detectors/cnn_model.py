@@ -19,7 +19,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -64,14 +63,19 @@ class NetConfig:
 
 
 def _box_sum_1d(x: torch.Tensor, k: int, dim: int) -> torch.Tensor:
-    """Sum over a centred window of ``k`` along ``dim`` (zeros outside): k shifted slices added."""
-    r = k // 2
-    pad = [0, 0] * (x.ndim - 1 - dim % x.ndim) + [r, r]
-    p = F.pad(x, pad)
-    n = x.shape[dim]
-    out = p.narrow(dim, 0, n).clone()
-    for i in range(1, k):
-        out += p.narrow(dim, i, n)
+    """Sum over a centred window of ``k`` along ``dim`` (nothing outside the tensor): the shifted
+    slices added into one buffer, left to right, without padded copies."""
+    r, n = k // 2, x.shape[dim]
+    out = torch.zeros_like(x)
+    for s in range(-r, r + 1):
+        m = n - abs(s)
+        if m <= 0:
+            continue
+        dst, src = out.narrow(dim, max(0, -s), m), x.narrow(dim, max(0, s), m)
+        if s == -r:
+            dst.copy_(src)
+        else:
+            dst.add_(src)
     return out
 
 
@@ -80,8 +84,8 @@ def _box_means(x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
 
     The window is clipped at the crop border (mean over the pixels inside the crop, i.e.
     ``avg_pool2d(..., count_include_pad=False)``, to float rounding ~2e-7). Computed as separable
-    sums of shifted slices: about 6x faster on CPU than torch's stride-1 pooling (the
-    slowest part of input preparation; benchmarks/train_step_parts.py), and the same code for
+    sums of shifted slices: about 3x faster on CPU than torch's stride-1 pooling, which was the
+    slowest part of input preparation (benchmarks/train_step_parts.py). The same code serves
     training, scoring and GPUs.
     """
     out = []
@@ -91,6 +95,14 @@ def _box_means(x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
         cnt = _box_sum_1d(_box_sum_1d(ones, k, -1), k, -2)
         out.append(s.div_(cnt))
     return out
+
+
+def _spatial_std(x: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
+    """Unbiased standard deviation of (N, C, H, W) over H and W, as (N, C), in two passes: the same
+    as ``x.std(dim=(2, 3))`` to ~3e-8 and much faster on CPU (benchmarks/train_step_parts.py).
+    ``mean`` is ``x.mean(dim=(2, 3), keepdim=True)`` when the caller already has it."""
+    d = x - (x.mean(dim=(2, 3), keepdim=True) if mean is None else mean)
+    return d.mul_(d).sum(dim=(2, 3)).div_(x.shape[2] * x.shape[3] - 1).sqrt_()
 
 
 def _conv(cin: int, cout: int, stride: int = 1, k: int = 3) -> nn.Sequential:
@@ -134,9 +146,7 @@ class DegradationNet(nn.Module):
         if self.config.bandpass:
             torch.sub(local, means[1], out=net_in[:, 6:9]).mul_(gain / 2)
         mean = x.mean(dim=(2, 3), keepdim=True)
-        # two-pass standard deviation (unbiased): the same as x.std(dim=(2, 3)) to ~3e-8, 10x faster
-        d = x - mean
-        std = d.mul_(d).sum(dim=(2, 3)).div_(x.shape[2] * x.shape[3] - 1).sqrt_()
+        std = _spatial_std(x, mean)
         mean = mean.flatten(1)
         r, g, b = mean[:, 0], mean[:, 1], mean[:, 2]
         chroma = torch.stack([g - (r + b) / 2, b - r], dim=1) * 4.0
@@ -147,7 +157,7 @@ class DegradationNet(nn.Module):
         """(B, K, S, S, 3) -> (B, K) per-crop logits."""
         b, k = crops.shape[:2]
         x, colour = self._inputs(crops.reshape(b * k, *crops.shape[2:]))
-        # channels-last convolutions (oneDNN): forward + backward 1.13x faster on CPU
+        # channels-last convolutions (oneDNN): forward + backward 1.3-1.6x faster on CPU
         # (benchmarks/train_step_parts.py)
         h = self.body(x.contiguous(memory_format=torch.channels_last))
         pooled = torch.cat([h.mean(dim=(2, 3)), h.std(dim=(2, 3))], dim=1)
