@@ -394,3 +394,16 @@ def test_failing_compared_detector_keeps_main_scores(dataset, tmp_path):
     assert np.isfinite(df["score"]).sum() == len(truth)  # the main detector scored everything
     assert df["score:test-broken"].isna().all()
     assert any("test-broken" in f and "no scores today" in f for f in summary["failures"])
+
+
+def test_compare_scatter_without_common_scores_says_so_and_does_not_warn():
+    import warnings
+
+    from collapseguard.audit.plots import compare_scatter
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an empty legend used to warn here
+        png = compare_scatter([1.0, 2.0], [float("nan"), float("nan")], 1.5, 0.0, "cnn", "nss")
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        drawn = compare_scatter([1.0, 2.0], [0.5, -0.5], 1.5, 0.0, "cnn", "nss")
+    assert drawn != png

@@ -93,6 +93,9 @@ def compare_scatter(main, other, t_main: float, t_other: float, main_name: str, 
     ax.set_title("dashed: thresholds (the compared one percentile-matched)", fontsize=9, loc="left")
     ax.set_xlabel(f"{main_name} score")
     ax.set_ylabel(f"{other_name} score")
-    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    if any(m.any() for m, _, _ in groups):
+        ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:  # e.g. the compared detector failed on every image: say so instead of an empty legend
+        ax.text(0.5, 0.5, "no image has both scores", transform=ax.transAxes, ha="center", va="center")
     ax.spines[["top", "right"]].set_visible(False)
     return _png(fig)
