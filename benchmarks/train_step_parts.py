@@ -6,7 +6,10 @@ One batch of the shipped recipe: 48 images x 6 crops of 48 px (288 crops). Print
 ms per batch: the box mean (torch's stride-1 ``avg_pool2d`` vs ``cnn_model._box_means``), the
 per-crop standard deviation (``torch.std`` vs ``cnn_model._spatial_std``, which ``_inputs`` uses), the whole input
 preparation (``_inputs``), and forward + backward of the conv body with the input as it comes
-(NCHW) vs channels-last (what ``crop_logits`` does now). The ratios are what to read; absolute
+(NCHW) vs channels-last (what ``crop_logits`` does now). Then the whole network's forward +
+backward at widths 16 and 32, float32 vs bfloat16 autocast (``collapseguard train --precision
+bf16``; the gain needs a CPU with AVX512-BF16 or AMX, and ``bf16 supported`` says whether torch
+sees one). The ratios are what to read; absolute
 times vary on a shared machine. The whole-step effect is in the training logs: 12,000 iterations
 took 635 s with the old code, and 16,000 took 538 s with the new (MODEL_CARD.md).
 """
@@ -19,7 +22,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from collapseguard.detectors.cnn_model import DegradationNet, _box_means, _spatial_std
+from collapseguard.detectors.cnn_model import (
+    DegradationNet,
+    NetConfig,
+    _box_means,
+    _spatial_std,
+)
 
 
 def _ms(fn, repeats: int) -> float:
@@ -68,6 +76,24 @@ def main() -> None:
         a, b = _ms(old, args.repeats), _ms(new, args.repeats)
         print(f"{name:24s} {a:10.2f} {b:10.2f} {a / b:7.2f}x")
     print(f"{'input preparation now':24s} {'':>10s} {_ms(lambda: net._inputs(crops), args.repeats):10.2f}")
+
+    batch = crops.reshape(48, 6, 48, 48, 3)
+    print(f"\nwhole network forward+backward, fp32 vs bf16 autocast "
+          f"(bf16 supported: {torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()})")
+    for width in (16, 32):
+        wnet = DegradationNet(NetConfig(width=width))
+        wnet.train()
+
+        def step(bf16: bool, wnet=wnet):
+            def run():
+                wnet.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    y = wnet(batch)
+                y.float().sum().backward()
+                return y
+            return run
+        a, b = _ms(step(False), args.repeats), _ms(step(True), args.repeats)
+        print(f"{'width ' + str(width):24s} {a:10.2f} {b:10.2f} {a / b:7.2f}x")
 
 
 if __name__ == "__main__":

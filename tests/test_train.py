@@ -164,7 +164,8 @@ def test_chain_bank_delivery_jpeg_encodes_whole_chains_at_one_quality(tmp_path):
         chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=0.5, delivery_per="shard")
 
 
-def test_tiny_training_lowers_loss(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tiny_training_lowers_loss(tmp_path, precision):
     from collapseguard.training_data_tools.manifest import read_manifest
 
     df = read_manifest(make_tiny_chains(tmp_path))
@@ -172,11 +173,39 @@ def test_tiny_training_lowers_loss(tmp_path):
     rng = np.random.default_rng(3)
     clean = image_bank([(f"c{i}", smooth_art(rng)) for i in range(6)], size=32, per_image=4, seed=0)
     cfg = TrainConfig(iterations=60, chains_per_batch=6, clean_per_batch=4, crops_per_image=2,
-                      lr=5e-3, threads=1, log_every=10, net=NetConfig(width=6, crop_size=32))
+                      lr=5e-3, threads=1, log_every=10, precision=precision,
+                      net=NetConfig(width=6, crop_size=32))
     net, hist = train_net(bank, clean, cfg, log=lambda s: None)
     assert len(hist) == 6
     assert hist[-1]["loss"] < 0.7 * hist[0]["loss"]
     assert not net.training
+    assert all(p.dtype == torch.float32 for p in net.parameters())
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="fp16")
+
+
+def test_hard_clean_draws_the_clean_images_scored_highest():
+    from collapseguard.training.loop import Batcher
+
+    rng = np.random.default_rng(5)
+    clean = image_bank([(f"c{i}", smooth_art(rng)) for i in range(40)], size=32, per_image=2, seed=0)
+    uniform = Batcher(None, clean, TrainConfig(clean_per_batch=8, crops_per_image=1))
+    hard = Batcher(None, clean, TrainConfig(clean_per_batch=8, crops_per_image=1, hard_clean=0.5))
+    b = hard.batch()
+    start, rows = b["clean_at"]
+    assert start == 0 and len(set(rows.tolist())) == 8
+    # score every clean image once: rows 30..39 score highest
+    scores = np.arange(40, dtype=np.float32)
+    for _ in range(20):
+        b = hard.batch()
+        _, rows = b["clean_at"]
+        hard.observe(b, torch.from_numpy(scores[rows]))
+    assert np.isfinite(hard.clean_score).all()
+    picks = np.concatenate([hard.batch()["clean_at"][1][:4] for _ in range(30)])
+    assert set(picks.tolist()) <= set(range(30, 40))  # the hard half comes from the top quarter
+    # the default draw is uniform and ignores scores
+    picks = np.concatenate([uniform.batch()["clean_at"][1] for _ in range(30)])
+    assert picks.min() < 30
 
 
 def test_train_cli_writes_weights_card_and_metrics(tmp_path):

@@ -30,6 +30,12 @@ import click
 @click.option("--clean-variants", type=click.IntRange(1, 64), default=4, show_default=True,
               help="images made from each --clean file: one as it is, the rest camera-like variants "
                    "(grain, JPEG, sharpening, resizing) and native-resolution windows")
+@click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of each batch's clean images drawn from those the network currently scores "
+                   "highest (hard-negative mining of the clean tail); 0 draws them uniformly")
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="bf16: train the convolutions under bfloat16 autocast (faster on CPUs with "
+                   "AVX512-BF16; weights and scoring stay float32)")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
@@ -41,7 +47,7 @@ import click
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops,
-          delivery_jpeg, delivery_per, clean_variants, cache_dir, no_eval, teacher, images, teacher_cache):
+          delivery_jpeg, delivery_per, clean_variants, hard_clean, precision, cache_dir, no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -69,6 +75,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     from collapseguard.training.run import run_training
 
     cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
+                      hard_clean=hard_clean, precision=precision,
                       net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     if iterations is not None:
         cfg.iterations = iterations
