@@ -1,16 +1,17 @@
 """Does storing images as JPEG change the cnn's verdict? The demo's images, scored as PNG and as JPEG.
 
-    python benchmarks/demo_jpeg.py [WEIGHTS]        (default: the packaged weights)
+    python benchmarks/demo_jpeg.py [WEIGHTS] [--threshold T ...]   (default: the packaged weights)
 
 Rebuilds the images of ``collapseguard demo`` in memory: every bundled photo (centre-cropped to
 640 px) and a copy re-rendered 12 times by one of the demo's replicator families (seed 0, the
 demo's own recipe). Scores them as decoded pixels ("None"), then JPEG-encoded at q95 (the demo's
 storage) and q85. Prints AUROC clean vs degraded, the highest clean score, every degraded score,
 and how many of each side lie above 6.7776 (the calibrated threshold of weights d46a3bb18869,
-kept fixed so runs compare; the threshold shipped with each version differs).
+kept fixed so runs compare; the threshold shipped with each version differs) and above each
+``--threshold`` (e.g. a candidate's own calibrated threshold).
 """
 
-import sys
+import argparse
 
 import numpy as np
 import torch
@@ -20,8 +21,12 @@ from collapseguard.detectors.base import create
 from collapseguard.evaluation.metrics import auroc
 from collapseguard.training.negatives import jpeg
 
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("weights", nargs="?", default=None)
+ap.add_argument("--threshold", type=float, nargs="*", default=[])
+args = ap.parse_args()
 torch.set_num_threads(2)
-det = create("cnn", weights=sys.argv[1]) if len(sys.argv) > 1 else create("cnn")
+det = create("cnn", weights=args.weights) if args.weights else create("cnn")
 pairs = list(demo_pairs(12, np.random.default_rng(0)))
 clean, deg = [p[2] for p in pairs], [p[3] for p in pairs]
 for q in (None, 95, 85):
@@ -31,3 +36,5 @@ for q in (None, 95, 85):
     sd = det.score([f(a) for a in deg])
     print(q, "AUROC", round(auroc(sc, sd), 3), "clean max", sc.max().round(2),
           "deg", np.round(sd, 1), "above thr 6.78:", (sd > 6.7776).sum(), (sc > 6.7776).sum())
+    for t in args.threshold:
+        print(f"   above {t:g}: degraded {(sd > t).sum()} of {len(sd)}, clean {(sc > t).sum()} of {len(sc)}")
