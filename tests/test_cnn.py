@@ -105,6 +105,24 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         create("cnn", weights=str(tmp_path / "missing.safetensors"))
 
 
+def test_cnn_spec_with_weights_path(tmp_path, det):
+    from collapseguard.calibration.files import NoThresholdError, resolve_threshold
+
+    torch.manual_seed(1)
+    path = tmp_path / "mine.safetensors"
+    save_net(DegradationNet(NetConfig(width=4, crop_size=32, n_crops=2)).eval(), path)
+    mine = create(f"cnn:{path}", device="cpu")
+    assert mine.name == f"cnn:{path}" and mine.n_crops == 2
+    assert mine.version == create("cnn", weights=str(path), device="cpu").version != det.version
+    img = np.random.default_rng(0).integers(0, 256, (64, 80, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(mine.score([img]), create("cnn", weights=str(path)).score([img]))
+    # the packaged calibration belongs to the packaged weights: other weights need their own
+    with pytest.raises(NoThresholdError):
+        resolve_threshold(mine)
+    with pytest.raises(DetectorError, match="not found"):
+        create(f"cnn:{tmp_path / 'missing.safetensors'}")
+
+
 def test_config_defaults_bandpass_and_legacy_files():
     with pytest.raises(ValueError):
         NetConfig(n_crops=0)

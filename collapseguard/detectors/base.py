@@ -75,6 +75,7 @@ def params_version(*parts: object) -> str:
 _REGISTRY: dict[str, str | Callable[..., Detector]] = {
     "nss": "collapseguard.detectors.nss:NSSDetector",
     "cnn": "collapseguard.detectors.cnn:CNNDetector",
+    "cnn:": "collapseguard.detectors.cnn:CNNDetector",
     "pyiqa:": "collapseguard.detectors.iqa:PyIQADetector",
     "vlm:": "collapseguard.detectors.vlm:VLMJudge",
     "rali:": "collapseguard.detectors.rali:RALIDetector",
@@ -84,6 +85,8 @@ _REGISTRY: dict[str, str | Callable[..., Detector]] = {
 _HELP: dict[str, str] = {
     "nss": "hand-written natural-scene, spectral and colour statistics (numpy/scipy, fast)",
     "cnn": "the trained degradation detector shipped with the package (default)",
+    "cnn:": "the same network with other weights, e.g. cnn:my.safetensors (from `collapseguard train`; "
+    "calibrate it with the same spec)",
     "pyiqa:": "any pyiqa no-reference metric, e.g. pyiqa:piqe (extra [iqa], non-commercial licence)",
     "vlm:": "VLM judge through transformers, e.g. vlm:/models/VisualQuality-R1-7B (extra [vlm]; "
     "a hub id downloads weights unless HF_HUB_OFFLINE=1)",
