@@ -208,6 +208,27 @@ def test_hard_clean_draws_the_clean_images_scored_highest():
     assert picks.min() < 30
 
 
+def test_weight_average_is_the_mean_of_the_snapshots():
+    from collapseguard.training.loop import WeightAverage
+
+    net = torch.nn.Linear(3, 2)
+    snaps = []
+    avg = WeightAverage()
+    for k in range(3):
+        with torch.no_grad():
+            net.weight.fill_(float(k))
+            net.bias.copy_(torch.tensor([k * 2.0, -1.0]))
+        snaps.append({n: v.clone() for n, v in net.state_dict().items()})
+        avg.update(net)
+    avg.load_into(net)
+    assert avg.n == 3
+    torch.testing.assert_close(net.weight, torch.full((2, 3), 1.0))
+    torch.testing.assert_close(net.bias, torch.tensor([2.0, -1.0]))
+    assert net.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="average_from"):
+        TrainConfig(average_from=1.0)
+
+
 def test_train_cli_writes_weights_card_and_metrics(tmp_path):
     chains = make_tiny_chains(tmp_path / "chains", n_sources=10)
     clean = tmp_path / "clean"

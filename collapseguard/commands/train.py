@@ -36,6 +36,9 @@ import click
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="bf16: train the convolutions under bfloat16 autocast (faster on CPUs with "
                    "AVX512-BF16; weights and scoring stay float32)")
+@click.option("--average-from", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="average the weights every 50 steps from this share of the run on (e.g. 0.75) and "
+                   "keep the average; 0 keeps the last weights")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
@@ -47,7 +50,8 @@ import click
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops,
-          delivery_jpeg, delivery_per, clean_variants, hard_clean, precision, cache_dir, no_eval, teacher, images, teacher_cache):
+          delivery_jpeg, delivery_per, clean_variants, hard_clean, precision, average_from, cache_dir, no_eval,
+          teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -75,7 +79,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     from collapseguard.training.run import run_training
 
     cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
-                      hard_clean=hard_clean, precision=precision,
+                      hard_clean=hard_clean, precision=precision, average_from=average_from,
                       net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     if iterations is not None:
         cfg.iterations = iterations

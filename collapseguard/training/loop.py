@@ -49,6 +49,9 @@ class TrainConfig:
     #: benchmarks/train_step_parts.py); losses, optimizer and weights stay float32, and scoring
     #: stays float32. "fp32" (default) is the shipped recipe
     precision: str = "fp32"
+    #: weight averaging: from this share of the run on (e.g. 0.75), the weights every 50 steps
+    #: are averaged and the average is what training returns. 0 (default) returns the last weights
+    average_from: float = 0.0
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
     seed: int = 0
@@ -57,6 +60,8 @@ class TrainConfig:
     net: NetConfig = field(default_factory=NetConfig)
 
     def __post_init__(self):
+        if not 0.0 <= self.average_from < 1.0:
+            raise ValueError(f"average_from must be in [0, 1), got {self.average_from!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.crops_per_image == 0:
@@ -180,6 +185,28 @@ class Batcher:
         }
 
 
+class WeightAverage:
+    """Running mean of a network's weights (kept in float64), for ``TrainConfig.average_from``."""
+
+    def __init__(self):
+        self.n = 0
+        self.mean: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def update(self, net: torch.nn.Module) -> None:
+        self.n += 1
+        for name, v in net.state_dict().items():
+            if name not in self.mean:
+                self.mean[name] = v.detach().double().clone()
+            else:
+                self.mean[name].add_(v.double() - self.mean[name], alpha=1.0 / self.n)
+
+    def load_into(self, net: torch.nn.Module) -> None:
+        """Replace ``net``'s weights with the mean (each tensor in its own dtype)."""
+        current = net.state_dict()
+        net.load_state_dict({k: v.to(current[k].dtype) for k, v in self.mean.items()})
+
+
 def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
               log: Callable[[str], None] = print, net: DegradationNet | None = None,
               teacher: CropBank | None = None, teacher_scale: float = 1.0
@@ -204,6 +231,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             return cfg.lr * (it + 1) / warm
         return cfg.lr * 0.5 * (1 + math.cos(math.pi * (it - warm) / max(1, cfg.iterations - warm)))
 
+    avg_start = int(cfg.average_from * cfg.iterations) if cfg.average_from else None
+    average = WeightAverage()
     history, acc, t0 = [], {"loss": 0.0, "cls": 0.0, "rank": 0.0, "n": 0}, time.time()
     for it in range(cfg.iterations):
         for gparam in opt.param_groups:
@@ -224,6 +253,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
         opt.step()
+        if avg_start is not None and it >= avg_start and ((it + 1) % 50 == 0 or it + 1 == cfg.iterations):
+            average.update(net)
         acc["loss"] += loss.item()
         acc["cls"] += cls.item()
         acc["rank"] += rank.item()
@@ -236,5 +267,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             log(f"iter {it + 1}/{cfg.iterations}  loss {rec['loss']:.4f}  cls {rec['cls']:.4f}  "
                 f"rank {rec['rank']:.4f}  lr {rec['lr']:.2e}  {rec['seconds']:.0f}s")
             acc = {"loss": 0.0, "cls": 0.0, "rank": 0.0, "n": 0}
+    if average.n:
+        average.load_into(net)
+        log(f"returned the average of {average.n} weight snapshots from iteration {avg_start + 1} on")
     net.eval()
     return net, history
