@@ -11,8 +11,8 @@ from collapseguard.detectors import DEFAULT_DETECTOR, DetectorError, create
 
 def detector_option(default: str = DEFAULT_DETECTOR):
     return click.option("--detector", "-d", default=default, show_default=True,
-                        help="Detector name: cnn, nss, pyiqa:<metric>, vlm:<model>, rali:<dir>, "
-                             "ens:<a>+<b> (see `collapseguard detectors`).")
+                        help="Detector name: cnn, cnn:<weights.safetensors>, nss, pyiqa:<metric>, vlm:<model>, "
+                             "rali:<dir>, ens:<a>+<b> (see `collapseguard detectors`).")
 
 
 def workers_option(default: int | None = None):
