@@ -14,7 +14,6 @@ well and held-out chains poorly is short of data (MODEL_CARD.md, "Tried and not 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,9 +34,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    df = load_chains([args.chains])
-    root = Path(args.chains)
-    df["path"] = [p if Path(p).is_absolute() else str(root / p) for p in df["path"]]
+    df = load_chains([args.chains])  # read_manifest gives absolute paths
     det = CNNDetector(weights=args.weights, device="cpu")
     rng = np.random.default_rng(args.seed)
     print(f"weights {det.version}; {args.n} chains per side; AUROC step 0 vs step " + " / ".join(map(str, STEPS)))

@@ -2,6 +2,7 @@
 
     python benchmarks/select_cnn.py WEIGHTS [WEIGHTS ...] [--work /tmp/cg_default_calibration]
                                     [--n-crops N] [--out scores_dir] [--jpeg Q]
+    python benchmarks/select_cnn.py --out scores_dir --from-scores V1 V2 --ensemble V1+V2
 
 The set is made by ``benchmarks/make_default_calibration.sh`` (Debian ukui/plasma wallpapers and
 procedural art of another seed, none of them used in training). This is where candidate weights
@@ -78,6 +79,20 @@ def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None, thresho
     return out
 
 
+def ensemble_scores(folder: Path, versions: list[str], tag: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The mean of several weights' saved scores (chains and clean CSVs in ``folder``), each
+    version's scores first scaled by the median and interquartile range of its clean scores."""
+    frames = [(pd.read_csv(folder / f"chains_{v}{tag}.csv"), pd.read_csv(folder / f"clean_{v}{tag}.csv"))
+              for v in versions]
+    scaled = []
+    for ch, cl in frames:
+        med, (q1, q3) = np.median(cl["score"]), np.percentile(cl["score"], [25, 75])
+        scaled.append(((ch["score"] - med) / (q3 - q1), (cl["score"] - med) / (q3 - q1)))
+    ch, cl = frames[0]
+    return (ch.assign(score=np.mean([a for a, _ in scaled], axis=0)),
+            cl.assign(score=np.mean([b for _, b in scaled], axis=0)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="*")
@@ -89,6 +104,8 @@ def main(argv=None) -> int:
                     help="also print the share of step-5/10/20 images above these scores (e.g. a calibration's)")
     ap.add_argument("--from-scores", nargs="*", default=[], help="VERSION names of CSV pairs in --out to "
                     "summarise again without scoring")
+    ap.add_argument("--ensemble", nargs="*", default=[], help="V1+V2+...: summarise the mean of these "
+                    "versions' saved scores in --out, each scaled by its clean scores' median and IQR")
     args = ap.parse_args(argv)
     work = Path(args.work)
     chains = read_manifest(work / "chains")
@@ -104,6 +121,10 @@ def main(argv=None) -> int:
         sc = pd.read_csv(Path(args.out) / f"chains_{v}.csv")
         cl = pd.read_csv(Path(args.out) / f"clean_{v}.csv")
         rows.append({"weights": v, "version": v, "n_crops": 0,
+                     **summarise(sc, cl["score"].to_numpy(), cl["path"].tolist(), args.threshold)})
+    for spec in args.ensemble:
+        sc, cl = ensemble_scores(Path(args.out), spec.split("+"), tag)
+        rows.append({"weights": spec, "version": spec, "n_crops": 0,
                      **summarise(sc, cl["score"].to_numpy(), cl["path"].tolist(), args.threshold)})
     for w in args.weights:
         det = CNNDetector(weights=w, device="cpu", n_crops=args.n_crops)

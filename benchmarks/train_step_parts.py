@@ -78,8 +78,11 @@ def main() -> None:
     print(f"{'input preparation now':24s} {'':>10s} {_ms(lambda: net._inputs(crops), args.repeats):10.2f}")
 
     batch = crops.reshape(48, 6, 48, 48, 3)
-    print(f"\nwhole network forward+backward, fp32 vs bf16 autocast "
-          f"(bf16 supported: {torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()})")
+    try:  # a private torch check; absent from some builds
+        bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):
+        bf16 = "unknown"
+    print(f"\nwhole network forward+backward, fp32 vs bf16 autocast (bf16 supported: {bf16})")
     for width in (16, 32):
         wnet = DegradationNet(NetConfig(width=width))
         wnet.train()
