@@ -7,7 +7,8 @@
 #    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the
 #    calibration's (benchmarks/make_default_calibration.sh), which is how models are compared.
 #    Night skies: the `train` quarter of Debian's stellarium-data astrophotographs
-#    (benchmarks/nightsky.sh), linked into $WORK/nightsky.
+#    (benchmarks/nightsky.sh), linked into $WORK/nightsky. Material textures (sand, grass, bark,
+#    rock, wood) from Debian's supertuxkart-data (benchmarks/textures.py), linked into $WORK/textures.
 # 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + two views of every
 #    training-side photo (a native 512 px window and a web-size downscale), every replicator
 #    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard
@@ -16,7 +17,7 @@
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
 # 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 16000 iterations, half of the chains
 #    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos, the
-#    night skies and the clean art as extra clean negatives (training adds JPEG/grain/resize variants), writing the
+#    night skies, the clean art and the textures as extra clean negatives (training adds JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
 # About 25 minutes (1,484 s measured) on the 2-core machine from an empty $WORK (MODEL_CARD.md, "Reproduction").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
@@ -52,6 +53,7 @@ for f in "$share"/backgrounds/gnome/*.webp "$share"/backgrounds/mate/*/* "$share
 done
 echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
 bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/nightsky" train
+python benchmarks/textures.py "$WORK/debs" "$WORK/textures"
 
 # 2. chains --------------------------------------------------------------------------------------
 rm -rf "$WORK/chains" "$WORK/clean_art"
@@ -63,6 +65,6 @@ fi
 
 # 3. train ---------------------------------------------------------------------------------------
 # shellcheck disable=SC2086
-collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --out "$OUT" --steps "$ITERS" \
+collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" --out "$OUT" --steps "$ITERS" \
   --seed 0 --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

@@ -1,0 +1,84 @@
+"""Material textures (sand, grass, bark, rock, wood, metal) as clean images, from a Debian package.
+
+    python benchmarks/textures.py DEB_DIR OUT_DIR
+
+Downloads Debian's supertuxkart-data into DEB_DIR (once; 628 MB) and links its colour textures into
+OUT_DIR, named by their path under ``data/`` with ``/`` -> ``__``. Kept: RGB JPEGs of at least
+512 px a side whose name is not a normal, gloss, mask, light or sky map (those are not pictures),
+not kart skins, not flat (pixel spread >= 8 levels), one file per identical content (the first in
+sorted path order). About 200 files: photographic and painted material close-ups.
+
+Why: seen at native resolution, sand looks like noise, wood grain like contour wrinkles and
+synthetic grass like a green cast with dots. The weights 83389a5e2dd1, trained without such
+images, put 3.3% of them above their shipped 1% threshold (`python benchmarks/nightsky_check.py
+--folder OUT_DIR`). `benchmarks/train_cnn.sh` uses them as clean negatives; `collapseguard train`
+holds a quarter out by file name, which `nightsky_check.py --heldout-split` scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+NOT_A_PICTURE = re.compile(r"(_nm|_n\b|normal|gloss|spec|mask|alpha|height|bump|_ao|light|rough|metal"
+                           r"|dirt|emit|skybox|sky|icon|logo|font|gui|arrow|sign|particle|lightning"
+                           r"|shadow|env)", re.I)
+
+
+def select(data: Path) -> list[Path]:
+    import numpy as np
+
+    seen, out = set(), []
+    for root, dirs, files in os.walk(data):
+        dirs.sort()
+        for f in sorted(files):
+            if not f.lower().endswith(".jpg") or NOT_A_PICTURE.search(f) or "/karts/" in root:
+                continue
+            p = Path(root, f)
+            try:
+                im = Image.open(p)
+                w, h = im.size
+            except Exception:
+                continue
+            if min(w, h) < 512 or im.mode != "RGB":
+                continue
+            digest = hashlib.md5(p.read_bytes()).hexdigest()
+            if digest in seen:
+                continue
+            seen.add(digest)
+            if np.asarray(im.convert("RGB"), np.float32).std() < 8:
+                continue
+            out.append(p)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("deb_dir", type=Path)
+    ap.add_argument("out_dir", type=Path)
+    args = ap.parse_args(argv)
+    data = args.deb_dir / "x/usr/share/games/supertuxkart/data"
+    if not data.is_dir():
+        args.deb_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", "supertuxkart-data"], cwd=args.deb_dir, check=True)
+        deb = sorted(args.deb_dir.glob("supertuxkart-data_*.deb"))[-1]
+        subprocess.run(["dpkg", "-x", deb.name, "x"], cwd=args.deb_dir, check=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for old in args.out_dir.iterdir():
+        old.unlink()
+    files = select(data)
+    for p in files:
+        (args.out_dir / str(p.relative_to(data)).replace("/", "__")).symlink_to(p.resolve())
+    print(f"textures: {len(files)} files in {args.out_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
