@@ -1,0 +1,56 @@
+"""benchmarks/textures.py decides which game textures become clean training negatives: check its
+rules on generated files (no download)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "textures.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("textures_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _jpg(path: Path, size=(512, 512), flat=False, seed=0):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arr = np.full((size[1], size[0], 3), 128, np.uint8) if flat else \
+        rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(arr).save(path, quality=90)
+
+
+def test_selection_rules(tmp_path):
+    mod = _load()
+    data = tmp_path / "data"
+    _jpg(data / "textures" / "sand.jpg", seed=1)
+    _jpg(data / "textures" / "rock_nm.jpg", seed=2)              # normal map: not a picture
+    _jpg(data / "textures" / "grass_gloss.jpg", seed=3)          # gloss map
+    _jpg(data / "textures" / "small.jpg", size=(256, 256), seed=4)
+    _jpg(data / "textures" / "grey.jpg", flat=True)              # flat
+    _jpg(data / "karts" / "tux" / "body.jpg", seed=5)            # kart skin
+    _jpg(data / "tracks" / "a" / "bark.jpg", seed=6)
+    (data / "tracks" / "b").mkdir(parents=True)
+    (data / "tracks" / "b" / "bark_copy.jpg").write_bytes((data / "tracks" / "a" / "bark.jpg").read_bytes())
+    (data / "textures" / "broken.jpg").write_bytes(b"not an image")
+    got = [p.relative_to(data).as_posix() for p in mod.select(data)]
+    assert got == ["textures/sand.jpg", "tracks/a/bark.jpg"]
+
+
+def test_main_links_into_out_dir_with_flat_names(tmp_path):
+    mod = _load()
+    deb = tmp_path / "debs"
+    data = deb / "x/usr/share/games/supertuxkart/data"
+    _jpg(data / "tracks" / "a" / "bark.jpg", seed=6)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.jpg").write_bytes(b"old")
+    assert mod.main([str(deb), str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["tracks__a__bark.jpg"]
+    assert (out / names[0]).resolve() == (data / "tracks" / "a" / "bark.jpg").resolve()
