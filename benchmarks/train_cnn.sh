@@ -19,7 +19,7 @@
 #    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos, the
 #    night skies, the clean art and the textures as extra clean negatives (training adds JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
-# About 25 minutes (1,484 s measured) on the 2-core machine from an empty $WORK (MODEL_CARD.md, "Reproduction").
+# About 26 minutes (1,536 s measured, session 6) on the 2-core machine from an empty $WORK (MODEL_CARD.md, "Reproduction").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
