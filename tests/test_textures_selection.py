@@ -54,3 +54,23 @@ def test_main_links_into_out_dir_with_flat_names(tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names == ["tracks__a__bark.jpg"]
     assert (out / names[0]).resolve() == (data / "tracks" / "a" / "bark.jpg").resolve()
+
+
+def test_link_images_keeps_versions_of_one_picture_on_one_side(tmp_path):
+    spec = importlib.util.spec_from_file_location("link_images_script", SCRIPT.with_name("link_images.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = tmp_path / "HTML"
+    for i in range(12):
+        for lang in ("en", "de", "ru"):
+            _jpg(root / lang / "app" / f"shot-{i}.jpg", size=(320, 320), seed=100 * i + len(lang) + ord(lang[0]))
+    _jpg(root / "en" / "app" / "tiny.jpg", size=(64, 64), seed=7)
+    train, test = tmp_path / "train", tmp_path / "test"
+    assert mod.main([str(root), "--out", str(train), "--test-out", str(test), "--test-fraction", "0.5"]) == 0
+    sides = {}
+    for side in (train, test):
+        for p in side.iterdir():
+            sides.setdefault(p.name.split("__")[-1], set()).add(side.name)
+    assert len(sides) == 12 and all(len(v) == 1 for v in sides.values())  # never split across sides
+    assert {next(iter(v)) for v in sides.values()} == {"train", "test"}
+    assert sum(1 for _ in train.iterdir()) + sum(1 for _ in test.iterdir()) == 36  # tiny.jpg left out
