@@ -25,6 +25,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from collapseguard.training.negatives import unique_files
+
 EXTS = (".png", ".jpg", ".jpeg")
 
 
@@ -45,29 +47,24 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.test_out:
         args.test_out.mkdir(parents=True, exist_ok=True)
-    seen, n = set(), 0
-    for root in args.roots:
-        for dirpath, dirs, files in os.walk(root):
-            dirs.sort()
-            for f in sorted(files):
-                p = Path(dirpath, f)
-                if not f.lower().endswith(EXTS):
-                    continue
-                try:
-                    with Image.open(p) as im:
-                        if min(im.size) < args.min_side:
-                            continue
-                except Exception:
-                    continue
-                digest = hashlib.md5(p.read_bytes()).hexdigest()
-                if digest in seen:
-                    continue
-                seen.add(digest)
-                name = f"{root.name}__{str(p.relative_to(root)).replace(os.sep, '__')}"
-                dst = (args.test_out if args.test_out and in_test(name, args.test_fraction) else args.out) / name
-                if not dst.exists():
-                    dst.symlink_to(p.resolve())
-                    n += 1
+
+    def large_image(p: Path) -> bool:
+        if not p.name.lower().endswith(EXTS):
+            return False
+        try:
+            with Image.open(p) as im:
+                return min(im.size) >= args.min_side
+        except Exception:
+            return False
+
+    n = 0
+    for p in unique_files(args.roots, large_image):  # one copy of each picture across all roots
+        root = next(r for r in args.roots if p.is_relative_to(r))
+        name = f"{root.name}__{str(p.relative_to(root)).replace(os.sep, '__')}"
+        dst = (args.test_out if args.test_out and in_test(name, args.test_fraction) else args.out) / name
+        if not dst.exists():
+            dst.symlink_to(p.resolve())
+            n += 1
     where = f"{args.out} and {args.test_out}" if args.test_out else f"{args.out}"
     print(f"linked {n} images into {where}", file=sys.stderr)
     return 0

@@ -18,45 +18,39 @@ holds a quarter out by file name, which `nightsky_check.py --heldout-split` scor
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
+
+from collapseguard.training.negatives import unique_files
 
 NOT_A_PICTURE = re.compile(r"(_nm|_n\b|normal|gloss|spec|mask|alpha|height|bump|_ao|light|rough|metal"
                            r"|dirt|emit|skybox|sky|icon|logo|font|gui|arrow|sign|particle|lightning"
                            r"|shadow|env)", re.I)
 
 
-def select(data: Path) -> list[Path]:
-    import numpy as np
+def _colour_texture(p: Path) -> bool:
+    """An RGB JPEG of at least 512 px a side that is not a map, a kart skin or a UI picture."""
+    if p.suffix.lower() != ".jpg" or NOT_A_PICTURE.search(p.name) or "/karts/" in str(p.parent):
+        return False
+    try:
+        with Image.open(p) as im:
+            return min(im.size) >= 512 and im.mode == "RGB"
+    except Exception:
+        return False
 
-    seen, out = set(), []
-    for root, dirs, files in os.walk(data):
-        dirs.sort()
-        for f in sorted(files):
-            if not f.lower().endswith(".jpg") or NOT_A_PICTURE.search(f) or "/karts/" in root:
-                continue
-            p = Path(root, f)
-            try:
-                im = Image.open(p)
-                w, h = im.size
-            except Exception:
-                continue
-            if min(w, h) < 512 or im.mode != "RGB":
-                continue
-            digest = hashlib.md5(p.read_bytes()).hexdigest()
-            if digest in seen:
-                continue
-            seen.add(digest)
-            if np.asarray(im.convert("RGB"), np.float32).std() < 8:
-                continue
-            out.append(p)
-    return out
+
+def _not_flat(p: Path) -> bool:
+    with Image.open(p) as im:
+        return np.asarray(im.convert("RGB"), np.float32).std() >= 8
+
+
+def select(data: Path) -> list[Path]:
+    return [p for p in unique_files([data], _colour_texture) if _not_flat(p)]
 
 
 def main(argv=None) -> int:

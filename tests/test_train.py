@@ -212,13 +212,11 @@ def test_weight_average_is_the_mean_of_the_snapshots():
     from collapseguard.training.loop import WeightAverage
 
     net = torch.nn.Linear(3, 2)
-    snaps = []
     avg = WeightAverage()
     for k in range(3):
         with torch.no_grad():
             net.weight.fill_(float(k))
             net.bias.copy_(torch.tensor([k * 2.0, -1.0]))
-        snaps.append({n: v.clone() for n, v in net.state_dict().items()})
         avg.update(net)
     avg.load_into(net)
     assert avg.n == 3

@@ -9,8 +9,10 @@ small upscales, and web-size downscales of large photos.
 
 from __future__ import annotations
 
+import hashlib
 import io
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,24 @@ def list_images(folders: Sequence[str | Path]) -> list[Path]:
             raise FileNotFoundError(f"clean folder not found: {folder}")
         out.extend(p for p in folder.rglob("*") if p.is_file() and is_image_name(p.name))
     return sorted(set(out))
+
+
+def unique_files(roots: Iterable[str | Path], accept: Callable[[Path], bool]) -> Iterator[Path]:
+    """Files under ``roots`` that ``accept`` takes, in a reproducible order (each root walked with
+    sorted folders and names), skipping any whose bytes equal an earlier accepted file: the
+    same picture shipped twice in a package becomes one clean image, not two correlated ones."""
+    seen: set[str] = set()
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                p = Path(dirpath, name)
+                if not accept(p):
+                    continue
+                digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                if digest not in seen:
+                    seen.add(digest)
+                    yield p
 
 
 def split_clean(paths: Sequence[Path], holdout: float = 0.25, salt: str = "clean") -> tuple[list[Path], list[Path]]:
