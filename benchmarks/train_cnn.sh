@@ -9,6 +9,11 @@
 #    Night skies: the `train` quarter of Debian's stellarium-data astrophotographs
 #    (benchmarks/nightsky.sh), linked into $WORK/nightsky. Material textures (sand, grass, bark,
 #    rock, wood) from Debian's supertuxkart-data (benchmarks/textures.py), linked into $WORK/textures.
+#    With KINDS=1 (a candidate recipe, NOT the shipped one; MODEL_CARD.md "Tried and not shipped
+#    (sessions 6-7)"): software screenshots (marble-data, gcompris-qt-data handbooks) and game
+#    textures (colobot-common-textures, extremetuxracer-data) via benchmarks/link_images.py: 70%
+#    into $WORK/shots_train and $WORK/gametex_train (passed as two more --clean folders), 30%
+#    (grouped by picture name) into *_test folders.
 # 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + two views of every
 #    training-side photo (a native 512 px window and a web-size downscale), every replicator
 #    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard
@@ -17,7 +22,8 @@
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
 # 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 16000 iterations, half of the chains
 #    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos, the
-#    night skies, the clean art and the textures as extra clean negatives (training adds JPEG/grain/resize variants), writing the
+#    night skies, the clean art and the textures as extra clean negatives (training adds
+#    JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
 # About 26 minutes (1,536 s measured, session 6) on the 2-core machine from an empty $WORK (MODEL_CARD.md, "Reproduction").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
@@ -30,6 +36,8 @@ ITERS=${ITERS:-16000}
 STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
+KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
+WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 
@@ -54,17 +62,40 @@ done
 echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
 bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/nightsky" train
 python benchmarks/textures.py "$WORK/debs" "$WORK/textures"
+if [ "$KINDS" = 1 ]; then
+# software screenshots (the marble and gcompris handbooks) and two other games' textures (colobot,
+# extremetuxracer): 70% of each as negatives, 30% (by picture name) left out as test folders
+mkdir -p "$WORK/debs/kinds"
+if [ ! -d "$WORK/debs/kinds/x/usr/share/games/etr" ]; then
+  (cd "$WORK/debs/kinds" && apt-get download marble-data gcompris-qt-data colobot-common-textures \
+     extremetuxracer-data && for f in *.deb; do dpkg -x "$f" x; done)
+fi
+kinds="$WORK/debs/kinds/x/usr/share"
+rm -rf "$WORK/shots_train" "$WORK/shots_test" "$WORK/gametex_train" "$WORK/gametex_test"
+python benchmarks/link_images.py "$kinds/doc/HTML" --out "$WORK/shots_train" --test-out "$WORK/shots_test"
+python benchmarks/link_images.py "$kinds/games/colobot" "$kinds/games/etr" --min-side 256 \
+  --out "$WORK/gametex_train" --test-out "$WORK/gametex_test"
+fi
 
 # 2. chains --------------------------------------------------------------------------------------
 rm -rf "$WORK/chains" "$WORK/clean_art"
 python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
   --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS"
+if [ "$WINDOWS" -gt 0 ]; then
+  rm -rf "$WORK/chains_windows"
+  python benchmarks/make_train_chains.py "" "$WORK/chains_windows" --photos "$WORK/photos" \
+    --windows "$WINDOWS" --windows-only
+fi
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0
 
 # 3. train ---------------------------------------------------------------------------------------
+more_chains=()
+if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
+kind_clean=()
+if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
 # shellcheck disable=SC2086
-collapseguard train --chains "$WORK/chains" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" --out "$OUT" --steps "$ITERS" \
+collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
   --seed 0 --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

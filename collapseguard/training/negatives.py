@@ -29,7 +29,11 @@ from collapseguard.training_data_tools.manifest import source_bucket
 
 
 def list_images(folders: Sequence[str | Path]) -> list[Path]:
-    """Image files under ``folders`` (recursive), sorted, so the order is reproducible."""
+    """Image files under ``folders`` (recursive), sorted by full path, so the order is reproducible.
+
+    The order (and so a training run's draws) follows the full paths: the same files in folders
+    under another parent can come out in another order and train different weights. Keep the
+    ``--clean`` folders of one recipe under one parent, as ``benchmarks/train_cnn.sh`` does."""
     out: list[Path] = []
     for folder in folders:
         folder = Path(folder)
