@@ -1,6 +1,7 @@
 """Make the chains the shipped `cnn` weights are trained on (step 1 of benchmarks/train_cnn.sh).
 
     python benchmarks/make_train_chains.py SOURCES OUT_DIR [--photos PATH ...] [--both-views]
+                                           [--windows N [--windows-only]]
                                            [--clean-art N --clean-art-dir DIR]
                                            [--extra-photos PATH ... --extra-n N]
 
@@ -9,7 +10,9 @@ chain sources through ``sources.photo_views`` (a native 512 px window or a web-s
 photo), but only those on the *training* side of ``training.negatives.split_clean`` -- the same
 hash by file name that ``collapseguard train --clean`` uses -- so the photos it holds out as unseen
 clean images are never chain sources either; ``--both-views`` takes both views of every photo
-(their chains stay on one side of the train/held-out split). ``--extra-photos`` adds ``--extra-n``
+(their chains stay on one side of the train/held-out split). ``--windows N`` adds N more native
+windows of every training-side photo (``sources.photo_windows``; ``--windows-only`` makes a
+chains folder of those alone, passed to ``collapseguard train`` as a second ``--chains``). ``--extra-photos`` adds ``--extra-n``
 files (seeded choice among the training side, one view each) of another photo kind -- night skies
 in train_cnn.sh -- so that kind is seen degraded as well as clean. ``--clean-art N`` also writes N
 procedural art PNGs (seed 11, never chain sources; the study script draws its unseen art with seed 7) into ``--clean-art-dir`` for ``--clean``, where
@@ -35,6 +38,10 @@ if __name__ == "__main__":
     ap.add_argument("--photos", nargs="*", default=[], help="photo folders or files (train side only)")
     ap.add_argument("--side", type=int, default=512)
     ap.add_argument("--both-views", action="store_true")
+    ap.add_argument("--windows", type=int, default=0,
+                    help="N more native windows of each training-side --photos file (sources.photo_windows)")
+    ap.add_argument("--windows-only", action="store_true",
+                    help="with --windows: chains of the windows alone (a second chains folder)")
     ap.add_argument("--extra-photos", nargs="*", default=[], help="another photo kind (train side only)")
     ap.add_argument("--extra-n", type=int, default=0, help="chain sources taken from --extra-photos")
     ap.add_argument("--clean-art", type=int, default=0)
@@ -44,10 +51,15 @@ if __name__ == "__main__":
     srcs = list(sources.resolve_sources(args.spec, seed=0)) if args.spec else []
     if args.photos:
         train_files, held = split_clean(list_images(args.photos))
-        views = list(sources.photo_views(train_files, args.side, seed=0, both=args.both_views))
-        print(f"photo sources: {len(views)} views of {len(train_files)} training photos "
-              f"({len(held)} held out, never used)")
-        srcs += views
+        if not args.windows_only:
+            views = list(sources.photo_views(train_files, args.side, seed=0, both=args.both_views))
+            print(f"photo sources: {len(views)} views of {len(train_files)} training photos "
+                  f"({len(held)} held out, never used)")
+            srcs += views
+        if args.windows:
+            wins = list(sources.photo_windows(train_files, args.side, count=args.windows, seed=2))
+            print(f"photo window sources: {len(wins)} more native windows")
+            srcs += wins
     if args.extra_photos and args.extra_n > 0:
         import numpy as np
 

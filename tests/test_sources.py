@@ -12,6 +12,7 @@ from collapseguard.training_data_tools.sources import (
     bundled_photos,
     folder_images,
     photo_views,
+    photo_windows,
     procedural_art,
     resolve_sources,
     shard_images,
@@ -111,6 +112,37 @@ def test_photo_views_native_window_and_web_downscale(tmp_path):
     assert next(iter(resolve_sources(f"views:{tmp_path}:128")))[0] == "a@native"
     with pytest.raises(SourceError):
         list(photo_views(files, side=8))
+
+
+def test_photo_windows_are_native_seeded_per_file_and_skip_small_files(tmp_path):
+    rng = np.random.default_rng(5)
+    big = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    Image.fromarray(big).save(tmp_path / "a.png")
+    Image.fromarray(big[:200, :200]).save(tmp_path / "small.png")  # under 2 x 128 px: skipped
+    Image.fromarray(big[::-1]).save(tmp_path / "b.png")
+    (tmp_path / "junk.png").write_bytes(b"not an image")
+    files = [tmp_path / n for n in ("a.png", "small.png", "junk.png", "b.png")]
+    wins = list(photo_windows(files, side=128, count=2, seed=4))
+    assert [n for n, _ in wins] == ["a@native2", "a@native3", "b@native2", "b@native3"]
+    a2, a3 = wins[0][1], wins[1][1]
+    assert a2.shape == a3.shape == (128, 128, 3) and not np.array_equal(a2, a3)
+    # native pixels: the window is a slice of the photo, nothing resampled
+    assert any(np.array_equal(big[y:y + 128, x:x + 128], a2) for y in range(173) for x in range(273))
+    # a file's windows depend on its name and the seed, not on which other files come before it
+    alone = dict(photo_windows([tmp_path / "b.png"], side=128, count=2, seed=4))
+    assert np.array_equal(alone["b@native2"], wins[2][1])
+    other_seed = dict(photo_windows([tmp_path / "b.png"], side=128, count=2, seed=5))
+    assert not np.array_equal(other_seed["b@native2"], alone["b@native2"])
+    # views of one picture share a split group with its photo_views views
+    from collapseguard.training_data_tools.manifest import source_group
+
+    assert source_group("a@native2") == source_group("a@native") == "a"
+    assert list(photo_windows(files, side=128, count=0)) == []
+    assert [n for n, _ in photo_windows(files, side=128, count=1, min_side=150)][:2] == ["a@native2", "small@native2"]
+    with pytest.raises(SourceError):
+        list(photo_windows(files, side=8))
+    with pytest.raises(SourceError):
+        list(photo_windows(files, side=128, count=-1))
 
 
 def test_split_keeps_views_of_one_picture_together():

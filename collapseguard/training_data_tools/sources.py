@@ -12,12 +12,14 @@
   ``side`` x ``side`` window (camera grain and optics intact) and a whole-picture downscale to a web
   size (long side 1.5 x ``side``), so chains start from both kinds of clean photo that training
   sets hold.
+- ``photo_windows(paths, side, count)``: more native-resolution windows of each large photo.
 - ``resolve_sources(spec)``: the command-line spellings of the above.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 import tarfile
@@ -238,6 +240,34 @@ def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int =
         if both or i % 2 == 1:
             scale = min(1.0, 1.5 * side / max(img.shape[:2]))
             yield _clean_name(f"{p.stem}@web"), img if scale == 1.0 else resize_by(img, scale)
+
+
+def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: int = 2,
+                  seed: int = 0, min_side: int | None = None) -> Iterator[Source]:
+    """``count`` more native-resolution ``side`` x ``side`` windows per image file, named
+    ``<file stem>@native2``, ``@native3``, ... (so a split by source keeps them with the picture's
+    other views). A large photo holds far more distinct content than one window; these windows
+    give chains from more of it without new files. Each file's windows come from a generator
+    seeded by ``(seed, file name)``, so they do not depend on the order or number of files, nor
+    on ``photo_views``. Files whose shorter side is under ``min_side`` (default ``2 * side``: too
+    small for windows that differ) and undecodable files are skipped."""
+    if side < 32:
+        raise SourceError(f"photo_windows: side must be >= 32, got {side}")
+    if count < 0:
+        raise SourceError(f"photo_windows: count must be >= 0, got {count}")
+    floor = 2 * side if min_side is None else min_side
+    for p in (Path(x) for x in paths):
+        if count == 0:
+            return
+        try:
+            img = load_image(p)
+        except (OSError, DecodeError):
+            continue
+        if min(img.shape[:2]) < floor:
+            continue
+        rng = np.random.default_rng([seed, int.from_bytes(hashlib.sha256(p.name.encode()).digest()[:8], "little")])
+        for j in range(count):
+            yield _clean_name(f"{p.stem}@native{j + 2}"), np.ascontiguousarray(random_window(img, side, rng))
 
 
 def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
