@@ -256,16 +256,17 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
     if count < 0:
         raise SourceError(f"photo_windows: count must be >= 0, got {count}")
     floor = 2 * side if min_side is None else min_side
+    if count == 0:
+        return
     for p in (Path(x) for x in paths):
-        if count == 0:
-            return
         try:
             img = load_image(p)
         except (OSError, DecodeError):
             continue
         if min(img.shape[:2]) < floor:
             continue
-        rng = np.random.default_rng([seed, int.from_bytes(hashlib.sha256(p.name.encode()).digest()[:8], "little")])
+        name_key = int.from_bytes(hashlib.sha256(p.name.encode()).digest()[:8], "little")
+        rng = np.random.default_rng([seed, name_key])
         for j in range(count):
             yield _clean_name(f"{p.stem}@native{j + 2}"), np.ascontiguousarray(random_window(img, side, rng))
 
