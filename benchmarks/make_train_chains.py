@@ -47,6 +47,8 @@ if __name__ == "__main__":
     ap.add_argument("--clean-art", type=int, default=0)
     ap.add_argument("--clean-art-dir", default=None)
     args = ap.parse_args()
+    if args.windows_only and not (args.windows > 0 and args.photos):
+        ap.error("--windows-only needs --windows N (N > 0) and --photos")
     t = time.time()
     srcs = list(sources.resolve_sources(args.spec, seed=0)) if args.spec else []
     if args.photos:
