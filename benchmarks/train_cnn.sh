@@ -63,18 +63,18 @@ echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
 bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/nightsky" train
 python benchmarks/textures.py "$WORK/debs" "$WORK/textures"
 if [ "$KINDS" = 1 ]; then
-# software screenshots (the marble and gcompris handbooks) and two other games' textures (colobot,
-# extremetuxracer): 70% of each as negatives, 30% (by picture name) left out as test folders
-mkdir -p "$WORK/debs/kinds"
-if [ ! -d "$WORK/debs/kinds/x/usr/share/games/etr" ]; then
-  (cd "$WORK/debs/kinds" && apt-get download marble-data gcompris-qt-data colobot-common-textures \
-     extremetuxracer-data && for f in *.deb; do dpkg -x "$f" x; done)
-fi
-kinds="$WORK/debs/kinds/x/usr/share"
-rm -rf "$WORK/shots_train" "$WORK/shots_test" "$WORK/gametex_train" "$WORK/gametex_test"
-python benchmarks/link_images.py "$kinds/doc/HTML" --out "$WORK/shots_train" --test-out "$WORK/shots_test"
-python benchmarks/link_images.py "$kinds/games/colobot" "$kinds/games/etr" --min-side 256 \
-  --out "$WORK/gametex_train" --test-out "$WORK/gametex_test"
+  # software screenshots (the marble and gcompris handbooks) and two other games' textures (colobot,
+  # extremetuxracer): 70% of each as negatives, 30% (by picture name) left out as test folders
+  mkdir -p "$WORK/debs/kinds"
+  if [ ! -d "$WORK/debs/kinds/x/usr/share/games/etr" ]; then
+    (cd "$WORK/debs/kinds" && apt-get download marble-data gcompris-qt-data colobot-common-textures \
+       extremetuxracer-data && for f in *.deb; do dpkg -x "$f" x; done)
+  fi
+  kinds="$WORK/debs/kinds/x/usr/share"
+  rm -rf "$WORK/shots_train" "$WORK/shots_test" "$WORK/gametex_train" "$WORK/gametex_test"
+  python benchmarks/link_images.py "$kinds/doc/HTML" --out "$WORK/shots_train" --test-out "$WORK/shots_test"
+  python benchmarks/link_images.py "$kinds/games/colobot" "$kinds/games/etr" --min-side 256 \
+    --out "$WORK/gametex_train" --test-out "$WORK/gametex_test"
 fi
 
 # 2. chains --------------------------------------------------------------------------------------

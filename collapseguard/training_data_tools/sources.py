@@ -260,6 +260,9 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
         return
     for p in (Path(x) for x in paths):
         try:
+            with Image.open(p) as im:  # the header is enough to skip a small file undecoded
+                if min(im.size) < floor:
+                    continue
             img = load_image(p)
         except (OSError, DecodeError):
             continue
