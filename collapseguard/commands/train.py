@@ -30,6 +30,9 @@ import click
 @click.option("--clean-variants", type=click.IntRange(1, 64), default=4, show_default=True,
               help="images made from each --clean file: one as it is, the rest camera-like variants "
                    "(grain, JPEG, sharpening, resizing) and native-resolution windows")
+@click.option("--bank-crops", type=click.IntRange(1, 256), default=16, show_default=True,
+              help="random crops cut once per training image (the crop bank); each batch draws a few "
+                   "of them. More crops show more of every image, at ~7 KB of memory per crop")
 @click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of each batch's clean images drawn from those the network currently scores "
                    "highest (hard-negative mining of the clean tail); 0 draws them uniformly")
@@ -39,6 +42,10 @@ import click
 @click.option("--average-from", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="average the weights every 50 steps from this share of the run on (e.g. 0.75) and "
                    "keep the average; 0 keeps the last weights")
+@click.option("--generic-ladders", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="damage ladders per --clean training file: classic distortions (noise, blur, JPEG, "
+                   "spots, warps, ...) at rising strength, trained like extra chains (a prior for "
+                   "families no chain shows); 0 trains on the chains alone")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
@@ -50,8 +57,8 @@ import click
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops,
-          delivery_jpeg, delivery_per, clean_variants, hard_clean, precision, average_from, cache_dir, no_eval,
-          teacher, images, teacher_cache):
+          delivery_jpeg, delivery_per, clean_variants, bank_crops, hard_clean, precision, average_from,
+          generic_ladders, cache_dir, no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -80,6 +87,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
 
     cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                       hard_clean=hard_clean, precision=precision, average_from=average_from,
+                      generic_ladders=generic_ladders,
                       net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     if iterations is not None:
         cfg.iterations = iterations
@@ -103,7 +111,8 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
-                               cache_dir=cache_dir, clean_variants_n=clean_variants)
+                               cache_dir=cache_dir, clean_variants_n=clean_variants,
+                               crops_per_bank_image=bank_crops)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:

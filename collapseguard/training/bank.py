@@ -168,6 +168,25 @@ def image_bank(images: Iterable[tuple[str, np.ndarray]], size: int, per_image: i
                     pd.DataFrame(rows))
 
 
+def ladder_bank(rungs: Iterable[tuple[str, str, int, np.ndarray]], size: int, per_image: int,
+                seed: int) -> CropBank:
+    """Crops of damage ladders (``training.generic_damage.damage_ladders``), stored like chains:
+    one ``chain_id`` per ladder, its rung as ``step``, crop positions shared along the ladder."""
+    rng = np.random.default_rng(seed)
+    crops, rows = [], []
+    pos, last = None, None
+    for ladder_id, kind, step, img in rungs:
+        if ladder_id != last:
+            pos, last = crop_positions(img.shape[0], img.shape[1], size, per_image, rng), ladder_id
+        crops.append(cut_crops(img, pos, size))
+        target, weight = step_label(int(step))
+        rows.append({"kind": "generic", "chain_id": ladder_id, "family": kind,
+                     "source_image": ladder_id.split("/")[1], "step": int(step), "target": target,
+                     "weight": weight, "path": "", "aligned": True, "jpeg_quality": 0})
+    return CropBank(np.stack(crops) if crops else np.zeros((0, per_image, size, size, 3), np.uint8),
+                    pd.DataFrame(rows))
+
+
 def cache_key(paths: Iterable[str | Path], **settings) -> str:
     """A key for a cached bank: file names, sizes and modification times, plus settings."""
     items = []

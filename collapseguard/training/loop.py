@@ -52,6 +52,9 @@ class TrainConfig:
     #: weight averaging: from this share of the run on (e.g. 0.75), the weights every 50 steps
     #: are averaged and the average is what training returns. 0 (default) returns the last weights
     average_from: float = 0.0
+    #: damage ladders per clean training file (training.generic_damage): classic distortions at
+    #: rising strength, trained like extra chains. 0 (default) is the shipped recipe
+    generic_ladders: int = 0
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
     seed: int = 0

@@ -22,8 +22,10 @@ from collapseguard.training.bank import (
     cached,
     chain_bank,
     image_bank,
+    ladder_bank,
 )
 from collapseguard.training.card import write_card
+from collapseguard.training.generic_damage import damage_ladders, ladder_sources
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
     chain_auroc_table,
@@ -115,6 +117,13 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     cb = cached(cache_dir, ckey, lambda: chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed,
                                                     progress=prog, delivery_jpeg=cfg.delivery_jpeg,
                                                     delivery_per=cfg.delivery_per))
+    if clean_files and cfg.generic_ladders > 0:
+        gkey = cache_key(clean_files, kind="generic", ladders=cfg.generic_ladders, **settings)
+        gb = cached(cache_dir, gkey, lambda: ladder_bank(
+            damage_ladders(ladder_sources(clean_files, seed=cfg.seed + 3), cfg.generic_ladders,
+                           seed=cfg.seed + 4), size, crops_per_bank_image, seed=cfg.seed + 5))
+        log(f"  {gb.meta['chain_id'].nunique()} damage ladders from {len(clean_files)} clean files")
+        cb = CropBank.concat([cb, gb])
     clean_bank = None
     if clean_files:
         key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True, **settings)
