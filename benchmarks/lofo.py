@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--n-crops", type=int, default=48, help="crops per image when scoring (shipped: 48)")
     ap.add_argument("--cache", default=None, help="crop-bank cache folder (shared with collapseguard train --cache)")
     ap.add_argument("--families", default=None, help="comma-separated subset")
+    ap.add_argument("--bank-crops", type=int, default=48,
+                    help="crops cut once per training image (shipped: 48; 16 before weights fdbebf12838c)")
     ap.add_argument("--clean-variants", type=int, default=4,
                     help="images made from each --clean file; 1 = as it is, no grain/JPEG variants (shipped: 4)")
     ap.add_argument("--generic-ladders", type=int, default=0,
@@ -42,7 +44,7 @@ def main() -> None:
                       net=NetConfig(crop_size=args.crop_size, width=args.width, n_crops=args.n_crops))
     res = lofo(args.chains, args.out, cfg, clean_dirs=args.clean,
                families=args.families.split(",") if args.families else None, cache_dir=args.cache,
-               clean_variants_n=args.clean_variants)
+               clean_variants_n=args.clean_variants, crops_per_bank_image=args.bank_crops)
     cols = ["family", "n_chains_heldout", "heldout_auroc_0v5", "heldout_auroc_0v10",
             "n_chains_all", "all_auroc_0v5", "all_auroc_0v10"]
     print(res[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))

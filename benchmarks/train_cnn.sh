@@ -20,8 +20,9 @@
 #    train` holds out as unseen clean images (hash of the file name) are never chain sources.
 #    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
-# 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 16000 iterations, half of the chains
-#    JPEG-encoded once before cropping: --delivery-jpeg 0.5, the default) with the photos, the
+# 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 16000 iterations, $BANK_CROPS = 48 crops
+#    cut once per training image, half of the chains JPEG-encoded once before cropping:
+#    --delivery-jpeg 0.5, the default) with the photos, the
 #    night skies, the clean art and the textures as extra clean negatives (training adds
 #    JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
@@ -33,6 +34,7 @@ WORK=${WORK:-/tmp/cg_train}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
 SOURCES=${SOURCES:-bundled,art:64:320-640}
 ITERS=${ITERS:-16000}
+BANK_CROPS=${BANK_CROPS:-48}  # crops cut once per training image (16 before weights fdbebf12838c)
 STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
@@ -97,5 +99,5 @@ kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
 # shellcheck disable=SC2086
 collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
-  --seed 0 --threads 2 $EXTRA
+  --bank-crops "$BANK_CROPS" --seed 0 --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

@@ -103,9 +103,9 @@ def test_ladder_sources_windows_and_skips_unreadable_files(tmp_path):
 
 
 def test_train_cli_with_damage_ladders_and_a_larger_crop_bank(tmp_path):
-    from collapseguard.cli import main
-
     from test_train import make_tiny_chains, smooth_art
+
+    from collapseguard.cli import main
 
     chains = make_tiny_chains(tmp_path / "chains", n_sources=8)
     clean = tmp_path / "clean"

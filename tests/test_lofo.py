@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 from PIL import Image
+from test_train import make_tiny_chains, smooth_art
 
 from collapseguard.detectors.cnn_model import NetConfig, load_net
 from collapseguard.training.lofo import lofo
 from collapseguard.training.loop import TrainConfig
-from test_train import make_tiny_chains, smooth_art
 
 
 def test_lofo_trains_without_each_family_and_scores_it(tmp_path):
@@ -24,7 +24,7 @@ def test_lofo_trains_without_each_family_and_scores_it(tmp_path):
                       threads=1, log_every=10, net=NetConfig(width=6, crop_size=32, n_crops=6))
     logs: list[str] = []
     res = lofo([chains], tmp_path / "out", cfg, clean_dirs=[clean], log=logs.append,
-               clean_variants_n=1)
+               clean_variants_n=1, crops_per_bank_image=5)
     assert list(res["family"]) == ["grain2", "noise"]
     for col in ("all_auroc_0v5", "all_auroc_0v10"):
         assert res[col].between(0, 1).all()
@@ -33,7 +33,7 @@ def test_lofo_trains_without_each_family_and_scores_it(tmp_path):
     has_held = res["n_chains_heldout"] > 0
     assert (res["heldout_auroc_0v5"].notna() == has_held).all()
     saved = json.loads((tmp_path / "out" / "lofo.json").read_text())
-    assert saved["clean_variants"] == 1 and len(saved["rows"]) == 2
+    assert saved["clean_variants"] == 1 and saved["bank_crops"] == 5 and len(saved["rows"]) == 2
     # each run's weights record the family it never saw
     for fam in ("grain2", "noise"):
         _, meta = load_net((tmp_path / "out" / f"lofo_without_{fam}.safetensors").read_bytes())

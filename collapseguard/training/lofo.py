@@ -25,10 +25,12 @@ from collapseguard.training.run import build_banks, load_chains, split_chains
 def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig,
          clean_dirs: Sequence[str | Path] = (), families: Sequence[str] | None = None,
          steps: Sequence[int] = (5, 10), log: Callable[[str], None] = print,
-         cache_dir: str | Path | None = None, clean_variants_n: int = 4) -> pd.DataFrame:
+         cache_dir: str | Path | None = None, clean_variants_n: int = 4,
+         crops_per_bank_image: int = 48) -> pd.DataFrame:
     """Run the study; returns one row per family (also ``out_dir/lofo.json``, rewritten after
     every family so a partial run leaves its results). ``clean_variants_n``: images made from
-    each clean file (1 = the file as it is, no camera-like grain/JPEG variants)."""
+    each clean file (1 = the file as it is, no camera-like grain/JPEG variants);
+    ``crops_per_bank_image``: the crop bank's crops per image (shipped recipe: 48)."""
     from collapseguard.detectors.cnn import CNNDetector
     from collapseguard.detectors.cnn_model import save_net
 
@@ -38,8 +40,8 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
     train_df, test_df = split_chains(df)
     test_sources = set(test_df["source_image"])
     clean_train, _ = split_clean(list_images(clean_dirs)) if clean_dirs else ([], [])
-    chain_bank, clean_bank = build_banks(train_df, clean_train, cfg, clean_variants_n=clean_variants_n,
-                                         log=log, cache_dir=cache_dir)
+    chain_bank, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image,
+                                         clean_variants_n=clean_variants_n, log=log, cache_dir=cache_dir)
     families = list(families or sorted(set(df["family"])))
     rows = []
     for fam in families:
@@ -63,5 +65,6 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
         rows.append(rec)
         log(json.dumps(rec))
         (out_dir / "lofo.json").write_text(json.dumps({"config": cfg.to_dict(), "clean_variants": clean_variants_n,
-                                                        "rows": rows}, indent=1))
+                                                        "bank_crops": crops_per_bank_image, "rows": rows},
+                                                       indent=1))
     return pd.DataFrame(rows)
