@@ -103,16 +103,12 @@ def test_ladder_sources_windows_and_skips_unreadable_files(tmp_path):
 
 
 def test_train_cli_with_damage_ladders_and_a_larger_crop_bank(tmp_path):
-    from test_train import make_tiny_chains, smooth_art
+    from test_train import make_clean_dir, make_tiny_chains
 
     from collapseguard.cli import main
 
     chains = make_tiny_chains(tmp_path / "chains", n_sources=8)
-    clean = tmp_path / "clean"
-    clean.mkdir()
-    rng = np.random.default_rng(5)
-    for i in range(4):
-        Image.fromarray(smooth_art(rng, 80, 96)).save(clean / f"photo{i}.png")
+    clean = make_clean_dir(tmp_path / "clean")
     out = tmp_path / "w.safetensors"
     res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--out", str(out),
                                     "--steps", "20", "--threads", "1", "--width", "6", "--crop-size", "32",

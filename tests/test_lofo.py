@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-from PIL import Image
-from test_train import make_tiny_chains, smooth_art
+from test_train import make_clean_dir, make_tiny_chains
 
 from collapseguard.detectors.cnn_model import NetConfig, load_net
 from collapseguard.training.lofo import lofo
@@ -15,11 +13,7 @@ from collapseguard.training.loop import TrainConfig
 
 def test_lofo_trains_without_each_family_and_scores_it(tmp_path):
     chains = make_tiny_chains(tmp_path / "chains", n_sources=10)
-    clean = tmp_path / "clean"
-    clean.mkdir()
-    rng = np.random.default_rng(2)
-    for i in range(4):
-        Image.fromarray(smooth_art(rng, 80, 96)).save(clean / f"c{i}.png")
+    clean = make_clean_dir(tmp_path / "clean", seed=2, prefix="c")
     cfg = TrainConfig(iterations=30, chains_per_batch=6, clean_per_batch=4, crops_per_image=2,
                       threads=1, log_every=10, net=NetConfig(width=6, crop_size=32, n_crops=6))
     logs: list[str] = []

@@ -63,6 +63,15 @@ def make_tiny_chains(root, n_sources: int = 10, steps=(0, 1, 3, 5, 10), families
     return root
 
 
+def make_clean_dir(folder, n: int = 4, seed: int = 5, prefix: str = "photo"):
+    """A folder of ``n`` smooth-art PNGs (80 x 96), as a --clean folder."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(smooth_art(rng, 80, 96)).save(folder / f"{prefix}{i}.png")
+    return folder
+
+
 def test_step_labels():
     assert step_label(0) == (0.0, 1.0)
     assert step_label(1)[1] == 0.0 and step_label(2)[1] == 0.0
@@ -229,11 +238,7 @@ def test_weight_average_is_the_mean_of_the_snapshots():
 
 def test_train_cli_writes_weights_card_and_metrics(tmp_path):
     chains = make_tiny_chains(tmp_path / "chains", n_sources=10)
-    clean = tmp_path / "clean"
-    clean.mkdir()
-    rng = np.random.default_rng(5)
-    for i in range(4):
-        Image.fromarray(smooth_art(rng, 80, 96)).save(clean / f"photo{i}.png")
+    clean = make_clean_dir(tmp_path / "clean")
     out = tmp_path / "w" / "tiny.safetensors"
     res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--out", str(out),
                                     "--steps", "40", "--threads", "1", "--width", "6", "--crop-size", "32",
