@@ -120,3 +120,16 @@ def test_train_cli_with_damage_ladders_and_a_larger_crop_bank(tmp_path):
     assert summary["data"]["crops_per_bank_image"] == 6
     n_clean_train = summary["data"]["n_clean_train_files"]
     assert f"{2 * n_clean_train} damage ladders" in res.output
+
+
+def test_damage_ladders_without_clean_files_is_a_clear_error(tmp_path):
+    from test_train import make_tiny_chains
+
+    from collapseguard.cli import main
+
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=4)
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(tmp_path / "w.safetensors"),
+                                    "--steps", "2", "--generic-ladders", "1", "--no-eval"])
+    assert res.exit_code != 0
+    assert "--generic-ladders makes its ladders from the --clean files" in res.output
+    assert not (tmp_path / "w.safetensors").exists()

@@ -62,3 +62,14 @@ def test_student_ranks_held_out_images_like_the_teacher(tmp_path):
     assert out.with_suffix(".labels.parquet").is_file()  # the teacher's labels are cached
     bad = CliRunner().invoke(main, ["train", "--teacher", "test-highpass", "--out", str(out)])
     assert bad.exit_code != 0 and "go together" in bad.output
+
+
+def test_the_held_out_split_follows_file_names_not_folders():
+    from collapseguard.training.distill import heldout_mask
+
+    names = [f"im{i:03d}.png" for i in range(200)]
+    a = heldout_mask([f"/data/one/{n}" for n in names], 0.2)
+    b = heldout_mask([f"/tmp/pytest-7/x/{n}" for n in names], 0.2)
+    np.testing.assert_array_equal(a, b)
+    assert 20 < a.sum() < 60  # about a fifth
+    assert not heldout_mask(names, 0.0).any() and heldout_mask(names, 1.0).all()

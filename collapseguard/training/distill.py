@@ -54,6 +54,12 @@ def teacher_bank(labels: pd.DataFrame, size: int, per_image: int, seed: int) -> 
     return bank
 
 
+def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
+    """Which labelled images distillation holds out: by a stable hash of the file *name*, as
+    ``negatives.split_clean`` does, so the split does not move when the folder does."""
+    return np.array([source_bucket(Path(p).name, "distill") < holdout for p in paths], dtype=bool)
+
+
 def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
                      cache_path: str | Path | None = None, chain_dirs: Sequence[str | Path] = (),
                      holdout: float = 0.2, crops_per_bank_image: int = 16,
@@ -73,7 +79,7 @@ def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: 
     cache_path = Path(cache_path) if cache_path else out.with_suffix(".labels.parquet")
     log(f"labelling {len(paths)} images with {teacher.name}@{teacher.version} (cache {cache_path})")
     labels = teacher_labels(teacher, paths, cache_path)
-    held = np.array([source_bucket(p, "distill") < holdout for p in labels["path"]])
+    held = heldout_mask(labels["path"], holdout)
     train_l, test_l = labels[~held].reset_index(drop=True), labels[held].reset_index(drop=True)
     if len(train_l) < 2:
         raise ValueError("too few labelled training images after the hold-out split")

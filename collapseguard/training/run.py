@@ -94,7 +94,7 @@ def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files
 
 
 def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainConfig,
-                crops_per_bank_image: int = 16, clean_variants_n: int = 4,
+                crops_per_bank_image: int = 48, clean_variants_n: int = 4,
                 log: Callable[[str], None] = print, cache_dir: str | Path | None = None
                 ) -> tuple[CropBank, CropBank | None]:
     """Crop banks of the training chains and of the clean files (with camera-like variants).
@@ -102,6 +102,8 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     With ``cache_dir``, banks are stored there (crops.npy + meta.parquet) under a key made of the
     file list (names, sizes, mtimes) and settings, and reused by later runs.
     """
+    if cfg.generic_ladders > 0 and not clean_files:
+        raise ValueError("--generic-ladders makes its ladders from the --clean files: give some")
     t0 = time.time()
     size = cfg.net.crop_size
 
@@ -137,7 +139,7 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
 
 def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
                  clean_dirs: Sequence[str | Path] = (), exclude: Sequence[str] = (),
-                 crops_per_bank_image: int = 16, clean_variants_n: int = 4,
+                 crops_per_bank_image: int = 48, clean_variants_n: int = 4,
                  evaluate: bool = True, epochs: float | None = None,
                  log: Callable[[str], None] = print, cache_dir: str | Path | None = None) -> dict:
     """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
