@@ -118,6 +118,8 @@ def test_train_cli_with_damage_ladders_and_a_larger_crop_bank(tmp_path):
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["config"]["generic_ladders"] == 2
     assert summary["data"]["crops_per_bank_image"] == 6
+    card = out.with_suffix(".md").read_text()
+    assert "- damage ladders: 2 per clean training file" in card and "- crop bank: 6 crops" in card
     n_clean_train = summary["data"]["n_clean_train_files"]
     assert f"{2 * n_clean_train} damage ladders" in res.output
 

@@ -41,6 +41,9 @@ def render_card(summary: dict) -> str:
          "native-resolution windows of large photos); "
          f"{d['n_clean_heldout_files']} clean files held out"),
         f"- crop bank: {d['crops_per_bank_image']} crops of {cfg['net']['crop_size']} px per image",
+        *([f"- damage ladders: {cfg['generic_ladders']} per clean training file (classic distortions at "
+            "strength 0.3 / 0.5 / 1.0, trained as steps 3 / 5 / 10 of extra chains)"]
+          if cfg.get("generic_ladders") else []),
         "",
         "## Training",
         (f"- iterations {cfg['iterations']}, chains/batch {cfg['chains_per_batch']} x {cfg['steps_per_chain']} "
