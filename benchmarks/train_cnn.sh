@@ -26,7 +26,8 @@
 #    night skies, the clean art and the textures as extra clean negatives (training adds
 #    JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
-# About 26 minutes (1,536 s measured, session 6) on the 2-core machine from an empty $WORK (MODEL_CARD.md, "Reproduction").
+# About 25 minutes on the 2-core machine from an empty $WORK: chain stage 822 s (session 6) plus
+# training stage 658 s with 48 bank crops (session 8); MODEL_CARD.md, "How the shipped weights were made".
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -25,6 +25,8 @@ from scipy import ndimage
 
 from collapseguard.images import DecodeError, load_image, random_window
 from collapseguard.training.negatives import jpeg, web_size
+from collapseguard.training_data_tools.replicators import ops
+from collapseguard.training_data_tools.replicators.ops import to_uint8_image as _u8
 
 #: ladder rungs, as chain steps (``bank.step_label`` gives their loss targets), and their strengths
 RUNGS = ((0, 0.0), (3, 0.3), (5, 0.5), (10, 1.0))
@@ -34,10 +36,6 @@ Damage = Callable[[np.ndarray, float, dict], np.ndarray]
 
 def _f(img: np.ndarray) -> np.ndarray:
     return img.astype(np.float32)
-
-
-def _u8(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
 
 
 def _noise(img, t, p):
@@ -54,7 +52,7 @@ def _cast(img, t, p):
 
 
 def _blur(img, t, p):
-    return _u8(ndimage.gaussian_filter(_f(img), (p["sigma"] * t, p["sigma"] * t, 0), truncate=3.0))
+    return _u8(ops.blur(_f(img), p["sigma"] * t))
 
 
 def _jpeg(img, t, p):
@@ -108,8 +106,8 @@ def _warp(img, t, p):
 def _resample(img, t, p):
     h, w = img.shape[:2]
     s = 1 + t * p["factor"]
-    small = Image.fromarray(img).resize((max(8, round(w / s)), max(8, round(h / s))), Image.BILINEAR)
-    return np.asarray(small.resize((w, h), Image.BILINEAR))
+    small = ops.resize_uint8(img, max(8, round(w / s)), max(8, round(h / s)), Image.BILINEAR)
+    return ops.resize_uint8(small, w, h, Image.BILINEAR)
 
 
 def _saturation(img, t, p):

@@ -119,7 +119,7 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     cb = cached(cache_dir, ckey, lambda: chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed,
                                                     progress=prog, delivery_jpeg=cfg.delivery_jpeg,
                                                     delivery_per=cfg.delivery_per))
-    if clean_files and cfg.generic_ladders > 0:
+    if cfg.generic_ladders > 0:  # clean_files is non-empty (checked above)
         gkey = cache_key(clean_files, kind="generic", ladders=cfg.generic_ladders, **settings)
         gb = cached(cache_dir, gkey, lambda: ladder_bank(
             damage_ladders(ladder_sources(clean_files, seed=cfg.seed + 3), cfg.generic_ladders,

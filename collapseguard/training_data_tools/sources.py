@@ -266,8 +266,6 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
             img = load_image(p)
         except (OSError, DecodeError):
             continue
-        if min(img.shape[:2]) < floor:
-            continue
         name_key = int.from_bytes(hashlib.sha256(p.name.encode()).digest()[:8], "little")
         rng = np.random.default_rng([seed, name_key])
         for j in range(count):
