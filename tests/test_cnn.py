@@ -163,3 +163,25 @@ def test_input_colour_statistics_match_torch_reference():
     ref = x.permute(0, 3, 1, 2).float() / 255.0
     torch.testing.assert_close(colour[:, :3], ref.mean(dim=(2, 3)) - 0.5, atol=1e-6, rtol=0)
     torch.testing.assert_close(colour[:, 3:6], ref.std(dim=(2, 3)) * 4.0, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_scores_match_cpu(det, photos):
+    """The shipped weights give the CPU's scores on CUDA (other kernels: to float tolerance)."""
+    from collapseguard.training_data_tools.replicators import create_replicator
+
+    rng = np.random.default_rng(0)
+    rep = create_replicator("noise_tint", rng)
+    images = list(photos)
+    for p in photos:
+        x = p
+        for _ in range(6):
+            x = rep.step(x, rng)
+        images.append(x)
+    cpu = det.score(images)
+    cuda_det = create("cnn", device="cuda")
+    assert cuda_det.device.type == "cuda"
+    gpu = cuda_det.score(images)
+    np.testing.assert_allclose(gpu, cpu, atol=2e-3, rtol=1e-3)
+    np.testing.assert_array_equal(cuda_det.score(images), gpu)  # repeatable on the GPU
+    assert np.argsort(gpu).tolist() == np.argsort(cpu).tolist()

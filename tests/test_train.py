@@ -173,14 +173,19 @@ def test_chain_bank_delivery_jpeg_encodes_whole_chains_at_one_quality(tmp_path):
         chain_bank(df, size=32, per_image=3, seed=4, delivery_jpeg=0.5, delivery_per="shard")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_tiny_training_lowers_loss(tmp_path, precision):
+def _tiny_training_setup(tmp_path):
     from collapseguard.training_data_tools.manifest import read_manifest
 
     df = read_manifest(make_tiny_chains(tmp_path))
     bank = chain_bank(df, size=32, per_image=4, seed=0)
     rng = np.random.default_rng(3)
     clean = image_bank([(f"c{i}", smooth_art(rng)) for i in range(6)], size=32, per_image=4, seed=0)
+    return bank, clean
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tiny_training_lowers_loss(tmp_path, precision):
+    bank, clean = _tiny_training_setup(tmp_path)
     cfg = TrainConfig(iterations=60, chains_per_batch=6, clean_per_batch=4, crops_per_image=2,
                       lr=5e-3, threads=1, log_every=10, precision=precision,
                       net=NetConfig(width=6, crop_size=32))
@@ -191,6 +196,41 @@ def test_tiny_training_lowers_loss(tmp_path, precision):
     assert all(p.dtype == torch.float32 for p in net.parameters())
     with pytest.raises(ValueError, match="precision"):
         TrainConfig(precision="fp16")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_on_cuda_follows_the_cpu_run(tmp_path, precision):
+    """Same seed, same batches: a CUDA run lowers its loss and tracks the CPU run's losses."""
+    bank, clean = _tiny_training_setup(tmp_path)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        cfg = TrainConfig(iterations=60, chains_per_batch=6, clean_per_batch=4, crops_per_image=2,
+                          lr=5e-3, threads=1, log_every=10, precision=precision, device=device,
+                          net=NetConfig(width=6, crop_size=32))
+        runs[device] = train_net(bank, clean, cfg, log=lambda s: None)
+    net, hist = runs["cuda"]
+    assert hist[-1]["loss"] < 0.7 * hist[0]["loss"]
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in net.parameters())
+    assert not net.training
+    # the first ten iterations see identical batches and start from identical weights
+    first_cpu, first_cuda = runs["cpu"][1][0]["loss"], hist[0]["loss"]
+    assert abs(first_cuda - first_cpu) < (0.05 if precision == "bf16" else 0.01) * first_cpu
+
+
+def test_train_device_errors(tmp_path):
+    with pytest.raises(RuntimeError):
+        TrainConfig(device="bogus")
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=4)
+    out = tmp_path / "w.safetensors"
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "1",
+                                    "--device", "bogus"])
+    assert res.exit_code == 2 and "--device" in res.output
+    if not torch.cuda.is_available():
+        res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "1",
+                                        "--device", "cuda"])
+        assert res.exit_code == 2 and "no CUDA device" in res.output
+    assert not out.exists()
 
 
 def test_hard_clean_draws_the_clean_images_scored_highest():

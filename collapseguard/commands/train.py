@@ -18,6 +18,10 @@ import click
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--exclude-family", "exclude", multiple=True, help="leave this family out (repeatable)")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device to train on (cpu, cuda, cuda:1, ...). Batches are drawn on the CPU "
+                   "from the same seeded generator; the shipped weights were trained on cpu, and a "
+                   "CUDA run follows the same recipe but not bit for bit")
 @click.option("--width", type=int, default=16, show_default=True, help="network width")
 @click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
 @click.option("--n-crops", type=int, default=48, show_default=True,
@@ -57,7 +61,7 @@ import click
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
-def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width, crop_size, n_crops,
+def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
           delivery_jpeg, delivery_per, clean_variants, bank_crops, hard_clean, precision, average_from,
           generic_ladders, cache_dir, no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
@@ -86,10 +90,13 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, width,
     from collapseguard.training.loop import TrainConfig
     from collapseguard.training.run import run_training
 
-    cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
-                      hard_clean=hard_clean, precision=precision, average_from=average_from,
-                      generic_ladders=generic_ladders,
-                      net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
+    try:
+        cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
+                          hard_clean=hard_clean, precision=precision, average_from=average_from,
+                          generic_ladders=generic_ladders, device=device,
+                          net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
+    except (ValueError, RuntimeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--device") from None
     if iterations is not None:
         cfg.iterations = iterations
     if teacher or images:

@@ -59,6 +59,10 @@ class TrainConfig:
     teacher_per_batch: int = 24
     seed: int = 0
     threads: int = 2
+    #: torch device the network trains on ("cpu", "cuda", "cuda:1", ...). Batches are drawn on
+    #: the CPU with the same seeded generator on every device; the shipped weights were trained
+    #: on "cpu" (a CUDA run follows the same recipe but not bit for bit: other kernels)
+    device: str = "cpu"
     log_every: int = 50
     net: NetConfig = field(default_factory=NetConfig)
 
@@ -69,6 +73,9 @@ class TrainConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.crops_per_image == 0:
             self.crops_per_image = 6 if self.net.crop_size <= 64 else 4
+        dev = torch.device(self.device)  # raises on a malformed name
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} asked for, but torch sees no CUDA device")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -223,7 +230,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     gen = torch.Generator().manual_seed(cfg.seed)
-    net = net or DegradationNet(cfg.net)
+    device = torch.device(cfg.device)
+    net = (net or DegradationNet(cfg.net)).to(device)
     net.train()
     batcher = Batcher(chains, clean, cfg, teacher)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -241,16 +249,18 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         for gparam in opt.param_groups:
             gparam["lr"] = lr_at(it)
         b = batcher.batch()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            logits = net(_augment(b["crops"], gen))
+        x = _augment(b["crops"], gen).to(device, non_blocking=True)
+        target, weight, group, order = (b[k].to(device) for k in ("target", "weight", "group", "order"))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            logits = net(x)
         logits = logits.float()
         batcher.observe(b, logits)
-        cls = classification_loss(logits, b["target"], b["weight"])
+        cls = classification_loss(logits, target, weight)
         nt = b["n_teacher"]
         n = len(logits) - nt
-        rank = ranking_loss(logits[:n], b["group"][:n], b["order"][:n])
+        rank = ranking_loss(logits[:n], group[:n], order[:n])
         if nt:
-            rank = rank + ranking_loss(logits[n:], b["group"][n:], b["order"][n:], soft_scale=teacher_scale)
+            rank = rank + ranking_loss(logits[n:], group[n:], order[n:], soft_scale=teacher_scale)
         loss = cls + cfg.rank_weight * rank
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -273,5 +283,5 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
     if average.n:
         average.load_into(net)
         log(f"returned the average of {average.n} weight snapshots from iteration {avg_start + 1} on")
-    net.eval()
+    net.cpu().eval()  # callers save and score the returned net on the CPU
     return net, history
