@@ -1,6 +1,6 @@
 """The `cnn` detector and its training on a CUDA device, against the CPU, in one run.
 
-    python benchmarks/gpu_check.py --out DIR [--device cuda] [--n 96] [--train-iters 300]
+    python benchmarks/gpu_check.py --out DIR [--device cuda] [--n 96] [--train-iters 300] [--parts ...]
 
 Four parts, each printed and written to DIR/gpu_check.json:
 
@@ -76,9 +76,21 @@ def agreement(device: torch.device, images: list[np.ndarray]) -> dict:
     cpu = create("cnn", device="cpu").score(images)
     det = create("cnn", device=str(device))
     a, b = det.score(images), det.score(images)
+    # the same network on the same crops with cuDNN's TF32 convolutions allowed (torch's default,
+    # which CNNDetector.score turns off)
+    from collapseguard.detectors.cnn import image_crops
+
+    crops = np.stack([image_crops(im, det.net.config.crop_size, det.n_crops) for im in images])
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    with torch.inference_mode():
+        tf32 = np.concatenate([det.net(torch.from_numpy(crops[i: i + 32]).to(device)).float().cpu().numpy()
+                               for i in range(0, len(crops), 32)])
+    torch.backends.cudnn.allow_tf32 = before
     return {
         "n_images": len(images),
         "max_abs_diff": float(np.abs(a - cpu).max()),
+        "max_abs_diff_tf32_allowed": float(np.abs(tf32 - cpu).max()),
         "score_spread_std": float(cpu.std()),
         "spearman": float(spearmanr(a, cpu).statistic),
         "same_order": bool((np.argsort(a) == np.argsort(cpu)).all()),
@@ -200,6 +212,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--n", type=int, default=96, help="1024x768 images for the scoring speed")
     ap.add_argument("--train-iters", type=int, default=300)
+    ap.add_argument("--parts", default="agreement,scoring,training,end_to_end",
+                    help="comma-separated parts to run (default: all four)")
     args = ap.parse_args()
     device = torch.device(args.device)
     out = Path(args.out)
@@ -215,13 +229,20 @@ def main() -> None:
         print(name, json.dumps(report[name], indent=1, default=float), flush=True)
         (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=float))
 
-    clean = test_images(24)
-    part("agreement", lambda: agreement(device, clean + chain_copies(clean)))
-    part("scoring_speed", lambda: scoring_speed(device, test_images(args.n)))
+    parts = set(args.parts.split(","))
+    if "agreement" in parts:
+        clean = test_images(24)
+        part("agreement", lambda: agreement(device, clean + chain_copies(clean)))
+    if "scoring" in parts:
+        part("scoring_speed", lambda: scoring_speed(device, test_images(args.n)))
+    if not parts & {"training", "end_to_end"}:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         chains, clean_dir = make_chains(Path(tmp) / "chains"), make_clean(Path(tmp) / "clean")
-        part("training_speed", lambda: training_speed(device, chains, clean_dir, args.train_iters))
-        part("end_to_end", lambda: end_to_end(device, chains, clean_dir, Path(tmp)))
+        if "training" in parts:
+            part("training_speed", lambda: training_speed(device, chains, clean_dir, args.train_iters))
+        if "end_to_end" in parts:
+            part("end_to_end", lambda: end_to_end(device, chains, clean_dir, Path(tmp)))
 
 
 if __name__ == "__main__":

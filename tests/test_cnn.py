@@ -115,7 +115,7 @@ def test_cnn_spec_with_weights_path(tmp_path, det):
     assert mine.name == f"cnn:{path}" and mine.n_crops == 2
     assert mine.version == create("cnn", weights=str(path), device="cpu").version != det.version
     img = np.random.default_rng(0).integers(0, 256, (64, 80, 3), dtype=np.uint8)
-    np.testing.assert_array_equal(mine.score([img]), create("cnn", weights=str(path)).score([img]))
+    np.testing.assert_array_equal(mine.score([img]), create("cnn", weights=str(path), device="cpu").score([img]))
     # the packaged calibration belongs to the packaged weights: other weights need their own
     with pytest.raises(NoThresholdError):
         resolve_threshold(mine)

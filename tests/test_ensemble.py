@@ -38,6 +38,7 @@ def test_builtin_reference_is_deterministic():
 
 
 def test_quantile_ensemble_averages_member_quantiles(reference):
+    pytest.importorskip("pyiqa")  # the [iqa] extra: optional, not part of the core
     ens = create("ens:nss+pyiqa:piqe", reference=reference)
     assert ens.mode == "quantile" and ens.name == "ens:nss+pyiqa:piqe"
     imgs = _imgs()
@@ -55,6 +56,7 @@ def test_quantile_ensemble_averages_member_quantiles(reference):
 
 
 def test_weights_and_nan_policy(reference):
+    pytest.importorskip("pyiqa")  # the [iqa] extra: optional, not part of the core
     piqe, nss = create("pyiqa:piqe"), create("nss")
     w = create("ens:nss+pyiqa:piqe", reference=reference, weights=[3, 1], members=[nss, piqe])
     out = w.score_detailed(_imgs(3))
@@ -68,6 +70,7 @@ def test_weights_and_nan_policy(reference):
 
 
 def test_probability_mode_when_every_member_is_calibrated(reference):
+    pytest.importorskip("pyiqa")  # the [iqa] extra: optional, not part of the core
     from collapseguard.calibration.files import Calibration
 
     nss, piqe = create("nss"), create("pyiqa:piqe")

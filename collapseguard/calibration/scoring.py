@@ -202,6 +202,12 @@ def full_reference_column(manifest: pd.DataFrame, measure: str) -> np.ndarray:
     return out
 
 
+#: pandas 2's default CSV float parser can miss the written value by one ulp, which moved a
+#: threshold recomputed with ``--from-scores`` (seen with the pandas of a GPU machine); pandas 3
+#: parses exactly by default and deprecates the option
+_EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+
+
 def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: str) -> Path:
     """Write a scores table as CSV with the detector name and version in every row."""
     path = Path(path)
@@ -216,7 +222,8 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
     """Read a scores CSV written by ``save_scores``; returns (table, detector, version)."""
     t = pd.read_csv(path, dtype={"source_image": str, "family": str, "kind": str, "path": str,
                                  "chain_id": str, "detector": str, "detector_version": str},
-                    keep_default_na=False, na_values={"score": ["", "nan", "NaN"], "fr": ["", "nan", "NaN"]})
+                    keep_default_na=False, na_values={"score": ["", "nan", "NaN"], "fr": ["", "nan", "NaN"]},
+                    **_EXACT_FLOATS)
     missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
     if missing:
         raise ValueError(f"{path}: not a scores table, missing {missing}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -64,6 +65,23 @@ def image_crops(img: np.ndarray, size: int, n: int) -> np.ndarray:
     return np.stack(crops)
 
 
+@contextmanager
+def _full_fp32(device: torch.device):
+    """Full fp32 convolutions on CUDA (cuDNN uses TF32 on Ampere and later by default, which moved
+    scores by up to 0.006 against the CPU on an H200; ``benchmarks/gpu_check.py``), so that a
+    threshold calibrated on the CPU drops the same images on a GPU. Restores the setting after."""
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    before = cudnn.allow_tf32
+    cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32 = before
+
+
 class CNNDetector(Detector):
     """The trained crop-based degradation detector.
 
@@ -111,5 +129,6 @@ class CNNDetector(Detector):
             chunk = images[start : start + self.batch_size]
             crops = np.stack([image_crops(im, size, self.n_crops) for im in chunk])
             x = torch.from_numpy(crops).to(self.device)
-            out[start : start + len(chunk)] = self.net(x).float().cpu().numpy()
+            with _full_fp32(self.device):
+                out[start : start + len(chunk)] = self.net(x).float().cpu().numpy()
         return out
