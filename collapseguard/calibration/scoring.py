@@ -202,10 +202,18 @@ def full_reference_column(manifest: pd.DataFrame, measure: str) -> np.ndarray:
     return out
 
 
-#: pandas 2's default CSV float parser can miss the written value by one ulp, which moved a
-#: threshold recomputed with ``--from-scores`` (seen with the pandas of a GPU machine); pandas 3
-#: parses exactly by default and deprecates the option
-_EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+def _exact_floats(values) -> np.ndarray:
+    """Parse CSV text cells with Python's float (exact for every value ``to_csv`` writes); empty
+    or unparsable cells become NaN. pandas' own CSV float parser missed the written value by one
+    ulp on about a fifth of the values under pandas 2.2 and 3.0 (not 3.1), which moved a threshold
+    recomputed with ``--from-scores`` (seen on a GPU machine's pandas 3.0.6)."""
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError):
+            pass
+    return out
 
 
 def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: str) -> Path:
@@ -221,9 +229,9 @@ def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: s
 def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
     """Read a scores CSV written by ``save_scores``; returns (table, detector, version)."""
     t = pd.read_csv(path, dtype={"source_image": str, "family": str, "kind": str, "path": str,
-                                 "chain_id": str, "detector": str, "detector_version": str},
-                    keep_default_na=False, na_values={"score": ["", "nan", "NaN"], "fr": ["", "nan", "NaN"]},
-                    **_EXACT_FLOATS)
+                                 "chain_id": str, "detector": str, "detector_version": str,
+                                 "score": str, "fr": str},
+                    keep_default_na=False)
     missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
     if missing:
         raise ValueError(f"{path}: not a scores table, missing {missing}")
@@ -232,8 +240,8 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
         shown = sorted(f"{d}@{v}" for d, v in pairs)[:4]
         raise ValueError(f"{path}: scores must come from exactly one detector/version, found {shown}")
     (det, ver), = pairs
-    t["score"] = pd.to_numeric(t["score"], errors="coerce")
+    t["score"] = _exact_floats(t["score"])
     t["step"] = pd.to_numeric(t["step"], errors="raise").astype(int)
     if "fr" in t.columns:
-        t["fr"] = pd.to_numeric(t["fr"], errors="coerce")
+        t["fr"] = _exact_floats(t["fr"])
     return t.drop(columns=["detector", "detector_version"]), det, ver
