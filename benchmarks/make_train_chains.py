@@ -46,6 +46,8 @@ if __name__ == "__main__":
     ap.add_argument("--extra-n", type=int, default=0, help="chain sources taken from --extra-photos")
     ap.add_argument("--clean-art", type=int, default=0)
     ap.add_argument("--clean-art-dir", default=None)
+    ap.add_argument("--clean-art-dither", default="0.6",
+                    help="dither sigma of the clean art, or 'vary' (sources.DITHER_LEVELS per image)")
     args = ap.parse_args()
     if args.windows_only and not (args.windows > 0 and args.photos):
         ap.error("--windows-only needs --windows N (N > 0) and --photos")
@@ -77,7 +79,9 @@ if __name__ == "__main__":
 
         folder = Path(args.clean_art_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        for name, img in sources.procedural_art(args.clean_art, seed=11, min_side=320, max_side=1024):
+        dither = args.clean_art_dither if args.clean_art_dither == "vary" else float(args.clean_art_dither)
+        for name, img in sources.procedural_art(args.clean_art, seed=11, min_side=320, max_side=1024,
+                                                dither=dither):
             Image.fromarray(img).save(folder / f"{name.replace('/', '-')}.png")
         print(f"clean art: {args.clean_art} PNGs in {folder}")
     df = chains.make_chains(srcs, None, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,

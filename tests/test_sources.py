@@ -46,6 +46,36 @@ def test_procedural_art_deterministic_varied_sizes():
         procedural_art(1, min_side=100, max_side=50)
 
 
+def test_procedural_art_dither_levels_change_only_the_noise():
+    from scipy.ndimage import uniform_filter
+
+    from collapseguard.training_data_tools.sources import DITHER_LEVELS, SourceError
+
+    base = procedural_art(6, seed=5, min_side=96, max_side=160)
+    same = procedural_art(6, seed=5, min_side=96, max_side=160, dither=0.6)
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(base, same))  # 0.6 is the default
+
+    def fine_noise(img):  # std of the image minus its 3x3 local mean, in flat areas
+        x = img.astype(float)
+        r = x - uniform_filter(x, size=(3, 3, 1))
+        flat = np.abs(uniform_filter(x, size=(9, 9, 1)) - x).max(axis=2) < 2.0
+        return r[flat].std()
+
+    noise = {d: [fine_noise(a) for _, a in procedural_art(6, seed=5, min_side=96, max_side=160, dither=d)]
+             for d in (0.0, 1.6)}
+    assert all(lo < hi for lo, hi in zip(noise[0.0], noise[1.6]))
+    vary = procedural_art(6, seed=5, min_side=96, max_side=160, dither="vary")
+    for (na, a), (nb, b) in zip(base, vary):  # the same pictures: only the fine noise differs
+        assert na == nb and a.shape == b.shape
+        assert np.abs(a.astype(int) - b.astype(int)).mean() < 2.0
+    levels = {float(np.random.default_rng([5, i, 104729]).choice(DITHER_LEVELS)) for i in range(6)}
+    assert len(levels) > 1
+    with pytest.raises(SourceError, match="dither"):
+        procedural_art(1, dither=-1.0)
+    with pytest.raises(SourceError, match="dither"):
+        procedural_art(1, dither="lots")
+
+
 def test_folder_images_skips_junk_and_cleans_names(tmp_path):
     (tmp_path / "sub").mkdir()
     Image.new("RGB", (20, 10), (255, 0, 0)).save(tmp_path / "sub" / "a b.png")

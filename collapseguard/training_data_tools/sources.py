@@ -124,7 +124,7 @@ def _gradient(rng, w, h, cols) -> np.ndarray:
     return cols[0] * (1 - t[..., None]) + cols[1] * t[..., None]
 
 
-def _art_one(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+def _art_one(rng: np.random.Generator, w: int, h: int, dither: float = 0.6) -> np.ndarray:
     ss = 2  # supersampling for anti-aliased outlines
     cols = _palette(rng, 8)
     bg = _gradient(rng, w * ss, h * ss, cols[:2])
@@ -169,17 +169,29 @@ def _art_one(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     light = 1 + rng.uniform(0.05, 0.3) * np.exp(-(d / rng.uniform(0.2, 0.5)) ** 2)
     vign = 1 - rng.uniform(0.0, 0.3) * (np.hypot(xx / w - 0.5, yy / h - 0.5) / 0.7071) ** 2
     x = x * (light * vign)[..., None]
-    x = x + rng.normal(0, 0.6, x.shape).astype(np.float32)  # dither, no banding
+    # dither against banding; drawn even at dither 0 so the random stream (and the image) is the same
+    x = x + rng.normal(0, 0.6, x.shape).astype(np.float32) * (dither / 0.6)
     return np.clip(np.rint(x), 0, 255).astype(np.uint8)
 
 
-def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1024) -> list[Source]:
+#: dither levels ``procedural_art(dither="vary")`` draws from (8-bit levels; 0 = banded gradients)
+DITHER_LEVELS = (0.0, 0.3, 0.6, 1.0, 1.6)
+
+
+def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1024,
+                   dither: float | str = 0.6) -> list[Source]:
     """``n`` clean procedural "digital art" images, sizes in [min_side, max_side] with varied aspects.
 
     Deterministic for ``seed``; the names (``art/<seed>-<i>``) are unique per (seed, i).
+    ``dither``: the sigma of the fine noise added against banding (0.6, the default, is what every
+    image had before), or ``"vary"``: one of ``DITHER_LEVELS`` per image, drawn from its own random
+    stream, so the pictures are those of the default and only their noise level differs. A
+    detector trained on art of one dither level learns that level as a sign of a clean image.
     """
     if n < 0 or min_side < 32 or max_side < min_side:
         raise SourceError(f"procedural_art: bad n={n}, min_side={min_side}, max_side={max_side}")
+    if not (dither == "vary" or (isinstance(dither, (int, float)) and dither >= 0)):
+        raise SourceError(f"procedural_art: dither must be a sigma >= 0 or 'vary', got {dither!r}")
     out = []
     for i in range(n):
         rng = np.random.default_rng([seed, i, 7919])
@@ -187,7 +199,9 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
         aspect = float(rng.choice(_ASPECTS))
         w, h = (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
         w, h = max(min_side // 2, int(w)) // 2 * 2, max(min_side // 2, int(h)) // 2 * 2
-        out.append((f"art/{seed}-{i}", _art_one(rng, w, h)))
+        d = (float(np.random.default_rng([seed, i, 104729]).choice(DITHER_LEVELS)) if dither == "vary"
+             else float(dither))
+        out.append((f"art/{seed}-{i}", _art_one(rng, w, h, dither=d)))
     return out
 
 
