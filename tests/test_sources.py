@@ -119,6 +119,15 @@ def test_resolve_sources_specs(tmp_path):
         list(resolve_sources("what:ever"))
     with pytest.raises(SourceError, match="bad art spec"):
         list(resolve_sources("art:many"))
+    # dither in the spec reaches procedural_art
+    plain = [a for _, a in resolve_sources("art:2:64-96")]
+    for spec, kw in (("art:2:64-96:dither=0", {"dither": 0.0}), ("art:2:64-96:dither=vary", {"dither": "vary"})):
+        got = [a for _, a in resolve_sources(spec)]
+        want = [a for _, a in procedural_art(2, seed=0, min_side=64, max_side=96, **kw)]
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert not np.array_equal(plain[0], [a for _, a in resolve_sources("art:2:64-96:dither=0")][0])
+    with pytest.raises(SourceError, match="bad art spec"):
+        list(resolve_sources("art:2:dither=lots"))
 
 
 def test_photo_views_native_window_and_web_downscale(tmp_path):

@@ -51,7 +51,7 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
 
 @chains.command("make")
 @click.option("--sources", default="bundled,art:24", show_default=True,
-              help="Comma-separated: bundled | art:N[:MIN-MAX] | folder:PATH | views:PATH[:SIDE] | shards:GLOB | a folder | a .tar.")
+              help="Comma-separated: bundled | art:N[:MIN-MAX][:dither=SIGMA|vary] | folder:PATH | views:PATH[:SIDE] | shards:GLOB | a folder | a .tar.")
 @click.option("--families", default=None,
               help="Comma-separated replicator families (default: all; see `chains families`).")
 @click.option("--steps", default=100, show_default=True, type=int, help="Steps per chain.")

@@ -317,7 +317,8 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
 def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
     """Turn a command-line spec into a source.
 
-    ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides) | ``folder:PATH`` | ``views:PATH`` (or
+    ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides, then optionally ``:dither=SIGMA`` or
+    ``:dither=vary``; see ``procedural_art``) | ``folder:PATH`` | ``views:PATH`` (or
     ``views:PATH:SIDE``; ``photo_views`` of the image files under a folder) | ``shards:GLOB`` |
     a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``.
     """
@@ -326,11 +327,13 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
         if part == "bundled":
             yield from bundled_photos()
         elif kind == "art":
-            m = re.fullmatch(r"(\d+)(?::(\d+)-(\d+))?", arg)
+            m = re.fullmatch(r"(\d+)(?::(\d+)-(\d+))?(?::dither=(vary|\d+(?:\.\d*)?))?", arg)
             if not m:
-                raise SourceError(f"bad art spec {part!r}; use art:N or art:N:MIN-MAX")
+                raise SourceError(f"bad art spec {part!r}; use art:N[:MIN-MAX][:dither=SIGMA|vary]")
             lo, hi = (int(m.group(2)), int(m.group(3))) if m.group(2) else (320, 1024)
-            yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi)
+            dither = m.group(4) or "0.6"
+            yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi,
+                                      dither=dither if dither == "vary" else float(dither))
         elif kind == "folder":
             yield from folder_images(arg)
         elif kind == "views":
