@@ -1,9 +1,9 @@
 """Does storing images as JPEG change the cnn's verdict? The demo's images, scored as PNG and as JPEG.
 
-    python benchmarks/demo_jpeg.py [WEIGHTS] [--threshold T ...]   (default: the packaged weights)
+    python benchmarks/demo_jpeg.py [WEIGHTS] [--threshold T ...] [--steps N]   (default: the packaged weights)
 
 Rebuilds the images of ``collapseguard demo`` in memory: every bundled photo (centre-cropped to
-640 px) and a copy re-rendered 12 times by one of the demo's replicator families (seed 0, the
+640 px) and a copy re-rendered 12 times (``--steps``) by one of the demo's replicator families (seed 0, the
 demo's own recipe). Scores them as decoded pixels ("None"), then JPEG-encoded at q95 (the demo's
 storage) and q85. Prints AUROC clean vs degraded, the highest clean score, every degraded score,
 and how many of each side lie above 6.7776 (the calibrated threshold of weights d46a3bb18869,
@@ -24,10 +24,11 @@ from collapseguard.training.negatives import jpeg
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("weights", nargs="?", default=None)
 ap.add_argument("--threshold", type=float, nargs="*", default=[])
+ap.add_argument("--steps", type=int, default=12, help="re-renderings of the degraded copies (the demo's 12)")
 args = ap.parse_args()
 torch.set_num_threads(2)
 det = create("cnn", weights=args.weights) if args.weights else create("cnn")
-pairs = list(demo_pairs(12, np.random.default_rng(0)))
+pairs = list(demo_pairs(args.steps, np.random.default_rng(0)))
 clean, deg = [p[2] for p in pairs], [p[3] for p in pairs]
 for q in (None, 95, 85):
     def f(a, q=q):

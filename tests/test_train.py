@@ -131,6 +131,14 @@ def test_chain_bank_shares_positions_within_a_chain(tmp_path):
     assert calls == [1] and first is bank
     np.testing.assert_array_equal(again.crops, bank.crops)
     assert again.meta.equals(bank.meta)
+    # a save that fails after writing the crops (here parquet refuses a column; in session 9 a
+    # full disk) leaves neither a cache entry nor a half-written temp folder behind
+    from collapseguard.training.bank import CropBank
+
+    broken = CropBank(bank.crops, bank.meta.assign(bad=[object() for _ in range(len(bank.meta))]))
+    with pytest.raises(Exception):
+        cached(tmp_path / "cache", "other-key", lambda: broken)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [key]
     small = image_bank([("tiny", np.zeros((10, 12, 3), np.uint8))], size=32, per_image=2, seed=0)
     assert small.crops.shape == (1, 2, 32, 32, 3) and small.meta["target"].iloc[0] == 0.0
 

@@ -206,7 +206,11 @@ def cached(cache_dir: str | Path | None, key: str, build: Callable[[], CropBank]
         return CropBank.load(folder)
     bank = build()
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    bank.save(tmp)
+    try:
+        bank.save(tmp)
+    except BaseException:  # e.g. a full disk: leave no half-written bank (several GB) behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         os.replace(tmp, folder)  # atomic; a concurrent run that finished first wins
     except OSError:
