@@ -37,20 +37,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
+from cnn_speed import test_images  # the same 1024x768 images as the CPU speed benchmark
 from PIL import Image
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def test_images(n: int) -> list[np.ndarray]:
-    from collapseguard.training_data_tools import sources
-
-    srcs = [a for _, a in sources.bundled_photos()] + [a for _, a in sources.procedural_art(8, seed=3)]
-    out = [np.asarray(Image.fromarray(a).resize((1024, 768), Image.BICUBIC)) for a in srcs]
-    return (out * (n // len(out) + 1))[:n]
 
 
 def chain_copies(images: list[np.ndarray], steps=(3, 10)) -> list[np.ndarray]:
@@ -83,10 +76,12 @@ def agreement(device: torch.device, images: list[np.ndarray]) -> dict:
     crops = np.stack([image_crops(im, det.net.config.crop_size, det.n_crops) for im in images])
     before = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = True
-    with torch.inference_mode():
-        tf32 = np.concatenate([det.net(torch.from_numpy(crops[i: i + 32]).to(device)).float().cpu().numpy()
-                               for i in range(0, len(crops), 32)])
-    torch.backends.cudnn.allow_tf32 = before
+    try:
+        with torch.inference_mode():
+            tf32 = np.concatenate([det.net(torch.from_numpy(crops[i: i + 32]).to(device)).float().cpu().numpy()
+                                   for i in range(0, len(crops), 32)])
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
     return {
         "n_images": len(images),
         "max_abs_diff": float(np.abs(a - cpu).max()),

@@ -79,9 +79,8 @@ if __name__ == "__main__":
 
         folder = Path(args.clean_art_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        dither = args.clean_art_dither if args.clean_art_dither == "vary" else float(args.clean_art_dither)
         for name, img in sources.procedural_art(args.clean_art, seed=11, min_side=320, max_side=1024,
-                                                dither=dither):
+                                                dither=args.clean_art_dither):
             Image.fromarray(img).save(folder / f"{name.replace('/', '-')}.png")
         print(f"clean art: {args.clean_art} PNGs in {folder}")
     df = chains.make_chains(srcs, None, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,

@@ -125,10 +125,10 @@ class CNNDetector(Detector):
         """One float32 score per image, higher = more degraded."""
         out = np.empty(len(images), dtype=np.float32)
         size = self.net.config.crop_size
-        for start in range(0, len(images), self.batch_size):
-            chunk = images[start : start + self.batch_size]
-            crops = np.stack([image_crops(im, size, self.n_crops) for im in chunk])
-            x = torch.from_numpy(crops).to(self.device)
-            with _full_fp32(self.device):
+        with _full_fp32(self.device):  # once per call, not per batch
+            for start in range(0, len(images), self.batch_size):
+                chunk = images[start : start + self.batch_size]
+                crops = np.stack([image_crops(im, size, self.n_crops) for im in chunk])
+                x = torch.from_numpy(crops).to(self.device)
                 out[start : start + len(chunk)] = self.net(x).float().cpu().numpy()
         return out

@@ -249,7 +249,7 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         for gparam in opt.param_groups:
             gparam["lr"] = lr_at(it)
         b = batcher.batch()
-        x = _augment(b["crops"], gen).to(device, non_blocking=True)
+        x = _augment(b["crops"], gen).to(device)
         target, weight, group, order = (b[k].to(device) for k in ("target", "weight", "group", "order"))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             logits = net(x)

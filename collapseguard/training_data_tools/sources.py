@@ -184,14 +184,21 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
 
     Deterministic for ``seed``; the names (``art/<seed>-<i>``) are unique per (seed, i).
     ``dither``: the sigma of the fine noise added against banding (0.6, the default, is what every
-    image had before), or ``"vary"``: one of ``DITHER_LEVELS`` per image, drawn from its own random
-    stream, so the pictures are those of the default and only their noise level differs. A
-    detector trained on art of one dither level learns that level as a sign of a clean image.
+    image had before; a number or its text, as given on a command line), or ``"vary"``: one of
+    ``DITHER_LEVELS`` per image, drawn from its own random stream, so the pictures are those of the
+    default and only their noise level differs. A detector trained on art of one dither level
+    learns that level as a sign of a clean image.
     """
     if n < 0 or min_side < 32 or max_side < min_side:
         raise SourceError(f"procedural_art: bad n={n}, min_side={min_side}, max_side={max_side}")
-    if not (dither == "vary" or (isinstance(dither, (int, float)) and dither >= 0)):
-        raise SourceError(f"procedural_art: dither must be a sigma >= 0 or 'vary', got {dither!r}")
+    if dither != "vary":
+        try:
+            sigma = float(dither)
+        except (TypeError, ValueError):
+            sigma = float("nan")
+        if not 0 <= sigma < float("inf"):
+            raise SourceError(f"procedural_art: dither must be a sigma >= 0 or 'vary', got {dither!r}")
+        dither = sigma
     out = []
     for i in range(n):
         rng = np.random.default_rng([seed, i, 7919])
@@ -200,7 +207,7 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
         w, h = (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
         w, h = max(min_side // 2, int(w)) // 2 * 2, max(min_side // 2, int(h)) // 2 * 2
         d = (float(np.random.default_rng([seed, i, 104729]).choice(DITHER_LEVELS)) if dither == "vary"
-             else float(dither))
+             else dither)
         out.append((f"art/{seed}-{i}", _art_one(rng, w, h, dither=d)))
     return out
 
@@ -331,9 +338,8 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
             if not m:
                 raise SourceError(f"bad art spec {part!r}; use art:N[:MIN-MAX][:dither=SIGMA|vary]")
             lo, hi = (int(m.group(2)), int(m.group(3))) if m.group(2) else (320, 1024)
-            dither = m.group(4) or "0.6"
             yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi,
-                                      dither=dither if dither == "vary" else float(dither))
+                                      dither=m.group(4) or 0.6)
         elif kind == "folder":
             yield from folder_images(arg)
         elif kind == "views":
