@@ -16,7 +16,8 @@ and second-highest clean score (where a 1% guarantee from a few hundred clean sc
 threshold), and at each ``--threshold``; and the share of the set's night-sky photos (clean/nightsky,
 see benchmarks/nightsky.sh) above each of those cuts.
 
-``--jpeg Q`` re-encodes every image (chains and clean) as JPEG at quality Q before scoring, as a web
+``--jpeg Q [--subsampling 444]`` re-encodes every image (chains and clean) as JPEG at quality Q (chroma
+4:2:0 by default, as Pillow and most cameras write it) before scoring, as a web
 dataset would store them: a detector that reads JPEG blocks as "clean" falls apart here.
 """
 
@@ -100,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n-crops", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for per-image score CSVs")
     ap.add_argument("--jpeg", type=int, default=None, help="re-encode every image as JPEG at this quality")
+    ap.add_argument("--subsampling", choices=("420", "444"), default=None,
+                    help="chroma subsampling of --jpeg (default: Pillow's, 4:2:0; file names get _444)")
     ap.add_argument("--threshold", type=float, nargs="*", default=[],
                     help="also print the share of step-5/10/20 images above these scores (e.g. a calibration's)")
     ap.add_argument("--from-scores", nargs="*", default=[], help="VERSION names of CSV pairs in --out to "
@@ -116,7 +119,9 @@ def main(argv=None) -> int:
         from functools import partial
 
         from collapseguard.training.negatives import jpeg
-        transform, tag = partial(jpeg, quality=args.jpeg), f"_q{args.jpeg}"
+        code = {None: None, "420": 2, "444": 0}[args.subsampling]
+        transform = partial(jpeg, quality=args.jpeg, subsampling=code)
+        tag = f"_q{args.jpeg}" + ("_444" if args.subsampling == "444" else "")
     for v in args.from_scores:
         sc = pd.read_csv(Path(args.out) / f"chains_{v}.csv")
         cl = pd.read_csv(Path(args.out) / f"clean_{v}.csv")

@@ -69,6 +69,34 @@ def decode_image(data: bytes) -> np.ndarray:
         raise DecodeError(f"{type(exc).__name__}: {exc}") from None
 
 
+#: Pillow's JPEG chroma-subsampling codes (``JpegImagePlugin.get_sampling``)
+_JPEG_SAMPLING = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
+
+
+def image_storage(data: bytes) -> str:
+    """How encoded image bytes store their pixels, read from the header alone (nothing decoded).
+
+    The format in lower case (``"png"``, ``"webp"``, ...); for JPEG also the chroma subsampling:
+    ``"jpeg 4:2:0"`` (what most cameras and Pillow write), ``"jpeg 4:4:4"``, ``"jpeg 4:2:2"``,
+    ``"jpeg gray"``, or plain ``"jpeg"`` for other layouts. ``""`` when the header is unreadable.
+    It matters because 4:2:0 averages colour over 2x2 pixels, which erases much of the colour in
+    static noise: the cnn catches less noise damage in such files (MODEL_CARD.md, session 10).
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = (img.format or "").lower()
+            if fmt not in ("jpeg", "mpo"):  # MPO: a camera's multi-picture JPEG
+                return fmt
+            if img.mode == "L":
+                return "jpeg gray"
+            from PIL import JpegImagePlugin
+
+            sub = _JPEG_SAMPLING.get(JpegImagePlugin.get_sampling(img))
+            return f"jpeg {sub}" if sub else "jpeg"
+    except Exception:  # PIL raises many types for bad data; decoding reports the error
+        return ""
+
+
 def load_image(path) -> np.ndarray:
     """Read and decode an image file (see decode_image)."""
     with open(path, "rb") as f:

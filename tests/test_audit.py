@@ -176,6 +176,28 @@ def test_outputs_agree_with_independent_scores(audited):
     assert st["available"] and st["flagged"]["p50"] == pytest.approx(
         float(np.median(cal.equivalent_step(flagged["score"]))))
     assert st["max_step"] == 20.0  # the map's clamp: a value there reads "at least step 20"
+    # storage: every shard member is a PNG, the loose a.jpg a 4:2:0 JPEG; unreadable rows "unknown"
+    by_kind = {r["storage"]: r for r in summary["storage"]}
+    assert by_kind["jpeg 4:2:0"]["samples"] == 1 and by_kind["unknown"]["samples"] == 2
+    assert by_kind["unknown"]["scored"] == 0
+    assert by_kind["png"]["samples"] == len(df) - 3
+    assert sum(r["flagged"] for r in summary["storage"]) == summary["flagged"]
+    assert summary["storage_note"] is None  # nss, not a chroma-sensitive detector
+
+
+def test_storage_note_only_for_chroma_sensitive_detectors_and_subsampled_jpegs():
+    df = pd.DataFrame({"storage": ["png", "jpeg 4:2:0", "jpeg 4:2:0", "jpeg 4:4:4", ""],
+                       "score": [1.0, 5.0, 0.5, 2.0, np.nan],
+                       "flagged": [False, True, False, False, False]})
+    table = stats.storage_table(df)
+    assert [r["storage"] for r in table] == ["jpeg 4:2:0", "png", "jpeg 4:4:4", "unknown"]
+    assert table[0] == {"storage": "jpeg 4:2:0", "samples": 2, "scored": 2, "flagged": 1, "fraction": 0.5}
+    assert math.isnan(table[3]["fraction"])
+    note = stats.storage_note(table, "cnn")
+    assert note.startswith("2 of 4 scored images are JPEGs with subsampled chroma")
+    assert stats.storage_note(table, "nss") is None
+    assert stats.storage_note(stats.storage_table(df[df.storage != "jpeg 4:2:0"]), "cnn") is None
+    assert stats.storage_table(df.drop(columns="storage")) == []
 
 
 def test_format_step_marks_the_clamp():

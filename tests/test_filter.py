@@ -234,3 +234,42 @@ def test_score_command_files_folders_shards(tmp_path, photos):
     ok = pq[pq.error == ""]
     assert len(ok) == 5 and np.isfinite(ok.score).all()
     assert (pq.detector == "nss").all()
+    # how each scored image is stored, read from its header (make_shard writes 4:2:0 JPEG members)
+    storage = dict(zip(csv.key, csv.storage))
+    assert storage["a.png"] == "png" and storage["sub/b.jpg"] == storage["single.jpg"] == "jpeg 4:2:0"
+    assert storage["s-0_0000_0"] == "jpeg 4:2:0" and storage["sub/broken.jpg"] == ""
+
+
+def test_image_storage_reads_format_and_chroma_subsampling(photos):
+    import io
+
+    from PIL import Image
+
+    from collapseguard.images import image_storage
+
+    def encoded(fmt, mode="RGB", **kw):
+        buf = io.BytesIO()
+        Image.fromarray(photos[0]).convert(mode).save(buf, format=fmt, **kw)
+        return buf.getvalue()
+
+    assert image_storage(encode_png(photos[0])) == "png"
+    assert image_storage(encode_jpeg(photos[0], 95)) == "jpeg 4:2:0"  # Pillow's default
+    assert image_storage(encoded("JPEG", quality=95, subsampling=0)) == "jpeg 4:4:4"
+    assert image_storage(encoded("JPEG", quality=95, subsampling=1)) == "jpeg 4:2:2"
+    assert image_storage(encoded("JPEG", mode="L")) == "jpeg gray"
+    assert image_storage(encoded("WEBP")) == "webp"
+    good = encode_jpeg(photos[0])
+    # the header alone decides: a truncated JPEG still reads as one (decoding reports the damage)
+    assert image_storage(good[: len(good) // 3]) == "jpeg 4:2:0"
+    assert image_storage(b"not an image") == image_storage(b"") == ""
+
+
+def test_filter_scores_record_storage(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos[:1], degraded=False, extra=[("p.png", encode_png(photos[1])),
+                                                        ("cap.txt", b"no image here")])
+    run_cli(["filter", shard, "--out", tmp_path / "out", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
+    scores = pd.read_parquet(tmp_path / "out/scores/s.parquet").set_index("key")
+    assert scores.loc["p", "storage"] == "png" and scores.loc["s_0000_0", "storage"] == "jpeg 4:2:0"
+    assert scores.loc["cap", "storage"] == ""
+    assert set(scores["storage"]) == {"png", "jpeg 4:2:0", ""}

@@ -332,3 +332,84 @@ def test_clean_variants_and_camera_noise(tmp_path):
     assert 2.0 < noisy.std() < 6.0 and abs(noisy.mean() - 128) < 1
     with pytest.raises(FileNotFoundError):
         list_images([tmp_path / "missing"])
+
+
+def test_jpeg_round_trip_keeps_pillows_default_and_can_keep_full_chroma():
+    from collapseguard.training.negatives import jpeg
+
+    # fine red/green checkerboard on grey: luma is nearly flat, all detail is in the chroma
+    yy, xx = np.mgrid[0:64, 0:64]
+    board = ((yy + xx) % 2).astype(np.float32)[..., None]
+    img = np.clip(128 + 60 * board * np.array([1, -1, 0]) + 60 * (1 - board) * np.array([-1, 1, 0]),
+                  0, 255).astype(np.uint8)
+    err = {s: np.abs(jpeg(img, 95, subsampling=s).astype(float) - img).mean() for s in (None, 0, 2)}
+    # 4:2:0 averages the chroma of every 2x2 block, which erases this pattern; 4:4:4 keeps it
+    assert err[0] < 0.25 * err[2]
+    # the default is Pillow's 4:2:0, the storage that made the shipped weights (training delivery)
+    assert err[None] == err[2]
+
+
+def test_jpeg_crops_codes_each_crop_as_if_alone():
+    from collapseguard.training.loop import jpeg_crops
+    from collapseguard.training.negatives import jpeg
+
+    rng = np.random.default_rng(1)
+    crops = np.stack([trivial_degrade(smooth_art(rng, 48, 48), 3, rng) for _ in range(5)])
+    coded = jpeg_crops(crops, 80)
+    assert coded.shape == crops.shape and coded.dtype == np.uint8
+    coding_error = np.abs(coded.astype(float) - crops).mean()
+    assert coding_error > 1.0  # it really is JPEG-coded
+    alone = np.stack([jpeg(c, 80, subsampling=2) for c in crops])
+    # 48 px = three 16 px chroma cells: only the decoder's chroma upsampling looks across the
+    # seam, so away from the crops' left and right edges the strip codes each crop exactly alone
+    inner = (slice(None), slice(None), slice(2, -2))
+    np.testing.assert_array_equal(coded[inner], alone[inner])
+    assert np.abs(coded.astype(float) - alone).mean() < 0.1 * coding_error
+
+
+def test_storage_consistency_batches_and_training(tmp_path):
+    from collapseguard.training.loop import Batcher
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    df = read_manifest(make_tiny_chains(tmp_path, n_sources=8))
+    bank = chain_bank(df, size=32, per_image=4, seed=0, delivery_jpeg=0.5)
+    rng = np.random.default_rng(3)
+    clean = image_bank([(f"c{i}", smooth_art(rng)) for i in range(6)], size=32, per_image=4, seed=0)
+    kw = dict(chains_per_batch=6, clean_per_batch=4, crops_per_image=2, threads=1,
+              net=NetConfig(width=6, crop_size=32))
+    plain = Batcher(bank, clean, TrainConfig(**kw)).batch()
+    withc = Batcher(bank, clean, TrainConfig(storage_consistency=1.0, consistency_images=5, **kw)).batch()
+    n = len(plain["target"])
+    assert len(plain["cons_src"]) == 0 and len(plain["crops"]) == n
+    # the batch itself is drawn exactly as without the option; the JPEG copies come after it
+    np.testing.assert_array_equal(withc["crops"][:n].numpy(), plain["crops"].numpy())
+    src = withc["cons_src"].numpy()
+    assert len(withc["crops"]) == n + len(src) and 0 < len(src) <= 5
+    assert (src < 6 * 3).all()  # copies only of chain images ...
+    assert (bank.meta["jpeg_quality"] == 0).any() and (bank.meta["jpeg_quality"] > 0).any()
+    copies = withc["crops"][n:].numpy()
+    from collapseguard.training.loop import CONSISTENCY_QUALITY, jpeg_crops
+    for j, p in enumerate(src):  # ... and of PNG-delivered images' crops, JPEG-coded at one quality
+        original = plain["crops"][p].numpy()
+        assert any(np.array_equal(copies[j], jpeg_crops(original, q))
+                   for q in range(CONSISTENCY_QUALITY[0], CONSISTENCY_QUALITY[1] + 1))
+    # images already JPEG-delivered get no copy: with every chain delivered there is none
+    coded = chain_bank(df, size=32, per_image=4, seed=0, delivery_jpeg=1.0)
+    assert len(Batcher(coded, clean, TrainConfig(storage_consistency=1.0, **kw)).batch()["cons_src"]) == 0
+    with pytest.raises(ValueError, match="storage_consistency"):
+        TrainConfig(storage_consistency=-1)
+
+    # training with the loss brings the scores of JPEG copies closer to their originals'
+    gaps = {}
+    for w in (0.0, 0.3):
+        cfg = TrainConfig(iterations=80, lr=5e-3, log_every=20, storage_consistency=w,
+                          consistency_images=12, **kw)
+        net, hist = train_net(bank, clean, cfg, log=lambda s: None)
+        assert hist[-1]["cls"] < hist[0]["cls"]
+        png = bank.crops[(bank.meta["jpeg_quality"] == 0).to_numpy() & (bank.meta["step"] >= 5).to_numpy()]
+        coded = np.stack([jpeg_crops(c, 75) for c in png])
+        with torch.no_grad():
+            a, b = net(torch.from_numpy(png)), net(torch.from_numpy(coded))
+        gaps[w] = float((a - b).abs().mean())
+        assert (hist[-1]["cons"] > 0) == (w > 0)
+    assert gaps[0.3] < 0.5 * gaps[0.0], gaps

@@ -180,7 +180,9 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
            f'{" …" if len(s["inputs"]) > 5 else ""} · {e(s["created"])} · collapseguard '
            f'{e(s["collapseguard_version"])}</div>',
            '<nav><a href="#scores">scores</a><a href="#steps">replication step</a>'
-           '<a href="#sources">per source</a><a href="#degraded">most degraded</a>'
+           '<a href="#sources">per source</a>'
+           + ('<a href="#storage">storage</a>' if s.get("storage") else "")
+           + '<a href="#degraded">most degraded</a>'
            '<a href="#borderline">borderline</a><a href="#kept">kept sample</a>'
            + ('<a href="#compare">other metrics</a>' if comparisons else "")
            + ('<a href="#errors">not scored</a>' if s["errors"] else "") + "</nav>",
@@ -203,6 +205,15 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
     out.append(f'<section id="steps"><h2>Estimated replication step</h2>{body}</section>')
     out.append(f'<section id="sources"><h2>Per source</h2><p class="note">Shards (or folders) with '
                f"the highest flagged fraction first.</p>{_sources_table(per_source, has_step)}</section>")
+
+    if s.get("storage"):
+        rows = "".join(f'<tr><td class=l>{e(r["storage"])}</td><td>{r["samples"]}</td><td>{r["scored"]}</td>'
+                       f'<td>{r["flagged"]}</td><td>{e(_pct(r["fraction"]))}</td></tr>' for r in s["storage"])
+        note = f'<p class="estimate">{e(s["storage_note"])}</p>' if s.get("storage_note") else ""
+        out.append('<section id="storage"><h2>How the images are stored</h2><p class="note">File '
+                   "format, and for JPEG the chroma subsampling, read from each scored image's header."
+                   f'</p>{note}<table><tr><th class=l>storage</th><th>samples</th><th>scored</th>'
+                   f"<th>flagged</th><th>fraction</th></tr>{rows}</table></section>")
 
     how = ("Left: the whole image, reduced. Right: a crop at native resolution (1:1, never resampled, "
            "lossless) from the most textured part — replication damage (grain, coloured dots, "

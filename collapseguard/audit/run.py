@@ -257,6 +257,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
                                  for a, b, c in errs[["source", "key", "error"]].head(50).itertuples(index=False)]
     summary["per_source"] = [{k: stats._num(v) for k, v in r.items()}
                              for r in per_source.to_dict(orient="records")]
+    summary["storage"] = stats.storage_table(df)
+    summary["storage_note"] = stats.storage_note(summary["storage"], det.name)
     summary["compare"] = [c.as_dict() for c in comparisons]
     summary["failures"] = failures
 
@@ -349,6 +351,10 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
                          f"{_pct(r['fraction']):>8}")
         if len(summary["per_source"]) > max_sources:
             lines.append(f"... {len(summary['per_source']) - max_sources} more sources in summary.json")
+    if summary.get("storage"):
+        lines.append("storage    " + ", ".join(f"{r['samples']} {r['storage']}" for r in summary["storage"]))
+    if summary.get("storage_note"):
+        lines.append(f"note       {summary['storage_note']}")
     for c in summary["compare"]:
         lines.append(f"compare    {c['detector']}: agreement {_pct(c['agreement'])}, "
                      f"{c['main_flags_other_calls_fine']} flagged only by {summary['detector']}, "

@@ -106,6 +106,41 @@ def per_source_table(df: pd.DataFrame, threshold: float, confidence: float = CON
     return pd.DataFrame(rows)
 
 
+def storage_table(df: pd.DataFrame) -> list[dict]:
+    """Audited samples per storage kind (column ``storage``: "png", "jpeg 4:2:0", ...; "" is
+    counted as "unknown", e.g. an image that could not be read), most common first, with how many
+    of each were scored and flagged. Empty when ``df`` has no storage column (older score files)."""
+    if "storage" not in df.columns or df.empty:
+        return []
+    kind = df["storage"].fillna("").astype(str).replace("", "unknown")
+    scored = np.isfinite(df["score"].to_numpy(np.float64))
+    flagged = df["flagged"].to_numpy(bool) if "flagged" in df.columns else np.zeros(len(df), bool)
+    rows = []
+    for k in kind.value_counts(sort=True).index:  # ties keep first appearance
+        m = (kind == k).to_numpy()
+        n_scored, n_flagged = int((m & scored).sum()), int((m & flagged).sum())
+        rows.append({"storage": str(k), "samples": int(m.sum()), "scored": n_scored,
+                     "flagged": n_flagged, "fraction": n_flagged / n_scored if n_scored else math.nan})
+    return rows
+
+
+#: detectors whose noise detection is known to suffer from 4:2:0 chroma subsampling (MODEL_CARD.md)
+CHROMA_SENSITIVE = ("cnn",)
+
+
+def storage_note(table: list[dict], detector: str) -> str | None:
+    """A caution when chroma-subsampled JPEGs are audited with a detector that sees less noise in
+    them; None otherwise."""
+    n = sum(r["scored"] for r in table)
+    sub = sum(r["scored"] for r in table if r["storage"] in ("jpeg 4:2:0", "jpeg 4:2:2"))
+    if detector not in CHROMA_SENSITIVE or not sub:
+        return None
+    return (f"{sub} of {n} scored images are JPEGs with subsampled chroma (4:2:0 or 4:2:2), which "
+            f"hides much of the colour of static noise: {detector} misses more noise damage in such "
+            "files (MODEL_CARD.md, \"JPEG storage and chroma subsampling\"), so their flagged "
+            "fraction may be an underestimate.")
+
+
 @dataclass
 class Comparison:
     """Where a compared detector disagrees with the main one on the images both could score.

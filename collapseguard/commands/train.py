@@ -31,6 +31,10 @@ import click
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
 @click.option("--delivery-per", type=click.Choice(["chain", "image"]), default="chain", show_default=True,
               help="with --delivery-jpeg: decide the JPEG encoding once per chain, or for every image")
+@click.option("--storage-consistency", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="weight of a loss that shows some PNG chain images of each batch also as 4:2:0 JPEG "
+                   "(quality 70-98) and pulls the copy's score towards the original's, so storage "
+                   "alone does not change a verdict; 0 is the shipped recipe")
 @click.option("--clean-variants", type=click.IntRange(1, 64), default=4, show_default=True,
               help="images made from each --clean file: one as it is, the rest camera-like variants "
                    "(grain, JPEG, sharpening, resizing) and native-resolution windows")
@@ -62,7 +66,7 @@ import click
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          delivery_jpeg, delivery_per, clean_variants, bank_crops, hard_clean, precision, average_from,
+          delivery_jpeg, delivery_per, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
           generic_ladders, cache_dir, no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -94,6 +98,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                           hard_clean=hard_clean, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
+                          storage_consistency=storage_consistency,
                           net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
     except (ValueError, RuntimeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--device") from None

@@ -25,7 +25,7 @@ from collapseguard.filter.scoring import Scored, score_records
 from collapseguard.filter.tario import ShardReader, ShardWriter
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
-                 "width", "height", "error")
+                 "width", "height", "storage", "error")
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             for col, val in (("key", sample.key), ("score", scored.score), ("decision", decision),
                              ("reason", reason), ("detector", detector.name),
                              ("detector_version", detector.version), ("image", scored.image),
-                             ("width", scored.width), ("height", scored.height), ("error", error)):
+                             ("width", scored.width), ("height", scored.height),
+                             ("storage", scored.storage), ("error", error)):
                 rows[col].append(val)
             done_since += 1
             if progress is not None and done_since >= 16:
@@ -159,6 +160,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "image": pa.array(rows["image"], pa.string()),
         "width": pa.array(rows["width"], pa.int32()),
         "height": pa.array(rows["height"], pa.int32()),
+        "storage": pa.array(rows["storage"], pa.string()),
         "error": pa.array(rows["error"], pa.string()),
     })
     pq.write_table(table, _tmp(paths["scores"]))
@@ -203,6 +205,7 @@ def precomputed_scores(samples, scores_path: Path):
         yield sample, Scored(score=float("nan") if score is None else score, image=row["image"],
                              error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
                              width=row["width"], height=row["height"],
+                             storage=row.get("storage") or "",  # scores files written before storage was recorded lack it
                              n_images=0 if row["reason"] == "no_image" else 1)
 
 

@@ -20,7 +20,7 @@ from collapseguard.filter.tario import ShardReader
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
-           "error"]
+           "storage", "error"]
 
 
 def _file_members(f: ImageFile) -> list[tuple[str, bytes]]:
@@ -55,7 +55,7 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
         row = {"source": source, "key": key, "score": res.score, "detector": detector.name,
                "detector_version": detector.version,
                "image": res.image if kind == "shard" else "", "width": res.width,
-               "height": res.height, "error": res.error}
+               "height": res.height, "storage": res.storage, "error": res.error}
         row.update({f"{k}": v for k, v in res.extra.items()})
         rows.append(row)
         n += 1

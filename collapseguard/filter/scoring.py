@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from collapseguard.detectors.base import Detector
-from collapseguard.images import DecodeError, decode_image, is_image_name
+from collapseguard.images import DecodeError, decode_image, image_storage, is_image_name
 
 #: flush a batch once it holds this many pixels, whatever the batch size
 MAX_BATCH_PIXELS = 48_000_000
@@ -37,6 +37,8 @@ class Scored:
     n_images: int = 0
     width: int = 0
     height: int = 0
+    #: how the scored image is stored (``images.image_storage``: "png", "jpeg 4:2:0", ...)
+    storage: str = ""
 
 
 def image_members(members: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
@@ -59,10 +61,11 @@ def score_records(
     pending: list[tuple[Any, Scored, list[int]]] = []  # record, result, indices into images
     images: list[np.ndarray] = []
     names: list[str] = []
+    storages: list[str] = []
     pixels = 0
 
     def flush():
-        nonlocal images, names, pixels, pending
+        nonlocal images, names, storages, pixels, pending
         if images:
             detail = detector.score_detailed(images)
             scores = np.asarray(detail["score"], dtype=np.float64)
@@ -80,11 +83,12 @@ def score_records(
                     j = int(np.nanargmax(np.where(finite, vals, -np.inf)))
                     res.score = float(vals[j])
                     res.image = names[idx[j]]
+                    res.storage = storages[idx[j]]
                     for k, arr in detail.items():
                         if k != "score":
                             res.extra[k] = float(np.asarray(arr, dtype=np.float64)[idx[j]])
             yield rec, res
-        pending, images, names, pixels = [], [], [], 0
+        pending, images, names, storages, pixels = [], [], [], [], 0
 
     for rec in records:
         members = image_members(members_of(rec))
@@ -95,19 +99,20 @@ def score_records(
         decoded, errors = [], []
         for name, data in members:
             try:
-                decoded.append((name, decode_image(data)))
+                decoded.append((name, decode_image(data), image_storage(data)))
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
         if errors:
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored
             res.status, res.error = "decode_error", "; ".join(errors)
         else:
-            for name, arr in decoded:
+            for name, arr, storage in decoded:
                 if not res.width:
                     res.height, res.width = arr.shape[:2]
                 idx.append(len(images))
                 images.append(arr)
                 names.append(name)
+                storages.append(storage)
                 pixels += arr.shape[0] * arr.shape[1]
         pending.append((rec, res, idx))
         if len(images) >= batch_size or pixels >= max_pixels:

@@ -55,6 +55,14 @@ class TrainConfig:
     #: damage ladders per clean training file (training.generic_damage): classic distortions at
     #: rising strength, trained like extra chains. 0 (default) is the shipped recipe
     generic_ladders: int = 0
+    #: weight of the storage-consistency loss: some chain images of each batch that were not
+    #: JPEG-delivered are also shown JPEG-encoded (4:2:0 chroma, quality 70-98, crops encoded on the
+    #: fly), and the score of the JPEG copy is pulled towards the PNG original's (squared error,
+    #: the original's score held fixed), so storage alone does not change a verdict. 0 (default)
+    #: is the shipped recipe and draws nothing extra
+    storage_consistency: float = 0.0
+    #: chain images per batch given a JPEG copy when ``storage_consistency`` > 0
+    consistency_images: int = 12
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
     seed: int = 0
@@ -67,6 +75,8 @@ class TrainConfig:
     net: NetConfig = field(default_factory=NetConfig)
 
     def __post_init__(self):
+        if self.storage_consistency < 0:
+            raise ValueError(f"storage_consistency must be >= 0, got {self.storage_consistency!r}")
         if not 0.0 <= self.average_from < 1.0:
             raise ValueError(f"average_from must be in [0, 1), got {self.average_from!r}")
         if self.precision not in ("fp32", "bf16"):
@@ -96,7 +106,24 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def _columns(bank: CropBank) -> dict[str, np.ndarray]:
     """The meta columns a batch needs, positionally indexed (banks have a 0..N-1 index)."""
     m = bank.meta.reset_index(drop=True)
-    return {c: m[c].to_numpy() for c in ("target", "weight", "step", "aligned", "teacher_score") if c in m}
+    return {c: m[c].to_numpy() for c in ("target", "weight", "step", "aligned", "teacher_score", "jpeg_quality")
+            if c in m}
+
+
+#: JPEG qualities of the storage-consistency copies (as ``bank.DELIVERY_QUALITY``)
+CONSISTENCY_QUALITY = (70, 98)
+
+
+def jpeg_crops(crops: np.ndarray, quality: int) -> np.ndarray:
+    """JPEG-encode (K, S, S, 3) crops side by side as one strip (4:2:0 chroma) and cut them apart
+    again. With S a multiple of 16 no JPEG block or chroma cell straddles two crops, so each crop
+    is coded as if on its own (only the decoder's chroma upsampling looks one pixel across)."""
+    from collapseguard.training.negatives import jpeg
+
+    k, s = crops.shape[0], crops.shape[1]
+    strip = np.ascontiguousarray(crops.transpose(1, 0, 2, 3).reshape(s, k * s, 3))
+    out = jpeg(strip, quality, subsampling=2)
+    return out.reshape(s, k, s, 3).transpose(1, 0, 2, 3)
 
 
 class Batcher:
@@ -147,9 +174,21 @@ class Batcher:
         start, rows = batch["clean_at"]
         self.clean_score[rows] = logits[start: start + len(rows)].detach().cpu().numpy()
 
+    def _consistency(self, crops: np.ndarray, chain_pos: list[int], chain_q: list[int]):
+        """JPEG copies of some PNG-delivered chain images of the batch: (their batch positions,
+        their crops JPEG-encoded)."""
+        eligible = np.asarray([p for p, q in zip(chain_pos, chain_q) if q == 0], dtype=np.int64)
+        if not len(eligible):
+            return eligible, crops[:0]
+        pick = np.sort(self.rng.choice(eligible, min(self.cfg.consistency_images, len(eligible)),
+                                       replace=False))
+        qs = self.rng.integers(CONSISTENCY_QUALITY[0], CONSISTENCY_QUALITY[1] + 1, len(pick))
+        return pick, np.stack([jpeg_crops(crops[p], int(q)) for p, q in zip(pick, qs)])
+
     def batch(self) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         crops, target, weight, group, order = [], [], [], [], []
+        chain_q: list[int] = []
         clean_at = None
         if self.chain_rows:
             picks = self.rng.choice(len(self.chain_rows), min(cfg.chains_per_batch, len(self.chain_rows)),
@@ -165,6 +204,7 @@ class Batcher:
                 weight += meta["weight"][rows].tolist()
                 group += [gi] * t
                 order += meta["step"][rows].tolist()
+                chain_q += (meta["jpeg_quality"][rows].tolist() if "jpeg_quality" in meta else [0] * t)
         if self.clean is not None and len(self.clean) and cfg.clean_per_batch > 0:
             rows = self._clean_rows(min(cfg.clean_per_batch, len(self.clean)))
             clean_at = (sum(len(c) for c in crops), rows)
@@ -184,10 +224,17 @@ class Batcher:
             group += [-10**6] * len(rows)  # one group: every pair ranked by the teacher's score
             order += meta["teacher_score"][rows].tolist()
             n_teacher = len(rows)
+        crops = np.concatenate(crops)
+        cons_src = np.zeros(0, np.int64)
+        if cfg.storage_consistency > 0 and chain_q:  # after every other draw: 0 changes nothing
+            cons_src, cons_crops = self._consistency(crops, list(range(len(chain_q))), chain_q)
+            crops = np.concatenate([crops, cons_crops])
         return {
             "clean_at": clean_at,
             "n_teacher": n_teacher,
-            "crops": torch.from_numpy(np.concatenate(crops)),
+            # the batch's images, then the JPEG copies of the images at positions cons_src
+            "cons_src": torch.from_numpy(cons_src),
+            "crops": torch.from_numpy(crops),
             "target": torch.tensor(target, dtype=torch.float32),
             "weight": torch.tensor(weight, dtype=torch.float32),
             "group": torch.tensor(group),
@@ -244,7 +291,7 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
 
     avg_start = int(cfg.average_from * cfg.iterations) if cfg.average_from else None
     average = WeightAverage()
-    history, acc, t0 = [], {"loss": 0.0, "cls": 0.0, "rank": 0.0, "n": 0}, time.time()
+    history, acc, t0 = [], {"loss": 0.0, "cls": 0.0, "rank": 0.0, "cons": 0.0, "n": 0}, time.time()
     for it in range(cfg.iterations):
         for gparam in opt.param_groups:
             gparam["lr"] = lr_at(it)
@@ -254,6 +301,11 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             logits = net(x)
         logits = logits.float()
+        n_cons = len(b["cons_src"])
+        cons = torch.zeros((), device=device)
+        if n_cons:  # the JPEG copies' scores follow their originals' (held fixed)
+            logits, copies = logits[:-n_cons], logits[-n_cons:]
+            cons = ((copies - logits[b["cons_src"].to(device)].detach()) ** 2).mean()
         batcher.observe(b, logits)
         cls = classification_loss(logits, target, weight)
         nt = b["n_teacher"]
@@ -262,6 +314,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         if nt:
             rank = rank + ranking_loss(logits[n:], group[n:], order[n:], soft_scale=teacher_scale)
         loss = cls + cfg.rank_weight * rank
+        if n_cons:
+            loss = loss + cfg.storage_consistency * cons
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
@@ -271,6 +325,7 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         acc["loss"] += loss.item()
         acc["cls"] += cls.item()
         acc["rank"] += rank.item()
+        acc["cons"] += cons.item()
         acc["n"] += 1
         if (it + 1) % cfg.log_every == 0 or it + 1 == cfg.iterations:
             n = acc.pop("n")
@@ -278,8 +333,9 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
                    "lr": lr_at(it), "seconds": round(time.time() - t0, 1)}
             history.append(rec)
             log(f"iter {it + 1}/{cfg.iterations}  loss {rec['loss']:.4f}  cls {rec['cls']:.4f}  "
-                f"rank {rec['rank']:.4f}  lr {rec['lr']:.2e}  {rec['seconds']:.0f}s")
-            acc = {"loss": 0.0, "cls": 0.0, "rank": 0.0, "n": 0}
+                f"rank {rec['rank']:.4f}" + (f"  cons {rec['cons']:.4f}" if cfg.storage_consistency else "")
+                + f"  lr {rec['lr']:.2e}  {rec['seconds']:.0f}s")
+            acc = {"loss": 0.0, "cls": 0.0, "rank": 0.0, "cons": 0.0, "n": 0}
     if average.n:
         average.load_into(net)
         log(f"returned the average of {average.n} weight snapshots from iteration {avg_start + 1} on")

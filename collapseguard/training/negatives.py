@@ -90,9 +90,12 @@ def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) ->
     return np.clip(x + n * iso_sigma * level, 0, 255).astype(np.uint8)
 
 
-def jpeg(img: np.ndarray, quality: int) -> np.ndarray:
+def jpeg(img: np.ndarray, quality: int, subsampling: int | None = None) -> np.ndarray:
+    """Round-trip through JPEG. ``subsampling``: Pillow's code (0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0);
+    None keeps Pillow's default, which is 4:2:0 at every quality, as most cameras and web images."""
     buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=int(quality))
+    extra = {} if subsampling is None else {"subsampling": int(subsampling)}
+    Image.fromarray(img).save(buf, format="JPEG", quality=int(quality), **extra)
     buf.seek(0)
     return np.asarray(Image.open(buf).convert("RGB"))
 
