@@ -7,7 +7,7 @@ seeded sample of ``--n`` chains from each side, scores their steps 0, 5, 10 and 
 (default: the packaged ones) and prints AUROC of step 0 against each step, for all sampled chains
 and separately for procedural-art and photo chains. A model that ranks held-out chains poorly
 *and* its training chains poorly is short of capacity or signal; one that ranks training chains
-well and held-out chains poorly is short of data (MODEL_CARD.md, "Tried and not shipped
+well and held-out chains poorly is short of data (docs/model_history.md, "Tried and not shipped
 (session 5)").
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 11 photos among Debian's lxqt-themes wallpapers, as a clean folder no training or
-# calibration uses (MODEL_CARD.md and BENCHMARKS.md, "Material textures"):
+# calibration uses (docs/model_history.md and BENCHMARKS.md, "Material textures"):
 #
 #   bash benchmarks/lxqt_photos.sh DEB_DIR OUT_DIR
 #   python benchmarks/nightsky_check.py --folder OUT_DIR --threshold 4.87577

@@ -7,7 +7,7 @@
 The set is made by ``benchmarks/make_default_calibration.sh`` (Debian ukui/plasma wallpapers and
 procedural art of another seed, none of them used in training). This is where candidate weights
 are compared before one is shipped: held-out sources of the training generator flatter a model
-(MODEL_CARD.md, "Tried and not shipped"). Printed per weights file: AUROC of step 0 vs steps 5, 10
+(docs/model_history.md, "Tried and not shipped"). Printed per weights file: AUROC of step 0 vs steps 5, 10
 and 20 (all chains, wallpaper-photo chains, art chains), and step 0 of every photo chain vs step 10
 of each family's photo chains; the share of clean images (chain step 0
 plus the extra clean folder) above the threshold that drops 95% of step-10 images; and the share

@@ -9,7 +9,7 @@
 #    Night skies: the `train` quarter of Debian's stellarium-data astrophotographs
 #    (benchmarks/nightsky.sh), linked into $WORK/nightsky. Material textures (sand, grass, bark,
 #    rock, wood) from Debian's supertuxkart-data (benchmarks/textures.py), linked into $WORK/textures.
-#    With KINDS=1 (a candidate recipe, NOT the shipped one; MODEL_CARD.md "Tried and not shipped
+#    With KINDS=1 (a candidate recipe, NOT the shipped one; docs/model_history.md "Tried and not shipped
 #    (sessions 6-7)"): software screenshots (marble-data, gcompris-qt-data handbooks) and game
 #    textures (colobot-common-textures, extremetuxracer-data) via benchmarks/link_images.py: 70%
 #    into $WORK/shots_train and $WORK/gametex_train (passed as two more --clean folders), 30%

@@ -34,7 +34,7 @@ class NetConfig:
     #: gain applied to the high-pass residual channel (pixels in [0, 1])
     residual_gain: float = 8.0
     #: add three band-pass channels (3x3 mean minus 7x7 mean): the mid frequencies where fine
-    #: texture lives. Off by default: tried with 80 px crops (MODEL_CARD.md, "not shipped"), better
+    #: texture lives. Off by default: tried with 80 px crops (docs/model_history.md, "not shipped"), better
     #: on the training split's held-out sources but worse on the independent calibration set
     bandpass: bool = False
 
