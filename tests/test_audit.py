@@ -196,6 +196,8 @@ def test_storage_note_only_for_chroma_sensitive_detectors_and_subsampled_jpegs()
     note = stats.storage_note(table, "cnn")
     assert note.startswith("2 of 4 scored images are JPEGs with subsampled chroma")
     assert stats.storage_note(table, "nss") is None
+    assert stats.storage_note(table, "ens:nss+cnn") == note.replace("cnn misses", "ens:nss+cnn misses")
+    assert stats.storage_note(table, "ens:nss+pyiqa:piqe") is None
     assert stats.storage_note(stats.storage_table(df[df.storage != "jpeg 4:2:0"]), "cnn") is None
     assert stats.storage_table(df.drop(columns="storage")) == []
 

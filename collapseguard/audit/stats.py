@@ -133,7 +133,8 @@ def storage_note(table: list[dict], detector: str) -> str | None:
     them; None otherwise."""
     n = sum(r["scored"] for r in table)
     sub = sum(r["scored"] for r in table if r["storage"] in ("jpeg 4:2:0", "jpeg 4:2:2"))
-    if detector not in CHROMA_SENSITIVE or not sub:
+    members = detector[len("ens:"):].split("+") if detector.startswith("ens:") else [detector]
+    if not sub or not any(m.split(":")[0] in CHROMA_SENSITIVE for m in members):
         return None
     return (f"{sub} of {n} scored images are JPEGs with subsampled chroma (4:2:0 or 4:2:2), which "
             f"hides much of the colour of static noise: {detector} misses more noise damage in such "

@@ -63,6 +63,10 @@ class TrainConfig:
     storage_consistency: float = 0.0
     #: chain images per batch given a JPEG copy when ``storage_consistency`` > 0
     consistency_images: int = 12
+    #: the consistency loss starts at this share of the run and ramps up linearly over the next
+    #: tenth: from the start, a network that scores everything alike satisfies it, and two runs
+    #: that had it from iteration 0 never left chance level
+    consistency_from: float = 0.25
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
     seed: int = 0
@@ -75,6 +79,8 @@ class TrainConfig:
     net: NetConfig = field(default_factory=NetConfig)
 
     def __post_init__(self):
+        if not 0.0 <= self.consistency_from < 1.0:
+            raise ValueError(f"consistency_from must be in [0, 1), got {self.consistency_from!r}")
         if self.storage_consistency < 0:
             raise ValueError(f"storage_consistency must be >= 0, got {self.storage_consistency!r}")
         if not 0.0 <= self.average_from < 1.0:
@@ -318,7 +324,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             rank = rank + ranking_loss(logits[n:], group[n:], order[n:], soft_scale=teacher_scale)
         loss = cls + cfg.rank_weight * rank
         if n_cons:
-            loss = loss + cfg.storage_consistency * cons
+            ramp = (it / cfg.iterations - cfg.consistency_from) / 0.1
+            loss = loss + cfg.storage_consistency * min(1.0, max(0.0, ramp)) * cons
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
