@@ -33,8 +33,8 @@ import click
               help="with --delivery-jpeg: decide the JPEG encoding once per chain, or for every image")
 @click.option("--storage-consistency", type=click.FloatRange(0), default=0.0, show_default=True,
               help="weight of a loss that shows some PNG chain images of each batch also as 4:2:0 JPEG "
-                   "(quality 70-98) and pulls the copy's score towards the original's, so storage "
-                   "alone does not change a verdict; 0 is the shipped recipe")
+                   "(quality 70-98) and pulls the two scores together (from a quarter of the run on), so "
+                   "storage alone does not change a verdict; 0 is the shipped recipe")
 @click.option("--clean-variants", type=click.IntRange(1, 64), default=4, show_default=True,
               help="images made from each --clean file: one as it is, the rest camera-like variants "
                    "(grain, JPEG, sharpening, resizing) and native-resolution windows")

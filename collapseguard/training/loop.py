@@ -57,8 +57,8 @@ class TrainConfig:
     generic_ladders: int = 0
     #: weight of the storage-consistency loss: some chain images of each batch that were not
     #: JPEG-delivered are also shown JPEG-encoded (4:2:0 chroma, quality 70-98, crops encoded on the
-    #: fly), and the score of the JPEG copy is pulled towards the PNG original's (Huber loss,
-    #: the original's score held fixed), so storage alone does not change a verdict. 0 (default)
+    #: fly), and the scores of copy and original are pulled together (Huber loss, both sides),
+    #: so storage alone does not change a verdict. 0 (default)
     #: is the shipped recipe and draws nothing extra
     storage_consistency: float = 0.0
     #: chain images per batch given a JPEG copy when ``storage_consistency`` > 0
@@ -309,12 +309,14 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         logits = logits.float()
         n_cons = len(b["cons_src"])
         cons = torch.zeros((), device=device)
-        if n_cons:  # the JPEG copies' scores follow their originals' (held fixed)
+        if n_cons:  # the JPEG copies' scores and their originals' are pulled together
             logits, copies = logits[:-n_cons], logits[-n_cons:]
-            # Huber, not squared error: a squared error let a few copies far from their originals
-            # dominate the clipped gradient, and a 16,000-iteration run diverged by iteration 600
-            cons = torch.nn.functional.smooth_l1_loss(copies, logits[b["cons_src"].to(device)].detach(),
-                                                      beta=1.0)
+            # Both sides get the gradient. Holding the original fixed (pulling only the copy up
+            # to it) lifted the originals along with their copies, which are nearly the same
+            # input, and a full run's logits ran away (consistency 75, ranking 19 by 7,000
+            # iterations); Huber, not squared error, so a few far-off pairs cannot take over the
+            # clipped gradient (with squared error a run diverged by iteration 600)
+            cons = torch.nn.functional.smooth_l1_loss(copies, logits[b["cons_src"].to(device)], beta=1.0)
         batcher.observe(b, logits)
         cls = classification_loss(logits, target, weight)
         nt = b["n_teacher"]
