@@ -14,6 +14,7 @@ from collapseguard.detectors.cnn_model import (
     load_net,
     save_net,
 )
+from collapseguard.evaluation.metrics import auroc
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,49 @@ def test_config_defaults_bandpass_and_legacy_files():
     legacy = NetConfig.from_dict({"width": 4, "crop_size": 32, "n_crops": 3, "residual_gain": 8.0})
     assert not legacy.bandpass and DegradationNet(legacy)._inputs(x)[0].shape[1] == 6
     assert "bandpass" not in legacy.to_dict() and NetConfig.from_dict(new.config.to_dict()).bandpass
+
+
+def test_context_term_sees_how_crops_relate(tmp_path):
+    """``NetConfig(context=True)``: starts as the crop-only model, learns from a property of the
+    crop set that no single crop has (and contributes to the score), round-trips through
+    safetensors."""
+    torch.manual_seed(0)
+    cfg = NetConfig(width=4, crop_size=16, n_crops=4, context=True)
+    net = DegradationNet(cfg)
+    assert "context" not in NetConfig(width=4).to_dict() and cfg.to_dict()["context"] is True
+    rng = np.random.default_rng(0)
+
+    def crops(n, same):
+        # four flat crops per image: all one grey level ("same") or four different levels; the
+        # mean level is matched, so a crop on its own says nothing about the label
+        lv = rng.uniform(60, 190, (n, 1)) + (0 if same else rng.normal(0, 40, (n, 4)))
+        lv = np.broadcast_to(np.clip(lv, 0, 255), (n, 4))
+        return torch.from_numpy(np.broadcast_to(lv[:, :, None, None, None], (n, 4, 16, 16, 3)).astype(np.uint8))
+
+    x = torch.cat([crops(64, True), crops(64, False)])
+    y = torch.cat([torch.zeros(64), torch.ones(64)])
+    with torch.no_grad():  # zero-initialised: exactly the crop-only score
+        torch.testing.assert_close(net(x), net.aggregate(net.crop_logits(x)))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    with torch.no_grad():
+        test = torch.cat([crops(32, True), crops(32, False)])
+        s = net(test)
+    assert auroc(s[:32].numpy(), s[32:].numpy()) > 0.9
+    with torch.no_grad():  # the set-level term took part: it moved and it varies between images
+        ctx = net.context_logit(net.crop_features(test))
+    assert net.ctx_rho.weight.abs().max() > 0 and ctx[32:].mean() - ctx[:32].mean() > 0.1
+    path = tmp_path / "ctx.safetensors"
+    save_net(net, path)
+    again, _ = load_net(path.read_bytes())
+    assert again.config.context
+    with torch.no_grad():
+        torch.testing.assert_close(again(test), s)
 
 
 def test_fast_box_means_match_torch_pooling():

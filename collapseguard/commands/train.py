@@ -26,6 +26,9 @@ import click
 @click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
+@click.option("--context", is_flag=True,
+              help="add an image-level term computed from all crops together (how crops relate, e.g. "
+                   "whether grain follows brightness); off in the shipped weights")
 @click.option("--delivery-jpeg", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of training chains JPEG-encoded once (quality 70-98, every step alike) before "
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
@@ -66,7 +69,7 @@ import click
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          delivery_jpeg, delivery_per, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
+          context, delivery_jpeg, delivery_per, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
           generic_ladders, cache_dir, no_eval, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -99,7 +102,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
                           hard_clean=hard_clean, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency,
-                          net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops))
+                          net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops, context=context))
     except (ValueError, RuntimeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--device") from None
     if iterations is not None:

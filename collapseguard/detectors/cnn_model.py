@@ -37,6 +37,11 @@ class NetConfig:
     #: texture lives. Off by default: tried with 80 px crops (docs/model_history.md, "not shipped"), better
     #: on the training split's held-out sources but worse on the independent calibration set
     bandpass: bool = False
+    #: an image-level term from all crops together (DeepSets: a small MLP on every crop's
+    #: features, averaged and spread over the crops, mapped to one logit added to the image
+    #: score), so the score can use how crops relate, e.g. whether grain follows brightness as a
+    #: camera's does. Off by default (the shipped weights have none)
+    context: bool = False
 
     def __post_init__(self):
         if self.crop_size < 8:
@@ -50,15 +55,17 @@ class NetConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if not d["bandpass"]:  # written exactly as before the option existed (same weight bytes)
-            d.pop("bandpass")
+        for opt in ("bandpass", "context"):
+            if not d[opt]:  # written exactly as before the option existed (same weight bytes)
+                d.pop(opt)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> NetConfig:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        # weights written before the band-pass channels existed have no "bandpass" key
+        # weights written before these options existed have no key for them
         known.setdefault("bandpass", False)
+        known.setdefault("context", False)
         return cls(**known)
 
 
@@ -130,6 +137,13 @@ class DegradationNet(nn.Module):
         self.head = nn.Sequential(nn.Linear(feat, 32), nn.LeakyReLU(0.1), nn.Linear(32, 1))
         # image score = a * mean(crop logits) + b * softmax-pool(crop logits) + c
         self.agg = nn.Parameter(torch.tensor([0.5, 0.5, 0.0]))
+        if self.config.context:
+            self.ctx_phi = nn.Sequential(nn.Linear(feat, 32), nn.LeakyReLU(0.1), nn.Linear(32, 32),
+                                         nn.LeakyReLU(0.1))
+            self.ctx_rho = nn.Linear(64, 1)
+            # starts at zero: training begins from the crop-only model's function
+            nn.init.zeros_(self.ctx_rho.weight)
+            nn.init.zeros_(self.ctx_rho.bias)
 
     # -- input features ------------------------------------------------------------------------
     def _inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,15 +167,25 @@ class DegradationNet(nn.Module):
         colour = torch.cat([mean - 0.5, std * 4.0, chroma], dim=1)
         return net_in, colour
 
-    def crop_logits(self, crops: torch.Tensor) -> torch.Tensor:
-        """(B, K, S, S, 3) -> (B, K) per-crop logits."""
+    def crop_features(self, crops: torch.Tensor) -> torch.Tensor:
+        """(B, K, S, S, 3) -> (B, K, F) per-crop features (pooled conv maps + colour statistics)."""
         b, k = crops.shape[:2]
         x, colour = self._inputs(crops.reshape(b * k, *crops.shape[2:]))
         # channels-last convolutions (oneDNN): forward + backward 1.3-1.6x faster on CPU
         # (benchmarks/train_step_parts.py)
         h = self.body(x.contiguous(memory_format=torch.channels_last))
         pooled = torch.cat([h.mean(dim=(2, 3)), h.std(dim=(2, 3))], dim=1)
-        return self.head(torch.cat([pooled, colour], dim=1)).reshape(b, k)
+        return torch.cat([pooled, colour], dim=1).reshape(b, k, -1)
+
+    def crop_logits(self, crops: torch.Tensor) -> torch.Tensor:
+        """(B, K, S, S, 3) -> (B, K) per-crop logits."""
+        return self.head(self.crop_features(crops)).squeeze(-1)
+
+    def context_logit(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, K, F) crop features -> (B,) image-level term (``config.context``): the mean and the
+        spread over the crops of a per-crop MLP, mapped to one logit. Needs K >= 2."""
+        z = self.ctx_phi(features)
+        return self.ctx_rho(torch.cat([z.mean(dim=1), z.std(dim=1)], dim=1)).squeeze(-1)
 
     def aggregate(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, K) crop logits -> (B,) image logits; insensitive to K for constant logits."""
@@ -170,7 +194,10 @@ class DegradationNet(nn.Module):
         return self.agg[0] * logits.mean(dim=1) + self.agg[1] * soft_max + self.agg[2]
 
     def forward(self, crops: torch.Tensor) -> torch.Tensor:
-        return self.aggregate(self.crop_logits(crops))
+        if not self.config.context:
+            return self.aggregate(self.crop_logits(crops))
+        f = self.crop_features(crops)
+        return self.aggregate(self.head(f).squeeze(-1)) + self.context_logit(f)
 
 
 # ---------------------------------------------------------------------------------------------
