@@ -33,6 +33,8 @@ def main() -> None:
                     help="images made from each --clean file; 1 = as it is, no grain/JPEG variants (shipped: 4)")
     ap.add_argument("--generic-ladders", type=int, default=0,
                     help="damage ladders per clean training file (training.generic_damage; shipped: 0)")
+    ap.add_argument("--context", action="store_true",
+                    help="with the image-level context term (collapseguard train --context; shipped: off)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from collapseguard.detectors.cnn_model import NetConfig
@@ -41,7 +43,8 @@ def main() -> None:
 
     cfg = TrainConfig(iterations=args.steps, seed=args.seed, threads=args.threads, log_every=100,
                       generic_ladders=args.generic_ladders,
-                      net=NetConfig(crop_size=args.crop_size, width=args.width, n_crops=args.n_crops))
+                      net=NetConfig(crop_size=args.crop_size, width=args.width, n_crops=args.n_crops,
+                                    context=args.context))
     res = lofo(args.chains, args.out, cfg, clean_dirs=args.clean,
                families=args.families.split(",") if args.families else None, cache_dir=args.cache,
                clean_variants_n=args.clean_variants, crops_per_bank_image=args.bank_crops)
