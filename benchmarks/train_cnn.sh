@@ -39,6 +39,8 @@ BANK_CROPS=${BANK_CROPS:-48}  # crops cut once per training image (16 before wei
 STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
+SEED=${SEED:-0}
+CONTEXT=${CONTEXT:-0}  # 1: the image-level context term (collapseguard train --context)
 KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
@@ -98,7 +100,9 @@ more_chains=()
 if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
 kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
+context=()
+if [ "$CONTEXT" = 1 ]; then context=(--context); fi
 # shellcheck disable=SC2086
 collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
-  --bank-crops "$BANK_CROPS" --seed 0 --threads 2 $EXTRA
+  --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" --threads 2 $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"
