@@ -151,6 +151,11 @@ def test_context_term_sees_how_crops_relate(tmp_path):
     cfg = NetConfig(width=4, crop_size=16, n_crops=4, context=True)
     net = DegradationNet(cfg)
     assert "context" not in NetConfig(width=4).to_dict() and cfg.to_dict()["context"] is True
+    with pytest.raises(ValueError, match="context"):
+        NetConfig(n_crops=1, context=True)
+    from collapseguard.training.loop import TrainConfig
+    with pytest.raises(ValueError, match="context"):
+        TrainConfig(crops_per_image=1, net=cfg)
     rng = np.random.default_rng(0)
 
     def crops(n, same):

@@ -238,6 +238,9 @@ def test_train_device_errors(tmp_path):
         res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "1",
                                         "--device", "cuda"])
         assert res.exit_code == 2 and "no CUDA device" in res.output
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "1",
+                                    "--context", "--bank-crops", "1"])
+    assert res.exit_code == 2 and "--context needs --bank-crops >= 2" in res.output
     assert not out.exists()
 
 

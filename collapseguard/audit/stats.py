@@ -116,7 +116,9 @@ def storage_table(df: pd.DataFrame) -> list[dict]:
     scored = np.isfinite(df["score"].to_numpy(np.float64))
     flagged = df["flagged"].to_numpy(bool) if "flagged" in df.columns else np.zeros(len(df), bool)
     rows = []
-    for k in kind.value_counts(sort=True).index:  # ties keep first appearance
+    first = list(dict.fromkeys(kind))  # kinds in order of first appearance
+    counts = kind.value_counts()
+    for k in sorted(first, key=lambda k: -counts[k]):  # most common first; ties keep that order
         m = (kind == k).to_numpy()
         n_scored, n_flagged = int((m & scored).sum()), int((m & flagged).sum())
         rows.append({"storage": str(k), "samples": int(m.sum()), "scored": n_scored,

@@ -91,6 +91,8 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     """
     if iterations is not None and epochs is not None:
         raise click.UsageError("give --steps or --epochs, not both")
+    if context and bank_crops < 2:
+        raise click.UsageError("--context needs --bank-crops >= 2 (it uses the spread over an image's crops)")
     if not str(out).endswith(".safetensors"):
         raise click.UsageError("--out must end with .safetensors")
     from collapseguard.detectors.cnn_model import NetConfig

@@ -48,6 +48,8 @@ class NetConfig:
             raise ValueError(f"crop_size must be >= 8, got {self.crop_size}")
         if self.n_crops < 1:
             raise ValueError(f"n_crops must be >= 1, got {self.n_crops}")
+        if self.context and self.n_crops < 2:
+            raise ValueError("context needs n_crops >= 2 (it uses the spread over the crops)")
 
     @property
     def in_channels(self) -> int:

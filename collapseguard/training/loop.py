@@ -89,6 +89,8 @@ class TrainConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.crops_per_image == 0:
             self.crops_per_image = 6 if self.net.crop_size <= 64 else 4
+        if self.net.context and self.crops_per_image < 2:
+            raise ValueError("a context net trains on >= 2 crops per image (crops_per_image)")
         dev = torch.device(self.device)  # raises on a malformed name
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for, but torch sees no CUDA device")
@@ -315,7 +317,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             # to it) lifted the originals along with their copies, which are nearly the same
             # input, and a full run's logits ran away (consistency 75, ranking 19 by 7,000
             # iterations); Huber, not squared error, so a few far-off pairs cannot take over the
-            # clipped gradient (with squared error a run diverged by iteration 600)
+            # clipped gradient (with squared error a run never learned, and its consistency term
+            # reached 1.5 million)
             cons = torch.nn.functional.smooth_l1_loss(copies, logits[b["cons_src"].to(device)], beta=1.0)
         batcher.observe(b, logits)
         cls = classification_loss(logits, target, weight)
