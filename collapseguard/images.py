@@ -54,6 +54,11 @@ def decode_image(data: bytes) -> np.ndarray:
 
     Raises DecodeError with a readable message for anything that is not a decodable image.
     """
+    return decode_with_storage(data)[0]
+
+
+def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
+    """``decode_image`` and ``image_storage`` from one opening of the bytes (what scoring uses)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -61,8 +66,9 @@ def decode_image(data: bytes) -> np.ndarray:
                 w, h = img.size
                 if w * h > MAX_PIXELS:
                     raise DecodeError(f"image too large: {w}x{h} pixels")
+                storage = _storage(img)
                 img.load()
-                return to_rgb_array(img)
+                return to_rgb_array(img), storage
     except DecodeError:
         raise
     except Exception as exc:  # PIL raises many types for bad data
@@ -80,21 +86,27 @@ def image_storage(data: bytes) -> str:
     ``"jpeg 4:2:0"`` (what most cameras and Pillow write), ``"jpeg 4:4:4"``, ``"jpeg 4:2:2"``,
     ``"jpeg gray"``, or plain ``"jpeg"`` for other layouts. ``""`` when the header is unreadable.
     It matters because 4:2:0 averages colour over 2x2 pixels, which erases much of the colour in
-    static noise: the cnn catches less noise damage in such files (MODEL_CARD.md, session 10).
+    static noise: the cnn catches less noise damage in such files (MODEL_CARD.md, "JPEG storage
+    and chroma subsampling").
     """
     try:
         with Image.open(io.BytesIO(data)) as img:
-            fmt = (img.format or "").lower()
-            if fmt not in ("jpeg", "mpo"):  # MPO: a camera's multi-picture JPEG
-                return fmt
-            if img.mode == "L":
-                return "jpeg gray"
-            from PIL import JpegImagePlugin
-
-            sub = _JPEG_SAMPLING.get(JpegImagePlugin.get_sampling(img))
-            return f"jpeg {sub}" if sub else "jpeg"
+            return _storage(img)
     except Exception:  # PIL raises many types for bad data; decoding reports the error
         return ""
+
+
+def _storage(img: Image.Image) -> str:
+    """``image_storage`` of an opened (not necessarily loaded) image."""
+    fmt = (img.format or "").lower()
+    if fmt not in ("jpeg", "mpo"):  # MPO: a camera's multi-picture JPEG
+        return fmt
+    if img.mode == "L":
+        return "jpeg gray"
+    from PIL import JpegImagePlugin
+
+    sub = _JPEG_SAMPLING.get(JpegImagePlugin.get_sampling(img))
+    return f"jpeg {sub}" if sub else "jpeg"
 
 
 def load_image(path) -> np.ndarray:
@@ -110,10 +122,13 @@ def encode_png(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def encode_jpeg(arr: np.ndarray, quality: int = 90) -> bytes:
-    """Encode an (H, W, 3) uint8 array as JPEG bytes."""
+def encode_jpeg(arr: np.ndarray, quality: int = 90, subsampling: int | None = None) -> bytes:
+    """Encode an (H, W, 3) uint8 array as JPEG bytes. ``subsampling``: Pillow's code (0 = 4:4:4,
+    1 = 4:2:2, 2 = 4:2:0); None keeps Pillow's default, 4:2:0 at every quality, as most cameras
+    and web images store colour."""
     buf = io.BytesIO()
-    Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(buf, format="JPEG", quality=quality)
+    extra = {} if subsampling is None else {"subsampling": int(subsampling)}
+    Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(buf, format="JPEG", quality=int(quality), **extra)
     return buf.getvalue()
 
 

@@ -144,9 +144,10 @@ def test_config_defaults_bandpass_and_legacy_files():
 
 
 def test_context_term_sees_how_crops_relate(tmp_path):
-    """``NetConfig(context=True)``: starts as the crop-only model, learns from a property of the
-    crop set that no single crop has (and contributes to the score), round-trips through
-    safetensors."""
+    """``NetConfig(context=True)``: starts as the crop-only model; trained on a property of the
+    crop set that no single crop has, the set-level term takes part (it moves and separates the
+    classes; the crop-only mean/soft-max can separate these sets too, so the AUROC alone would not
+    show the term working); round-trips through safetensors."""
     torch.manual_seed(0)
     cfg = NetConfig(width=4, crop_size=16, n_crops=4, context=True)
     net = DegradationNet(cfg)

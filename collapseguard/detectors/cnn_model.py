@@ -180,7 +180,7 @@ class DegradationNet(nn.Module):
         return torch.cat([pooled, colour], dim=1).reshape(b, k, -1)
 
     def crop_logits(self, crops: torch.Tensor) -> torch.Tensor:
-        """(B, K, S, S, 3) -> (B, K) per-crop logits."""
+        """(B, K, S, S, 3) -> (B, K) per-crop logits (what ``forward`` aggregates)."""
         return self.head(self.crop_features(crops)).squeeze(-1)
 
     def context_logit(self, features: torch.Tensor) -> torch.Tensor:
@@ -196,10 +196,9 @@ class DegradationNet(nn.Module):
         return self.agg[0] * logits.mean(dim=1) + self.agg[1] * soft_max + self.agg[2]
 
     def forward(self, crops: torch.Tensor) -> torch.Tensor:
-        if not self.config.context:
-            return self.aggregate(self.crop_logits(crops))
         f = self.crop_features(crops)
-        return self.aggregate(self.head(f).squeeze(-1)) + self.context_logit(f)
+        score = self.aggregate(self.head(f).squeeze(-1))
+        return score + self.context_logit(f) if self.config.context else score
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from collapseguard.detectors.base import Detector
-from collapseguard.images import DecodeError, decode_image, image_storage, is_image_name
+from collapseguard.images import DecodeError, decode_with_storage, is_image_name
 
 #: flush a batch once it holds this many pixels, whatever the batch size
 MAX_BATCH_PIXELS = 48_000_000
@@ -99,7 +99,7 @@ def score_records(
         decoded, errors = [], []
         for name, data in members:
             try:
-                decoded.append((name, decode_image(data), image_storage(data)))
+                decoded.append((name, *decode_with_storage(data)))
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
         if errors:

@@ -182,10 +182,11 @@ class Batcher:
         start, rows = batch["clean_at"]
         self.clean_score[rows] = logits[start: start + len(rows)].detach().cpu().numpy()
 
-    def _consistency(self, crops: np.ndarray, chain_pos: list[int], chain_q: list[int]):
-        """JPEG copies of some PNG-delivered chain images of the batch: (their batch positions,
-        their crops JPEG-encoded)."""
-        eligible = np.asarray([p for p, q in zip(chain_pos, chain_q) if q == 0], dtype=np.int64)
+    def _consistency(self, crops: np.ndarray, chain_q: list[int]):
+        """JPEG copies of some PNG-delivered chain images of the batch (the chain images come
+        first, so ``chain_q[i]`` is the JPEG quality of batch image i; 0 = not delivered as JPEG):
+        (their batch positions, their crops JPEG-encoded)."""
+        eligible = np.flatnonzero(np.asarray(chain_q) == 0)
         if not len(eligible):
             return eligible, crops[:0]
         pick = np.sort(self.rng.choice(eligible, min(self.cfg.consistency_images, len(eligible)),
@@ -233,9 +234,9 @@ class Batcher:
             order += meta["teacher_score"][rows].tolist()
             n_teacher = len(rows)
         crops = np.concatenate(crops)
-        cons_src = np.zeros(0, np.int64)
+        cons_src = np.zeros(0, np.intp)
         if cfg.storage_consistency > 0 and chain_q:  # after every other draw: 0 changes nothing
-            cons_src, cons_crops = self._consistency(crops, list(range(len(chain_q))), chain_q)
+            cons_src, cons_crops = self._consistency(crops, chain_q)
             crops = np.concatenate([crops, cons_crops])
         return {
             "clean_at": clean_at,

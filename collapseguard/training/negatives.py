@@ -10,7 +10,6 @@ small upscales, and web-size downscales of large photos.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +19,8 @@ from PIL import Image, ImageFilter
 
 from collapseguard.images import (
     DecodeError,
+    decode_image,
+    encode_jpeg,
     is_image_name,
     load_image,
     random_window,
@@ -91,13 +92,8 @@ def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) ->
 
 
 def jpeg(img: np.ndarray, quality: int, subsampling: int | None = None) -> np.ndarray:
-    """Round-trip through JPEG. ``subsampling``: Pillow's code (0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0);
-    None keeps Pillow's default, which is 4:2:0 at every quality, as most cameras and web images."""
-    buf = io.BytesIO()
-    extra = {} if subsampling is None else {"subsampling": int(subsampling)}
-    Image.fromarray(img).save(buf, format="JPEG", quality=int(quality), **extra)
-    buf.seek(0)
-    return np.asarray(Image.open(buf).convert("RGB"))
+    """Round-trip through JPEG (``images.encode_jpeg``, same ``subsampling`` codes and default)."""
+    return decode_image(encode_jpeg(img, quality, subsampling))
 
 
 def unsharp(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
