@@ -1,10 +1,10 @@
 """Fingerprints that show a change kept the shipped behaviour bit for bit.
 
-    python benchmarks/fingerprint.py
+    python benchmarks/fingerprint.py [--weights W.safetensors]
     PYTHONPATH=/path/to/older/checkout python benchmarks/fingerprint.py   # the same, older code
 
 Prints three SHA-256 prefixes:
-- ``scores``: the packaged cnn's scores of every bundled photo (CPU, 2 threads);
+- ``scores``: the packaged cnn's (or ``--weights``') scores of every bundled photo (CPU, 2 threads);
 - ``train``: the weights of a 120-iteration training run on tiny generated chains with JPEG
   delivery (the default recipe's draws and losses; ``tests/test_train.py`` makes the chains);
 - ``jpeg``: the pixels of ``training.negatives.jpeg`` round trips (the training's JPEG code).
@@ -15,6 +15,7 @@ PYTHONPATH shows.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import tempfile
@@ -40,10 +41,14 @@ def main() -> None:
     from collapseguard.training.negatives import jpeg
     from collapseguard.training_data_tools.sources import bundled_photos
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--weights", default=None, help="cnn weights to score with (default: the packaged)")
+    args = ap.parse_args()
     print("collapseguard from", Path(collapseguard.__file__).parent)
     torch.set_num_threads(2)
     photos = [im for _, im in bundled_photos(min_side=256)]
-    scores = create("cnn", device="cpu").score(photos)
+    kw = {"weights": args.weights} if args.weights else {}
+    scores = create("cnn", device="cpu", **kw).score(photos)
     print("scores", digest([np.asarray(scores, np.float64)]))
 
     from test_train import make_tiny_chains, smooth_art
