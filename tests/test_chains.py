@@ -63,3 +63,27 @@ def test_bad_input_rejected(tmp_path, sources):
         make_chains([("x", np.zeros((8, 8), np.uint8))], ["codec"], steps=1, out_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="duplicate source"):
         make_chains(sources[:1] * 2, ["codec"], steps=1, out_dir=tmp_path, progress=False)
+
+
+def test_workers_from_a_stdin_script_fail_with_a_clear_error(tmp_path):
+    """Spawned workers re-import the parent's main file; `python - <<EOF` has none. Before this
+    was caught, every worker died and the pool raised an opaque BrokenProcessPool (seen when the
+    calibration script ran make_chains from a here-document)."""
+    import subprocess
+    import sys
+    script = f"""
+from collapseguard.training_data_tools.chains import make_chains
+from collapseguard.training_data_tools.sources import procedural_art
+make_chains(procedural_art(1, seed=1, min_side=64, max_side=64), ["codec"], steps=1,
+            out_dir={str(tmp_path)!r}, workers=2, progress=False)
+"""
+    r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "RuntimeError" in r.stderr and "<stdin>" in r.stderr and "one worker" in r.stderr
+    assert "BrokenProcessPool" not in r.stderr
+    # the same script from a file, with the guard the message asks for, runs
+    f = tmp_path / "make.py"
+    f.write_text("if __name__ == '__main__':\n" + "".join(f"    {line}\n" for line in script.strip().splitlines()))
+    r = subprocess.run([sys.executable, str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "manifest.csv").exists()

@@ -29,6 +29,23 @@ _DETECTORS: dict = {}
 _PROGRESS_QUEUE = None
 
 
+def spawn_context():
+    """The multiprocessing context for worker pools: spawn, never fork (a parent that already ran
+    torch/OpenMP can deadlock forked children).
+
+    Spawned workers re-import the parent's main module from its file. A script read from stdin
+    (``python - <<EOF``) has no file, and every worker would die with an opaque
+    ``BrokenProcessPool``; this raises a ``RuntimeError`` that says so instead.
+    """
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and main_file.startswith("<") and main_file.endswith(">"):
+        raise RuntimeError(
+            f"worker processes cannot start: the main script is {main_file}, which spawned workers "
+            "cannot re-import. Save the script to a file (with an `if __name__ == \"__main__\":` "
+            "guard) or use one worker.")
+    return mp.get_context("spawn")
+
+
 def get_detector(name: str, kwargs: tuple = ()):
     """The process-wide detector for ``name`` (created on first use, then reused)."""
     key = (name, kwargs)
@@ -96,7 +113,7 @@ class LocalEngine:
             on_progress: OnProgress | None, on_done: OnDone) -> None:
         if not tasks:
             return
-        ctx = mp.get_context("spawn")
+        ctx = spawn_context()
         manager = ctx.Manager() if on_progress else None
         progress_q = manager.Queue() if manager else None
         stop = threading.Event()

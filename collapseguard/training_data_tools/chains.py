@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -27,7 +26,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from collapseguard.filter.engines import set_thread_budget
+from collapseguard.filter.engines import set_thread_budget, spawn_context
 from collapseguard.training_data_tools.manifest import MANIFEST_NAME, write_manifest
 from collapseguard.training_data_tools.replicators import (
     create_replicator,
@@ -144,10 +143,10 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
             if bar:
                 bar.update(1)
     else:
-        # spawn, not fork: a parent that already ran torch/OpenMP can deadlock forked children;
-        # each worker gets an even share of the cores so torch-based replicators don't oversubscribe
+        # spawn (see spawn_context); each worker gets an even share of the cores so torch-based
+        # replicators don't oversubscribe
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn_context(),
                                  initializer=set_thread_budget, initargs=(threads,)) as ex:
             futs = [ex.submit(_chain_job, job) for job in jobs]
             for f in as_completed(futs):
