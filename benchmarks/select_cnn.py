@@ -13,8 +13,9 @@ of each family's photo chains; the share of clean images (chain step 0
 plus the extra clean folder) above the threshold that drops 95% of step-10 images; and the share
 of step-5/10/20 images dropped at the empirical 99th percentile of the clean scores, at the highest
 and second-highest clean score (where a 1% guarantee from a few hundred clean scores puts the
-threshold), and at each ``--threshold``; and the share of the set's night-sky photos (clean/nightsky,
-see benchmarks/nightsky.sh) above each of those cuts.
+threshold), and at each ``--threshold`` (with the share of the set's distinct clean images above
+it); and the share of the set's night-sky photos (clean/nightsky, see benchmarks/nightsky.sh) above
+each of those cuts.
 
 ``--jpeg Q [--subsampling 444]`` re-encodes every image (chains and clean) as JPEG at quality Q (chroma
 4:2:0 by default, as Pillow and most cameras write it) before scoring, as a web
@@ -69,6 +70,8 @@ def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None, thresho
     cuts = {"99%clean": t99, "top clean": distinct[0], "2nd clean": distinct[1]}
     out["top clean score"], out["2nd clean score"] = float(distinct[0]), float(distinct[1])
     cuts.update({f"thr {t:g}": t for t in thresholds})
+    for t in thresholds:  # the false drops a given threshold makes on this set's clean images
+        out[f"clean>thr {t:g}"] = float(np.mean(distinct > t))
     for name, t in cuts.items():
         for k in (5, 10, 20):
             out[f"drop@{name} s{k}"] = float(np.mean(chains.loc[chains["step"] == k, "score"] > t))

@@ -20,7 +20,7 @@
 #    train` holds out as unseen clean images (hash of the file name) are never chain sources.
 #    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
-# 3. `collapseguard train` (seed 0, 2 threads, $ITERS = 16000 iterations, $BANK_CROPS = 48 crops
+# 3. `collapseguard train --context` (seed 0, 2 threads, $ITERS = 16000 iterations, $BANK_CROPS = 48 crops
 #    cut once per training image, half of the chains JPEG-encoded once before cropping:
 #    --delivery-jpeg 0.5, the default) with the photos, the
 #    night skies, the clean art and the textures as extra clean negatives (training adds
@@ -40,7 +40,8 @@ STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 SEED=${SEED:-0}
-CONTEXT=${CONTEXT:-0}  # 1: the image-level context term (collapseguard train --context)
+CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --context; shipped since
+                       # bb0ec3310592, session 11); 0 gives the crop-only recipe of fdbebf12838c
 KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
