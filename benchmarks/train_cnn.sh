@@ -27,7 +27,8 @@
 #    JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
 # About 25 minutes on the 2-core machine from an empty $WORK: chain stage 822 s (session 6) plus
-# training stage 658 s with 48 bank crops (session 8); MODEL_CARD.md, "How the shipped weights were made".
+# training stage 658 s with the context term and 48 bank crops (session 11; the crop-only stage of
+# session 8 also took 658 s); MODEL_CARD.md, "How the shipped weights were made".
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
