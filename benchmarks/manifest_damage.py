@@ -9,6 +9,14 @@ them). The source kind is the source name up to its first "-" or "/" (``wp`` pho
 ``tex``, ...). Chains whose size changed (aspect drift) are left out of the median and counted.
 Where chain_damage.py asks what each family does to a standard image, this asks what the chains of
 a given set actually contain.
+
+    python benchmarks/manifest_damage.py CHAINS_DIR --scores SCORES.csv [--step 10]
+
+With ``--scores`` (a per-image CSV with ``chain_id``, ``step`` and ``score`` columns, such as
+``benchmarks/select_cnn.py --out``'s ``chains_<version>.csv`` for the same set), also prints
+AUROC of step 0 against step k within bands of that chain's PSNR at step k: is a low AUROC a
+detector that misses visible damage, or chains with next to none? Chains whose size changed
+(``resized``) and pixel-identical ones get bands of their own.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ from collapseguard.images import load_image
 from collapseguard.training_data_tools.manifest import read_manifest
 
 
-def damage_table(chains_dir: str, step: int) -> pd.DataFrame:
+BANDS = ((0.0, 30.0, "< 30 dB"), (30.0, 35.0, "30-35 dB"), (35.0, 40.0, "35-40 dB"),
+         (40.0, np.inf, ">= 40 dB"))
+
+
+def chain_psnr(chains_dir: str, step: int) -> pd.DataFrame:
+    """One row per chain with step ``step``: chain_id, kind, family and PSNR(step 0, step k)
+    (inf when pixel-identical, NaN when the size changed)."""
     m = read_manifest(chains_dir)
     m = m[m["step"].isin([0, step])]
     rows = []
@@ -38,8 +52,38 @@ def damage_table(chains_dir: str, step: int) -> pd.DataFrame:
         else:
             mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
             psnr = np.inf if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
-        rows.append({"kind": kind, "family": g.loc[0, "family"], "psnr": psnr})
-    df = pd.DataFrame(rows)
+        rows.append({"chain_id": cid, "kind": kind, "family": g.loc[0, "family"], "psnr": psnr})
+    return pd.DataFrame(rows, columns=["chain_id", "kind", "family", "psnr"])
+
+
+def damage_band(psnr: float) -> str:
+    if np.isnan(psnr):
+        return "resized"
+    if np.isinf(psnr):
+        return "identical"
+    return next(name for lo, hi, name in BANDS if lo <= psnr < hi)
+
+
+def auroc_by_damage(per_chain: pd.DataFrame, scores: pd.DataFrame, step: int) -> pd.DataFrame:
+    """AUROC of step 0 vs step ``step`` scores of the chains in each PSNR band, per source kind
+    and over all kinds ("all"); ``chains`` counts the chains behind each figure."""
+    from collapseguard.evaluation.metrics import auroc
+    s = scores[scores["step"].isin([0, step])][["chain_id", "step", "score"]]
+    s = s.merge(per_chain[["chain_id", "kind", "psnr"]], on="chain_id", how="inner")
+    s["band"] = s["psnr"].map(damage_band)
+    bands = [name for _, _, name in BANDS] + ["identical", "resized", "all"]
+    rows = []
+    for kind in sorted(s["kind"].unique()) + ["all"]:
+        k = s if kind == "all" else s[s["kind"] == kind]
+        for band in bands:
+            g = k if band == "all" else k[k["band"] == band]
+            rows.append({"kind": kind, "band": band, "chains": int(g["chain_id"].nunique()),
+                         "auroc": auroc(g.loc[g["step"] == 0, "score"], g.loc[g["step"] == step, "score"])})
+    return pd.DataFrame(rows)
+
+
+def damage_table(chains_dir: str, step: int) -> pd.DataFrame:
+    df = chain_psnr(chains_dir, step)
     out = df.groupby(["kind", "family"]).agg(
         chains=("psnr", "size"),
         median_psnr=("psnr", lambda s: float(np.median(s.dropna())) if s.notna().any() else np.nan),
@@ -52,7 +96,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chains", nargs="+")
     ap.add_argument("--step", type=int, default=10)
+    ap.add_argument("--scores", default=None, help="per-image scores CSV (chain_id, step, score) of "
+                    "the chains; prints AUROC 0 vs --step per PSNR band (one CHAINS_DIR only)")
     args = ap.parse_args(argv)
+    if args.scores and len(args.chains) != 1:
+        ap.error("--scores goes with exactly one CHAINS_DIR")
+    if args.scores:
+        per_chain = chain_psnr(args.chains[0], args.step)
+        scores = pd.read_csv(args.scores, dtype={"chain_id": str})
+        print(f"# {args.chains[0]}: AUROC step 0 vs {args.step} by the chain's PSNR at step {args.step}")
+        t = auroc_by_damage(per_chain, scores, args.step)
+        t = t[t["chains"] > 0]
+        cell = t["auroc"].map(lambda a: "  -  " if np.isnan(a) else f"{a:.3f}") + " (" + t["chains"].astype(str) + ")"
+        print(t.assign(cell=cell).pivot(index="band", columns="kind", values="cell")
+              .reindex([b for b in [n for _, _, n in BANDS] + ["identical", "resized", "all"]
+                        if b in set(t["band"])]).fillna("").to_string())
+        print("(AUROC, chains in brackets; a band with no clean/degraded pair prints -)")
+        return 0
     for d in args.chains:
         t = damage_table(d, args.step)
         print(f"# {d}: PSNR of step {args.step} to step 0 (median over chains)")
