@@ -45,6 +45,8 @@ CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --con
                        # bb0ec3310592, session 11); 0 gives the crop-only recipe of fdbebf12838c
 KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
+TEX_CHAINS=${TEX_CHAINS:-0}  # N > 0: N training-side material textures as chain sources (a candidate
+                             # of session 12, docs/model_history.md "textures as chain sources")
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 
@@ -93,6 +95,11 @@ if [ "$WINDOWS" -gt 0 ]; then
   python benchmarks/make_train_chains.py "" "$WORK/chains_windows" --photos "$WORK/photos" \
     --windows "$WINDOWS" --windows-only
 fi
+if [ "$TEX_CHAINS" -gt 0 ]; then
+  rm -rf "$WORK/chains_textures"
+  python benchmarks/make_train_chains.py "" "$WORK/chains_textures" --extra-photos "$WORK/textures" \
+    --extra-n "$TEX_CHAINS"
+fi
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0
@@ -100,6 +107,7 @@ fi
 # 3. train ---------------------------------------------------------------------------------------
 more_chains=()
 if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
+if [ "$TEX_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_textures"); fi
 kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
 context=()
