@@ -20,6 +20,8 @@
 #    train` holds out as unseen clean images (hash of the file name) are never chain sources.
 #    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
+#    With TEX_CHAINS=N (a candidate of session 12): N training-side material textures of
+#    $WORK/textures as chain sources too ($WORK/chains_textures, a second --chains folder).
 # 3. `collapseguard train --context` (seed 0, 2 threads, $ITERS = 16000 iterations, $BANK_CROPS = 48 crops
 #    cut once per training image, half of the chains JPEG-encoded once before cropping:
 #    --delivery-jpeg 0.5, the default) with the photos, the
