@@ -30,7 +30,6 @@ import pandas as pd
 from collapseguard.images import load_image
 from collapseguard.training_data_tools.manifest import read_manifest
 
-
 BANDS = ((0.0, 30.0, "< 30 dB"), (30.0, 35.0, "30-35 dB"), (35.0, 40.0, "35-40 dB"),
          (40.0, np.inf, ">= 40 dB"))
 

@@ -18,3 +18,19 @@ def photos() -> list[np.ndarray]:
     from skimage import data
     return [data.astronaut()[:256, :320], data.coffee()[:240, :320], data.chelsea()[:240, :300],
             data.rocket()[:256, :256]]
+
+
+@pytest.fixture(scope="session")
+def benchmark_script():
+    """Load a script of benchmarks/ as a module by file name (they are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"benchmark_{Path(name).stem}", root / name)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

@@ -1,27 +1,15 @@
 """benchmarks/manifest_damage.py: PSNR per chain from real chains, and AUROC within damage bands
 (the split that tells a detector missing visible damage from chains with next to none)."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from collapseguard.training_data_tools.chains import make_chains
 from collapseguard.training_data_tools.sources import procedural_art
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "manifest_damage.py"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("manifest_damage_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_chain_psnr_on_real_chains(tmp_path):
-    mod = _load()
+def test_chain_psnr_on_real_chains(tmp_path, benchmark_script):
+    mod = benchmark_script("manifest_damage.py")
     art = procedural_art(1, seed=3, min_side=64, max_side=64)
     flat = [("flat-grey", np.full((64, 64, 3), 128, np.uint8))]  # a copy of flat grey stays flat
     make_chains(art + flat, ["noise_tint", "contour_wrinkles"], steps=3, keep=(0, 3), out_dir=tmp_path,
@@ -35,8 +23,8 @@ def test_chain_psnr_on_real_chains(tmp_path):
     assert mod.damage_band(float(wr["psnr"].iloc[0])) == "identical"
 
 
-def test_auroc_by_damage_bands():
-    mod = _load()
+def test_auroc_by_damage_bands(benchmark_script):
+    mod = benchmark_script("manifest_damage.py")
     per_chain = pd.DataFrame({"chain_id": ["a", "b", "c", "d"], "kind": ["wp", "wp", "art", "art"],
                               "psnr": [25.0, 45.0, 28.0, np.inf]})
     # a and c: the damaged step scores higher; b: lower (missed); d: identical images, equal scores
