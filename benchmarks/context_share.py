@@ -29,13 +29,13 @@ from collapseguard.training.negatives import list_images
 @torch.inference_mode()
 def parts(det: CNNDetector, paths) -> tuple[np.ndarray, np.ndarray]:
     """(crop part, context term) per image."""
-    net, size = det.net, det.net.config.crop_size
+    size = det.net.config.crop_size
     crop_part, ctx = [], []
     for p in paths:
         x = torch.from_numpy(image_crops(load_image(p), size, det.n_crops)[None]).to(det.device)
-        f = net.crop_features(x)
-        crop_part.append(float(net.aggregate(net.head(f).squeeze(-1))[0]))
-        ctx.append(float(net.context_logit(f)[0]))
+        a, b = det.net.score_parts(x)
+        crop_part.append(float(a[0]))
+        ctx.append(float(b[0]))
     return np.array(crop_part), np.array(ctx)
 
 

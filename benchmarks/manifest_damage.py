@@ -27,11 +27,13 @@ import sys
 import numpy as np
 import pandas as pd
 
+from collapseguard.calibration.scoring import full_reference
 from collapseguard.images import load_image
 from collapseguard.training_data_tools.manifest import read_manifest
 
 BANDS = ((0.0, 30.0, "< 30 dB"), (30.0, 35.0, "30-35 dB"), (35.0, 40.0, "35-40 dB"),
          (40.0, np.inf, ">= 40 dB"))
+BAND_ORDER = [name for _, _, name in BANDS] + ["identical", "resized", "all"]
 
 
 def chain_psnr(chains_dir: str, step: int) -> pd.DataFrame:
@@ -46,11 +48,7 @@ def chain_psnr(chains_dir: str, step: int) -> pd.DataFrame:
             continue
         a, b = load_image(g.loc[0, "path"]), load_image(g.loc[step, "path"])
         kind = str(g.loc[0, "source_image"]).replace("/", "-").split("-")[0]
-        if a.shape != b.shape:
-            psnr = np.nan
-        else:
-            mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-            psnr = np.inf if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+        psnr = full_reference(a, b, "psnr") if a.shape == b.shape else np.nan  # no resizing here
         rows.append({"chain_id": cid, "kind": kind, "family": g.loc[0, "family"], "psnr": psnr})
     return pd.DataFrame(rows, columns=["chain_id", "kind", "family", "psnr"])
 
@@ -70,11 +68,10 @@ def auroc_by_damage(per_chain: pd.DataFrame, scores: pd.DataFrame, step: int) ->
     s = scores[scores["step"].isin([0, step])][["chain_id", "step", "score"]]
     s = s.merge(per_chain[["chain_id", "kind", "psnr"]], on="chain_id", how="inner")
     s["band"] = s["psnr"].map(damage_band)
-    bands = [name for _, _, name in BANDS] + ["identical", "resized", "all"]
     rows = []
     for kind in sorted(s["kind"].unique()) + ["all"]:
         k = s if kind == "all" else s[s["kind"] == kind]
-        for band in bands:
+        for band in BAND_ORDER:
             g = k if band == "all" else k[k["band"] == band]
             rows.append({"kind": kind, "band": band, "chains": int(g["chain_id"].nunique()),
                          "auroc": auroc(g.loc[g["step"] == 0, "score"], g.loc[g["step"] == step, "score"])})
@@ -108,8 +105,7 @@ def main(argv=None) -> int:
         t = t[t["chains"] > 0]
         cell = t["auroc"].map(lambda a: "  -  " if np.isnan(a) else f"{a:.3f}") + " (" + t["chains"].astype(str) + ")"
         print(t.assign(cell=cell).pivot(index="band", columns="kind", values="cell")
-              .reindex([b for b in [n for _, _, n in BANDS] + ["identical", "resized", "all"]
-                        if b in set(t["band"])]).fillna("").to_string())
+              .reindex([b for b in BAND_ORDER if b in set(t["band"])]).fillna("").to_string())
         print("(AUROC, chains in brackets; a band with no clean/degraded pair prints -)")
         return 0
     for d in args.chains:

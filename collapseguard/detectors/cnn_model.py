@@ -195,10 +195,17 @@ class DegradationNet(nn.Module):
         soft_max = torch.logsumexp(logits, dim=1) - math.log(k)
         return self.agg[0] * logits.mean(dim=1) + self.agg[1] * soft_max + self.agg[2]
 
-    def forward(self, crops: torch.Tensor) -> torch.Tensor:
+    def score_parts(self, crops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, K, C, S, S) crops -> the (B,) crop part (aggregated crop logits, all a crop-only net
+        computes) and the (B,) context term, or None without ``config.context``; the score is
+        their sum (``forward``)."""
         f = self.crop_features(crops)
-        score = self.aggregate(self.head(f).squeeze(-1))
-        return score + self.context_logit(f) if self.config.context else score
+        crop_part = self.aggregate(self.head(f).squeeze(-1))
+        return crop_part, (self.context_logit(f) if self.config.context else None)
+
+    def forward(self, crops: torch.Tensor) -> torch.Tensor:
+        crop_part, context = self.score_parts(crops)
+        return crop_part if context is None else crop_part + context
 
 
 # ---------------------------------------------------------------------------------------------
