@@ -4,6 +4,7 @@ helpers (resizing by a factor, a random window) shared by the training-data tool
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 import numpy as np
@@ -14,6 +15,13 @@ IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "ppm", "
 
 #: Refuse to decode images larger than this many pixels (decompression bombs).
 MAX_PIXELS = 16384 * 16384
+
+#: The Pillow formats bytes may be decoded as, whatever their name says: those of
+#: ``IMAGE_EXTENSIONS`` (PGM is Pillow's PPM plugin; the JPEG plugin also opens MPO). Left to
+#: itself Pillow picks a plugin from the content, and some (EPS) run external programs on the data.
+ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "PPM", "GIF")
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
 
 
 class DecodeError(ValueError):
@@ -62,7 +70,7 @@ def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
                 w, h = img.size
                 if w * h > MAX_PIXELS:
                     raise DecodeError(f"image too large: {w}x{h} pixels")
@@ -72,7 +80,8 @@ def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
     except DecodeError:
         raise
     except Exception as exc:  # PIL raises many types for bad data
-        raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+        # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
+        raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None
 
 
 #: Pillow's JPEG chroma-subsampling codes (``JpegImagePlugin.get_sampling``)
@@ -90,7 +99,7 @@ def image_storage(data: bytes) -> str:
     and chroma subsampling").
     """
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
             return _storage(img)
     except Exception:  # PIL raises many types for bad data; decoding reports the error
         return ""

@@ -39,7 +39,7 @@ from collapseguard.calibration.files import (
     is_dropped,
     resolve_threshold,
 )
-from collapseguard.filter.score_run import run_score
+from collapseguard.filter.score_run import csv_text, run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
 
@@ -285,17 +285,6 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     html = report_html.render(summary, per_source, cards, figures, comparisons)
     _write(out / "report.html", lambda p: Path(p).write_text(html, encoding="utf-8"))
     return summary
-
-
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(value: object) -> object:
-    """A text cell made inert for spreadsheets: strings that start like a formula get a leading
-    ``'`` (CSV/formula injection); other values pass unchanged."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
 
 
 def _write(path: Path, writer) -> None:

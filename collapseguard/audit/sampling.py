@@ -40,16 +40,20 @@ class HashSelect:
 
 def shard_keys(path: str) -> Iterator[str]:
     """The sample keys of a tar shard in order, from its headers only (file bodies are skipped),
-    named exactly as ``ShardReader`` names them."""
+    named exactly as ``ShardReader`` names them. A shard that cannot be read (or stops being
+    readable) yields the keys read so far: the audit itself then reports it as a failed shard."""
     last = None
-    with tarfile.open(path, mode="r:*") as tf:
-        for info in tf:
-            if not info.isfile():
-                continue
-            key, _ = split_key(clean_member_name(info.name) or "unnamed")
-            if key != last:
-                yield key
-                last = key
+    try:
+        with tarfile.open(path, mode="r:*") as tf:
+            for info in tf:
+                if info.isdir():
+                    continue
+                key, _ = split_key(clean_member_name(info.name) or "unnamed")
+                if key != last:
+                    yield key
+                    last = key
+    except (tarfile.TarError, OSError, EOFError, ValueError):
+        return
 
 
 def list_samples(inputs: Sequence[str]) -> Iterator[tuple[str, str]]:

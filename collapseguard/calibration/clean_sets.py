@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from collapseguard.detectors.crops import crop_grid
-from collapseguard.images import DecodeError, is_image_name, load_image
+from collapseguard.images import ALLOWED_FORMATS, DecodeError, is_image_name, load_image
 
 
 def safe_stem(name: str) -> str:
@@ -35,7 +35,7 @@ def largest_per_folder(root: str | Path) -> list[Path]:
         if not p.is_file() or not is_image_name(p.name) or "screenshot" in p.name.lower():
             continue
         try:
-            with Image.open(p) as im:
+            with Image.open(p, formats=ALLOWED_FORMATS) as im:
                 area = im.size[0] * im.size[1]
         except Exception:  # noqa: BLE001, S112 - unreadable files are simply not candidates
             continue

@@ -6,7 +6,9 @@ Reasons:
 - ``decode_error``  an image in the sample could not be decoded (rejected: nothing to vouch for);
 - ``no_image``      the sample holds no image file (kept unless ``reject_no_image``);
 - ``score_error``   the detector returned NaN for every image (kept: no evidence of damage);
-- ``unsafe_name``   member names had to be cleaned (absolute path, ``..``): set aside for a look.
+- ``unsafe_name``   member names had to be cleaned (absolute path, ``..``): set aside for a look;
+- ``refused_member`` a member was not read (a link, device, sparse or oversized member, see
+  ``tario``): what the sample really holds is unknown, so it is set aside for a look.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ import math
 
 from collapseguard.filter.scoring import Scored
 
-REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name")
+REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name",
+           "refused_member")
 
 
-def decide(scored: Scored, threshold: float, *, unsafe: bool = False,
+def decide(scored: Scored, threshold: float, *, unsafe: bool = False, refused: bool = False,
            reject_no_image: bool = False) -> tuple[str, str]:
     """Return ``(decision, reason)`` with decision ``"kept"`` or ``"rejected"``."""
     if unsafe:
         return "rejected", "unsafe_name"
+    if refused:
+        return "rejected", "refused_member"
     if scored.status == "decode_error":
         return "rejected", "decode_error"
     if scored.status == "no_image":

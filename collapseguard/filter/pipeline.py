@@ -120,16 +120,14 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
                                    batch_size=options.batch_size or None)
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
+                                      refused=bool(sample.refused),
                                       reject_no_image=options.reject_no_image)
             writer = kept_w if decision == "kept" else rej_w
             if writer is not None:
                 writer.write(sample)
             reasons[reason] += 1
             n_images += scored.n_images
-            error = scored.error
-            if sample.unsafe_names:
-                error = "; ".join(filter(None, [error, "unsafe member names: " + ", ".join(
-                    repr(n) for n in sample.unsafe_names[:5])]))
+            error = sample_error(sample, scored.error)
             for col, val in (("key", sample.key), ("score", scored.score), ("decision", decision),
                              ("reason", reason), ("detector", detector.name),
                              ("detector_version", detector.version), ("image", scored.image),
@@ -146,6 +144,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         for w in (kept_w, rej_w):
             if w is not None:
                 w.close()
+        for key in ("kept", "rejected", "scores"):  # a failed shard leaves no partial files
+            _tmp(paths[key]).unlink(missing_ok=True)
         raise
     for w in (kept_w, rej_w):
         if w is not None:
@@ -186,6 +186,19 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     tmp_marker.write_text(json.dumps(record, indent=1, sort_keys=True))
     os.replace(tmp_marker, paths["marker"])
     return record
+
+
+def sample_error(sample, error: str) -> str:
+    """A row's error text: the scoring error plus what was wrong with the sample's members (left
+    out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``)."""
+    notes = []
+    if sample.unsafe_names:
+        notes.append("unsafe member names: " + ", ".join(repr(n) for n in sample.unsafe_names[:5]))
+    if sample.refused:
+        notes.append("members not read: " + ", ".join(
+            f"{name!r} ({why})" for name, why in sample.refused[:5]))
+    error = error or ""
+    return "; ".join(([error] if error else []) + [n for n in notes if n not in error])
 
 
 _STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",

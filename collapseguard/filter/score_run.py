@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from collapseguard.filter.engines import make_engine
 from collapseguard.filter.inputs import ImageFile, expand_inputs
+from collapseguard.filter.pipeline import sample_error
 from collapseguard.filter.scoring import score_records
 from collapseguard.filter.tario import ShardReader
 
@@ -55,7 +56,8 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
         row = {"source": source, "key": key, "score": res.score, "detector": detector.name,
                "detector_version": detector.version,
                "image": res.image if kind == "shard" else "", "width": res.width,
-               "height": res.height, "storage": res.storage, "error": res.error}
+               "height": res.height, "storage": res.storage,
+               "error": sample_error(rec, res.error) if kind == "shard" else res.error}
         row.update({f"{k}": v for k, v in res.extra.items()})
         rows.append(row)
         n += 1
@@ -103,13 +105,28 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     return df, failures
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: object) -> object:
+    """A text cell made inert for spreadsheets: strings that start like a formula get a leading
+    ``'`` (CSV/formula injection); other values pass unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write CSV or Parquet by the file's suffix."""
+    """Write CSV or Parquet by the file's suffix. In CSV/TSV, text that a spreadsheet would run as
+    a formula (a key such as ``=HYPERLINK(...)``) gets a leading ``'`` (``csv_text``); Parquet keeps
+    every value as it is."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":
         df.to_parquet(path, index=False)
     elif path.suffix in (".csv", ".tsv"):
+        text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
+        df = df.assign(**{c: df[c].map(csv_text) for c in text})
         df.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
     else:
         raise ValueError(f"--out must end in .csv, .tsv or .parquet, got {path.name}")

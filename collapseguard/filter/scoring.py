@@ -20,6 +20,9 @@ from collapseguard.images import DecodeError, decode_with_storage, is_image_name
 
 #: flush a batch once it holds this many pixels, whatever the batch size
 MAX_BATCH_PIXELS = 48_000_000
+#: a record whose images hold more pixels than this together is not scored (a decode error):
+#: one small shard sample of many large-claiming images must not take gigabytes
+MAX_RECORD_PIXELS = 128_000_000
 
 
 @dataclass
@@ -51,6 +54,7 @@ def score_records(
     members_of=lambda r: r,
     batch_size: int | None = None,
     max_pixels: int = MAX_BATCH_PIXELS,
+    max_record_pixels: int = MAX_RECORD_PIXELS,
 ) -> Iterator[tuple[Any, Scored]]:
     """Yield ``(record, Scored)`` in input order.
 
@@ -96,12 +100,19 @@ def score_records(
         idx: list[int] = []
         if not members:
             res.status, res.error = "no_image", "no image file in the sample"
-        decoded, errors = [], []
+        decoded, errors, record_pixels = [], [], 0
         for name, data in members:
             try:
-                decoded.append((name, *decode_with_storage(data)))
+                arr, storage = decode_with_storage(data)
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
+                continue
+            record_pixels += arr.shape[0] * arr.shape[1]
+            if record_pixels > max_record_pixels:
+                errors.append(f"{name}: the sample's images hold over {max_record_pixels} pixels "
+                              "together; the rest were not decoded")
+                break
+            decoded.append((name, arr, storage))
         if errors:
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored
             res.status, res.error = "decode_error", "; ".join(errors)

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from collapseguard.images import (
+    ALLOWED_FORMATS,
     DecodeError,
     decode_image,
     is_image_name,
@@ -281,7 +282,7 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
         return
     for p in (Path(x) for x in paths):
         try:
-            with Image.open(p) as im:  # the header is enough to skip a small file undecoded
+            with Image.open(p, formats=ALLOWED_FORMATS) as im:  # the header is enough to skip a small file undecoded
                 if min(im.size) < floor:
                     continue
             img = load_image(p)

@@ -1,0 +1,177 @@
+"""Hostile shards: what a filter, score or audit run does with members and images built to hurt.
+
+Each case builds a real tar and runs the real command (the nss detector, to stay fast); the
+assertions are on what lands in the output folder, and on nothing landing anywhere else.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from cg_testutil import add_member, read_members
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+from collapseguard.detectors import create
+from collapseguard.filter.scoring import score_records
+from collapseguard.filter.tario import ShardReader, TruncatedShardError
+from collapseguard.images import encode_png
+
+FILTER = ["-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
+
+
+def run_cli(args, expect=0):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+
+
+def png(photos, i=0) -> bytes:
+    return encode_png(photos[i][:96, :96])
+
+
+def write_tar(path: Path, members, fmt=tarfile.PAX_FORMAT, **kw) -> Path:
+    """``members``: (name, bytes) or a ready TarInfo with its bytes (None for links)."""
+    with tarfile.open(path, "w", format=fmt, **kw) as tf:
+        for m in members:
+            if isinstance(m[0], tarfile.TarInfo):
+                tf.addfile(m[0], None if m[1] is None else io.BytesIO(m[1]))
+            else:
+                add_member(tf, *m)
+    return path
+
+
+def scores_of(out: Path, stem: str) -> pd.DataFrame:
+    return pd.read_parquet(out / "scores" / f"{stem}.parquet").set_index("key")
+
+
+def test_image_bytes_are_never_opened_by_a_format_outside_the_list(tmp_path, photos):
+    # PostScript named .png: Pillow would pick its EPS plugin from the content and run Ghostscript
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
+    shard = write_tar(tmp_path / "s.tar", [("e1.png", eps), ("ok.png", png(photos))])
+    run_cli(["filter", shard, "--out", tmp_path / "out", *FILTER])
+    s = scores_of(tmp_path / "out", "s")
+    assert s.loc["e1", "reason"] == "decode_error"
+    assert "cannot identify image file" in s.loc["e1", "error"]
+    assert "Ghostscript" not in s.loc["e1", "error"] and "0x" not in s.loc["e1", "error"]
+    assert s.loc["ok", "reason"] == "kept"
+
+
+def test_links_sparse_and_oversized_members_are_refused_and_their_samples_set_aside(tmp_path, photos):
+    link = tarfile.TarInfo("s3.png")
+    link.type, link.linkname = tarfile.LNKTYPE, "s1.png"  # a hard link to an image already seen
+    sym = tarfile.TarInfo("s4.png")
+    sym.type, sym.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    sparse = tarfile.TarInfo("s5.json")
+    sparse.size = 10
+    sparse.pax_headers = {"GNU.sparse.map": "0,10", "GNU.sparse.size": "1500000000",
+                          "GNU.sparse.numblocks": "1"}
+    shard = write_tar(tmp_path / "s.tar", [
+        ("s1.png", png(photos)), ("s1.txt", b"one"), (link, None), ("s3.txt", b"three"),
+        (sym, None), ("s4.txt", b"four"), (sparse, b"0123456789"), ("s5.txt", b"five"),
+        ("s6.png", png(photos, 1))])
+    out = tmp_path / "out"
+    run_cli(["filter", shard, "--out", out, *FILTER])
+    s = scores_of(out, "s")
+    assert s.loc["s1", "reason"] == "kept" and s.loc["s6", "reason"] == "kept"
+    for key, why in (("s3", "hard link"), ("s4", "symbolic link"), ("s5", "sparse member")):
+        assert s.loc[key, "decision"] == "rejected" and s.loc[key, "reason"] == "refused_member"
+        assert why in s.loc[key, "error"]
+    rejected = dict(read_members(out / "rejected/s.tar"))
+    assert rejected == {"s3.txt": b"three", "s4.txt": b"four", "s5.txt": b"five"}
+    assert (out / "rejected/s.tar").stat().st_size < 100_000  # the sparse claim was never expanded
+    marker = json.loads((out / ".done/s.json").read_text())
+    assert "s3.png (hard link)" in marker["skipped_members"]
+    # score reports the refusal too, not only filter
+    run_cli(["score", shard, "-d", "nss", "-w", "1", "-q", "--out", tmp_path / "x.csv"])
+    rows = pd.read_csv(tmp_path / "x.csv").set_index("key")
+    assert "hard link" in rows.loc["s3", "error"]
+    # an oversized member is refused without being read
+    reader = ShardReader(str(shard), max_member_bytes=100)
+    samples = {smp.key: smp for smp in reader}
+    assert samples["s1"].files == ["s1.txt"] and samples["s1"].refused[0][0] == "s1.png"
+
+
+def test_non_utf8_member_names_are_escaped_and_set_aside(tmp_path, photos):
+    shard = write_tar(tmp_path / "s.tar", [("bad\udcff.png", png(photos)), ("good.png", png(photos, 1))],
+                      fmt=tarfile.GNU_FORMAT, errors="surrogateescape")
+    out = tmp_path / "out"
+    run_cli(["filter", shard, "--out", out, *FILTER])
+    s = scores_of(out, "s")
+    assert s.loc["bad\\xff", "reason"] == "unsafe_name" and s.loc["good", "reason"] == "kept"
+    assert [n for n, _ in read_members(out / "rejected/s.tar")] == ["bad\\xff.png"]
+    run_cli(["score", shard, "-d", "nss", "-w", "1", "-q", "--out", tmp_path / "x.parquet"])
+    assert sorted(pd.read_parquet(tmp_path / "x.parquet")["key"]) == ["bad\\xff", "good"]
+
+
+def test_a_tar_cut_between_two_members_fails_instead_of_passing_short(tmp_path, photos):
+    whole = write_tar(tmp_path / "whole.tar", [(f"k{i}.png", png(photos, i % 2)) for i in range(4)],
+                      fmt=tarfile.USTAR_FORMAT)
+    with tarfile.open(whole) as tf:
+        cut = tf.getmembers()[2].offset  # the header of the third member
+    short = tmp_path / "short.tar"
+    short.write_bytes(whole.read_bytes()[:cut])
+    with pytest.raises(TruncatedShardError, match="cut short"):
+        list(ShardReader(str(short)))
+    assert [s.key for s in ShardReader(str(whole))] == ["k0", "k1", "k2", "k3"]
+    out = tmp_path / "out"
+    res = run_cli(["filter", whole, short, "--out", out, *FILTER], expect=1)
+    assert "short.tar" in res.output
+    assert json.loads((out / "summary.json").read_text())["shards_failed"] == [str(short)]
+    assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.parent.name in ("kept", "rejected")) \
+        == ["whole.tar", "whole.tar"]  # no partial short.tar(.tmp) left behind
+
+
+def test_unusable_mtime_does_not_fail_the_shard(tmp_path, photos):
+    info = tarfile.TarInfo("a.png")
+    data = png(photos)
+    info.size = len(data)
+    info.pax_headers = {"mtime": "nan"}
+    shard = write_tar(tmp_path / "s.tar", [(info, data)])
+    run_cli(["filter", shard, "--out", tmp_path / "out", *FILTER])
+    assert read_members(tmp_path / "out/kept/s.tar") == [("a.png", data)]
+
+
+def test_outputs_are_byte_identical_across_runs_even_with_decode_errors(tmp_path, photos):
+    shard = write_tar(tmp_path / "s.tar", [("a.png", b"not an image"), ("b.png", png(photos))])
+    for run in ("one", "two"):
+        run_cli(["filter", shard, "--out", tmp_path / run, *FILTER])
+    for rel in ("kept/s.tar", "rejected/s.tar", "scores/s.parquet"):
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes(), rel
+
+
+def test_a_sample_of_many_large_images_is_not_decoded_past_the_pixel_cap(photos):
+    big = [(f"b.{i}.png", encode_png(np.tile(photos[0][:64, :64], (4, 4, 1)))) for i in range(4)]
+    small = [("c.png", png(photos))]
+    det = create("nss")
+    out = list(score_records([big, small], det, max_record_pixels=2 * 256 * 256))
+    assert out[0][1].status == "decode_error" and "b.2.png" in out[0][1].error
+    assert "b.3.png" not in out[0][1].error  # decoding stopped at the cap
+    assert out[1][1].status == "ok" and np.isfinite(out[1][1].score)
+
+
+def test_score_csv_keys_cannot_run_as_spreadsheet_formulas(tmp_path, photos):
+    shard = write_tar(tmp_path / "s.tar", [("=HYPERLINK(1).png", png(photos))])
+    run_cli(["score", shard, "-d", "nss", "-w", "1", "-q", "--out", tmp_path / "x.csv"])
+    assert pd.read_csv(tmp_path / "x.csv")["key"].tolist() == ["'=HYPERLINK(1)"]
+    run_cli(["score", shard, "-d", "nss", "-w", "1", "-q", "--out", tmp_path / "x.parquet"])
+    assert pd.read_parquet(tmp_path / "x.parquet")["key"].tolist() == ["=HYPERLINK(1)"]
+
+
+def test_audit_sample_records_an_unreadable_shard_and_goes_on(tmp_path, photos):
+    good = write_tar(tmp_path / "good.tar", [(f"k{i}.png", png(photos, i % 4)) for i in range(6)])
+    garbage = tmp_path / "garbage.tar"
+    garbage.write_bytes(b"this is not a tar file at all\n" * 40)
+    out = tmp_path / "audit"
+    res = run_cli(["audit", good, garbage, "--out", out, "-d", "nss", "--sample", "3", "-w", "1"],
+                  expect=1)
+    assert "Traceback" not in res.output and "1 input(s) failed" in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sample"]["audited"] == 3 and summary["sample"]["population"] == 6
+    assert len(summary["failures"]) == 1 and "garbage.tar" in summary["failures"][0]
