@@ -312,6 +312,24 @@ def test_mismatched_detector_or_version_refused(tmp_path):
         resolve_threshold(_Det("cnn", "other"), threshold=0.3, calibration=p)
 
 
+def test_cnn_weights_path_spelling_does_not_matter_but_the_weights_do(tmp_path, monkeypatch):
+    """cnn's version hashes its weights, so cnn, cnn:w.safetensors and cnn:../w.safetensors with
+    one version are one detector; other families still match by their full name."""
+    cal = _cal()  # made for cnn@abc123
+    for name in ("cnn:w.safetensors", "cnn:../x/w.safetensors"):
+        check_detector(cal, _Det(name, "abc123"))
+    with pytest.raises(CalibrationMismatch):
+        check_detector(cal, _Det("cnn:w.safetensors", "other"))
+    pyiqa = _cal(detector="pyiqa:piqe")
+    with pytest.raises(CalibrationMismatch):
+        check_detector(pyiqa, _Det("pyiqa:niqe", "abc123"))
+    monkeypatch.setattr(files, "DEFAULTS_DIR", tmp_path / "defaults")
+    save_calibration(_cal(threshold=0.5), tmp_path / "defaults" / "cnn.json")
+    assert resolve_threshold(_Det("cnn:/weights/cnn.safetensors", "abc123"))[0] == 0.5
+    with pytest.raises(NoThresholdError, match="packaged default calibration is for cnn@abc123"):
+        resolve_threshold(_Det("cnn:/weights/other.safetensors", "newer"))
+
+
 def test_resolve_threshold_order(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "DEFAULTS_DIR", tmp_path / "defaults")
     det = _Det("cnn", "abc123")

@@ -160,6 +160,32 @@ def test_shard_name_clash_and_changed_settings_are_refused(tmp_path, photos):
     assert "--overwrite" in res.output
     run_cli(["filter", tmp_path / "a/s.tar", "--out", tmp_path / "o", "-d", "nss", "--threshold", "2",
              "-w", "1", "-q", "--overwrite"])
+    # another shard of the same name is not silently written over the first one's outputs
+    res = run_cli(["filter", tmp_path / "b/s.tar", "--out", tmp_path / "o", "-d", "nss",
+                   "--threshold", "2", "-w", "1", "-q"], expect=1)
+    assert "from another shard" in res.output
+
+
+def test_resume_does_not_depend_on_how_the_shard_path_is_spelled(tmp_path, photos, monkeypatch):
+    make_shard(tmp_path / "s.tar", photos[:1], degraded=False)
+    args = ["--out", tmp_path / "o", "-d", "nss", "--threshold", "1", "-w", "1", "-q"]
+    run_cli(["filter", tmp_path / "s.tar", *args])
+    first = (tmp_path / "o/kept/s.tar").stat().st_mtime_ns
+    monkeypatch.chdir(tmp_path)
+    run_cli(["filter", "./s.tar", *args])
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["per_shard"][0]["status"] == "resumed" and summary["per_shard"][0]["shard"] == "./s.tar"
+    assert (tmp_path / "o/kept/s.tar").stat().st_mtime_ns == first
+    res = run_cli(["filter", "s.tar", *args[:-5], "--threshold", "2", "-w", "1", "-q"], expect=1)
+    assert "other settings" in res.output
+
+
+def test_out_inside_an_input_folder_is_refused(tmp_path, photos):
+    d = tmp_path / "data"
+    d.mkdir()
+    make_shard(d / "s.tar", photos[:1], degraded=False)
+    res = run_cli(["filter", d, "--out", d / "filtered", "-d", "nss", "--threshold", "1", "-q"], expect=1)
+    assert "inside the input folder" in res.output and not (d / "filtered").exists()
 
 
 def test_drop_fraction_drops_the_top_scores(tmp_path, photos):

@@ -292,10 +292,22 @@ def _name_version(detector) -> tuple[str, str]:
     return name, str(version)
 
 
+#: detector families whose argument is only where the weights are: their version is a hash of
+#: the weights, so ``cnn``, ``cnn:w.safetensors`` and ``cnn:../w.safetensors`` with the same
+#: version are the same detector
+_WEIGHTS_PATH_FAMILIES = ("cnn",)
+
+
+def _detector_kind(name: str) -> str:
+    family = name.partition(":")[0]
+    return family if family in _WEIGHTS_PATH_FAMILIES else name
+
+
 def check_detector(cal: Calibration, detector) -> None:
-    """Raise CalibrationMismatch unless ``cal`` was made for this detector's name and version."""
+    """Raise CalibrationMismatch unless ``cal`` was made for this detector and version (for
+    ``cnn``, any spelling of the weights path with the same weights version)."""
     name, version = _name_version(detector)
-    if cal.detector != name or cal.detector_version != version:
+    if _detector_kind(cal.detector) != _detector_kind(name) or cal.detector_version != version:
         raise CalibrationMismatch(
             f"calibration was made for detector {cal.detector}@{cal.detector_version}, "
             f"but the detector in use is {name}@{version}; recalibrate with "
@@ -310,11 +322,11 @@ def default_calibration_path(detector_name: str) -> Path:
 
 def default_calibration(detector_name: str, version: str) -> Calibration | None:
     """The packaged calibration for ``detector_name`` if present and made for ``version``, else None."""
-    path = default_calibration_path(detector_name)
+    path = default_calibration_path(_detector_kind(detector_name))
     if not path.is_file():
         return None
     cal = load_calibration(path)
-    if cal.detector != detector_name or cal.detector_version != str(version):
+    if _detector_kind(cal.detector) != _detector_kind(detector_name) or cal.detector_version != str(version):
         return None
     return cal
 
@@ -354,7 +366,7 @@ def resolve_threshold(
                 (f"default calibration for {name}@{version}: threshold {cal.threshold:.6g}, "
                 f"{cal.guarantee_text()}"), cal)
     hint = ""
-    path = default_calibration_path(name)
+    path = default_calibration_path(_detector_kind(name))
     if path.is_file():
         try:
             other = load_calibration(path)

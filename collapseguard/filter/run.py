@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from collapseguard.filter.engines import make_engine
-from collapseguard.filter.inputs import expand_shards
+from collapseguard.filter.inputs import expand_pattern, expand_shards
 from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
@@ -29,6 +29,27 @@ from collapseguard.filter.pipeline import (
 
 class FilterError(RuntimeError):
     """The run cannot start (bad inputs, clashing shard names, settings changed on resume)."""
+
+
+def check_out_dir(inputs: Sequence[str], out_dir: str) -> None:
+    """Refuse an ``--out`` inside an input folder: its kept/ and rejected/ shards would be read as
+    inputs by the next run (and by ``score`` or ``audit`` of that folder)."""
+    out = Path(out_dir).resolve()
+    for raw in inputs:
+        for p in expand_pattern(str(raw)):
+            if os.path.isdir(p) and out.is_relative_to(Path(p).resolve()):
+                raise FilterError(f"--out {out_dir} is inside the input folder {p}: its kept/ and "
+                                  "rejected/ shards would be read as input next time; choose an "
+                                  "--out outside the inputs")
+
+
+def same_shard(a: str, b: str) -> bool:
+    """Do two spellings of a shard path name the same file (``data/x.tar``, ``./data/x.tar``,
+    an absolute path)?"""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def plan_shards(inputs: Sequence[str]) -> list[str]:
@@ -58,6 +79,7 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     ``detector`` (optional) is an already-created detector to reuse when running inline.
     """
     t0 = time.perf_counter()
+    check_out_dir(inputs, options.out_dir)
     shards = plan_shards(inputs)
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,12 +87,16 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     todo: list[str] = []
     for s in shards:
         marker = read_marker(s, options.out_dir) if resume else None
-        if marker is not None and marker.get("shard") == s:
+        if marker is not None:
+            if not same_shard(str(marker.get("shard", "")), s):
+                raise FilterError(
+                    f"{shard_name(s)} was completed in {out} from another shard "
+                    f"({marker.get('shard')}); use --overwrite or another --out")
             if marker.get("options") != options.fingerprint():
                 raise FilterError(
                     f"{shard_name(s)} was completed in {out} with other settings "
                     f"({marker.get('options')}); use --overwrite or another --out")
-            records[s] = marker
+            records[s] = {**marker, "shard": s}
         else:
             clear_shard_outputs(s, options.out_dir)
             todo.append(s)
