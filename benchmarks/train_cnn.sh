@@ -49,6 +49,8 @@ KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives 
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 TEX_CHAINS=${TEX_CHAINS:-0}  # N > 0: N training-side material textures as chain sources (a candidate
                              # of session 12, docs/model_history.md "textures as chain sources")
+FLAT=${FLAT:-0}  # N > 0: N textureless pictures (sources.flat_art, seed 13) as clean negatives
+                 # (a candidate of session 13, docs/model_history.md "flat colour fields")
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 
@@ -112,6 +114,15 @@ if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
 if [ "$TEX_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_textures"); fi
 kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
+if [ "$FLAT" -gt 0 ]; then
+  rm -rf "$WORK/clean_flat"
+  python -c "import sys; from pathlib import Path; from PIL import Image
+from collapseguard.training_data_tools.sources import flat_art
+d = Path(sys.argv[1]); d.mkdir(parents=True)
+for name, img in flat_art(int(sys.argv[2]), seed=13): Image.fromarray(img).save(d / (name.replace('/', '-') + '.png'))
+" "$WORK/clean_flat" "$FLAT"
+  kind_clean+=(--clean "$WORK/clean_flat")
+fi
 context=()
 if [ "$CONTEXT" = 1 ]; then context=(--context); fi
 # shellcheck disable=SC2086

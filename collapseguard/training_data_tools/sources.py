@@ -179,6 +179,77 @@ def _art_one(rng: np.random.Generator, w: int, h: int, dither: float = 0.6) -> n
 DITHER_LEVELS = (0.0, 0.3, 0.6, 1.0, 1.6)
 
 
+def _flat_one(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """One textureless picture: a solid colour, a linear or radial two-colour gradient, or flat
+    bands and shapes with hard edges and thin lines; colours of any hue and saturation."""
+    import colorsys
+
+    def colour() -> np.ndarray:
+        hsv = (rng.uniform(0, 1), rng.uniform(0, 1) ** 0.7, rng.uniform(0.15, 1))
+        return np.asarray(colorsys.hsv_to_rgb(*hsv), np.float32) * 255
+
+    kind = rng.choice(["solid", "linear", "radial", "shapes"], p=[0.15, 0.3, 0.15, 0.4])
+    if kind == "solid":
+        x = np.broadcast_to(colour(), (h, w, 3))
+    elif kind in ("linear", "radial"):
+        x = _gradient_kind(rng, w, h, np.stack([colour(), colour()]), kind)
+    else:
+        im = Image.new("RGB", (w, h), tuple(int(v) for v in colour()))
+        d = ImageDraw.Draw(im)
+        for _ in range(int(rng.integers(1, 7))):
+            c = tuple(int(v) for v in colour())
+            x0, y0 = rng.uniform(-0.2, 1.0) * w, rng.uniform(-0.2, 1.0) * h
+            x1, y1 = x0 + rng.uniform(0.1, 0.8) * w, y0 + rng.uniform(0.1, 0.8) * h
+            shape = rng.choice(["rect", "ellipse", "band"])
+            if shape == "rect":
+                d.rectangle([x0, y0, x1, y1], fill=c)
+            elif shape == "ellipse":
+                d.ellipse([x0, y0, x1, y1], fill=c)
+            else:  # a band across the picture between two slanted lines
+                ya, yb = rng.uniform(-0.3, 1.3, 2) * h
+                t = rng.uniform(0.05, 0.4) * h
+                d.polygon([(0, ya), (w, yb), (w, yb + t), (0, ya + t)], fill=c)
+        for _ in range(int(rng.integers(0, 5))):  # thin straight lines, 1-3 px
+            c = tuple(int(v) for v in colour())
+            d.line([tuple(rng.uniform(0, 1, 2) * (w, h)), tuple(rng.uniform(0, 1, 2) * (w, h))],
+                   fill=c, width=int(rng.integers(1, 4)))
+        x = np.asarray(im, np.float32)
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def _gradient_kind(rng, w, h, cols, kind: str) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    if kind == "linear":
+        a = rng.uniform(0, 2 * np.pi)
+        t = (xx / w - 0.5) * np.cos(a) + (yy / h - 0.5) * np.sin(a)
+    else:
+        cx, cy = rng.uniform(0, 1) * w, rng.uniform(0, 1) * h
+        t = np.hypot(xx - cx, yy - cy)
+    t = (t - t.min()) / (t.max() - t.min() + 1e-6)
+    return cols[0] * (1 - t[..., None]) + cols[1] * t[..., None]
+
+
+def flat_art(n: int, seed: int = 0, min_side: int = 256, max_side: int = 768) -> list[Source]:
+    """``n`` clean pictures with no texture at all (``flat/<seed>-<i>``): solid colours, two-colour
+    gradients with no dither (8-bit banding as such files have it), flat shapes and thin lines.
+
+    Placeholders, logos, slides and flat vector art look like this and carry no replication damage
+    a no-reference detector could see; without examples a detector trained on photos and dithered
+    art reads a saturated flat colour as a tint and a smooth area as lost detail
+    (``benchmarks/flat_probe.py``). Deterministic for ``seed``.
+    """
+    if n < 0 or min_side < 32 or max_side < min_side:
+        raise SourceError(f"flat_art: bad n={n}, min_side={min_side}, max_side={max_side}")
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, i, 6007])
+        long_side = int(rng.integers(min_side, max_side + 1))
+        aspect = float(rng.choice(_ASPECTS))
+        w, h = (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
+        out.append((f"flat/{seed}-{i}", _flat_one(rng, max(16, int(w)), max(16, int(h)))))
+    return out
+
+
 def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1024,
                    dither: float | str = 0.6) -> list[Source]:
     """``n`` clean procedural "digital art" images, sizes in [min_side, max_side] with varied aspects.
