@@ -223,6 +223,9 @@ def test_build_refuses_too_few_clean_with_number():
     with pytest.raises(NotEnoughCleanSamples) as ei:
         build_calibration(table, "synthetic", "v1", alpha=0.01, confidence=0.95)
     assert ei.value.needed == 299
+    # the message says the count is after the holdout, and how many to bring in all
+    n_all = int(table[table["step"] == 0]["source_image"].nunique())
+    assert f"of the {n_all} scored clean images" in str(ei.value) and "about 428 clean images" in str(ei.value)
 
 
 def test_clean_steps_and_fr_target_labels():

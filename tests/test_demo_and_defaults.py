@@ -41,3 +41,10 @@ def test_demo_runs_offline_with_the_default_detector(tmp_path):
     # the degraded copies score higher than the clean photos they came from, as a group
     assert scores[degraded].score.median() > scores[~degraded].score.median()
     assert "truth vs decision" in res.output
+
+
+def test_demo_without_a_threshold_for_its_detector_fails_before_building(tmp_path):
+    pytest.importorskip("pyiqa")
+    res = CliRunner().invoke(main, ["demo", str(tmp_path / "d"), "-d", "pyiqa:entropy", "-w", "1"])
+    assert res.exit_code == 1 and "pass --threshold T" in res.output and "--drop-fraction" not in res.output
+    assert not (tmp_path / "d").exists()

@@ -299,3 +299,31 @@ def test_filter_scores_record_storage(tmp_path, photos):
     assert scores.loc["p", "storage"] == "png" and scores.loc["s_0000_0", "storage"] == "jpeg 4:2:0"
     assert scores.loc["cap", "storage"] == ""
     assert set(scores["storage"]) == {"png", "jpeg 4:2:0", ""}
+
+
+def test_no_rejected_and_dry_run_write_only_what_they_say(tmp_path, photos):
+    make_shard(tmp_path / "s.tar", photos[:1])
+    t = threshold_between(photos[:1])
+    res = run_cli(["filter", tmp_path / "s.tar", "--out", tmp_path / "a", "-d", "nss", "--threshold", t,
+                   "-w", "1", "--no-rejected"])
+    assert "outputs:" in res.output and "/kept" in res.output  # the summary is printed
+    assert not (tmp_path / "a/rejected").exists() and "/rejected" not in res.output
+    assert len(read_members(tmp_path / "a/kept/s.tar")) == 3  # the clean sample's three files
+    assert pd.read_parquet(tmp_path / "a/scores/s.parquet")["decision"].tolist() == ["kept", "rejected"]
+    res = run_cli(["filter", tmp_path / "s.tar", "--out", tmp_path / "b", "-d", "nss", "--threshold", t,
+                   "-w", "1", "--dry-run"])
+    assert not (tmp_path / "b/kept").exists() and not (tmp_path / "b/rejected").exists()
+    assert "/kept" not in res.output and (tmp_path / "b/scores/s.parquet").exists()
+
+
+def test_score_refuses_nothing_to_score_and_an_unwritable_out_before_scoring(tmp_path, photos):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "x.tar.gz").write_bytes(b"\x1f\x8b")
+    res = run_cli(["score", tmp_path / "empty", "-d", "nss", "-q", "--out", tmp_path / "s.csv"], expect=1)
+    assert "no image files or .tar shards" in res.output and ".tar.gz" in res.output
+    make_shard(tmp_path / "s.tar", photos[:1])
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "sub").write_text("a file where a folder is needed")
+    res = run_cli(["score", tmp_path / "s.tar", "-d", "nss", "-q", "--out", tmp_path / "ro/sub/x.csv"], expect=1)
+    assert "cannot write" in res.output or "Not a directory" in res.output
+    assert "Traceback" not in res.output

@@ -35,12 +35,12 @@ BOUND_NAME = ("binomial order statistic (conformal): threshold = k-th largest cl
 class NotEnoughCleanSamples(CalibrationError):
     """Too few clean scores for the alpha / confidence asked for; ``needed`` says how many."""
 
-    def __init__(self, n: int, needed: int, alpha: float, confidence: float):
+    def __init__(self, n: int, needed: int, alpha: float, confidence: float, detail: str = ""):
         self.n, self.needed, self.alpha, self.confidence = n, needed, alpha, confidence
         super().__init__(
             f"{n} clean scores cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
-            f"confidence: at least {needed} clean scores are needed (add clean images with --clean, "
-            f"more chains, or relax --max-false-drop / --confidence)")
+            f"confidence: at least {needed} clean scores are needed{detail} (add clean images with "
+            f"--clean, more chains, or relax --max-false-drop / --confidence)")
 
 
 def _check_rates(alpha: float, confidence: float) -> tuple[float, float]:

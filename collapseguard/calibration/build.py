@@ -19,11 +19,13 @@ What counts as clean / degraded (``target``):
 from __future__ import annotations
 
 import datetime as _dt
+import math
 
 import numpy as np
 import pandas as pd
 
 from collapseguard.calibration.bounds import (
+    NotEnoughCleanSamples,
     clopper_pearson,
     isotonic_knots,
     order_statistic_threshold,
@@ -146,7 +148,17 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     else:
         thr_part, hold_part = t, t
     clean_thr = _dedupe_clean(thr_part[thr_part["clean"]])
-    bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
+    try:
+        bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
+    except NotEnoughCleanSamples as exc:  # say what the count was taken from, and what to bring
+        n_all = len(_dedupe_clean(t[t["clean"]]))
+        detail = (f" in the threshold part, which holds {exc.n} of the {n_all} scored clean images "
+                  f"(--holdout {holdout:g} keeps the other sources for the drop curve: bring about "
+                  f"{math.ceil(exc.needed / (1 - holdout))} clean images in all, or pass --holdout 0)"
+                  if holdout > 0 else "")
+        if n_unscored:
+            detail += f"; {n_unscored} image(s) could not be scored and were left out"
+        raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, detail) from None
     top = clean_thr.sort_values("score", ascending=False, kind="stable").head(max(TOP_CLEAN, (bound.k or 0) + 3))
     top_clean = [{"source_image": str(r.source_image), "path": str(getattr(r, "path", "")),
                   "score": float(r.score)} for r in top.itertuples(index=False)]

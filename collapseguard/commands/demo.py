@@ -31,12 +31,20 @@ def demo(directory, detector, workers, threshold, steps):
     from collapseguard.demo import build_demo_shards, demo_truth_table
     from collapseguard.filter.run import FilterError, run_filter_cli
 
+    from collapseguard.calibration.files import NoThresholdError, resolve_threshold
+
+    det = load_detector(detector)
+    try:  # before building anything: a detector with no shipped calibration needs --threshold
+        resolve_threshold(det, threshold)
+    except NoThresholdError:
+        raise click.ClickException(
+            f"{det.name} has no shipped calibration; pass --threshold T (the demo has no "
+            "calibration of its own)") from None
     root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="collapseguard-demo-"))
     t0 = time.perf_counter()
     click.echo(f"building demo shards in {root / 'shards'} ...", err=True)
     shards = build_demo_shards(root / "shards", steps=steps)
     click.echo(f"  {len(shards)} shards in {time.perf_counter() - t0:.1f}s", err=True)
-    det = load_detector(detector)
     out = root / "filtered"
     try:
         summary = run_filter_cli([str(p) for p in shards], str(out), det, threshold=threshold,

@@ -70,5 +70,7 @@ def format_summary(summary: dict, out: str) -> str:
     ]
     if summary.get("images_per_second"):
         lines.append(f"speed: {summary['images_per_second']:.1f} images/s")
-    lines.append(f"outputs: {out}/kept, {out}/rejected, {out}/scores, {out}/summary.json")
+    written = ([] if summary.get("dry_run") else ["kept"]) + (
+        ["rejected"] if summary.get("write_rejected", not summary.get("dry_run")) else [])
+    lines.append("outputs: " + ", ".join(f"{out}/{d}" for d in written + ["scores", "summary.json"]))
     return "\n".join(lines)

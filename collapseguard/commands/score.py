@@ -26,8 +26,14 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     """Score images in PATHS: image files, folders (recursive), .tar shards, or brace patterns
     such as 'data/shard-{000..009}.tar'. Higher score = more degraded; an image that cannot be
     decoded gets an empty score and its error text."""
-    from collapseguard.filter.score_run import run_score, write_table
+    from collapseguard.filter.score_run import check_table_path, run_score, write_table
 
+    try:
+        check_table_path(out)  # before any scoring: a bad --out must not cost the whole run
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs) if workers == 1 else None
     try:
@@ -36,6 +42,8 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
         write_table(df, out)
     except (InputError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {out}: {exc}") from None
     n_err = int((df["error"].fillna("") != "").sum()) if len(df) else 0
     click.echo(f"scored {len(df) - n_err} image(s), {n_err} error(s) -> {out}", err=True)
     for f in failures:

@@ -100,10 +100,11 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         detector = get_detector(options.detector, options.detector_kwargs)
     t0 = time.perf_counter()
     paths = output_paths(shard, options.out_dir)
-    for p in paths.values():
-        p.parent.mkdir(parents=True, exist_ok=True)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
+    for key, p in paths.items():  # no empty rejected/ under --no-rejected, no kept/ when dry
+        if (key != "kept" or write_kept) and (key != "rejected" or write_rej):
+            p.parent.mkdir(parents=True, exist_ok=True)
     kept_w = ShardWriter(str(_tmp(paths["kept"]))) if write_kept else None
     rej_w = ShardWriter(str(_tmp(paths["rejected"]))) if write_rej else None
     rows = {c: [] for c in SCORE_COLUMNS}

@@ -157,6 +157,7 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
         "threshold": options.threshold,
         "threshold_source": threshold_source,
         "dry_run": options.dry_run,
+        "write_rejected": options.write_rejected and not options.dry_run,
         "shards": len(shards),
         "shards_failed": sorted(errors),
         "samples": sum(reasons.values()),

@@ -6,6 +6,7 @@ in input order: shards first in the order given, then loose image files.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,10 +15,11 @@ import pandas as pd
 from tqdm import tqdm
 
 from collapseguard.filter.engines import make_engine
-from collapseguard.filter.inputs import ImageFile, expand_inputs
+from collapseguard.filter.inputs import ImageFile, InputError, expand_inputs
 from collapseguard.filter.pipeline import sample_error
 from collapseguard.filter.scoring import score_records
 from collapseguard.filter.tario import ShardReader
+from collapseguard.images import IMAGE_EXTENSIONS
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
@@ -72,6 +74,10 @@ def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
     """One task per shard and per chunk of image files. ``select(source, key) -> bool``
     (optional, picklable for worker processes) limits scoring to the samples it accepts."""
     shards, files = expand_inputs(inputs)
+    if not shards and not files:
+        raise InputError(f"no image files or .tar shards in {', '.join(map(str, inputs))} (images: "
+                         f"{', '.join(IMAGE_EXTENSIONS)}; compressed shards such as .tar.gz are "
+                         "not read)")
     tasks: list[tuple] = [("shard", s) if select is None else ("shard", s, select) for s in shards]
     if select is not None:
         files = [f for f in files if select(f.source, f.key)]
@@ -114,6 +120,20 @@ def csv_text(value: object) -> object:
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
     return value
+
+
+def check_table_path(path: str | Path) -> None:
+    """Fail early (ValueError, OSError) when ``write_table`` could not write ``path``: a wrong
+    suffix, or a folder that cannot be created or written to."""
+    path = Path(path)
+    if path.suffix not in (".parquet", ".csv", ".tsv"):
+        raise ValueError(f"--out must end in .csv, .tsv or .parquet, got {path.name}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
+    with open(path, "ab"):  # the one check that cannot disagree with the write itself
+        pass
+    if not existed:
+        path.unlink()
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
