@@ -202,6 +202,10 @@ def test_tables_recomputed_from_scores_file(chains, tmp_path):
     # with only Δ20 required, the chain that lacks step 10 is evaluated instead of skipped
     assert (b["status"] == "skipped").sum() == 0 and (a["status"] == "skipped").sum() == 2
     assert "not measured" in (second / "results.md").read_text()
+    # steps no chain has: nothing is evaluated, and the run says so instead of passing
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"),
+                                    "--out", str(tmp_path / "none"), "--no-plot", "--steps", "7,50"])
+    assert res.exit_code == 1 and "no chain could be evaluated" in res.output
     bad = tmp_path / "bad.csv"
     bad.write_text("x,y\n1,2\n")
     res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(bad), "--out", str(tmp_path / "c")])

@@ -90,6 +90,12 @@ def test_bad_names_are_clear_errors():
         create("pyiqa:not-a-metric")
     with pytest.raises(DetectorError, match="not no-reference"):
         create("pyiqa:psnr")
+    with pytest.raises(DetectorError, match="compares two sets of images") as ei:
+        create("pyiqa:fid")
+    with pytest.raises(DetectorError) as ei:
+        create("pyiqa:not-a-metric")
+    listed = str(ei.value).split("no-reference metrics: ")[1].split(", ")
+    assert "piqe" in listed and "fid" not in listed and "clipscore" not in listed
 
 
 def test_missing_weights_name_file_and_folder(tmp_path, monkeypatch):

@@ -87,6 +87,12 @@ def test_folder_images_skips_junk_and_cleans_names(tmp_path):
     assert got["sub/a_b"].shape == (10, 20, 3) and got["g"].shape == (8, 8, 3)
     with pytest.raises(SourceError, match="not a folder"):
         list(folder_images(tmp_path / "missing"))
+    # one picture name in two formats: both kept, told apart by their format (no duplicate name)
+    Image.new("RGB", (8, 8), (0, 0, 255)).save(tmp_path / "sub" / "x.bmp")
+    Image.new("RGB", (8, 8), (0, 255, 0)).save(tmp_path / "sub" / "x.tiff")
+    got = dict(folder_images(tmp_path))
+    assert set(got) == {"g", "sub/a_b", "sub/x_bmp", "sub/x_tiff"}
+    assert got["sub/x_bmp"][0, 0, 2] == 255 and got["sub/x_tiff"][0, 0, 1] == 255
 
 
 def _png(color):

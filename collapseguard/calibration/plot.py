@@ -41,7 +41,11 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
     ax1.set_ylabel("fraction dropped")
     ax1.set_ylim(-0.02, 1.02)
     ax1.set_title(f"{cal.detector}: drop curve (holdout sources)")
-    ax1.legend(fontsize=7, loc="upper left")
+    if ax1.get_legend_handles_labels()[0]:  # no chain family in the holdout: nothing to label
+        ax1.legend(fontsize=7, loc="upper left")
+    else:
+        ax1.text(0.5, 0.5, "no chains in the held-out sources", ha="center", va="center",
+                 transform=ax1.transAxes, color="grey")
     if table is not None and len(table):
         s = table["score"].to_numpy(dtype=np.float64)
         clean = table["clean"].to_numpy(dtype=bool)

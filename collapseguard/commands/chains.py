@@ -73,6 +73,10 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     from collapseguard.training_data_tools.sources import SourceError, resolve_sources
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
+    beyond = [k for k in _int_list(keep) if k > steps]
+    if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
+        click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
+                   "written", err=True)
     try:
         src = resolve_sources(sources, seed=seed)
         if max_sources:

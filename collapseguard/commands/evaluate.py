@@ -95,6 +95,10 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
         click.echo(f"{r['detector']}: failed {r['failed']} of {r['evaluated']} chains "
                    f"({r['skipped']} skipped){rate}")
     click.echo(f"wrote {', '.join(p.name for p in paths.values())} to {out}")
+    if len(ev.failures) and int(ev.failures["evaluated"].sum()) == 0:
+        raise click.ClickException(
+            f"no chain could be evaluated: every chain lacks step {base_step} or one of the steps "
+            f"{','.join(map(str, steps))} (see the skipped counts; pass --steps the chains have)")
 
 
 def _from_scores(path, **kw):

@@ -197,6 +197,13 @@ def centre_crop_max(img: np.ndarray, max_side: int | None) -> np.ndarray:
     return img[y : y + ch, x : x + cw]
 
 
+#: pyiqa metrics listed as no-reference that do not give a quality score per image
+NOT_PER_IMAGE = {
+    "fid": "compares two sets of images", "sfid": "compares two sets of images",
+    "inception_score": "scores a set of images", "clipscore": "scores an image against a caption",
+}
+
+
 class PyIQADetector(Detector):
     """A pyiqa no-reference metric, oriented so that higher = more degraded.
 
@@ -231,8 +238,12 @@ class PyIQADetector(Detector):
 
         metric = metric.strip()
         if metric not in DEFAULT_CONFIGS:
-            nr = sorted(k for k, v in DEFAULT_CONFIGS.items() if v.get("metric_mode") == "NR")
+            nr = sorted(k for k, v in DEFAULT_CONFIGS.items()
+                        if v.get("metric_mode") == "NR" and k not in NOT_PER_IMAGE)
             raise DetectorError(f"unknown pyiqa metric {metric!r}; no-reference metrics: {', '.join(nr)}")
+        if metric in NOT_PER_IMAGE:
+            raise DetectorError(f"pyiqa metric {metric!r} {NOT_PER_IMAGE[metric]}, not a quality score "
+                                "of one image")
         cfg = DEFAULT_CONFIGS[metric]
         if cfg.get("metric_mode") != "NR":
             raise DetectorError(

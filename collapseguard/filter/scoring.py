@@ -81,7 +81,10 @@ def score_records(
                 vals = scores[idx]
                 finite = np.isfinite(vals)
                 if not finite.any():
-                    res.status, res.error = "score_error", f"{detector.name} could not score the image"
+                    h, w = images[idx[0]].shape[:2]
+                    res.status, res.error = "score_error", (
+                        f"{detector.name} could not score the image ({w}x{h} px"
+                        f"{'; small images are a common cause' if min(h, w) < 128 else ''})")
                     res.image = names[idx[0]]
                 else:
                     j = int(np.nanargmax(np.where(finite, vals, -np.inf)))

@@ -305,12 +305,14 @@ def folder_images(path: str | os.PathLike, recursive: bool = True) -> Iterator[S
         raise SourceError(f"not a folder: {root}")
     files = sorted(p for p in (root.rglob("*") if recursive else root.iterdir())
                    if p.is_file() and is_image_name(p.name))
-    for p in files:
+    stems = [p.relative_to(root).with_suffix("").as_posix() for p in files]
+    shared = {s for s in stems if stems.count(s) > 1}  # x.bmp beside x.tiff: keep both apart
+    for p, stem in zip(files, stems):
         try:
             arr = load_image(p)
         except (OSError, DecodeError):
             continue
-        yield _clean_name(p.relative_to(root).with_suffix("").as_posix()), arr
+        yield _clean_name(stem + ("_" + p.suffix.lstrip(".").lower() if stem in shared else "")), arr
 
 
 def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int = 0,
