@@ -175,3 +175,13 @@ def test_audit_sample_records_an_unreadable_shard_and_goes_on(tmp_path, photos):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["sample"]["audited"] == 3 and summary["sample"]["population"] == 6
     assert len(summary["failures"]) == 1 and "garbage.tar" in summary["failures"][0]
+
+
+def test_hidden_member_names_get_a_visible_key_and_are_set_aside(tmp_path, photos):
+    shard = write_tar(tmp_path / "s.tar", [(".hidden.png", png(photos)), ("d/.x.png", png(photos, 1)),
+                                           ("ok.png", png(photos, 2))])
+    run_cli(["filter", shard, "--out", tmp_path / "out", *FILTER])
+    s = scores_of(tmp_path / "out", "s")
+    assert s.loc[".hidden.png", "reason"] == "unsafe_name" and s.loc["d/.x.png", "reason"] == "unsafe_name"
+    assert s.loc["ok", "reason"] == "kept" and "" not in s.index
+    assert sorted(n for n, _ in read_members(tmp_path / "out/rejected/s.tar")) == [".hidden.png", "d/.x.png"]

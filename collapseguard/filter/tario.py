@@ -111,6 +111,8 @@ def split_key(name: str) -> tuple[str, str]:
     file name, keeping its folder; extension is the rest (may be empty)."""
     folder, base = posixpath.split(name)
     stem, _, ext = base.partition(".")
+    if not stem:  # a hidden file (".x.png") has no key by that rule: it is its own sample
+        stem, ext = base, ""
     key = posixpath.join(folder, stem) if folder else stem
     return key, ext
 
@@ -151,7 +153,8 @@ class ShardReader:
                     while f"{clean}.dup{n}" in names:
                         n += 1
                     clean = f"{clean}.dup{n}"
-                if clean != info.name and not (info.name.startswith("./") and info.name[2:] == clean):
+                if (clean != info.name and not (info.name.startswith("./") and info.name[2:] == clean)
+                        or posixpath.basename(clean).startswith(".")):  # hidden: set aside for a look
                     current.unsafe_names.append(info.name)
                 names.add(clean)
                 current.members.append(Member(clean, data, _mtime(info)))
