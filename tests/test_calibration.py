@@ -350,7 +350,9 @@ def test_resolve_threshold_order(tmp_path, monkeypatch):
     t, msg, cal = resolve_threshold(det, calibration=p)
     assert t == 0.7 and str(p) in msg
     t, msg, cal = resolve_threshold(det, threshold=0.1, calibration=None)
-    assert t == 0.1 and cal is None and "explicit" in msg
+    assert t == 0.1 and cal is None and "explicit" in msg and "not used" not in msg
+    t, msg, cal = resolve_threshold(det, threshold=0.1, calibration=p)  # both: the user is told
+    assert t == 0.1 and cal.threshold == 0.7 and "threshold 0.7 is not used" in msg
     with pytest.raises(ValueError):
         resolve_threshold(det, threshold=float("nan"))
 

@@ -348,11 +348,13 @@ def resolve_threshold(
         t = float(threshold)
         if not math.isfinite(t):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-        cal = None
+        cal, note = None, ""
         if calibration is not None:
             cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
             check_detector(cal, detector)
-        return t, f"explicit threshold {t:.6g} (--threshold; uncalibrated, no stated guarantee)", cal
+            note = (f"; the calibration's own threshold {cal.threshold:.6g} is not used, only its "
+                    "score maps")
+        return t, f"explicit threshold {t:.6g} (--threshold; uncalibrated, no stated guarantee{note})", cal
     if calibration is not None:
         if isinstance(calibration, Calibration):
             cal, where = calibration, "calibration"
