@@ -20,7 +20,7 @@ from scipy import stats as sps
 
 from collapseguard.audit import gallery, stats
 from collapseguard.audit.browser import find_chromium, inspect_report
-from collapseguard.audit.run import AuditError, AuditOptions, run_audit
+from collapseguard.audit.run import AuditError, AuditOptions, align_scores, run_audit
 from collapseguard.audit.sampling import choose_sample, list_samples
 from collapseguard.calibration.files import Calibration, save_calibration
 from collapseguard.cli import main
@@ -431,3 +431,18 @@ def test_compare_scatter_without_common_scores_says_so_and_does_not_warn():
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         drawn = compare_scatter([1.0, 2.0], [0.5, -0.5], 1.5, 0.0, "cnn", "nss")
     assert drawn != png
+
+
+def test_a_key_repeated_in_a_shard_is_two_samples_in_galleries_and_comparisons(tmp_path, photos):
+    from collapseguard.images import encode_png
+    shard = tmp_path / "dup.tar"
+    with tarfile.open(shard, "w") as tf:
+        for name, img in (("d1.png", photos[0]), ("d2.png", photos[1]), ("d1.png", photos[2])):
+            add_member(tf, name, encode_png(img[:64, :64]))
+    got = gallery.fetch_samples([(str(shard), "d1", "d1.png", 0), (str(shard), "d1", "d1.png", 1)])
+    first, second = got[(str(shard), "d1", 0)].image, got[(str(shard), "d1", 1)].image
+    assert np.array_equal(first, photos[0][:64, :64]) and np.array_equal(second, photos[2][:64, :64])
+    base = pd.DataFrame({"source": ["s"] * 3, "key": ["d1", "d2", "d1"], "score": [1.0, 2.0, 3.0]})
+    # another detector's rows for the same samples, in another order: matched by occurrence
+    other = pd.DataFrame({"source": ["s"] * 3, "key": ["d2", "d1", "d1"], "score": [20.0, 11.0, 33.0]})
+    assert align_scores(base, other).tolist() == [11.0, 20.0, 33.0]

@@ -68,44 +68,49 @@ def _file_path(source: str, key: str) -> str | None:
     return path if path.startswith(root + os.sep) else None
 
 
-def fetch_samples(wanted: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], Fetched]:
-    """Read back ``(source, key, image member name)`` samples; returns ``{(source, key): Fetched}``.
+def fetch_samples(wanted: Iterable[tuple]) -> dict[tuple, Fetched]:
+    """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
+    Fetched}``. ``nth`` (default 0) is which of the samples with that key in that shard: a key can
+    repeat in a shard, and each repeat is a sample of its own.
 
     Each shard is streamed at most once; a sample that cannot be found or decoded gets an error.
     """
-    by_source: dict[str, dict[str, str]] = {}
-    for source, key, image in wanted:
-        by_source.setdefault(source, {})[key] = image or ""
-    out: dict[tuple[str, str], Fetched] = {}
+    by_source: dict[str, dict[tuple[str, int], str]] = {}
+    for source, key, image, *nth in wanted:
+        by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
+    out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
         if is_shard(source) and os.path.isfile(source):
             left = dict(keys)
+            seen: dict[str, int] = {}
             try:
                 for sample in ShardReader(source):
-                    if sample.key in left:
+                    nth = seen.get(sample.key, 0)
+                    seen[sample.key] = nth + 1
+                    if (sample.key, nth) in left:
                         members = [(m.name, m.data) for m in sample.members]
-                        f = _decode_member(members, left.pop(sample.key))
+                        f = _decode_member(members, left.pop((sample.key, nth)))
                         f.caption = _caption(members, sample.key)
-                        out[(source, sample.key)] = f
+                        out[(source, sample.key, nth)] = f
                         if not left:
                             break
             except Exception as exc:  # a shard that broke since scoring: say so per sample
-                for k in left:
-                    out[(source, k)] = Fetched(error=f"cannot read {source}: {exc}")
+                for k, n in left:
+                    out[(source, k, n)] = Fetched(error=f"cannot read {source}: {exc}")
                 left = {}
-            for k in left:
-                out[(source, k)] = Fetched(error="sample not found on second read")
+            for k, n in left:
+                out[(source, k, n)] = Fetched(error="sample not found on second read")
         else:
-            for key in keys:
+            for key, n in keys:
                 path = _file_path(source, key)
                 if path is None:
-                    out[(source, key)] = Fetched(error="path outside its input folder")
+                    out[(source, key, n)] = Fetched(error="path outside its input folder")
                     continue
                 try:
                     with open(path, "rb") as fh:
-                        out[(source, key)] = Fetched(decode_image(fh.read()))
+                        out[(source, key, n)] = Fetched(decode_image(fh.read()))
                 except (OSError, DecodeError) as exc:
-                    out[(source, key)] = Fetched(error=str(exc))
+                    out[(source, key, n)] = Fetched(error=str(exc))
     return out
 
 

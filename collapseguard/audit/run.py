@@ -90,15 +90,20 @@ def _create(name: str, kwargs: tuple):
         raise AuditError(f"cannot create detector {name!r}: {exc}") from None
 
 
+def occurrence(df: pd.DataFrame) -> np.ndarray:
+    """For each row, how many earlier rows share its (source, key): a key may repeat in a shard,
+    and each repeat is a sample of its own."""
+    return df.groupby(["source", "key"], sort=False).cumcount().to_numpy()
+
+
 def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
-    """``other``'s scores in ``base``'s row order, matched by (source, key); NaN where missing."""
+    """``other``'s scores in ``base``'s row order, matched by (source, key, occurrence); NaN where
+    missing."""
     if len(base) == len(other) and (base["source"].to_numpy() == other["source"].to_numpy()).all() \
             and (base["key"].to_numpy() == other["key"].to_numpy()).all():
         return other["score"].to_numpy(np.float64)
-    lookup: dict[tuple[str, str], float] = {}
-    for s, k, v in zip(other["source"], other["key"], other["score"]):
-        lookup.setdefault((s, k), v)
-    return np.array([lookup.get((s, k), math.nan) for s, k in zip(base["source"], base["key"])],
+    lookup = dict(zip(zip(other["source"], other["key"], occurrence(other)), other["score"]))
+    return np.array([lookup.get(t, math.nan) for t in zip(base["source"], base["key"], occurrence(base))],
                     dtype=np.float64)
 
 
@@ -140,13 +145,14 @@ def _pick_galleries(df: pd.DataFrame, threshold: float, comparisons, options: Au
 def _items(df: pd.DataFrame, picks: dict, options: AuditOptions) -> dict:
     """Gallery items (dicts for the report) with thumbnails and native crops."""
     wanted = {int(i) for rows in picks.values() for i in rows}
+    nth = occurrence(df)
     fetched = gallery.fetch_samples(
-        (df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or "")) for i in sorted(wanted))
+        (df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted))
     cards: dict[int, dict] = {}
     compared = [c[len("score:"):] for c in df.columns if c.startswith("score:")]
     for i in sorted(wanted):
         row = df.loc[i]
-        f = fetched.get((row["source"], row["key"]), gallery.Fetched(error="not read"))
+        f = fetched.get((row["source"], row["key"], nth[i]), gallery.Fetched(error="not read"))
         card = {"source": str(row["source"]), "key": str(row["key"]), "score": float(row["score"]),
                 "flagged": bool(row["flagged"]), "step": float(row["equivalent_step"]),
                 "width": int(row["width"] or 0), "height": int(row["height"] or 0),
