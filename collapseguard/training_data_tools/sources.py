@@ -98,6 +98,13 @@ def bundled_photos(min_side: int = 64) -> list[Source]:
 _ASPECTS = (1.0, 4 / 3, 3 / 4, 16 / 9, 9 / 16, 3 / 2, 2 / 3, 5 / 4)
 
 
+def _draw_size(rng: np.random.Generator, min_side: int, max_side: int) -> tuple[float, float]:
+    """(width, height) of a picture: a long side in [min_side, max_side] and one of ``_ASPECTS``."""
+    long_side = int(rng.integers(min_side, max_side + 1))
+    aspect = float(rng.choice(_ASPECTS))
+    return (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
+
+
 def _palette(rng: np.random.Generator, n: int) -> np.ndarray:
     """n harmonious colours: hues around a random base, varied saturation/value (0..255 floats)."""
     import colorsys
@@ -243,9 +250,7 @@ def flat_art(n: int, seed: int = 0, min_side: int = 256, max_side: int = 768) ->
     out = []
     for i in range(n):
         rng = np.random.default_rng([seed, i, 6007])
-        long_side = int(rng.integers(min_side, max_side + 1))
-        aspect = float(rng.choice(_ASPECTS))
-        w, h = (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
+        w, h = _draw_size(rng, min_side, max_side)
         out.append((f"flat/{seed}-{i}", _flat_one(rng, max(16, int(w)), max(16, int(h)))))
     return out
 
@@ -274,9 +279,7 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
     out = []
     for i in range(n):
         rng = np.random.default_rng([seed, i, 7919])
-        long_side = int(rng.integers(min_side, max_side + 1))
-        aspect = float(rng.choice(_ASPECTS))
-        w, h = (long_side, long_side / aspect) if aspect >= 1 else (long_side * aspect, long_side)
+        w, h = _draw_size(rng, min_side, max_side)
         w, h = max(min_side // 2, int(w)) // 2 * 2, max(min_side // 2, int(h)) // 2 * 2
         d = (float(np.random.default_rng([seed, i, 104729]).choice(DITHER_LEVELS)) if dither == "vary"
              else dither)
