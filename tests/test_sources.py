@@ -10,6 +10,7 @@ from PIL import Image
 from collapseguard.training_data_tools.sources import (
     SourceError,
     bundled_photos,
+    flat_art,
     folder_images,
     photo_views,
     photo_windows,
@@ -201,3 +202,20 @@ def test_split_keeps_views_of_one_picture_together():
     groups = {name: {s.split("@")[0] for s in part["source_image"]} for name, part in parts.items()}
     assert groups["train"] and groups["test"] and not groups["train"] & groups["test"]
     assert len(parts["train"]) + len(parts["test"]) == len(df)
+
+
+def test_flat_art_is_deterministic_varied_and_textureless():
+    a, b = flat_art(12, seed=4, min_side=64, max_side=128), flat_art(12, seed=4, min_side=64, max_side=128)
+    assert [n for n, _ in a] == [f"flat/4-{i}" for i in range(12)]
+    assert all(np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
+    assert any(not np.array_equal(x, y) for (_, x), (_, y) in zip(a, flat_art(12, seed=5, min_side=64, max_side=128)))
+    for _, img in a:
+        assert img.dtype == np.uint8 and img.ndim == 3 and 64 <= max(img.shape[:2]) <= 128
+        # no texture: neighbouring pixels differ by at most a gradient step, except at shape edges
+        step = np.abs(np.diff(img.astype(int), axis=1)).max(axis=2)
+        assert np.mean(step <= 3) > 0.9
+    # solid pictures occur, and not only those
+    flat = [np.ptp(img.reshape(-1, 3), axis=0).max() == 0 for _, img in flat_art(40, seed=1)]
+    assert 0 < sum(flat) < 40
+    with pytest.raises(SourceError):
+        flat_art(2, min_side=8)
