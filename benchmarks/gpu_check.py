@@ -12,7 +12,7 @@ Four parts, each printed and written to DIR/gpu_check.json:
    every core of the machine it runs on, in the same run; plus the network alone on crops already
    on the device (crops/s), which is where a GPU helps;
 3. training speed: iterations/s of ``train_net`` with the shipped recipe (width 16, 48 px crops,
-   12 chains x 3 steps + 12 clean images x 4 crops per batch) on the CPU (2 threads) and on the
+   12 chains x 3 steps + 12 clean images x 6 crops per batch) on the CPU (2 threads) and on the
    device in fp32 and bf16, and with a 4x larger batch on the device; the same seed gives the same
    batches, so the first logged losses must agree;
 4. end to end: ``collapseguard train --device DEVICE`` on the same chains writes weights that the

@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--generic-ladders", type=int, default=0,
                     help="damage ladders per clean training file (training.generic_damage; shipped: 0)")
     ap.add_argument("--context", action="store_true",
-                    help="with the image-level context term (collapseguard train --context; shipped: off)")
+                    help="with the image-level context term (collapseguard train --context; shipped: on since bb0ec3310592)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from collapseguard.detectors.cnn_model import NetConfig

@@ -3,7 +3,7 @@
 # calibration uses (docs/model_history.md and BENCHMARKS.md, "Material textures"):
 #
 #   bash benchmarks/lxqt_photos.sh DEB_DIR OUT_DIR
-#   python benchmarks/nightsky_check.py --folder OUT_DIR --threshold 4.87577
+#   python benchmarks/nightsky_check.py --folder OUT_DIR --threshold 4.1728
 #
 # Downloads lxqt-themes into DEB_DIR (once), unpacks it with dpkg -x and links the photographs of
 # usr/share/lxqt/wallpapers into OUT_DIR (flowers, butterflies, fog, rain, a beam of light). The

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the shipped cnn weights (collapseguard/weights/cnn.safetensors) in one command:
 #   bash benchmarks/train_cnn.sh
-# 1. photos (never committed): `apt-get download` of five Debian wallpaper/texture packages
+# 1. photos (never committed): `apt-get download` of six Debian wallpaper/texture packages
 #    (gnome-backgrounds, mate-backgrounds, lomiri-wallpapers{,-16.04,-20.04}, mypaint-data-extras),
 #    unpacked with dpkg -x into $WORK/debs and linked flat into $WORK/photos (exact duplicates and
 #    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the

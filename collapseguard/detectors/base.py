@@ -91,7 +91,7 @@ _HELP: dict[str, str] = {
     "vlm:": "VLM judge through transformers, e.g. vlm:/models/VisualQuality-R1-7B (extra [vlm]; "
     "a hub id downloads weights unless HF_HUB_OFFLINE=1)",
     "rali:": "RALI scorer from a checkpoint folder, e.g. rali:/models/rali (extra [vlm])",
-    "ens:": "ensemble of calibrated detectors, e.g. ens:cnn+nss",
+    "ens:": "ensemble on a common scale (calibrated P(degraded), else quantiles), e.g. ens:cnn+nss",
 }
 
 DEFAULT_DETECTOR = "cnn"
