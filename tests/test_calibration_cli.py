@@ -229,3 +229,34 @@ def test_scores_table_round_trips_every_float_exactly(tmp_path):
     t, det, ver = read_scores(save_scores(table, tmp_path / "s.csv", "nss", "v1"))
     assert (det, ver) == ("nss", "v1")
     np.testing.assert_array_equal(t["score"].to_numpy(), x)  # NaN == NaN here, bit-exact otherwise
+
+
+def test_calibrate_refuses_bad_outputs_and_inputs_before_scoring(calibrated, tmp_path):
+    scores = str(calibrated[1])
+    common = ["--from-scores", scores, "--max-false-drop", "0.1", "--confidence", "0.9"]
+    (tmp_path / "adir").mkdir()
+    res = _run([*common, "--out", str(tmp_path / "adir")])
+    assert res.exit_code == 1 and "it is a folder" in res.output and "Traceback" not in res.output
+    res = _run([*common, "--holdout", "1", "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 2 and "--holdout" in res.output
+    # a hand-edited table: a typo in kind, a fractional step
+    t = pd.read_csv(scores)
+    for col, val, msg in (("kind", "Chain", "kind must be"), ("step", 1.5, "step must be")):
+        bad = t.copy()
+        bad[col] = bad[col].astype(object)
+        bad.loc[bad.index[1], col] = val
+        bad.to_csv(tmp_path / "bad.csv", index=False)
+        res = _run(["--from-scores", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "c.json")])
+        assert res.exit_code == 1 and msg in res.output, res.output
+
+
+def test_infinite_clean_scores_count_as_false_drops():
+    from collapseguard.calibration.bounds import order_statistic_threshold
+    from collapseguard.calibration.files import CalibrationError
+    s = np.r_[np.linspace(0, 1, 500), [np.nan] * 5]
+    base = order_statistic_threshold(s, 0.01, 0.95)
+    with_inf = order_statistic_threshold(np.r_[s, np.inf], 0.01, 0.95)
+    assert base.n == 500 and with_inf.n == 501  # NaN left out, +inf counted
+    assert with_inf.threshold > base.threshold  # one clean image above everything moves the bound
+    with pytest.raises(CalibrationError, match="are \\+inf"):
+        order_statistic_threshold(np.r_[np.linspace(0, 1, 490), [np.inf] * 10], 0.01, 0.95)

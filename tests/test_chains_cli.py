@@ -106,3 +106,33 @@ def test_sheet_has_native_crops(chains_dir, tmp_path):
     with pytest.raises(ValueError, match="no chains of"):
         contact_sheet(df, tmp_path / "x.png", families=["nope"])
     assert decode_image(out.read_bytes()).shape == sheet.shape
+
+
+def test_manifest_paths_outside_the_folder_are_refused(chains_dir, tmp_path):
+    import shutil
+
+    import pandas as pd
+    bad = tmp_path / "bad"
+    shutil.copytree(chains_dir, bad)
+    m = pd.read_csv(bad / "manifest.csv", dtype=str)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes((bad / m.loc[0, "path"]).read_bytes())
+    for p in ("../secret.png", str(secret)):
+        m.loc[0, "path"] = p
+        m.to_csv(bad / "manifest.csv", index=False)
+        res = CliRunner().invoke(main, ["chains", "export", str(bad), "--out", str(tmp_path / "s")])
+        assert res.exit_code == 1 and "outside the manifest's folder" in res.output
+        assert not list((tmp_path / "s").glob("*.tar"))
+
+
+def test_export_refuses_to_mix_with_an_earlier_export(chains_dir, tmp_path):
+    out = tmp_path / "shards"
+    assert CliRunner().invoke(main, ["chains", "export", str(chains_dir), "--out", str(out),
+                                     "--maxcount", "5"]).exit_code == 0
+    n = len(list(out.glob("*.tar")))
+    res = CliRunner().invoke(main, ["chains", "export", str(chains_dir), "--out", str(out)])
+    assert res.exit_code == 1 and "already holds" in res.output and len(list(out.glob("*.tar"))) == n
+    (tmp_path / "afile").write_text("x")
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--steps", "1",
+                                    "--out", str(tmp_path / "afile"), "--workers", "1"])
+    assert res.exit_code == 1 and "a file of that name exists" in res.output

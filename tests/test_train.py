@@ -242,6 +242,15 @@ def test_train_device_errors(tmp_path):
                                     "--context", "--bank-crops", "1"])
     assert res.exit_code == 2 and "--context needs --bank-crops >= 2" in res.output
     assert not out.exists()
+    # no untrained weights written as if trained; an unwritable --out fails before training
+    for bad in (["--steps", "0"], ["--epochs", "0"]):
+        res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), *bad])
+        assert res.exit_code == 2 and bad[0] in res.output
+    (tmp_path / "afile").write_text("x")
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out",
+                                    str(tmp_path / "afile" / "w.safetensors"), "--steps", "1"])
+    assert res.exit_code == 1 and "cannot write --out" in res.output and "scoring" not in res.output
+    assert not out.exists()
 
 
 def test_hard_clean_draws_the_clean_images_scored_highest():

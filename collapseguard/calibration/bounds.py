@@ -98,18 +98,23 @@ class BoundResult:
 def order_statistic_threshold(clean_scores, alpha: float = 0.01, confidence: float = 0.95) -> BoundResult:
     """Threshold with P(true false-drop rate > alpha) <= 1 - confidence (see module docstring).
 
-    NaN scores are ignored (they are errors, not clean evidence). Raises NotEnoughCleanSamples
-    with the number needed when there are too few finite clean scores.
+    NaN scores are ignored (they are errors, not clean evidence); +inf is a clean score above any
+    threshold and counts. Raises NotEnoughCleanSamples with the number needed when there are too
+    few scored clean images, and CalibrationError when so many clean scores are +inf that no finite
+    threshold keeps the guarantee.
     """
     a, c = _check_rates(alpha, confidence)
     s = np.asarray(clean_scores, dtype=np.float64).reshape(-1)
-    s = s[np.isfinite(s)]
+    s = s[~np.isnan(s)]
     n = len(s)
     k = order_statistic_rank(n, a, c)
     if k < 1:
         raise NotEnoughCleanSamples(n, min_clean_samples(a, c), a, c)
     desc = np.sort(s)[::-1]
     t = float(desc[k - 1])
+    if not np.isfinite(t):
+        raise CalibrationError(f"{int(np.sum(np.isposinf(s)))} of {n} clean scores are +inf: no finite "
+                               f"threshold drops at most {a:.3g} of clean images")
     return BoundResult(threshold=t, k=k, n=n, alpha=a, confidence=c,
                        guaranteed_false_drop=guaranteed_rate(n, k, c),
                        empirical_false_drop=float(np.mean(s > t)))

@@ -139,9 +139,11 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     clean_steps = sorted({int(s) for s in clean_steps})
     t = table.reset_index(drop=True).copy()
     t["clean"] = label_clean(t, target, clean_steps)
-    finite = np.isfinite(t["score"].to_numpy(dtype=np.float64))
-    n_unscored = int((~finite).sum())
-    t = t[finite].reset_index(drop=True)
+    # NaN = not scored, left out (and counted); +inf is a score, above every threshold: dropping
+    # such clean images from the bound would make the guarantee optimistic
+    scored = ~np.isnan(t["score"].to_numpy(dtype=np.float64))
+    n_unscored = int((~scored).sum())
+    t = t[scored].reset_index(drop=True)
     if holdout > 0:
         parts = split_by_source(t, {"threshold": 1.0 - holdout, "holdout": holdout}, salt=salt)
         thr_part, hold_part = parts["threshold"], parts["holdout"]
@@ -169,6 +171,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
 
     # maps, for reports: all rows; P(degraded) on the clean/degraded label, step on chain rows
     uniq = _dedupe_clean(t)
+    uniq = uniq[np.isfinite(uniq["score"].to_numpy(dtype=np.float64))]
     prob_map = step_map = None
     if uniq["clean"].nunique() == 2:
         prob_map = isotonic_knots(uniq["score"], (~uniq["clean"]).astype(float), y_min=0.0, y_max=1.0)

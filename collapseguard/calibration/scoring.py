@@ -242,7 +242,14 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
         raise ValueError(f"{path}: scores must come from exactly one detector/version, found {shown}")
     (det, ver), = pairs
     t["score"] = _exact_floats(t["score"])
-    t["step"] = pd.to_numeric(t["step"], errors="raise").astype(int)
+    steps = pd.to_numeric(t["step"], errors="coerce")
+    bad = steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps != steps.round())
+    if bad.any():
+        raise ValueError(f"{path}: step must be an integer >= 0; bad rows {list(t.index[bad][:5])}")
+    t["step"] = steps.astype(int)
+    kinds = set(t["kind"]) - {"chain", "clean"}
+    if kinds:
+        raise ValueError(f"{path}: kind must be 'chain' or 'clean', found {sorted(kinds)[:4]}")
     if "fr" in t.columns:
         t["fr"] = _exact_floats(t["fr"])
     return t.drop(columns=["detector", "detector_version"]), det, ver

@@ -49,3 +49,37 @@ def threshold_options(verb: str):
                             help=f"{verb} samples scoring above this (uncalibrated; overrides any "
                                  "calibration).")(f)
     return deco
+
+
+def check_out_file(path, what: str = "--out") -> None:
+    """Fail now, with one line, when ``path`` cannot be written as a file (before any long work):
+    its folder cannot be made, it is a folder, or opening it for writing fails."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise IsADirectoryError("it is a folder")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        existed = p.exists()
+        with open(p, "ab"):
+            pass
+        if not existed:
+            p.unlink()
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+
+
+def check_out_dir(path, what: str = "--out") -> None:
+    """Fail now, with one line, when ``path`` cannot be used as an output folder."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_dir():
+            raise NotADirectoryError("a file of that name exists")
+        p.mkdir(parents=True, exist_ok=True)
+        if not os.access(p, os.W_OK):
+            raise PermissionError("permission denied")
+    except OSError as exc:
+        raise click.ClickException(f"cannot use {what} {path} as a folder: {exc.strerror or exc}") from None

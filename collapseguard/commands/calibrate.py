@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import shlex
 import sys
+import tarfile
 from pathlib import Path
 
 import click
+
+from collapseguard.commands._common import check_out_file
 
 
 def _steps(text: str) -> list[int]:
@@ -37,7 +40,7 @@ def _steps(text: str) -> list[int]:
               help="Truth of degradation: 'step', or 'fr:ssim' / 'fr:ssim<0.85' / 'fr:psnr<30' "
                    "(full-reference similarity to the chain's step-0 image below the level; "
                    "defaults SSIM 0.90, PSNR 30 dB; 'fr:ssim:0.85' avoids shell quoting).")
-@click.option("--holdout", type=float, default=0.3, show_default=True,
+@click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
               help="Share of source images held out for the drop curve (split by source image).")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True,
               help="Calibration JSON to write; a PNG plot is written beside it.")
@@ -84,6 +87,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         raise click.BadParameter(str(exc), param_hint="--target") from None
     if not 0 < alpha < 1 or not 0 < confidence < 1:
         raise click.BadParameter("--max-false-drop and --confidence must be in (0, 1)")
+    check_out_file(out)  # before scoring anything
+    if scores_out is not None:
+        check_out_file(scores_out, "--scores-out")
     sources = []
     if from_scores is not None:
         if chains_dir is not None or clean_dirs:
@@ -122,7 +128,10 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         n_total = (len(manifest) if manifest is not None else 0)
         click.echo(f"scoring {n_total} chain images and extra clean images with {det_name}@{det_version} ...",
                    err=True)
-        table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size)
+        try:
+            table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size)
+        except (ValueError, OSError, tarfile.TarError) as exc:
+            raise click.ClickException(str(exc)) from None
         if scores_out is not None:
             save_scores(table, scores_out, det_name, det_version)
             click.echo(f"scores written to {scores_out}", err=True)
@@ -132,10 +141,11 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         cal = build_calibration(table, det_name, det_version, alpha=alpha, confidence=confidence,
                                 clean_steps=steps, target=target, holdout=holdout, command=command,
                                 clean_sources=sources)
-    except NotEnoughCleanSamples as exc:
+    except (NotEnoughCleanSamples, CalibrationError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    except CalibrationError as exc:
-        raise click.ClickException(str(exc)) from None
+    n_unscored = (cal.split or {}).get("n_unscored", 0)
+    if n_unscored:
+        click.echo(f"note: {n_unscored} image(s) could not be scored and were left out", err=True)
     save_calibration(cal, out)
     click.echo(f"wrote {out}")
     click.echo(cal.describe())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from collapseguard.commands._common import check_out_dir, check_out_file
+
 
 def _int_list(text: str | None) -> list[int] | None:
     if not text:
@@ -62,7 +64,7 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
 @click.option("--out", "out_dir", required=True, type=click.Path(), help="Output folder.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workers", default=2, show_default=True, type=int, help="Worker processes.")
-@click.option("--max-sources", default=None, type=int, help="Use at most this many sources.")
+@click.option("--max-sources", default=None, type=click.IntRange(min=1), help="Use at most this many sources.")
 @click.option("--progress/--no-progress", default=True)
 def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, max_sources, progress):
     """Make simulated replication chains: PNGs under OUT/<family>/<chain>/ plus OUT/manifest.csv."""
@@ -73,6 +75,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     from collapseguard.training_data_tools.sources import SourceError, resolve_sources
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
+    check_out_dir(out_dir)
     beyond = [k for k in _int_list(keep) if k > steps]
     if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
         click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
@@ -113,6 +116,7 @@ def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
     from collapseguard.training_data_tools.loaders import ChainLayoutError
     from collapseguard.training_data_tools.manifest import ManifestError
 
+    check_out_dir(out_dir)
     try:
         paths = export_shards(path, out_dir, maxcount=maxcount, prefix=prefix, shuffle_seed=shuffle_seed)
     except (ChainLayoutError, ManifestError, ValueError) as e:
@@ -123,9 +127,11 @@ def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
 @chains.command("sheet")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--out", required=True, type=click.Path(), help="Output PNG.")
-@click.option("--crop", default=160, show_default=True, type=int, help="Crop side in pixels (native resolution).")
+@click.option("--crop", default=160, show_default=True, type=click.IntRange(8, 4096),
+              help="Crop side in pixels (native resolution).")
 @click.option("--steps", default=None, help="Comma-separated steps to show (default: all kept).")
-@click.option("--max-chains", default=16, show_default=True, type=int, help="Rows (spread over families).")
+@click.option("--max-chains", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Rows (spread over families).")
 @click.option("--families", default=None, help="Comma-separated families to show.")
 @click.option("--where", type=click.Choice(["detail", "centre"]), default="detail", show_default=True,
               help="Crop where step 0 has the most detail, or at the centre.")
@@ -136,6 +142,7 @@ def sheet_cmd(path, out, crop, steps, max_chains, families, where):
     from collapseguard.training_data_tools.sheet import contact_sheet
 
     fams = [f.strip() for f in families.split(",")] if families else None
+    check_out_file(out)
     try:
         p = contact_sheet(path, out, crop=crop, steps=_int_list(steps), max_chains=max_chains,
                           families=fams, where=where)

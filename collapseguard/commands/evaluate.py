@@ -109,8 +109,10 @@ def _from_scores(path, **kw):
 
     try:
         df = pd.read_csv(path, dtype={"chain_id": str, "family": str, "detector": str, "error": str})
+        if df.empty:
+            raise ValueError("no score rows")
         ev = evaluate_scores(df, source=str(path), **kw)
-    except (KeyError, ValueError, pd.errors.ParserError) as exc:
+    except (KeyError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise click.ClickException(f"{path}: not a scores.csv written by `evaluate` ({exc})") from None
     ev.notes.append("tables recomputed from a scores file: no speed measured in this run")
     ev.device = "none"

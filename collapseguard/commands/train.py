@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from collapseguard.commands._common import check_out_file
+
 
 @click.command()
 @click.option("--chains", "chains", multiple=True, type=click.Path(exists=True),
@@ -13,8 +15,8 @@ import click
                    "25% of the files (by name hash) are held out for the clean false-positive check.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="weights file to write (.safetensors); <out>.json and <out>.md are written beside it")
-@click.option("--steps", "iterations", type=int, default=None, help="optimizer steps (default 3000; the shipped weights used 16000, see MODEL_CARD.md)")
-@click.option("--epochs", type=float, default=None, help="instead of --steps: passes over the training chains")
+@click.option("--steps", "iterations", type=click.IntRange(min=1), default=None, help="optimizer steps (default 3000; the shipped weights used 16000, see MODEL_CARD.md)")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="instead of --steps: passes over the training chains")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--exclude-family", "exclude", multiple=True, help="leave this family out (repeatable)")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads")
@@ -95,6 +97,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         raise click.UsageError("--context needs --bank-crops >= 2 (it uses the spread over an image's crops)")
     if not str(out).endswith(".safetensors"):
         raise click.UsageError("--out must end with .safetensors")
+    check_out_file(out)  # before training, not after it
     from collapseguard.detectors.cnn_model import NetConfig
     from collapseguard.training.loop import TrainConfig
     from collapseguard.training.run import run_training
@@ -131,7 +134,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
                                cache_dir=cache_dir, clean_variants_n=clean_variants,
                                crops_per_bank_image=bank_crops)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # FileNotFoundError: a --clean that is not a folder
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:
         click.echo(f"held-out {row['family']:<12} " + "  ".join(

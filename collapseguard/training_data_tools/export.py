@@ -76,6 +76,10 @@ def export_shards(chains: str | Path | pd.DataFrame, out_dir: str | Path, maxcou
                          "letters or digits")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    old = sorted(p.name for p in out_dir.glob(f"{prefix}-*.tar"))
+    if old:  # a second export beside a first one would leave its extra shards: samples twice
+        raise ValueError(f"{out_dir} already holds {len(old)} {prefix}-*.tar shard(s) (e.g. {old[0]}); "
+                         "export into an empty folder or use another --prefix")
     n_shards = max(1, math.ceil(len(df) / maxcount))
     width = max(6, len(str(n_shards - 1)))
     paths = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 REQUIRED_COLUMNS = ("chain_id", "source_image", "family", "task", "step", "path")
@@ -23,11 +24,17 @@ class ManifestError(ValueError):
     """A manifest is malformed; the message says what is wrong and where."""
 
 
-def read_manifest(path: str | Path, *, check_files: bool = True) -> pd.DataFrame:
+def _under(p: str, root: Path) -> bool:
+    return Path(p).resolve().is_relative_to(root)
+
+
+def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: bool = False) -> pd.DataFrame:
     """Read a CSV or Parquet manifest (or a folder holding ``manifest.csv``/``.parquet``).
 
     Returns a DataFrame whose ``path`` column holds absolute paths. Validates it (see
-    ``validate_manifest``).
+    ``validate_manifest``). Paths that resolve outside the manifest's folder (``../..``, an
+    absolute path elsewhere) raise ManifestError unless ``outside_ok``: a manifest is untrusted
+    data, and ``chains export`` would otherwise pack any readable file into a shard.
     """
     path = Path(path)
     if path.is_dir():
@@ -40,13 +47,22 @@ def read_manifest(path: str | Path, *, check_files: bool = True) -> pd.DataFrame
     if path.suffix == ".parquet":
         df = pd.read_parquet(path)
     elif path.suffix in (".csv", ".tsv"):
-        df = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",", dtype={"chain_id": str,
-                         "source_image": str, "family": str, "task": str, "path": str})
+        try:
+            df = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",", dtype={"chain_id": str,
+                             "source_image": str, "family": str, "task": str, "path": str})
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{path}: not a readable manifest ({exc})") from None
     else:
         raise ManifestError(f"manifest must be .csv, .tsv or .parquet, got {path.name}")
     root = path.parent.resolve()
     if "path" in df.columns:
         df["path"] = [str(p) if Path(p).is_absolute() else str(root / p) for p in df["path"]]
+        if not outside_ok:  # a manifest is data: it must not point the tools at any file on disk
+            out = [p for p in df["path"] if isinstance(p, str) and not _under(p, root)]
+            if out:
+                raise ManifestError(
+                    f"{path}: {len(out)} path(s) lie outside the manifest's folder, e.g. {out[:2]}; "
+                    "a manifest may only name files under its own folder")
     validate_manifest(df, check_files=check_files, where=str(path))
     return df
 
@@ -87,7 +103,7 @@ def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str 
         if df[col].isna().any():
             raise ManifestError(f"{where}: empty {col} in row(s) {list(df.index[df[col].isna()][:5])}")
     steps = pd.to_numeric(df["step"], errors="coerce")
-    bad = steps.isna() | (steps < 0) | (steps != steps.round())
+    bad = steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps != steps.round())
     if bad.any():
         raise ManifestError(f"{where}: step must be an integer >= 0; bad rows {list(df.index[bad][:5])}")
     dup = df.assign(step=steps.astype(int)).duplicated(["chain_id", "step"], keep=False)
