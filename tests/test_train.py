@@ -425,3 +425,18 @@ def test_storage_consistency_batches_and_training(tmp_path):
         gaps[w] = float((a - b).abs().mean())
         assert (hist[-1]["cons"] > 0) == (w > 0)
     assert gaps[0.3] < 0.5 * gaps[0.0], gaps
+
+
+def test_train_names_a_corrupt_chain_image_and_reads_a_repeated_chains_folder_once(tmp_path):
+    from collapseguard.training.run import load_chains
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=4)
+    assert len(load_chains([chains, chains])) == len(load_chains([chains]))
+    from pathlib import Path
+    victims = sorted(p for p in Path(chains).rglob("*.png") if p.stem.endswith("1"))
+    assert victims
+    for v in victims:  # every step-1 image, so training cannot miss them all
+        v.write_bytes(b"not a png")
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(tmp_path / "w.safetensors"),
+                                    "--steps", "1", "--no-eval"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert any(str(v) in res.output for v in victims) and "cannot identify image file" in res.output

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.images import load_image
+from collapseguard.images import DecodeError, load_image
 
 
 def step_label(step: int, degraded_from: int = 4) -> tuple[float, float]:
@@ -128,7 +128,10 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
         quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
         delivered = bool(jrng.random() < delivery_jpeg)
         for r in g.itertuples(index=False):
-            img = loader(r.path)
+            try:
+                img = loader(r.path)
+            except DecodeError as exc:  # name the file: one bad image in thousands is hard to find
+                raise DecodeError(f"{r.path}: {exc}") from None
             if delivery_per == "image":
                 quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
                 delivered = bool(jrng.random() < delivery_jpeg)

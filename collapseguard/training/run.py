@@ -43,7 +43,8 @@ SPLIT_SALT = "cnn"
 
 def load_chains(chain_dirs: Sequence[str | Path], exclude: Sequence[str] = ()) -> pd.DataFrame:
     """Concatenate manifests (folders or files) and drop ``exclude`` families."""
-    frames = [read_manifest(d) for d in chain_dirs]
+    unique = list(dict.fromkeys(Path(d).resolve() for d in chain_dirs))  # --chains X --chains X
+    frames = [read_manifest(d) for d in unique]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if exclude:
         unknown = set(exclude) - set(df["family"])
