@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapseguard.filter.inputs import expand_inputs
-from collapseguard.filter.tario import clean_member_name, split_key
+from collapseguard.filter.tario import member_key
 
 
 def sample_rank(seed: int, source: str, key: str) -> int:
@@ -48,7 +48,7 @@ def shard_keys(path: str) -> Iterator[str]:
             for info in tf:
                 if info.isdir():
                     continue
-                key, _ = split_key(clean_member_name(info.name) or "unnamed")
+                _, key = member_key(info.name)
                 if key != last:
                     yield key
                     last = key

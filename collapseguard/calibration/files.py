@@ -315,14 +315,15 @@ def check_detector(cal: Calibration, detector) -> None:
 
 
 def default_calibration_path(detector_name: str) -> Path:
-    """Where the packaged default calibration for a detector name lives (may not exist)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", detector_name).strip(".") or "_"
+    """Where the packaged default calibration for a detector name lives (may not exist); ``cnn``
+    and ``cnn:PATH`` share ``cnn.json`` (which is used only when its version matches)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", _detector_kind(detector_name)).strip(".") or "_"
     return DEFAULTS_DIR / f"{safe}.json"
 
 
 def default_calibration(detector_name: str, version: str) -> Calibration | None:
     """The packaged calibration for ``detector_name`` if present and made for ``version``, else None."""
-    path = default_calibration_path(_detector_kind(detector_name))
+    path = default_calibration_path(detector_name)
     if not path.is_file():
         return None
     cal = load_calibration(path)
@@ -368,7 +369,7 @@ def resolve_threshold(
                 (f"default calibration for {name}@{version}: threshold {cal.threshold:.6g}, "
                 f"{cal.guarantee_text()}"), cal)
     hint = ""
-    path = default_calibration_path(_detector_kind(name))
+    path = default_calibration_path(name)
     if path.is_file():
         try:
             other = load_calibration(path)

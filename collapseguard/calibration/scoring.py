@@ -20,6 +20,7 @@ import pandas as pd
 
 from collapseguard.filter.tario import ShardReader
 from collapseguard.images import DecodeError, decode_image, is_image_name
+from collapseguard.training_data_tools.manifest import bad_steps
 
 #: columns of a scores table
 COLUMNS = ("source_image", "family", "step", "kind", "path", "score")
@@ -242,8 +243,7 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
         raise ValueError(f"{path}: scores must come from exactly one detector/version, found {shown}")
     (det, ver), = pairs
     t["score"] = _exact_floats(t["score"])
-    steps = pd.to_numeric(t["step"], errors="coerce")
-    bad = steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps != steps.round())
+    steps, bad = bad_steps(t["step"])
     if bad.any():
         raise ValueError(f"{path}: step must be an integer >= 0; bad rows {list(t.index[bad][:5])}")
     t["step"] = steps.astype(int)

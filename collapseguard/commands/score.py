@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from collapseguard.commands._common import (
+    check_out_file,
     detector_kwargs,
     detector_option,
     load_detector,
@@ -26,14 +27,17 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     """Score images in PATHS: image files, folders (recursive), .tar shards, or brace patterns
     such as 'data/shard-{000..009}.tar'. Higher score = more degraded; an image that cannot be
     decoded gets an empty score and its error text."""
-    from collapseguard.filter.score_run import check_table_path, run_score, write_table
+    from collapseguard.filter.score_run import (
+        check_table_suffix,
+        run_score,
+        write_table,
+    )
 
-    try:
-        check_table_path(out)  # before any scoring: a bad --out must not cost the whole run
+    try:  # before any scoring: a bad --out must not cost the whole run
+        check_table_suffix(out)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    except OSError as exc:
-        raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+    check_out_file(out)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs) if workers == 1 else None
     try:

@@ -84,7 +84,7 @@ _REGISTRY: dict[str, str | Callable[..., Detector]] = {
 
 _HELP: dict[str, str] = {
     "nss": "hand-written natural-scene, spectral and colour statistics (numpy/scipy, fast)",
-    "cnn": "the trained degradation detector shipped with the package (default)",
+    "cnn": "the trained degradation detector shipped with the package",
     "cnn:": "the same network with other weights, e.g. cnn:my.safetensors (from `collapseguard train`; "
     "calibrate it with the same spec)",
     "pyiqa:": "any pyiqa no-reference metric, e.g. pyiqa:piqe (extra [iqa], non-commercial licence)",

@@ -102,8 +102,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     paths = output_paths(shard, options.out_dir)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
-    for key, p in paths.items():  # no empty rejected/ under --no-rejected, no kept/ when dry
-        if (key != "kept" or write_kept) and (key != "rejected" or write_rej):
+    written = {"kept": write_kept, "rejected": write_rej}  # no empty folders for outputs not written
+    for key, p in paths.items():
+        if written.get(key, True):
             p.parent.mkdir(parents=True, exist_ok=True)
     kept_w = ShardWriter(str(_tmp(paths["kept"]))) if write_kept else None
     rej_w = ShardWriter(str(_tmp(paths["rejected"]))) if write_rej else None

@@ -31,7 +31,7 @@ class FilterError(RuntimeError):
     """The run cannot start (bad inputs, clashing shard names, settings changed on resume)."""
 
 
-def check_out_dir(inputs: Sequence[str], out_dir: str) -> None:
+def refuse_out_inside_inputs(inputs: Sequence[str], out_dir: str) -> None:
     """Refuse an ``--out`` inside an input folder: its kept/ and rejected/ shards would be read as
     inputs by the next run (and by ``score`` or ``audit`` of that folder)."""
     out = Path(out_dir).resolve()
@@ -79,7 +79,7 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     ``detector`` (optional) is an already-created detector to reuse when running inline.
     """
     t0 = time.perf_counter()
-    check_out_dir(inputs, options.out_dir)
+    refuse_out_inside_inputs(inputs, options.out_dir)
     shards = plan_shards(inputs)
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -122,18 +122,13 @@ def csv_text(value: object) -> object:
     return value
 
 
-def check_table_path(path: str | Path) -> None:
-    """Fail early (ValueError, OSError) when ``write_table`` could not write ``path``: a wrong
-    suffix, or a folder that cannot be created or written to."""
-    path = Path(path)
-    if path.suffix not in (".parquet", ".csv", ".tsv"):
-        raise ValueError(f"--out must end in .csv, .tsv or .parquet, got {path.name}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existed = path.exists()
-    with open(path, "ab"):  # the one check that cannot disagree with the write itself
-        pass
-    if not existed:
-        path.unlink()
+TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
+
+
+def check_table_suffix(path: str | Path) -> None:
+    """ValueError unless ``write_table`` knows the suffix of ``path``."""
+    if Path(path).suffix not in TABLE_SUFFIXES:
+        raise ValueError(f"--out must end in .csv, .tsv or .parquet, got {Path(path).name}")
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
@@ -141,13 +136,12 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     a formula (a key such as ``=HYPERLINK(...)``) gets a leading ``'`` (``csv_text``); Parquet keeps
     every value as it is."""
     path = Path(path)
+    check_table_suffix(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":
         df.to_parquet(path, index=False)
-    elif path.suffix in (".csv", ".tsv"):
+    else:
         text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
         df = df.assign(**{c: df[c].map(csv_text) for c in text})
         df.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
-    else:
-        raise ValueError(f"--out must end in .csv, .tsv or .parquet, got {path.name}")
     return path

@@ -75,6 +75,12 @@ def _valid_text(name: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
+def member_key(name: str) -> tuple[str, str]:
+    """The clean name and the sample key of a raw tar member name (``ShardReader``'s rule)."""
+    clean = clean_member_name(name) or "unnamed"
+    return clean, split_key(clean)[0]
+
+
 def _refusal(info: tarfile.TarInfo, max_bytes: int) -> str:
     """Why a non-directory member cannot be carried through as bytes ("" when it can)."""
     if info.issym():
@@ -133,8 +139,7 @@ class ShardReader:
             for info in tf:
                 if info.isdir():
                     continue
-                clean = clean_member_name(info.name) or "unnamed"
-                key, _ = split_key(clean)
+                clean, key = member_key(info.name)
                 if current is None or key != current.key:
                     if current is not None:
                         yield current

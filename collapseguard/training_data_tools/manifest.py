@@ -91,6 +91,12 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
+def bad_steps(step: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """(numeric steps, mask of rows whose step is not an integer >= 0: text, NaN, inf, 1.5, -1)."""
+    steps = pd.to_numeric(step, errors="coerce")
+    return steps, steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps != steps.round())
+
+
 def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str = "manifest") -> None:
     """Raise ManifestError unless: required columns exist, steps are non-negative integers, every
     chain has a step 0, no (chain, step) repeats, one source/family/task per chain, files exist."""
@@ -102,8 +108,7 @@ def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str 
     for col in ("chain_id", "source_image", "path"):
         if df[col].isna().any():
             raise ManifestError(f"{where}: empty {col} in row(s) {list(df.index[df[col].isna()][:5])}")
-    steps = pd.to_numeric(df["step"], errors="coerce")
-    bad = steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps != steps.round())
+    steps, bad = bad_steps(df["step"])
     if bad.any():
         raise ManifestError(f"{where}: step must be an integer >= 0; bad rows {list(df.index[bad][:5])}")
     dup = df.assign(step=steps.astype(int)).duplicated(["chain_id", "step"], keep=False)
