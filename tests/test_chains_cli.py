@@ -106,6 +106,12 @@ def test_sheet_has_native_crops(chains_dir, tmp_path):
     with pytest.raises(ValueError, match="no chains of"):
         contact_sheet(df, tmp_path / "x.png", families=["nope"])
     assert decode_image(out.read_bytes()).shape == sheet.shape
+    kept = sorted(int(k) for k in df.step.unique())
+    res = CliRunner().invoke(main, ["chains", "sheet", str(chains_dir), "--out", str(tmp_path / "y.png"),
+                                    "--steps", f"{kept[0]},{max(kept) + 30}"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert f"no chain has step(s) [{max(kept) + 30}]; the steps kept are {kept}" in res.output
+    assert not (tmp_path / "y.png").exists()
 
 
 def test_manifest_paths_outside_the_folder_are_refused(chains_dir, tmp_path):

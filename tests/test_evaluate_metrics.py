@@ -190,3 +190,22 @@ def test_absent_auroc_step_is_noted():
     ev = evaluate_scores(df)
     assert math.isnan(ev.auroc.loc[0, "k2"]) and ev.auroc.loc[0, "k5"] == 1.0
     assert any("[2, 3]" in n for n in ev.notes)
+
+
+def test_small_families_get_a_note_with_how_far_one_image_moves_their_auroc():
+    from collapseguard.evaluation.run import FEW_IMAGES
+
+    up = {0: 0.0, 1: 1.0, 5: 5.0, 10: 10.0, 20: 20.0}
+    big = {(f"b{i}", "big"): {"d1": up, "d2": up} for i in range(FEW_IMAGES)}
+    small = {("s0", "small"): {"d1": up, "d2": {**up, 5: float("nan")}},
+             ("s1", "small"): {"d1": up, "d2": up}}
+    ev = evaluate_scores(_frame({**big, **small}))
+    notes = [n for n in ev.notes if n.startswith("AUROC of family")]
+    # family "small": 2 chains -> 4 clean images but 2 at each step k; d2 lost one step-5 image
+    assert "AUROC of family small for d1 rests on 2 step 5 image(s): one image moves it by up to 0.50" in notes
+    assert "AUROC of family small for d2 rests on 1 step 5 image(s): one image moves it by up to 1.00" in notes
+    assert not any("family big" in n or "family all" in n for n in notes)  # 20 chains: 20 per step
+    assert len(notes) == 2
+    same = evaluate_scores(_frame({**big, ("s1", "small"): {"d1": up, "d2": up}}))
+    assert [n for n in same.notes if n.startswith("AUROC")] == [
+        "AUROC of family small rests on 1 step 5 image(s): one image moves it by up to 1.00"]

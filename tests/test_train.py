@@ -440,3 +440,38 @@ def test_train_names_a_corrupt_chain_image_and_reads_a_repeated_chains_folder_on
                                     "--steps", "1", "--no-eval"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert any(str(v) in res.output for v in victims) and "cannot identify image file" in res.output
+
+
+def test_train_warns_about_splits_that_leave_nothing_out_and_refuses_an_empty_clean_folder(tmp_path):
+    from collapseguard.training.run import TEST_FRACTION, split_chains
+
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=2, families=("noise",))
+    df = pd.read_csv(chains / "manifest.csv")
+    assert split_chains(df)[1].empty, "the fixture needs both sources in the training split"
+    assert TEST_FRACTION < 0.5
+    common = ["train", "--chains", str(chains), "--steps", "2", "--threads", "1", "--width", "4",
+              "--crop-size", "32", "--n-crops", "4", "--bank-crops", "4"]
+    res = CliRunner().invoke(main, common + ["--out", str(tmp_path / "a.safetensors")])
+    assert res.exit_code == 0, res.output
+    assert "warning: no --clean folders" in res.output
+    assert "warning: the split by source held out no chains (2 source images" in res.output
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "notes.txt").write_text("no images here")
+    res = CliRunner().invoke(main, common + ["--clean", str(empty), "--out", str(tmp_path / "b.safetensors")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert f"--clean {empty}: no image files in it" in res.output
+    assert not (tmp_path / "b.safetensors").exists()
+    one = make_clean_dir(tmp_path / "one", n=1)
+    res = CliRunner().invoke(main, common + ["--clean", str(one), "--no-eval", "--out", str(tmp_path / "c.safetensors")])
+    assert res.exit_code == 0, res.output
+    assert "no --clean folders" not in res.output and "held out no chains" not in res.output  # --no-eval
+    from collapseguard.training.negatives import split_clean
+
+    train_files, held_files = split_clean(sorted(one.iterdir()))
+    if held_files:
+        assert "warning: all 1 --clean files fell in the held-out quarter" in res.output
+    else:
+        assert "fell in the held-out quarter" not in res.output
+        res = CliRunner().invoke(main, common + ["--clean", str(one), "--out", str(tmp_path / "d.safetensors")])
+        assert res.exit_code == 0 and "warning: no --clean file fell in the held-out quarter (1 files)" in res.output

@@ -91,6 +91,31 @@ def select_chains(manifest: pd.DataFrame, families: Sequence[str] | None = None,
     return df.reset_index(drop=True)
 
 
+#: below this many images on either side, an AUROC cell gets a note saying how far one image moves it
+FEW_IMAGES = 20
+
+
+def small_sample_notes(auroc: pd.DataFrame, ks: Sequence[int]) -> list[str]:
+    """Notes for AUROC rows (detector x family) that rest on fewer than ``FEW_IMAGES`` clean or
+    step-k images: one image more or less moves such a cell by up to 1/n, so a family of a handful
+    of chains says little. One note per family and smallest side, naming detectors only when not
+    every detector has that count (NaN scores drop images)."""
+    found: dict[tuple[str, str, int], list[str]] = {}
+    for _, r in auroc.iterrows():
+        sides = [("clean", int(r["n_clean"]))] + [
+            (f"step {k}", int(r[f"n_k{k}"])) for k in ks if int(r[f"n_k{k}"]) > 0]
+        name, n = min(sides, key=lambda t: t[1])
+        if 0 < n < FEW_IMAGES:
+            found.setdefault((str(r["family"]), name, n), []).append(str(r["detector"]))
+    n_det = auroc["detector"].nunique()
+    notes = []
+    for (family, name, n), dets in found.items():
+        who = "" if len(dets) == n_det else f" for {', '.join(dets)}"
+        notes.append(f"AUROC of family {family}{who} rests on {n} {name} image(s): "
+                     f"one image moves it by up to {1 / n:.2f}")
+    return notes
+
+
 def evaluate_scores(
     scores: pd.DataFrame,
     timings: Sequence[Timing] = (),
@@ -121,11 +146,13 @@ def evaluate_scores(
     for det, s in scales.items():
         if s.degenerate:
             notes.append(f"detector {det}: every finite score equal (or none); scale set to 1.0")
+    auroc = metrics.auroc_table(scores, auroc_steps, clean_steps)
+    notes += small_sample_notes(auroc, auroc_steps)
     return Evaluation(
         source=source, scores=scores, per_chain=per_chain,
         failures=metrics.failure_counts(per_chain),
         failures_by_family=metrics.failure_counts(per_chain, by_family=True),
-        auroc=metrics.auroc_table(scores, auroc_steps, clean_steps),
+        auroc=auroc,
         spearman=metrics.spearman_summary(per_chain),
         scales=scales, timings=list(timings), decode_seconds=decode_seconds,
         delta_steps=tuple(delta_steps), base_step=base_step, auroc_steps=tuple(auroc_steps),

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from collapseguard.images import IMAGE_EXTENSIONS
 from collapseguard.training.bank import (
     CropBank,
     cache_key,
@@ -57,6 +58,26 @@ def load_chains(chain_dirs: Sequence[str | Path], exclude: Sequence[str] = ()) -
 def split_chains(df: pd.DataFrame, test_fraction: float = TEST_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame]:
     parts = split_by_source(df, {"train": 1 - test_fraction, "test": test_fraction}, salt=SPLIT_SALT)
     return parts["train"], parts["test"]
+
+
+def split_warnings(df: pd.DataFrame, test_df: pd.DataFrame, clean_dirs: Sequence, clean_train: Sequence,
+                   clean_held: Sequence, evaluate: bool) -> list[str]:
+    """What a run's splits leave out that its user should know before an hour of training."""
+    out = []
+    if not clean_dirs:
+        out.append("no --clean folders: the only clean images are each chain's step 0, so the net "
+                   "never sees grainy or textured clean photos and will flag many of them")
+    elif not clean_train:
+        out.append(f"all {len(clean_held)} --clean files fell in the held-out quarter: none is "
+                   "used as a training negative; give more clean files")
+    if evaluate and test_df.empty:
+        out.append(f"the split by source held out no chains ({df['source_image'].nunique()} source "
+                   f"images, {TEST_FRACTION:.0%} held out by name hash): the card will have no held-out "
+                   "AUROC; give more source images")
+    if evaluate and clean_dirs and not clean_held:
+        out.append(f"no --clean file fell in the held-out quarter ({len(clean_train)} files): the card "
+                   "will have no held-out clean false-positive rate")
+    return out
 
 
 def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files: Sequence[Path],
@@ -162,7 +183,12 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     if epochs is not None:
         cfg.iterations = max(1, int(np.ceil(epochs * train_df["chain_id"].nunique() / cfg.chains_per_batch)))
     clean_all = list_images(clean_dirs) if clean_dirs else []
+    for folder in dict.fromkeys(clean_dirs):
+        if not list_images([folder]):
+            raise ValueError(f"--clean {folder}: no image files in it (looked for {', '.join(IMAGE_EXTENSIONS)})")
     clean_train, clean_held = split_clean(clean_all)
+    for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
+        log(f"warning: {warning}")
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
     cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,

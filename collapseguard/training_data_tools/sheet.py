@@ -60,7 +60,11 @@ def contact_sheet(chains: str | Path | pd.DataFrame, out: str | Path, crop: int 
         df = df[df["family"].isin(families)]
     if crop < 16:
         raise ValueError("crop must be at least 16 pixels")
-    cols = sorted(df["step"].unique()) if not steps else sorted(set(steps))
+    kept = sorted(int(k) for k in df["step"].unique())
+    absent = sorted(set(steps or ()) - set(kept))
+    if absent:  # a column no chain can fill would be blank
+        raise ValueError(f"no chain has step(s) {absent}; the steps kept are {kept}")
+    cols = kept if not steps else sorted(set(steps))
     ids = pick_chains(df, max_chains)
     tile = crop + _GAP
     sheet = Image.new("RGB", (_LABEL_W + tile * len(cols), _HEAD_H + tile * len(ids)), (255, 255, 255))
