@@ -76,12 +76,75 @@ def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
                     raise DecodeError(f"image too large: {w}x{h} pixels")
                 storage = _storage(img)
                 img.load()
+                if storage == "png" and _maybe_cut_short(img):
+                    short = png_data_short(data)
+                    if short:
+                        raise DecodeError(short)
                 return to_rgb_array(img), storage
     except DecodeError:
         raise
     except Exception as exc:  # PIL raises many types for bad data
         # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
         raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None
+
+
+def _maybe_cut_short(img: Image.Image) -> bool:
+    """Cheap screen for ``png_data_short``: Pillow leaves the pixels of PNG rows it never received
+    zero, and however the data ends some of them lie in the last two rows (the last row of a plain
+    PNG; Adam7 fills the odd rows last). No zero there, nothing missing."""
+    w, h = img.size
+    tail = np.asarray(img.crop((0, max(0, h - 2), w, h)))
+    if tail.ndim == 3:
+        return bool((tail == 0).all(axis=2).any())
+    return bool((tail == 0).any())
+
+
+#: Adam7 passes: (first row, first column, row step, column step)
+_ADAM7 = ((0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2), (1, 0, 2, 1))
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+def png_data_short(data: bytes) -> str | None:
+    """Why a PNG's image data holds fewer rows than its header promises, or None when it holds
+    them all (or the file is not a PNG this can read). Pillow accepts such a file without error
+    when its compressed stream is complete but short (a writer that stopped early), and paints the
+    missing rows black; this counts the bytes the stream inflates to."""
+    import struct
+    import zlib
+
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR" or len(data) < 33:
+        return None
+    w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    channels = _PNG_CHANNELS.get(colour)
+    if channels is None:
+        return None
+
+    def row_bytes(width: int) -> int:
+        return 1 + (width * channels * depth + 7) // 8  # the filter byte, then the packed pixels
+
+    if interlace:
+        need = 0
+        for y0, x0, dy, dx in _ADAM7:
+            pw, ph = (w - x0 + dx - 1) // dx if w > x0 else 0, (h - y0 + dy - 1) // dy if h > y0 else 0
+            need += ph * row_bytes(pw) if pw and ph else 0
+    else:
+        need = h * row_bytes(w)
+    inflate, got, i = zlib.decompressobj(), 0, 8
+    while i + 8 <= len(data) and got < need:
+        n, kind = struct.unpack(">I", data[i:i + 4])[0], data[i + 4:i + 8]
+        if kind == b"IDAT":
+            try:
+                got += len(inflate.decompress(data[i + 8:i + 8 + n], need - got))
+            except zlib.error:
+                return None  # Pillow decoded it; not this check's business
+            while inflate.unconsumed_tail and got < need:
+                got += len(inflate.decompress(inflate.unconsumed_tail, need - got))
+        elif kind == b"IEND":
+            break
+        i += 12 + n
+    if got >= need:
+        return None
+    return f"PNG image data ends early: {got} of {need} bytes ({w}x{h}), the rest would be black"
 
 
 #: Pillow's JPEG chroma-subsampling codes (``JpegImagePlugin.get_sampling``)

@@ -185,3 +185,54 @@ def test_hidden_member_names_get_a_visible_key_and_are_set_aside(tmp_path, photo
     assert s.loc[".hidden.png", "reason"] == "unsafe_name" and s.loc["d/.x.png", "reason"] == "unsafe_name"
     assert s.loc["ok", "reason"] == "kept" and "" not in s.index
     assert sorted(n for n, _ in read_members(tmp_path / "out/rejected/s.tar")) == [".hidden.png", "d/.x.png"]
+
+
+def _png_bytes(img: np.ndarray, interlace: bool, keep: float = 1.0) -> bytes:
+    """A PNG built by hand (Pillow writes no Adam7): 8-bit RGB, filter 0 rows; with ``keep`` < 1
+    the zlib stream is complete but carries only that share of the rows, as a writer that stopped
+    early and closed its stream leaves it."""
+    import struct
+    import zlib
+
+    h, w = img.shape[:2]
+    passes = ([(0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2),
+               (1, 0, 2, 1)] if interlace else [(0, 0, 1, 1)])
+    rows = [b"\x00" + img[y0::dy, x0::dx][r].tobytes()
+            for y0, x0, dy, dx in passes if img[y0::dy, x0::dx].size
+            for r in range(img[y0::dy, x0::dx].shape[0])]
+    raw = b"".join(rows[:int(len(rows) * keep)])
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, int(interlace))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b""))
+
+
+def test_a_png_whose_image_data_ends_early_is_a_decode_error_not_black_rows(tmp_path, photos):
+    from collapseguard.images import DecodeError, decode_image
+
+    img = photos[1][:70, :90].copy()
+    dark = img.copy()
+    dark[-2:] = 0  # complete, but its last rows are black: the slow check runs and must pass it
+    members = []
+    for interlace in (False, True):
+        tag = "adam7" if interlace else "plain"
+        whole = _png_bytes(img, interlace)
+        np.testing.assert_array_equal(decode_image(whole), img)  # the hand-built file is right
+        np.testing.assert_array_equal(decode_image(_png_bytes(dark, interlace)), dark)
+        short = _png_bytes(img, interlace, keep=0.9)
+        with pytest.raises(DecodeError, match=r"PNG image data ends early: \d+ of \d+ bytes \(90x70\)"):
+            decode_image(short)
+        members += [(f"{tag}-whole.png", whole), (f"{tag}-dark.png", _png_bytes(dark, interlace)),
+                    (f"{tag}-short.png", short)]
+    shard = write_tar(tmp_path / "s.tar", members)
+    run_cli(["filter", shard, "--out", tmp_path / "out", *FILTER])
+    s = scores_of(tmp_path / "out", "s")
+    for tag in ("plain", "adam7"):
+        assert s.loc[f"{tag}-short", "reason"] == "decode_error"
+        assert "ends early" in s.loc[f"{tag}-short", "error"]
+        assert s.loc[f"{tag}-whole", "reason"] == s.loc[f"{tag}-dark", "reason"] == "kept"
+    with tarfile.open(tmp_path / "out" / "rejected" / "s.tar") as tf:  # set aside, not lost
+        assert {"plain-short.png", "adam7-short.png"} <= set(tf.getnames())
