@@ -17,6 +17,16 @@ With ``--scores`` (a per-image CSV with ``chain_id``, ``step`` and ``score`` col
 AUROC of step 0 against step k within bands of that chain's PSNR at step k: is a low AUROC a
 detector that misses visible damage, or chains with next to none? Chains whose size changed
 (``resized``) and pixel-identical ones get bands of their own.
+
+    python benchmarks/manifest_damage.py CHAINS_DIR --scores SCORES.csv --clean-scores CLEAN.csv
+
+With ``--clean-scores`` as well (``select_cnn.py --out``'s ``clean_<version>.csv``, the set's extra
+clean images), prints the issue's two ranking criteria recomputed on chains with visible damage
+only: AUROC of every clean image (chain step 0 + extra clean) against step 5 and step 10 of the
+chains whose PSNR at that step is below a cut (all, < 40, < 35, < 30 dB), and the share of clean
+images above the threshold that drops 95% of those step-10 images. Chains whose size changed have
+no PSNR and count only under "all". This is the nearest measurable form of criteria written for
+chains whose every step is damaged: a no-reference detector cannot see damage that is not there.
 """
 
 from __future__ import annotations
@@ -78,6 +88,36 @@ def auroc_by_damage(per_chain: pd.DataFrame, scores: pd.DataFrame, step: int) ->
     return pd.DataFrame(rows)
 
 
+#: PSNR cuts of ``visible_criteria`` (dB); inf keeps every chain with a PSNR, NaN every chain
+CUTS = ((np.nan, "all chains"), (40.0, "< 40 dB"), (35.0, "< 35 dB"), (30.0, "< 30 dB"))
+
+
+def visible_criteria(chains_dir: str, scores: pd.DataFrame, clean_scores: np.ndarray,
+                     steps=(5, 10)) -> pd.DataFrame:
+    """AUROC of all clean images vs step k of the chains damaged past each PSNR cut at step k, and
+    the clean share above the threshold that drops 95% of those chains' step-10 images."""
+    from collapseguard.evaluation.metrics import auroc
+    from collapseguard.training.metrics import clean_false_positive_rate
+
+    scores = scores.assign(chain_id=scores["chain_id"].astype(str))
+    clean = np.concatenate([scores.loc[scores["step"] == 0, "score"].to_numpy(float),
+                            np.asarray(clean_scores, float)])
+    psnr = {k: chain_psnr(chains_dir, k).set_index("chain_id")["psnr"] for k in steps}
+    rows = []
+    for cut, name in CUTS:
+        row = {"chains": name, "n_clean": len(clean)}
+        for k in steps:
+            p = psnr[k]
+            ids = p.index if np.isnan(cut) else p.index[p.to_numpy() < cut]  # NaN (resized) < cut: False
+            pos = scores.loc[(scores["step"] == k) & scores["chain_id"].isin(set(ids)), "score"].to_numpy(float)
+            row[f"n_step{k}"] = len(pos)
+            row[f"auroc_0v{k}"] = auroc(clean, pos) if len(pos) else float("nan")
+            if k == 10:
+                row["clean_above_thr95_10"] = clean_false_positive_rate(clean, pos)[1]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def damage_table(chains_dir: str, step: int) -> pd.DataFrame:
     df = chain_psnr(chains_dir, step)
     out = df.groupby(["kind", "family"]).agg(
@@ -94,9 +134,20 @@ def main(argv=None) -> int:
     ap.add_argument("--step", type=int, default=10)
     ap.add_argument("--scores", default=None, help="per-image scores CSV (chain_id, step, score) of "
                     "the chains; prints AUROC 0 vs --step per PSNR band (one CHAINS_DIR only)")
+    ap.add_argument("--clean-scores", default=None, help="with --scores: scores CSV of the set's extra "
+                    "clean images (a score column); prints the ranking criteria on visibly damaged chains")
     args = ap.parse_args(argv)
     if args.scores and len(args.chains) != 1:
         ap.error("--scores goes with exactly one CHAINS_DIR")
+    if args.clean_scores and not args.scores:
+        ap.error("--clean-scores goes with --scores")
+    if args.clean_scores:
+        scores = pd.read_csv(args.scores, dtype={"chain_id": str})
+        clean = pd.read_csv(args.clean_scores)["score"].to_numpy(float)
+        t = visible_criteria(args.chains[0], scores, clean)
+        print(f"# {args.chains[0]}: every clean image vs the chains damaged past a PSNR cut at that step")
+        print(t.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        return 0
     if args.scores:
         per_chain = chain_psnr(args.chains[0], args.step)
         scores = pd.read_csv(args.scores, dtype={"chain_id": str})

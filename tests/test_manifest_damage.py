@@ -39,3 +39,29 @@ def test_auroc_by_damage_bands(benchmark_script):
     # over every chain: negatives {0, 1, 0.2, 1.5}, positives {2, 0.5, 3, 1.5}: 4 + 2 + 4 + 3.5 wins
     assert abs(t.loc[("all", "all"), "auroc"] - 13.5 / 16) < 1e-12
     assert mod.damage_band(float("nan")) == "resized" and mod.damage_band(35.0) == "35-40 dB"
+
+
+def test_visible_criteria_counts_only_chains_damaged_past_each_cut(tmp_path, benchmark_script):
+    mod = benchmark_script("manifest_damage.py")
+    art = procedural_art(2, seed=4, min_side=64, max_side=64)
+    flat = [("flat-grey", np.full((64, 64, 3), 128, np.uint8))]
+    make_chains(art + flat, ["noise_tint", "contour_wrinkles"], steps=10, keep=(0, 5, 10), out_dir=tmp_path,
+                seed=0, workers=1, progress=False)
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    m = read_manifest(tmp_path)
+    p10 = mod.chain_psnr(str(tmp_path), 10).set_index("chain_id")["psnr"]
+    # a stand-in detector that sees damage perfectly: score = how far the step is below 60 dB PSNR
+    psnr_of = {k: mod.chain_psnr(str(tmp_path), k).set_index("chain_id")["psnr"] for k in (5, 10)}
+    score = [0.0 if r.step == 0 else max(0.0, 60.0 - min(60.0, psnr_of[r.step][r.chain_id]))
+             for r in m.itertuples()]
+    scores = m.assign(score=score)[["chain_id", "step", "score"]]
+    t = mod.visible_criteria(str(tmp_path), scores, np.array([0.0, 0.0, 0.0])).set_index("chains")
+    assert t.loc["all chains", "n_clean"] == 6 + 3  # six chains' step 0 + three extra clean scores
+    assert t.loc["all chains", "n_step10"] == 6
+    assert t.loc["< 30 dB", "n_step10"] == int((p10 < 30).sum())
+    assert np.isinf(p10).sum() == 1  # the flat grey's wrinkle chain: pixel-identical, in "all" only
+    # identical chain: its step 10 scores 0 like every clean image; the others rank perfectly
+    n = t.loc["all chains", "n_step10"]
+    assert abs(t.loc["all chains", "auroc_0v10"] - ((n - 1) + 0.5) / n) < 1e-12
+    assert t.loc["< 40 dB", "auroc_0v10"] == 1.0 and t.loc["< 40 dB", "clean_above_thr95_10"] == 0.0
