@@ -39,6 +39,13 @@ def test_registry_round_trip(det):
     assert len(det.version) == 12 and det.version == create("cnn").version
 
 
+@pytest.mark.parametrize("family", ["cnn:", "vlm:", "rali:", "ens:", "pyiqa:"])
+def test_a_bare_family_name_is_a_clear_error(family):
+    # the family keys are registry entries too; they used to be called with no argument
+    with pytest.raises(DetectorError, match=f"detector '{family}' needs an argument after the colon"):
+        create(family)
+
+
 def test_shipped_weights_are_deterministic(det, photos):
     a = det.score(photos)
     b = det.score(photos)

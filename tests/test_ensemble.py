@@ -118,3 +118,19 @@ def test_trust_pickle_reaches_rali_members_only(tmp_path, reference):
     ens = create(f"ens:nss+rali:{root}", reference=reference, trust_pickle=True)
     assert ens.members[1].temperature == 0.5  # the RALI member loaded its checkpoint
     assert np.all(np.isfinite(ens.score(_imgs(2))))
+
+
+def test_a_plus_inside_a_member_name_or_path_does_not_split_it(tmp_path):
+    from collapseguard.detectors.ensemble import split_members
+
+    assert split_members("nss+pyiqa:clipiqa+") == ["nss", "pyiqa:clipiqa+"]
+    assert split_members("pyiqa:clipiqa+_rn50_512+nss") == ["pyiqa:clipiqa+_rn50_512", "nss"]
+    # a real weights file in a folder whose name holds a '+', as members of a real ensemble
+    from collapseguard.detectors.cnn import default_weights_bytes
+
+    w = tmp_path / "runs+a" / "w.safetensors"
+    w.parent.mkdir()
+    w.write_bytes(default_weights_bytes())
+    ens = create(f"ens:cnn:{w}+nss")
+    assert [m.name for m in ens.members] == [f"cnn:{w}", "nss"]
+    assert ens.members[0].version == create("cnn").version

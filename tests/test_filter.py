@@ -327,3 +327,29 @@ def test_score_refuses_nothing_to_score_and_an_unwritable_out_before_scoring(tmp
     res = run_cli(["score", tmp_path / "s.tar", "-d", "nss", "-q", "--out", tmp_path / "ro/sub/x.csv"], expect=1)
     assert "cannot write" in res.output or "Not a directory" in res.output
     assert "Traceback" not in res.output
+    for workers in ("1", "2"):  # a bad spec is one line before any worker starts, and writes nothing
+        res = run_cli(["score", tmp_path / "s.tar", "-d", f"cnn:{tmp_path}/none.safetensors", "-w", workers,
+                       "-q", "--out", tmp_path / f"bad{workers}.csv"], expect=1)
+        assert "Traceback" not in res.output and "BrokenProcessPool" not in res.output
+        assert "none.safetensors" in res.output and not (tmp_path / f"bad{workers}.csv").exists()
+
+
+def test_an_image_the_detector_cannot_score_is_named_in_its_samples_error(photos):
+    # a user's plugin detector (any Detector subclass) that cannot score images under 32 px
+    from collapseguard.detectors import Detector
+    from collapseguard.filter.scoring import score_records
+    from collapseguard.images import encode_png
+
+    class MinSide(Detector):
+        name, version = "minside", "1"
+
+        def score(self, images):
+            return np.array([np.nan if min(a.shape[:2]) < 32 else float(a.mean()) for a in images], np.float32)
+
+    big, tiny = encode_png(photos[0][:64, :64]), encode_png(photos[0][:8, :8])
+    records = [[("a.png", big), ("b.png", tiny)], [("c.png", tiny)], [("d.png", big)]]
+    out = [s for _, s in score_records(records, MinSide())]
+    assert out[0].status == "ok" and out[0].image == "a.png" and np.isfinite(out[0].score)
+    assert out[0].error == "b.png: minside could not score it"  # scored by a.png alone, and says so
+    assert out[1].status == "score_error" and "could not score" in out[1].error
+    assert out[2].status == "ok" and out[2].error == ""

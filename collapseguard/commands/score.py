@@ -39,7 +39,9 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
         raise click.ClickException(str(exc)) from None
     check_out_file(out)
     kwargs = detector_kwargs(detector, trust_pickle)
-    det = load_detector(detector, kwargs) if workers == 1 else None
+    det = load_detector(detector, kwargs)  # a bad spec fails here, in one line, not in every worker
+    if workers > 1:
+        det = None  # each worker loads its own; do not hold a third copy meanwhile
     try:
         df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
                                  detector_kwargs=kwargs)

@@ -127,7 +127,7 @@ def create(name: str, **kwargs) -> Detector:
     """Create a detector from its spec, e.g. ``create("nss")`` or ``create("pyiqa:piqe")``."""
     if not isinstance(name, str) or not name:
         raise DetectorError("detector name must be a non-empty string")
-    if name in _REGISTRY:
+    if name in _REGISTRY and not name.endswith(":"):  # "vlm:" is a family, not a detector
         det = _resolve(_REGISTRY[name])(**kwargs)
     else:
         prefix, sep, arg = name.partition(":")

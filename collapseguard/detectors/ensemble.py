@@ -70,6 +70,24 @@ def builtin_reference_images(size: int = 192, n_scenes: int = 4) -> list[np.ndar
     return [np.ascontiguousarray(a) for a in out]
 
 
+
+def split_members(spec: str) -> list[str]:
+    """The member specs of ``A+B+...``: a ``+`` starts a new member only where a registered
+    detector name or family (``nss``, ``pyiqa:``, ``cnn:``, ...) follows it, so metric names and
+    paths that hold a ``+`` (``pyiqa:clipiqa+``, ``cnn:/runs/a+b/w.safetensors``) stay whole."""
+    from collapseguard.detectors.base import list_detectors
+
+    registered = list_detectors()
+    names: list[str] = []
+    for part in spec.split("+"):
+        head = part.strip()
+        starts = head in registered or (":" in head and head.split(":", 1)[0] + ":" in registered)
+        if names and not starts:
+            names[-1] += "+" + part
+        else:
+            names.append(head)
+    return [n.strip() for n in names]
+
 class QuantileMap:
     """Strictly monotone map from a member's score to its quantile in a reference distribution."""
 
@@ -147,9 +165,10 @@ class EnsembleDetector(Detector):
         members: Sequence[Detector] | None = None,
         trust_pickle: bool = False,
     ):
-        names = [p.strip() for p in str(spec).split("+")]
+        names = split_members(str(spec))
         if len(names) < 2 or any(not n for n in names):
-            raise DetectorError(f"ens: needs two or more detector names joined by '+', got {spec!r}")
+            raise DetectorError(f"ens: needs two or more detector names joined by '+' (a '+' starts a "
+                                f"member only before a known detector name), got {spec!r}")
         if any(n.startswith("ens:") for n in names):
             raise DetectorError("nested ensembles are not supported")
         if len(set(names)) != len(names):

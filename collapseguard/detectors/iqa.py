@@ -83,6 +83,10 @@ def collapseguard_cache_dir() -> Path:
     return base
 
 
+#: what huggingface_hub raises for a file it may not fetch (offline and not cached)
+_HF_OFFLINE_ERRORS = ("LocalEntryNotFoundError", "OfflineModeIsEnabled")
+
+
 @contextlib.contextmanager
 def _guard_downloads(download_util, allow_download: bool, used_files: list[str]):
     """Intercept pyiqa's (and torch.hub's) downloads while a metric is built.
@@ -110,7 +114,14 @@ def _guard_downloads(download_util, allow_download: bool, used_files: list[str])
             raise MissingWeightsError(os.path.abspath(dst), os.path.dirname(os.path.abspath(dst)), url)
         return orig_dl(url, dst, *args, **kwargs)
 
+    try:  # timm backbones and other hub files come through huggingface_hub, not pyiqa's helper
+        import huggingface_hub.constants as hf_constants
+    except ImportError:  # pragma: no cover - pyiqa depends on it
+        hf_constants = None
     with _PATCH_LOCK:
+        hf_offline = getattr(hf_constants, "HF_HUB_OFFLINE", None)
+        if hf_constants is not None and not allow_download:
+            hf_constants.HF_HUB_OFFLINE = True  # read at call time by huggingface_hub
         patched = [
             mod
             for name, mod in list(sys.modules.items())
@@ -124,7 +135,16 @@ def _guard_downloads(download_util, allow_download: bool, used_files: list[str])
             download_util.download_url_to_file = guarded_dl
         try:
             yield
+        except Exception as exc:
+            if not allow_download and type(exc).__name__ in _HF_OFFLINE_ERRORS:
+                raise DetectorError(
+                    f"the metric needs files from the Hugging Face hub that are not in its cache "
+                    f"({type(exc).__name__}). Downloading is off; put them in the cache or pass "
+                    "allow_download=True / set COLLAPSEGUARD_ALLOW_DOWNLOAD=1.") from None
+            raise
         finally:
+            if hf_constants is not None:
+                hf_constants.HF_HUB_OFFLINE = hf_offline
             for mod in patched:
                 mod.load_file_from_url = orig_load
             torch.hub.download_url_to_file = orig_dl

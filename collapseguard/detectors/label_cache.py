@@ -127,8 +127,9 @@ def label_images(
                 f"{cache_path} holds labels of {other}, not {name}@{version}; use another cache file"
             )
     known: dict[str, dict] = {r["key"]: r for r in cache.to_dict("records")}
-    if retry_nan:
-        known = {k: r for k, r in known.items() if r["status"] != "nan"}
+    # with retry_nan, a cached "nan" is scored again when an item asks for it; rows of images
+    # not in this run stay in the cache as they are
+    retry = {k for k, r in known.items() if r["status"] == "nan"} if retry_nan else set()
     bs = max(1, int(batch_size or getattr(detector, "batch_size", 16) or 16))
 
     order: list[tuple[str, str, str]] = []  # (key, path, status-if-unreadable)
@@ -170,7 +171,7 @@ def label_images(
         else:
             key = image_key(data)
             order.append((key, path, ""))
-            if key not in known and key not in queued:
+            if (key not in known or key in retry) and key not in queued:
                 try:
                     img = decode_image(data)
                 except DecodeError:

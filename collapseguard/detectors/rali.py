@@ -64,12 +64,26 @@ _TEMPERATURE_KEYS = ("temperature", "tau")
 CONVERTED_MARKER = "rali.json"
 
 
-def _refuse(path: Path, what: str) -> DetectorError:
+def _refuse(path: Path, what: str, checkpoint: Path | None = None) -> DetectorError:
+    """``checkpoint``: the RALI folder to convert, when ``path`` lies below it (best/...)."""
     return DetectorError(
         f"refusing to load {path} ({what}) without trust: unpickling can run arbitrary code. "
         "Pass trust_pickle=True (CLI: --trust-pickle) if you trust its source, or convert it once "
-        f"with: python -m collapseguard.detectors.rali_convert {path.parent}"
+        f"with: python -m collapseguard.detectors.rali_convert {checkpoint or path.parent}"
     )
+
+
+def _converted_from(meta_path: Path, ckpt: Path) -> bool:
+    """True when the folder's conversion record names exactly this ckpt.pt as its source."""
+    if not meta_path.is_file():
+        return False
+    from collapseguard.detectors.rali_convert import _sha
+
+    try:
+        recorded = json.loads(meta_path.read_text()).get("converted_from", {}).get("ckpt.pt")
+    except (ValueError, AttributeError):
+        return False
+    return recorded == _sha(ckpt)
 
 
 def load_pca(folder: Path, trust_pickle: bool = False) -> dict[str, np.ndarray]:
@@ -150,8 +164,8 @@ def load_head(folder: Path, trust_pickle: bool = False) -> tuple[dict, dict]:
 
         return load_file(str(safe)), extras
     ckpt = folder / "ckpt.pt"
-    if not ckpt.is_file():
-        return {}, extras
+    if not ckpt.is_file() or _converted_from(meta_path, ckpt):
+        return {}, extras  # converted in place, and ckpt.pt held only the scalars kept above
     if not trust_pickle:
         raise _refuse(ckpt, "torch checkpoint")
     import torch
@@ -263,7 +277,7 @@ class RALIDetector(Detector):
             raise DetectorError(f"preprocess must be 'clip' or 'crop', got {preprocess!r}")
         has_safe = any(best.glob("*.safetensors"))
         if not has_safe and not trust_pickle:
-            raise _refuse(best / "pytorch_model.bin", "CLIP weights without safetensors")
+            raise _refuse(best / "pytorch_model.bin", "CLIP weights without safetensors", folder)
 
         self.pca = load_pca(folder, trust_pickle)
         self.basis = load_basis(folder)

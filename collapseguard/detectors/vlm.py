@@ -11,7 +11,8 @@ kept as ``raw`` in :meth:`VLMJudge.score_detailed`.
 - Greedy decoding (``do_sample=False``): the same image always gets the same rating.
 - Batched with left padding; device auto: CUDA when present (bfloat16), else CPU (float32).
 - Resolution: each image is first centre-cropped (never resized) to a multiple of the vision
-  grid (28 pixels = patch 14 x merge 2), so that Qwen's processor takes it at native resolution.
+  grid (28 pixels = patch 14 x merge 2), so that Qwen's processor takes it at native resolution;
+  a strip with one side over 200x the other (which the processor refuses) keeps its centre part.
   Only images above ``max_pixels`` (default 1536*28*28 ~ 1.2 MP, i.e. at most 1536 visual tokens;
   a 1024 x 1024 image fits) are downscaled by the processor's ``smart_resize`` — the one place
   where the judge shrinks an image, to bound memory. Pass ``max_pixels`` to trade memory for
@@ -42,6 +43,8 @@ from collapseguard.detectors.vlm_prompt import RATING_MAX, parse_rating, rating_
 DEFAULT_MAX_PIXELS = 1536 * 28 * 28
 #: smallest pixel count the processor upsizes to (Qwen2-VL default)
 DEFAULT_MIN_PIXELS = 56 * 56
+#: longest side / shortest side the Qwen processors accept (``smart_resize`` raises above it)
+MAX_ASPECT = 200
 
 _SAMPLING_KEYS = {"do_sample", "temperature", "top_p", "top_k", "num_beams", "num_return_sequences",
                   "max_new_tokens", "generation_config"}
@@ -52,11 +55,33 @@ _MODEL_CLASSES = {
 }
 
 
-def _weights_fingerprint(folder: Path) -> list[tuple[str, int]]:
-    """(name, size) of weight and config files in a model folder: cheap identity for a version."""
+#: content samples read from each weight file for the version (see ``_weights_fingerprint``)
+_SAMPLES, _SAMPLE_BYTES = 32, 1 << 16
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of a file's size and of ``_SAMPLES`` blocks spread evenly over it (the whole file
+    when small). Two fine-tunes of one architecture have the same sizes, and every block of their
+    weights differs; reading 2 MB instead of 16 GB keeps loading fast."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _SAMPLES * _SAMPLE_BYTES:
+            h.update(f.read())
+        else:
+            for i in range(_SAMPLES):
+                f.seek((size - _SAMPLE_BYTES) * i // (_SAMPLES - 1))
+                h.update(f.read(_SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def _weights_fingerprint(folder: Path) -> list[tuple[str, str]]:
+    """(name, content digest) of the weight, config and template files of a model folder: the
+    identity behind a local model's version, so a calibration or label cache made with other
+    weights under the same file names is refused."""
     keep = (".safetensors", ".bin", ".json", ".jinja")
     return sorted(
-        (p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file() and p.name.endswith(keep)
+        (p.name, _file_digest(p)) for p in folder.iterdir() if p.is_file() and p.name.endswith(keep)
     )
 
 
@@ -172,7 +197,8 @@ class VLMJudge(Detector):
             ident = _weights_fingerprint(local)
         else:
             ident = getattr(config, "_commit_hash", None) or model
-        cfg_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
+        cfg = {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}  # where, not what
+        cfg_json = json.dumps(cfg, sort_keys=True, default=str)
         self.version = params_version(
             "vlm", model_type, hashlib.sha256(cfg_json.encode()).hexdigest(), ident,
             self.prompt, self.max_pixels, self.min_pixels, self.max_new_tokens,
@@ -210,6 +236,8 @@ class VLMJudge(Detector):
                 raise DetectorError(f"image {i}: expected (H, W, 3) uint8, got {a.shape} {a.dtype}")
             h, w = a.shape[:2]
             ch, cw = (h // g) * g or h, (w // g) * g or w  # tiny images: left to the processor
+            # Qwen's processor refuses a side over 200x the other: keep the centre of such a strip
+            ch, cw = min(ch, (MAX_ASPECT * cw // g) * g or ch), min(cw, (MAX_ASPECT * ch // g) * g or cw)
             y, x = (h - ch) // 2, (w - cw) // 2
             pil.append(Image.fromarray(np.ascontiguousarray(a[y : y + ch, x : x + cw])))
         return self.processor(

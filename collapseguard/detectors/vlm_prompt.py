@@ -29,7 +29,13 @@ RATING_MIN, RATING_MAX = 1.0, 5.0
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?!\w)(?!\.\d)")
+#: anything a number could be read from, decimal commas and exponents included (then refused)
+_NUMERIC = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:[eE][-+]?\d+)?")
+_PLAIN = re.compile(r"[-+]?\d+(?:\.\d+)?")
+#: text around the rating that holds numbers of its own: the scale ("1 to 5", "out of 5", "/5")
+#: and the image label Qwen's chat template adds ("Picture 1:")
+_SCALE = re.compile(r"(?:\bfrom\s+)?\b1(?:\.0+)?\s*(?:to|-|–)\s*5(?:\.0+)?\b|(?:\bout\s+of|/)\s*5(?:\.0+)?\b"
+                    r"|\bpicture\s+\d+\s*:", re.IGNORECASE)
 _BARE_NUMBER = re.compile(r"\s*[-+]?\d+(?:\.\d+)?\s*")
 
 
@@ -41,18 +47,20 @@ def rating_prompt(thinking: bool = False) -> str:
 def parse_rating(text: str) -> float | None:
     """Extract the 1..5 rating from a model answer, or ``None`` when it cannot be trusted.
 
-    Rules: the content of the last ``<answer>...</answer>`` pair is used, and its first number
-    must lie in [1, 5]. Without answer tags, the reply (minus any ``<think>`` block) must be
-    nothing but one number in [1, 5]. Anything else (no number, out of range, NaN) is ``None``.
+    Rules: the content of the last ``<answer>...</answer>`` pair is used; once the scale ("1 to
+    5", "out of 5", "/5") and an image label ("Picture 1:") are set aside it must hold exactly one
+    number, written plainly (no exponent, no decimal comma), in [1, 5]. Without answer tags, the
+    reply (minus any ``<think>`` block) must be nothing but one number in [1, 5]. Anything else (no
+    number, two numbers, out of range, NaN) is ``None``.
     """
     if not isinstance(text, str):
         return None
     answers = _ANSWER.findall(text)
     if answers:
-        m = _NUMBER.search(answers[-1])
-        if m is None:
+        numbers = _NUMERIC.findall(_SCALE.sub(" ", answers[-1]))
+        if len(numbers) != 1 or not _PLAIN.fullmatch(numbers[0]):
             return None
-        value = float(m.group())
+        value = float(numbers[0])
     else:
         rest = _THINK.sub("", text)
         if not _BARE_NUMBER.fullmatch(rest):

@@ -87,6 +87,9 @@ def score_records(
                         f"{'; small images are a common cause' if min(h, w) < 128 else ''})")
                     res.image = names[idx[0]]
                 else:
+                    if not finite.all():  # scored by its other images: say which one was not
+                        res.error = "; ".join(f"{names[i]}: {detector.name} could not score it"
+                                              for i, ok in zip(idx, finite) if not ok)
                     j = int(np.nanargmax(np.where(finite, vals, -np.inf)))
                     res.score = float(vals[j])
                     res.image = names[idx[j]]
