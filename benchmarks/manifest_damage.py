@@ -88,7 +88,8 @@ def auroc_by_damage(per_chain: pd.DataFrame, scores: pd.DataFrame, step: int) ->
     return pd.DataFrame(rows)
 
 
-#: PSNR cuts of ``visible_criteria`` (dB); inf keeps every chain with a PSNR, NaN every chain
+#: PSNR cuts of ``visible_criteria`` (dB): a chain counts when its PSNR at the step is below the
+#: cut; NaN keeps every chain (pixel-identical and resized ones too)
 CUTS = ((np.nan, "all chains"), (40.0, "< 40 dB"), (35.0, "< 35 dB"), (30.0, "< 30 dB"))
 
 

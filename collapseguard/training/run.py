@@ -182,11 +182,13 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         raise ValueError("the source split left no training chains; add more source images")
     if epochs is not None:
         cfg.iterations = max(1, int(np.ceil(epochs * train_df["chain_id"].nunique() / cfg.chains_per_batch)))
-    clean_all = list_images(clean_dirs) if clean_dirs else []
-    for folder in dict.fromkeys(clean_dirs):
-        if not list_images([folder]):
+    clean_all: list[Path] = []
+    for folder in dict.fromkeys(clean_dirs):  # one walk per folder, and each must hold images
+        found = list_images([folder])
+        if not found:
             raise ValueError(f"--clean {folder}: no image files in it (looked for {', '.join(IMAGE_EXTENSIONS)})")
-    clean_train, clean_held = split_clean(clean_all)
+        clean_all += found
+    clean_train, clean_held = split_clean(sorted(set(clean_all)))
     for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
         log(f"warning: {warning}")
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
