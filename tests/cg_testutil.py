@@ -57,3 +57,13 @@ def make_shard(path: Path, photos, *, degraded=True, extra=(), start=0) -> list[
         for name, data in members:
             add_member(tf, name, data)
     return members
+
+
+def echo_or_die(task, detector, progress=None):
+    """Engine task for tests: returns ``task``, except that the task ``"die"`` kills its worker
+    process outright (as the kernel's out-of-memory killer would) instead of raising."""
+    import os
+    import signal
+    if task == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task

@@ -18,6 +18,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 OnProgress = Callable[[int], None]
 #: (task index, result or None, error text or None)
@@ -101,8 +102,18 @@ class InlineEngine:
                 on_done(i, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
 
 
+class EngineError(RuntimeError):
+    """An engine cannot run at all (a missing extra, an unreachable cluster)."""
+
+
 class LocalEngine:
-    """Runs tasks in ``workers`` spawned processes on this machine, one detector per process."""
+    """Runs tasks in ``workers`` spawned processes on this machine, one detector per process.
+
+    At most ``workers`` tasks are in flight, so when a worker process dies (killed, out of
+    memory) only those tasks are suspects. The pool is restarted and the suspects are retried
+    one at a time: the task that kills a worker while running alone is reported as failed, and
+    every other task still runs.
+    """
 
     def __init__(self, workers: int = 2, threads_per_worker: int | None = None):
         self.workers = max(1, int(workers))
@@ -131,28 +142,60 @@ class LocalEngine:
         pumper = threading.Thread(target=pump, daemon=True) if progress_q is not None else None
         if pumper:
             pumper.start()
+        todo = list(range(len(tasks)))  # task indices not yet finished, in order
+        suspects: list[int] = []  # in flight when a worker died: retried one at a time
         try:
-            with ProcessPoolExecutor(
-                max_workers=min(self.workers, len(tasks)), mp_context=ctx,
-                initializer=_worker_init, initargs=(self.threads, progress_q, detector, kwargs),
-            ) as pool:
-                futures = {pool.submit(_worker_run, fn, t, detector, kwargs): i
-                           for i, t in enumerate(tasks)}
-                pending = set(futures)
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        try:
-                            res, err = fut.result()
-                        except Exception as exc:  # the worker died (killed, out of memory)
-                            res, err = None, f"worker failed: {type(exc).__name__}: {exc}"
-                        on_done(futures[fut], res, err)
+            while todo or suspects:
+                alone = bool(suspects)
+                queue_ = suspects if alone else todo
+                width = 1 if alone else min(self.workers, len(todo))
+                broken = self._run_pool(ctx, width, fn, tasks, queue_, detector, kwargs,
+                                        progress_q, on_done)
+                if alone and broken:
+                    # the task ran alone and its worker died: it is the one that kills workers
+                    on_done(broken[0], None, "worker failed: its worker process died while "
+                            "running it alone (killed, out of memory, or the detector could not "
+                            "load)")
+                    continue
+                suspects.extend(broken)
         finally:
             stop.set()
             if pumper:
                 pumper.join(timeout=5)
             if manager:
                 manager.shutdown()
+
+    def _run_pool(self, ctx, width: int, fn, tasks, order: list[int], detector, kwargs,
+                  progress_q, on_done) -> list[int]:
+        """Run tasks from ``order`` (consumed from the front) with ``width`` in flight; returns
+        the indices that were in flight when a worker died (empty when the pool stayed up)."""
+        pool = ProcessPoolExecutor(max_workers=width, mp_context=ctx, initializer=_worker_init,
+                                   initargs=(self.threads, progress_q, detector, kwargs))
+        running: dict = {}
+        broken: list[int] = []
+        try:
+            while order or running:
+                while order and len(running) < width:
+                    i = order.pop(0)
+                    running[pool.submit(_worker_run, fn, tasks[i], detector, kwargs)] = i
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+                    done, _ = wait(running)  # a broken pool settles every future it holds
+                for fut in done:
+                    i = running.pop(fut)
+                    try:
+                        res, err = fut.result()
+                    except BrokenProcessPool:
+                        broken.append(i)
+                        continue
+                    except Exception as exc:  # the result could not be sent back
+                        res, err = None, f"worker failed: {type(exc).__name__}: {exc}"
+                    on_done(i, res, err)
+                if broken:
+                    return sorted(broken)
+            return []
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def make_engine(name: str = "local", workers: int = 2, detector=None):

@@ -82,6 +82,12 @@ def read_marker(shard: str, out_dir: str) -> dict | None:
         return None
 
 
+def input_identity(shard: str) -> dict:
+    """What a completion marker records of its input, to tell on resume whether it changed."""
+    st = os.stat(shard)
+    return {"path": os.path.abspath(shard), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 def _tmp(p: Path) -> Path:
     return p.with_name(p.name + ".tmp")
 
@@ -99,6 +105,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         )
         detector = get_detector(options.detector, options.detector_kwargs)
     t0 = time.perf_counter()
+    identity = input_identity(shard)  # before reading: a shard changed meanwhile is redone on resume
     paths = output_paths(shard, options.out_dir)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
@@ -183,6 +190,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "seconds": round(time.perf_counter() - t0, 3),
         "options": options.fingerprint(),
         "detector_version": detector.version,
+        "input": {"size": identity["size"], "mtime_ns": identity["mtime_ns"]},
     }
     tmp_marker = _tmp(paths["marker"])
     tmp_marker.write_text(json.dumps(record, indent=1, sort_keys=True))

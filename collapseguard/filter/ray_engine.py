@@ -21,6 +21,9 @@ from collections.abc import Sequence
 
 
 class RayEngine:
+    #: a task whose actor dies is retried on a new actor, and reported failed after this many tries
+    MAX_TRIES = 2
+
     def __init__(self, workers: int = 2, threads_per_worker: int = 1, gpus_per_worker: float = 0.0,
                  address: str | None = None):
         self.workers = max(1, int(workers))
@@ -29,16 +32,21 @@ class RayEngine:
         self.address = address or os.environ.get("RAY_ADDRESS")
 
     def _init(self):
+        from collapseguard.filter.engines import EngineError
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - depends on the extra
-            raise RuntimeError("the Ray engine needs the extra: pip install 'collapseguard[ray]'") from exc
+            raise EngineError("the Ray engine needs the extra: pip install 'collapseguard[ray]'") from exc
         if not ray.is_initialized():
-            if self.address:
-                ray.init(address=self.address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=max(self.workers * self.threads, os.cpu_count() or 1),
-                         include_dashboard=False, log_to_driver=False)
+            try:
+                if self.address:
+                    ray.init(address=self.address, log_to_driver=False)
+                else:
+                    ray.init(num_cpus=max(self.workers * self.threads, os.cpu_count() or 1),
+                             include_dashboard=False, log_to_driver=False)
+            except (ConnectionError, TimeoutError, ValueError) as exc:
+                where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
+                raise EngineError(f"cannot start or reach {where}: {exc}") from None
         return ray
 
     def run(self, fn, tasks: Sequence, detector: str, kwargs: tuple, on_progress, on_done) -> None:
@@ -62,24 +70,40 @@ class RayEngine:
         n = min(self.workers, len(tasks))
         actors = [ShardWorker.remote(self.threads) for _ in range(n)]
         queue = list(enumerate(tasks))
+        tries: dict[int, int] = {}
         running = {}
+
+        def submit(actor) -> None:
+            i, t = queue.pop(0)
+            tries[i] = tries.get(i, 0) + 1
+            running[actor.run.remote(i, t)] = (actor, i, t)
+
         for actor in actors:
             if queue:
-                i, t = queue.pop(0)
-                running[actor.run.remote(i, t)] = actor
+                submit(actor)
         try:
             while running:
                 done, _ = ray.wait(list(running), num_returns=1)
                 ref = done[0]
-                actor = running.pop(ref)
+                actor, i, t = running.pop(ref)
                 try:
-                    i, res, err = ray.get(ref)
-                except Exception as exc:  # the actor died (node lost, out of memory)
-                    raise RuntimeError(f"Ray worker failed: {exc}") from exc
+                    _, res, err = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the actor died (node lost, out of memory)
+                    ray.kill(actor)
+                    actors.remove(actor)
+                    if tries[i] < self.MAX_TRIES:
+                        queue.insert(0, (i, t))  # another actor retries it
+                    else:
+                        on_done(i, None, f"Ray worker failed {tries[i]} times on this task: "
+                                         f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+                    if queue:
+                        actor = ShardWorker.remote(self.threads)
+                        actors.append(actor)
+                        submit(actor)
+                    continue
                 on_done(i, res, err)
                 if queue:
-                    i, t = queue.pop(0)
-                    running[actor.run.remote(i, t)] = actor
+                    submit(actor)
         finally:
             for actor in actors:
                 ray.kill(actor)

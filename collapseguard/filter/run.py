@@ -6,13 +6,20 @@ resume; ``overwrite=True`` redoes them. A shard that fails is reported by name a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None
 
 from tqdm import tqdm
 
@@ -21,6 +28,7 @@ from collapseguard.filter.inputs import expand_pattern, expand_shards
 from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
+    input_identity,
     output_paths,
     read_marker,
     shard_name,
@@ -52,16 +60,100 @@ def same_shard(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def plan_shards(inputs: Sequence[str]) -> list[str]:
-    """Expand inputs to shards and refuse two shards that would write to the same output name."""
-    shards = expand_shards(inputs)
+def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
+    """Expand inputs to shards, once per file however often or however spelled it was given.
+
+    Refuses two different shards that would write to the same output name, and (given
+    ``out_dir``) a shard lying in ``out_dir``'s kept/ or rejected/ folder, which this run would
+    overwrite with its own output.
+    """
+    shards: list[str] = []
+    for s in expand_shards(inputs):
+        if not any(same_shard(s, t) for t in shards):
+            shards.append(s)
+    if out_dir is not None:
+        out = Path(out_dir).resolve()
+        for s in shards:
+            real = Path(s).resolve()
+            for sub in ("kept", "rejected"):
+                if real.is_relative_to(out / sub):
+                    raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run writes "
+                                      "its outputs; filter it into another --out")
     by_name: dict[str, str] = {}
     for s in shards:
         other = by_name.setdefault(shard_name(s), s)
         if other != s:
             raise FilterError(f"two input shards share the name {shard_name(s)!r} ({other} and {s}); "
                               "their outputs would collide: filter them into different --out folders")
-    return list(by_name.values())
+    return shards
+
+
+_HELD_LOCKS: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def out_lock(out_dir: Path):
+    """Hold ``<out>/.lock`` for the run, so two runs cannot write one --out at once (re-entrant
+    within this process, for the two passes of ``--drop-fraction``)."""
+    key = os.path.realpath(out_dir)
+    if key in _HELD_LOCKS or fcntl is None:
+        yield
+        return
+    fd = os.open(os.path.join(key, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FilterError(f"another filter run is writing to {out_dir} (it holds {out_dir}/.lock); "
+                              "wait for it to finish or choose another --out") from None
+        _HELD_LOCKS[key] = fd
+        try:
+            yield
+        finally:
+            del _HELD_LOCKS[key]
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def make_out_dir(out_dir: str) -> Path:
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise FilterError(f"cannot write to --out {out_dir}: {exc.strerror or exc}") from None
+    return out
+
+
+def completed_marker(shard: str, options: FilterOptions, out: Path,
+                     detector_version: str | None) -> dict | None:
+    """The marker of ``shard``'s earlier completion in ``out`` if it can be reused; None when the
+    shard must be (re)done; FilterError when reusing or redoing it would be wrong."""
+    marker = read_marker(shard, options.out_dir)
+    if marker is None:
+        return None
+    if not same_shard(str(marker.get("shard", "")), shard):
+        raise FilterError(
+            f"{shard_name(shard)} was completed in {out} from another shard "
+            f"({marker.get('shard')}); use --overwrite or another --out")
+    if marker.get("options") != options.fingerprint():
+        raise FilterError(
+            f"{shard_name(shard)} was completed in {out} with other settings "
+            f"({marker.get('options')}); use --overwrite or another --out")
+    done_with = marker.get("detector_version")
+    if detector_version is not None and done_with is not None and done_with != detector_version:
+        raise FilterError(
+            f"{shard_name(shard)} was completed in {out} by detector version {done_with}; "
+            f"{options.detector} is now version {detector_version} (other weights or code): "
+            "use --overwrite or another --out")
+    seen = marker.get("input")
+    if seen is not None:
+        now = input_identity(shard)
+        if (seen.get("size"), seen.get("mtime_ns")) != (now["size"], now["mtime_ns"]):
+            return None  # the shard changed since: its outputs are stale, filter it again
+    return marker
 
 
 def clear_shard_outputs(shard: str, out_dir: str) -> None:
@@ -73,29 +165,35 @@ def clear_shard_outputs(shard: str, out_dir: str) -> None:
 
 def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 2,
                engine: str = "local", resume: bool = True, quiet: bool = False,
-               threshold_source: str = "", detector=None) -> dict:
+               threshold_source: str = "", detector=None,
+               detector_version: str | None = None) -> dict:
     """Filter ``inputs`` and write ``summary.json`` into ``options.out_dir``; returns the summary.
 
     ``detector`` (optional) is an already-created detector to reuse when running inline.
+    ``detector_version`` (taken from ``detector`` when not given) must match the version that
+    completed a shard for the shard to be resumed. Workers get absolute paths, so engines whose
+    workers run in another folder (Ray actors) read and write the same files.
     """
     t0 = time.perf_counter()
     refuse_out_inside_inputs(inputs, options.out_dir)
-    shards = plan_shards(inputs)
-    out = Path(options.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    shards = plan_shards(inputs, options.out_dir)
+    out = make_out_dir(options.out_dir)
+    if detector_version is None and detector is not None:
+        detector_version = detector.version
+    with out_lock(out):
+        return _run_locked(shards, options, out, t0, workers=workers, engine=engine,
+                           resume=resume, quiet=quiet, threshold_source=threshold_source,
+                           detector=detector, detector_version=detector_version)
+
+
+def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float, *, workers: int,
+                engine: str, resume: bool, quiet: bool, threshold_source: str, detector,
+                detector_version: str | None) -> dict:
     records: dict[str, dict] = {}
     todo: list[str] = []
     for s in shards:
-        marker = read_marker(s, options.out_dir) if resume else None
+        marker = completed_marker(s, options, out, detector_version) if resume else None
         if marker is not None:
-            if not same_shard(str(marker.get("shard", "")), s):
-                raise FilterError(
-                    f"{shard_name(s)} was completed in {out} from another shard "
-                    f"({marker.get('shard')}); use --overwrite or another --out")
-            if marker.get("options") != options.fingerprint():
-                raise FilterError(
-                    f"{shard_name(s)} was completed in {out} with other settings "
-                    f"({marker.get('options')}); use --overwrite or another --out")
             records[s] = {**marker, "shard": s}
         else:
             clear_shard_outputs(s, options.out_dir)
@@ -122,9 +220,11 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
         bar.update(1)
 
     if todo:
+        absolute = replace(options, out_dir=os.path.abspath(options.out_dir),
+                           scores_from=options.scores_from and os.path.abspath(options.scores_from))
         make_engine(engine, workers, detector).run(
-            filter_task, [(s, options) for s in todo], options.detector, options.detector_kwargs,
-            on_progress if not quiet else None, on_done)
+            filter_task, [(os.path.abspath(s), absolute) for s in todo], options.detector,
+            options.detector_kwargs, on_progress if not quiet else None, on_done)
     bar.close()
     run_seconds = time.perf_counter() - t_run
     summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)
@@ -186,25 +286,29 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                 batch_size=batch_size, reject_no_image=reject_no_image,
                 write_rejected=write_rejected, dry_run=dry_run)
     inline = detector if workers <= 1 else None
+    common = dict(workers=workers, engine=engine, resume=resume, quiet=quiet, detector=inline,
+                  detector_version=detector.version)
     if drop_fraction is None:
         t, source, _ = resolve_threshold(detector, threshold, calibration)
-        return run_filter(inputs, FilterOptions(threshold=t, **base), workers=workers,
-                          engine=engine, resume=resume, quiet=quiet, threshold_source=source,
-                          detector=inline)
-    # pass 1: score everything (resumable like any run), pass 2: decide from those scores
-    prepass = str(Path(out) / ".prepass")
-    first = FilterOptions(**{**base, "out_dir": prepass, "dry_run": True, "threshold": float("inf")})
-    s1 = run_filter(inputs, first, workers=workers, engine=engine, resume=resume, quiet=quiet,
-                    threshold_source="scoring pass for --drop-fraction", detector=inline)
-    if s1["shards_failed"]:
-        raise FilterError("scoring pass failed for: " + ", ".join(s1["shards_failed"]))
-    import pyarrow.parquet as pq
-    scores = [v for p in sorted(Path(prepass, "scores").glob("*.parquet"))
-              for v in pq.read_table(p, columns=["score"]).column("score").to_pylist()
-              if v is not None]
-    t = threshold_for_drop_fraction(scores, drop_fraction)
-    source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data "
-              f"(threshold {t:.6g} from {len(scores)} scores; no guarantee about clean images)")
-    second = FilterOptions(threshold=t, scores_from=str(Path(prepass, "scores")), **base)
-    return run_filter(inputs, second, workers=workers, engine=engine, resume=resume, quiet=quiet,
-                      threshold_source=source, detector=inline)
+        return run_filter(inputs, FilterOptions(threshold=t, **base), threshold_source=source,
+                          **common)
+    refuse_out_inside_inputs(inputs, str(out))
+    shards = plan_shards(inputs, str(out))
+    with out_lock(make_out_dir(str(out))):  # one lock over both passes
+        # pass 1: score everything (resumable like any run), pass 2: decide from those scores
+        prepass = str(Path(out) / ".prepass")
+        first = FilterOptions(**{**base, "out_dir": prepass, "dry_run": True,
+                                 "threshold": float("inf")})
+        s1 = run_filter(inputs, first, threshold_source="scoring pass for --drop-fraction", **common)
+        if s1["shards_failed"]:
+            raise FilterError("scoring pass failed for: " + ", ".join(s1["shards_failed"]))
+        import pyarrow.parquet as pq
+        # only this run's shards: .prepass may hold scores of shards filtered here before
+        scores = [v for s in shards
+                  for v in pq.read_table(output_paths(s, prepass)["scores"], columns=["score"])
+                  .column("score").to_pylist() if v is not None]
+        t = threshold_for_drop_fraction(scores, drop_fraction)
+        source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data "
+                  f"(threshold {t:.6g} from {len(scores)} scores; no guarantee about clean images)")
+        second = FilterOptions(threshold=t, scores_from=str(Path(prepass, "scores")), **base)
+        return run_filter(inputs, second, threshold_source=source, **common)

@@ -1,0 +1,123 @@
+"""The filter on runs that go wrong: outputs that would overwrite inputs, two runs on one --out,
+resume after the shard or the detector changed, a worker that dies, paths relative to a cwd."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+import pandas as pd
+import pytest
+from cg_testutil import echo_or_die, make_shard
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+from collapseguard.filter.engines import LocalEngine
+
+ARGS = ["-d", "nss", "-w", "1", "-q"]
+
+
+def run_cli(args, expect=0):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+
+
+def test_a_shard_in_outs_kept_folder_is_refused_and_left_intact(tmp_path, photos):
+    make_shard(tmp_path / "s.tar", photos[:1], degraded=False)
+    run_cli(["filter", tmp_path / "s.tar", "--out", tmp_path / "data", "--threshold", "1e9", *ARGS])
+    kept = tmp_path / "data/kept/s.tar"
+    before = kept.read_bytes()
+    # re-filtering the kept folder into the same --out would write kept/s.tar over its own input
+    res = run_cli(["filter", tmp_path / "data/kept", "--out", tmp_path / "data", "--threshold", "1",
+                   *ARGS], expect=1)
+    assert "where this run writes its outputs" in res.output
+    assert kept.read_bytes() == before
+
+
+def test_one_shard_given_twice_is_filtered_once(tmp_path, photos, monkeypatch):
+    make_shard(tmp_path / "s.tar", photos[:2])
+    monkeypatch.chdir(tmp_path)
+    run_cli(["filter", "s.tar", "./s.tar", tmp_path / "s.tar", "--out", "o", "--threshold", "1e9", *ARGS])
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["shards"] == 1 and summary["samples"] == 4
+
+
+def test_a_shard_changed_since_it_was_filtered_is_filtered_again(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos[:1])
+    args = ["filter", shard, "--out", tmp_path / "o", "--threshold", "1e9", *ARGS]
+    run_cli(args)
+    make_shard(shard, photos[:3])  # same path, new contents
+    os.utime(shard, ns=(1, 1))  # and an mtime that cannot match the first run's
+    run_cli(args)
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["per_shard"][0]["status"] == "done" and summary["samples"] == 6
+    assert len(pd.read_parquet(tmp_path / "o/scores/s.parquet")) == 6
+    run_cli(args)  # unchanged now: resumed
+    assert json.loads((tmp_path / "o/summary.json").read_text())["per_shard"][0]["status"] == "resumed"
+
+
+def test_a_shard_completed_by_another_detector_version_is_refused(tmp_path, photos):
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos[:1])
+    args = ["filter", shard, "--out", tmp_path / "o", "--threshold", "1e9", *ARGS]
+    run_cli(args)
+    marker = tmp_path / "o/.done/s.json"
+    rec = json.loads(marker.read_text())
+    assert rec["detector_version"]
+    marker.write_text(json.dumps({**rec, "detector_version": "older-weights"}))
+    res = run_cli(args, expect=1)
+    assert "detector version older-weights" in res.output and "--overwrite" in res.output
+    run_cli([*args, "--overwrite"])
+    assert json.loads(marker.read_text())["detector_version"] == rec["detector_version"]
+
+
+def test_drop_fraction_reads_only_this_runs_scores(tmp_path, photos):
+    for name in ("a", "b"):
+        make_shard(tmp_path / f"{name}.tar", photos)  # 8 samples each
+    out = tmp_path / "o"
+    run_cli(["filter", tmp_path / "a.tar", "--out", out, "--drop-fraction", "0.5", *ARGS])
+    # a.tar's scores stay in o/.prepass; a run on b.tar alone must cut at b's own median
+    run_cli(["filter", tmp_path / "b.tar", "--out", out, "--drop-fraction", "0.25", *ARGS])
+    summary = json.loads((out / "summary.json").read_text())
+    assert "from 8 scores" in summary["threshold_source"]
+    assert summary["rejected"] == 2
+
+
+def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path, photos):
+    make_shard(tmp_path / "s.tar", photos[:1])
+    out = tmp_path / "o"
+    out.mkdir()
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running filter holds it
+        res = run_cli(["filter", tmp_path / "s.tar", "--out", out, "--threshold", "1", *ARGS], expect=1)
+        assert "another filter run is writing to" in res.output
+        assert not (out / "kept").exists()
+    finally:
+        os.close(fd)
+    run_cli(["filter", tmp_path / "s.tar", "--out", out, "--threshold", "1", *ARGS])
+
+
+def test_an_out_that_cannot_be_created_is_a_one_line_error(tmp_path, photos):
+    make_shard(tmp_path / "s.tar", photos[:1])
+    (tmp_path / "file").write_text("x")
+    res = run_cli(["filter", tmp_path / "s.tar", "--out", tmp_path / "file/sub", "--threshold", "1",
+                   *ARGS], expect=1)
+    assert "cannot write to --out" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("tasks", [["a", "die", "b", "c", "d"], ["die", "die", "a"]])
+def test_a_dead_worker_fails_only_its_own_task(tasks):
+    got = {}
+    LocalEngine(workers=2).run(echo_or_die, tasks, "nss", (), None,
+                               lambda i, res, err: got.setdefault(i, (res, err)))
+    assert sorted(got) == list(range(len(tasks)))
+    for i, t in enumerate(tasks):
+        res, err = got[i]
+        if t == "die":
+            assert res is None and "worker process died" in err
+        else:
+            assert (res, err) == (t, None)
