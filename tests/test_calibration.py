@@ -427,3 +427,66 @@ def test_show_prints_guarantee_and_curve(tmp_path, capsys):
     assert "\x1b" not in out and "'evil\\x1b[2J.png'" in out
     (tmp_path / "bad.json").write_text("{}")
     assert show_main([str(tmp_path / "bad.json")]) == 1
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[" * 100000 + "]" * 100000, "not valid JSON"),  # nesting too deep for the parser
+    ('{"detector": "cnn", "detector_version": "v", "threshold": ' + "9" * 5000 + "}", "not valid JSON"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": ' + "9" * 400 + "}", "finite"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": "4.2"}', "threshold must be a number"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "format_version": true}', "format_version"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "k": "two"}', "k must be"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "top_clean": [1]}', "top_clean"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "top_clean": [{"path": "x"}]}', "top_clean"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "drop_curve": [{"family": "a"}]}', "drop_curve"),
+    ('{"detector": "cnn", "detector_version": "v", "threshold": 1, "first_step_dropped": {"a": 3}}',
+     "first_step_dropped"),
+])
+def test_hostile_calibration_files_are_calibration_errors(tmp_path, text, match):
+    """Whatever a file holds, loading it fails with CalibrationError (one line in filter/audit), not
+    a RecursionError traceback, and `python -m collapseguard.calibration` says error, not crash."""
+    from collapseguard.calibration.__main__ import main as show_main
+
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(CalibrationError, match=match):
+        load_calibration(p)
+    assert show_main([str(p)]) == 1
+
+
+def test_file_stating_a_guarantee_the_bound_cannot_give_is_refused(tmp_path):
+    """A calibrated file must not make filter/audit print "at most 1% false drops with 95%
+    confidence" from 10 clean scores, or from a k the order-statistic bound does not allow."""
+    base = {"detector": "cnn", "detector_version": "v", "threshold": 1.0, "alpha": 0.01, "confidence": 0.95}
+    p = tmp_path / "c.json"
+    for bad, match in (({"n_clean": 10}, "at least 299"),
+                       ({"n_clean": 501, "k": 5}, "k=5"),
+                       ({"n_clean": 501, "k": 0}, "k=0"),
+                       ({"alpha": 0.0, "confidence": 1.0, "n_clean": 501}, r"in \(0, 1\)"),
+                       ({"n_clean": 501, "k": 2, "guaranteed_false_drop": 0.05}, "above alpha")):
+        p.write_text(json.dumps({**base, **bad}))
+        with pytest.raises(CalibrationError, match=match):
+            load_calibration(p)
+    p.write_text(json.dumps({**base, "n_clean": 501, "k": 2, "guaranteed_false_drop": 0.0094}))
+    assert "at most 1% false drops" in load_calibration(p).guarantee_text()
+    # an uncalibrated record states no guarantee and is not held to one
+    p.write_text(json.dumps({**base, "n_clean": 0, "label": "uncalibrated: drop-fraction 0.05"}))
+    assert load_calibration(p).guarantee_text().startswith("uncalibrated")
+    # every calibration build_calibration writes passes the check
+    cal = build_calibration(_synthetic_table(n_extra=200), "synthetic", "v1")
+    assert Calibration.from_json(cal.to_json()).k == cal.k
+
+
+def test_views_of_one_picture_count_as_one_source():
+    """Two views ``p@a``/``p@b`` of one photo stay on one side of the split (source_group) and are
+    not independent clean scores: the source count and the note must say so."""
+    table = _synthetic_table(n_sources=350, families=("noise",))
+    views = table.copy()
+    views["source_image"] = views["source_image"] + "@b"
+    views["path"] = "b/" + views["path"]
+    views["chain_id"] = views["chain_id"] + "b"
+    table["source_image"] = table["source_image"] + "@a"
+    cal = build_calibration(pd.concat([table, views], ignore_index=True), "synthetic", "v1")
+    pictures = cal.split["n_clean_threshold_sources"]
+    assert cal.n_clean == 2 * pictures
+    assert any("not independent" in n for n in cal.notes)

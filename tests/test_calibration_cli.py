@@ -260,3 +260,38 @@ def test_infinite_clean_scores_count_as_false_drops():
     assert with_inf.threshold > base.threshold  # one clean image above everything moves the bound
     with pytest.raises(CalibrationError, match="are \\+inf"):
         order_statistic_threshold(np.r_[np.linspace(0, 1, 490), [np.inf] * 10], 0.01, 0.95)
+
+
+def test_calibrate_out_png_is_not_overwritten_by_the_plot(tmp_path):
+    """`--out cal.png` used to write the calibration and then the plot over it (exit 0)."""
+    from collapseguard.calibration.scoring import save_scores
+
+    rng = np.random.default_rng(7)
+    n = 400
+    t = pd.DataFrame({"source_image": [f"c/{i}" for i in range(n)], "family": "clean-extra", "step": 0,
+                      "kind": "clean", "path": [f"c/{i}.png" for i in range(n)],
+                      "score": rng.normal(size=n), "chain_id": ""})
+    save_scores(t, tmp_path / "s.csv", "synthetic", "v1")
+    out = tmp_path / "cal.png"
+    res = _run(["--from-scores", str(tmp_path / "s.csv"), "--holdout", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert load_calibration(out).n_clean == n  # still the calibration
+    assert (tmp_path / "cal.png.plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert "in-sample (--holdout 0) false-drop" in res.output  # not called held-out
+    res = _run(["--from-scores", str(tmp_path / "s.csv"), "--out", str(tmp_path / "x.json"),
+                "--scores-out", str(tmp_path / "x.json")])
+    assert res.exit_code != 0 and "different files" in res.output
+
+
+def test_clean_folder_named_with_at_sign_is_split_by_image(tmp_path):
+    """A folder such as ``me@host/`` must not make all its images one source (the split reads
+    ``NAME@VIEW`` as views of one picture)."""
+    from collapseguard.calibration.scoring import iter_clean_images
+    from collapseguard.training_data_tools.manifest import source_group
+
+    folder = tmp_path / "me@host"
+    folder.mkdir()
+    for i in range(4):
+        (folder / f"p{i}.png").write_bytes(_png_bytes())
+    groups = {source_group(s) for s, _, _ in iter_clean_images([folder])}
+    assert len(groups) == 4

@@ -32,7 +32,7 @@ from collapseguard.calibration.bounds import (
 )
 from collapseguard.calibration.files import Calibration, CalibrationError, is_dropped
 from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
-from collapseguard.training_data_tools.manifest import split_by_source
+from collapseguard.training_data_tools.manifest import source_group, split_by_source
 
 #: drop levels for "first step at which this fraction is dropped"
 LEVELS = (0.9, 0.99)
@@ -179,7 +179,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     if chains["step"].nunique() >= 2:
         step_map = step_knots(chains)
 
-    n_src = int(clean_thr["source_image"].nunique())
+    # distinct pictures, as the split counts them: views of one photo (``<name>@<view>``) are one
+    n_src = int(clean_thr["source_image"].map(source_group).nunique())
     notes = [
         "Decision rule: drop when score > threshold.",
         ("P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
@@ -190,7 +191,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     ]
     if n_src < bound.n:
         notes.append(
-            f"The {bound.n} clean scores come from {n_src} distinct sources (variants such as crops "
+            f"The {bound.n} clean scores come from {n_src} distinct sources (views, crops "
             "or several clean steps per source): they are not independent, and the guarantee assumes "
             "they are; treat it as approximate.")
     if n_unscored:

@@ -185,7 +185,9 @@ class Calibration:
         if missing:
             raise CalibrationError(f"calibration is missing {missing}")
         fv = d.get("format_version", FORMAT_VERSION)
-        if not isinstance(fv, int) or fv > FORMAT_VERSION:
+        if isinstance(fv, bool) or not isinstance(fv, int) or fv < 1:
+            raise CalibrationError(f"calibration format_version must be a positive integer, got {fv!r}")
+        if fv > FORMAT_VERSION:
             raise CalibrationError(
                 f"calibration format_version {fv!r} is newer than this collapseguard understands "
                 f"({FORMAT_VERSION}); upgrade collapseguard")
@@ -196,12 +198,15 @@ class Calibration:
                     "command", "scope"):
             if key in kw and not isinstance(kw[key], str):
                 raise CalibrationError(f"calibration field {key!r} must be a string")
+        raw = kw["threshold"]
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):  # "4.2" is text, not a number
+            raise CalibrationError(f"threshold must be a number, got {raw!r}")
         try:
-            thr = float(kw["threshold"])
-        except (TypeError, ValueError):
-            raise CalibrationError(f"threshold must be a number, got {kw['threshold']!r}") from None
-        if not math.isfinite(thr) or isinstance(kw["threshold"], bool):
-            raise CalibrationError(f"threshold must be a finite number, got {kw['threshold']!r}")
+            thr = float(raw)
+        except OverflowError:
+            thr = math.inf
+        if not math.isfinite(thr):
+            raise CalibrationError(f"threshold must be a finite number, got {str(raw)[:40]}")
         kw["threshold"] = thr
         for key in ("alpha", "confidence", "guaranteed_false_drop", "empirical_false_drop"):
             v = kw.get(key)
@@ -210,12 +215,17 @@ class Calibration:
                     raise CalibrationError(f"{key} must be a number in [0, 1], got {v!r}")
                 kw[key] = float(v)
         for key in ("n_clean",):
-            if key in kw and (isinstance(kw[key], bool) or not isinstance(kw[key], int) or kw[key] < 0):
+            if key in kw and (isinstance(kw[key], bool) or not isinstance(kw[key], int)
+                              or not 0 <= kw[key] <= 2**53):
                 raise CalibrationError(f"{key} must be a non-negative integer")
+        if kw.get("k") is not None and (isinstance(kw["k"], bool) or not isinstance(kw["k"], int)):
+            raise CalibrationError(f"k must be an integer, got {kw['k']!r}")
         for key, typ in (("clean_steps", list), ("clean_sources", list), ("split", dict), ("top_clean", list),
                          ("drop_curve", list), ("first_step_dropped", dict), ("notes", list)):
             if key in kw and not isinstance(kw[key], typ):
                 raise CalibrationError(f"calibration field {key!r} must be a {typ.__name__}")
+        _check_rows(kw)
+        _check_guarantee(kw)
         kw["probability_map"] = _knots(kw.get("probability_map"), "probability_map")
         kw["step_map"] = _knots(kw.get("step_map"), "step_map")
         return cls(**kw)
@@ -224,9 +234,60 @@ class Calibration:
     def from_json(cls, text: str | bytes) -> Calibration:
         try:
             d = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CalibrationError(f"calibration is not valid JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, too many
+            # digits in a number (ValueError), nesting too deep for the parser (RecursionError)
+            raise CalibrationError(f"calibration is not valid JSON: {str(exc)[:200]}") from None
         return cls.from_dict(d)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_rows(kw: dict) -> None:
+    """The report fields that ``python -m collapseguard.calibration`` and ``calibrate`` print must
+    have the shape ``build_calibration`` writes (a malformed file is an error, not a traceback)."""
+    for i, r in enumerate(kw.get("top_clean") or []):
+        if not isinstance(r, dict) or not _is_num(r.get("score")):
+            raise CalibrationError(f"top_clean[{i}] must be an object with a numeric 'score'")
+    for i, r in enumerate(kw.get("drop_curve") or []):
+        if not (isinstance(r, dict) and isinstance(r.get("family"), str)
+                and all(_is_num(r.get(c)) for c in ("step", "n", "fraction", "ci_low", "ci_high"))):
+            raise CalibrationError(f"drop_curve[{i}] must be an object with 'family' (text) and numeric "
+                                   "'step', 'n', 'fraction', 'ci_low', 'ci_high'")
+    for fam, v in (kw.get("first_step_dropped") or {}).items():
+        if not isinstance(v, dict):
+            raise CalibrationError(f"first_step_dropped[{fam!r}] must be an object")
+
+
+def _check_guarantee(kw: dict) -> None:
+    """A calibrated file that states a guarantee (``guarantee_text``) must state one that the
+    order-statistic bound supports for its n_clean (and k, when given); otherwise ``filter`` and
+    ``audit`` would repeat, e.g., "at most 1% false drops with 95% confidence" from 10 clean scores."""
+    if kw.get("label", "calibrated") != "calibrated":
+        return
+    a, c, g = kw.get("alpha"), kw.get("confidence"), kw.get("guaranteed_false_drop")
+    rate = a if a is not None else g
+    if rate is None or c is None:
+        return  # no guarantee stated
+    if not (0 < rate < 1 and 0 < c < 1):
+        raise CalibrationError(f"a calibrated file must state a false-drop rate and confidence in (0, 1), "
+                               f"got {rate!r} and {c!r}")
+    from scipy import stats
+
+    from collapseguard.calibration.bounds import min_clean_samples
+
+    n, k = kw.get("n_clean", 0), kw.get("k")
+    what = f"at most {_pct(rate)} false drops with {_pct(c)} confidence"
+    needed = min_clean_samples(rate, c)
+    if n < needed:
+        raise CalibrationError(f"calibration states {what} from n_clean={n} clean scores, but that "
+                               f"needs at least {needed}")
+    if k is not None and not (1 <= k <= n and stats.binom.cdf(k - 1, n, rate) <= 1 - c):
+        raise CalibrationError(f"calibration states {what}, which the k={k}-th largest of n_clean={n} "
+                               "clean scores does not support")
+    if a is not None and g is not None and g > a * (1 + 1e-9):
+        raise CalibrationError(f"guaranteed_false_drop {g!r} is above alpha {a!r}")
 
 
 def _pct(x: float) -> str:

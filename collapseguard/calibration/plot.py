@@ -52,8 +52,9 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
         ok = np.isfinite(s)
         lo, hi = np.nanpercentile(s[ok], [0.5, 99.5]) if ok.any() else (0, 1)
         bins = np.linspace(min(lo, cal.threshold), max(hi, cal.threshold), 60)
-        ax2.hist(np.clip(s[ok & clean], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label="clean")
-        ax2.hist(np.clip(s[ok & ~clean], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label="degraded")
+        for sel, name in ((ok & clean, "clean"), (ok & ~clean, "degraded")):
+            if sel.any():  # an empty histogram with density=True divides by zero
+                ax2.hist(np.clip(s[sel], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label=name)
     ax2.axvline(cal.threshold, color="red", label=f"threshold {cal.threshold:.4g}")
     ax2.set_xlabel("score (higher = more degraded)")
     rate = cal.alpha if cal.alpha is not None else cal.guaranteed_false_drop

@@ -92,6 +92,13 @@ def _variant_source(name: str) -> str:
     return stem.split("__", 1)[0]
 
 
+def _no_at(part: str) -> str:
+    """A folder or shard name for a source id: '@' escaped, since the split by source reads
+    ``<name>@<view>`` as views of one picture (``manifest.source_group``) and would otherwise put
+    every image under a folder such as ``me@host/`` on one side as one source."""
+    return part.replace("@", "%40")
+
+
 def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, str, Callable[[], bytes]]]:
     """Yield ``(source_id, path_id, read_bytes)`` for every image in folders and tar shards.
 
@@ -109,7 +116,7 @@ def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, st
             elif is_image_name(f.name):
                 rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
                 parent = str(Path(rel).parent)
-                src = f"{loc.name}/{'' if parent == '.' else parent + '/'}{_variant_source(f.name)}"
+                src = f"{_no_at(loc.name)}/{'' if parent == '.' else _no_at(parent) + '/'}{_variant_source(f.name)}"
                 yield src, str(f), (lambda f=f: f.read_bytes())
 
 
@@ -119,7 +126,7 @@ def _iter_tar(path: Path):
         for m in sample.members:
             if is_image_name(m.name):
                 key = m.name.rsplit(".", 1)[0]
-                yield f"{path.name}:{_variant_source(key)}", f"{path}:{m.name}", (lambda d=m.data: d)
+                yield f"{_no_at(path.name)}:{_variant_source(key)}", f"{path}:{m.name}", (lambda d=m.data: d)
 
 
 # ---------------------------------------------------------------------------------------------

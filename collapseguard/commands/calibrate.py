@@ -90,6 +90,12 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     check_out_file(out)  # before scoring anything
     if scores_out is not None:
         check_out_file(scores_out, "--scores-out")
+        if Path(scores_out).resolve() == Path(out).resolve():
+            raise click.UsageError("--scores-out and --out must be different files")
+    # the plot goes beside --out, never over it or over the scores table (e.g. --out cal.png)
+    png_out = Path(out).with_suffix(".png")
+    if png_out.resolve() in {Path(p).resolve() for p in (out, scores_out) if p is not None}:
+        png_out = Path(out).with_name(Path(out).name + ".plot.png")
     sources = []
     if from_scores is not None:
         if chains_dir is not None or clean_dirs:
@@ -150,7 +156,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     click.echo(f"wrote {out}")
     click.echo(cal.describe())
     click.echo(f"  bound: k={cal.k} of n={cal.n_clean} clean scores "
-               f"({cal.split['n_clean_threshold_sources']} sources); held-out false-drop "
+               f"({cal.split['n_clean_threshold_sources']} sources); "
+               f"{'held-out' if holdout > 0 else 'in-sample (--holdout 0)'} false-drop "
                f"{cal.split['heldout_false_drop']}")
     click.echo(top_clean_text(cal))
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
@@ -160,5 +167,5 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         from collapseguard.calibration.plot import plot_calibration
 
         png = plot_calibration(cal, table.assign(clean=label_clean(table, target, steps)),
-                               Path(out).with_suffix(".png"))
+                               png_out)
         click.echo(f"plot written to {png}")
