@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import tarfile
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -446,3 +447,169 @@ def test_a_key_repeated_in_a_shard_is_two_samples_in_galleries_and_comparisons(t
     # another detector's rows for the same samples, in another order: matched by occurrence
     other = pd.DataFrame({"source": ["s"] * 3, "key": ["d2", "d1", "d1"], "score": [20.0, 11.0, 33.0]})
     assert align_scores(base, other).tolist() == [11.0, 20.0, 33.0]
+
+
+class Saturated(Detector):
+    """A metric that saturates: the same score for every image (ties everywhere)."""
+
+    name = "test-saturated"
+    version = "1"
+
+    def score(self, images):
+        return np.full(len(images), 7.0, dtype=np.float32)
+
+
+class InfOnBright(Detector):
+    """Mean brightness, but +inf (a numerical blow-up) on bright images."""
+
+    name = "test-inf"
+    version = "1"
+
+    def score(self, images):
+        m = np.array([im.mean() for im in images], dtype=np.float64)
+        return np.where(m > 100, np.inf, m)
+
+
+register("test-saturated", Saturated)
+register("test-inf", InfOnBright)
+
+
+def test_compare_when_every_image_is_flagged(dataset, tmp_path):
+    """The main detector flags every scored image: the compared one must flag them all too (this
+    used to stop the audit with "drop fraction must be in [0, 1), got 1.0")."""
+    _, inputs, truth = dataset
+    summary = run_audit(inputs, tmp_path / "out", AuditOptions(
+        detector="nss", threshold=-1e9, compare=("test-laplace",), gallery_size=2), quiet=True)
+    c = summary["compare"][0]
+    assert summary["flagged"] == summary["scored"] == c["images_compared"] == len(truth)
+    assert c["main_flagged"] == c["other_flagged"] == c["both_flagged"] == len(truth)
+    assert c["agreement"] == 1.0 and c["main_flags_other_calls_fine"] == 0
+    df = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    assert c["matched_threshold"] < df["score:test-laplace"].min()
+    assert df.loc[df["score"].notna(), "flagged:test-laplace"].all()
+
+
+def test_compare_report_says_when_ties_keep_the_other_from_flagging_as_many(dataset, tmp_path):
+    """A compared metric whose scores tie at the matched threshold flags fewer images (tied scores
+    are kept); the report must not claim that it flags the same fraction without the numbers."""
+    _, inputs, truth = dataset
+    import warnings
+
+    t = nss_threshold(truth)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no rank correlation of a constant (scipy used to warn)
+        summary = run_audit(inputs, tmp_path / "out", AuditOptions(
+            detector="nss", threshold=t, compare=("test-saturated",), gallery_size=2), quiet=True)
+    c = summary["compare"][0]
+    assert c["main_flagged"] > 0 and c["other_flagged"] == 0  # every score ties
+    assert c["spearman"] is None
+    assert "tie" in c["threshold_rule"]
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert (f"nss flags {c['main_flagged']}, test-saturated flags 0 (not {c['main_flagged']}: its "
+            "scores tie at the threshold") in html
+
+
+def test_not_scored_table_lists_only_samples_that_were_not_scored(tmp_path, photos):
+    """A sample scored with a note (an unsafe member name, renamed) is not "could not be scored"."""
+    shard = tmp_path / "notes.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "ok.png", encode_png(photos[0][:64, :64]))
+        add_member(tf, "../../escaped.png", encode_png(photos[1][:64, :64]))
+        add_member(tf, "broken.png", b"not a png")
+    summary = run_audit([str(shard)], tmp_path / "out", AuditOptions(
+        detector="nss", threshold=1e9, gallery_size=2), quiet=True)
+    df = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    noted = df[df["key"] == "escaped"].iloc[0]
+    assert np.isfinite(noted["score"]) and "unsafe member name" in noted["error"]  # scored, with a note
+    assert summary["errors"] == 1
+    assert [x["key"] for x in summary["error_examples"]] == ["broken"]
+    html = (tmp_path / "out" / "report.html").read_text()
+    errors = html[html.index('<section id="errors">'):]
+    assert "broken" in errors and "escaped" not in errors
+
+
+def test_infinite_compared_scores_are_not_scored_in_one_pass(dataset, tmp_path):
+    """With one process the compared scores come from the panel, not through score_records: an
+    infinite one must still read as "could not score" (NaN, never flagged), as in its own pass."""
+    _, inputs, truth = dataset
+    t = nss_threshold(truth)
+    run_audit(inputs, tmp_path / "out", AuditOptions(
+        detector="nss", threshold=t, compare=("test-inf",), workers=1, gallery_size=2), quiet=True)
+    df = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    bright = np.array([im.mean() > 100 for _, im in truth.values()])
+    assert bright.any() and (~bright).any()
+    other = df["score:test-inf"].to_numpy(np.float64)
+    assert not np.isinf(other).any()
+    assert np.isnan(other).sum() == int(bright.sum()) + int(df["score"].isna().sum())
+    assert not df.loc[np.isnan(other), "flagged:test-inf"].any()
+
+
+def test_gallery_does_not_hold_every_full_image_at_once(tmp_path, photos):
+    """Gallery thumbnails and crops are made as each image is read back, so building the cards
+    holds about one full-resolution image, not the whole gallery (up to 3 x 100 + comparisons)."""
+    import tracemalloc
+
+    from collapseguard.audit.run import _items
+
+    big = np.tile(photos[0], (4, 4, 1))[:960, :1280]  # 1280x960: 3.7 MB decoded
+    shard = tmp_path / "big.tar"
+    n = 40
+    with tarfile.open(shard, "w") as tf:
+        for i in range(n):
+            add_member(tf, f"b{i:02d}.jpg", encode_jpeg(np.roll(big, 7 * i, axis=1), 90))
+    df = pd.DataFrame({"source": [str(shard)] * n, "key": [f"b{i:02d}" for i in range(n)],
+                       "image": [f"b{i:02d}.jpg" for i in range(n)], "score": np.arange(n, dtype=float),
+                       "flagged": [True] * n, "equivalent_step": [np.nan] * n,
+                       "width": [1280] * n, "height": [960] * n})
+    tracemalloc.start()
+    try:
+        cards = _items(df, {"degraded": list(range(n))}, AuditOptions(detector="nss"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(cards["degraded"]) == n and all("crop" in c for c in cards["degraded"])
+    assert peak < 0.5 * n * big.nbytes, peak / 1e6  # 40 images would be 147 MB
+
+
+def test_explicit_threshold_does_not_claim_the_calibrations_guarantee(dataset, tmp_path):
+    """--threshold with --calibration uses only the calibration's score maps: the report must not
+    present the calibration's false-drop guarantee as if it held at the threshold in use."""
+    _, inputs, truth = dataset
+    t = nss_threshold(truth)
+    cal = step_calibration(t * 1.5)
+    cal.alpha, cal.confidence, cal.n_clean = 0.01, 0.95, 600
+    guarantee = html_escape(cal.guarantee_text())
+    assert guarantee.startswith("at most 1")
+    path = save_calibration(cal, tmp_path / "cal.json")
+    summary = run_audit(inputs, tmp_path / "out", AuditOptions(
+        detector="nss", threshold=t, calibration=str(path), gallery_size=2), quiet=True)
+    assert summary["calibration"]["guarantee_applies"] is False
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert f"Calibration: {guarantee}" not in html
+    assert "holds at its own threshold" in html
+    # with the calibration's own threshold, the guarantee is the one in use
+    run_audit(inputs, tmp_path / "own", AuditOptions(detector="nss", calibration=str(path),
+                                                     gallery_size=2), quiet=True)
+    assert f"Calibration: {guarantee}" in (tmp_path / "own" / "report.html").read_text()
+
+
+def test_a_file_name_that_is_not_utf8_is_scored_audited_and_shown(tmp_path, photos):
+    import os
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "plain.png").write_bytes(encode_png(photos[0]))
+    raw = os.path.join(os.fsencode(loose), b"\xff<b>.png")  # not UTF-8, and HTML-ish
+    with open(raw, "wb") as fh:
+        fh.write(encode_png(photos[1]))
+    res = CliRunner().invoke(main, ["score", str(loose), "--out", str(tmp_path / "s.csv"), "-d", "nss", "-q"])
+    assert res.exit_code == 0, res.output
+    assert sorted(pd.read_csv(tmp_path / "s.csv")["key"]) == ["\\xff<b>.png", "plain.png"]
+    out = tmp_path / "audit"
+    res = CliRunner().invoke(main, ["audit", str(loose), "--out", str(out), "-d", "nss", "--threshold", "-100", "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["error_examples"] == []
+    html = (out / "report.html").read_text()
+    assert "\\xff&lt;b&gt;.png" in html and "<b>.png" not in html
+    # both flagged images are read back for the gallery: no card says it could not find its file
+    assert "No such file" not in html and html.count("data:image/png") >= 2

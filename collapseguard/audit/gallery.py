@@ -20,7 +20,7 @@ from PIL import Image
 
 from collapseguard.filter.inputs import is_shard
 from collapseguard.filter.scoring import image_members
-from collapseguard.filter.tario import ShardReader
+from collapseguard.filter.tario import ShardReader, valid_text
 from collapseguard.images import DecodeError, decode_image, encode_png
 
 #: member extensions read as captions (shown as text, escaped)
@@ -35,6 +35,8 @@ class Fetched:
     image: np.ndarray | None = None
     error: str = ""
     caption: str = ""
+    #: ``prepare(image)`` when ``fetch_samples`` was given ``prepare`` (``image`` is then None)
+    prepared: object = None
 
 
 def _caption(members: list[tuple[str, bytes]], key: str) -> str:
@@ -65,15 +67,42 @@ def _file_path(source: str, key: str) -> str | None:
         return source
     root = os.path.realpath(source)
     path = os.path.realpath(os.path.join(source, key))
+    if not os.path.exists(path):
+        path = os.path.realpath(_unescaped(source, key))
     return path if path.startswith(root + os.sep) else None
 
 
-def fetch_samples(wanted: Iterable[tuple]) -> dict[tuple, Fetched]:
+def _unescaped(source: str, key: str) -> str:
+    """``source/key`` where the key's file name bytes were not UTF-8 (``expand_inputs`` wrote them
+    as ``\\xNN``): each part is matched against the folder's entries as they were written."""
+    path = source
+    for part in key.split("/"):
+        if not os.path.exists(os.path.join(path, part)) and os.path.isdir(path):
+            part = next((n for n in sorted(os.listdir(path)) if valid_text(n) == part), part)
+        path = os.path.join(path, part)
+    return path
+
+
+def _prepared(f: Fetched, prepare) -> Fetched:
+    """``f`` with its image replaced by ``prepare(image)`` (so the full image is not kept)."""
+    if prepare is not None and f.image is not None:
+        try:
+            f.prepared = prepare(f.image)
+        except Exception as exc:  # noqa: BLE001 - one image that cannot be shown is not fatal
+            f.error = f"cannot show the image: {type(exc).__name__}: {exc}"
+        f.image = None
+    return f
+
+
+def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
     Fetched}``. ``nth`` (default 0) is which of the samples with that key in that shard: a key can
     repeat in a shard, and each repeat is a sample of its own.
 
     Each shard is streamed at most once; a sample that cannot be found or decoded gets an error.
+    With ``prepare``, each decoded image is handed to ``prepare`` as soon as it is read and only
+    the result is kept (``Fetched.prepared``): a gallery of hundreds of large images then holds one
+    full-resolution image at a time, not all of them.
     """
     by_source: dict[str, dict[tuple[str, int], str]] = {}
     for source, key, image, *nth in wanted:
@@ -89,7 +118,7 @@ def fetch_samples(wanted: Iterable[tuple]) -> dict[tuple, Fetched]:
                     seen[sample.key] = nth + 1
                     if (sample.key, nth) in left:
                         members = [(m.name, m.data) for m in sample.members]
-                        f = _decode_member(members, left.pop((sample.key, nth)))
+                        f = _prepared(_decode_member(members, left.pop((sample.key, nth))), prepare)
                         f.caption = _caption(members, sample.key)
                         out[(source, sample.key, nth)] = f
                         if not left:
@@ -108,7 +137,7 @@ def fetch_samples(wanted: Iterable[tuple]) -> dict[tuple, Fetched]:
                     continue
                 try:
                     with open(path, "rb") as fh:
-                        out[(source, key, n)] = Fetched(decode_image(fh.read()))
+                        out[(source, key, n)] = _prepared(Fetched(decode_image(fh.read())), prepare)
                 except (OSError, DecodeError) as exc:
                     out[(source, key, n)] = Fetched(error=str(exc))
     return out

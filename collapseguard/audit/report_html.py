@@ -103,8 +103,12 @@ def _headline(s: dict) -> str:
         parts.append(f'<div class="fail"><b>Some inputs failed and are not in these figures:</b>'
                      f"<ul>{items}</ul></div>")
     cal = s.get("calibration")
-    if cal:
+    if cal and cal.get("guarantee_applies", True):
         parts.append(f'<div class="sub">Calibration: {e(cal["guarantee"])}. {e(cal["scope"])}</div>')
+    elif cal:  # --threshold with --calibration: the calibration's guarantee is not this threshold's
+        parts.append(f'<div class="sub">Calibration used for its score maps only; its guarantee '
+                     f'({e(cal["guarantee"])}) holds at its own threshold {e(_num(cal["threshold"], ".6g"))}, '
+                     "not at the threshold used here.</div>")
     parts.append("</div></section>")
     return "".join(parts)
 
@@ -230,14 +234,18 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
     if comparisons:
         parts = ['<section id="compare"><h2>Where other metrics disagree</h2><p class="note">Each '
                  "compared detector is given a percentile-matched threshold: it flags the same "
-                 f"fraction of images as {e(main)}. Images one flags and the other calls fine show "
+                 f"fraction of images as {e(main)} (or fewer, where its scores tie at that "
+                 "threshold: tied images are all kept). Images one flags and the other calls fine show "
                  "where a metric misses replication damage (or sees damage that is not there): the "
                  "Banana100 study's evaluator failure, on your own data.</p>"]
         for c in comparisons:
             d = c.as_dict()
+            ties = (f" (not {c.main_flagged}: its scores tie at the "
+                    "threshold, and tied images are kept)" if c.other_flagged != c.main_flagged else "")
             parts.append(
                 f"<h3>{e(main)} vs {e(c.name)}</h3><p class=\"note\">{d['images_compared']} images "
-                f"scored by both; {e(c.name)} threshold {e(_num(c.threshold))}; agreement "
+                f"scored by both; {e(main)} flags {c.main_flagged}, {e(c.name)} flags "
+                f"{c.other_flagged}{ties} at its threshold {e(_num(c.threshold))}; agreement "
                 f"{e(_pct(c.agreement))}, Cohen's κ {e(_num(c.cohen_kappa, '.2f'))}, Spearman ρ "
                 f"{e(_num(c.spearman, '.2f'))}; {d['main_flags_other_calls_fine']} flagged only by "
                 f"{e(main)}, {d['other_flags_main_calls_fine']} only by {e(c.name)}.</p>"

@@ -146,8 +146,15 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions) -> dict:
     """Gallery items (dicts for the report) with thumbnails and native crops."""
     wanted = {int(i) for rows in picks.values() for i in rows}
     nth = occurrence(df)
+
+    def prepare(img):  # thumbnail and crop made as each image is read: the image is not kept
+        crop, (y, x) = gallery.detail_crop(img, options.crop_size)
+        return {"thumb": gallery.jpeg_uri(gallery.thumbnail(img)), "crop": gallery.png_uri(crop),
+                "crop_at": (y, x), "crop_size": (crop.shape[1], crop.shape[0])}
+
     fetched = gallery.fetch_samples(
-        (df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted))
+        ((df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted)),
+        prepare=prepare)
     cards: dict[int, dict] = {}
     compared = [c[len("score:"):] for c in df.columns if c.startswith("score:")]
     for i in sorted(wanted):
@@ -158,10 +165,8 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions) -> dict:
                 "width": int(row["width"] or 0), "height": int(row["height"] or 0),
                 "caption": f.caption, "error": f.error,
                 "others": {n: (float(row[compare_column(n)]), bool(row[f"flagged:{n}"])) for n in compared}}
-        if f.image is not None:
-            crop, (y, x) = gallery.detail_crop(f.image, options.crop_size)
-            card.update(thumb=gallery.jpeg_uri(gallery.thumbnail(f.image)), crop=gallery.png_uri(crop),
-                        crop_at=(y, x), crop_size=(crop.shape[1], crop.shape[0]))
+        if f.prepared is not None:
+            card.update(f.prepared)
         cards[i] = card
     return {name: [cards[int(i)] for i in rows] for name, rows in picks.items()}
 
@@ -211,6 +216,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
             col = compare_column(name)
             other = (pd.to_numeric(df[col], errors="coerce").to_numpy(np.float64) if col in df
                      else np.full(len(df), np.nan))
+            # as in a separate pass (score_records): a non-finite score is "could not score"
+            other = np.where(np.isfinite(other), other, np.nan)
         else:  # worker processes create detectors by name: one scoring pass per compared detector
             _log(f"scoring with {name} (--compare)", quiet)
             odf, ofail = _score(inputs, name, other_det, tuple(options.compare_kwargs.get(name, ())),
@@ -234,6 +241,9 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         "decision_rule": "flagged when score > threshold; unscored images are not flagged",
         "calibration": None if cal is None else {
             "label": cal.label, "guarantee": cal.guarantee_text(), "scope": cal.scope,
+            "threshold": cal.threshold,
+            # with --threshold, only the score maps are used: the guarantee is for cal.threshold
+            "guarantee_applies": options.threshold is None,
             "has_step_map": has_step, "has_probability_map": has_prob},
         "sample": {"sampled": sampled, "audited": len(df), "population": int(population),
                    "seed": options.seed if sampled else None,
@@ -258,9 +268,11 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
                                       "no calibration with a step map is in use (pass --calibration "
                                       "FILE made by `collapseguard calibrate`)" if cal is None else
                                       "the calibration in use has no score -> step map")})
-    errs = df[df["error"].fillna("") != ""]
-    summary["error_examples"] = [{"source": a, "key": b, "error": c}
-                                 for a, b, c in errs[["source", "key", "error"]].head(50).itertuples(index=False)]
+    # the samples that could not be scored (not those scored with a note, e.g. an unsafe name)
+    errs = df[~np.isfinite(s)].head(50)
+    summary["error_examples"] = [{"source": a, "key": b, "error": c or "no finite score"}
+                                 for a, b, c in zip(errs["source"], errs["key"],
+                                                    errs["error"].fillna("").astype(str))]
     summary["per_source"] = [{k: stats._num(v) for k, v in r.items()}
                              for r in per_source.to_dict(orient="records")]
     summary["storage"] = stats.storage_table(df)

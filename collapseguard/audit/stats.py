@@ -169,7 +169,8 @@ class Comparison:
     def as_dict(self) -> dict:
         return {"detector": self.name, "detector_version": self.version, "images_compared": self.n_both,
                 "matched_threshold": _num(self.threshold),
-                "threshold_rule": "percentile-matched: flags the same fraction as the main detector",
+                "threshold_rule": ("percentile-matched: flags the same fraction as the main detector, or "
+                                   "fewer where its scores tie at the threshold (tied scores are kept)"),
                 "main_flagged": self.main_flagged, "other_flagged": self.other_flagged,
                 "both_flagged": self.both_flagged,
                 "main_flags_other_calls_fine": int(self.main_only.sum()),
@@ -190,15 +191,18 @@ def compare(main_scores, threshold: float, other_scores, name: str = "", version
     if n == 0:
         z = np.zeros(a.shape, bool)
         return Comparison(name, version, 0, math.nan, 0, 0, 0, z, z.copy(), math.nan, math.nan, math.nan)
-    frac = fa.sum() / n
-    t_other = threshold_for_drop_fraction(b[both], frac)
+    if fa.sum() == n:  # every image flagged: a cut just below the lowest score flags them all
+        t_other = float(np.nextafter(b[both].min(), -np.inf))
+    else:
+        t_other = threshold_for_drop_fraction(b[both], fa.sum() / n)
     fb = is_dropped(b, t_other) & both
     main_only, other_only = fa & ~fb, fb & ~fa
     agree = 1 - (main_only.sum() + other_only.sum()) / n
     pa, pb = fa.sum() / n, fb.sum() / n
     pe = pa * pb + (1 - pa) * (1 - pb)
     kappa = (agree - pe) / (1 - pe) if pe < 1 else math.nan
-    rho = float(sps.spearmanr(a[both], b[both]).statistic) if n > 2 else math.nan
+    constant = n <= 2 or np.ptp(a[both]) == 0 or np.ptp(b[both]) == 0  # (a constant has no rank order)
+    rho = math.nan if constant else float(sps.spearmanr(a[both], b[both]).statistic)
     return Comparison(name, version, n, float(t_other), int(fa.sum()), int(fb.sum()),
                       int((fa & fb).sum()), main_only, other_only, float(agree), float(kappa), rho)
 

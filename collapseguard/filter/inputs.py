@@ -15,6 +15,7 @@ from pathlib import Path
 
 import braceexpand
 
+from collapseguard.filter.tario import valid_text
 from collapseguard.images import is_image_name
 
 SHARD_SUFFIXES = (".tar",)
@@ -26,7 +27,11 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class ImageFile:
-    """An image file and the key it is reported under (path relative to the folder given)."""
+    """An image file and the key it is reported under (path relative to the folder given).
+
+    ``path`` is the name as the filesystem has it; ``key`` and ``source`` are valid text for
+    tables and reports (bytes of a file name that are not UTF-8 are written as ``\\xNN``).
+    """
 
     path: str
     key: str
@@ -70,12 +75,13 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
                         if is_shard(name):
                             shards.append(str(full))
                         elif is_image_name(name):
-                            files.append(ImageFile(str(full), full.relative_to(root).as_posix(), str(root)))
+                            files.append(ImageFile(str(full), valid_text(full.relative_to(root).as_posix()),
+                                               valid_text(str(root))))
             elif os.path.isfile(p):
                 if is_shard(p):
                     shards.append(p)
                 elif is_image_name(p):
-                    files.append(ImageFile(p, os.path.basename(p), p))
+                    files.append(ImageFile(p, valid_text(os.path.basename(p)), valid_text(p)))
                 else:
                     raise InputError(f"{p}: not a .tar shard or an image file")
             else:

@@ -6,7 +6,6 @@ in input order: shards first in the order given, then loose image files.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path

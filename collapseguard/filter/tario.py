@@ -63,10 +63,10 @@ def clean_member_name(name: str) -> str:
     """A relative POSIX name with no ``..``/``.``/empty components and no leading slash, in valid
     UTF-8 (bytes that were not, which tarfile hands over as surrogates, become ``\\xNN``)."""
     parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".", "..")]
-    return _valid_text("/".join(parts))
+    return valid_text("/".join(parts))
 
 
-def _valid_text(name: str) -> str:
+def valid_text(name: str) -> str:
     """``name`` with lone surrogates (undecodable bytes) written as ``\\xNN`` escapes."""
     try:
         raw = name.encode("utf-8", "surrogateescape")
