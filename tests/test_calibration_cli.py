@@ -295,3 +295,32 @@ def test_clean_folder_named_with_at_sign_is_split_by_image(tmp_path):
         (folder / f"p{i}.png").write_bytes(_png_bytes())
     groups = {source_group(s) for s, _, _ in iter_clean_images([folder])}
     assert len(groups) == 4
+
+
+def test_from_scores_checks_the_detector_by_version_not_spelling(calibrated, tmp_path):
+    from pathlib import Path
+
+    import collapseguard
+    weights = Path(collapseguard.__file__).parent / "weights" / "cnn.safetensors"
+    cnn = create("cnn")
+    table = pd.read_csv(calibrated[1], dtype=str, keep_default_na=False)
+    table["detector"], table["detector_version"] = f"cnn:{weights}", cnn.version
+    table.to_csv(tmp_path / "cnn_scores.csv", index=False)
+    common = ["--from-scores", str(tmp_path / "cnn_scores.csv"), "--max-false-drop", "0.1",
+              "--confidence", "0.9", "--no-plot"]
+    # the packaged weights under their short name are the same detector as under their path
+    res = _run([*common, "--detector", "cnn", "--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    res = _run([*common, "--detector", "nss", "--out", str(tmp_path / "b.json")])
+    assert res.exit_code != 0 and "holds scores of cnn:" in res.output
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_from_scores_refuses_scores_out_and_a_plot_path_that_is_a_folder(calibrated, tmp_path):
+    common = ["--from-scores", str(calibrated[1]), "--max-false-drop", "0.1", "--confidence", "0.9"]
+    res = _run([*common, "--scores-out", str(tmp_path / "s.csv"), "--out", str(tmp_path / "a.json")])
+    assert res.exit_code != 0 and "computes none" in res.output
+    (tmp_path / "c.png").mkdir()  # where the plot of c.json would go
+    res = _run([*common, "--out", str(tmp_path / "c.json")])
+    assert res.exit_code != 0 and "cannot write the plot" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "c.json").exists()  # refused before anything was written

@@ -96,6 +96,11 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     png_out = Path(out).with_suffix(".png")
     if png_out.resolve() in {Path(p).resolve() for p in (out, scores_out) if p is not None}:
         png_out = Path(out).with_name(Path(out).name + ".plot.png")
+    if not no_plot:
+        check_out_file(png_out, "the plot")  # a folder there failed after the calibration was written
+    if from_scores is not None and scores_out is not None:
+        raise click.UsageError("--scores-out writes the scores this run computes; with --from-scores "
+                               "it computes none (copy the table instead)")
     sources = []
     if from_scores is not None:
         if chains_dir is not None or clean_dirs:
@@ -105,7 +110,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         if detector_name is not None and detector_name != det_name:
-            raise click.ClickException(f"{from_scores} holds scores of {det_name}, not {detector_name}")
+            _same_detector_or_fail(detector_name, det_name, det_version, from_scores)
         sources.append(f"scores table {from_scores}")
     else:
         if chains_dir is None and not clean_dirs:
@@ -169,3 +174,17 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         png = plot_calibration(cal, table.assign(clean=label_clean(table, target, steps)),
                                png_out)
         click.echo(f"plot written to {png}")
+
+
+def _same_detector_or_fail(asked: str, name: str, version: str, table) -> None:
+    """``--detector`` spelled otherwise than the table's detector (``cnn:./w.safetensors`` against
+    ``cnn:w.safetensors``) is accepted when it is the same detector: same version."""
+    from collapseguard.detectors import DetectorError, create
+
+    try:
+        detector = create(asked)
+    except DetectorError as exc:
+        raise click.ClickException(str(exc)) from None
+    if detector.name.split(":", 1)[0] != name.split(":", 1)[0] or str(detector.version) != version:
+        raise click.ClickException(f"{table} holds scores of {name}@{version}, not of {asked} "
+                                   f"({detector.name}@{detector.version})")
