@@ -87,3 +87,13 @@ make_chains(procedural_art(1, seed=1, min_side=64, max_side=64), ["codec"], step
     r = subprocess.run([sys.executable, str(f)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "manifest.csv").exists()
+
+
+def test_too_small_source_is_named_before_any_chain_is_made(tmp_path, sources):
+    # a 1x40 picture in a folder used to fail only when its chain ran, as "image too small for a
+    # replicator: 1x40" with no name, after the chains before it were written
+    tiny = ("photos/strip", np.zeros((40, 1, 3), np.uint8))
+    with pytest.raises(ValueError, match="'photos/strip': 1x40 is too small"):
+        make_chains(list(sources) + [tiny], ["codec"], steps=1, out_dir=tmp_path, workers=1,
+                    progress=False)
+    assert not list(tmp_path.rglob("*.png"))

@@ -142,3 +142,27 @@ def test_export_refuses_to_mix_with_an_earlier_export(chains_dir, tmp_path):
     res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--steps", "1",
                                     "--out", str(tmp_path / "afile"), "--workers", "1"])
     assert res.exit_code == 1 and "a file of that name exists" in res.output
+
+
+def test_make_with_an_empty_keep_writes_the_originals(tmp_path):
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--families", "codec",
+                                    "--steps", "2", "--keep", "", "--out", str(tmp_path),
+                                    "--no-progress"])
+    assert res.exit_code == 0, res.output  # was a TypeError
+    assert "1 chains, 1 images" in res.output
+
+
+def test_export_keeps_chains_with_non_ascii_names_apart(tmp_path):
+    for v, name in ((10, "猫"), (90, "犬")):
+        for s in range(2):
+            d = tmp_path / "in" / "flux2" / name
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8, 3), v + s, np.uint8)).save(d / f"step_{s}.png")
+    paths = export_shards(tmp_path / "in", tmp_path / "out")  # was: "two chains map to the same key"
+    with tarfile.open(paths[0]) as tar:
+        names = tar.getnames()
+        metas = [json.loads(tar.extractfile(n).read()) for n in names if n.endswith(".json")]
+    keys = {n.rsplit(".", 1)[0] for n in names}
+    assert len(keys) == 4 and all(k.isascii() and "." not in k and "/" not in k for k in keys)
+    assert sorted(m["chain_id"] for m in metas) == ["flux2/犬", "flux2/犬", "flux2/猫", "flux2/猫"]
+    assert sample_key("cat/flux2", 3) == "cat_flux2__s0003"  # plain ids keep their keys

@@ -182,3 +182,149 @@ def test_parquet_without_step_columns_uses_stored_file_names(tmp_path):
     assert [p for p, _ in d.unplaced] == ["evil/readme.png"]
     assert all(str(tmp_path / "x") in p for p in df["path"])
     assert any("stored image file names" in n for n in d.notes)
+
+
+# --- review: layouts users have -----------------------------------------------------------------
+
+def test_relative_folder_with_duplicate_steps_lists_them(tmp_path, monkeypatch):
+    # `chains ls chains/` (a relative path) with a doubled step used to crash in relative_to
+    for s in (0, 1, 2):
+        _img(tmp_path / "data" / "fam" / "c1" / f"step_{s}.png", s)
+    _img(tmp_path / "data" / "fam" / "c1" / "step_002.jpg", 9)
+    monkeypatch.chdir(tmp_path)
+    d = discover_chains("data")
+    assert sorted(d.manifest["step"]) == [0, 1]
+    assert sorted(p for p, _ in d.unplaced) == ["fam/c1/step_002.jpg", "fam/c1/step_2.png"]
+
+
+def test_non_utf8_file_name_is_reported_not_fatal(tmp_path):
+    import os
+    for s in (0, 1):
+        _img(tmp_path / "fam" / "good" / f"{s}.png", s)
+    bad = os.fsencode(tmp_path) + b"/fam/b\xffd"
+    try:
+        os.makedirs(bad)
+    except OSError:
+        pytest.skip("file system refuses non-UTF-8 names")
+    for s in (0, 1):
+        Image.fromarray(np.full((8, 10, 3), s, np.uint8)).save(os.fsdecode(bad + b"/%d.png" % s))
+    d = discover_chains(tmp_path)
+    assert list(d.manifest["chain_id"].unique()) == ["fam/good"]
+    assert ("fam/b\\xffd/0.png", "the file name is not valid UTF-8") in d.unplaced
+    d.summary().encode("utf-8")  # printable
+
+
+def test_link_to_a_file_outside_the_folder_is_not_read(tmp_path):
+    secret = tmp_path / "elsewhere" / "secret.png"
+    _img(secret, 200)
+    root = tmp_path / "chains"
+    for s in (0, 1):
+        _img(root / "fam" / "c" / f"step_{s}.png", s)
+    (root / "fam" / "c" / "step_2.png").symlink_to(secret)
+    (root / "fam" / "c" / "step_3.png").symlink_to(root / "fam" / "c" / "step_1.png")  # inside: fine
+    d = discover_chains(root)
+    assert sorted(d.manifest["step"]) == [0, 1, 3]
+    assert str(secret.resolve()) not in set(d.manifest["path"])
+    assert ("fam/c/step_2.png", "a link to a file outside the folder") in d.unplaced
+
+
+def test_huge_step_number_is_reported_not_wrapped(tmp_path):
+    for s in (0, 1):
+        _img(tmp_path / "fam" / "c" / f"step_{s}.png", s)
+    _img(tmp_path / "fam" / "c" / "step_99999999999999999999999.png", 5)
+    d = discover_chains(tmp_path)
+    assert sorted(d.manifest["step"]) == [0, 1]
+    assert [p for p, _ in d.unplaced] == ["fam/c/step_99999999999999999999999.png"]
+    write_manifest(d.manifest, tmp_path / "m.csv")  # was: a step of -2**63 that no tool accepts
+    bad = d.manifest.astype({"step": object})
+    bad.loc[1, "step"] = 10**23
+    with pytest.raises(ManifestError, match="step must be"):
+        write_manifest(bad, tmp_path / "m2.csv")
+
+
+@pytest.mark.parametrize("stem,expected", [
+    ("step_-1", ("", -1)), ("-3", ("", -3)), ("cat_-2", ("cat", -2)), ("cat-7", ("cat", 7)),
+    ("step-4", ("", 4)),
+])
+def test_parse_step_minus_sign(stem, expected):
+    assert parse_step(stem) == expected
+
+
+def test_negative_step_file_is_not_read_as_step_one(tmp_path):
+    for s in ("-1", "0", "2"):
+        _img(tmp_path / "fam" / "c" / f"step_{s}.png", abs(int(s)) + 1)
+    d = discover_chains(tmp_path)
+    m = d.manifest.set_index("step")
+    assert sorted(m.index) == [0, 2]  # step_-1 used to become step 1
+    assert [p for p, _ in d.unplaced] == ["fam/c/step_-1.png"]
+
+
+def test_doubled_original_does_not_renumber_the_chain(tmp_path):
+    # step 0 twice (a PNG and a JPEG copy): the chain used to be renumbered so step 1 became the
+    # original and every label was one off
+    c = tmp_path / "fam" / "c"
+    _img(c / "step_0.png", 0)
+    _img(c / "step_000.jpg", 0)
+    for s in (1, 2, 3):
+        _img(c / f"step_{s}.png", s * 10)
+    with pytest.raises(ChainLayoutError):
+        discover_chains(tmp_path)
+    _img(tmp_path / "fam" / "ok" / "0.png", 1)
+    _img(tmp_path / "fam" / "ok" / "1.png", 2)
+    d = discover_chains(tmp_path)
+    assert list(d.manifest["chain_id"].unique()) == ["fam/ok"]
+    assert not any("renumbered" in n for n in d.notes)
+    assert ("fam/c/step_1.png", "chain fam/c has an ambiguous step 0 (original)") in d.unplaced
+
+
+def test_image_model_layout_is_read_the_right_way_round(tmp_path):
+    # Banana100-like: IMAGE/MODEL/step_XXX.png; every model's chain of an image starts from it
+    images, models = ["cat", "dog", "tree"], ["flux2", "nano_banana_pro", "qwen"]
+    for i, im in enumerate(images):
+        for j, m in enumerate(models):
+            _img(tmp_path / im / m / "step_000.png", 100 + i)
+            for s in (1, 2):
+                _img(tmp_path / im / m / f"step_{s:03d}.png", 10 * i + 3 * j + s)
+    d = discover_chains(tmp_path)
+    df = d.manifest
+    assert sorted(df["family"].unique()) == models
+    assert sorted(df["source_image"].unique()) == images
+    one = df[df["chain_id"] == "dog/qwen"]
+    assert set(one["family"]) == {"qwen"} and set(one["source_image"]) == {"dog"}
+    assert any("IMAGE/MODEL" in n for n in d.notes)
+
+
+def test_family_chain_layout_with_shared_names_is_not_swapped(tmp_path):
+    # MODEL/IMAGE/...: the chains under one model start from different pictures
+    for j, m in enumerate(["flux2", "qwen", "seedream", "gpt"]):
+        for i, im in enumerate(["cat", "dog"]):
+            _img(tmp_path / m / im / "0.png", 100 + i)
+            _img(tmp_path / m / im / "1.png", 10 * j + i)
+    df = discover_chains(tmp_path).manifest
+    assert sorted(df["family"].unique()) == ["flux2", "gpt", "qwen", "seedream"]
+    assert sorted(df["source_image"].unique()) == ["cat", "dog"]
+
+
+def test_parquet_files_of_one_name_in_two_folders_keep_their_images(tmp_path):
+    # HF configs: flux2/train-00000.parquet and qwen/train-00000.parquet used to extract into one
+    # folder, so the first file's chains pointed at the second file's images
+    for m, base in (("flux2", 10), ("qwen", 200)):
+        rows = {"image": [{"bytes": _png_bytes(base + i), "path": None} for i in range(4)],
+                "chain_id": ["a", "a", "b", "b"], "step": [0, 1, 0, 1], "model": [m] * 4}
+        (tmp_path / m).mkdir()
+        pq.write_table(pa.table(rows), tmp_path / m / "train-00000-of-00001.parquet")
+    df = load_chains(tmp_path)
+    for _, r in df.iterrows():
+        with Image.open(r["path"]) as im:
+            value = int(np.asarray(im)[0, 0, 0])
+        base = 10 if r["family"] == "flux2" else 200
+        assert value == base + {("a", 0): 0, ("a", 1): 1, ("b", 0): 2, ("b", 1): 3}[
+            (r["source_image"], r["step"])], r.to_dict()
+
+
+def test_manifest_with_an_empty_path_cell_is_a_manifest_error(tmp_path):
+    _img(tmp_path / "a.png")
+    (tmp_path / "manifest.csv").write_text(
+        "chain_id,source_image,family,task,step,path\nc,s,f,t,0,a.png\nc,s,f,t,1,\n")
+    with pytest.raises(ManifestError, match="empty path"):
+        load_chains(tmp_path)

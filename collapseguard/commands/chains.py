@@ -76,7 +76,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
     check_out_dir(out_dir)
-    beyond = [k for k in _int_list(keep) if k > steps]
+    beyond = [k for k in _int_list(keep) or [] if k > steps]
     if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
         click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
                    "written", err=True)

@@ -121,6 +121,9 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
         image = np.asarray(image)
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"source {name!r}: expected (H, W, 3) uint8, got {image.dtype} {image.shape}")
+        if min(image.shape[:2]) < 16:  # what every replicator refuses: say so now, and which source
+            raise ValueError(f"source {name!r}: {image.shape[1]}x{image.shape[0]} is too small for a "
+                             "replicator (16 pixels a side at least)")
         if name in seen:
             raise ValueError(f"duplicate source name {name!r}")
         seen.add(name)

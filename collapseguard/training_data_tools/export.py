@@ -3,12 +3,14 @@
 Each kept image becomes one sample: its image file's bytes copied unchanged (never re-encoded)
 under its own extension, plus a ``.json`` with ``chain_id, source_image, family, task, step``
 and any other manifest columns (``params`` is decoded back into an object). Keys are
-``<chain>__s<step>`` with unsafe characters replaced, so they never contain dots or slashes.
+``<chain>__s<step>`` with unsafe characters replaced (and a short hash of the chain id when it
+holds characters other than letters, digits, ``-``, ``_``, ``/``), so they never contain dots or slashes.
 Shards are written to a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -23,8 +25,16 @@ from collapseguard.training_data_tools.loaders import load_chains
 
 
 def sample_key(chain_id: str, step: int) -> str:
-    """A WebDataset-safe key: letters, digits, ``-`` and ``_`` only."""
-    return f"{re.sub(r'[^A-Za-z0-9_-]+', '_', str(chain_id))}__s{int(step):04d}"
+    """A WebDataset-safe key: letters, digits, ``-`` and ``_`` only.
+
+    A chain id with other characters than those and ``/`` (``flux2/猫``, ``a b``) also gets a
+    short hash of itself, so ids that differ only in such characters keep apart.
+    """
+    cid = str(chain_id)
+    key = re.sub(r"[^A-Za-z0-9_-]+", "_", cid)
+    if re.search(r"[^A-Za-z0-9_/-]", cid):
+        key += "-" + hashlib.sha256(cid.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{key}__s{int(step):04d}"
 
 
 def _meta(row: pd.Series) -> dict:

@@ -31,6 +31,7 @@ import pandas as pd
 from collapseguard.images import is_image_name
 from collapseguard.training_data_tools.manifest import (
     MANIFEST_NAME,
+    MAX_STEP,
     ManifestError,
     read_manifest,
     validate_manifest,
@@ -159,7 +160,7 @@ def _seen(root: Path, why: str, extra: list[str] | None = None) -> str:
     lines = [f"could not find replication chains under {root}: {why}.",
              f"seen: {len(files)} file(s) in {len(dirs)} folder(s); by type: "
              + (", ".join(f"{e} {n}" for e, n in exts.most_common(10)) or "none")]
-    lines += [f"  e.g. {p.relative_to(root).as_posix()}" for p in files[:12]]
+    lines += [f"  e.g. {_shown(p.relative_to(root).as_posix())}" for p in files[:12]]
     lines += extra or []
     lines.append("supported: a manifest (.csv/.parquet with chain_id, source_image, family, task, "
                  "step, path); CHAIN/STEP.png folders (optionally under FAMILY/TASK/); flat "
@@ -180,8 +181,13 @@ def parse_step(stem: str) -> tuple[str, int] | None:
     m = _NUM.match(s)
     if not m:
         return None
-    prefix = m.group(1).rstrip("_-. ")
+    prefix = m.group(1)
     step = int(m.group(2))
+    # "-1", "step_-1": a minus sign after a separator (or at the start) makes the step negative
+    # (such a file is reported, not read as step 1); "cat-7" is chain "cat", step 7
+    if prefix.endswith("-") and (len(prefix) == 1 or prefix[-2] in "_. -"):
+        step = -step
+    prefix = prefix.rstrip("_-. ")
     if prefix.lower() in STEP_WORDS:
         prefix = ""
     else:
@@ -199,23 +205,36 @@ def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
     for r in rows:
         by_chain[r["chain_id"]].append(r)
     out, renumbered = [], 0
+
+    def name(r: dict) -> str:  # as found (relative to the folder), not the resolved file
+        return r.get("_rel", r["path"])
+
     for cid, rs in by_chain.items():
+        keep = []
+        for r in rs:
+            if not 0 <= r["step"] <= MAX_STEP:
+                unplaced.append((name(r), f"step {r['step']} is not a number from 0 to {MAX_STEP}"))
+            else:
+                keep.append(r)
+        rs = keep
         steps = Counter(r["step"] for r in rs)
+        first = min(steps, default=0)  # before duplicates go: a doubled original is no "from 1"
         dups = {s for s, n in steps.items() if n > 1}
         if dups:
             keep = []
             for r in rs:
                 if r["step"] in dups:
-                    unplaced.append((r["path"], f"chain {cid} has step {r['step']} more than once"))
+                    unplaced.append((name(r), f"chain {cid} has step {r['step']} more than once"))
                 else:
                     keep.append(r)
             rs = keep
         if len(rs) < 2:
-            unplaced += [(r["path"], f"chain {cid}: a chain needs at least two steps") for r in rs]
+            unplaced += [(name(r), f"chain {cid}: a chain needs at least two steps") for r in rs]
             continue
         if min(r["step"] for r in rs) != 0:
-            if one_based is False or min(r["step"] for r in rs) != 1:
-                unplaced += [(r["path"], f"chain {cid} has no step 0 (original)") for r in rs]
+            if one_based is False or first != 1 or min(r["step"] for r in rs) != 1:
+                why = "an ambiguous step 0 (original)" if first == 0 else "no step 0 (original)"
+                unplaced += [(name(r), f"chain {cid} has {why}") for r in rs]
                 continue
             for r in rs:
                 r["step"] -= 1
@@ -266,10 +285,30 @@ def _safe_rel(name: str) -> PurePosixPath:
     return PurePosixPath(*parts) if parts else PurePosixPath("unnamed")
 
 
+def _shown(name: str) -> str:
+    """A file name as it can be printed: bytes that are not UTF-8 (surrogate escapes) as \\xNN."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Discovery:
-    rows, unplaced, kinds = _rows_from_names(
-        [(PurePosixPath(p.relative_to(root).as_posix()), str(p.resolve())) for p in images])
+    real_root = root.resolve()
+    items, unplaced = [], []
+    for p in images:
+        rel = p.relative_to(root).as_posix()
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            unplaced.append((_shown(rel), "the file name is not valid UTF-8"))
+            continue
+        real = p.resolve()
+        if not real.is_relative_to(real_root):  # a link to elsewhere: never read (or export) it
+            unplaced.append((rel, "a link to a file outside the folder"))
+            continue
+        items.append((PurePosixPath(rel), str(real)))
+    rows, more, kinds = _rows_from_names(items)
+    unplaced += more
     notes: list[str] = []
+    _image_model_layout(rows, notes)
     try:
         df = _finish(rows, unplaced, notes, one_based)
     except ChainLayoutError:
@@ -277,13 +316,60 @@ def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Dis
                                      [f"  unplaced {p}: {w}" for p, w in unplaced[:10]])) from None
     depth = Counter(len(Path(r).parts) for r in df["_rel"])
     df = df.drop(columns=["_rel"])
-    unplaced = [(p if not Path(p).is_absolute() else Path(p).relative_to(root).as_posix(), w)
-                for p, w in unplaced]
     layout = " + ".join(f"{k} ({n} files)" for k, n in kinds.items())
     layout = f"chain folders: {layout}; path depth {dict(depth)}"
     if (df["family"] == "unknown").all():
         notes.append("no family folders: family is 'unknown'")
     return Discovery(df, layout, notes, unplaced)
+
+
+def _image_model_layout(rows: list[dict], notes: list[str]) -> None:
+    """Read ``IMAGE/MODEL/step.png`` (Banana100-like: one folder per start image, one chain per
+    model inside) the right way round.
+
+    Read as ``FAMILY/CHAIN`` such a tree swaps family and source image, and a split by source would
+    put one picture on both sides. The originals tell the layouts apart: in ``IMAGE/MODEL`` the
+    chains under one top folder share their step-0 file; in ``FAMILY/CHAIN`` they start from
+    different pictures. Only when that is so for every top folder (at least two, one holding two
+    chains, each with its own original, and a name below recurring under two of them) are family
+    and source swapped, in place, with a note.
+    """
+    import hashlib
+
+    if not rows or any(r["task"] != "unknown" or r["chain_id"] != f"{r['family']}/{r['source_image']}"
+                       for r in rows):
+        return
+    originals: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        if r["step"] == 0:
+            originals[r["chain_id"]].append(r["path"])
+    by_top: dict[str, set[bytes]] = defaultdict(set)
+    n_chains: Counter = Counter()
+    for cid, paths in originals.items():
+        if len(paths) != 1:
+            continue
+        try:
+            digest = hashlib.sha256(Path(paths[0]).read_bytes()).digest()
+        except OSError:
+            return
+        top = cid.split("/", 1)[0]
+        by_top[top].add(digest)
+        n_chains[top] += 1
+    if len(by_top) < 2 or max(n_chains.values()) < 2 or any(len(d) != 1 for d in by_top.values()):
+        return
+    tops_of = defaultdict(set)
+    for cid in originals:
+        top, _, leaf = cid.partition("/")
+        tops_of[leaf].add(top)
+    if max(len(t) for t in tops_of.values()) < 2:  # no model name recurs under two images
+        return
+    if len({next(iter(d)) for d in by_top.values()}) < len(by_top):  # two top folders, one picture
+        return
+    for r in rows:
+        r["family"], r["source_image"] = r["source_image"], r["family"]
+    notes.append("the chains in each top folder share one original (step 0): read as "
+                 "IMAGE/MODEL/step files (top folders are source images, the names below them "
+                 "families)")
 
 
 def _pick(columns: list[str], key: str) -> str | None:
@@ -373,7 +459,9 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
             continue
         meta = t.drop_columns([img_c]).to_pandas()
         col = t.column(img_c).to_pylist()
-        out_dir = extract / f.stem
+        # one folder per parquet file: config folders often hold files of the same name
+        # (flux2/train-00000.parquet, qwen/train-00000.parquet), whose images must not mix
+        out_dir = extract / (f.relative_to(root).with_suffix("") if root in f.parents else f.stem)
         out_dir.mkdir(parents=True, exist_ok=True)
 
         def path_of(r, col=col, out_dir=out_dir, f=f):
@@ -402,6 +490,7 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
             unplaced += un
             n = [(f"{f.name}: no chain/step columns ({list(meta.columns)}); chains inferred from the "
                  "stored image file names as if they were a folder layout")]
+            _image_model_layout(r, n)
         for row in r:
             row.pop("_rel", None)
         rows += r

@@ -10,6 +10,7 @@ row, so no source image leaks across a split.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +19,16 @@ import pandas as pd
 REQUIRED_COLUMNS = ("chain_id", "source_image", "family", "task", "step", "path")
 #: default file name of a manifest inside a chains folder
 MANIFEST_NAME = "manifest.csv"
+#: the largest step a manifest may hold (larger numbers do not survive float/int64 conversion)
+MAX_STEP = 2**53
 
 
 class ManifestError(ValueError):
     """A manifest is malformed; the message says what is wrong and where."""
+
+
+def _empty(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def _under(p: str, root: Path) -> bool:
@@ -56,7 +63,9 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
         raise ManifestError(f"manifest must be .csv, .tsv or .parquet, got {path.name}")
     root = path.parent.resolve()
     if "path" in df.columns:
-        df["path"] = [str(p) if Path(p).is_absolute() else str(root / p) for p in df["path"]]
+        # an empty cell (NaN) stays as it is, for validate_manifest to report
+        df["path"] = [p if _empty(p) else str(p) if Path(p).is_absolute() else str(root / p)
+                      for p in df["path"]]
         if not outside_ok:  # a manifest is data: it must not point the tools at any file on disk
             out = [p for p in df["path"] if isinstance(p, str) and not _under(p, root)]
             if out:
@@ -92,9 +101,11 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def bad_steps(step: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """(numeric steps, mask of rows whose step is not an integer >= 0: text, NaN, inf, 1.5, -1)."""
+    """(numeric steps, mask of rows whose step is not an integer in [0, MAX_STEP]: text, NaN, inf,
+    1.5, -1, 1e30)."""
     steps = pd.to_numeric(step, errors="coerce")
-    return steps, steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps != steps.round())
+    return steps, (steps.isna() | ~np.isfinite(steps) | (steps < 0) | (steps > MAX_STEP)
+                   | (steps != steps.round()))
 
 
 def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str = "manifest") -> None:
