@@ -1,6 +1,7 @@
 """End to end: `collapseguard evaluate` on tiny chains made here, with detectors registered here."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -210,3 +211,91 @@ def test_tables_recomputed_from_scores_file(chains, tmp_path):
     bad.write_text("x,y\n1,2\n")
     res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(bad), "--out", str(tmp_path / "c")])
     assert res.exit_code != 0 and "not a scores.csv" in res.output
+
+
+@pytest.fixture(scope="module")
+def odd_chains(tmp_path_factory):
+    """The tiny chains under family and chain names a folder can have: a formula, a pipe, a line
+    break, backticks, and matplotlib's $...$."""
+    root = _make_chains(tmp_path_factory.mktemp("odd"), n_sources=2)
+    df = read_manifest(root)
+    fams = {"grain": '=HYPERLINK("http://x","y")', "speckle": "$\\bad{x$ a|b\nc"}
+    df["family"] = df["family"].map(fams)
+    df["chain_id"] = df["chain_id"].map(lambda c: ("@" if c.endswith("0") else "`x`\n| y |") + c)
+    df.to_csv(root / "odd.csv", index=False)
+    return root / "odd.csv", sorted(fams.values())
+
+
+def test_names_that_look_like_formulas_are_inert_in_csv_and_read_back_as_they_were(odd_chains, tmp_path):
+    import csv
+
+    manifest, families = odd_chains
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(manifest), "--detectors", "evaltest-track",
+                                    "--out", str(out), "--no-plot", "-q"])
+    assert res.exit_code == 0, res.output
+    for name in ("scores.csv", "chains.csv", "auroc.csv"):
+        with open(out / name, newline="", encoding="utf-8") as fh:
+            cells = [c for row in csv.reader(fh) for c in row]
+        assert not [c for c in cells if c[:1] in ("=", "+", "@", "\t", "\r")], name
+        assert any(c.startswith("'=HYPERLINK") for c in cells), name
+    again = tmp_path / "again"
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(out / "scores.csv"), "--out", str(again),
+                                    "--no-plot"])
+    assert res.exit_code == 0, res.output
+    first, second = (json.loads((d / "summary.json").read_text()) for d in (out, again))
+    assert first["families"] == second["families"] == families
+    assert first["auroc"]["table"] == second["auroc"]["table"]
+    assert first["failures_by_family"] == second["failures_by_family"]
+
+
+def test_names_with_pipes_and_line_breaks_keep_results_md_tables_whole(odd_chains, tmp_path):
+    manifest, _ = odd_chains
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(manifest), "--detectors", "evaltest-track",
+                                    "--out", str(out), "--no-plot", "-q", "--steps", "5,30"])
+    assert res.exit_code == 1  # step 30 is in no chain: all skipped, listed by chain name
+    md = (out / "results.md").read_text()
+    lines = md.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|"):  # every row of a table is one line, with the header's cell count
+            header = next(h for h in reversed(lines[: i + 1]) if h.startswith("|") and
+                          not lines[lines.index(h) - 1].startswith("|"))
+            assert line.endswith("|") and len(re.split(r"(?<!\\)\|", line)) == len(header.split("|")), line
+    assert "| evaltest-track | $\\bad{x$ a\\|b↵c |" in md
+    # skipped chains are listed as one-line code spans (a backtick in the name does not end them)
+    assert "- `` `x`↵| y |speckle-1 ``: missing step(s) [30]" in md
+    assert not [ln for ln in lines if ln.startswith("c") or ln.startswith("| y |")]
+
+
+def test_a_family_name_with_dollar_signs_is_plotted_as_written(odd_chains, tmp_path):
+    # matplotlib would parse "$\bad{x$" as mathtext and raise on saving, before results.md is written
+    manifest, _ = odd_chains
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(manifest), "--detectors",
+                                    "evaltest-track,evaltest-anti", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    assert (out / "mean_score_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "results.md").is_file() and (out / "summary.json").is_file()
+
+
+def test_a_rerun_without_plot_removes_the_earlier_runs_plot(chains, tmp_path):
+    out = tmp_path / "eval"
+    args = ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track", "--out", str(out), "-q"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert (out / "mean_score_vs_step.png").is_file()
+    res = CliRunner().invoke(main, [*args, "--no-plot", "--family", "grain"])
+    assert res.exit_code == 0, res.output
+    assert not (out / "mean_score_vs_step.png").exists()  # it showed both families, the tables one
+    assert "plot" not in json.loads((out / "summary.json").read_text())["files"]
+
+
+def test_steps_given_twice_or_including_the_base_step_are_refused(chains, tmp_path):
+    first = tmp_path / "a"
+    assert CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track",
+                                     "--out", str(first), "--no-plot", "-q"]).exit_code == 0
+    for steps, base, why in (("5,5", "1", "twice"), ("1,5", "1", "base step"), ("5,10", "5", "base step")):
+        res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--out",
+                                        str(tmp_path / "b"), "--steps", steps, "--base-step", base])
+        assert res.exit_code == 2 and why in res.output, (steps, res.output)
+        assert "Traceback" not in res.output and not (tmp_path / "b").exists()

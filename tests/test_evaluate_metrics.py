@@ -209,3 +209,42 @@ def test_small_families_get_a_note_with_how_far_one_image_moves_their_auroc():
     same = evaluate_scores(_frame({**big, ("s1", "small"): {"d1": up, "d2": up}}))
     assert [n for n in same.notes if n.startswith("AUROC")] == [
         "AUROC of family small rests on 1 step 5 image(s): one image moves it by up to 1.00"]
+
+
+def test_a_family_named_all_gets_its_own_rows_not_the_overall_ones():
+    # a chains folder "all/" is a family like any other: its rows must hold its own chains only,
+    # and the overall rows must stay distinguishable from it
+    from scipy.stats import spearmanr
+    from sklearn.metrics import roc_auc_score
+
+    up = {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0, 5: 5.0, 10: 10.0, 20: 20.0}
+    down = {k: -v for k, v in up.items()}
+    wobble = {0: 0.0, 1: 3.0, 2: 1.0, 3: 4.0, 5: 2.0, 10: 6.0, 20: 5.0}
+    df = _frame({("a", "all"): {"d": down}, ("b", "all"): {"d": wobble},
+                 ("c", "other"): {"d": up}})
+    ev = evaluate_scores(df)
+    au = ev.auroc.set_index("family")
+    assert list(ev.auroc["family"]) == ["(all)", "all", "other"]
+    fam = df[df.family == "all"]
+    for k in (2, 5, 20):
+        clean, pos = fam[fam.step.isin([0, 1])].score, fam[fam.step == k].score
+        ref = roc_auc_score(np.r_[np.zeros(len(clean)), np.ones(len(pos))], np.r_[clean, pos])
+        assert au.loc["all", f"k{k}"] == pytest.approx(ref)
+        clean, pos = df[df.step.isin([0, 1])].score, df[df.step == k].score
+        ref = roc_auc_score(np.r_[np.zeros(len(clean)), np.ones(len(pos))], np.r_[clean, pos])
+        assert au.loc["(all)", f"k{k}"] == pytest.approx(ref)
+    assert au.loc["all", "n_clean"] == 4 and au.loc["(all)", "n_clean"] == 6
+    sp = ev.spearman.set_index("family")
+    rho = [spearmanr(list(c), list(c.values())).statistic for c in (down, wobble)]
+    assert sp.loc["all", "chains"] == 2 and sp.loc["all", "mean"] == pytest.approx(np.mean(rho))
+    assert sp.loc["(all)", "chains"] == 3
+    # without such a family the overall rows keep their plain name
+    assert set(evaluate_scores(df[df.family == "other"]).auroc["family"]) == {"all", "other"}
+
+
+def test_gap_steps_must_exclude_the_base_and_be_distinct():
+    # Δ at the base step is 0 by definition, so every chain would fail the "all Δ > 0" criterion
+    with pytest.raises(ValueError, match="base"):
+        chain_deltas([0, 1, 5], [0.0, 1.0, 2.0], scale=1.0, ks=(1, 5))
+    with pytest.raises(ValueError):
+        chain_deltas([0, 1, 5], [0.0, 1.0, 2.0], scale=1.0, ks=(5, 5))

@@ -353,3 +353,20 @@ def test_an_image_the_detector_cannot_score_is_named_in_its_samples_error(photos
     assert out[0].error == "b.png: minside could not score it"  # scored by a.png alone, and says so
     assert out[1].status == "score_error" and "could not score" in out[1].error
     assert out[2].status == "ok" and out[2].error == ""
+
+
+def test_score_an_image_named_twice_is_one_row(tmp_path, photos, monkeypatch):
+    # the same file (repeated, respelled, or also inside a folder given) and a shard given twice
+    # are scored once, under their first name: no repeated (source, key) rows
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(encode_png(photos[0]))
+    (folder / "b.png").write_bytes(encode_png(photos[1]))
+    make_shard(tmp_path / "s.tar", photos[:1])
+    monkeypatch.chdir(tmp_path)
+    run_cli(["score", "imgs/a.png", "imgs/./a.png", tmp_path / "imgs/a.png", "imgs", "imgs",
+             "s.tar", "./s.tar", "-d", "nss", "--out", "scores.csv", "-q"])
+    df = pd.read_csv(tmp_path / "scores.csv", keep_default_na=False)
+    assert not df.duplicated(["source", "key"]).any()
+    assert sorted(df.key) == ["a.png", "b.png", "s_0000_0", "s_0000_1"]
+    assert df.set_index("key").loc["a.png", "source"] == "imgs/a.png"  # its first name

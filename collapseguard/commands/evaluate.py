@@ -16,6 +16,8 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
     if not out or any(v < 0 for v in out):
         raise click.BadParameter("expected one or more non-negative integers")
+    if len(set(out)) != len(out):
+        raise click.BadParameter(f"step given twice: {value}")
     return out
 
 
@@ -75,6 +77,9 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
         if not quiet:
             click.echo(f"\rscored {done}/{total} images", nl=done == total, err=True)
 
+    if base_step in steps:  # Δ at the base step is 0 by definition: every chain would fail
+        raise click.BadParameter(f"--steps must not include the base step {base_step}",
+                                 param_hint="--steps")
     kw = {"scale_method": scale_method, "delta_steps": steps, "base_step": base_step,
           "auroc_steps": auroc_steps}
     if from_scores:
@@ -106,9 +111,13 @@ def _from_scores(path, **kw):
     import pandas as pd
 
     from collapseguard.evaluation import evaluate_scores
+    from collapseguard.evaluation.report import csv_uncell
 
     try:
         df = pd.read_csv(path, dtype={"chain_id": str, "family": str, "detector": str, "error": str})
+        for c in [c for c in df.columns if pd.api.types.is_string_dtype(df[c])]:
+            quoted = df[c].str.startswith("'", na=False)  # report.csv_cell's leading '
+            df.loc[quoted, c] = df.loc[quoted, c].map(csv_uncell)
         if df.empty:
             raise ValueError("no score rows")
         ev = evaluate_scores(df, source=str(path), **kw)

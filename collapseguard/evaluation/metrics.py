@@ -111,6 +111,8 @@ def chain_deltas(
         raise ValueError("steps and scores must have the same length")
     if len(set(steps)) != len(steps):
         raise ValueError(f"repeated step in chain: {sorted(steps)}")
+    if base in ks or len(set(ks)) != len(ks):
+        raise ValueError(f"gap steps {list(ks)} must be distinct and exclude the base step {base}")
     by_step = {s: float(v) for s, v in zip(steps, scores)}
     rho = spearman_with_step(steps, scores)
     missing = [s for s in (base, *ks) if s not in by_step]
@@ -163,6 +165,16 @@ def auroc(negatives: Iterable[float], positives: Iterable[float]) -> float:
 # ---------------------------------------------------------------------------------------------
 
 ALL_FAMILIES = "all"
+
+
+def overall_label(families: Iterable[str]) -> str:
+    """The family label of the overall rows: ``"all"``, or ``"(all)"`` (``"((all))"``, ...) when a
+    family of the chains is itself named ``all``, so that its rows and the overall ones stay apart."""
+    fams = {str(f) for f in families}
+    label = ALL_FAMILIES
+    while label in fams:
+        label = f"({label})"
+    return label
 
 
 def scales_for(scores: pd.DataFrame, method: str = "std") -> dict[str, Scale]:
@@ -224,16 +236,17 @@ def auroc_table(
     ks: Sequence[int] = AUROC_STEPS,
     clean_steps: Sequence[int] = CLEAN_STEPS,
 ) -> pd.DataFrame:
-    """AUROC of clean (``clean_steps``) vs step k, per detector × family and overall ("all").
+    """AUROC of clean (``clean_steps``) vs step k, per detector × family and overall ("all",
+    or ``overall_label``'s other name when a family is called "all").
 
     Columns: detector, family, n_clean, then ``k<step>`` for each k (NaN where step k is absent)
     and ``n_k<step>``; also ``nan_scores`` (finite-score rows dropped per group).
     """
     rows = []
-    fams = [ALL_FAMILIES, *sorted(scores["family"].unique())]
+    fams = sorted(scores["family"].unique())
+    overall = overall_label(fams)
     for det, gd in scores.groupby("detector", sort=False):
-        for fam in fams:
-            g = gd if fam == ALL_FAMILIES else gd[gd["family"] == fam]
+        for fam, g in [(overall, gd), *((f, gd[gd["family"] == f]) for f in fams)]:
             clean = g.loc[g["step"].isin(clean_steps), "score"].to_numpy(np.float64)
             row = {"detector": det, "family": fam, "n_clean": int(np.isfinite(clean).sum()),
                    "nan_scores": int((~np.isfinite(g["score"].to_numpy(np.float64))).sum())}
@@ -246,11 +259,12 @@ def auroc_table(
 
 
 def spearman_summary(per_chain: pd.DataFrame) -> pd.DataFrame:
-    """Mean and median per-chain Spearman ρ per detector × family and overall ("all")."""
+    """Mean and median per-chain Spearman ρ per detector × family and overall (``overall_label``)."""
     rows = []
+    overall = overall_label(per_chain["family"].unique())
     for det, gd in per_chain.groupby("detector", sort=False):
-        for fam in [ALL_FAMILIES, *sorted(gd["family"].unique())]:
-            g = gd if fam == ALL_FAMILIES else gd[gd["family"] == fam]
+        fams = sorted(gd["family"].unique())
+        for fam, g in [(overall, gd), *((f, gd[gd["family"] == f]) for f in fams)]:
             r = g["spearman"].to_numpy(np.float64)
             r = r[np.isfinite(r)]
             rows.append({"detector": det, "family": fam, "chains": int(r.size),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,11 +15,25 @@ import pandas as pd
 from collapseguard.evaluation.metrics import ALL_FAMILIES
 
 
+def _one_line(text: str) -> str:
+    """Text on one line: a line break (possible in a folder name) would end a table row or list
+    item, so each becomes a visible ``↵``."""
+    return text.replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵")
+
+
+def _code(text) -> str:
+    """``text`` as Markdown inline code on one line, whatever backticks it holds."""
+    text = _one_line(str(text))
+    fence = "`" * (max((len(m) for m in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _fmt(v, digits: int = 3) -> str:
     if v is None:
         return "—"
     if isinstance(v, str):
-        return v.replace("|", "\\|")
+        return _one_line(v).replace("|", "\\|")
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (int, np.integer)):
@@ -26,10 +41,36 @@ def _fmt(v, digits: int = 3) -> str:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        return str(v).replace("|", "\\|")
+        return _one_line(str(v)).replace("|", "\\|")
     if not math.isfinite(f):
         return "—"
     return f"{f:.{digits}f}"
+
+
+#: a CSV cell starting with one of these runs as a formula in a spreadsheet (CSV injection)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v):
+    """A text cell made inert for spreadsheets: one that starts like a formula (or with ``'``, so
+    that ``csv_uncell`` can undo it exactly) gets a leading ``'``; other values pass unchanged."""
+    if isinstance(v, str) and v.startswith((*FORMULA_STARTS, "'")):
+        return "'" + v
+    return v
+
+
+def csv_uncell(v):
+    """The value ``csv_cell`` was given (for reading a scores.csv back)."""
+    if isinstance(v, str) and v.startswith("'"):
+        return v[1:]
+    return v
+
+
+def _to_csv(df: pd.DataFrame, path: Path) -> None:
+    """``df`` as CSV with its text cells passed through ``csv_cell`` (chain and family names come
+    from folder names, which may start with ``=``)."""
+    text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
+    df.assign(**{c: df[c].map(csv_cell) for c in text}).to_csv(path, index=False)
 
 
 def markdown_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] | None = None,
@@ -54,6 +95,11 @@ def zscore_by_detector(scores: pd.DataFrame) -> pd.Series:
     return out
 
 
+def _plain(text) -> str:
+    """A name as matplotlib text shown as written (``$...$`` would be parsed as mathtext)."""
+    return str(text).replace("$", "\\$")
+
+
 def plot_mean_score_vs_step(scores: pd.DataFrame, path: str | Path) -> Path:
     """One panel per family: mean z-scored score against step, one line per detector."""
     import matplotlib
@@ -73,8 +119,8 @@ def plot_mean_score_vs_step(scores: pd.DataFrame, path: str | Path) -> Path:
         for det in detectors:
             m = g[g["detector"] == det].groupby("step")["z"].mean().dropna()
             if len(m):
-                ax.plot(m.index, m.values, marker="o", ms=3, label=det)
-        ax.set_title(fam)
+                ax.plot(m.index, m.values, marker="o", ms=3, label=_plain(det))
+        ax.set_title(_plain(fam))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         steps = sorted(int(v) for v in g["step"].unique())
@@ -118,8 +164,8 @@ def results_markdown(ev) -> str:
     """The human-readable report of an Evaluation (see ``collapseguard.evaluation.run``)."""
     ks = ev.delta_steps
     out = ["# collapseguard evaluate", ""]
-    out.append(f"- chains: `{ev.source}` — {ev.n_chains} chains, {ev.n_images} images, "
-               f"families: {', '.join(ev.families)}; steps present: "
+    out.append(f"- chains: {_code(ev.source)} — {ev.n_chains} chains, {ev.n_images} images, "
+               f"families: {', '.join(_fmt(f) for f in ev.families)}; steps present: "
                f"{', '.join(str(s) for s in ev.steps_present)}")
     out.append(f"- criterion (Banana100 study): Δ_k = (s_k − s_{ev.base_step}) / scale for k = "
                f"{', '.join(map(str, ks))}, scores oriented higher = more degraded; a chain **passes** "
@@ -127,7 +173,7 @@ def results_markdown(ev) -> str:
                "missing one of those steps is skipped.")
     out.append("- scale per detector (over every finite score of that detector in this run):")
     for det, sc in ev.scales.items():
-        out.append(f"  - `{det}`: {sc.describe()}")
+        out.append(f"  - {_code(det)}: {sc.describe()}")
     if ev.timings:
         out.append("- speed: images/s counts time inside `Detector.score` only (decode excluded, one "
                    f"untimed warm-up image per detector), batch size {ev.batch_size}, "
@@ -159,19 +205,21 @@ def results_markdown(ev) -> str:
         n_det = ev.scores["detector"].nunique()
         for (chain, reason), g in skipped.groupby(["chain_id", "reason"], sort=True):
             who = "all detectors" if len(g) == n_det else ", ".join(g["detector"])
-            out.append(f"- `{chain}`: {reason} ({who})")
+            out.append(f"- {_code(chain)}: {reason} ({_one_line(who)})")
     nan_fail = ev.per_chain[ev.per_chain["reason"].str.startswith("NaN")]
     if len(nan_fail):
         out += ["", "## Failures caused by NaN scores", ""]
         for _, r in nan_fail.iterrows():
-            out.append(f"- `{r['detector']}` on `{r['chain_id']}`: {r['reason']}")
+            out.append(f"- {_code(r['detector'])} on {_code(r['chain_id'])}: {r['reason']}")
     errs = ev.scores[ev.scores["error"].astype(str) != ""]
     if len(errs):
         out += ["", "## Scoring errors", ""]
         for (det, err), g in errs.groupby(["detector", "error"], sort=True):
-            out.append(f"- `{det}`: {len(g)} image(s): {err}")
+            out.append(f"- {_code(det)}: {len(g)} image(s): {_one_line(str(err))}")
+    if ev.notes:
+        out += ["", "## Notes", ""]
     for note in ev.notes:
-        out.append(f"- note: {note}")
+        out.append(f"- note: {_one_line(str(note))}")
     return "\n".join(out) + "\n"
 
 
@@ -181,13 +229,15 @@ def write_outputs(ev, out_dir: str | Path, plot: bool = True) -> dict[str, Path]
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     paths["scores"] = out / "scores.csv"
-    ev.scores.to_csv(paths["scores"], index=False)
+    _to_csv(ev.scores, paths["scores"])
     paths["chains"] = out / "chains.csv"
-    ev.per_chain.to_csv(paths["chains"], index=False)
+    _to_csv(ev.per_chain, paths["chains"])
     paths["auroc"] = out / "auroc.csv"
-    ev.auroc.to_csv(paths["auroc"], index=False)
+    _to_csv(ev.auroc, paths["auroc"])
     if plot:
         paths["plot"] = plot_mean_score_vs_step(ev.scores, out / "mean_score_vs_step.png")
+    else:  # an earlier run's plot would sit beside tables it does not show
+        (out / "mean_score_vs_step.png").unlink(missing_ok=True)
     paths["results"] = out / "results.md"
     _atomic_write(paths["results"], results_markdown(ev))
     summary = {

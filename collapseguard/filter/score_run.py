@@ -6,6 +6,7 @@ in input order: shards first in the order given, then loose image files.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,10 +70,23 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
     return rows
 
 
+def _seen_before(path: str, seen: set[str]) -> bool:
+    real = os.path.realpath(path)
+    if real in seen:
+        return True
+    seen.add(real)
+    return False
+
+
 def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
     """One task per shard and per chunk of image files. ``select(source, key) -> bool``
     (optional, picklable for worker processes) limits scoring to the samples it accepts."""
     shards, files = expand_inputs(inputs)
+    # a file named twice (or under two spellings, or also inside a folder given) is scored once,
+    # under its first name: one row per image, no repeated (source, key)
+    seen: set[str] = set()
+    shards = [s for s in shards if not _seen_before(s, seen)]
+    files = [f for f in files if not _seen_before(f.path, seen)]
     if not shards and not files:
         raise InputError(f"no image files or .tar shards in {', '.join(map(str, inputs))} (images: "
                          f"{', '.join(IMAGE_EXTENSIONS)}; compressed shards such as .tar.gz are "
