@@ -370,3 +370,14 @@ def test_score_an_image_named_twice_is_one_row(tmp_path, photos, monkeypatch):
     assert not df.duplicated(["source", "key"]).any()
     assert sorted(df.key) == ["a.png", "b.png", "s_0000_0", "s_0000_1"]
     assert df.set_index("key").loc["a.png", "source"] == "imgs/a.png"  # its first name
+
+
+def test_score_names_the_os_error_of_a_file_it_cannot_read(tmp_path, photos):
+    d = tmp_path / "imgs"
+    d.mkdir()
+    (d / "ok.png").write_bytes(encode_png(photos[0]))
+    (d / "gone.png").symlink_to(tmp_path / "missing.png")  # a broken link
+    run_cli(["score", d, "--out", tmp_path / "s.csv", "-d", "nss", "-q"])
+    rows = pd.read_csv(tmp_path / "s.csv").set_index("key")
+    assert np.isfinite(rows.loc["ok.png", "score"]) and np.isnan(rows.loc["gone.png", "score"])
+    assert "cannot read the file: No such file or directory" in rows.loc["gone.png", "error"]

@@ -26,11 +26,13 @@ COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "w
            "storage", "error"]
 
 
-def _file_members(f: ImageFile) -> list[tuple[str, bytes]]:
+def _file_members(f: ImageFile, read_errors: dict[str, str] | None = None) -> list[tuple[str, bytes]]:
     try:
         with open(f.path, "rb") as fh:
             return [(f.path, fh.read())]
-    except OSError:  # unreadable file: empty bytes, so it is reported as a decode error
+    except OSError as exc:  # unreadable: empty bytes (a decode error), and the real reason kept
+        if read_errors is not None:
+            read_errors[f.path] = f"cannot read the file: {exc.strerror or exc}"
         return [(f.path, b"")]
 
 
@@ -50,7 +52,8 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
         ident = lambda s: (str(payload), s.key)
     else:
         records = payload
-        members_of = _file_members
+        read_errors: dict[str, str] = {}
+        members_of = lambda f: _file_members(f, read_errors)
         ident = lambda f: (f.source, f.key)
     n = 0
     for rec, res in score_records(records, detector, members_of=members_of):
@@ -59,7 +62,8 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
                "detector_version": detector.version,
                "image": res.image if kind == "shard" else "", "width": res.width,
                "height": res.height, "storage": res.storage,
-               "error": sample_error(rec, res.error) if kind == "shard" else res.error}
+               "error": (sample_error(rec, res.error) if kind == "shard"
+                         else read_errors.get(rec.path, res.error))}
         row.update({f"{k}": v for k, v in res.extra.items()})
         rows.append(row)
         n += 1
