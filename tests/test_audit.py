@@ -275,7 +275,7 @@ def test_sample_scores_only_the_sample(dataset, tmp_path):
     all_keys = list(list_samples(inputs))
     assert len(all_keys) == len(truth) + 2
     sel, total = choose_sample(inputs, 5, seed=3)
-    assert total == len(all_keys) and sum(sel(s, k) for s, k in all_keys) == 5
+    assert total == len(all_keys) and sum(sel(*sample) for sample in all_keys) == 5
     assert choose_sample(inputs, total, seed=3) == (None, total)
 
     CountingDetector.seen = 0
@@ -288,7 +288,7 @@ def test_sample_scores_only_the_sample(dataset, tmp_path):
     # only the sampled images were decoded and scored (the gallery reads them back later)
     assert CountingDetector.seen == int(df["score"].notna().sum())
     assert {(s, k) for s, k in zip(df["source"], df["key"])} == {
-        (s, k) for s, k in all_keys if sel(s, k)}
+        (s, k) for s, k, nth in all_keys if sel(s, k, nth)}
     html = (tmp_path / "a" / "report.html").read_text()
     assert "Estimates." in html and f"5 of {total} samples" in html
     again = run_audit(inputs, tmp_path / "b", opts, quiet=True)
@@ -371,7 +371,7 @@ def test_select_travels_to_workers_and_skips_before_decoding(dataset):
     tasks = pickle.loads(pickle.dumps(plan_score_tasks(inputs, sel)))
     CountingDetector.seen = 0
     rows = [r for t in tasks for r in score_task(t, CountingDetector())]
-    chosen = {(s, k) for s, k in list_samples(inputs) if sel(s, k)}
+    chosen = {(s, k) for s, k, nth in list_samples(inputs) if sel(s, k, nth)}
     assert {(r["source"], r["key"]) for r in rows} == chosen and len(rows) == 4
     assert CountingDetector.seen == sum(1 for r in rows if not r["error"])
     # without a predicate the tasks are the filter's plain ones
@@ -613,3 +613,16 @@ def test_a_file_name_that_is_not_utf8_is_scored_audited_and_shown(tmp_path, phot
     assert "\\xff&lt;b&gt;.png" in html and "<b>.png" not in html
     # both flagged images are read back for the gallery: no card says it could not find its file
     assert "No such file" not in html and html.count("data:image/png") >= 2
+
+
+def test_sample_counts_a_repeated_key_and_a_shard_named_twice_once_each(tmp_path, photos):
+    shard = tmp_path / "rep.tar"
+    with tarfile.open(shard, "w") as tf:  # keys a, b, a, c: the second "a" is a sample of its own
+        for i, key in enumerate(["a", "b", "a", "c"]):
+            add_member(tf, f"{key}.png", encode_png(photos[i]))
+    inputs = [str(shard), str(shard)]  # and the shard given twice
+    assert [(k, n) for _, k, n in list_samples(inputs)] == [("a", 0), ("b", 0), ("a", 1), ("c", 0)]
+    for seed in range(12):  # under the old rank both "a" were chosen together for some seeds
+        summary = run_audit(inputs, tmp_path / f"o{seed}", AuditOptions(
+            detector="nss", threshold=100.0, sample=1, seed=seed, gallery_size=1), quiet=True)
+        assert summary["sample"]["audited"] == 1 and summary["sample"]["population"] == 4

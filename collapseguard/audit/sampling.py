@@ -16,26 +16,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collapseguard.filter.inputs import expand_inputs
+from collapseguard.filter.inputs import expand_inputs, unique_inputs
 from collapseguard.filter.tario import member_key
 
 
-def sample_rank(seed: int, source: str, key: str) -> int:
-    """The pseudo-random 64-bit rank of a sample for ``seed`` (uniform, independent of order)."""
-    h = hashlib.blake2b(f"{source}\0{key}".encode("utf-8", "surrogatepass"), digest_size=8,
+def sample_rank(seed: int, source: str, key: str, nth: int = 0) -> int:
+    """The pseudo-random 64-bit rank of a sample for ``seed`` (uniform, independent of order).
+    ``nth`` tells apart the samples of a key that repeats within a shard (0 for the first)."""
+    text = f"{source}\0{key}" + (f"\0{nth}" if nth else "")
+    h = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8,
                         key=int(seed).to_bytes(8, "little", signed=True))
     return int.from_bytes(h.digest(), "big")
 
 
 @dataclass(frozen=True)
 class HashSelect:
-    """``select(source, key)``: true for samples whose rank is at most ``cutoff``."""
+    """``select(source, key, nth=0)``: true for samples whose rank is at most ``cutoff``."""
 
     seed: int
     cutoff: int
 
-    def __call__(self, source: str, key: str) -> bool:
-        return sample_rank(self.seed, source, key) <= self.cutoff
+    def __call__(self, source: str, key: str, nth: int = 0) -> bool:
+        return sample_rank(self.seed, source, key, nth) <= self.cutoff
 
 
 def shard_keys(path: str) -> Iterator[str]:
@@ -56,14 +58,19 @@ def shard_keys(path: str) -> Iterator[str]:
         return
 
 
-def list_samples(inputs: Sequence[str]) -> Iterator[tuple[str, str]]:
-    """``(source, key)`` of every sample named by ``inputs`` (shards first, then image files)."""
-    shards, files = expand_inputs(inputs)
+def list_samples(inputs: Sequence[str]) -> Iterator[tuple[str, str, int]]:
+    """``(source, key, nth)`` of every sample named by ``inputs`` (shards first, then image
+    files; each file once, as ``score`` reads them). ``nth`` counts earlier samples of the same key
+    in the shard."""
+    shards, files = unique_inputs(*expand_inputs(inputs))
     for s in shards:
+        seen: dict[str, int] = {}
         for key in shard_keys(s):
-            yield s, key
+            nth = seen.get(key, 0)
+            seen[key] = nth + 1
+            yield s, key, nth
     for f in files:
-        yield f.source, f.key
+        yield f.source, f.key, 0
 
 
 def choose_sample(inputs: Sequence[str], n: int, seed: int = 0) -> tuple[HashSelect | None, int]:
@@ -73,7 +80,8 @@ def choose_sample(inputs: Sequence[str], n: int, seed: int = 0) -> tuple[HashSel
     """
     if n < 1:
         raise ValueError(f"sample size must be at least 1, got {n}")
-    ranks = np.fromiter((sample_rank(seed, s, k) for s, k in list_samples(inputs)), dtype=np.uint64)
+    ranks = np.fromiter((sample_rank(seed, *sample) for sample in list_samples(inputs)),
+                        dtype=np.uint64)
     total = len(ranks)
     if n >= total:
         return None, total

@@ -98,3 +98,14 @@ def expand_shards(inputs: Iterable[str]) -> list[str]:
     if not shards:
         raise InputError("no .tar shards found in the inputs")
     return shards
+
+
+def unique_inputs(shards: list[str], files: list[ImageFile]) -> tuple[list[str], list[ImageFile]]:
+    """``shards`` and ``files`` with each file kept once, under its first name: a file named twice,
+    under two spellings, or also found inside a folder given (``score``, ``audit``)."""
+    seen: set[str] = set()
+
+    def first(path: str) -> bool:
+        real = os.path.realpath(path)
+        return not (real in seen or seen.add(real))
+    return [s for s in shards if first(s)], [f for f in files if first(f.path)]

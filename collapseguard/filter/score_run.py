@@ -6,7 +6,6 @@ in input order: shards first in the order given, then loose image files.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from collapseguard.filter.engines import make_engine
-from collapseguard.filter.inputs import ImageFile, InputError, expand_inputs
+from collapseguard.filter.inputs import ImageFile, InputError, expand_inputs, unique_inputs
 from collapseguard.filter.pipeline import sample_error
 from collapseguard.filter.scoring import score_records
 from collapseguard.filter.tario import ShardReader
@@ -36,10 +35,21 @@ def _file_members(f: ImageFile, read_errors: dict[str, str] | None = None) -> li
         return [(f.path, b"")]
 
 
+def _selected(samples, source: str, select):
+    """The samples ``select(source, key, nth)`` accepts; ``nth`` counts earlier samples of the same
+    key in the shard (a key can repeat, and each repeat is a sample of its own)."""
+    seen: dict[str, int] = {}
+    for s in samples:
+        nth = seen.get(s.key, 0)
+        seen[s.key] = nth + 1
+        if select(source, s.key, nth):
+            yield s
+
+
 def score_task(task: tuple, detector, progress=None) -> list[dict]:
     """Engine task: ``("shard", path)`` or ``("files", [ImageFile, ...])`` -> list of rows.
 
-    A shard task may carry a third element, ``select(source, key) -> bool``: samples it rejects
+    A shard task may carry a third element, ``select(source, key, nth) -> bool``: samples it rejects
     are skipped before anything is decoded (used by ``audit --sample``)."""
     kind, payload = task[0], task[1]
     select = task[2] if len(task) > 2 else None
@@ -47,7 +57,7 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
     if kind == "shard":
         records = ShardReader(str(payload))
         if select is not None:
-            records = (s for s in records if select(str(payload), s.key))
+            records = _selected(records, str(payload), select)
         members_of = lambda s: [(m.name, m.data) for m in s.members]
         ident = lambda s: (str(payload), s.key)
     else:
@@ -74,23 +84,12 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
     return rows
 
 
-def _seen_before(path: str, seen: set[str]) -> bool:
-    real = os.path.realpath(path)
-    if real in seen:
-        return True
-    seen.add(real)
-    return False
-
-
 def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
-    """One task per shard and per chunk of image files. ``select(source, key) -> bool``
+    """One task per shard and per chunk of image files. ``select(source, key, nth=0) -> bool``
     (optional, picklable for worker processes) limits scoring to the samples it accepts."""
-    shards, files = expand_inputs(inputs)
     # a file named twice (or under two spellings, or also inside a folder given) is scored once,
     # under its first name: one row per image, no repeated (source, key)
-    seen: set[str] = set()
-    shards = [s for s in shards if not _seen_before(s, seen)]
-    files = [f for f in files if not _seen_before(f.path, seen)]
+    shards, files = unique_inputs(*expand_inputs(inputs))
     if not shards and not files:
         raise InputError(f"no image files or .tar shards in {', '.join(map(str, inputs))} (images: "
                          f"{', '.join(IMAGE_EXTENSIONS)}; compressed shards such as .tar.gz are "
