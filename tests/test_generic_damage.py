@@ -135,3 +135,19 @@ def test_damage_ladders_without_clean_files_is_a_clear_error(tmp_path):
     assert res.exit_code != 0
     assert "--generic-ladders makes its ladders from the --clean files" in res.output
     assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_ladders_of_two_files_of_one_name_stay_two_chains(tmp_path):
+    from collapseguard.training.loop import Batcher, TrainConfig
+
+    files = []
+    for k, folder in enumerate(("a", "b")):  # photo.png in two --clean folders: two pictures
+        (tmp_path / folder).mkdir()
+        img = (np.random.default_rng(k).random((96, 96, 3)) * 255).astype(np.uint8)
+        Image.fromarray(img).save(tmp_path / folder / "photo.png")
+        files.append(tmp_path / folder / "photo.png")
+    bank = ladder_bank(damage_ladders(ladder_sources(files, seed=3), 1, seed=4), 32, 4, seed=5)
+    steps = bank.meta.groupby("chain_id")["step"].apply(list)
+    assert len(steps) == 2 and all(s == [0, 3, 5, 10] for s in steps), steps
+    rows = Batcher(bank, None, TrainConfig(threads=1)).chain_rows
+    assert sorted(len(r) for r in rows) == [4, 4]  # each ladder ranked on its own

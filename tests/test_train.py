@@ -475,3 +475,86 @@ def test_train_warns_about_splits_that_leave_nothing_out_and_refuses_an_empty_cl
         assert "fell in the held-out quarter" not in res.output
         res = CliRunner().invoke(main, common + ["--clean", str(one), "--out", str(tmp_path / "d.safetensors")])
         assert res.exit_code == 0 and "warning: no --clean file fell in the held-out quarter (1 files)" in res.output
+
+
+def _held_out_chains(tmp_path, name="chains"):
+    """Tiny chains with one held-out source (src22 of 30, salt "cnn") and that source's rows."""
+    from collapseguard.training.run import split_chains
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    chains = make_tiny_chains(tmp_path / name, n_sources=30)
+    _, test_df = split_chains(read_manifest(chains))
+    assert sorted(set(test_df["source_image"])) == ["src22"], "the fixture needs src22 held out"
+    return chains, test_df
+
+
+TINY = ["--threads", "1", "--width", "4", "--crop-size", "32", "--n-crops", "4", "--bank-crops", "4"]
+
+
+def test_train_refuses_a_chain_given_in_two_chains_folders(tmp_path):
+    import shutil
+
+    a = make_tiny_chains(tmp_path / "a", n_sources=4)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)  # the same chain ids (other files): they must not merge into one chain
+    res = CliRunner().invoke(main, ["train", "--chains", str(a), "--chains", str(b), "--steps", "1",
+                                    "--no-eval", "--out", str(tmp_path / "w.safetensors"), *TINY])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "is in two --chains manifests" in res.output
+
+
+def test_train_cli_checks_threads_width_net_settings_and_the_card_paths_first(tmp_path):
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=4)
+    common = ["train", "--chains", str(chains), "--steps", "1", "--no-eval", "--out", str(tmp_path / "w.safetensors")]
+    for bad in (["--threads", "-1"], ["--threads", "0"], ["--width", "0"]):
+        res = CliRunner().invoke(main, common + bad)
+        assert res.exit_code == 2 and "Traceback" not in res.output, (bad, res.output)
+        assert bad[0] in res.output
+    res = CliRunner().invoke(main, common + ["--crop-size", "7"])
+    assert res.exit_code == 2 and "crop_size must be >= 8" in res.output and "--device" not in res.output
+    (tmp_path / "w.json").mkdir()  # the summary cannot be written: say so before training
+    res = CliRunner().invoke(main, common + TINY)
+    assert res.exit_code == 1 and "cannot write" in res.output and "w.json" in res.output
+    assert "iter" not in res.output and not (tmp_path / "w.safetensors").exists()
+
+
+def test_train_names_an_undecodable_held_out_image_and_leaves_no_card_of_other_weights(tmp_path):
+    from pathlib import Path
+
+    from collapseguard.detectors import create
+
+    chains, test_df = _held_out_chains(tmp_path)
+    out = tmp_path / "w.safetensors"
+    args = ["train", "--chains", str(chains), "--steps", "3", "--out", str(out), *TINY]
+    assert CliRunner().invoke(main, args + ["--seed", "1"]).exit_code == 0
+    victim = Path(test_df.loc[test_df["step"] == 5, "path"].iloc[0])
+    victim.write_bytes(b"not a png")
+    res = CliRunner().invoke(main, args + ["--seed", "2"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert str(victim) in res.output
+    summary = json.loads(out.with_suffix(".json").read_text())  # this run's, without metrics
+    assert summary["version"] == create("cnn", weights=str(out)).version
+    assert summary["config"]["seed"] == 2 and summary["heldout_auroc"] == []
+    assert summary["version"] in out.with_suffix(".md").read_text()
+
+
+def test_train_warns_when_a_chain_source_is_a_clean_file_on_the_other_side(tmp_path):
+    from collapseguard.training.negatives import split_clean
+
+    chains, _ = _held_out_chains(tmp_path)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    rng = np.random.default_rng(1)
+    for name in ("src22", "src0", "other"):  # src22: held-out source; src0: a training source
+        Image.fromarray(smooth_art(rng)).save(clean / f"{name}.png")
+    train_files, held_files = split_clean(sorted(clean.iterdir()))
+    assert clean / "src22.png" in train_files and clean / "src0.png" in held_files
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--steps", "2",
+                                    "--out", str(tmp_path / "w.safetensors"), *TINY])
+    assert res.exit_code == 0, res.output
+    assert "warning: 1 of 1 held-out chain sources share their name with a --clean file" in res.output
+    assert "(e.g. src22)" in res.output and "(e.g. src0)" in res.output
+    assert "warning: 1 of 29 training chain sources" in res.output
+    summary = json.loads((tmp_path / "w.json").read_text())  # what the run needs to be repeated
+    assert summary["data"]["clean_dirs"] == [str(clean)]
+    assert summary["data"]["chain_dirs"] == [str(chains)]

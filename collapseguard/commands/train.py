@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from collapseguard.commands._common import check_out_file
@@ -19,12 +21,13 @@ from collapseguard.commands._common import check_out_file
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="instead of --steps: passes over the training chains")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--exclude-family", "exclude", multiple=True, help="leave this family out (repeatable)")
-@click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="torch CPU threads (the weights depend on it: the model card records it)")
 @click.option("--device", default="cpu", show_default=True,
               help="torch device to train on (cpu, cuda, cuda:1, ...). Batches are drawn on the CPU "
                    "from the same seeded generator; the shipped weights were trained on cpu, and a "
                    "CUDA run follows the same recipe but not bit for bit")
-@click.option("--width", type=int, default=16, show_default=True, help="network width")
+@click.option("--width", type=click.IntRange(min=1), default=16, show_default=True, help="network width")
 @click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
@@ -98,16 +101,21 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     if not str(out).endswith(".safetensors"):
         raise click.UsageError("--out must end with .safetensors")
     check_out_file(out)  # before training, not after it
+    for sidecar in (".json", ".md"):  # written beside the weights at the end
+        check_out_file(Path(out).with_suffix(sidecar), f"the {sidecar} beside --out,")
     from collapseguard.detectors.cnn_model import NetConfig
     from collapseguard.training.loop import TrainConfig
     from collapseguard.training.run import run_training
 
+    try:  # its errors name the setting (crop_size, n_crops): not --device's
+        net = NetConfig(width=width, crop_size=crop_size, n_crops=n_crops, context=context)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     try:
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                           hard_clean=hard_clean, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
-                          storage_consistency=storage_consistency,
-                          net=NetConfig(width=width, crop_size=crop_size, n_crops=n_crops, context=context))
+                          storage_consistency=storage_consistency, net=net)
     except (ValueError, RuntimeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--device") from None
     if iterations is not None:

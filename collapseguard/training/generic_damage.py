@@ -171,9 +171,14 @@ def ladder_sources(paths: Iterable, seed: int, side: int = 512) -> Iterator[tupl
     """One ``side`` px window of every clean file at a random web size (long side 640-2048 px),
     as ladder sources. Unreadable files are skipped."""
     rng = np.random.default_rng(seed)
+    seen: dict[str, int] = {}
     for p in paths:
         try:
             img = load_image(p)
         except (OSError, DecodeError):
             continue
-        yield str(getattr(p, "name", p)), random_window(web_size(img, rng), side, rng)
+        name = str(getattr(p, "name", p))
+        # two files of one name (in two --clean folders) must not share a ladder id: the ladders
+        # would be one chain to the ranking loss, pairing one picture's rungs with the other's
+        seen[name] = seen.get(name, 0) + 1
+        yield (name if seen[name] == 1 else f"{name}#{seen[name]}"), random_window(web_size(img, rng), side, rng)

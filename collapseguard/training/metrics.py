@@ -10,9 +10,17 @@ import pandas as pd
 
 from collapseguard.detectors.base import Detector
 from collapseguard.evaluation.metrics import auroc
-from collapseguard.images import load_image
+from collapseguard.images import DecodeError, load_image
 
 EVAL_STEPS = (1, 2, 3, 5, 10, 20)
+
+
+def _load_named(path) -> np.ndarray:
+    """``load_image``, with the file named in the error: one bad image in thousands is hard to find."""
+    try:
+        return load_image(path)
+    except DecodeError as exc:
+        raise DecodeError(f"{path}: {exc}") from None
 
 
 def score_paths(detector: Detector, paths: Sequence[str], batch: int = 16,
@@ -23,7 +31,7 @@ def score_paths(detector: Detector, paths: Sequence[str], batch: int = 16,
     out = np.empty(len(paths), dtype=np.float32)
     for s in range(0, len(paths), batch):
         chunk = paths[s : s + batch]
-        imgs = [load_image(p) for p in chunk]
+        imgs = [_load_named(p) for p in chunk]
         if transform is not None:
             imgs = [transform(im) for im in imgs]
         out[s : s + len(chunk)] = detector.score(imgs)

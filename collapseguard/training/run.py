@@ -46,6 +46,14 @@ def load_chains(chain_dirs: Sequence[str | Path], exclude: Sequence[str] = ()) -
     """Concatenate manifests (folders or files) and drop ``exclude`` families."""
     unique = list(dict.fromkeys(Path(d).resolve() for d in chain_dirs))  # --chains X --chains X
     frames = [read_manifest(d) for d in unique]
+    seen: dict[str, Path] = {}
+    for d, f in zip(unique, frames):  # one chain in two folders would be ranked as one chain
+        for cid in dict.fromkeys(f["chain_id"].astype(str)):
+            if cid in seen:
+                raise ValueError(f"chain {cid!r} is in two --chains manifests ({seen[cid]} and {d}); "
+                                 "its steps would be ranked against the other chain's: give each "
+                                 "chain once")
+            seen[cid] = d
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if exclude:
         unknown = set(exclude) - set(df["family"])
@@ -78,6 +86,20 @@ def split_warnings(df: pd.DataFrame, test_df: pd.DataFrame, clean_dirs: Sequence
         out.append(f"no --clean file fell in the held-out quarter ({len(clean_train)} files): the card "
                    "will have no held-out clean false-positive rate")
     return out
+
+
+def sources_among_clean(chains: pd.DataFrame, clean_files: Sequence[Path]) -> list[str]:
+    """Chain sources that look like one of ``clean_files`` (the last part of the source's picture
+    name is the file's name without its extension, as ``sources`` names photos and folder
+    images). Held-out chain sources among the clean *training* files were trained on as clean, so
+    their chains' AUROC is not that of unseen sources; training chain sources among the
+    *held-out* clean files make the held-out clean false-positive rate one of seen pictures."""
+    from collapseguard.training_data_tools.manifest import source_group
+    from collapseguard.training_data_tools.sources import _clean_name
+
+    stems = {_clean_name(Path(p).stem) for p in clean_files}
+    return sorted(s for s in set(chains["source_image"])
+                  if source_group(s).rsplit("/", 1)[-1] in stems)
 
 
 def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files: Sequence[Path],
@@ -191,6 +213,14 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     clean_train, clean_held = split_clean(sorted(set(clean_all)))
     for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
         log(f"warning: {warning}")
+    for part, files, side, effect in (
+            (test_df, clean_train, "held-out", "their held-out AUROC is not that of unseen sources"),
+            (train_df, clean_held, "training", "the held-out clean false-positive rate counts pictures seen in training")):
+        shared = sources_among_clean(part, files) if evaluate else []
+        if shared:
+            log(f"warning: {len(shared)} of {part['source_image'].nunique()} {side} chain sources share "
+                f"their name with a --clean file on the other side of the split (e.g. {shared[0]}): "
+                f"if they are the same picture, {effect}")
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
     cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
@@ -213,6 +243,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         "config": cfg.to_dict(),
         "data": {
             "chain_dirs": [str(d) for d in chain_dirs],
+            "clean_dirs": [str(d) for d in clean_dirs],  # their order and paths set the draws
             "n_chains_train": int(train_df["chain_id"].nunique()),
             "n_chains_test": int(test_df["chain_id"].nunique()),
             "n_sources_train": int(train_df["source_image"].nunique()),
@@ -234,6 +265,10 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         "heldout_auroc": [],
         "clean": {"threshold": float("nan"), "groups": []},
     }
+    # the card first without the held-out metrics, so that an evaluation that fails (a held-out
+    # image that does not decode) leaves no card of an earlier run beside the new weights
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=float))
+    write_card(summary, out.with_suffix(".md"))
     if evaluate:
         ev = evaluate_weights(out, test_df, clean_held, seed=cfg.seed, log=log)
         ev.pop("scored")
