@@ -119,7 +119,9 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
         raise ValueError(f"delivery_per must be 'chain' or 'image', got {delivery_per!r}")
     rng = np.random.default_rng(seed)
     jrng = np.random.default_rng([seed, 7919])
-    crops, rows = [], []
+    # filled in place: a list of crops stacked at the end would hold the bank twice at its peak
+    crops = np.empty((len(manifest), per_image, size, size, 3), np.uint8)
+    rows = []
     done = 0
     for chain_id, g in manifest.sort_values(["chain_id", "step"]).groupby("chain_id", sort=True):
         ref_shape, ref_pos = None, None
@@ -142,7 +144,7 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
                 ref_pos = crop_positions(img.shape[0], img.shape[1], size, per_image, rng)
             pos = ref_pos if img.shape == ref_shape else crop_positions(
                 img.shape[0], img.shape[1], size, per_image, rng)
-            crops.append(cut_crops(img, pos, size))
+            crops[done] = cut_crops(img, pos, size)
             target, weight = step_label(int(r.step))
             rows.append({"kind": "chain", "chain_id": str(chain_id), "family": str(r.family),
                          "source_image": str(r.source_image), "step": int(r.step),
@@ -152,8 +154,7 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
             done += 1
             if progress:
                 progress(done, len(manifest))
-    return CropBank(np.stack(crops) if crops else np.zeros((0, per_image, size, size, 3), np.uint8),
-                    pd.DataFrame(rows))
+    return CropBank(crops, pd.DataFrame(rows))
 
 
 def image_bank(images: Iterable[tuple[str, np.ndarray]], size: int, per_image: int, seed: int,
