@@ -558,3 +558,28 @@ def test_train_warns_when_a_chain_source_is_a_clean_file_on_the_other_side(tmp_p
     summary = json.loads((tmp_path / "w.json").read_text())  # what the run needs to be repeated
     assert summary["data"]["clean_dirs"] == [str(clean)]
     assert summary["data"]["chain_dirs"] == [str(chains)]
+
+
+def test_train_uses_a_picture_given_under_two_names_once(tmp_path):
+    import shutil
+
+    from collapseguard.training.negatives import drop_identical, split_clean
+
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=4)
+    clean = make_clean_dir(tmp_path / "clean", n=3)
+    first = sorted(clean.iterdir())[0]
+    # a name that split_clean puts on the other side than the original: one picture would be a
+    # training negative and a held-out clean image at once
+    side = split_clean([first])[1] == [first]
+    twin = next(clean / f"copy{k}{first.suffix}" for k in range(200)
+                if (split_clean([clean / f"copy{k}{first.suffix}"])[1] == []) == side)
+    shutil.copyfile(first, twin)
+    files = sorted(clean.iterdir())
+    kept, dropped = drop_identical(files)
+    assert len(kept) == 3 and len(dropped) == 1 and {dropped[0][0], dropped[0][1]} == {first, twin}
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--steps", "1",
+                                    "--out", str(tmp_path / "w.safetensors"), *TINY])
+    assert res.exit_code == 0, res.output
+    assert "warning: 1 --clean files are byte-identical to another and are used once" in res.output
+    train_n, held_n = (len(x) for x in split_clean(kept))
+    assert f"clean files {train_n} train / {held_n} held-out" in res.output

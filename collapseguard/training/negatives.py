@@ -65,6 +65,27 @@ def unique_files(roots: Iterable[str | Path], accept: Callable[[Path], bool]) ->
                     yield p
 
 
+def drop_identical(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """``paths`` in their order without files whose bytes equal an earlier one's, and the
+    (dropped, kept) pairs. ``split_clean`` splits by file name, so one picture under two names
+    could be a training negative and a held-out clean image at once."""
+    first: dict[str, Path] = {}
+    kept: list[Path] = []
+    dropped: list[tuple[Path, Path]] = []
+    for p in paths:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = h.hexdigest()
+        if digest in first:
+            dropped.append((Path(p), first[digest]))
+        else:
+            first[digest] = Path(p)
+            kept.append(p)
+    return kept, dropped
+
+
 def split_clean(paths: Sequence[Path], holdout: float = 0.25, salt: str = "clean") -> tuple[list[Path], list[Path]]:
     """Split clean files into (train, held-out) by a stable hash of the file name."""
     train, held = [], []

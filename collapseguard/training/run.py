@@ -34,7 +34,7 @@ from collapseguard.training.metrics import (
     score_images,
     score_paths,
 )
-from collapseguard.training.negatives import clean_variants, list_images, split_clean
+from collapseguard.training.negatives import clean_variants, drop_identical, list_images, split_clean
 from collapseguard.training_data_tools.manifest import read_manifest, split_by_source
 
 #: share of source images held out from training (by hash of the source name)
@@ -210,7 +210,11 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         if not found:
             raise ValueError(f"--clean {folder}: no image files in it (looked for {', '.join(IMAGE_EXTENSIONS)})")
         clean_all += found
-    clean_train, clean_held = split_clean(sorted(set(clean_all)))
+    clean_all, identical = drop_identical(sorted(set(clean_all)))
+    if identical:
+        log(f"warning: {len(identical)} --clean files are byte-identical to another and are used once "
+            f"(e.g. {identical[0][0]} = {identical[0][1]})")
+    clean_train, clean_held = split_clean(clean_all)
     for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
         log(f"warning: {warning}")
     for part, files, side, effect in (
