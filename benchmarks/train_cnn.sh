@@ -45,6 +45,10 @@ EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 SEED=${SEED:-0}
 CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --context; shipped since
                        # bb0ec3310592, session 11); 0 gives the crop-only recipe of fdbebf12838c
+SHARED_CLEAN=${SHARED_CLEAN:-keep}  # keep: the shipped weights' recipe, whose held-out photo and
+                                   # night-sky chains start from pictures trained on as clean
+                                   # negatives; drop leaves those files out (collapseguard train's
+                                   # default since session 16; MODEL_CARD.md, the caveat)
 KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 TEX_CHAINS=${TEX_CHAINS:-0}  # N > 0: N training-side material textures as chain sources (a candidate
@@ -127,5 +131,5 @@ context=()
 if [ "$CONTEXT" = 1 ]; then context=(--context); fi
 # shellcheck disable=SC2086
 collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
-  --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" --threads 2 $EXTRA
+  --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" --threads 2 --shared-clean "$SHARED_CLEAN" $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

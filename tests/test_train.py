@@ -549,15 +549,28 @@ def test_train_warns_when_a_chain_source_is_a_clean_file_on_the_other_side(tmp_p
         Image.fromarray(smooth_art(rng)).save(clean / f"{name}.png")
     train_files, held_files = split_clean(sorted(clean.iterdir()))
     assert clean / "src22.png" in train_files and clean / "src0.png" in held_files
-    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--steps", "2",
-                                    "--out", str(tmp_path / "w.safetensors"), *TINY])
+    args = ["train", "--chains", str(chains), "--clean", str(clean), "--steps", "2",
+            "--out", str(tmp_path / "w.safetensors"), *TINY]
+    res = CliRunner().invoke(main, args + ["--shared-clean", "keep"])
     assert res.exit_code == 0, res.output
     assert "warning: 1 of 1 held-out chain sources share their name with a --clean file" in res.output
     assert "(e.g. src22)" in res.output and "(e.g. src0)" in res.output
     assert "warning: 1 of 29 training chain sources" in res.output
+    assert "clean files 2 train / 1 held-out" in res.output
     summary = json.loads((tmp_path / "w.json").read_text())  # what the run needs to be repeated
     assert summary["data"]["clean_dirs"] == [str(clean)]
     assert summary["data"]["chain_dirs"] == [str(chains)]
+    assert summary["data"]["shared_clean"] == "keep"
+    # the default leaves both out: src22 is not a training negative, src0 not a held-out clean image
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "share their name" not in res.output
+    assert ("left out 1 training --clean files whose picture is a held-out chain source and 1 "
+            "held-out --clean files whose picture is a training chain source") in res.output
+    assert "clean files 1 train / 0 held-out" in res.output
+    data = json.loads((tmp_path / "w.json").read_text())["data"]
+    assert data["shared_clean"] == "drop" and data["clean_left_out"] == {"train": 1, "heldout": 1}
+    assert data["n_clean_train_files"] == 1 and data["n_clean_heldout_files"] == 0
 
 
 def test_train_uses_a_picture_given_under_two_names_once(tmp_path):

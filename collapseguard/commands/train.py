@@ -66,6 +66,11 @@ from collapseguard.commands._common import check_out_file
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="folder to keep crop banks in and reuse across runs (keyed by files + settings)")
 @click.option("--no-eval", is_flag=True, help="skip the held-out evaluation")
+@click.option("--shared-clean", type=click.Choice(["drop", "keep"]), default="drop", show_default=True,
+              help="--clean files whose picture is a chain source on the other side of the source "
+                   "split (a held-out chain's photo among the training negatives): drop leaves them "
+                   "out so the held-out figures are of unseen pictures; keep trains on them, as the "
+                   "shipped weights were")
 @click.option("--teacher", default=None,
               help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss) whose "
                    "scores on --images become the training labels (cached, resumable)")
@@ -75,7 +80,7 @@ from collapseguard.commands._common import check_out_file
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
           context, delivery_jpeg, delivery_per, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
-          generic_ladders, cache_dir, no_eval, teacher, images, teacher_cache):
+          generic_ladders, cache_dir, no_eval, shared_clean, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -141,7 +146,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
                                cache_dir=cache_dir, clean_variants_n=clean_variants,
-                               crops_per_bank_image=bank_crops)
+                               crops_per_bank_image=bank_crops, shared_clean=shared_clean)
     except (ValueError, OSError) as exc:  # FileNotFoundError: a --clean that is not a folder
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:

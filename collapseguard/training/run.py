@@ -102,6 +102,15 @@ def sources_among_clean(chains: pd.DataFrame, clean_files: Sequence[Path]) -> li
                   if source_group(s).rsplit("/", 1)[-1] in stems)
 
 
+def clean_files_of_sources(chains: pd.DataFrame, clean_files: Sequence[Path]) -> list[Path]:
+    """The ``clean_files`` that ``sources_among_clean`` matches to a source of ``chains``."""
+    from collapseguard.training_data_tools.manifest import source_group
+    from collapseguard.training_data_tools.sources import _clean_name
+
+    pictures = {source_group(s).rsplit("/", 1)[-1] for s in set(chains["source_image"])}
+    return [p for p in clean_files if _clean_name(Path(p).stem) in pictures]
+
+
 def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files: Sequence[Path],
                      seed: int = 0, clean_variants_n: int = 2, log: Callable[[str], None] = print) -> dict:
     """Held-out AUROC per family and clean false-positive rates, scored through ``CNNDetector``."""
@@ -185,8 +194,13 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
                  clean_dirs: Sequence[str | Path] = (), exclude: Sequence[str] = (),
                  crops_per_bank_image: int = 48, clean_variants_n: int = 4,
                  evaluate: bool = True, epochs: float | None = None,
-                 log: Callable[[str], None] = print, cache_dir: str | Path | None = None) -> dict:
+                 log: Callable[[str], None] = print, cache_dir: str | Path | None = None,
+                 shared_clean: str = "drop") -> dict:
     """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
+
+    ``shared_clean="drop"`` (with ``evaluate``) leaves out the ``--clean`` files whose picture is
+    a chain source on the other side of the source split (``clean_files_of_sources``); ``"keep"``
+    trains on them, as the shipped weights bb0ec3310592 were (MODEL_CARD.md, the caveat).
 
     ``epochs``, when given, sets ``cfg.iterations`` so that every training chain is drawn about
     ``epochs`` times.
@@ -195,6 +209,8 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if shared_clean not in ("drop", "keep"):
+        raise ValueError(f"shared_clean must be 'drop' or 'keep', got {shared_clean!r}")
     t0 = time.time()
     df = load_chains(chain_dirs, exclude)
     if df.empty:
@@ -215,8 +231,20 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         log(f"warning: {len(identical)} --clean files are byte-identical to another and are used once "
             f"(e.g. {identical[0][0]} = {identical[0][1]})")
     clean_train, clean_held = split_clean(clean_all)
-    for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
-        log(f"warning: {warning}")
+    left_out = {"train": 0, "heldout": 0}
+    if evaluate and shared_clean == "drop":
+        # a held-out chain's picture must not be a training negative, nor a training chain's
+        # picture a held-out clean image: else the held-out figures are those of seen pictures
+        gone = set(clean_files_of_sources(test_df, clean_train))
+        clean_train = [p for p in clean_train if p not in gone]
+        left_out["train"] = len(gone)
+        gone = set(clean_files_of_sources(train_df, clean_held))
+        clean_held = [p for p in clean_held if p not in gone]
+        left_out["heldout"] = len(gone)
+        if any(left_out.values()):
+            log(f"left out {left_out['train']} training --clean files whose picture is a held-out chain "
+                f"source and {left_out['heldout']} held-out --clean files whose picture is a training "
+                "chain source (--shared-clean keep uses them)")
     for part, files, side, effect in (
             (test_df, clean_train, "held-out", "their held-out AUROC is not that of unseen sources"),
             (train_df, clean_held, "training", "the held-out clean false-positive rate counts pictures seen in training")):
@@ -224,7 +252,9 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         if shared:
             log(f"warning: {len(shared)} of {part['source_image'].nunique()} {side} chain sources share "
                 f"their name with a --clean file on the other side of the split (e.g. {shared[0]}): "
-                f"if they are the same picture, {effect}")
+                f"if they are the same picture, {effect} (--shared-clean drop leaves such files out)")
+    for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
+        log(f"warning: {warning}")
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
     cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
@@ -257,6 +287,8 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
             "steps": sorted(int(s) for s in set(df["step"])),
             "n_clean_train_files": len(clean_train),
             "n_clean_heldout_files": len(clean_held),
+            "shared_clean": shared_clean,  # what happened to --clean files of the other side's sources
+            "clean_left_out": left_out,
             "clean_variants": clean_variants_n,
             "crops_per_bank_image": crops_per_bank_image,
         },
