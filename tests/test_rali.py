@@ -199,3 +199,43 @@ def test_the_refusal_of_pickled_clip_weights_names_the_folder_to_convert(tmp_pat
     with pytest.raises(DetectorError) as info:
         create(f"rali:{root}")
     assert str(info.value).endswith(f"rali_convert {root}")  # not {root}/best, where convert fails
+
+
+def test_a_broken_pca_npz_is_a_clear_error(rali_dir, tmp_path):
+    root, _, pca = rali_dir
+    r = tmp_path / "r"
+    shutil.copytree(root, r)
+    np.savez(r / "pca.npz", mean=pca.mean_, components=pca.components_)  # no explained_variance
+    with pytest.raises(DetectorError, match="explained_variance"):
+        create(f"rali:{r}", trust_pickle=True)
+    (r / "pca.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DetectorError, match="pca.npz"):
+        create(f"rali:{r}", trust_pickle=True)
+    (r / "basis.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    (r / "pca.npz").unlink()
+    with pytest.raises(DetectorError, match="basis.npz"):
+        create(f"rali:{r}", trust_pickle=True)
+
+
+def test_a_long_strip_is_not_blown_up_before_its_centre_is_taken(rali_dir):
+    root, _, _ = rali_dir
+    det = create(f"rali:{root}", trust_pickle=True, device="cpu")
+    rng = np.random.default_rng(4)
+    strip = rng.integers(0, 256, (2, 400_000, 3), dtype=np.uint8)  # resized whole: 32 x 6.4M pixels
+    centre = strip[:, 200_000 - 4 : 200_000 + 4]  # what the processor's centre crop comes from
+    real, seen = det.processor, []
+
+    class Recording:  # the real processor, noting the size of each image it is handed
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, images, **kw):
+            seen.extend(im.size for im in images)
+            return real(images=images, **kw)
+
+    det.processor = Recording()
+    s = det.score([strip, centre])
+    assert np.isfinite(s).all() and s[0] == pytest.approx(s[1], rel=1e-6)
+    # at most 4:1 reaches the processor, which would otherwise resize the whole strip to 32 px
+    # high first (a 1 x 20000 banner becomes 224 x 4.5 million pixels with a real CLIP)
+    assert seen == [(8, 2), (8, 2)]

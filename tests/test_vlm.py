@@ -292,3 +292,35 @@ def test_local_version_follows_the_weights_not_only_their_sizes(model_dir, tmp_p
               metadata={"format": "pt"})
     assert weights.stat().st_size == size  # a fine-tune: same names, shapes and bytes
     assert create(f"vlm:{copy}", device="cpu").version != before
+
+
+@pytest.mark.parametrize("text", [
+    "<think>The format is <answer>4.50</answer>, so let me look.</think>",  # an example, not the answer
+    "<think>I could say <answer>4.9</answer> but the noise",  # cut off mid-reasoning
+    "<think>maybe <answer>4.8</answer></think>",  # reasoning, then no answer at all
+])
+def test_an_answer_written_while_reasoning_is_not_the_answer(text):
+    assert parse_rating(text) is None
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<think>Is it <answer>4.9</answer>? No: blocky.</think><answer>2.30</answer>", 2.30),
+    ("blocky, noisy</think><answer>1.75</answer>", 1.75),  # the template opened <think> itself
+    ("<think>a</think><think>b</think>3.3", 3.3),
+])
+def test_the_answer_after_the_reasoning_counts(text, expected):
+    assert parse_rating(text) == pytest.approx(expected)
+
+
+def test_the_precision_the_model_runs_in_is_part_of_the_version(model_dir):
+    fp32 = create(f"vlm:{model_dir}", device="cpu")
+    bf16 = create(f"vlm:{model_dir}", device="cpu", dtype="bfloat16")
+    assert fp32.model.dtype == torch.float32 and bf16.model.dtype == torch.bfloat16
+    assert bf16.version != fp32.version  # bf16 (the CUDA default) rates differently from fp32
+    assert create(f"vlm:{model_dir}", device="cpu", dtype="float32").version == fp32.version
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_absent_gpu_is_a_clear_error(model_dir):
+    with pytest.raises(DetectorError, match="CUDA is not available"):
+        create(f"vlm:{model_dir}", device="cuda")

@@ -126,3 +126,40 @@ def test_cache_of_another_detector_version_is_refused(tmp_path):
     other.version = "000000000000"
     with pytest.raises(DetectorError, match="use another cache file"):
         label_images(other, paths, cache)
+
+
+class Interleaving(Counting):
+    """A teacher during whose first batch another labelling run into the same cache finishes (as
+    a second process on the same cache file would)."""
+
+    def __init__(self, other_items, cache):
+        super().__init__()
+        self.other_items, self.cache = other_items, cache
+
+    def score(self, images):
+        if self.other_items:
+            items, self.other_items = self.other_items, None
+            label_images(Counting(), items, self.cache)
+        return super().score(images)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_two_writers_on_one_cache_keep_each_others_labels(tmp_path, suffix):
+    mine, theirs = _files(tmp_path, 4, seed=7), _files(tmp_path, 3, seed=8)
+    cache = tmp_path / f"labels{suffix}"
+    df = label_images(Interleaving(theirs, cache), mine, cache, flush_every=2)
+    assert (df["status"] == "ok").all() and len(df) == 4
+    stored = read_cache(cache)
+    expected = {image_key(p.read_bytes()) for p in mine + theirs}
+    assert set(stored["key"]) == expected and len(stored) == 7  # nobody's labels were dropped
+    again = Counting()
+    label_images(again, mine + theirs, cache)
+    assert again.seen == 0
+
+
+def test_a_bytes_item_never_gets_a_path_from_the_cache(tmp_path):
+    (p,) = _files(tmp_path, 1, seed=9)
+    cache = tmp_path / "labels.parquet"
+    label_images(Counting(), [p], cache)
+    df = label_images(Counting(), [p.read_bytes(), {"data": p.read_bytes()}], cache)
+    assert list(df["path"]) == ["", ""] and (df["status"] == "ok").all()

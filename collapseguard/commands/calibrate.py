@@ -137,8 +137,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                            f"({manifest['source_image'].nunique()} sources)")
         sources += [f"clean images {d}" for d in clean_dirs]
         n_total = (len(manifest) if manifest is not None else 0)
-        click.echo(f"scoring {n_total} chain images and extra clean images with {det_name}@{det_version} ...",
-                   err=True)
+        extra = f" and the --clean images ({len(clean_dirs)} folder(s)/shard(s))" if clean_dirs else ""
+        click.echo(f"scoring {n_total} chain images{extra} with {det_name}@{det_version} ...", err=True)
         try:
             table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size)
         except (ValueError, OSError, tarfile.TarError) as exc:

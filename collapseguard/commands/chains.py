@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from collapseguard.commands._common import check_out_dir, check_out_file
@@ -89,7 +91,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     except (SourceError, ReplicatorError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
-               f"{sorted(df['family'].unique())} -> {out_dir}/manifest.csv")
+               f"{sorted(df['family'].unique())} -> {os.path.join(out_dir, 'manifest.csv')}")
 
 
 @chains.command("families")

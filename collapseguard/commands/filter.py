@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -73,5 +74,5 @@ def format_summary(summary: dict, out: str) -> str:
         lines.append(f"speed: {summary['images_per_second']:.1f} images/s")
     written = ([] if summary.get("dry_run") else ["kept"]) + (
         ["rejected"] if summary.get("write_rejected", not summary.get("dry_run")) else [])
-    lines.append("outputs: " + ", ".join(f"{out}/{d}" for d in written + ["scores", "summary.json"]))
+    lines.append("outputs: " + ", ".join(os.path.join(out, d) for d in written + ["scores", "summary.json"]))
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from collapseguard.filter.inputs import InputError
 @click.argument("paths", nargs=-1, required=True)
 @detector_option()
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
-              help="Output table: .csv or .parquet.")
+              help="Output table: .csv, .tsv or .parquet (by suffix).")
 @workers_option(default=1)
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")

@@ -58,6 +58,37 @@ class Detector(ABC):
         return f"<{type(self).__name__} {self.name}@{self.version}>"
 
 
+def resolve_device(device: object = None) -> str:
+    """The torch device to run on, as text: ``device`` checked, or CUDA when present, else CPU.
+
+    A device that does not exist here (``cuda`` on a machine without a GPU, ``cuda:3`` with two
+    GPUs, a misspelling) raises :class:`DetectorError` with one readable line instead of torch's
+    error from deep inside the first ``.to()`` call.
+    """
+    import torch
+
+    if device is None or (isinstance(device, str) and not device.strip()):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device.strip() if isinstance(device, str) else device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise DetectorError(f"unknown torch device {device!r} ({exc})") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise DetectorError(f"device {str(dev)!r} asked for, but CUDA is not available here "
+                                "(no GPU, or torch built without CUDA); use --device cpu or leave it unset")
+        if dev.index is not None and dev.index >= n:
+            raise DetectorError(f"device {str(dev)!r} asked for, but only {n} CUDA device(s) exist")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise DetectorError(f"device {str(dev)!r} asked for, but MPS is not available here")
+    elif dev.type != "cpu":
+        raise DetectorError(f"device {str(dev)!r} is not supported; use cpu or cuda")
+    return str(dev)
+
+
 def params_version(*parts: object) -> str:
     """A short, stable version string from parameters or weight bytes."""
     h = hashlib.sha256()
@@ -125,8 +156,9 @@ def _resolve(factory: str | Callable[..., Detector]) -> Callable[..., Detector]:
 
 def create(name: str, **kwargs) -> Detector:
     """Create a detector from its spec, e.g. ``create("nss")`` or ``create("pyiqa:piqe")``."""
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name.strip():
         raise DetectorError("detector name must be a non-empty string")
+    name = name.strip()  # " cnn" from a shell quote or a comma-separated list is "cnn"
     if name in _REGISTRY and not name.endswith(":"):  # "vlm:" is a family, not a detector
         det = _resolve(_REGISTRY[name])(**kwargs)
     else:

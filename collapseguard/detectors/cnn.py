@@ -20,7 +20,12 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.base import (
+    Detector,
+    DetectorError,
+    params_version,
+    resolve_device,
+)
 from collapseguard.detectors.cnn_model import DegradationNet, load_net
 from collapseguard.detectors.crops import crop_grid
 
@@ -104,7 +109,7 @@ class CNNDetector(Detector):
             data = p.read_bytes()
         try:
             net, meta = load_net(data)
-        except (ValueError, KeyError, RuntimeError, SafetensorError) as exc:
+        except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
             raise DetectorError(f"cannot load cnn weights: {exc}") from None
         self.metadata = meta
         self.net: DegradationNet = net
@@ -112,11 +117,11 @@ class CNNDetector(Detector):
         self.version = weights_version(net, self.n_crops)
         if self.n_crops < 1:
             raise DetectorError("n_crops must be >= 1")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(resolve_device(device))
         self.net.to(self.device).eval()
 
     def to(self, device: str) -> CNNDetector:
-        self.device = torch.device(device)
+        self.device = torch.device(resolve_device(device))
         self.net.to(self.device)
         return self
 

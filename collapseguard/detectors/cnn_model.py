@@ -238,7 +238,10 @@ def load_net(data: bytes) -> tuple[DegradationNet, dict[str, str]]:
     meta = header.get("__metadata__") or {}
     if meta.get("format") != "collapseguard-cnn":
         raise ValueError("not a collapseguard cnn weights file (metadata format missing)")
-    config = NetConfig.from_dict(json.loads(meta["config"]))
+    cfg = json.loads(meta["config"])
+    if not isinstance(cfg, dict):
+        raise ValueError(f"the weights' config must be a JSON object, got {type(cfg).__name__}")
+    config = NetConfig.from_dict(cfg)
     net = DegradationNet(config)
     missing, unexpected = net.load_state_dict(tensors, strict=False)
     if missing or unexpected:

@@ -258,3 +258,8 @@ class EnsembleDetector(Detector):
 
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return self.score_detailed(images)["score"]
+
+    def to(self, device: str) -> EnsembleDetector:
+        """Move every member (``--device cuda`` must reach the members, which do the work)."""
+        self.members = [m.to(device) or m for m in self.members]
+        return self

@@ -40,7 +40,12 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.base import (
+    Detector,
+    DetectorError,
+    params_version,
+    resolve_device,
+)
 
 _PATCH_LOCK = threading.Lock()
 
@@ -277,7 +282,7 @@ class PyIQADetector(Detector):
         self.metric = metric
         self.max_side = None if max_side is None else int(max_side)
         self.batch_size = int(batch_size)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         self.params_source = ""
 
         used_files: list[str] = []
@@ -377,6 +382,7 @@ class PyIQADetector(Detector):
     def to(self, device: str) -> PyIQADetector:
         import torch
 
+        device = resolve_device(device)
         self._metric.to(torch.device(device))
         self._metric.device = torch.device(device)
         self.device = device

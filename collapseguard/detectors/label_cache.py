@@ -16,6 +16,7 @@ A cache file belongs to one detector name + version; using it with another raise
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -73,6 +74,35 @@ def read_cache(cache_path: str | os.PathLike) -> pd.DataFrame:
     return df[CACHE_COLUMNS]
 
 
+@contextlib.contextmanager
+def _cache_lock(cache_path: Path):
+    """An exclusive lock on ``<cache>.lock`` while the cache is read back and rewritten, so that
+    two processes labelling into one cache do not drop each other's rows (POSIX; elsewhere a
+    no-op)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_path.with_name(cache_path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _check_owner(cache: pd.DataFrame, cache_path: Path, name: str, version: str) -> None:
+    if len(cache):
+        seen = set(zip(cache["detector"].astype(str), cache["detector_version"].astype(str)))
+        if seen != {(name, version)}:
+            other = ", ".join(f"{n}@{v}" for n, v in sorted(seen))
+            raise DetectorError(
+                f"{cache_path} holds labels of {other}, not {name}@{version}; use another cache file"
+            )
+
+
 def _write_cache(df: pd.DataFrame, cache_path: Path) -> None:
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache_path.parent, prefix=cache_path.name + ".", suffix=".tmp")
@@ -119,13 +149,7 @@ def label_images(
     cache_path = Path(cache_path)
     name, version = str(detector.name), str(detector.version)
     cache = read_cache(cache_path)
-    if len(cache):
-        seen = set(zip(cache["detector"].astype(str), cache["detector_version"].astype(str)))
-        if seen != {(name, version)}:
-            other = ", ".join(f"{n}@{v}" for n, v in sorted(seen))
-            raise DetectorError(
-                f"{cache_path} holds labels of {other}, not {name}@{version}; use another cache file"
-            )
+    _check_owner(cache, cache_path, name, version)
     known: dict[str, dict] = {r["key"]: r for r in cache.to_dict("records")}
     # with retry_nan, a cached "nan" is scored again when an item asks for it; rows of images
     # not in this run stay in the cache as they are
@@ -135,6 +159,7 @@ def label_images(
     order: list[tuple[str, str, str]] = []  # (key, path, status-if-unreadable)
     pending: list[tuple[str, str, np.ndarray]] = []
     new_rows: list[dict] = []
+    mine: set[str] = set()  # keys this run labelled (they win over what another writer stored)
     since_flush = 0
 
     def row(key, path, score, raw, status):
@@ -155,12 +180,21 @@ def label_images(
             rec = row(key, path, float(s) if ok else np.nan, float(r) if ok else np.nan, "ok" if ok else "nan")
             known[key] = rec
             new_rows.append(rec)
+            mine.add(key)
         since_flush += len(pending)
         pending.clear()
 
     def save():
+        # another process may have added labels since this one read the cache: read it back
+        # under the lock and keep its rows, with this run's own labels on top
         nonlocal since_flush
-        _write_cache(pd.DataFrame(list(known.values()), columns=CACHE_COLUMNS), cache_path)
+        with _cache_lock(cache_path):
+            current = read_cache(cache_path)
+            _check_owner(current, cache_path, name, version)
+            merged = {**known, **{r["key"]: r for r in current.to_dict("records")}}
+            merged.update({k: known[k] for k in mine})
+            known.update(merged)
+            _write_cache(pd.DataFrame(list(known.values()), columns=CACHE_COLUMNS), cache_path)
         since_flush = 0
 
     queued: set[str] = set()
@@ -178,6 +212,7 @@ def label_images(
                     rec = row(key, path, np.nan, np.nan, "decode_error")
                     known[key] = rec
                     new_rows.append(rec)
+                    mine.add(key)
                 else:
                     pending.append((key, path, img))
                     queued.add(key)
@@ -197,7 +232,8 @@ def label_images(
             result.append(row("", path, np.nan, np.nan, status))
         else:
             rec = dict(known[key])
-            if path:
-                rec["path"] = path
+            # the item's own path ('' for bytes): never a path an earlier run (or whoever wrote
+            # the cache file) stored under the same content hash
+            rec["path"] = path
             result.append(rec)
     return pd.DataFrame(result, columns=CACHE_COLUMNS)

@@ -51,12 +51,18 @@ import hashlib
 import json
 import os
 import pickle
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.base import (
+    Detector,
+    DetectorError,
+    params_version,
+    resolve_device,
+)
 
 DEFAULT_TEMPERATURE = 0.07
 _PREFIXES = ("module.", "model.", "clip.", "clip_model.")
@@ -90,8 +96,14 @@ def load_pca(folder: Path, trust_pickle: bool = False) -> dict[str, np.ndarray]:
     """PCA parameters (mean, components, explained_variance) from pca.npz, or pca.pkl if trusted."""
     npz = folder / "pca.npz"
     if npz.is_file():
-        with np.load(npz, allow_pickle=False) as z:
-            pca = {k: np.asarray(z[k], dtype=np.float64) for k in ("mean", "components", "explained_variance")}
+        try:
+            with np.load(npz, allow_pickle=False) as z:
+                pca = {k: np.asarray(z[k], dtype=np.float64) for k in ("mean", "components", "explained_variance")}
+        except KeyError as exc:
+            raise DetectorError(f"{npz} must hold 'mean', 'components' and 'explained_variance' "
+                                f"(missing {exc})") from None
+        except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise DetectorError(f"{npz} is not a readable PCA file ({type(exc).__name__}: {exc})") from None
     else:
         pkl = folder / "pca.pkl"
         if not pkl.is_file():
@@ -133,8 +145,8 @@ def load_basis(folder: Path) -> dict[str, np.ndarray]:
                 out["temperature"] = np.asarray(z["temperature"], dtype=np.float64)
     except KeyError as exc:
         raise DetectorError(f"{path} must hold 'vectors' and 'scores' (missing {exc})") from None
-    except ValueError as exc:
-        raise DetectorError(f"{path}: {exc}") from None
+    except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DetectorError(f"{path}: {type(exc).__name__}: {exc}") from None
     v, s = out["vectors"], out["scores"]
     if v.ndim != 2 or v.shape[0] != s.shape[0] or v.shape[0] == 0:
         raise DetectorError(f"{path}: vectors {v.shape} and scores {s.shape} do not match")
@@ -221,6 +233,29 @@ def _dir_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+#: longest side / shortest side handed to the CLIP processor (see ``_trim_aspect``)
+MAX_CLIP_ASPECT = 4
+
+
+def _trim_aspect(a: np.ndarray) -> np.ndarray:
+    """The centre of an image longer than ``MAX_CLIP_ASPECT`` times its short side (native pixels).
+
+    The CLIP processor resizes the short side to the input size and keeps the centre square, so
+    the far ends of a strip never reach the model; but it resizes the whole strip first, and a
+    1 x 20000 banner would become a 224 x 4.5-million-pixel image (gigabytes) on the way. Images
+    up to the ratio are handed over untouched."""
+    h, w = a.shape[:2]
+    short = max(1, min(h, w))
+    keep = MAX_CLIP_ASPECT * short
+    if h > keep:
+        y = (h - keep) // 2
+        a = a[y : y + keep]
+    if w > keep:
+        x = (w - keep) // 2
+        a = a[:, x : x + keep]
+    return np.ascontiguousarray(a)
+
+
 def whiten(feats: np.ndarray, pca: dict[str, np.ndarray]) -> np.ndarray:
     """sklearn-style PCA whitening: ((x - mean) @ components.T) / sqrt(explained_variance)."""
     return ((feats - pca["mean"]) @ pca["components"].T) / np.sqrt(pca["explained_variance"])
@@ -262,7 +297,7 @@ class RALIDetector(Detector):
         batch_size: int = 32,
     ):
         try:
-            import torch
+            import torch  # noqa: F401  (the [vlm] extra: torch and transformers)
             from transformers import CLIPImageProcessor, CLIPModel
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise DetectorError(f"transformers is not installed ({exc}); pip install 'collapseguard[vlm]'") from exc
@@ -288,7 +323,7 @@ class RALIDetector(Detector):
                 f"keeps {self.pca['components'].shape[0]} components"
             )
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         try:
             self.model = CLIPModel.from_pretrained(str(best), local_files_only=True, use_safetensors=has_safe)
         except Exception as exc:
@@ -347,7 +382,8 @@ class RALIDetector(Detector):
         from PIL import Image
 
         if self.preprocess == "clip":
-            inputs = self.processor(images=[Image.fromarray(a) for a in images], return_tensors="pt")
+            inputs = self.processor(images=[Image.fromarray(_trim_aspect(a)) for a in images],
+                                    return_tensors="pt")
             return inputs["pixel_values"]
         from collapseguard.detectors.crops import crop_grid
 
@@ -391,6 +427,7 @@ class RALIDetector(Detector):
         return self.score_detailed(images)["score"]
 
     def to(self, device: str) -> RALIDetector:
+        device = resolve_device(device)
         self.model.to(device)
         self.device = device
         return self

@@ -35,7 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.base import (
+    Detector,
+    DetectorError,
+    params_version,
+    resolve_device,
+)
 from collapseguard.detectors.vlm_prompt import RATING_MAX, parse_rating, rating_prompt
 
 #: default cap on image pixels handed to the vision tower: 1536 visual tokens (~1.2 MP), enough
@@ -157,7 +162,7 @@ class VLMJudge(Detector):
             )
         cls = getattr(transformers, _MODEL_CLASSES[model_type])
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         if dtype is None:
             torch_dtype = torch.bfloat16 if str(self.device).startswith("cuda") else torch.float32
         else:
@@ -203,6 +208,9 @@ class VLMJudge(Detector):
             "vlm", model_type, hashlib.sha256(cfg_json.encode()).hexdigest(), ident,
             self.prompt, self.max_pixels, self.min_pixels, self.max_new_tokens,
             getattr(self.processor, "chat_template", ""),
+            # bf16 (the default on CUDA) and fp32 (on the CPU) give other ratings, and so may
+            # another attention kernel: each is its own detector version
+            str(self.model.dtype), str(getattr(self.model.config, "_attn_implementation", None) or ""),
             sorted((k, repr(v) if isinstance(v, (int, float, str, bool)) else type(v).__name__)
                    for k, v in self.generation_kwargs.items()),
         )
@@ -305,6 +313,7 @@ class VLMJudge(Detector):
         }
 
     def to(self, device: str) -> VLMJudge:
+        device = resolve_device(device)
         self.model.to(device)
         self.device = device
         return self

@@ -44,10 +44,25 @@ def rating_prompt(thinking: bool = False) -> str:
     return QUESTION + (THINK_SUFFIX if thinking else FAST_SUFFIX)
 
 
+_THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
+
+
+def _visible(text: str) -> str:
+    """The reply without its reasoning: closed ``<think>`` blocks removed, and nothing after an
+    unclosed ``<think>`` (the model ran out of tokens while still reasoning) or before a lone
+    ``</think>`` (a template that opened the block in the prompt). An ``<answer>`` tag the model
+    wrote while reasoning ("the format is <answer>5</answer>") is not its answer."""
+    text = _THINK.sub(" ", text)
+    text = _THINK_OPEN.split(text, maxsplit=1)[0]
+    return _THINK_CLOSE.split(text)[-1]
+
+
 def parse_rating(text: str) -> float | None:
     """Extract the 1..5 rating from a model answer, or ``None`` when it cannot be trusted.
 
-    Rules: the content of the last ``<answer>...</answer>`` pair is used; once the scale ("1 to
+    Rules: reasoning (``<think>`` blocks, closed or cut off) is set aside first; the content of the
+    last ``<answer>...</answer>`` pair outside it is used; once the scale ("1 to
     5", "out of 5", "/5") and an image label ("Picture 1:") are set aside it must hold exactly one
     number, written plainly (no exponent, no decimal comma), in [1, 5]. Without answer tags, the
     reply (minus any ``<think>`` block) must be nothing but one number in [1, 5]. Anything else (no
@@ -55,6 +70,7 @@ def parse_rating(text: str) -> float | None:
     """
     if not isinstance(text, str):
         return None
+    text = _visible(text)
     answers = _ANSWER.findall(text)
     if answers:
         numbers = _NUMERIC.findall(_SCALE.sub(" ", answers[-1]))
@@ -62,7 +78,7 @@ def parse_rating(text: str) -> float | None:
             return None
         value = float(numbers[0])
     else:
-        rest = _THINK.sub("", text)
+        rest = text
         if not _BARE_NUMBER.fullmatch(rest):
             return None
         value = float(rest)

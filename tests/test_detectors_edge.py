@@ -1,0 +1,118 @@
+"""Detectors and image decoding on the inputs users actually have: 16-bit and EXIF-rotated files,
+devices that are not there, and detector specs typed by hand."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from collapseguard.detectors import DetectorError, create
+from collapseguard.images import decode_image
+
+
+def _png16(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr.astype(np.uint16)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_a_dark_16bit_png_stays_dark():
+    ramp = np.linspace(0, 1, 40 * 50).reshape(40, 50)
+    bright = decode_image(_png16(ramp * 60000))
+    dark = decode_image(_png16(ramp * 200))  # a night sky: every value far below full scale
+    assert Image.open(io.BytesIO(_png16(ramp * 200))).mode.startswith("I")
+    assert bright.max() == round(60000 / 65535 * 255)
+    assert dark.max() <= 1  # 200 / 65535 of full scale, not stretched to look like 8-bit data
+    # the same for a 16-bit PGM (Pillow: mode I, scaled to 65535 from its maxval)
+    pgm = b"P5\n4 1\n65535\n" + np.array([0, 100, 200, 255], dtype=">u2").tobytes()
+    assert decode_image(pgm)[0, :, 0].tolist() == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_exif_orientation_is_applied_as_viewers_do(orientation, fmt):
+    from skimage import data
+
+    img = Image.fromarray(data.astronaut()[100:160, 150:240])  # 60 x 90, not square
+    exif = img.getexif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, exif=exif.tobytes())
+    expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(buf.getvalue()))).convert("RGB"))
+    got = decode_image(buf.getvalue())
+    assert got.shape == expected.shape and np.array_equal(got, expected)
+    if orientation in (5, 6, 7, 8):  # a portrait photo stored sideways is scored upright
+        assert got.shape[:2] == (90, 60)
+
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+@no_cuda
+def test_an_absent_gpu_is_a_detector_error_not_a_traceback():
+    with pytest.raises(DetectorError, match="CUDA is not available"):
+        create("cnn", device="cuda")
+    det = create("cnn")
+    with pytest.raises(DetectorError, match="CUDA is not available"):
+        det.to("cuda")
+    assert det.to("cpu") is det and det.score([np.zeros((60, 60, 3), np.uint8)]).shape == (1,)
+    with pytest.raises(DetectorError, match="device"):
+        create("cnn", device="gpu")
+    ens = create("ens:cnn+nss")
+    with pytest.raises(DetectorError, match="CUDA is not available"):
+        ens.to("cuda")  # the members do the work: the device must reach them
+
+
+@no_cuda
+def test_an_absent_gpu_is_a_detector_error_for_pyiqa():
+    pytest.importorskip("pyiqa")
+    with pytest.raises(DetectorError, match="CUDA is not available"):
+        create("pyiqa:piqe", device="cuda")
+    with pytest.raises(DetectorError, match="CUDA is not available"):
+        create("pyiqa:piqe", device="cpu").to("cuda")
+
+
+def test_the_cli_reports_an_absent_gpu_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+    from collapseguard.images import encode_png
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        (clean / f"{i}.png").write_bytes(encode_png(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)))
+    res = CliRunner().invoke(main, ["calibrate", "--clean", str(clean), "--device", "cuda",
+                                    "--out", str(tmp_path / "cal.json")])
+    assert res.exit_code != 0 and "CUDA is not available" in res.output
+    assert isinstance(res.exception, SystemExit)  # a ClickException's exit, not a traceback
+
+
+def test_a_spec_with_surrounding_spaces_is_the_same_detector():
+    det = create("  nss ")
+    assert det.name == "nss" and det.version == create("nss").version
+    with pytest.raises(DetectorError, match="non-empty"):
+        create("   ")
+
+
+def test_cnn_weights_with_a_broken_config_are_a_detector_error(tmp_path):
+    from collapseguard.detectors.cnn_model import DegradationNet, save_net
+
+    path = tmp_path / "w.safetensors"
+    save_net(DegradationNet(), path)
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header["__metadata__"]["config"] = json.dumps([16, 48])  # not an object
+    body = json.dumps(header).encode()
+    path.write_bytes(len(body).to_bytes(8, "little") + body + raw[8 + n :])
+    with pytest.raises(DetectorError, match="cannot load cnn weights"):
+        create(f"cnn:{path}")
