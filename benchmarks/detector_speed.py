@@ -7,7 +7,8 @@ Images: the bundled photos and procedural art of ``collapseguard.training_data_t
 (when present, else seeded procedural images) brought to exactly 1024x768 once, before timing;
 every detector then scores those same decoded arrays at that native size. Timing counts only the
 time inside ``Detector.score`` (``collapseguard.evaluation.scoring.time_detectors``: one untimed
-warm-up image per detector, then batches of ``--batch-size``). Detectors that cannot be created
+warm-up image per detector, then batches of ``--batch-size``, the detectors taking turns batch by
+batch so that a burst of load on this shared machine does not fall on one of them). Detectors that cannot be created
 (missing extra or weights) are reported and left out. Prints one line per detector and the ratio of
 the first detector's speed to each other's.
 """

@@ -178,6 +178,29 @@ def test_time_detectors_counts_images_and_bad_input():
     t = time_detectors([Tracking()], imgs, batch_size=2)[0]
     assert t.images == 5 and t.seconds > 0 and t.images_per_s > 0
     with pytest.raises(ValueError):
+        time_detectors([Tracking()], imgs, batch_size=0)
+
+
+def test_time_detectors_take_turns_batch_by_batch():
+    """A shared machine's load comes in bursts: timing one detector after the other put a whole
+    burst on one of them. They take turns per batch, in alternating order."""
+    calls = []
+
+    class Logged(Tracking):
+        def __init__(self, tag):
+            super().__init__()
+            self.name, self.tag = f"evaltest-{tag}", tag
+
+        def score(self, images):
+            calls.append((self.tag, len(images)))
+            return super().score(images)
+
+    imgs = [np.zeros((8, 8, 3), np.uint8)] * 5
+    a, b = time_detectors([Logged("a"), Logged("b")], imgs, batch_size=2)
+    assert calls == [("a", 1), ("b", 1),  # warm-ups
+                     ("a", 2), ("b", 2), ("b", 2), ("a", 2), ("a", 1), ("b", 1)]
+    assert a.images == b.images == 5
+    with pytest.raises(ValueError):
         score_manifest(pd.DataFrame({"path": []}), [Tracking()])
 
 
