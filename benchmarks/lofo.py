@@ -35,6 +35,9 @@ def main() -> None:
                     help="damage ladders per clean training file (training.generic_damage; shipped: 0)")
     ap.add_argument("--context", action="store_true",
                     help="with the image-level context term (collapseguard train --context; shipped: on since bb0ec3310592)")
+    ap.add_argument("--shared-clean", choices=("drop", "keep"), default="drop",
+                    help="a --clean file whose picture is a held-out chain source: drop (default, as "
+                         "collapseguard train) or keep (the figures of sessions 2-10)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from collapseguard.detectors.cnn_model import NetConfig
@@ -47,7 +50,8 @@ def main() -> None:
                                     context=args.context))
     res = lofo(args.chains, args.out, cfg, clean_dirs=args.clean,
                families=args.families.split(",") if args.families else None, cache_dir=args.cache,
-               clean_variants_n=args.clean_variants, crops_per_bank_image=args.bank_crops)
+               clean_variants_n=args.clean_variants, crops_per_bank_image=args.bank_crops,
+               shared_clean=args.shared_clean)
     cols = ["family", "n_chains_heldout", "heldout_auroc_0v5", "heldout_auroc_0v10",
             "n_chains_all", "all_auroc_0v5", "all_auroc_0v10"]
     print(res[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -34,3 +34,40 @@ def test_lofo_trains_without_each_family_and_scores_it(tmp_path):
         assert json.loads(meta["excluded_families"]) == [fam]
     # clean files as they are only: one bank image per file, no camera variants
     assert any("4 clean images" in line for line in logs), logs
+
+
+def test_lofo_leaves_out_the_clean_file_of_a_held_out_chain_picture(tmp_path):
+    """The strict (held-out) LOFO figure must be one of pictures never trained on: a --clean file
+    that is a held-out chain's picture is not a clean negative unless shared_clean='keep'."""
+    import numpy as np
+    import pytest
+    from PIL import Image
+    from test_train import _held_out_chains, smooth_art
+
+    from collapseguard.training.negatives import split_clean
+
+    chains, _ = _held_out_chains(tmp_path)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    rng = np.random.default_rng(1)
+    for name in ("src22", "other", "more"):  # src22 is the held-out chain source
+        Image.fromarray(smooth_art(rng)).save(clean / f"{name}.png")
+    train_files, _ = split_clean(sorted(clean.iterdir()))
+    assert clean / "src22.png" in train_files
+    cfg = TrainConfig(iterations=2, chains_per_batch=4, clean_per_batch=2, crops_per_image=2,
+                      threads=1, log_every=10, net=NetConfig(width=4, crop_size=32, n_crops=4))
+    runs = {}
+    for mode in ("drop", "keep"):
+        logs: list[str] = []
+        lofo([chains], tmp_path / mode, cfg, clean_dirs=[clean], families=["noise"], log=logs.append,
+             clean_variants_n=1, crops_per_bank_image=2, shared_clean=mode)
+        runs[mode] = (logs, json.loads((tmp_path / mode / "lofo.json").read_text()))
+    logs, saved = runs["drop"]
+    assert saved["shared_clean"] == "drop" and saved["clean_left_out"] == 1
+    assert any("left out 1 training --clean files whose picture is a held-out chain source" in x for x in logs)
+    assert any(f"{len(train_files) - 1} clean images" in x for x in logs), logs
+    logs, saved = runs["keep"]
+    assert saved["clean_left_out"] == 0 and not any("left out" in x for x in logs)
+    assert any(f"{len(train_files)} clean images" in x for x in logs), logs
+    with pytest.raises(ValueError, match="shared_clean"):
+        lofo([chains], tmp_path / "bad", cfg, shared_clean="nope")

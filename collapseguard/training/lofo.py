@@ -4,7 +4,10 @@ The crop banks are cut once (all families, training-split sources, clean files);
 F a short training run uses the bank without F's chains, and its weights then score F's chains at
 steps 0, 5 and 10 through the real ``cnn`` detector. Reported: AUROC(0 vs 5) and (0 vs 10) on F's
 held-out sources (the strict figure) and on all of F's sources (more chains: F itself was never
-seen, though the training split's step-0 sources were seen as clean images).
+seen, though the training split's step-0 sources were seen as clean images). As in ``collapseguard
+train``, a ``--clean`` file whose picture is a held-out chain source is left out of the clean
+negatives by default (``shared_clean="drop"``): otherwise the strict figure is one of pictures
+trained on as clean; ``"keep"`` reruns the figures of sessions 2-10, which had that overlap.
 """
 
 from __future__ import annotations
@@ -19,18 +22,24 @@ import pandas as pd
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import auroc, score_paths
 from collapseguard.training.negatives import list_images, split_clean
-from collapseguard.training.run import build_banks, load_chains, split_chains
+from collapseguard.training.run import (
+    build_banks,
+    clean_files_of_sources,
+    load_chains,
+    split_chains,
+)
 
 
 def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig,
          clean_dirs: Sequence[str | Path] = (), families: Sequence[str] | None = None,
          steps: Sequence[int] = (5, 10), log: Callable[[str], None] = print,
          cache_dir: str | Path | None = None, clean_variants_n: int = 4,
-         crops_per_bank_image: int = 48) -> pd.DataFrame:
+         crops_per_bank_image: int = 48, shared_clean: str = "drop") -> pd.DataFrame:
     """Run the study; returns one row per family (also ``out_dir/lofo.json``, rewritten after
     every family so a partial run leaves its results). ``clean_variants_n``: images made from
     each clean file (1 = the file as it is, no camera-like grain/JPEG variants);
-    ``crops_per_bank_image``: the crop bank's crops per image (shipped recipe: 48)."""
+    ``crops_per_bank_image``: the crop bank's crops per image (shipped recipe: 48);
+    ``shared_clean``: "drop" (default) or "keep" the clean files of held-out chains' pictures."""
     from collapseguard.detectors.cnn import CNNDetector
     from collapseguard.detectors.cnn_model import save_net
 
@@ -39,7 +48,17 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
     df = load_chains(chain_dirs)
     train_df, test_df = split_chains(df)
     test_sources = set(test_df["source_image"])
+    if shared_clean not in ("drop", "keep"):
+        raise ValueError(f"shared_clean must be 'drop' or 'keep', got {shared_clean!r}")
     clean_train, _ = split_clean(list_images(clean_dirs)) if clean_dirs else ([], [])
+    left_out = 0
+    if shared_clean == "drop":
+        gone = set(clean_files_of_sources(test_df, clean_train))
+        clean_train = [p for p in clean_train if p not in gone]
+        left_out = len(gone)
+        if left_out:
+            log(f"left out {left_out} training --clean files whose picture is a held-out chain source "
+                "(shared_clean='keep' uses them)")
     chain_bank, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image,
                                          clean_variants_n=clean_variants_n, log=log, cache_dir=cache_dir)
     families = list(families or sorted(set(df["family"])))
@@ -65,6 +84,8 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
         rows.append(rec)
         log(json.dumps(rec))
         (out_dir / "lofo.json").write_text(json.dumps({"config": cfg.to_dict(), "clean_variants": clean_variants_n,
-                                                        "bank_crops": crops_per_bank_image, "rows": rows},
+                                                        "bank_crops": crops_per_bank_image,
+                                                        "shared_clean": shared_clean,
+                                                        "clean_left_out": left_out, "rows": rows},
                                                        indent=1))
     return pd.DataFrame(rows)
