@@ -24,9 +24,9 @@ from collapseguard.training.metrics import auroc, score_paths
 from collapseguard.training.negatives import list_images, split_clean
 from collapseguard.training.run import (
     build_banks,
-    clean_files_of_sources,
     load_chains,
     split_chains,
+    without_pictures_of,
 )
 
 
@@ -53,9 +53,7 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
     clean_train, _ = split_clean(list_images(clean_dirs)) if clean_dirs else ([], [])
     left_out = 0
     if shared_clean == "drop":
-        gone = set(clean_files_of_sources(test_df, clean_train))
-        clean_train = [p for p in clean_train if p not in gone]
-        left_out = len(gone)
+        clean_train, left_out = without_pictures_of(test_df, clean_train)
         if left_out:
             log(f"left out {left_out} training --clean files whose picture is a held-out chain source "
                 "(shared_clean='keep' uses them)")

@@ -111,6 +111,13 @@ def clean_files_of_sources(chains: pd.DataFrame, clean_files: Sequence[Path]) ->
     return [p for p in clean_files if _clean_name(Path(p).stem) in pictures]
 
 
+def without_pictures_of(chains: pd.DataFrame, clean_files: Sequence[Path]) -> tuple[list[Path], int]:
+    """``clean_files`` less those whose picture is a source of ``chains`` (``clean_files_of_sources``),
+    and how many were left out: the ``--shared-clean drop`` rule of ``train`` and LOFO."""
+    gone = set(clean_files_of_sources(chains, clean_files))
+    return [p for p in clean_files if p not in gone], len(gone)
+
+
 def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files: Sequence[Path],
                      seed: int = 0, clean_variants_n: int = 2, log: Callable[[str], None] = print) -> dict:
     """Held-out AUROC per family and clean false-positive rates, scored through ``CNNDetector``."""
@@ -235,12 +242,8 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     if evaluate and shared_clean == "drop":
         # a held-out chain's picture must not be a training negative, nor a training chain's
         # picture a held-out clean image: else the held-out figures are those of seen pictures
-        gone = set(clean_files_of_sources(test_df, clean_train))
-        clean_train = [p for p in clean_train if p not in gone]
-        left_out["train"] = len(gone)
-        gone = set(clean_files_of_sources(train_df, clean_held))
-        clean_held = [p for p in clean_held if p not in gone]
-        left_out["heldout"] = len(gone)
+        clean_train, left_out["train"] = without_pictures_of(test_df, clean_train)
+        clean_held, left_out["heldout"] = without_pictures_of(train_df, clean_held)
         if any(left_out.values()):
             log(f"left out {left_out['train']} training --clean files whose picture is a held-out chain "
                 f"source and {left_out['heldout']} held-out --clean files whose picture is a training "
