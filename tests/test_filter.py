@@ -222,7 +222,7 @@ def test_killed_run_resumes_to_identical_outputs(tmp_path):
     deadline = time.time() + 120
     # kill once the second shard is being written: one shard complete, one mid-way
     while time.time() < deadline:
-        if (out / ".done/shard-0.json").exists() and list((out / "kept").glob("shard-1.tar.tmp")):
+        if (out / ".done/shard-0.json").exists() and list((out / "kept").glob("shard-1.tar*.tmp")):
             break
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.managers import SyncManager
 
 OnProgress = Callable[[int], None]
 #: (task index, result or None, error text or None)
@@ -28,6 +29,13 @@ TaskFn = Callable[[object, object, "OnProgress | None"], object]
 
 _DETECTORS: dict = {}
 _PROGRESS_QUEUE = None
+#: the pid of the process that started this worker (None outside worker processes)
+_PARENT_PID: int | None = None
+
+
+def parent_is_gone() -> bool:
+    """True in a worker process whose starting process has exited (it must not commit)."""
+    return _PARENT_PID is not None and os.getppid() != _PARENT_PID
 
 
 def spawn_context():
@@ -70,8 +78,32 @@ def set_thread_budget(n_threads: int) -> None:
         sys.modules["torch"].set_num_threads(int(n))
 
 
-def _worker_init(threads: int, progress_queue, detector: str, kwargs: tuple) -> None:
-    global _PROGRESS_QUEUE
+def die_with_parent(parent_pid: int) -> None:
+    """Make this worker process end when its parent does.
+
+    On Linux the kernel sends SIGKILL to this process the moment its parent exits
+    (``PR_SET_PDEATHSIG``), however the parent died (``kill -9`` included), so a worker can never
+    go on writing outputs for a run that no longer holds its ``--out``. A parent that died before
+    the request was made is caught by comparing ``getppid()``. Elsewhere, the commit check of
+    ``filter.pipeline`` (parent alive, run still owns the lock) is the guard.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _worker_init(threads: int, progress_queue, detector: str, kwargs: tuple,
+                 parent_pid: int) -> None:
+    global _PROGRESS_QUEUE, _PARENT_PID
+    die_with_parent(parent_pid)
+    _PARENT_PID = parent_pid
     set_thread_budget(threads)
     _PROGRESS_QUEUE = progress_queue
     get_detector(detector, kwargs)
@@ -125,7 +157,10 @@ class LocalEngine:
         if not tasks:
             return
         ctx = spawn_context()
-        manager = ctx.Manager() if on_progress else None
+        manager = None
+        if on_progress:
+            manager = SyncManager(ctx=ctx)
+            manager.start(die_with_parent, (os.getpid(),))
         progress_q = manager.Queue() if manager else None
         stop = threading.Event()
 
@@ -170,7 +205,8 @@ class LocalEngine:
         """Run tasks from ``order`` (consumed from the front) with ``width`` in flight; returns
         the indices that were in flight when a worker died (empty when the pool stayed up)."""
         pool = ProcessPoolExecutor(max_workers=width, mp_context=ctx, initializer=_worker_init,
-                                   initargs=(self.threads, progress_q, detector, kwargs))
+                                   initargs=(self.threads, progress_q, detector, kwargs,
+                                             os.getpid()))
         running: dict = {}
         broken: list[int] = []
         try:

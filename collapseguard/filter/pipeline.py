@@ -42,6 +42,8 @@ class FilterOptions:
     dry_run: bool = False
     #: folder of scores/*.parquet from an earlier scoring pass to decide from (no re-scoring)
     scores_from: str = ""
+    #: the id the run holding ``<out>/.lock`` wrote into it; checked before every commit
+    run_id: str = ""
 
     def fingerprint(self) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal."""
@@ -49,6 +51,7 @@ class FilterOptions:
         d.pop("out_dir")
         d.pop("batch_size")
         d.pop("scores_from")
+        d.pop("run_id")
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -88,8 +91,61 @@ def input_identity(shard: str) -> dict:
     return {"path": os.path.abspath(shard), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _tmp(p: Path) -> Path:
-    return p.with_name(p.name + ".tmp")
+def _tmp(p: Path, run_id: str = "") -> Path:
+    """The temporary name of an output while it is written: per run, so two writers (a run and
+    a stale worker of a killed one) never share a file."""
+    return p.with_name(f"{p.name}.{run_id}.tmp" if run_id else f"{p.name}.tmp")
+
+
+class RunLostError(RuntimeError):
+    """This worker's run no longer owns ``--out`` (its parent died, or another run holds the lock):
+    it must not commit anything."""
+
+
+def lock_owner(out_dir: str) -> str:
+    """The run id written into ``<out>/.lock`` by the run holding it ("" when none is written)."""
+    try:
+        return (Path(out_dir) / ".lock").read_text().strip()
+    except OSError:
+        return ""
+
+
+def check_still_owner(options: FilterOptions) -> None:
+    """Raise ``RunLostError`` unless the run that started this task still owns ``--out``.
+
+    Called before every commit (rename of outputs, marker): a worker whose parent died, or whose
+    run was superseded by another holding the lock, leaves its temporary files and stops.
+    """
+    from collapseguard.filter.engines import parent_is_gone
+    if parent_is_gone():
+        raise RunLostError("the filter run that started this worker has ended; not committing")
+    if options.run_id and lock_owner(options.out_dir) != options.run_id:
+        raise RunLostError(f"{options.out_dir}/.lock is held by another run; not committing")
+
+
+def file_digest(path: Path) -> dict:
+    """Size and SHA-256 of a file, as a completion marker records its outputs."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def outputs_match(marker: dict, out_dir: str) -> bool:
+    """Do the outputs a completion marker lists exist with the recorded size and checksum?"""
+    recorded = marker.get("outputs")
+    if not isinstance(recorded, dict) or not recorded:
+        return False
+    paths = output_paths(str(marker.get("shard", "")), out_dir)
+    for key, want in recorded.items():
+        p = paths.get(key)
+        if p is None or not isinstance(want, dict) or not p.is_file():
+            return False
+        if p.stat().st_size != want.get("size") or file_digest(p) != want:
+            return False
+    return True
 
 
 def process_shard(shard: str, options: FilterOptions, detector=None,
@@ -113,8 +169,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     for key, p in paths.items():
         if written.get(key, True):
             p.parent.mkdir(parents=True, exist_ok=True)
-    kept_w = ShardWriter(str(_tmp(paths["kept"]))) if write_kept else None
-    rej_w = ShardWriter(str(_tmp(paths["rejected"]))) if write_rej else None
+    rid = options.run_id
+    kept_w = ShardWriter(str(_tmp(paths["kept"], rid))) if write_kept else None
+    rej_w = ShardWriter(str(_tmp(paths["rejected"], rid))) if write_rej else None
     rows = {c: [] for c in SCORE_COLUMNS}
     reasons: Counter = Counter()
     n_images = 0
@@ -154,7 +211,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             if w is not None:
                 w.close()
         for key in ("kept", "rejected", "scores"):  # a failed shard leaves no partial files
-            _tmp(paths[key]).unlink(missing_ok=True)
+            _tmp(paths[key], rid).unlink(missing_ok=True)
         raise
     for w in (kept_w, rej_w):
         if w is not None:
@@ -172,12 +229,20 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "storage": pa.array(rows["storage"], pa.string()),
         "error": pa.array(rows["error"], pa.string()),
     })
-    pq.write_table(table, _tmp(paths["scores"]))
-    if write_kept:
-        os.replace(_tmp(paths["kept"]), paths["kept"])
-    if write_rej:
-        os.replace(_tmp(paths["rejected"]), paths["rejected"])
-    os.replace(_tmp(paths["scores"]), paths["scores"])
+    try:
+        pq.write_table(table, _tmp(paths["scores"], rid))
+        outputs = {"scores": file_digest(_tmp(paths["scores"], rid))}
+        for key, w in (("kept", kept_w), ("rejected", rej_w)):
+            if w is not None:
+                outputs[key] = {"size": w.size, "sha256": w.sha256}
+        check_still_owner(options)
+    except BaseException:
+        for key in ("kept", "rejected", "scores"):
+            _tmp(paths[key], rid).unlink(missing_ok=True)
+        raise
+    for key in ("kept", "rejected", "scores"):
+        if key in outputs:
+            os.replace(_tmp(paths[key], rid), paths[key])
     n = len(rows["key"])
     record = {
         "shard": shard,
@@ -191,9 +256,15 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "options": options.fingerprint(),
         "detector_version": detector.version,
         "input": {"size": identity["size"], "mtime_ns": identity["mtime_ns"]},
+        "outputs": outputs,
     }
-    tmp_marker = _tmp(paths["marker"])
-    tmp_marker.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp_marker = _tmp(paths["marker"], rid)
+    try:
+        tmp_marker.write_text(json.dumps(record, indent=1, sort_keys=True))
+        check_still_owner(options)
+    except BaseException:
+        tmp_marker.unlink(missing_ok=True)
+        raise
     os.replace(tmp_marker, paths["marker"])
     return record
 

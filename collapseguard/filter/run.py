@@ -7,10 +7,12 @@ resume; ``overwrite=True`` redoes them. A shard that fails is reported by name a
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,6 +32,7 @@ from collapseguard.filter.pipeline import (
     filter_task,
     input_identity,
     output_paths,
+    outputs_match,
     read_marker,
     shard_name,
 )
@@ -88,27 +91,35 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
     return shards
 
 
-_HELD_LOCKS: dict[str, int] = {}
+_HELD_LOCKS: dict[str, str] = {}
 
 
 @contextlib.contextmanager
 def out_lock(out_dir: Path):
     """Hold ``<out>/.lock`` for the run, so two runs cannot write one --out at once (re-entrant
-    within this process, for the two passes of ``--drop-fraction``)."""
+    within this process, for the two passes of ``--drop-fraction``). Yields this run's id, which
+    is written into the lock file: workers compare it before every commit, so a worker of a run
+    that lost the lock (its parent was killed and another run took over) commits nothing."""
     key = os.path.realpath(out_dir)
-    if key in _HELD_LOCKS or fcntl is None:
-        yield
+    if key in _HELD_LOCKS:
+        yield _HELD_LOCKS[key]
         return
+    run_id = uuid.uuid4().hex[:16]
     fd = os.open(os.path.join(key, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise FilterError(f"another filter run is writing to {out_dir} (it holds "
+                                  f"{out_dir}/.lock); wait for it to finish or choose another "
+                                  "--out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, run_id.encode() + b"\n", 0)
+        os.fsync(fd)
+        _HELD_LOCKS[key] = run_id
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FilterError(f"another filter run is writing to {out_dir} (it holds {out_dir}/.lock); "
-                              "wait for it to finish or choose another --out") from None
-        _HELD_LOCKS[key] = fd
-        try:
-            yield
+            yield run_id
         finally:
             del _HELD_LOCKS[key]
     finally:
@@ -153,14 +164,20 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
         now = input_identity(shard)
         if (seen.get("size"), seen.get("mtime_ns")) != (now["size"], now["mtime_ns"]):
             return None  # the shard changed since: its outputs are stale, filter it again
+    if not outputs_match(marker, options.out_dir):
+        return None  # outputs missing, cut short or changed since the marker: filter it again
     return marker
 
 
 def clear_shard_outputs(shard: str, out_dir: str) -> None:
-    for p in output_paths(shard, out_dir).values():
-        for q in (p, p.with_name(p.name + ".tmp")):
-            if q.exists():
-                q.unlink()
+    """Remove a shard's outputs, marker first, and any temporary files a killed run left."""
+    paths = output_paths(shard, out_dir)
+    for key in ("marker", "kept", "rejected", "scores"):
+        p = paths[key]
+        p.unlink(missing_ok=True)
+        if p.parent.is_dir():
+            for q in p.parent.glob(glob.escape(p.name) + ".*tmp"):
+                q.unlink(missing_ok=True)
 
 
 def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 2,
@@ -180,7 +197,8 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     out = make_out_dir(options.out_dir)
     if detector_version is None and detector is not None:
         detector_version = detector.version
-    with out_lock(out):
+    with out_lock(out) as run_id:
+        options = replace(options, run_id=run_id)
         return _run_locked(shards, options, out, t0, workers=workers, engine=engine,
                            resume=resume, quiet=quiet, threshold_source=threshold_source,
                            detector=detector, detector_version=detector_version)

@@ -177,6 +177,31 @@ def iter_samples(path: str) -> Iterator[Sample]:
     return iter(ShardReader(path))
 
 
+class _HashingFile:
+    """A write-only file that keeps the SHA-256 and the size of what passes through it, so a
+    shard's checksum costs no second read."""
+
+    def __init__(self, f):
+        import hashlib
+        self._f = f
+        self.hash = hashlib.sha256()
+        self.pos = 0
+
+    def write(self, b) -> int:
+        self.hash.update(b)
+        self.pos += len(b)
+        return self._f.write(b)
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class ShardWriter:
     """Write samples into a tar file with deterministic headers (same input -> same bytes).
 
@@ -185,9 +210,19 @@ class ShardWriter:
 
     def __init__(self, path: str):
         self.path = path
-        self._f = open(path, "wb")
+        self._f = _HashingFile(open(path, "wb"))
         self._tf = tarfile.open(fileobj=self._f, mode="w", format=tarfile.PAX_FORMAT)
         self.count = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far (the file's size once closed)."""
+        return self._f.pos
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the bytes written so far (of the whole file once closed)."""
+        return self._f.hash.hexdigest()
 
     def write(self, sample: Sample) -> None:
         for m in sample.members:
