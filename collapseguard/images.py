@@ -212,6 +212,54 @@ def _storage(img: Image.Image) -> str:
     return f"jpeg {sub}" if sub else "jpeg"
 
 
+#: the IJG (libjpeg) example luminance quantization table (ITU-T T.81 Annex K), natural order
+_IJG_LUMA = (16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55,
+             14, 13, 16, 24, 40, 57, 69, 56, 14, 17, 22, 29, 51, 87, 80, 62,
+             18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64, 81, 104, 113, 92,
+             49, 64, 78, 87, 103, 121, 120, 101, 72, 92, 95, 98, 112, 100, 103, 99)
+
+
+def _ijg_luma_table(quality: int) -> tuple[int, ...]:
+    """The luminance table libjpeg writes for ``quality`` (1-100), baseline-clamped to 1-255."""
+    scale = 5000 // quality if quality < 50 else 200 - 2 * quality
+    return tuple(min(255, max(1, (v * scale + 50) // 100)) for v in _IJG_LUMA)
+
+
+_IJG_QUALITY = {}
+for _q in range(1, 101):  # a table that two qualities share keeps the higher quality
+    _IJG_QUALITY[_ijg_luma_table(_q)] = _q
+
+
+def jpeg_quality(img: Image.Image) -> int | None:
+    """The libjpeg quality (1-100) whose luminance table an opened JPEG carries, or None when its
+    table is not one libjpeg's quality scaling makes (another encoder, a custom table). libjpeg and
+    everything built on it (Pillow, ImageMagick, img2dataset, most cameras' software) write these."""
+    try:
+        table = tuple(int(v) for v in img.quantization[0])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return _IJG_QUALITY.get(table)
+
+
+def storage_label(data: bytes) -> str:
+    """``image_storage`` with what the header tells beyond the format, for per-storage reports:
+    ``"jpeg q90 4:2:0"`` when the luminance table is libjpeg's for a quality (``jpeg_quality``),
+    ``"webp lossless"`` for VP8L WebP (lossy WebP stays ``"webp"``: its quality is not stored).
+    ``""`` when the header is unreadable."""
+    try:
+        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
+            base = _storage(img)
+            if base.startswith("jpeg"):
+                q = jpeg_quality(img)
+                if q is not None:
+                    return "jpeg" + f" q{q}" + base[4:]
+            elif base == "webp" and b"VP8L" in data[12:4096] and b"VP8 " not in data[12:4096]:
+                return "webp lossless"
+            return base
+    except Exception:  # PIL raises many types for bad data; decoding reports the error
+        return ""
+
+
 def load_image(path) -> np.ndarray:
     """Read and decode an image file (see decode_image)."""
     with open(path, "rb") as f:

@@ -94,6 +94,31 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
                f"{sorted(df['family'].unique())} -> {os.path.join(out_dir, 'manifest.csv')}")
 
 
+@chains.command("store")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Output folder.")
+@click.option("--storages", default="png,jpeg:90:420,jpeg:75:420,webp:80", show_default=True,
+              help="Comma-separated: png | jpeg:Q[:420|422|444] | webp:Q | webp:lossless (Q 1-100).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
+def store_cmd(path, out_dir, storages, workers):
+    """Write a chain manifest's images once per storage: each chain becomes one chain per storage
+    (id CHAIN~TAG, columns storage and stored_from) under OUT/<tag>/, plus OUT/manifest.csv."""
+    from collapseguard.training_data_tools.manifest import ManifestError, read_manifest
+    from collapseguard.training_data_tools.storage import parse_storages, store_chains
+
+    check_out_dir(out_dir)
+    try:
+        sts = parse_storages(storages)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--storages") from None
+    try:
+        df = store_chains(read_manifest(path), sts, out_dir, workers=workers)
+    except (ManifestError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images in storages "
+               f"{', '.join(s.label for s in sts)} -> {os.path.join(out_dir, 'manifest.csv')}")
+
+
 @chains.command("families")
 def families_cmd():
     """List the replicator families."""
