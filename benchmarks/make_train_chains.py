@@ -17,7 +17,7 @@ files (seeded choice among the training side, one view each) of another photo ki
 in train_cnn.sh -- so that kind is seen degraded as well as clean. ``--clean-art N`` also writes N
 procedural art PNGs (seed 11, never chain sources; the study script draws its unseen art with seed 7) into ``--clean-art-dir`` for ``--clean``, where
 training adds JPEG/grain/resize variants: clean digital art as a pipeline delivers it. Every
-replicator family, 20 steps, keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes.
+replicator family, 20 steps, keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes (``--workers``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ if __name__ == "__main__":
     ap.add_argument("--extra-n", type=int, default=0, help="chain sources taken from --extra-photos")
     ap.add_argument("--clean-art", type=int, default=0)
     ap.add_argument("--clean-art-dir", default=None)
+    ap.add_argument("--workers", type=int, default=2, help="chain-making worker processes (default 2)")
     ap.add_argument("--clean-art-dither", default="0.6",
                     help="dither sigma of the clean art, or 'vary' (sources.DITHER_LEVELS per image)")
     args = ap.parse_args()
@@ -84,6 +85,6 @@ if __name__ == "__main__":
             Image.fromarray(img).save(folder / f"{name.replace('/', '-')}.png")
         print(f"clean art: {args.clean_art} PNGs in {folder}")
     df = chains.make_chains(srcs, None, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,
-                            seed=0, workers=2, progress=False)
+                            seed=0, workers=args.workers, progress=False)
     print(f"chains: {df['chain_id'].nunique()} chains, {len(df)} images, families "
           f"{sorted(df['family'].unique())} in {time.time() - t:.0f}s")

@@ -43,6 +43,7 @@ STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 SEED=${SEED:-0}
+WORKERS=${WORKERS:-2}  # chain-making worker processes (the chains do not depend on it)
 CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --context; shipped since
                        # bb0ec3310592, session 11); 0 gives the crop-only recipe of fdbebf12838c
 SHARED_CLEAN=${SHARED_CLEAN:-keep}  # keep: the shipped weights' recipe, whose held-out photo and
@@ -97,7 +98,8 @@ fi
 # 2. chains --------------------------------------------------------------------------------------
 rm -rf "$WORK/chains" "$WORK/clean_art"
 python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
-  --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS"
+  --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS" \
+  --workers "$WORKERS"
 if [ "$WINDOWS" -gt 0 ]; then
   rm -rf "$WORK/chains_windows"
   python benchmarks/make_train_chains.py "" "$WORK/chains_windows" --photos "$WORK/photos" \

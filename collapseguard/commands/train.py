@@ -39,6 +39,11 @@ from collapseguard.commands._common import check_out_file
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
 @click.option("--delivery-per", type=click.Choice(["chain", "image"]), default="chain", show_default=True,
               help="with --delivery-jpeg: decide the JPEG encoding once per chain, or for every image")
+@click.option("--delivery-kind", type=click.Choice(["jpeg", "web"]), default="jpeg", show_default=True,
+              help="jpeg: the --delivery-jpeg share of chains is stored as JPEG 4:2:0 (quality 70-98); "
+                   "web: that share of chains, and every clean image, is stored one random way as "
+                   "datasets store images (JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, web-size "
+                   "downscales; one distribution for both classes). Use web with --delivery-jpeg 1")
 @click.option("--storage-consistency", type=click.FloatRange(0), default=0.0, show_default=True,
               help="weight of a loss that shows some PNG chain images of each batch also as 4:2:0 JPEG "
                    "(quality 70-98) and pulls the two scores together (from a quarter of the run on), so "
@@ -79,7 +84,7 @@ from collapseguard.commands._common import check_out_file
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          context, delivery_jpeg, delivery_per, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
+          context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
           generic_ladders, cache_dir, no_eval, shared_clean, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -118,6 +123,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         raise click.UsageError(str(exc)) from None
     try:
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
+                          delivery_kind=delivery_kind,
                           hard_clean=hard_clean, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency, net=net)

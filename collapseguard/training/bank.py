@@ -99,7 +99,8 @@ DELIVERY_QUALITY = (70, 98)
 def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
                loader: Callable[[str], np.ndarray] = load_image,
                progress: Callable[[int, int], None] | None = None,
-               delivery_jpeg: float = 0.0, delivery_per: str = "chain") -> CropBank:
+               delivery_jpeg: float = 0.0, delivery_per: str = "chain",
+               delivery_kind: str = "jpeg") -> CropBank:
     """Crops of every row of a chain manifest (see module docstring for shared positions).
 
     ``delivery_jpeg``: the share of chains whose images (every step, step 0 included) are
@@ -110,6 +111,11 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
     stream, so crop positions do not depend on it. ``delivery_per="image"`` decides (and draws the
     quality) for every image on its own instead, so the two images of a ranking pair often differ in
     storage and the ranking loss itself asks for scores that JPEG does not move.
+
+    ``delivery_kind="web"``: a delivered image is instead stored one random way
+    (``training.storage.draw_storage``: JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, and
+    web-size downscales), drawn once per chain (or per image), as the clean bank's images are with
+    ``clean_variants(storage=True)``; a ``storage`` column names it.
     """
     from collapseguard.training.negatives import jpeg
 
@@ -117,6 +123,13 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
         raise ValueError(f"delivery_jpeg must be in [0, 1], got {delivery_jpeg}")
     if delivery_per not in ("chain", "image"):
         raise ValueError(f"delivery_per must be 'chain' or 'image', got {delivery_per!r}")
+    if delivery_kind not in ("jpeg", "web"):
+        raise ValueError(f"delivery_kind must be 'jpeg' or 'web', got {delivery_kind!r}")
+    from collapseguard.training.storage import Storage, apply_storage, draw_storage
+
+    web = delivery_kind == "web"
+    srng = np.random.default_rng([seed, 4099])
+    png = Storage("png")
     rng = np.random.default_rng(seed)
     jrng = np.random.default_rng([seed, 7919])
     # filled in place: a list of crops stacked at the end would hold the bank twice at its peak
@@ -129,6 +142,7 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
         # stream and the weights trained with either mode stay reproducible
         quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
         delivered = bool(jrng.random() < delivery_jpeg)
+        stored = draw_storage(srng) if web else png
         for r in g.itertuples(index=False):
             try:
                 img = loader(r.path)
@@ -137,7 +151,10 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
             if delivery_per == "image":
                 quality = int(jrng.integers(DELIVERY_QUALITY[0], DELIVERY_QUALITY[1] + 1))
                 delivered = bool(jrng.random() < delivery_jpeg)
-            if delivered:
+                stored = draw_storage(srng) if web else png
+            if delivered and web:
+                img = apply_storage(img, stored)
+            elif delivered:
                 img = jpeg(img, quality)
             if ref_shape is None:
                 ref_shape = img.shape
@@ -150,7 +167,8 @@ def chain_bank(manifest: pd.DataFrame, size: int, per_image: int, seed: int,
                          "source_image": str(r.source_image), "step": int(r.step),
                          "target": target, "weight": weight, "path": str(r.path),
                          "aligned": bool(img.shape == ref_shape),
-                         "jpeg_quality": quality if delivered else 0})
+                         "jpeg_quality": (stored.jpeg_quality if web else quality) if delivered else 0,
+                         **({"storage": stored.label() if delivered else "png"} if web else {})})
             done += 1
             if progress:
                 progress(done, len(manifest))

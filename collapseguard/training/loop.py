@@ -40,6 +40,10 @@ class TrainConfig:
     delivery_jpeg: float = 0.5
     #: "chain": one JPEG decision per chain; "image": one per image (see training.bank.chain_bank)
     delivery_per: str = "chain"
+    #: "jpeg": delivered chains are JPEG 4:2:0 q70-98; "web": delivered chain images and every
+    #: clean image are stored one random way (training.storage: JPEG 4:2:0 q60-95 mostly, JPEG
+    #: 4:4:4, WebP, PNG, web-size downscales), one distribution for both classes
+    delivery_kind: str = "jpeg"
     #: share of each batch's clean images drawn from the clean images the network currently
     #: scores highest (online hard-negative mining: the clean tail is what sets a 1% threshold);
     #: the rest are drawn uniformly. 0 (default) draws every clean image uniformly
@@ -85,6 +89,8 @@ class TrainConfig:
             raise ValueError(f"storage_consistency must be >= 0, got {self.storage_consistency!r}")
         if not 0.0 <= self.average_from < 1.0:
             raise ValueError(f"average_from must be in [0, 1), got {self.average_from!r}")
+        if self.delivery_kind not in ("jpeg", "web"):
+            raise ValueError(f"delivery_kind must be 'jpeg' or 'web', got {self.delivery_kind!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.crops_per_image == 0:

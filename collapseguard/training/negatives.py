@@ -122,8 +122,10 @@ def unsharp(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(Image.fromarray(img).filter(f))
 
 
-def camera_augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One random, realistic capture/processing variant of a clean image (still clean)."""
+def camera_augment(img: np.ndarray, rng: np.random.Generator, jpeg_p: float = 0.6) -> np.ndarray:
+    """One random, realistic capture/processing variant of a clean image (still clean).
+    ``jpeg_p``: the chance of a JPEG round trip at the end (0 when a storage is drawn after it,
+    ``training.storage``: the same draws from ``rng`` either way)."""
     out = img
     if rng.random() < 0.25:
         out = resize_by(out, rng.uniform(1.1, 1.6))  # small upscale
@@ -131,7 +133,7 @@ def camera_augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         out = sensor_noise(out, rng, iso_sigma=float(rng.uniform(1.0, 7.0)))
     if rng.random() < 0.3:
         out = unsharp(out, rng)
-    if rng.random() < 0.6:
+    if rng.random() < jpeg_p:
         out = jpeg(out, int(rng.integers(70, 96)))
     return out
 
@@ -146,8 +148,8 @@ def web_size(img: np.ndarray, rng: np.random.Generator, long_side=(640, 2048)) -
 
 
 def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),
-                   window_side: int | None = 640, native_windows: bool = False
-                   ) -> Iterator[tuple[str, np.ndarray]]:
+                   window_side: int | None = 640, native_windows: bool = False,
+                   storage: bool = False) -> Iterator[tuple[str, np.ndarray]]:
     """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
     copies (each at its own web size). Yields (name, image).
 
@@ -155,8 +157,13 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
     whole of a 4K photo only to cut a few crops from it is wasted time); None keeps whole images.
     With ``native_windows``, every odd variant is instead a window at the file's native resolution
     (camera-augmented half of the time), so large photos are also seen unscaled.
+    With ``storage``, every variant (the as-is copy too) is finally stored one random way
+    (``training.storage.draw_storage``, its own random stream) and the camera variants get no JPEG
+    step of their own, so clean images meet storage exactly as chain images do.
     """
     rng = np.random.default_rng(seed)
+    srng = np.random.default_rng([seed, 4099])
+    jpeg_p = 0.0 if storage else 0.6
     for p in paths:
         try:
             native = load_image(p)
@@ -168,11 +175,15 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
             if native_windows and v % 2 == 1:
                 img = random_window(native, window_side or 640, rng)
                 if rng.random() < 0.5:
-                    img = camera_augment(img, rng)
+                    img = camera_augment(img, rng, jpeg_p)
             else:
                 img = web_size(base, rng, long_side)
                 if v > 0:
                     if window_side:
                         img = random_window(img, window_side, rng)
-                    img = camera_augment(img, rng)
+                    img = camera_augment(img, rng, jpeg_p)
+            if storage:
+                from collapseguard.training.storage import apply_storage, draw_storage
+
+                img = apply_storage(img, draw_storage(srng))
             yield f"{Path(p).name}#{v}", img

@@ -26,7 +26,6 @@ from collapseguard.training.bank import (
     ladder_bank,
 )
 from collapseguard.training.card import write_card
-from collapseguard.training.generic_damage import damage_ladders, ladder_sources
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
     chain_auroc_table,
@@ -34,7 +33,16 @@ from collapseguard.training.metrics import (
     score_images,
     score_paths,
 )
-from collapseguard.training.negatives import clean_variants, drop_identical, list_images, split_clean
+from collapseguard.training.negatives import (
+    clean_variants,
+    drop_identical,
+    list_images,
+    split_clean,
+)
+from collapseguard.training_data_tools.generic_damage import (
+    damage_ladders,
+    ladder_sources,
+)
 from collapseguard.training_data_tools.manifest import read_manifest, split_by_source
 
 #: share of source images held out from training (by hash of the source name)
@@ -175,10 +183,14 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     chain_settings = dict(settings, delivery_jpeg=cfg.delivery_jpeg) if cfg.delivery_jpeg else settings
     if cfg.delivery_jpeg and cfg.delivery_per != "chain":
         chain_settings["delivery_per"] = cfg.delivery_per
+    web = cfg.delivery_kind == "web"
+    if cfg.delivery_jpeg and web:
+        chain_settings["delivery_kind"] = cfg.delivery_kind
     ckey = cache_key(sorted(train_df["path"]), kind="chains", **chain_settings)
     cb = cached(cache_dir, ckey, lambda: chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed,
                                                     progress=prog, delivery_jpeg=cfg.delivery_jpeg,
-                                                    delivery_per=cfg.delivery_per))
+                                                    delivery_per=cfg.delivery_per,
+                                                    delivery_kind=cfg.delivery_kind))
     if cfg.generic_ladders > 0:  # clean_files is non-empty (checked above)
         gkey = cache_key(clean_files, kind="generic", ladders=cfg.generic_ladders, **settings)
         gb = cached(cache_dir, gkey, lambda: ladder_bank(
@@ -188,9 +200,12 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
         cb = CropBank.concat([cb, gb])
     clean_bank = None
     if clean_files:
-        key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True, **settings)
+        extra = {"storage": True} if web else {}  # the key of earlier banks stays as it was
+        key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True,
+                        **extra, **settings)
         clean_bank = cached(cache_dir, key, lambda: image_bank(
-            clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1, native_windows=True),
+            clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1, native_windows=True,
+                           storage=web),
             size, crops_per_bank_image, seed=cfg.seed + 2))
     log(f"crop banks ready in {time.time() - t0:.0f}s: {len(cb)} chain images, "
         f"{len(clean_bank) if clean_bank else 0} clean images")
