@@ -53,9 +53,9 @@ def make_shards(root: Path, n: int, per_shard: int = 50, seed: int = 0) -> list[
 
 def decode_task(shard, detector, progress=None) -> int:
     """Engine task for the baseline: read and decode every image, score nothing."""
-    from collapseguard.filter.scoring import image_members
-    from collapseguard.filter.tario import ShardReader
     from collapseguard.images import decode_image
+    from collapseguard.io.tar import ShardReader
+    from collapseguard.scoring.records import image_members
 
     n = 0
     for sample in ShardReader(shard):
@@ -68,7 +68,7 @@ def decode_task(shard, detector, progress=None) -> int:
 def phase(kind: str, shards: list[str], workers: int, detector: str, out: str) -> dict:
     t0 = time.perf_counter()
     if kind == "decode":
-        from collapseguard.filter.engines import make_engine
+        from collapseguard.engines import make_engine
         counts = []
         make_engine("local", workers).run(decode_task, shards, detector, (), None,
                                           lambda i, r, e: counts.append(r if e is None else 0))

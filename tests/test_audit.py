@@ -365,7 +365,7 @@ def test_select_travels_to_workers_and_skips_before_decoding(dataset):
     shard task that carries it yields rows only for the samples it accepts."""
     import pickle
 
-    from collapseguard.filter.score_run import plan_score_tasks, score_task
+    from collapseguard.scoring.run import plan_score_tasks, score_task
     _, inputs, _ = dataset
     sel, _ = choose_sample(inputs, 4, seed=1)
     tasks = pickle.loads(pickle.dumps(plan_score_tasks(inputs, sel)))

@@ -35,6 +35,7 @@ from collapseguard.calibration.files import (
     save_calibration,
     threshold_for_drop_fraction,
 )
+from collapseguard.io import calibration_file
 from collapseguard.training_data_tools.manifest import split_by_source
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +327,7 @@ def test_cnn_weights_path_spelling_does_not_matter_but_the_weights_do(tmp_path, 
     pyiqa = _cal(detector="pyiqa:piqe")
     with pytest.raises(CalibrationMismatch):
         check_detector(pyiqa, _Det("pyiqa:niqe", "abc123"))
-    monkeypatch.setattr(files, "DEFAULTS_DIR", tmp_path / "defaults")
+    monkeypatch.setattr(calibration_file, "DEFAULTS_DIR", tmp_path / "defaults")
     save_calibration(_cal(threshold=0.5), tmp_path / "defaults" / "cnn.json")
     assert resolve_threshold(_Det("cnn:/weights/cnn.safetensors", "abc123"))[0] == 0.5
     with pytest.raises(NoThresholdError, match="packaged default calibration is for cnn@abc123"):
@@ -334,7 +335,7 @@ def test_cnn_weights_path_spelling_does_not_matter_but_the_weights_do(tmp_path, 
 
 
 def test_resolve_threshold_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "DEFAULTS_DIR", tmp_path / "defaults")
+    monkeypatch.setattr(calibration_file, "DEFAULTS_DIR", tmp_path / "defaults")
     det = _Det("cnn", "abc123")
     with pytest.raises(NoThresholdError, match="--threshold.*--calibration.*--drop-fraction"):
         resolve_threshold(det)

@@ -10,7 +10,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from collapseguard.calibration.files import default_calibration, default_calibration_path, load_calibration
+from collapseguard.calibration.files import (
+    default_calibration,
+    default_calibration_path,
+    load_calibration,
+)
 from collapseguard.cli import main
 from collapseguard.detectors import DEFAULT_DETECTOR, create
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 from cg_testutil import degrade, make_shard, read_members
+from click.testing import CliRunner
 
 from collapseguard.cli import main
-from collapseguard.filter.inputs import InputError, expand_inputs, expand_pattern
 from collapseguard.images import encode_jpeg, encode_png
+from collapseguard.io.inputs import InputError, expand_inputs, expand_pattern
 
 
 def run_cli(args, expect=0):
@@ -337,8 +337,8 @@ def test_score_refuses_nothing_to_score_and_an_unwritable_out_before_scoring(tmp
 def test_an_image_the_detector_cannot_score_is_named_in_its_samples_error(photos):
     # a user's plugin detector (any Detector subclass) that cannot score images under 32 px
     from collapseguard.detectors import Detector
-    from collapseguard.filter.scoring import score_records
     from collapseguard.images import encode_png
+    from collapseguard.scoring.records import score_records
 
     class MinSide(Detector):
         name, version = "minside", "1"

@@ -19,9 +19,9 @@ from click.testing import CliRunner
 
 from collapseguard.cli import main
 from collapseguard.detectors import create
-from collapseguard.filter.scoring import score_records
-from collapseguard.filter.tario import ShardReader, TruncatedShardError
 from collapseguard.images import encode_png
+from collapseguard.io.tar import ShardReader, TruncatedShardError
+from collapseguard.scoring.records import score_records
 
 FILTER = ["-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
 

@@ -13,7 +13,7 @@ from cg_testutil import echo_or_die, make_shard
 from click.testing import CliRunner
 
 from collapseguard.cli import main
-from collapseguard.filter.engines import LocalEngine
+from collapseguard.engines.local import LocalEngine
 
 ARGS = ["-d", "nss", "-w", "1", "-q"]
 

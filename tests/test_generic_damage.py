@@ -11,7 +11,7 @@ from PIL import Image
 from skimage import data
 
 from collapseguard.training.bank import ladder_bank, step_label
-from collapseguard.training.generic_damage import (
+from collapseguard.training_data_tools.generic_damage import (
     DAMAGES,
     RUNGS,
     apply_ladder,

@@ -53,7 +53,7 @@ def test_ray_engine_reads_and_writes_paths_relative_to_the_callers_folder(tmp_pa
 def test_a_dead_ray_actor_fails_only_its_own_task():
     from cg_testutil import echo_or_die
 
-    from collapseguard.filter.ray_engine import RayEngine
+    from collapseguard.engines.ray import RayEngine
     got = {}
     tasks = ["a", "die", "b", "c"]
     here = str(Path(__file__).parent)  # Ray's workers import the test helper from here

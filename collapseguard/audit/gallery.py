@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from collapseguard.filter.inputs import is_shard
-from collapseguard.filter.scoring import image_members
-from collapseguard.filter.tario import ShardReader, valid_text
 from collapseguard.images import DecodeError, decode_image, encode_png
+from collapseguard.io.inputs import is_shard
+from collapseguard.io.tar import ShardReader, valid_text
+from collapseguard.scoring.records import image_members
 
 #: member extensions read as captions (shown as text, escaped)
 CAPTION_EXTENSIONS = ("txt", "caption", "text")

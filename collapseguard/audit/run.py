@@ -39,7 +39,7 @@ from collapseguard.calibration.files import (
     is_dropped,
     resolve_threshold,
 )
-from collapseguard.filter.score_run import csv_text, run_score
+from collapseguard.scoring.run import csv_text, run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
 

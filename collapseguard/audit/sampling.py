@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collapseguard.filter.inputs import expand_inputs, unique_inputs
-from collapseguard.filter.tario import member_key
+from collapseguard.io.inputs import expand_inputs, unique_inputs
+from collapseguard.io.tar import member_key
 
 
 def sample_rank(seed: int, source: str, key: str, nth: int = 0) -> int:

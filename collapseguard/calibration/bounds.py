@@ -19,13 +19,16 @@ is the (1 - delta) quantile of Beta(k, n - k + 1), which is <= alpha.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
-from collapseguard.calibration.files import CalibrationError
+from collapseguard.io.calibration_file import (
+    CalibrationError,
+    _check_rates,
+    min_clean_samples,
+)
 
 #: the name written into calibration files
 BOUND_NAME = ("binomial order statistic (conformal): threshold = k-th largest clean score, "
@@ -41,28 +44,6 @@ class NotEnoughCleanSamples(CalibrationError):
             f"{n} clean scores cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
             f"confidence: at least {needed} clean scores are needed{detail} (add clean images with "
             f"--clean, more chains, or relax --max-false-drop / --confidence)")
-
-
-def _check_rates(alpha: float, confidence: float) -> tuple[float, float]:
-    a, c = float(alpha), float(confidence)
-    if not 0.0 < a < 1.0:
-        raise ValueError(f"max false-drop rate must be in (0, 1), got {alpha!r}")
-    if not 0.0 < c < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    return a, c
-
-
-def min_clean_samples(alpha: float, confidence: float) -> int:
-    """Smallest n for which the order-statistic bound exists: (1 - alpha)**n <= 1 - confidence."""
-    a, c = _check_rates(alpha, confidence)
-    delta = 1.0 - c
-    n = math.ceil(math.log(delta) / math.log1p(-a))
-    # guard against floating point at the boundary
-    while n > 1 and (1 - a) ** (n - 1) <= delta:
-        n -= 1
-    while (1 - a) ** n > delta:
-        n += 1
-    return n
 
 
 def order_statistic_rank(n: int, alpha: float, confidence: float) -> int:

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.filter.tario import ShardReader
 from collapseguard.images import DecodeError, decode_image, is_image_name
+from collapseguard.io.tar import ShardReader
 from collapseguard.training_data_tools.manifest import bad_steps
 
 #: columns of a scores table

@@ -52,7 +52,7 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
         run_audit,
     )
     from collapseguard.calibration.files import CalibrationError, CalibrationMismatch
-    from collapseguard.filter.inputs import InputError
+    from collapseguard.io.inputs import InputError
 
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)

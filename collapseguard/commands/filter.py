@@ -42,7 +42,7 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
     through byte for byte. INPUTS are .tar shards, folders of shards, or brace patterns such as
     'data/shard-{000..099}.tar'. Exits non-zero if any shard failed, naming it."""
-    from collapseguard.filter.engines import EngineError
+    from collapseguard.engines import EngineError
     from collapseguard.filter.run import FilterError, run_filter_cli
 
     if drop_fraction is not None and (threshold is not None or calibration is not None):

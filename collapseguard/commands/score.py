@@ -12,7 +12,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
-from collapseguard.filter.inputs import InputError
+from collapseguard.io.inputs import InputError
 
 
 @click.command()
@@ -27,7 +27,7 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     """Score images in PATHS: image files, folders (recursive), .tar shards, or brace patterns
     such as 'data/shard-{000..009}.tar'. Higher score = more degraded; an image that cannot be
     decoded gets an empty score and its error text."""
-    from collapseguard.filter.score_run import (
+    from collapseguard.scoring.run import (
         check_table_suffix,
         run_score,
         write_table,

@@ -8,7 +8,7 @@ Common scale, in order of preference:
 
 1. **P(degraded)** — when *every* member has a calibration with a probability map (passed in
    ``calibrations={name: Calibration or path}``, or the packaged default calibration for the
-   member's name *and* version from ``collapseguard.calibration.files.default_calibration``), each
+   member's name *and* version from ``collapseguard.io.calibration_file.default_calibration``), each
    score becomes ``calibration.probability(score)``. Mixing probabilities with quantiles would
    compare unlike things, so if any member lacks one, all members use (2).
 2. **Quantile against a fixed reference set** — each member scores the same reference images once
@@ -118,7 +118,7 @@ class QuantileMap:
 
 
 def _load_cal(value):
-    from collapseguard.calibration.files import Calibration, load_calibration
+    from collapseguard.io.calibration_file import Calibration, load_calibration
 
     if isinstance(value, Calibration):
         return value
@@ -129,7 +129,7 @@ def _load_cal(value):
 
 def _default_cal(det: Detector):
     try:
-        from collapseguard.calibration.files import default_calibration
+        from collapseguard.io.calibration_file import default_calibration
     except ImportError:
         return None
     try:
@@ -205,7 +205,7 @@ class EnsembleDetector(Detector):
         for n, det in zip(names, self.members):
             cal = _load_cal(cal_in[n]) if n in cal_in else _default_cal(det)
             if cal is not None and n in cal_in:
-                from collapseguard.calibration.files import check_detector
+                from collapseguard.io.calibration_file import check_detector
 
                 check_detector(cal, det)
             cals.append(cal if cal is not None and cal.probability_map else None)

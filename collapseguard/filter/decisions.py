@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from collapseguard.filter.scoring import Scored
+from collapseguard.scoring.records import Scored
 
 REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name",
            "refused_member")

@@ -20,9 +20,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collapseguard.engines.local import parent_is_gone
 from collapseguard.filter.decisions import decide
-from collapseguard.filter.scoring import Scored, score_records
-from collapseguard.filter.tario import ShardReader, ShardWriter
+from collapseguard.io.tar import ShardReader, ShardWriter
+from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
                  "width", "height", "storage", "error")
@@ -116,7 +117,6 @@ def check_still_owner(options: FilterOptions) -> None:
     Called before every commit (rename of outputs, marker): a worker whose parent died, or whose
     run was superseded by another holding the lock, leaves its temporary files and stops.
     """
-    from collapseguard.filter.engines import parent_is_gone
     if parent_is_gone():
         raise RunLostError("the filter run that started this worker has ended; not committing")
     if options.run_id and lock_owner(options.out_dir) != options.run_id:
@@ -156,9 +156,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     per process); ``progress(n)`` is called with the number of samples done since the last call.
     """
     if detector is None:
-        from collapseguard.filter.engines import (
-            get_detector,  # late: engines imports this module
-        )
+        from collapseguard.engines import get_detector
         detector = get_detector(options.detector, options.detector_kwargs)
     t0 = time.perf_counter()
     identity = input_identity(shard)  # before reading: a shard changed meanwhile is redone on resume
@@ -267,19 +265,6 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         raise
     os.replace(tmp_marker, paths["marker"])
     return record
-
-
-def sample_error(sample, error: str) -> str:
-    """A row's error text: the scoring error plus what was wrong with the sample's members (left
-    out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``)."""
-    notes = []
-    if sample.unsafe_names:
-        notes.append("unsafe member names: " + ", ".join(repr(n) for n in sample.unsafe_names[:5]))
-    if sample.refused:
-        notes.append("members not read: " + ", ".join(
-            f"{name!r} ({why})" for name, why in sample.refused[:5]))
-    error = error or ""
-    return "; ".join(([error] if error else []) + [n for n in notes if n not in error])
 
 
 _STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",

@@ -25,8 +25,7 @@ except ImportError:  # pragma: no cover - not on Windows
 
 from tqdm import tqdm
 
-from collapseguard.filter.engines import make_engine
-from collapseguard.filter.inputs import expand_pattern, expand_shards
+from collapseguard.engines import make_engine
 from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
@@ -36,6 +35,7 @@ from collapseguard.filter.pipeline import (
     read_marker,
     shard_name,
 )
+from collapseguard.io.inputs import expand_pattern, expand_shards
 
 
 class FilterError(RuntimeError):

@@ -19,14 +19,13 @@ from PIL import Image, ImageFilter
 
 from collapseguard.images import (
     DecodeError,
-    decode_image,
-    encode_jpeg,
     is_image_name,
     load_image,
     random_window,
     resize_by,
 )
 from collapseguard.training_data_tools.manifest import source_bucket
+from collapseguard.training_data_tools.replicators.ops import jpeg, web_size
 
 
 def list_images(folders: Sequence[str | Path]) -> list[Path]:
@@ -112,11 +111,6 @@ def sensor_noise(img: np.ndarray, rng: np.random.Generator, iso_sigma: float) ->
     return np.clip(x + n * iso_sigma * level, 0, 255).astype(np.uint8)
 
 
-def jpeg(img: np.ndarray, quality: int, subsampling: int | None = None) -> np.ndarray:
-    """Round-trip through JPEG (``images.encode_jpeg``, same ``subsampling`` codes and default)."""
-    return decode_image(encode_jpeg(img, quality, subsampling))
-
-
 def unsharp(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     f = ImageFilter.UnsharpMask(radius=rng.uniform(0.8, 2.0), percent=int(rng.uniform(30, 90)), threshold=2)
     return np.asarray(Image.fromarray(img).filter(f))
@@ -136,15 +130,6 @@ def camera_augment(img: np.ndarray, rng: np.random.Generator, jpeg_p: float = 0.
     if rng.random() < jpeg_p:
         out = jpeg(out, int(rng.integers(70, 96)))
     return out
-
-
-def web_size(img: np.ndarray, rng: np.random.Generator, long_side=(640, 2048)) -> np.ndarray:
-    """Downscale a large image to a random web size (long side in ``long_side``); small ones pass."""
-    h, w = img.shape[:2]
-    target = rng.uniform(*long_side)
-    if max(h, w) <= target:
-        return img
-    return resize_by(img, target / max(h, w))
 
 
 def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from collapseguard.filter.engines import set_thread_budget, spawn_context
+from collapseguard.engines.local import set_thread_budget, spawn_context
 from collapseguard.training_data_tools.manifest import MANIFEST_NAME, write_manifest
 from collapseguard.training_data_tools.replicators import (
     create_replicator,

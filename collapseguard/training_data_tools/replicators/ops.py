@@ -6,6 +6,8 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
+from collapseguard.images import decode_image, encode_jpeg, resize_by
+
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
@@ -111,3 +113,16 @@ def guided_smooth(x: np.ndarray, radius: int, eps: float) -> np.ndarray:
     a = var / (var + eps)
     b = mean - a * mean
     return box(a) * x + box(b)
+
+def jpeg(img: np.ndarray, quality: int, subsampling: int | None = None) -> np.ndarray:
+    """Round-trip through JPEG (``images.encode_jpeg``, same ``subsampling`` codes and default)."""
+    return decode_image(encode_jpeg(img, quality, subsampling))
+
+
+def web_size(img: np.ndarray, rng: np.random.Generator, long_side=(640, 2048)) -> np.ndarray:
+    """Downscale a large image to a random web size (long side in ``long_side``); small ones pass."""
+    h, w = img.shape[:2]
+    target = rng.uniform(*long_side)
+    if max(h, w) <= target:
+        return img
+    return resize_by(img, target / max(h, w))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import braceexpand
 
-from collapseguard.filter.tario import valid_text
 from collapseguard.images import is_image_name
+from collapseguard.io.tar import valid_text
 
 SHARD_SUFFIXES = (".tar",)
 

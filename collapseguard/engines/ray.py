@@ -32,7 +32,7 @@ class RayEngine:
         self.address = address or os.environ.get("RAY_ADDRESS")
 
     def _init(self):
-        from collapseguard.filter.engines import EngineError
+        from collapseguard.engines.local import EngineError
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - depends on the extra
@@ -57,7 +57,7 @@ class RayEngine:
         @ray.remote(num_cpus=self.threads, num_gpus=self.gpus)
         class ShardWorker:
             def __init__(self, threads: int):
-                from collapseguard.filter.engines import get_detector, set_thread_budget
+                from collapseguard.engines.local import get_detector, set_thread_budget
                 set_thread_budget(threads)
                 self.detector = get_detector(detector, kwargs)
 

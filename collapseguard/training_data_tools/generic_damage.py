@@ -24,8 +24,8 @@ from PIL import Image, ImageFilter
 from scipy import ndimage
 
 from collapseguard.images import DecodeError, load_image, random_window
-from collapseguard.training.negatives import jpeg, web_size
 from collapseguard.training_data_tools.replicators import ops
+from collapseguard.training_data_tools.replicators.ops import jpeg, web_size
 from collapseguard.training_data_tools.replicators.ops import to_uint8_image as _u8
 
 #: ladder rungs, as chain steps (``bank.step_label`` gives their loss targets), and their strengths

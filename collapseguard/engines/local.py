@@ -1,11 +1,11 @@
-"""Engines run the per-shard function over many shards: in this process, or in worker processes.
+"""The local engines: tasks in this process, or in spawned worker processes on this machine.
 
 An engine has one method, ``run(fn, tasks, detector, on_progress, on_done)``: it calls the
 module-level function ``fn(task, detector, progress)`` for every task (for ``filter`` a task is a
 shard and its options, see ``pipeline.filter_task``; for ``score`` a shard or a chunk of image
 files) and reports each finished task to ``on_done`` as ``(index, result, error)``. Workers load the detector once per process and split the machine's
 cores between them, so torch and BLAS threads do not oversubscribe the CPU. A distributed engine
-(Ray) implements the same method (see ``ray_engine.py``).
+(Ray) implements the same method (see ``engines/ray.py``).
 """
 
 from __future__ import annotations
@@ -232,16 +232,3 @@ class LocalEngine:
             return []
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def make_engine(name: str = "local", workers: int = 2, detector=None):
-    """``"local"`` (processes; in this process when workers == 1) or ``"ray"``.
-
-    ``detector`` (optional) is an already-created detector the inline engine reuses.
-    """
-    if name == "local":
-        return InlineEngine(detector) if workers <= 1 else LocalEngine(workers)
-    if name == "ray":
-        from collapseguard.filter.ray_engine import RayEngine
-        return RayEngine(workers)
-    raise ValueError(f"unknown engine {name!r}; use 'local' or 'ray'")

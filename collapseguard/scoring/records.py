@@ -135,3 +135,15 @@ def score_records(
         if len(images) >= batch_size or pixels >= max_pixels:
             yield from flush()
     yield from flush()
+
+def sample_error(sample, error: str) -> str:
+    """A row's error text: the scoring error plus what was wrong with the sample's members (left
+    out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``)."""
+    notes = []
+    if sample.unsafe_names:
+        notes.append("unsafe member names: " + ", ".join(repr(n) for n in sample.unsafe_names[:5]))
+    if sample.refused:
+        notes.append("members not read: " + ", ".join(
+            f"{name!r} ({why})" for name, why in sample.refused[:5]))
+    error = error or ""
+    return "; ".join(([error] if error else []) + [n for n in notes if n not in error])

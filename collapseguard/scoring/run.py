@@ -13,12 +13,11 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from collapseguard.filter.engines import make_engine
-from collapseguard.filter.inputs import ImageFile, InputError, expand_inputs, unique_inputs
-from collapseguard.filter.pipeline import sample_error
-from collapseguard.filter.scoring import score_records
-from collapseguard.filter.tario import ShardReader
+from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
+from collapseguard.io.inputs import ImageFile, InputError, expand_inputs, unique_inputs
+from collapseguard.io.tar import ShardReader
+from collapseguard.scoring.records import sample_error, score_records
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
