@@ -1,8 +1,9 @@
 """Calibration: thresholds with a stated false-drop guarantee, score -> probability / equivalent step.
 
-``files`` holds the Calibration record, loading/saving, detector checks and threshold resolution
-(what the filter and audit import); ``bounds`` the finite-sample bound; ``calibrate`` builds a
-calibration from replication chains.
+``files`` resolves the threshold a run applies (what the filter and audit import) and re-exports
+the file format of ``collapseguard.io.calibration_file`` (the Calibration record, loading/saving,
+detector checks); ``bounds`` holds the finite-sample bound; ``build`` builds a calibration from
+replication chains (``collapseguard calibrate``).
 """
 
 from collapseguard.calibration.files import (

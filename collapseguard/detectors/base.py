@@ -1,6 +1,6 @@
 """The detector protocol and the registry every scorer lives behind.
 
-Conventions (see DESIGN.md):
+Conventions:
 - ``score(images)`` takes a batch of decoded RGB uint8 arrays (H, W, 3) at native resolution and
   returns a float32 array of the same length where **higher means more degraded**. NaN means the
   detector could not score that image (for example an unparseable VLM answer); callers record it

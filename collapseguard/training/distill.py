@@ -1,4 +1,4 @@
-"""Distillation: train the fast ``cnn`` on a slow judge's labels (issue 7, item 5).
+"""Distillation: train the fast ``cnn`` on a slow judge's labels.
 
 The teacher (any detector: ``vlm:...``, ``rali:...``, ``nss``, ``pyiqa:...``) labels the images
 once through ``detectors.label_cache`` (cached and resumable). Its scores become soft targets: the

@@ -7,7 +7,7 @@ held-out sources (the strict figure) and on all of F's sources (more chains: F i
 seen, though the training split's step-0 sources were seen as clean images). As in ``collapseguard
 train``, a ``--clean`` file whose picture is a held-out chain source is left out of the clean
 negatives by default (``shared_clean="drop"``): otherwise the strict figure is one of pictures
-trained on as clean; ``"keep"`` reruns the figures of sessions 2-10, which had that overlap.
+trained on as clean; ``"keep"`` trains on them, as the shipped recipe does.
 """
 
 from __future__ import annotations
