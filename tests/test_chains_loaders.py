@@ -184,7 +184,7 @@ def test_parquet_without_step_columns_uses_stored_file_names(tmp_path):
     assert any("stored image file names" in n for n in d.notes)
 
 
-# --- review: layouts users have -----------------------------------------------------------------
+# --- layouts users have ------------------------------------------------------------------------
 
 def test_relative_folder_with_duplicate_steps_lists_them(tmp_path, monkeypatch):
     # `chains ls chains/` (a relative path) with a doubled step used to crash in relative_to

@@ -131,8 +131,8 @@ def test_chain_bank_shares_positions_within_a_chain(tmp_path):
     assert calls == [1] and first is bank
     np.testing.assert_array_equal(again.crops, bank.crops)
     assert again.meta.equals(bank.meta)
-    # a save that fails after writing the crops (here parquet refuses a column; in session 9 a
-    # full disk) leaves neither a cache entry nor a half-written temp folder behind
+    # a save that fails after writing the crops (here parquet refuses a column; in use, a full
+    # disk) leaves neither a cache entry nor a half-written temp folder behind
     from collapseguard.training.bank import CropBank
 
     broken = CropBank(bank.crops, bank.meta.assign(bad=[object() for _ in range(len(bank.meta))]))
