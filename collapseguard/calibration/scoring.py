@@ -213,8 +213,7 @@ def full_reference_column(manifest: pd.DataFrame, measure: str) -> np.ndarray:
 def _exact_floats(values) -> np.ndarray:
     """Parse CSV text cells with Python's float (exact for every value ``to_csv`` writes); empty
     or unparsable cells become NaN. pandas' own CSV float parser missed the written value by one
-    ulp on about a fifth of the values under pandas 2.2 and 3.0, not 3.1
-    (``benchmarks/csv_float_roundtrip.py``), which moved a threshold recomputed with
+    ulp on about a fifth of the values under pandas 2.2 and 3.0, not 3.1, which moved a threshold recomputed with
     ``--from-scores`` (seen on a GPU machine's pandas 3.0.6)."""
     out = np.full(len(values), np.nan)
     for i, v in enumerate(values):

@@ -33,7 +33,7 @@ def list_images(folders: Sequence[str | Path]) -> list[Path]:
 
     The order (and so a training run's draws) follows the full paths: the same files in folders
     under another parent can come out in another order and train different weights. Keep the
-    ``--clean`` folders of one recipe under one parent, as ``benchmarks/train_cnn.sh`` does."""
+    ``--clean`` folders of one recipe under one parent, as ``recipes/train_cnn.sh`` does."""
     out: list[Path] = []
     for folder in folders:
         folder = Path(folder)

@@ -242,8 +242,8 @@ def flat_art(n: int, seed: int = 0, min_side: int = 256, max_side: int = 768) ->
 
     Placeholders, logos, slides and flat vector art look like this and carry no replication damage
     a no-reference detector could see; without examples a detector trained on photos and dithered
-    art reads a saturated flat colour as a tint and a smooth area as lost detail
-    (``benchmarks/flat_probe.py``). Deterministic for ``seed``.
+    art reads a saturated flat colour as a tint and a smooth area as lost detail (MODEL_CARD.md,
+    "Limits"). Deterministic for ``seed``.
     """
     if n < 0 or min_side < 32 or max_side < min_side:
         raise SourceError(f"flat_art: bad n={n}, min_side={min_side}, max_side={max_side}")
