@@ -57,10 +57,15 @@ def _name_list(ctx, param, value):
 @click.option("--family", "families", multiple=True, help="Evaluate only this family (repeatable).")
 @click.option("--max-chains-per-family", type=click.IntRange(min=1), default=None,
               help="Evaluate only the first N chains (by id) of each family.")
+@click.option("--calibration", "calibration", default="default", show_default=True,
+              help="Thresholds for the drop tables (clean images dropped per kind and storage, step-k "
+                   "images dropped per storage and family): 'default' = each detector's shipped "
+                   "calibration where one exists for its version, a calibration JSON (for a single "
+                   "detector), or 'none'.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, scale_method, batch_size, device,
-             threads, families, max_chains_per_family, no_plot, quiet):
+             threads, families, max_chains_per_family, calibration, no_plot, quiet):
     """Score replication chains with each detector and apply the study's criterion.
 
     For every detector and chain: Δ_k = (s_k − s_base)/scale at each --steps k (scores oriented
@@ -69,7 +74,10 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     Chains missing a needed step are skipped with a note; a NaN score is a failure with a reason.
     Also: AUROC of clean (steps 0, 1) vs step k per family and overall, Spearman ρ of score with
     step per chain, and images/s of each detector measured in this run (scoring time only, decode
-    excluded). Detectors such as pyiqa:* and vlm:* may need optional extras (see `detectors`).
+    excluded). Every table is also split by storage (the manifest's `storage` column, as `chains
+    store` writes it, else the file header: png, jpeg q90 4:2:0, webp ...) and, when the manifest
+    has a `kind` column, by the kind of each chain's source; with a threshold (--calibration), the
+    share of clean images dropped per kind and storage and of step-k images per storage and family. Detectors such as pyiqa:* and vlm:* may need optional extras (see `detectors`).
     """
     from collapseguard.evaluation import report, run_evaluation
 
@@ -82,15 +90,19 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
                                  param_hint="--steps")
     kw = {"scale_method": scale_method, "delta_steps": steps, "base_step": base_step,
           "auroc_steps": auroc_steps}
+    if calibration not in ("default", "none") and len(detectors) > 1 and not from_scores:
+        raise click.BadParameter("a calibration file is for one detector; give one --detectors name "
+                                 "or --calibration default", param_hint="--calibration")
     if from_scores:
-        ev = _from_scores(from_scores, **kw)
+        ev = _from_scores(from_scores, calibration=calibration, **kw)
     elif not chains:
         raise click.UsageError("give --chains (or --from-scores)")
     else:
         try:
             ev = run_evaluation(chains, detectors, batch_size=batch_size, device=device,
                                 threads=threads, progress=progress, families=families or None,
-                                max_chains_per_family=max_chains_per_family, **kw)
+                                max_chains_per_family=max_chains_per_family,
+                                threshold_of=_threshold_finder(calibration), **kw)
         except (DetectorError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
     paths = report.write_outputs(ev, out, plot=not no_plot)
@@ -106,7 +118,32 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
             f"{','.join(map(str, steps))} (see the skipped counts; pass --steps the chains have)")
 
 
-def _from_scores(path, **kw):
+def _threshold_finder(calibration: str):
+    """detector -> (threshold, description) or None, for --calibration default | none | PATH."""
+    from collapseguard.calibration.files import (
+        CalibrationError,
+        CalibrationMismatch,
+        default_calibration,
+        resolve_threshold,
+    )
+
+    def find(det):
+        if calibration == "none":
+            return None
+        if calibration == "default":
+            cal = default_calibration(det.name, str(det.version))
+            if cal is None:
+                return None
+            return cal.threshold, f"shipped calibration: {cal.describe()}"
+        try:
+            thr, desc, _ = resolve_threshold(det, calibration=calibration)
+        except (OSError, CalibrationError, CalibrationMismatch) as exc:
+            raise click.ClickException(f"--calibration {calibration}: {exc}") from None
+        return thr, desc
+    return find
+
+
+def _from_scores(path, calibration: str = "none", **kw):
     """An Evaluation recomputed from an earlier run's scores.csv (no timings)."""
     import pandas as pd
 
@@ -120,9 +157,31 @@ def _from_scores(path, **kw):
             df.loc[quoted, c] = df.loc[quoted, c].map(csv_uncell)
         if df.empty:
             raise ValueError("no score rows")
-        ev = evaluate_scores(df, source=str(path), **kw)
+        thresholds = _thresholds_of_scores(df, calibration)
+        ev = evaluate_scores(df, source=str(path), thresholds=thresholds, **kw)
     except (KeyError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise click.ClickException(f"{path}: not a scores.csv written by `evaluate` ({exc})") from None
     ev.notes.append("tables recomputed from a scores file: no speed measured in this run")
     ev.device = "none"
     return ev
+
+
+class _Named:
+    """A detector's name and version, as a scores file records them (for the calibration check)."""
+
+    def __init__(self, name: str, version: str):
+        self.name, self.version = name, version
+
+
+def _thresholds_of_scores(df, calibration: str) -> dict:
+    """Thresholds for the detectors of a scores file (``detector`` and ``version`` columns)."""
+    if calibration == "none" or "version" not in df.columns:
+        return {}
+    pairs = df[["detector", "version"]].drop_duplicates().astype(str).itertuples(index=False)
+    find = _threshold_finder(calibration)
+    out = {}
+    for name, version in pairs:
+        found = find(_Named(name, version))
+        if found is not None:
+            out[name] = found
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.evaluation.metrics import ALL_FAMILIES
+from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
 
 
 def _one_line(text: str) -> str:
@@ -199,6 +199,7 @@ def results_markdown(ev) -> str:
                               ["detector", "family", "clean images", *[f"vs {k}" for k in ev.auroc_steps]]))
     out += ["", "## Spearman ρ of score with step, per chain", ""]
     out.append(markdown_table(ev.spearman, ["detector", "family", "chains", "mean", "median"]))
+    out += breakdown_markdown(ev)
     skipped = ev.per_chain[ev.per_chain["status"] == "skipped"]
     if len(skipped):
         out += ["", "## Skipped chains", ""]
@@ -223,6 +224,50 @@ def results_markdown(ev) -> str:
     return "\n".join(out) + "\n"
 
 
+def breakdown_markdown(ev) -> list[str]:
+    """The sections by storage, by clean kind and, with thresholds, the drop rates."""
+    out = []
+    kcols = [f"k{k}" for k in ev.auroc_steps]
+    heads = [f"vs {k}" for k in ev.auroc_steps]
+    if len(ev.auroc_by_storage):
+        out += ["", "## By storage (the manifest's `storage` column, else the file header)", "",
+                "### AUROC: clean vs step k per storage and family", ""]
+        out.append(markdown_table(ev.auroc_by_storage, ["detector", "storage", "family", "n_clean", *kcols],
+                                  ["detector", "storage", "family", "clean images", *heads]))
+        out += ["", "### The study's criterion per storage and family", ""]
+        out.append(markdown_table(ev.failures_by_storage,
+                                  ["detector", "storage", "family", "evaluated", "failed", "passed", "pass_rate"]))
+    if ev.has_kinds and len(ev.auroc_by_kind):
+        out += ["", "## By clean kind (the manifest's `kind` column: the kind of each chain's source)", "",
+                "### AUROC: clean vs step k per kind, every family and storage", ""]
+        out.append(markdown_table(ev.auroc_by_kind, ["detector", "source_kind", "n_clean", *kcols],
+                                  ["detector", "kind", "clean images", *heads]))
+        fk = ev.failures_by_kind
+        fk = fk[fk["family"] == overall_label(ev.families)]
+        out += ["", "### The study's criterion per kind, every family and storage", ""]
+        out.append(markdown_table(fk, ["detector", "source_kind", "evaluated", "failed", "passed", "pass_rate"],
+                                  ["detector", "kind", "evaluated", "failed", "passed", "pass rate"]))
+    if ev.thresholds:
+        out += ["", "## Drops at a threshold (score > threshold is dropped, as `filter` does)", ""]
+        for det, (thr, desc) in ev.thresholds.items():
+            out.append(f"- {_code(det)}: {_one_line(desc)}")
+        cd = ev.clean_drops
+        out += ["", "### Clean images dropped (step 0, one per source and storage), per kind and storage", ""]
+        out.append(markdown_table(cd, ["detector", "source_kind", "storage", "n", "dropped", "fraction", "max_score"],
+                                  ["detector", "kind", "storage", "images", "dropped", "share dropped",
+                                   "highest score"]))
+        d = ev.drops
+        steps = [k for k in sorted(d["step"].unique()) if k > 0] if len(d) else []
+        if steps:
+            wide = d[d["step"] > 0].pivot_table(index=["detector", "storage", "family"], columns="step",
+                                                values="fraction", aggfunc="first").reset_index()
+            wide.columns = [c if isinstance(c, str) else f"s{c}" for c in wide.columns]
+            out += ["", "### Share of step-k images dropped, per storage and family", ""]
+            out.append(markdown_table(wide, ["detector", "storage", "family", *[f"s{k}" for k in steps]],
+                                      ["detector", "storage", "family", *[f"step {k}" for k in steps]]))
+    return out
+
+
 def write_outputs(ev, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
     """Write every output file of an Evaluation into ``out_dir``; returns name -> path."""
     out = Path(out_dir)
@@ -234,6 +279,15 @@ def write_outputs(ev, out_dir: str | Path, plot: bool = True) -> dict[str, Path]
     _to_csv(ev.per_chain, paths["chains"])
     paths["auroc"] = out / "auroc.csv"
     _to_csv(ev.auroc, paths["auroc"])
+    tables = {"auroc_by_storage": ev.auroc_by_storage, "failures_by_storage": ev.failures_by_storage,
+              "auroc_by_kind": ev.auroc_by_kind, "failures_by_kind": ev.failures_by_kind,
+              "drops": ev.drops, "clean_drops": ev.clean_drops}
+    for name, table in tables.items():
+        if len(table) and (ev.has_kinds or "kind" not in name) and (ev.thresholds or "drops" not in name):
+            paths[name] = out / f"{name}.csv"
+            _to_csv(table, paths[name])
+        else:  # an earlier run's table would sit beside results that do not show it
+            (out / f"{name}.csv").unlink(missing_ok=True)
     if plot:
         paths["plot"] = plot_mean_score_vs_step(ev.scores, out / "mean_score_vs_step.png")
     else:  # an earlier run's plot would sit beside tables it does not show
@@ -259,6 +313,12 @@ def write_outputs(ev, out_dir: str | Path, plot: bool = True) -> dict[str, Path]
         "auroc": {"clean_steps": list(ev.clean_steps), "steps": list(ev.auroc_steps),
                   "table": _records(ev.auroc)},
         "spearman": _records(ev.spearman),
+        "by_storage": {"auroc": _records(ev.auroc_by_storage), "failures": _records(ev.failures_by_storage)},
+        "by_kind": ({"auroc": _records(ev.auroc_by_kind), "failures": _records(ev.failures_by_kind)}
+                    if ev.has_kinds else None),
+        "thresholds": {d: {"threshold": t, "from": desc} for d, (t, desc) in ev.thresholds.items()},
+        "drops": _records(ev.drops) if ev.thresholds else [],
+        "clean_drops": _records(ev.clean_drops) if ev.thresholds else [],
         "detectors": {t.detector: t.version for t in ev.timings},
         "notes": list(ev.notes),
         "files": {k: v.name for k, v in paths.items()},

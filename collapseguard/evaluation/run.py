@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.detectors import Detector, create
-from collapseguard.evaluation import metrics
+from collapseguard.evaluation import breakdown, metrics
 from collapseguard.evaluation.scoring import Timing, score_manifest
 from collapseguard.training_data_tools.manifest import read_manifest
 
@@ -39,6 +39,20 @@ class Evaluation:
     threads: int | None = None
     device: str = "default"
     notes: list[str] = field(default_factory=list)
+    #: the tables by storage and by clean kind (``breakdown``); empty frames when not computed
+    auroc_by_storage: pd.DataFrame = field(default_factory=pd.DataFrame)
+    auroc_by_kind: pd.DataFrame = field(default_factory=pd.DataFrame)
+    failures_by_storage: pd.DataFrame = field(default_factory=pd.DataFrame)
+    failures_by_kind: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: detector -> (threshold, where it came from) for the drop tables; the drop tables
+    thresholds: dict[str, tuple[float, str]] = field(default_factory=dict)
+    drops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    clean_drops: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def has_kinds(self) -> bool:
+        """Whether the chains' manifest gave their sources' kinds (a ``kind`` column)."""
+        return "source_kind" in self.scores.columns and bool((self.scores["source_kind"].fillna("") != "").any())
 
     @property
     def n_chains(self) -> int:
@@ -127,9 +141,12 @@ def evaluate_scores(
     auroc_steps: Sequence[int] = metrics.AUROC_STEPS,
     clean_steps: Sequence[int] = metrics.CLEAN_STEPS,
     decode_seconds: float = 0.0,
+    thresholds: dict[str, tuple[float, str]] | None = None,
     **info,
 ) -> Evaluation:
-    """Compute every table from a long scores frame (chain_id, family, step, detector, score)."""
+    """Compute every table from a long scores frame (chain_id, family, step, detector, score;
+    optionally storage and source_kind, see ``scoring.GROUP_COLUMNS``). ``thresholds`` (detector
+    -> (threshold, description)) adds the drop tables for those detectors."""
     scores = scores.copy()
     scores["step"] = scores["step"].astype(int)
     scores["score"] = pd.to_numeric(scores["score"], errors="coerce").astype(np.float64)
@@ -148,7 +165,15 @@ def evaluate_scores(
             notes.append(f"detector {det}: every finite score equal (or none); scale set to 1.0")
     auroc = metrics.auroc_table(scores, auroc_steps, clean_steps)
     notes += small_sample_notes(auroc, auroc_steps)
+    thresholds = dict(thresholds or {})
+    thr = {d: t for d, (t, _) in thresholds.items()}
     return Evaluation(
+        auroc_by_storage=breakdown.auroc_by(scores, "storage", auroc_steps, clean_steps),
+        auroc_by_kind=breakdown.auroc_by(scores, "source_kind", auroc_steps, clean_steps, by_family=False),
+        failures_by_storage=breakdown.failures_by(per_chain, scores, "storage"),
+        failures_by_kind=breakdown.failures_by(per_chain, scores, "source_kind"),
+        thresholds=thresholds, drops=breakdown.drop_rates(scores, thr),
+        clean_drops=breakdown.clean_drop_rates(scores, thr),
         source=source, scores=scores, per_chain=per_chain,
         failures=metrics.failure_counts(per_chain),
         failures_by_family=metrics.failure_counts(per_chain, by_family=True),
@@ -170,9 +195,13 @@ def run_evaluation(
     progress: Callable[[int, int], None] | None = None,
     families: Sequence[str] | None = None,
     max_chains_per_family: int | None = None,
+    threshold_of: Callable[[Detector], tuple[float, str] | None] | None = None,
     **kwargs,
 ) -> Evaluation:
-    """Load chains, create the detectors by name, score every image and compute the tables."""
+    """Load chains, create the detectors by name, score every image and compute the tables.
+
+    ``threshold_of(detector)`` -> (threshold, description) or None gives the thresholds of the
+    drop tables (``evaluate --calibration``)."""
     if threads is not None:
         import torch
 
@@ -185,7 +214,12 @@ def run_evaluation(
         if device:
             det = det.to(device) or det
         dets.append(det)
+    thresholds = {}
+    for det in dets if threshold_of is not None else ():
+        found = threshold_of(det)
+        if found is not None:
+            thresholds[det.name] = found
     scores, timings, decode_s = score_manifest(manifest, dets, batch_size=batch_size, progress=progress)
     return evaluate_scores(scores, timings, source=str(chains) if not isinstance(chains, pd.DataFrame)
                            else "<DataFrame>", decode_seconds=decode_s, batch_size=batch_size,
-                           threads=threads, device=device or "default", **kwargs)
+                           threads=threads, device=device or "default", thresholds=thresholds, **kwargs)

@@ -22,12 +22,18 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.detectors.base import Detector, DetectorError
-from collapseguard.images import DecodeError, load_image
+from collapseguard.images import DecodeError, decode_with_storage, storage_label
 
 log = logging.getLogger(__name__)
 
 #: manifest columns copied into every scores row
 ID_COLUMNS = ("chain_id", "source_image", "family", "task", "step", "path")
+#: columns every scores row also gets, for the per-storage and per-kind tables: ``storage`` is the
+#: manifest's ``storage`` cell (what ``chains store`` wrote, e.g. ``webp q80``) where there is one,
+#: else what the file's header says (``images.storage_label``: ``png``, ``jpeg q90 4:2:0``, ``webp``;
+#: ``""`` for a file that could not be read); ``source_kind`` is the manifest's optional ``kind``
+#: column (the clean kind of the chain's source: photo, screenshot, ...), ``""`` without one
+GROUP_COLUMNS = ("storage", "source_kind")
 
 
 @dataclass
@@ -133,13 +139,18 @@ def score_manifest(
         d.name: (np.full(n, np.nan), [""] * n) for d in detectors
     }
     decode_s = 0.0
+    given = rows["storage"].fillna("").astype(str) if "storage" in rows.columns else None
+    storage = [""] * n
     for start in range(0, n, batch_size):
         idx = list(range(start, min(n, start + batch_size)))
         images, ok_idx = [], []
         t0 = time.perf_counter()
         for i in idx:
             try:
-                images.append(load_image(rows.at[i, "path"]))
+                with open(rows.at[i, "path"], "rb") as f:
+                    data = f.read()
+                images.append(decode_with_storage(data)[0])
+                storage[i] = storage_label(data)
                 ok_idx.append(i)
             except (DecodeError, OSError) as exc:
                 for d in detectors:
@@ -162,7 +173,9 @@ def score_manifest(
                     out_err[i] = errors[k] or ("" if np.isfinite(scores[k]) else "nan_score")
         if progress is not None:
             progress(idx[-1] + 1, n)
-    ident = rows[list(ID_COLUMNS)]
+    ident = rows[list(ID_COLUMNS)].copy()
+    ident["storage"] = [g or h for g, h in zip(given, storage)] if given is not None else storage
+    ident["source_kind"] = rows["kind"].fillna("").astype(str) if "kind" in rows.columns else ""
     parts = []
     for det in detectors:
         part = ident.copy()
