@@ -83,9 +83,10 @@ def label_clean(table: pd.DataFrame, target: str = "step", clean_steps=(0,)) -> 
 
 
 def _dedupe_clean(t: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct image: a chain's step 0 is shared by every chain of the same source."""
+    """One row per distinct image: a chain's step 0 is shared by every chain of the same source
+    (and storage: the copies of one original that ``chains store`` wrote are different files)."""
     step0 = (t["kind"] == "chain") & (t["step"] == 0)
-    a = t[step0].drop_duplicates("source_image")
+    a = t[step0].drop_duplicates(["source_image", "storage"] if "storage" in t.columns else "source_image")
     b = t[~step0].drop_duplicates("path")
     return pd.concat([a, b]).sort_index()
 
@@ -112,6 +113,43 @@ def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) 
             rows.append({"family": str(fam), "step": int(step), "n": n, "dropped": d,
                          "fraction": d / n, "ci_low": lo, "ci_high": hi})
     return rows
+
+
+#: the scores-table columns a calibration is broken down by, and how an empty cell is shown
+BREAKDOWN = {"storage": "(unknown)", "source_kind": "(none)"}
+
+
+def breakdown(part: pd.DataFrame, threshold: float, confidence: float = 0.95) -> dict:
+    """Per storage and per clean kind (``BREAKDOWN``) of ``part`` (rows with a ``clean`` label):
+    ``{"storage": {"clean": [...], "steps": [...]}, "source_kind": {...}}``. ``clean`` rows give
+    the share of clean images dropped (score > threshold; originals counted once per source and
+    storage), ``steps`` rows the share of degraded chain images dropped per step, every family
+    together; each with n, dropped, fraction and a Clopper-Pearson interval. The kind part is left
+    out when no row has a kind."""
+    out = {}
+    t = part[np.isfinite(part["score"].to_numpy(dtype=np.float64))]
+    for col, empty in BREAKDOWN.items():
+        if col not in t.columns or (col == "source_kind" and not (t[col].fillna("") != "").any()):
+            continue
+        labels = t[col].fillna("").astype(str)
+        clean_rows, step_rows = [], []
+        for value, g in t.assign(_group=labels.where(labels != "", empty)).groupby("_group", sort=True):
+            groups = [(None, _dedupe_clean(g[g["clean"]]))]
+            deg = g[~g["clean"] & (g["kind"] == "chain")]
+            groups += list(deg.groupby("step", sort=True))
+            for step, gs in groups:
+                n = len(gs)
+                if n == 0:
+                    continue
+                d = int(is_dropped(gs["score"].to_numpy(), threshold).sum())
+                lo, hi = clopper_pearson(d, n, confidence)
+                row = {col: str(value), "n": n, "dropped": d, "fraction": d / n, "ci_low": lo, "ci_high": hi}
+                if step is None:
+                    clean_rows.append(row)
+                else:
+                    step_rows.append({**row, "step": int(step)})
+        out[col] = {"clean": clean_rows, "steps": step_rows}
+    return out
 
 
 def first_steps(curve: list[dict], levels=LEVELS) -> dict:
@@ -166,6 +204,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
                   "score": float(r.score)} for r in top.itertuples(index=False)]
 
     curve = drop_curve(hold_part, bound.threshold, confidence)
+    by = breakdown(hold_part, bound.threshold, confidence)
+    by["measured_on"] = "holdout sources" if holdout > 0 else "every source (holdout 0: in-sample)"
     hold_clean = _dedupe_clean(hold_part[hold_part["clean"]])
     held_fd = float(is_dropped(hold_clean["score"].to_numpy(), bound.threshold).mean()) if len(hold_clean) else None
 
@@ -215,9 +255,28 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         empirical_false_drop=bound.empirical_false_drop, target=target_label(target),
         clean_steps=clean_steps if kind == "step" else [], clean_sources=list(clean_sources or []),
         split=split, top_clean=top_clean, drop_curve=curve, first_step_dropped=first_steps(curve),
-        probability_map=prob_map, step_map=step_map,
+        probability_map=prob_map, step_map=step_map, breakdown=by,
         created=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=command, notes=notes)
+
+
+def breakdown_text(cal: Calibration, steps=(1, 5, 10, 20)) -> str:
+    """Lines of the per-storage and per-kind tables: clean images dropped, step-k images dropped."""
+    lines = []
+    for col, title in (("storage", "storage"), ("source_kind", "clean kind")):
+        part = (cal.breakdown or {}).get(col)
+        if not part:
+            continue
+        by = {(r[col], r["step"]): r for r in part.get("steps", [])}
+        lines.append(f"  by {title} ({cal.breakdown.get('measured_on', '')}):")
+        lines.append(f"    {title:<18}{'clean dropped':>24}" + "".join(f"{'step ' + str(s):>10}" for s in steps))
+        for r in part.get("clean", []):
+            name = r[col] if str(r[col]).isprintable() else ascii(r[col])
+            cells = "".join(f"{by[(r[col], s)]['fraction']:>10.1%}" if (r[col], s) in by else f"{'-':>10}"
+                            for s in steps)
+            clean = f"{r['fraction']:.1%} of {r['n']} [{r['ci_low']:.0%},{r['ci_high']:.0%}]"
+            lines.append(f"    {name:<18}{clean:>24}{cells}")
+    return "\n".join(lines)
 
 
 def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:

@@ -2,7 +2,11 @@
 
 One row per image with columns ``source_image, family, step, kind, path, score`` (``kind`` is
 ``"chain"`` or ``"clean"`` for extra clean images) and, for ``fr:`` targets, ``fr`` (the
-full-reference similarity of the image to its chain's step-0 image).
+full-reference similarity of the image to its chain's step-0 image). Also ``storage`` (the chain
+manifest's ``storage`` cell where it has one, else the file header's ``images.storage_label``:
+``png``, ``jpeg q90 4:2:0``, ``webp``) and ``source_kind`` (the manifest's optional ``kind``
+column, the clean kind of a chain's source; ``""`` for extra clean images and without one), for
+the calibration's per-storage and per-kind tables.
 
 Extra clean images come from folders (searched recursively for image files) or WebDataset tar
 shards (image members only). Files named ``<name>__<anything>.<ext>`` are treated as variants (for
@@ -18,7 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.images import DecodeError, decode_image, is_image_name
+from collapseguard.images import (
+    DecodeError,
+    decode_with_storage,
+    is_image_name,
+    storage_label,
+)
 from collapseguard.io.tar import ShardReader
 from collapseguard.training_data_tools.manifest import bad_steps
 
@@ -134,14 +143,18 @@ def _iter_tar(path: Path):
 # ---------------------------------------------------------------------------------------------
 
 def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int, progress=None):
-    """Scores for each reader (NaN when it cannot be decoded or scored)."""
+    """Scores for each reader (NaN when it cannot be decoded or scored), the errors, and each
+    image's storage as its header says (``""`` when unreadable)."""
     out = np.full(len(readers), np.nan, dtype=np.float64)
     errors: list[str] = []
+    storage = [""] * len(readers)
     for start in range(0, len(readers), batch_size):
         idx, imgs = [], []
         for i in range(start, min(start + batch_size, len(readers))):
             try:
-                imgs.append(decode_image(readers[i]()))
+                data = readers[i]()
+                imgs.append(decode_with_storage(data)[0])
+                storage[i] = storage_label(data)
                 idx.append(i)
             except (DecodeError, OSError) as exc:
                 errors.append(str(exc))
@@ -152,7 +165,7 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
             out[idx] = s
         if progress is not None:
             progress(min(start + batch_size, len(readers)), len(readers))
-    return out, errors
+    return out, errors, storage
 
 
 def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[str | Path] = (),
@@ -168,19 +181,22 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
         readers = [(lambda p=p: Path(p).read_bytes()) for p in m["path"]]
-        scores, _ = _score_batches(detector, readers, bs, progress)
+        scores, _, header = _score_batches(detector, readers, bs, progress)
+        given = m["storage"].fillna("").astype(str) if "storage" in m.columns else [""] * len(m)
         t = pd.DataFrame({"source_image": m["source_image"].astype(str), "family": m["family"].astype(str),
                           "step": m["step"].astype(int), "kind": "chain", "path": m["path"].astype(str),
-                          "score": scores, "chain_id": m["chain_id"].astype(str)})
+                          "score": scores, "chain_id": m["chain_id"].astype(str),
+                          "storage": [g or h for g, h in zip(given, header)],
+                          "source_kind": m["kind"].fillna("").astype(str) if "kind" in m.columns else ""})
         if kind == "fr":
             t["fr"] = full_reference_column(m, measure)
         parts.append(t)
     items = list(iter_clean_images(clean))
     if items:
-        scores, _ = _score_batches(detector, [r for _, _, r in items], bs, progress)
+        scores, _, header = _score_batches(detector, [r for _, _, r in items], bs, progress)
         parts.append(pd.DataFrame({"source_image": [s for s, _, _ in items], "family": CLEAN_FAMILY,
                                    "step": 0, "kind": "clean", "path": [p for _, p, _ in items],
-                                   "score": scores, "chain_id": ""}))
+                                   "score": scores, "chain_id": "", "storage": header, "source_kind": ""}))
     if not parts:
         raise ValueError("nothing to score: give chains and/or clean folders")
     table = pd.concat(parts, ignore_index=True)
@@ -238,7 +254,7 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
     """Read a scores CSV written by ``save_scores``; returns (table, detector, version)."""
     t = pd.read_csv(path, dtype={"source_image": str, "family": str, "kind": str, "path": str,
                                  "chain_id": str, "detector": str, "detector_version": str,
-                                 "score": str, "fr": str},
+                                 "score": str, "fr": str, "storage": str, "source_kind": str},
                     keep_default_na=False)
     missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
     if missing:

@@ -63,10 +63,13 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     the calibration's clean set; include clean images like your data with --clean. The file also
     holds the per-step drop curve with confidence intervals, and monotone maps score ->
     P(degraded) and score -> equivalent replication step. Use it with
-    `collapseguard filter --calibration FILE`.
+    `collapseguard filter --calibration FILE`. The held-out drop rates are also given per storage
+    (the chains manifest's `storage` column, as `chains store` writes it, else the file header) and,
+    when the manifest has a `kind` column, per kind of clean source.
     """
     from collapseguard.calibration.bounds import NotEnoughCleanSamples
     from collapseguard.calibration.build import (
+        breakdown_text,
         build_calibration,
         curve_table,
         label_clean,
@@ -166,6 +169,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                f"{cal.split['heldout_false_drop']}")
     click.echo(top_clean_text(cal))
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
+    if cal.breakdown:
+        click.echo(breakdown_text(cal))
     for fam, lv in cal.first_step_dropped.items():
         click.echo(f"  {fam}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
     if not no_plot:

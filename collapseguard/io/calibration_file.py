@@ -150,6 +150,9 @@ class Calibration:
     #: monotone maps as knots {"x": scores, "y": values}
     probability_map: dict | None = None
     step_map: dict | None = None
+    #: the held-out drop rates per storage and per clean kind: {"storage": {"clean": [rows],
+    #: "steps": [rows]}, "source_kind": {...}, "measured_on": text} (``calibration.build.breakdown``)
+    breakdown: dict = field(default_factory=dict)
     created: str = ""
     command: str = ""
     scope: str = SCOPE_NOTE
@@ -249,7 +252,8 @@ class Calibration:
         if kw.get("k") is not None and (isinstance(kw["k"], bool) or not isinstance(kw["k"], int)):
             raise CalibrationError(f"k must be an integer, got {kw['k']!r}")
         for key, typ in (("clean_steps", list), ("clean_sources", list), ("split", dict), ("top_clean", list),
-                         ("drop_curve", list), ("first_step_dropped", dict), ("notes", list)):
+                         ("drop_curve", list), ("first_step_dropped", dict), ("notes", list),
+                         ("breakdown", dict)):
             if key in kw and not isinstance(kw[key], typ):
                 raise CalibrationError(f"calibration field {key!r} must be a {typ.__name__}")
         _check_rows(kw)
