@@ -1,16 +1,21 @@
 """Images/s of several detectors on the same 1024x768 images, in one run, with their ratios.
 
-    python benchmarks/detector_speed.py [--n 16] [--threads 1] [--batch-size 8]
-        [--detectors cnn,pyiqa:piqe,nss] [--device cpu]
+    python benchmarks/detector_speed.py [--n 16] [--threads 1] [--batch-size 8] [--rounds 5]
+        [--detectors cnn,pyiqa:piqe,nss] [--device cpu] [--weights PATH] [--n-crops K [K ...]]
 
 Images: the bundled photos and procedural art of ``collapseguard.training_data_tools.sources``
 (when present, else seeded procedural images) brought to exactly 1024x768 once, before timing;
 every detector then scores those same decoded arrays at that native size. Timing counts only the
 time inside ``Detector.score`` (``collapseguard.evaluation.scoring.time_detectors``: one untimed
 warm-up image per detector, then batches of ``--batch-size``, the detectors taking turns batch by
-batch so that a burst of load on this shared machine does not fall on one of them). Detectors that cannot be created
-(missing extra or weights) are reported and left out. Prints one line per detector and the ratio of
-the first detector's speed to each other's.
+batch). The whole timing is repeated in ``--rounds`` rounds, the detector order reversed every
+other round, and a round's ratio compares the detectors' rates within that round: on a shared
+machine a burst of load then moves one round's ratio, not the reported median.
+
+``--weights`` and ``--n-crops`` apply to ``cnn``: ``--n-crops 48 96`` times the cnn at each crop
+count (the speed/accuracy knob) beside the same other detectors. Detectors that cannot be created
+(missing extra or weights) are reported and left out. Printed: each detector's median images/s,
+and the median (lowest-highest) per-round ratio of the first detector to each other one.
 """
 
 from __future__ import annotations
@@ -54,41 +59,77 @@ def test_images(n: int) -> tuple[list[np.ndarray], str]:
     return (imgs * (n // len(imgs) + 1))[:n], what
 
 
+def round_rates(detectors, labels: list[str], images, batch_size: int, n_rounds: int) -> dict[str, list[float]]:
+    """``{label: [images/s per round]}``: ``time_detectors`` over all detectors, ``n_rounds`` times,
+    in forward order in even rounds and reversed in odd ones (warm-up in the first round only)."""
+    from collapseguard.evaluation.scoring import time_detectors
+
+    out: dict[str, list[float]] = {lab: [] for lab in labels}
+    for r in range(n_rounds):
+        idx = list(range(len(detectors)))
+        if r % 2:
+            idx.reverse()
+        timings = time_detectors([detectors[i] for i in idx], images, batch_size=batch_size, warmup=r == 0)
+        for i, t in zip(idx, timings):
+            out[labels[i]].append(float(t.images_per_s))
+    return out
+
+
+def ratio_summary(rates: dict[str, list[float]], num: str, den: str) -> tuple[float, float, float]:
+    """Median, lowest and highest of the per-round ratios ``rates[num][i] / rates[den][i]``."""
+    r = np.asarray(rates[num], dtype=float) / np.asarray(rates[den], dtype=float)
+    return float(np.median(r)), float(r.min()), float(r.max())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=16, help="images to score per detector")
+    ap.add_argument("--n", type=int, default=16, help="images to score per detector and round")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (same for all)")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds (medians reported)")
     ap.add_argument("--detectors", default="cnn,pyiqa:piqe,nss")
     ap.add_argument("--device", default="cpu", help="device for detectors that take one")
+    ap.add_argument("--weights", default=None, help="cnn weights (default: the packaged ones)")
+    ap.add_argument("--n-crops", type=int, nargs="+", default=[None],
+                    help="crops per image for cnn, one cnn per count (default: the count stored with the weights)")
     args = ap.parse_args()
+    if args.rounds < 1 or args.n < 1 or args.batch_size < 1:
+        ap.error("--rounds, --n and --batch-size must be >= 1")
 
     import torch
 
     from collapseguard.detectors import DetectorError, create
-    from collapseguard.evaluation.scoring import time_detectors
 
     torch.set_num_threads(args.threads)
     images, what = test_images(args.n)
-    dets = []
+    dets, labels = [], []
     for name in [d.strip() for d in args.detectors.split(",") if d.strip()]:
-        try:
-            det = create(name)
-            det = det.to(args.device) or det
+        variants = [{}]
+        if name == "cnn":
+            extra = {"weights": args.weights} if args.weights else {}
+            variants = [{**extra, **({"n_crops": k} if k else {})} for k in args.n_crops]
+        for kw in variants:
+            try:
+                det = create(name, **kw)
+                det = det.to(args.device) or det
+            except (DetectorError, ImportError, OSError) as exc:
+                print(f"{name:<12} not available: {exc}")
+                break
             dets.append(det)
-        except (DetectorError, ImportError, OSError) as exc:
-            print(f"{name:<12} not available: {exc}")
-    print(f"images: {len(images)} x {W}x{H} ({what}); torch threads {args.threads}; "
-          f"batch {args.batch_size}; device {args.device}; cpu {platform.processor() or platform.machine()}")
+            labels.append(f"{name} ({det.n_crops} crops)" if name == "cnn" and len(variants) > 1 else name)
+    if not dets:
+        ap.error("no detector could be created")
+    print(f"images: {len(images)} x {W}x{H} ({what}); torch threads {args.threads}; batch {args.batch_size}; "
+          f"{args.rounds} rounds; device {args.device}; cpu {platform.processor() or platform.machine()}")
     print("timing: seconds inside Detector.score only (decode excluded), after one warm-up image")
-    timings = time_detectors(dets, images, batch_size=args.batch_size)
-    for t in timings:
-        print(f"{t.detector:<12} {t.images_per_s:9.2f} images/s  ({t.images} images in {t.seconds:.2f} s, "
-              f"version {t.version})")
-    if len(timings) > 1:
-        ref = timings[0]
-        for t in timings[1:]:
-            print(f"speed ratio {ref.detector}/{t.detector}: {ref.images_per_s / t.images_per_s:.1f}x")
+    rates = round_rates(dets, labels, images, args.batch_size, args.rounds)
+    for det, lab in zip(dets, labels):
+        print(f"{lab:<16} {np.median(rates[lab]):9.2f} images/s  (median of {args.rounds} rounds; "
+              f"version {det.version})")
+    for lab in labels[1:]:
+        med, lo, hi = ratio_summary(rates, labels[0], lab)
+        print(f"speed ratio {labels[0]}/{lab}: {med:.1f}x (median of {args.rounds} rounds; "
+              f"rounds {lo:.1f}x-{hi:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 # Δ criterion (Δ5, Δ10, Δ20 against step 1 all > 0) on how many chains, AUROC clean vs step k,
 # Spearman per chain, and images/s of each detector measured in the same run.
 #
-#   bash benchmarks/evaluate_study.sh [WORK_DIR]        (default WORK_DIR: /tmp/cg_study)
-#   SEED=8 DETECTORS=cnn,cnn:other.safetensors bash benchmarks/evaluate_study.sh /tmp/cg_study8
+#   bash benchmarks/evaluate_study.sh WORK_DIR
+#   SEED=8 DETECTORS=cnn,cnn:other.safetensors bash benchmarks/evaluate_study.sh WORK_DIR8
 #     (a fresh draw of the same recipe, for judging candidate weights on chains nobody has scored)
 #
 # Chains: 4 procedural art images drawn with seed 7 (the shipped cnn was trained on art drawn with
@@ -15,7 +15,7 @@
 # recomputed from the same scores). Nothing here is committed. About 12 minutes on 2 shared CPU
 # cores (pyiqa:niqe is the slow one). Needs the [iqa] extra (pyiqa, scikit-video); no network.
 set -euo pipefail
-WORK="${1:-/tmp/cg_study}"
+WORK="${1:?usage: bash benchmarks/evaluate_study.sh WORK_DIR}"
 SEED=${SEED:-7}
 DETECTORS=${DETECTORS:-cnn,nss,pyiqa:piqe,pyiqa:niqe}
 export HF_HUB_OFFLINE=1

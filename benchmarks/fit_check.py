@@ -1,14 +1,13 @@
 """Does a cnn fit its own training chains? Training-side and held-out chains, scored side by side.
 
-    python benchmarks/fit_check.py [WEIGHTS] [--chains /tmp/cg_train4/chains] [--n 250] [--seed 0]
+    python benchmarks/fit_check.py [WEIGHTS] --chains DIR [--n 250] [--seed 0]
 
 Splits the chains exactly as ``collapseguard train`` does (by source image, salt "cnn"), draws a
 seeded sample of ``--n`` chains from each side, scores their steps 0, 5, 10 and 20 with the weights
 (default: the packaged ones) and prints AUROC of step 0 against each step, for all sampled chains
 and separately for procedural-art and photo chains. A model that ranks held-out chains poorly
 *and* its training chains poorly is short of capacity or signal; one that ranks training chains
-well and held-out chains poorly is short of data (docs/model_history.md, "Tried and not shipped
-(session 5)").
+well and held-out chains poorly is short of data.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ STEPS = (5, 10, 20)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="?", default=None)
-    ap.add_argument("--chains", default="/tmp/cg_train4/chains")
+    ap.add_argument("--chains", required=True, help="chains folder (e.g. $WORK/chains of recipes/train_cnn.sh)")
     ap.add_argument("--n", type=int, default=250, help="chains sampled per side")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

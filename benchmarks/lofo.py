@@ -1,10 +1,10 @@
-"""Leave-one-family-out AUROC of the `cnn` training recipe (acceptance figure of issue 4).
+"""Leave-one-family-out AUROC of the `cnn` training recipe.
 
     python benchmarks/lofo.py --chains DIR [--clean DIR] [--out DIR] [--steps 500] [--threads 1]
 
 For every family: train without it (short run, same recipe as the shipped weights), score that
 family's chains, print AUROC(step 0 vs 5) and (0 vs 10) on held-out sources and on all sources.
-Make the chains as in benchmarks/train_cnn.sh.
+Make the chains as in recipes/train_cnn.sh.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
                     help="with the image-level context term (collapseguard train --context; shipped: on since bb0ec3310592)")
     ap.add_argument("--shared-clean", choices=("drop", "keep"), default="drop",
                     help="a --clean file whose picture is a held-out chain source: drop (default, as "
-                         "collapseguard train) or keep (the figures of sessions 2-10)")
+                         "collapseguard train) or keep (train on them, as recipes/train_cnn.sh does)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from collapseguard.detectors.cnn_model import NetConfig

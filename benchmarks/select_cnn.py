@@ -1,20 +1,20 @@
 """Compare cnn weights on an independent set: the default calibration's chains and clean images.
 
-    python benchmarks/select_cnn.py WEIGHTS [WEIGHTS ...] [--work /tmp/cg_default_calibration]
+    python benchmarks/select_cnn.py WEIGHTS [WEIGHTS ...] --work DIR
                                     [--n-crops N] [--out scores_dir] [--jpeg Q]
     python benchmarks/select_cnn.py --out scores_dir --from-scores V1 V2 --ensemble V1+V2
 
-The set is made by ``benchmarks/make_default_calibration.sh`` (Debian ukui/plasma wallpapers and
+The set is made by ``recipes/make_default_calibration.sh`` (Debian ukui/plasma wallpapers and
 procedural art of another seed, none of them used in training). This is where candidate weights
 are compared before one is shipped: held-out sources of the training generator flatter a model
-(docs/model_history.md, "Tried and not shipped"). Printed per weights file: AUROC of step 0 vs steps 5, 10
+(docs/history/model_history.md). Printed per weights file: AUROC of step 0 vs steps 5, 10
 and 20 (all chains, wallpaper-photo chains, art chains), and step 0 of every photo chain vs step 10
 of each family's photo chains; the share of clean images (chain step 0
 plus the extra clean folder) above the threshold that drops 95% of step-10 images; and the share
 of step-5/10/20 images dropped at the empirical 99th percentile of the clean scores, at the highest
 and second-highest clean score (where a 1% guarantee from a few hundred clean scores puts the
 threshold), and at each ``--threshold`` (with the share of the set's distinct clean images above
-it); and the share of the set's night-sky photos (clean/nightsky, see benchmarks/nightsky.sh) above
+it); and the share of the set's night-sky photos (clean/nightsky, see recipes/nightsky.sh) above
 each of those cuts.
 
 ``--jpeg Q [--subsampling 444]`` re-encodes every image (chains and clean) as JPEG at quality Q (chroma
@@ -75,7 +75,7 @@ def summarise(chains: pd.DataFrame, clean: np.ndarray, clean_paths=None, thresho
     for name, t in cuts.items():
         for k in (5, 10, 20):
             out[f"drop@{name} s{k}"] = float(np.mean(chains.loc[chains["step"] == k, "score"] > t))
-    if clean_paths is not None and is_night.any():  # night-sky photos (benchmarks/nightsky.sh)
+    if clean_paths is not None and is_night.any():  # night-sky photos (recipes/nightsky.sh)
         night = clean[is_night]
         out["nightsky n"] = int(is_night.sum())
         for name, t in cuts.items():
@@ -100,7 +100,8 @@ def ensemble_scores(folder: Path, versions: list[str], tag: str = "") -> tuple[p
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="*")
-    ap.add_argument("--work", default="/tmp/cg_default_calibration")
+    ap.add_argument("--work", required=True, help="the work folder of recipes/make_default_calibration.sh "
+                    "(its CG_CALIB_WORK) or of recipes/fresh_set.sh")
     ap.add_argument("--n-crops", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for per-image score CSVs")
     ap.add_argument("--jpeg", type=int, default=None, help="re-encode every image as JPEG at this quality")

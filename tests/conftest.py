@@ -20,17 +20,27 @@ def photos() -> list[np.ndarray]:
             data.rocket()[:256, :256]]
 
 
-@pytest.fixture(scope="session")
-def benchmark_script():
-    """Load a script of benchmarks/ as a module by file name (they are scripts, not a package)."""
+def _script_loader(folder: str):
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    root = Path(__file__).resolve().parents[1] / folder
 
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(f"benchmark_{Path(name).stem}", root / name)
+        spec = importlib.util.spec_from_file_location(f"{folder}_{Path(name).stem}", root / name)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
     return load
+
+
+@pytest.fixture(scope="session")
+def benchmark_script():
+    """Load a script of benchmarks/ as a module by file name (they are scripts, not a package)."""
+    return _script_loader("benchmarks")
+
+
+@pytest.fixture(scope="session")
+def recipe_script():
+    """Load a script of recipes/ as a module by file name."""
+    return _script_loader("recipes")

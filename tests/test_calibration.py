@@ -386,7 +386,7 @@ SHIPPED = sorted(files.DEFAULTS_DIR.glob("*.json"))
 def test_shipped_default_is_valid_and_current(path):
     """A shipped default loads, states its guarantee, and matches the detector as it is now
     (otherwise `filter` without --threshold would silently have no default):
-    rerun benchmarks/make_default_calibration.sh after changing a detector."""
+    rerun recipes/make_default_calibration.sh after changing a detector."""
     from collapseguard.detectors import create
 
     cal = load_calibration(path)
@@ -401,7 +401,7 @@ def test_shipped_default_is_valid_and_current(path):
         pytest.skip(f"detector {cal.detector} not available here: {exc}")
     assert det.version == cal.detector_version, (
         f"{path.name} was made for {cal.detector}@{cal.detector_version} but the detector is now "
-        f"@{det.version}: rerun benchmarks/make_default_calibration.sh {cal.detector}")
+        f"@{det.version}: rerun recipes/make_default_calibration.sh {cal.detector}")
     t, msg, _ = resolve_threshold(det)
     assert t == cal.threshold and msg.startswith(f"default calibration for {cal.detector}@")
 

@@ -26,7 +26,7 @@ def test_shipped_calibration_matches_shipped_detector(name):
     shipped = load_calibration(default_calibration_path(name))
     assert cal is not None, (f"calibration/defaults/{name}.json was made for "
                              f"{shipped.detector}@{shipped.detector_version}, but the shipped "
-                             f"{name} is version {det.version}: rerun benchmarks/make_default_calibration.sh")
+                             f"{name} is version {det.version}: rerun recipes/make_default_calibration.sh")
     assert np.isfinite(cal.threshold)
 
 

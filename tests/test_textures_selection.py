@@ -1,4 +1,4 @@
-"""benchmarks/textures.py decides which game textures become clean training negatives: check its
+"""recipes/textures.py decides which game textures become clean training negatives: check its
 rules on generated files (no download)."""
 
 from pathlib import Path
@@ -15,8 +15,8 @@ def _jpg(path: Path, size=(512, 512), flat=False, seed=0):
     Image.fromarray(arr).save(path, quality=90)
 
 
-def test_selection_rules(tmp_path, benchmark_script):
-    mod = benchmark_script("textures.py")
+def test_selection_rules(tmp_path, recipe_script):
+    mod = recipe_script("textures.py")
     data = tmp_path / "data"
     _jpg(data / "textures" / "sand.jpg", seed=1)
     _jpg(data / "textures" / "rock_nm.jpg", seed=2)              # normal map: not a picture
@@ -32,8 +32,8 @@ def test_selection_rules(tmp_path, benchmark_script):
     assert got == ["textures/sand.jpg", "tracks/a/bark.jpg"]
 
 
-def test_main_links_into_out_dir_with_flat_names(tmp_path, benchmark_script):
-    mod = benchmark_script("textures.py")
+def test_main_links_into_out_dir_with_flat_names(tmp_path, recipe_script):
+    mod = recipe_script("textures.py")
     deb = tmp_path / "debs"
     data = deb / "x/usr/share/games/supertuxkart/data"
     _jpg(data / "tracks" / "a" / "bark.jpg", seed=6)
@@ -46,8 +46,8 @@ def test_main_links_into_out_dir_with_flat_names(tmp_path, benchmark_script):
     assert (out / names[0]).resolve() == (data / "tracks" / "a" / "bark.jpg").resolve()
 
 
-def test_link_images_keeps_versions_of_one_picture_on_one_side(tmp_path, benchmark_script):
-    mod = benchmark_script("link_images.py")
+def test_link_images_keeps_versions_of_one_picture_on_one_side(tmp_path, recipe_script):
+    mod = recipe_script("link_images.py")
     root = tmp_path / "HTML"
     for i in range(12):
         for lang in ("en", "de", "ru"):

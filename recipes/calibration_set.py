@@ -1,5 +1,5 @@
 """Build the default calibration's images: chains and extra clean images (run by
-benchmarks/make_default_calibration.sh, which documents the sets; settings come from its environment:
+recipes/make_default_calibration.sh, which documents the sets; settings come from its environment:
 WORK, SEED, WORKERS, ART_CHAINS, ART_CLEAN). A file, not a here-document, because make_chains'
 worker processes are spawned and re-import the parent's main module, which stdin cannot give them."""
 

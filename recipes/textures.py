@@ -1,6 +1,6 @@
 """Material textures (sand, grass, bark, rock, wood, metal) as clean images, from a Debian package.
 
-    python benchmarks/textures.py DEB_DIR OUT_DIR
+    python recipes/textures.py DEB_DIR OUT_DIR
 
 Downloads Debian's supertuxkart-data into DEB_DIR (once; 628 MB) and links its colour textures into
 OUT_DIR, named by their path under ``data/`` with ``/`` -> ``__``. Kept: RGB JPEGs of at least
@@ -10,8 +10,8 @@ sorted path order). About 200 files: photographic and painted material close-ups
 
 Why: seen at native resolution, sand looks like noise, wood grain like contour wrinkles and
 synthetic grass like a green cast with dots. The weights 83389a5e2dd1, trained without such
-images, put 3.3% of them above their shipped 1% threshold (`python benchmarks/nightsky_check.py
---folder OUT_DIR`). `benchmarks/train_cnn.sh` uses them as clean negatives; `collapseguard train`
+images, put 3.3% of them above their shipped 1% threshold (`python benchmarks/clean_check.py
+--folder OUT_DIR`). `recipes/train_cnn.sh` uses them as clean negatives; `collapseguard train`
 holds a quarter out by file name, which `nightsky_check.py --heldout-split` scores.
 """
 

@@ -1,18 +1,17 @@
-"""Night-sky photos never used in training or calibration: how many would the filter drop?
+"""Clean images never used in training or calibration: how many would the filter drop?
 
-    python benchmarks/nightsky_check.py [WEIGHTS ...] [--folder DIR ...] [--heldout-split]
-                                        [--threshold T ...]
+    python benchmarks/clean_check.py [WEIGHTS ...] --folder DIR [DIR ...] [--heldout-split]
+                                     [--threshold T ...]
 
-The folder is the `test` half of Debian's stellarium-data astrophotographs
-(``bash benchmarks/nightsky.sh /tmp/ns_debs /tmp/ns_test test``, the default ``--folder``): real
-night skies whose sensor noise resembles the noise replication adds, the clean images a degradation
-filter is most likely to drop by mistake. Printed per weights file (default: the packaged weights):
+For example the `test` half of Debian's stellarium-data astrophotographs
+(``bash recipes/nightsky.sh DEB_DIR DIR test``): real night skies whose sensor noise resembles the
+noise replication adds, the clean images a degradation filter is most likely to drop by mistake. Printed per weights file (default: the packaged weights):
 the score quantiles, and the share scored above the shipped calibration's threshold (for the
 packaged weights; the calibration is tied to a weights version) and above each ``--threshold``.
 
 Any clean folders work. With ``--heldout-split`` only the files that ``collapseguard train`` holds
 out of its ``--clean`` folders (``training.negatives.split_clean``) are scored: e.g. the training
-folders of benchmarks/train_cnn.sh, giving clean photos, night skies and art that training never
+folders of recipes/train_cnn.sh, giving clean photos, night skies and art that training never
 saw, a second check of the shipped guarantee on images unlike the calibration's.
 """
 
@@ -33,7 +32,7 @@ from collapseguard.training.negatives import list_images, split_clean
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="*", help="cnn weights files (default: the packaged weights)")
-    ap.add_argument("--folder", nargs="+", default=["/tmp/ns_test"])
+    ap.add_argument("--folder", nargs="+", required=True, help="folders of clean images")
     ap.add_argument("--heldout-split", action="store_true",
                     help="score only the files collapseguard train holds out of these folders")
     ap.add_argument("--threshold", type=float, nargs="*", default=[])

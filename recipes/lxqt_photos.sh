@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The 11 photos among Debian's lxqt-themes wallpapers, as a clean folder no training or
-# calibration uses (docs/model_history.md and BENCHMARKS.md, "Material textures"):
+# calibration uses (MODEL_CARD.md, "Clean kinds"):
 #
-#   bash benchmarks/lxqt_photos.sh DEB_DIR OUT_DIR
-#   python benchmarks/nightsky_check.py --folder OUT_DIR --threshold 4.1728
+#   bash recipes/lxqt_photos.sh DEB_DIR OUT_DIR
+#   python benchmarks/clean_check.py --folder OUT_DIR --threshold 4.1728
 #
 # Downloads lxqt-themes into DEB_DIR (once), unpacks it with dpkg -x and links the photographs of
 # usr/share/lxqt/wallpapers into OUT_DIR (flowers, butterflies, fog, rain, a beam of light). The

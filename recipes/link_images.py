@@ -1,11 +1,11 @@
 """Link every image under some folders into one flat folder, for a clean-image check.
 
-    python benchmarks/link_images.py ROOT [ROOT ...] --out DIR [--min-side 300]
+    python recipes/link_images.py ROOT [ROOT ...] --out DIR [--min-side 300]
                                      [--test-out DIR2 --test-fraction 0.3]
 
 Walks each ROOT in sorted order and links every PNG/JPEG whose shorter side is at least
 ``--min-side`` pixels into DIR as ``<root name>__<path with / -> __>``; a file whose bytes equal an
-earlier one is skipped. Then ``python benchmarks/nightsky_check.py W --folder DIR`` tells how many of
+earlier one is skipped. Then ``python benchmarks/clean_check.py W --folder DIR`` tells how many of
 them a detector would drop. Used in BENCHMARKS.md ("Clean kinds never trained on") for software
 screenshots and game textures unpacked from Debian packages.
 

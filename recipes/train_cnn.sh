@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # Reproduce the shipped cnn weights (collapseguard/weights/cnn.safetensors) in one command:
-#   bash benchmarks/train_cnn.sh
+#   WORK=DIR bash recipes/train_cnn.sh        (WORK: a work folder for packages, chains and banks)
 # 1. photos (never committed): `apt-get download` of six Debian wallpaper/texture packages
 #    (gnome-backgrounds, mate-backgrounds, lomiri-wallpapers{,-16.04,-20.04}, mypaint-data-extras),
 #    unpacked with dpkg -x into $WORK/debs and linked flat into $WORK/photos (exact duplicates and
 #    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the
-#    calibration's (benchmarks/make_default_calibration.sh), which is how models are compared.
+#    calibration's (recipes/make_default_calibration.sh), which is how models are compared.
 #    Night skies: the `train` quarter of Debian's stellarium-data astrophotographs
-#    (benchmarks/nightsky.sh), linked into $WORK/nightsky. Material textures (sand, grass, bark,
-#    rock, wood) from Debian's supertuxkart-data (benchmarks/textures.py), linked into $WORK/textures.
-#    With KINDS=1 (a candidate recipe, NOT the shipped one; docs/model_history.md "Tried and not shipped
-#    (sessions 6-7)"): software screenshots (marble-data, gcompris-qt-data handbooks) and game
-#    textures (colobot-common-textures, extremetuxracer-data) via benchmarks/link_images.py: 70%
+#    (recipes/nightsky.sh), linked into $WORK/nightsky. Material textures (sand, grass, bark,
+#    rock, wood) from Debian's supertuxkart-data (recipes/textures.py), linked into $WORK/textures.
+#    With KINDS=1 (a candidate recipe, NOT the shipped one; docs/history/model_history.md):
+#    software screenshots (marble-data, gcompris-qt-data handbooks) and game
+#    textures (colobot-common-textures, extremetuxracer-data) via recipes/link_images.py: 70%
 #    into $WORK/shots_train and $WORK/gametex_train (passed as two more --clean folders), 30%
 #    (grouped by picture name) into *_test folders.
-# 2. chains (benchmarks/make_train_chains.py): bundled photos + procedural art + two views of every
+# 2. chains (recipes/make_train_chains.py): bundled photos + procedural art + two views of every
 #    training-side photo (a native 512 px window and a web-size downscale), every replicator
 #    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard
 #    train` holds out as unseen clean images (hash of the file name) are never chain sources.
 #    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
 #    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
-#    With TEX_CHAINS=N (a candidate of session 12): N training-side material textures of
+#    With TEX_CHAINS=N (a candidate recipe, not shipped): N training-side material textures of
 #    $WORK/textures as chain sources too ($WORK/chains_textures, a second --chains folder).
 # 3. `collapseguard train --context` (seed 0, 2 threads, $ITERS = 16000 iterations, $BANK_CROPS = 48 crops
 #    cut once per training image, half of the chains JPEG-encoded once before cropping:
@@ -28,34 +28,33 @@
 #    night skies, the clean art and the textures as extra clean negatives (training adds
 #    JPEG/grain/resize variants), writing the
 #    weights, <out>.json and the model card <out>.md with held-out metrics.
-# About 25 minutes on the 2-core machine from an empty $WORK: chain stage 822 s (session 6) plus
-# training stage 658 s with the context term and 48 bank crops (session 11; the crop-only stage of
-# session 8 also took 658 s); MODEL_CARD.md, "How the shipped weights were made".
+# About half an hour on 2 cores from an empty $WORK: the chain stage 15-20 minutes, training
+# about 11 (MODEL_CARD.md, "How to reproduce").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${WORK:-/tmp/cg_train}
+WORK=${WORK:?set WORK to a work folder (packages, chains and crop banks go there)}
 OUT=${OUT:-collapseguard/weights/cnn.safetensors}
 SOURCES=${SOURCES:-bundled,art:64:320-640}
 ITERS=${ITERS:-16000}
-BANK_CROPS=${BANK_CROPS:-48}  # crops cut once per training image (16 before weights fdbebf12838c)
+BANK_CROPS=${BANK_CROPS:-48}  # crops cut once per training image
 STAGE=${STAGE:-all}
 NIGHT_CHAINS=${NIGHT_CHAINS:-24}
 EXTRA=${EXTRA:-}   # extra `collapseguard train` options
 SEED=${SEED:-0}
 WORKERS=${WORKERS:-2}  # chain-making worker processes (the chains do not depend on it)
-CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --context; shipped since
-                       # bb0ec3310592, session 11); 0 gives the crop-only recipe of fdbebf12838c
+CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --context, part of the
+                       # shipped recipe); 0 gives the crop-only recipe
 SHARED_CLEAN=${SHARED_CLEAN:-keep}  # keep: the shipped weights' recipe, whose held-out photo and
                                    # night-sky chains start from pictures trained on as clean
                                    # negatives; drop leaves those files out (collapseguard train's
-                                   # default since session 16; MODEL_CARD.md, the caveat)
+                                   # default; MODEL_CARD.md, the caveat)
 KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 TEX_CHAINS=${TEX_CHAINS:-0}  # N > 0: N training-side material textures as chain sources (a candidate
-                             # of session 12, docs/model_history.md "textures as chain sources")
+                             # recipe, not shipped; docs/history/model_history.md)
 FLAT=${FLAT:-0}  # N > 0: N textureless pictures (sources.flat_art, seed 13) as clean negatives
-                 # (a candidate of session 13, docs/model_history.md "flat colour fields")
+                 # (a candidate recipe, not shipped; docs/history/model_history.md)
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
 start=$(date +%s)
 
@@ -78,8 +77,8 @@ for f in "$share"/backgrounds/gnome/*.webp "$share"/backgrounds/mate/*/* "$share
   ln -sf "$f" "$WORK/photos/$(basename "$f" | tr ' ' '_')"
 done
 echo "photos: $(ls "$WORK/photos" | wc -l) files in $WORK/photos"
-bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/nightsky" train
-python benchmarks/textures.py "$WORK/debs" "$WORK/textures"
+bash recipes/nightsky.sh "$WORK/debs" "$WORK/nightsky" train
+python recipes/textures.py "$WORK/debs" "$WORK/textures"
 if [ "$KINDS" = 1 ]; then
   # software screenshots (the marble and gcompris handbooks) and two other games' textures (colobot,
   # extremetuxracer): 70% of each as negatives, 30% (by picture name) left out as test folders
@@ -90,24 +89,24 @@ if [ "$KINDS" = 1 ]; then
   fi
   kinds="$WORK/debs/kinds/x/usr/share"
   rm -rf "$WORK/shots_train" "$WORK/shots_test" "$WORK/gametex_train" "$WORK/gametex_test"
-  python benchmarks/link_images.py "$kinds/doc/HTML" --out "$WORK/shots_train" --test-out "$WORK/shots_test"
-  python benchmarks/link_images.py "$kinds/games/colobot" "$kinds/games/etr" --min-side 256 \
+  python recipes/link_images.py "$kinds/doc/HTML" --out "$WORK/shots_train" --test-out "$WORK/shots_test"
+  python recipes/link_images.py "$kinds/games/colobot" "$kinds/games/etr" --min-side 256 \
     --out "$WORK/gametex_train" --test-out "$WORK/gametex_test"
 fi
 
 # 2. chains --------------------------------------------------------------------------------------
 rm -rf "$WORK/chains" "$WORK/clean_art"
-python benchmarks/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
+python recipes/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
   --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS" \
   --workers "$WORKERS"
 if [ "$WINDOWS" -gt 0 ]; then
   rm -rf "$WORK/chains_windows"
-  python benchmarks/make_train_chains.py "" "$WORK/chains_windows" --photos "$WORK/photos" \
+  python recipes/make_train_chains.py "" "$WORK/chains_windows" --photos "$WORK/photos" \
     --windows "$WINDOWS" --windows-only
 fi
 if [ "$TEX_CHAINS" -gt 0 ]; then
   rm -rf "$WORK/chains_textures"
-  python benchmarks/make_train_chains.py "" "$WORK/chains_textures" --extra-photos "$WORK/textures" \
+  python recipes/make_train_chains.py "" "$WORK/chains_textures" --extra-photos "$WORK/textures" \
     --extra-n "$TEX_CHAINS"
 fi
 echo "chains stage: $(( $(date +%s) - start )) s"

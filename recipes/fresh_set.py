@@ -1,4 +1,4 @@
-"""Build the fresh set of benchmarks/fresh_set.sh (which documents it) from the unpacked packages
+"""Build the fresh set of recipes/fresh_set.sh (which documents it) from the unpacked packages
 under WORK (environment: WORK, SEED). A file, not a here-document, because make_chains' worker
 processes are spawned and re-import the parent's main module, which stdin cannot give them."""
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Night-sky photos for training negatives, calibration and an untouched test, from one partition.
 #
-#   bash benchmarks/nightsky.sh DEB_DIR OUT_DIR train|calibration|test
+#   bash recipes/nightsky.sh DEB_DIR OUT_DIR train|calibration|test
 #
 # Downloads Debian's stellarium-data into DEB_DIR (once; 246 MB, 555 astrophotographs of nebulae
 # and galaxies in usr/share/stellarium/nebulae/default) and links one part of them into OUT_DIR:
 # sorted by name, file i goes to `train` when i % 4 == 0, to `calibration` when i % 4 == 2 and to
-# `test` otherwise. Training (benchmarks/train_cnn.sh), the shipped calibration
-# (benchmarks/make_default_calibration.sh) and the night-sky check (benchmarks/nightsky_check.py)
+# `test` otherwise. Training (recipes/train_cnn.sh), the shipped calibration
+# (recipes/make_default_calibration.sh) and the night-sky check (benchmarks/clean_check.py)
 # each see only their own part, so no night-sky photo is both learned from and measured on.
 # Night skies matter because their sensor noise looks like the noise replication adds: the
 # weights 80b01f96dac4, trained without them, put 11% of the test half above their shipped threshold.

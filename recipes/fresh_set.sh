@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# A second independent set, built in session 11 to judge a candidate recipe on images that no
-# earlier comparison has scored: the same layout as the default calibration's set, so
+# A second independent set, to judge weights on images that neither training nor the default
+# calibration uses: the same layout as the default calibration's set, so
 # benchmarks/select_cnn.py reads it with --work.
 #
-#   bash benchmarks/fresh_set.sh [WORK]          (default WORK: /tmp/cg_fresh)
-#   python benchmarks/select_cnn.py WEIGHTS... --work /tmp/cg_fresh --out /tmp/cg_fresh/scores
+#   bash recipes/fresh_set.sh WORK
+#   python benchmarks/select_cnn.py WEIGHTS... --work WORK --out WORK/scores
 #
 # Sources (all `apt-get download` + `dpkg -x`; nothing is committed), none used by training
-# (benchmarks/train_cnn.sh), the default calibration (make_default_calibration.sh) or the model
-# selections of sessions 1-10:
-#   - photos: the 11 photographs among lxqt-themes' wallpapers (benchmarks/lxqt_photos.sh; before
+# (recipes/train_cnn.sh), or the default calibration (make_default_calibration.sh):
+#   - photos: the 11 photographs among lxqt-themes' wallpapers (recipes/lxqt_photos.sh; before
 #     this set they were only a clean folder checked for the shipped weights). Two 512 px native
 #     windows of each are chain sources (named wp-*, so select_cnn counts them as photos); two
 #     768 px crops + one JPEG q85 of each are extra clean images.
@@ -23,7 +22,7 @@
 # About 10 minutes on the 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${1:-/tmp/cg_fresh}
+WORK=${1:?usage: bash recipes/fresh_set.sh WORK}
 SEED=${SEED:-20261201}
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$WORK/debs"
@@ -32,11 +31,11 @@ if [ ! -d "$WORK/debs/x/usr/share/desktop-base" ] || [ ! -d "$WORK/debs/x/usr/sh
   (cd "$WORK/debs" && apt-get download desktop-base sway-backgrounds openarena-081-textures \
      && for f in *.deb; do dpkg -x "$f" x; done)
 fi
-bash benchmarks/lxqt_photos.sh "$WORK/debs/lxqt" "$WORK/lxqt"
+bash recipes/lxqt_photos.sh "$WORK/debs/lxqt" "$WORK/lxqt"
 tex="$WORK/openarena"
 if [ ! -d "$tex" ]; then
   mkdir -p "$tex" && unzip -q -o "$WORK"/debs/x/usr/share/games/openarena/*/pak4-textures.pk3 \
     'textures/*.jpg' -d "$tex"
 fi
 
-WORK="$WORK" SEED="$SEED" python benchmarks/fresh_set.py
+WORK="$WORK" SEED="$SEED" python recipes/fresh_set.py

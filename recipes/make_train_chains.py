@@ -1,6 +1,6 @@
-"""Make the chains the shipped `cnn` weights are trained on (step 1 of benchmarks/train_cnn.sh).
+"""Make the chains the shipped `cnn` weights are trained on (step 1 of recipes/train_cnn.sh).
 
-    python benchmarks/make_train_chains.py SOURCES OUT_DIR [--photos PATH ...] [--both-views]
+    python recipes/make_train_chains.py SOURCES OUT_DIR [--photos PATH ...] [--both-views]
                                            [--windows N [--windows-only]]
                                            [--clean-art N --clean-art-dir DIR]
                                            [--extra-photos PATH ... --extra-n N]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the calibrations shipped in collapseguard/calibration/defaults/<detector>.json (+ .png).
 #
-#   benchmarks/make_default_calibration.sh            # cnn and nss
-#   benchmarks/make_default_calibration.sh nss        # only nss
+#   CG_CALIB_WORK=DIR bash recipes/make_default_calibration.sh        # cnn and nss
+#   CG_CALIB_WORK=DIR bash recipes/make_default_calibration.sh nss    # only nss
 #
 # What it does (all offline except `apt-get download` of two Debian wallpaper packages and stellarium-data):
 #   1. clean photos: Debian's ukui-wallpapers and plasma-workspace-wallpapers (one picture per
@@ -14,15 +14,15 @@
 #      steps, keeping steps 0,1,3,5,10,20.
 #   3. extra clean images (--clean): the other wallpapers as 2 native-resolution 768 px crops + one
 #      JPEG (q85) each, procedural art as PNG, other procedural art as JPEG (q80), and the
-#      calibration quarter of Debian's stellarium-data night-sky photos (benchmarks/nightsky.sh).
+#      calibration quarter of Debian's stellarium-data night-sky photos (recipes/nightsky.sh).
 #   4. `collapseguard calibrate` with alpha = 1 %, confidence 95 %, 30 % of sources held out for the
 #      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
 #
-# Environment: CG_CALIB_WORK (default /tmp/cg_default_calibration), CG_CALIB_SEED (20261130),
+# Environment: CG_CALIB_WORK (required: the work folder), CG_CALIB_SEED (20261130),
 # CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${CG_CALIB_WORK:-/tmp/cg_default_calibration}
+WORK=${CG_CALIB_WORK:?set CG_CALIB_WORK to a work folder (images, chains and scores go there)}
 SEED=${CG_CALIB_SEED:-20261130}
 WORKERS=${CG_CALIB_WORKERS:-2}
 ART_CHAINS=${CG_CALIB_ART_CHAINS:-60}
@@ -43,12 +43,12 @@ fi
 if [ ! -f "$WORK/chains/manifest.csv" ] || [ ! -f "$WORK/clean/.done" ]; then
   rm -f "$WORK"/scores_*.csv  # cached scores belong to the old images
   WORK="$WORK" SEED="$SEED" WORKERS="$WORKERS" ART_CHAINS="$ART_CHAINS" ART_CLEAN="$ART_CLEAN" \
-  python benchmarks/calibration_set.py
+  python recipes/calibration_set.py
 fi
 
 # 3b. night skies: the calibration quarter of the stellarium-data astrophotographs, as they ship
 if [ ! -d "$WORK/clean/nightsky" ]; then
-  bash benchmarks/nightsky.sh "$WORK/debs" "$WORK/clean/nightsky" calibration
+  bash recipes/nightsky.sh "$WORK/debs" "$WORK/clean/nightsky" calibration
   rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
 fi
 
@@ -64,6 +64,6 @@ for det in "${DETECTORS[@]}"; do
   fi
   collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
     --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
-    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, benchmarks/nightsky.sh)" \
+    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, recipes/nightsky.sh)" \
     --out "$OUTDIR/$safe.json"
 done
