@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="crop-bank cache folder (shared with collapseguard train --cache)")
     ap.add_argument("--families", default=None, help="comma-separated subset")
     ap.add_argument("--bank-crops", type=int, default=48,
-                    help="crops cut once per training image (shipped: 48; 16 before weights fdbebf12838c)")
+                    help="crops cut once per training image (shipped: 48)")
     ap.add_argument("--clean-variants", type=int, default=4,
                     help="images made from each --clean file; 1 = as it is, no grain/JPEG variants (shipped: 4)")
     ap.add_argument("--generic-ladders", type=int, default=0,

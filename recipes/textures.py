@@ -9,10 +9,10 @@ not kart skins, not flat (pixel spread >= 8 levels), one file per identical cont
 sorted path order). About 200 files: photographic and painted material close-ups.
 
 Why: seen at native resolution, sand looks like noise, wood grain like contour wrinkles and
-synthetic grass like a green cast with dots. The weights 83389a5e2dd1, trained without such
-images, put 3.3% of them above their shipped 1% threshold (`python benchmarks/clean_check.py
---folder OUT_DIR`). `recipes/train_cnn.sh` uses them as clean negatives; `collapseguard train`
-holds a quarter out by file name, which `nightsky_check.py --heldout-split` scores.
+synthetic grass like a green cast with dots: a cnn trained without such images drops more of
+them than its stated 1% (`python benchmarks/clean_check.py --folder OUT_DIR` tells how many).
+`recipes/train_cnn.sh` uses them as clean negatives; `collapseguard train` holds a quarter out by
+file name, which `clean_check.py --heldout-split` scores.
 """
 
 from __future__ import annotations
