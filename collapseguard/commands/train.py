@@ -39,7 +39,7 @@ from collapseguard.commands._common import check_out_file
                    "score without the package")
 @click.option("--context", is_flag=True,
               help="add an image-level term computed from all crops together (how crops relate, e.g. "
-                   "whether grain follows brightness); part of the shipped recipe since weights bb0ec3310592")
+                   "whether grain follows brightness); part of the shipped recipe")
 @click.option("--delivery-jpeg", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="share of training chains JPEG-encoded once (quality 70-98, every step alike) before "
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
@@ -60,7 +60,7 @@ from collapseguard.commands._common import check_out_file
 @click.option("--bank-crops", type=click.IntRange(1, 256), default=48, show_default=True,
               help="random crops cut once per training image (the crop bank); each batch draws a few "
                    "of them. More crops show more of every image, at ~7 KB of memory per 48 px crop "
-                   "(48: the shipped recipe; 16 before weights fdbebf12838c)")
+                   "(48: the shipped recipe)")
 @click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of each batch's clean images drawn from those the network currently scores "
                    "highest (hard-negative mining of the clean tail); 0 draws them uniformly")

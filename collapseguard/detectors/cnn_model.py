@@ -34,7 +34,7 @@ class NetConfig:
     #: gain applied to the high-pass residual channel (pixels in [0, 1])
     residual_gain: float = 8.0
     #: add three band-pass channels (3x3 mean minus 7x7 mean): the mid frequencies where fine
-    #: texture lives. Off by default: tried with 80 px crops (docs/model_history.md, "not shipped"), better
+    #: texture lives. Off by default: tried with 80 px crops (docs/history/model_history.md), better
     #: on the training split's held-out sources but worse on the independent calibration set
     bandpass: bool = False
     #: an image-level term from all crops together (DeepSets: a small MLP on every crop's
@@ -103,7 +103,7 @@ def _box_means(x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
     The window is clipped at the crop border (mean over the pixels inside the crop, i.e.
     ``avg_pool2d(..., count_include_pad=False)``, to float rounding ~2e-7). Computed as separable
     sums of shifted slices: about 3x faster on CPU than torch's stride-1 pooling, which was the
-    slowest part of input preparation (benchmarks/train_step_parts.py). The same code serves
+    slowest part of input preparation. The same code serves
     training, scoring and GPUs.
     """
     out = []
@@ -117,7 +117,7 @@ def _box_means(x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
 
 def _spatial_std(x: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
     """Unbiased standard deviation of (N, C, H, W) over H and W, as (N, C), in two passes: the same
-    as ``x.std(dim=(2, 3))`` to ~3e-8 and much faster on CPU (benchmarks/train_step_parts.py).
+    as ``x.std(dim=(2, 3))`` to ~3e-8 and much faster on CPU.
     ``mean`` is ``x.mean(dim=(2, 3), keepdim=True)`` when the caller already has it."""
     d = x - (x.mean(dim=(2, 3), keepdim=True) if mean is None else mean)
     return d.mul_(d).sum(dim=(2, 3)).div_(x.shape[2] * x.shape[3] - 1).sqrt_()
@@ -192,7 +192,6 @@ class DegradationNet(nn.Module):
         b, k = crops.shape[:2]
         x, colour = self._inputs(crops.reshape(b * k, *crops.shape[2:]))
         # channels-last convolutions (oneDNN): forward + backward 1.3-1.6x faster on CPU
-        # (benchmarks/train_step_parts.py)
         h = self.body(x.contiguous(memory_format=torch.channels_last))
         pooled = torch.cat([h.mean(dim=(2, 3)), h.std(dim=(2, 3))], dim=1)
         return torch.cat([pooled, colour], dim=1).reshape(b, k, -1)

@@ -49,8 +49,8 @@ class TrainConfig:
     #: the rest are drawn uniformly. 0 (default) draws every clean image uniformly
     hard_clean: float = 0.0
     #: "bf16": run the network's convolutions under bfloat16 autocast (forward + backward 1.2-1.6x
-    #: faster at width 16 and 1.4-2.3x at width 32 on a CPU with AVX512-BF16, over seven runs of
-    #: benchmarks/train_step_parts.py); losses, optimizer and weights stay float32, and scoring
+    #: faster at width 16 and 1.4-2.3x at width 32 on a CPU with AVX512-BF16, measured on
+    #: one training batch); losses, optimizer and weights stay float32, and scoring
     #: stays float32. "fp32" (default) is the shipped recipe
     precision: str = "fp32"
     #: weight averaging: from this share of the run on (e.g. 0.75), the weights every 50 steps
