@@ -37,16 +37,10 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
     Prints the inferred layout, chains, families, tasks, steps, image count and every file that
     could not be placed in a chain (with the reason).
     """
-    from collapseguard.training_data_tools.loaders import (
-        ChainLayoutError,
-        discover_chains,
-    )
-    from collapseguard.training_data_tools.manifest import ManifestError, write_manifest
+    from collapseguard.training_data_tools.loaders import discover_chains
+    from collapseguard.training_data_tools.manifest import write_manifest
 
-    try:
-        d = discover_chains(path, extract_dir=extract_dir, one_based=one_based)
-    except (ChainLayoutError, ManifestError) as e:
-        raise click.ClickException(str(e)) from None
+    d = discover_chains(path, extract_dir=extract_dir, one_based=one_based)
     click.echo(d.summary())
     if manifest_out:
         write_manifest(d.manifest, manifest_out)
@@ -73,8 +67,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     import itertools
 
     from collapseguard.training_data_tools.chains import make_chains
-    from collapseguard.training_data_tools.replicators import ReplicatorError
-    from collapseguard.training_data_tools.sources import SourceError, resolve_sources
+    from collapseguard.training_data_tools.sources import resolve_sources
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
     check_out_dir(out_dir)
@@ -88,7 +81,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
             src = itertools.islice(src, max_sources)
         df = make_chains(src, fams, steps=steps, keep=_int_list(keep) or [0], out_dir=out_dir,
                          seed=seed, workers=workers, progress=progress, repeats=repeats)
-    except (SourceError, ReplicatorError, ValueError) as e:
+    except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
                f"{sorted(df['family'].unique())} -> {os.path.join(out_dir, 'manifest.csv')}")
@@ -103,7 +96,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
 def store_cmd(path, out_dir, storages, workers):
     """Write a chain manifest's images once per storage: each chain becomes one chain per storage
     (id CHAIN~TAG, columns storage and stored_from) under OUT/<tag>/, plus OUT/manifest.csv."""
-    from collapseguard.training_data_tools.manifest import ManifestError, read_manifest
+    from collapseguard.training_data_tools.manifest import read_manifest
     from collapseguard.training_data_tools.storage import parse_storages, store_chains
 
     check_out_dir(out_dir)
@@ -113,7 +106,7 @@ def store_cmd(path, out_dir, storages, workers):
         raise click.BadParameter(str(e), param_hint="--storages") from None
     try:
         df = store_chains(read_manifest(path), sts, out_dir, workers=workers)
-    except (ManifestError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images in storages "
                f"{', '.join(s.label for s in sts)} -> {os.path.join(out_dir, 'manifest.csv')}")
@@ -127,8 +120,10 @@ def families_cmd():
         replicator_class,
     )
 
-    for f in list_families():
-        click.echo(f"{f:<18} {replicator_class(f).description}")
+    default = set(list_families())
+    for f in list_families(opt_in=True):
+        note = "" if f in default else "  (made only when named in --families)"
+        click.echo(f"{f:<18} {replicator_class(f).description}{note}")
 
 
 @chains.command("export")
@@ -140,13 +135,11 @@ def families_cmd():
 def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
     """Write the chains in PATH as WebDataset shards (image bytes + json with chain, family, task, step)."""
     from collapseguard.training_data_tools.export import export_shards
-    from collapseguard.training_data_tools.loaders import ChainLayoutError
-    from collapseguard.training_data_tools.manifest import ManifestError
 
     check_out_dir(out_dir)
     try:
         paths = export_shards(path, out_dir, maxcount=maxcount, prefix=prefix, shuffle_seed=shuffle_seed)
-    except (ChainLayoutError, ManifestError, ValueError) as e:
+    except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(paths)} shard(s) -> {out_dir}")
 
@@ -164,8 +157,6 @@ def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
               help="Crop where step 0 has the most detail, or at the centre.")
 def sheet_cmd(path, out, crop, steps, max_chains, families, where):
     """Contact sheet of the chains in PATH: rows = chains, columns = steps, native-resolution crops."""
-    from collapseguard.training_data_tools.loaders import ChainLayoutError
-    from collapseguard.training_data_tools.manifest import ManifestError
     from collapseguard.training_data_tools.sheet import contact_sheet
 
     fams = [f.strip() for f in families.split(",")] if families else None
@@ -173,6 +164,6 @@ def sheet_cmd(path, out, crop, steps, max_chains, families, where):
     try:
         p = contact_sheet(path, out, crop=crop, steps=_int_list(steps), max_chains=max_chains,
                           families=fams, where=where)
-    except (ChainLayoutError, ManifestError, ValueError) as e:
+    except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
     click.echo(f"contact sheet -> {p}")

@@ -107,7 +107,7 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
     an empty source, or bad step settings.
     """
     families = list(families) if families else list_families()
-    known = list_families()
+    known = list_families(opt_in=True)
     bad = [f for f in families if f not in known]
     if bad:
         raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")

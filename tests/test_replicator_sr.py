@@ -1,0 +1,124 @@
+"""The super_resolution replicator: a pretrained RDN from npm's @upscalerjs/esrgan-slim, offline."""
+
+import importlib.util
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from collapseguard.training_data_tools.chains import make_chains
+from collapseguard.training_data_tools.replicators import (
+    create_replicator,
+    list_families,
+)
+from collapseguard.training_data_tools.replicators.super_resolution import (
+    WEIGHTS,
+    build_network,
+    load_network,
+    upscale2,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _psnr(a, b) -> float:
+    return float(10 * np.log10(255.0**2 / np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)))
+
+
+def test_shipped_weights_load_offline_with_their_provenance():
+    from safetensors import safe_open
+
+    with safe_open(str(WEIGHTS), framework="numpy") as f:
+        meta = f.metadata()
+        n = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())  # noqa: SIM118
+    assert meta["source"].startswith("npm @upscalerjs/esrgan-slim@1.0.0") and meta["license"] == "MIT"
+    assert n == 222075
+    assert load_network() is load_network()  # loaded once per process
+
+
+def test_the_network_restores_a_downscaled_photo(photos):
+    """A working super-resolution net: close to the original, as close as bicubic, and not bicubic."""
+    img = photos[2][:96, :128]
+    small = np.asarray(Image.fromarray(img).resize((64, 48), Image.BICUBIC))
+    up = np.clip(np.rint(upscale2(small)), 0, 255).astype(np.uint8)
+    assert up.shape == img.shape
+    bicubic = np.asarray(Image.fromarray(small).resize((128, 96), Image.BICUBIC))
+    assert _psnr(img, up) > 30 and _psnr(img, up) > _psnr(img, bicubic) - 1.5
+    assert 28 < _psnr(up, bicubic) < 60  # its own output, not an interpolation
+
+
+def test_replicator_steps_blur_more_and_more(photos):
+    img = photos[0][:64, :80]
+    rng = np.random.default_rng(3)
+    rep = create_replicator("super_resolution", rng)
+    assert set(rep.params) == {"strength", "filter", "shift", "keep"}
+    x, psnrs = img, []
+    for _ in range(6):
+        x = rep.step(x, rng)
+        assert x.shape == img.shape and x.dtype == np.uint8
+        psnrs.append(_psnr(img, x))
+    assert psnrs[0] < 45 and psnrs[-1] < psnrs[0] - 2
+    again = create_replicator("super_resolution", np.random.default_rng(3))
+    assert again.params == rep.params
+
+
+def test_odd_sizes_and_the_opt_in_registry(tmp_path, photos):
+    assert "super_resolution" not in list_families()  # default chain sets and mixed's pool unchanged
+    assert list_families(opt_in=True)[-1] == "super_resolution"
+    m = make_chains([("odd", photos[1][:33, :47])], ["super_resolution"], steps=2, keep=(0, 2),
+                    out_dir=tmp_path, workers=1, progress=False)
+    assert list(m["step"]) == [0, 2] and set(m["width"]) == {47}
+
+
+def test_converter_reads_a_tfjs_layers_model(tmp_path):
+    """recipes/convert_upscalerjs.py on a TF.js tarball built here: a 3x3 conv, relu, 2x upsampling."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("convert_upscalerjs", ROOT / "recipes" / "convert_upscalerjs.py")
+    conv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conv)
+    rng = np.random.default_rng(0)
+    kernel = rng.normal(size=(3, 3, 3, 3)).astype("<f4")  # H, W, in, out
+    bias = rng.normal(size=3).astype("<f4")
+    layers = [
+        {"class_name": "InputLayer", "name": "LR", "config": {}, "inbound_nodes": []},
+        {"class_name": "Conv2D", "name": "C", "config": {"filters": 3, "kernel_size": [3, 3], "padding": "same",
+                                                          "activation": "linear"}, "inbound_nodes": [[["LR", 0, 0, {}]]]},
+        {"class_name": "Activation", "name": "R", "config": {"activation": "relu"}, "inbound_nodes": [[["C", 0, 0, {}]]]},
+        {"class_name": "UpSampling2D", "name": "U", "config": {"size": [2, 2], "interpolation": "nearest"},
+         "inbound_nodes": [[["R", 0, 0, {}]]]},
+    ]
+    model = {"format": "layers-model", "modelTopology": {"model_config": {"config": {"layers": layers}}},
+             "weightsManifest": [{"paths": ["w.bin"], "weights": [
+                 {"name": "C/kernel", "shape": [3, 3, 3, 3], "dtype": "float32"},
+                 {"name": "C/bias", "shape": [3], "dtype": "float32"}]}]}
+    tgz = tmp_path / "pkg.tgz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        for name, data in (("package/package.json", json.dumps({"name": "x", "version": "1", "license": "MIT"})),
+                           ("package/models/x2/model.json", json.dumps(model)),
+                           ("package/models/x2/w.bin", kernel.tobytes() + bias.tobytes())):
+            raw = data.encode() if isinstance(data, str) else data
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tf.addfile(info, io.BytesIO(raw))
+    out = tmp_path / "w.safetensors"
+    info = conv.convert(tgz, out)
+    assert info["parameters"] == 84 and info["license"] == "MIT"
+    from safetensors import safe_open
+
+    with safe_open(str(out), framework="numpy") as f:
+        net = build_network(json.loads(f.metadata()["layers"]), {k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    x = rng.uniform(0, 255, size=(5, 6, 3)).astype(np.float32)
+    with torch.inference_mode():
+        y = net(torch.from_numpy(x.transpose(2, 0, 1))[None])[0].numpy().transpose(1, 2, 0)
+    # the same layer by hand: TF's "same" padding, cross-correlation, channels last
+    xp = np.pad(x, ((1, 1), (1, 1), (0, 0)))
+    ref = np.zeros((5, 6, 3), np.float64)
+    for i in range(3):
+        for j in range(3):
+            ref += xp[i:i + 5, j:j + 6] @ kernel[i, j]
+    ref = np.maximum(ref + bias, 0).repeat(2, 0).repeat(2, 1)
+    assert np.allclose(y, ref, rtol=1e-4, atol=1e-3)
