@@ -1,0 +1,61 @@
+"""recipes/eval_set.py: picking clean sources by rule, and the family plan."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("eval_set", ROOT / "recipes" / "eval_set.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pick_sources_takes_native_windows_by_rule(tmp_path, photos, monkeypatch):
+    rec = _recipe()
+    pkg = tmp_path / "x" / "somepkg" / "usr" / "share"
+    (pkg / "pics").mkdir(parents=True)
+    big = np.concatenate([photos[0], photos[0]], axis=1)  # 256 x 640: a window is cut from it
+    Image.fromarray(big).save(pkg / "pics" / "big.png")
+    Image.fromarray(photos[1]).save(pkg / "pics" / "copy1.jpg", quality=95)
+    Image.fromarray(photos[1]).save(pkg / "pics" / "copy2.jpg", quality=95)  # a duplicate: taken once
+    Image.fromarray(photos[2][:100, :100]).save(pkg / "pics" / "small.png")  # under MIN_SIDE
+    Image.new("RGB", (200, 200), (90, 90, 90)).save(pkg / "pics" / "blank.png")  # one grey: skipped
+    monkeypatch.setattr(rec, "RULES", (("photo", "somepkg", "*/pics/*.png|*/pics/*.jpg", 5, "centre"),))
+    monkeypatch.setattr(rec, "SIDE", 192)
+    got = rec.pick_sources(tmp_path / "x", tmp_path / "src", tmp_path / "sources.csv")
+    table = pd.read_csv(tmp_path / "sources.csv")
+    assert len(got) == 2 and set(table["kind"]) == {"photo"}
+    assert sorted(Path(f).name for f in table["file"]) == ["big.png", "copy1.jpg"]
+    name = table.loc[table["file"].str.endswith("big.png"), "name"].iloc[0]
+    win = np.asarray(Image.open(tmp_path / "src" / f"{name}.png"))
+    assert win.shape == (192, 192, 3)
+    y, x = (256 - 192) // 2, (640 - 192) // 2  # the centre window, pixel for pixel
+    assert np.array_equal(win, big[y:y + 192, x:x + 192])
+
+
+def test_every_family_gets_enough_chains_and_every_kind_meets_every_family():
+    rec = _recipe()
+    kinds = [k for k in ("photo", "screenshot", "anime") for _ in range(60)]
+    plan = {}
+    for i, k in enumerate(kinds):
+        for fam in rec.families_for(i):
+            plan.setdefault(fam, []).append(k)
+    assert set(plan) == set(rec.FAMILIES)
+    assert all(len(v) >= 40 for v in plan.values())
+    assert all(set(v) == {"photo", "screenshot", "anime"} for v in plan.values())
+    assert all(len(set(rec.families_for(i))) == 2 for i in range(16))
+
+
+def test_no_package_of_the_shipped_recipes():
+    rec = _recipe()
+    text = " ".join((ROOT / "recipes" / n).read_text() for n in ("train_cnn.sh", "make_default_calibration.sh",
+                                                                   "fresh_set.sh", "nightsky.sh"))
+    used = {w for w in text.replace("\\", " ").split() if w in rec.PACKAGES}
+    assert used == set(), used
