@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     from collapseguard.audit.panel import ComparePanel
     from collapseguard.detectors import create
-    from collapseguard.filter.score_run import run_score
+    from collapseguard.scoring.run import run_score
 
     main_det, other_det = create(args.main), create(args.other)
     panel = ComparePanel(main_det, {args.other: other_det})
