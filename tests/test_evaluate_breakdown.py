@@ -128,3 +128,16 @@ def test_drop_tables_count_each_original_once():
     assert d[(d["family"] == "g") & (d["step"] == 10)]["fraction"].iloc[0] == 0.0
     assert np.isnan(drop_rates(s.assign(score=np.nan), {"d": 0.9})["fraction"]).all()
     assert drop_rates(s, {}).empty
+
+
+def test_clean_steps_zero_compares_originals_only(evaluated, tmp_path):
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(evaluated / "scores.csv"), "--out",
+                                    str(tmp_path), "--no-plot", "--clean-steps", "0", "--calibration", "none"])
+    assert res.exit_code == 0, res.output
+    s = pd.read_csv(evaluated / "scores.csv")
+    t = pd.read_csv(tmp_path / "auroc_by_storage.csv")
+    g = s[(s["storage"] == "png") & (s["family"] == "noise_tint")]
+    row = t[(t["storage"] == "png") & (t["family"] == "noise_tint")].iloc[0]
+    assert row["n_clean"] == 4
+    assert row["k5"] == pytest.approx(auroc(g.loc[g["step"] == 0, "score"], g.loc[g["step"] == 5, "score"]))
+    assert "clean (steps 0) vs step k" in (tmp_path / "results.md").read_text()

@@ -45,7 +45,9 @@ def _name_list(ctx, param, value):
 @click.option("--base-step", default=1, show_default=True, type=click.IntRange(min=0),
               help="Reference step of the gap (the study uses step 1).")
 @click.option("--auroc-steps", default="2,3,5,10,20", show_default=True, callback=_int_list,
-              help="Steps k for AUROC of clean (steps 0 and 1) vs step k.")
+              help="Steps k for AUROC of clean (--clean-steps) vs step k.")
+@click.option("--clean-steps", default="0,1", show_default=True, callback=_int_list,
+              help="Steps counted as clean for AUROC (0 alone: originals vs step k).")
 @click.option("--scale", "scale_method", type=click.Choice(["std", "iqr"]), default="std",
               show_default=True,
               help="Per-detector normaliser: population std or IQR/1.349 of its scores over the set.")
@@ -64,7 +66,8 @@ def _name_list(ctx, param, value):
                    "detector), or 'none'.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, scale_method, batch_size, device,
+def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, clean_steps, scale_method,
+             batch_size, device,
              threads, families, max_chains_per_family, calibration, no_plot, quiet):
     """Score replication chains with each detector and apply the study's criterion.
 
@@ -89,7 +92,7 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
         raise click.BadParameter(f"--steps must not include the base step {base_step}",
                                  param_hint="--steps")
     kw = {"scale_method": scale_method, "delta_steps": steps, "base_step": base_step,
-          "auroc_steps": auroc_steps}
+          "auroc_steps": auroc_steps, "clean_steps": clean_steps}
     if calibration not in ("default", "none") and len(detectors) > 1 and not from_scores:
         raise click.BadParameter("a calibration file is for one detector; give one --detectors name "
                                  "or --calibration default", param_hint="--calibration")
