@@ -1,0 +1,58 @@
+"""The issue's acceptance figures from an evaluation of the eval set (recipes/eval_set.sh):
+
+    collapseguard evaluate --chains OUT/stored --detectors cnn --clean-steps 0 --out OUT/eval
+    python benchmarks/eval_set_figures.py OUT/eval
+
+Prints, from the files ``evaluate`` wrote (auroc_by_storage.csv, failures_by_storage.csv,
+clean_drops.csv, drops.csv): AUROC step 0 vs 5 and 0 vs 10 per family x storage, the study's
+criterion per family x storage, and at the shipped threshold the share of clean images dropped
+per kind and of step-10 images dropped per family, PNG against JPEG q90 4:2:0.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+STORAGES = ("png", "jpeg q90 4:2:0", "jpeg q75 4:2:0", "webp q80")
+
+
+def table(df: pd.DataFrame, index: str, value: str, columns: str = "storage") -> str:
+    wide = df.pivot_table(index=index, columns=columns, values=value, aggfunc="first")
+    wide = wide[[c for c in STORAGES if c in wide.columns] + [c for c in wide.columns if c not in STORAGES]]
+    return wide.to_string(float_format=lambda v: f"{v:.3f}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("eval_dir", type=Path)
+    ap.add_argument("--detector", default="cnn")
+    a = ap.parse_args(argv)
+    d = a.eval_dir
+    au = pd.read_csv(d / "auroc_by_storage.csv")
+    au = au[au["detector"] == a.detector]
+    for k in (5, 10):
+        print(f"\nAUROC clean vs step {k} (clean = the steps evaluate was given, see results.md)")
+        print(table(au, "family", f"k{k}"))
+    f = pd.read_csv(d / "failures_by_storage.csv")
+    f = f[f["detector"] == a.detector]
+    print("\nthe study's criterion (Δ5, Δ10, Δ20 > 0 against step 1): share of chains passing")
+    print(table(f, "family", "pass_rate"))
+    print("chains evaluated per family and storage:", int(f["evaluated"].min()), "to", int(f["evaluated"].max()))
+    if (d / "clean_drops.csv").exists():
+        cd = pd.read_csv(d / "clean_drops.csv")
+        cd = cd[cd["detector"] == a.detector]
+        print(f"\nshare of clean images (step 0) dropped at threshold {cd['threshold'].iloc[0]:.4g}, per kind")
+        print(table(cd, "source_kind", "fraction"))
+        print("clean images per kind and storage:")
+        print(table(cd, "source_kind", "n").replace(".000", ""))
+        dr = pd.read_csv(d / "drops.csv")
+        dr = dr[(dr["detector"] == a.detector) & (dr["step"] == 10)]
+        print("\nshare of step-10 images dropped at that threshold, per family")
+        print(table(dr, "family", "fraction"))
+
+
+if __name__ == "__main__":
+    main()
