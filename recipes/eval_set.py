@@ -62,7 +62,7 @@ PACKAGES = (
     "debian-edu-artwork-emerald", "debian-edu-artwork-softwaves", "debian-edu-artwork-spacefun",
     "gnucash-docs", "fotoxx-common", "khangman", "kpat", "debian-handbook", "octave-doc",
     "graphviz-doc", "ufoai-textures", "hedgewars-data", "krita-data", "neverball-data",
-    "lincity-ng-data", "frozen-bubble-data",
+    "lincity-ng-data",
 )
 
 #: (kind, package, path pattern under the package root (fnmatch, ``*`` crosses folders), at most
@@ -81,11 +81,10 @@ RULES = (
     ("night_photo", "palapeli-data", "*/collection/cincinnati-bridge.jpg", 1, "centre"),
     ("night_photo", "kstars-data", "*/kstars/textures/moon*.png", 9, "centre"),
     ("portrait", "wesnoth-1.16-data", "*/images/portraits/*.png", 30, "top"),
-    ("illustration", "wesnoth-1.16-data", "*/images/story/*.jpg", 20, "centre"),
+    ("illustration", "wesnoth-1.16-data", "*/images/story/*.jpg", 18, "centre"),
     ("illustration", "kstars-data", "*/skycultures/western/*.png", 12, "centre"),
     ("illustration", "openclipart-png", "*/png/people/*.png", 10, "centre"),
     ("illustration", "openclipart-png", "*/png/animals/*.png", 10, "centre"),
-    ("illustration", "frozen-bubble-data", "*.jpg", 5, "centre"),
     ("illustration", "supertux-data", "*/images/background*.png", 8, "centre"),
     ("anime", "renpy-thequestion", "*/sylvie *.png", 8, "top"),
     ("anime", "renpy-thequestion", "*/bg *.jpg", 4, "centre"),
@@ -108,7 +107,7 @@ RULES = (
     ("screenshot", "fotoxx-common", "*/fotoxx/images/*.png", 10, "centre"),
     ("screenshot", "kstars-data", "*/doc/HTML/en/*.png", 10, "centre"),
     ("screenshot", "khangman", "*/doc/HTML/en/*.png", 4, "centre"),
-    ("screenshot", "kpat", "*/doc/HTML/en/*.png", 6, "centre"),
+    ("screenshot", "kpat", "*/doc/HTML/en/*.png", 1, "centre"),
     ("screenshot", "debian-handbook", "*/en-US/images/inst-*.png", 8, "centre"),
     ("diagram_text", "octave-doc", "*/octave.html/*.png", 20, "centre"),
     ("diagram_text", "graphviz-doc", "*.png", 10, "centre"),

@@ -6,7 +6,7 @@
 #
 # Clean images of every kind users hold (photos, foliage, night photos, painted portraits,
 # illustrations, anime, pixel art, flat art, screenshots, diagrams and text, game textures, game
-# renders), from 31 Debian packages that no shipped recipe trains or calibrates on (OUT/packages.tsv
+# renders), from 30 Debian packages that no shipped recipe trains or calibrates on (OUT/packages.tsv
 # lists them with their licences; nothing is committed). Each source is one native-resolution
 # window of at most 384 x 384 px (never resized), goes through two of the eight replicator
 # families (20 steps; steps 0, 1, 5, 10, 20 kept), every 8th source also through the opt-in
