@@ -3,6 +3,10 @@
 Each command lives in ``collapseguard/commands/<name>.py`` as a thin wrapper over library calls,
 and is imported only when used, so ``collapseguard --help`` stays fast and optional extras are
 never imported by accident.
+
+Errors: a :class:`~collapseguard.errors.CollapseguardError` from any command, and a command's own
+one-line failure, print one line ``collapseguard: error: <message>`` on stderr and exit with 1;
+wrong usage (a bad option value, a missing argument) is click's usage message and exit 2.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import importlib
 import importlib.util
 
 import click
+
+from collapseguard.errors import CollapseguardError
 
 #: command name -> "module:attribute" of a click command
 COMMANDS = {
@@ -26,8 +32,26 @@ COMMANDS = {
 }
 
 
+class CommandError(click.ClickException):
+    """One line on stderr, ``collapseguard: error: <message>``, exit code 1."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"collapseguard: error: {self.format_message()}", file=file, err=True)
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use, and the one place where errors
+    become one line."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except CollapseguardError as exc:
+            raise CommandError(str(exc)) from None
+        except click.ClickException as exc:
+            if type(exc) is click.ClickException:  # a command's own one-line failure
+                raise CommandError(exc.format_message()) from None
+            raise
 
     def list_commands(self, ctx):
         names = [n for n, target in COMMANDS.items()

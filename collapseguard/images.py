@@ -10,6 +10,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
+from collapseguard.errors import CollapseguardError
+
 #: File extensions (lower case, no dot) treated as images, in order of preference.
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
 
@@ -24,7 +26,7 @@ ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "PPM", "GIF")
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
 
 
-class DecodeError(ValueError):
+class DecodeError(CollapseguardError, ValueError):
     """Raised when bytes cannot be decoded into an image."""
 
 

@@ -20,10 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from collapseguard.errors import CollapseguardError
+
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
 
-class BrowserError(RuntimeError):
+class BrowserError(CollapseguardError, RuntimeError):
     """Chromium is missing, failed to start, or a protocol call failed or timed out."""
 
 

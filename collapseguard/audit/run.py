@@ -39,12 +39,13 @@ from collapseguard.calibration.files import (
     is_dropped,
     resolve_threshold,
 )
+from collapseguard.errors import CollapseguardError
 from collapseguard.scoring.run import csv_text, run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
 
 
-class AuditError(RuntimeError):
+class AuditError(CollapseguardError, RuntimeError):
     """The audit cannot run (no threshold, bad inputs, a detector that cannot be created)."""
 
 

@@ -40,10 +40,14 @@ class NotEnoughCleanSamples(CalibrationError):
 
     def __init__(self, n: int, needed: int, alpha: float, confidence: float, detail: str = ""):
         self.n, self.needed, self.alpha, self.confidence = n, needed, alpha, confidence
+        self.detail = detail
         super().__init__(
             f"{n} clean scores cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
             f"confidence: at least {needed} clean scores are needed{detail} (add clean images with "
             f"--clean, more chains, or relax --max-false-drop / --confidence)")
+
+    def __reduce__(self):  # pickles with its own arguments (it crosses worker processes)
+        return type(self), (self.n, self.needed, self.alpha, self.confidence, self.detail)
 
 
 def order_statistic_rank(n: int, alpha: float, confidence: float) -> int:

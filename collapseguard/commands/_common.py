@@ -6,7 +6,7 @@ import os
 
 import click
 
-from collapseguard.detectors import DEFAULT_DETECTOR, DetectorError, create
+from collapseguard.detectors import DEFAULT_DETECTOR, create
 
 
 def detector_option(default: str = DEFAULT_DETECTOR):
@@ -32,11 +32,9 @@ def detector_kwargs(name: str, trust_pickle: bool) -> tuple:
 
 
 def load_detector(name: str, kwargs: tuple = ()):
-    """Create a detector or exit with its error message."""
-    try:
-        return create(name, **dict(kwargs))
-    except (DetectorError, FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    """Create a detector; a bad spec raises DetectorError, which the command line prints as one
+    line."""
+    return create(name, **dict(kwargs))
 
 
 def threshold_options(verb: str):

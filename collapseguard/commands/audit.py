@@ -45,14 +45,7 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
     a per-shard table and galleries (most degraded, borderline, random kept), each image as a
     thumbnail plus a native-resolution crop. Nothing is modified; exits non-zero if an input
     failed."""
-    from collapseguard.audit.run import (
-        AuditError,
-        AuditOptions,
-        format_summary,
-        run_audit,
-    )
-    from collapseguard.calibration.files import CalibrationError, CalibrationMismatch
-    from collapseguard.io.inputs import InputError
+    from collapseguard.audit.run import AuditOptions, format_summary, run_audit
 
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)
@@ -64,7 +57,7 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
                            detector_kwargs=kwargs, gallery_size=gallery_size)
     try:
         summary = run_audit(inputs, out, options, quiet=quiet, detector_obj=det)
-    except (AuditError, InputError, CalibrationError, CalibrationMismatch, ValueError) as exc:
+    except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:
         click.echo(format_summary(summary))

@@ -67,7 +67,6 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     (the chains manifest's `storage` column, as `chains store` writes it, else the file header) and,
     when the manifest has a `kind` column, per kind of clean source.
     """
-    from collapseguard.calibration.bounds import NotEnoughCleanSamples
     from collapseguard.calibration.build import (
         breakdown_text,
         build_calibration,
@@ -75,7 +74,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         label_clean,
         top_clean_text,
     )
-    from collapseguard.calibration.files import CalibrationError, save_calibration
+    from collapseguard.calibration.files import save_calibration
     from collapseguard.calibration.scoring import (
         parse_target,
         read_scores,
@@ -118,22 +117,13 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     else:
         if chains_dir is None and not clean_dirs:
             raise click.UsageError("give --chains DIR (and optionally --clean DIR ...) or --from-scores")
-        from collapseguard.detectors import DEFAULT_DETECTOR, DetectorError, create
-        from collapseguard.training_data_tools.manifest import (
-            ManifestError,
-            read_manifest,
-        )
+        from collapseguard.detectors import DEFAULT_DETECTOR, create
+        from collapseguard.training_data_tools.manifest import read_manifest
 
-        try:
-            manifest = read_manifest(chains_dir) if chains_dir is not None else None
-        except ManifestError as exc:
-            raise click.ClickException(str(exc)) from None
-        try:
-            detector = create(detector_name or DEFAULT_DETECTOR)
-            if device:
-                detector = detector.to(device)
-        except DetectorError as exc:
-            raise click.ClickException(str(exc)) from None
+        manifest = read_manifest(chains_dir) if chains_dir is not None else None
+        detector = create(detector_name or DEFAULT_DETECTOR)
+        if device:
+            detector = detector.to(device)
         det_name, det_version = detector.name, str(detector.version)
         if manifest is not None:
             sources.append(f"chains {chains_dir}: steps {','.join(map(str, steps))} "
@@ -155,7 +145,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         cal = build_calibration(table, det_name, det_version, alpha=alpha, confidence=confidence,
                                 clean_steps=steps, target=target, holdout=holdout, command=command,
                                 clean_sources=sources)
-    except (NotEnoughCleanSamples, CalibrationError, ValueError) as exc:
+    except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     n_unscored = (cal.split or {}).get("n_unscored", 0)
     if n_unscored:
@@ -184,12 +174,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
 def _same_detector_or_fail(asked: str, name: str, version: str, table) -> None:
     """``--detector`` spelled otherwise than the table's detector (``cnn:./w.safetensors`` against
     ``cnn:w.safetensors``) is accepted when it is the same detector: same version."""
-    from collapseguard.detectors import DetectorError, create
+    from collapseguard.detectors import create
 
-    try:
-        detector = create(asked)
-    except DetectorError as exc:
-        raise click.ClickException(str(exc)) from None
+    detector = create(asked)
     if detector.name.split(":", 1)[0] != name.split(":", 1)[0] or str(detector.version) != version:
         raise click.ClickException(f"{table} holds scores of {name}@{version}, not of {asked} "
                                    f"({detector.name}@{detector.version})")

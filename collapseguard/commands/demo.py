@@ -30,7 +30,7 @@ def demo(directory, detector, workers, threshold, steps):
     from collapseguard.calibration.files import NoThresholdError, resolve_threshold
     from collapseguard.commands.filter import format_summary
     from collapseguard.demo import build_demo_shards, demo_truth_table
-    from collapseguard.filter.run import FilterError, run_filter_cli
+    from collapseguard.filter.run import run_filter_cli
 
     det = load_detector(detector)
     try:  # before building anything: a detector with no shipped calibration needs --threshold
@@ -45,11 +45,8 @@ def demo(directory, detector, workers, threshold, steps):
     shards = build_demo_shards(root / "shards", steps=steps)
     click.echo(f"  {len(shards)} shards in {time.perf_counter() - t0:.1f}s", err=True)
     out = root / "filtered"
-    try:
-        summary = run_filter_cli([str(p) for p in shards], str(out), det, threshold=threshold,
-                                 workers=workers, resume=False)
-    except (FilterError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    summary = run_filter_cli([str(p) for p in shards], str(out), det, threshold=threshold,
+                             workers=workers, resume=False)
     click.echo(format_summary(summary, str(out)))
     truth = demo_truth_table(out)
     click.echo("truth vs decision: " + json.dumps(truth, sort_keys=True))

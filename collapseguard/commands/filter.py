@@ -42,8 +42,7 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
     through byte for byte. INPUTS are .tar shards, folders of shards, or brace patterns such as
     'data/shard-{000..099}.tar'. Exits non-zero if any shard failed, naming it."""
-    from collapseguard.engines import EngineError
-    from collapseguard.filter.run import FilterError, run_filter_cli
+    from collapseguard.filter.run import run_filter_cli
 
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
@@ -55,7 +54,7 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                  workers=workers, engine=engine, resume=resume,
                                  write_rejected=not no_rejected, reject_no_image=reject_no_image,
                                  dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet)
-    except (FilterError, EngineError, ValueError) as exc:
+    except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:
         click.echo(format_summary(summary, out), err=True)

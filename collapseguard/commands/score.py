@@ -12,7 +12,6 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
-from collapseguard.io.inputs import InputError
 
 
 @click.command()
@@ -46,7 +45,7 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
         df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
                                  detector_kwargs=kwargs)
         write_table(df, out)
-    except (InputError, ValueError) as exc:
+    except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc}") from None

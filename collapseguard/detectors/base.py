@@ -21,8 +21,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from collapseguard.errors import CollapseguardError
 
-class DetectorError(RuntimeError):
+
+class DetectorError(CollapseguardError, RuntimeError):
     """A detector cannot be created or run (missing extra, missing weights, bad name)."""
 
 

@@ -21,6 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.managers import SyncManager
 
+from collapseguard.errors import CollapseguardError
+
 OnProgress = Callable[[int], None]
 #: (task index, result or None, error text or None)
 OnDone = Callable[[int, object, "str | None"], None]
@@ -134,7 +136,7 @@ class InlineEngine:
                 on_done(i, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
 
 
-class EngineError(RuntimeError):
+class EngineError(CollapseguardError, RuntimeError):
     """An engine cannot run at all (a missing extra, an unreachable cluster)."""
 
 

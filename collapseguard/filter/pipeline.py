@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collapseguard.engines.local import parent_is_gone
+from collapseguard.errors import CollapseguardError
 from collapseguard.filter.decisions import decide
 from collapseguard.io.tar import ShardReader, ShardWriter
 from collapseguard.scoring.records import Scored, sample_error, score_records
@@ -98,7 +99,7 @@ def _tmp(p: Path, run_id: str = "") -> Path:
     return p.with_name(f"{p.name}.{run_id}.tmp" if run_id else f"{p.name}.tmp")
 
 
-class RunLostError(RuntimeError):
+class RunLostError(CollapseguardError, RuntimeError):
     """This worker's run no longer owns ``--out`` (its parent died, or another run holds the lock):
     it must not commit anything."""
 

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - not on Windows
 from tqdm import tqdm
 
 from collapseguard.engines import make_engine
+from collapseguard.errors import CollapseguardError
 from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
@@ -38,7 +39,7 @@ from collapseguard.filter.pipeline import (
 from collapseguard.io.inputs import expand_pattern, expand_shards
 
 
-class FilterError(RuntimeError):
+class FilterError(CollapseguardError, RuntimeError):
     """The run cannot start (bad inputs, clashing shard names, settings changed on resume)."""
 
 

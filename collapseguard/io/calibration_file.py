@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from collapseguard.errors import CollapseguardError
+
 #: bumped when the JSON layout changes incompatibly
 FORMAT_VERSION = 1
 
@@ -66,15 +68,15 @@ def min_clean_samples(alpha: float, confidence: float) -> int:
     return n
 
 
-class CalibrationError(ValueError):
+class CalibrationError(CollapseguardError, ValueError):
     """A calibration file is malformed, or a calibration cannot be made from the data given."""
 
 
-class CalibrationMismatch(ValueError):
+class CalibrationMismatch(CollapseguardError, ValueError):
     """A calibration was made for another detector name or version than the one in use."""
 
 
-class NoThresholdError(ValueError):
+class NoThresholdError(CollapseguardError, ValueError):
     """No threshold was given and no calibration (file or packaged default) applies."""
 
 

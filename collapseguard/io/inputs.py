@@ -15,13 +15,14 @@ from pathlib import Path
 
 import braceexpand
 
+from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.io.tar import valid_text
 
 SHARD_SUFFIXES = (".tar",)
 
 
-class InputError(ValueError):
+class InputError(CollapseguardError, ValueError):
     """An input path or pattern does not name anything usable."""
 
 

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
+from collapseguard.errors import CollapseguardError
+
 @dataclass
 class Member:
     name: str
@@ -55,7 +57,7 @@ class Sample:
 MAX_MEMBER_BYTES = 512 * 2**20
 
 
-class TruncatedShardError(tarfile.ReadError):
+class TruncatedShardError(CollapseguardError, tarfile.ReadError):
     """A plain tar shard ends without its end-of-archive blocks: it was cut short."""
 
 

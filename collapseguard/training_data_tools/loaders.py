@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
+from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.training_data_tools.manifest import (
     MANIFEST_NAME,
@@ -56,7 +57,7 @@ ALIASES = {
 _NUM = re.compile(r"^(.*?)(\d+)$")
 
 
-class ChainLayoutError(ValueError):
+class ChainLayoutError(CollapseguardError, ValueError):
     """No chains could be inferred; the message lists what was seen."""
 
 

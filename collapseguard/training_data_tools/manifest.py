@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from collapseguard.errors import CollapseguardError
+
 REQUIRED_COLUMNS = ("chain_id", "source_image", "family", "task", "step", "path")
 #: default file name of a manifest inside a chains folder
 MANIFEST_NAME = "manifest.csv"
@@ -23,7 +25,7 @@ MANIFEST_NAME = "manifest.csv"
 MAX_STEP = 2**53
 
 
-class ManifestError(ValueError):
+class ManifestError(CollapseguardError, ValueError):
     """A manifest is malformed; the message says what is wrong and where."""
 
 

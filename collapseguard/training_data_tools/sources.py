@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from collapseguard.errors import CollapseguardError
 from collapseguard.images import (
     ALLOWED_FORMATS,
     DecodeError,
@@ -47,7 +48,7 @@ _SKIMAGE_FILES = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "m
                   "gravel.png", "moon.png", "coins.png", "page.png", "horse.png", "color.png")
 
 
-class SourceError(ValueError):
+class SourceError(CollapseguardError, ValueError):
     """A source spec or folder that yields no usable images."""
 
 
