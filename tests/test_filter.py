@@ -318,7 +318,7 @@ def test_no_rejected_and_dry_run_write_only_what_they_say(tmp_path, photos):
 
 def test_score_refuses_nothing_to_score_and_an_unwritable_out_before_scoring(tmp_path, photos):
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "x.tar.gz").write_bytes(b"\x1f\x8b")
+    (tmp_path / "empty" / "x.tar.zst").write_bytes(b"\x28\xb5\x2f\xfd")
     res = run_cli(["score", tmp_path / "empty", "-d", "nss", "-q", "--out", tmp_path / "s.csv"], expect=1)
     assert "no image files or .tar shards" in res.output and ".tar.gz" in res.output
     make_shard(tmp_path / "s.tar", photos[:1])

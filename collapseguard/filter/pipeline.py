@@ -2,9 +2,10 @@
 
 ``process_shard`` reads a shard as raw samples, scores each sample's images, decides, and writes
 ``kept/<name>.tar``, ``rejected/<name>.tar`` and ``scores/<stem>.parquet`` under temporary names,
-renaming them when the shard is complete and writing the completion marker
+committing them when the shard is complete and writing the completion marker
 ``.done/<stem>.json`` last. Output bytes depend only on the input and the options, so a run that
-was killed and resumed gives the same files as one that was not.
+was killed and resumed gives the same files as one that was not. ``--out`` may be a local folder
+or an object-storage prefix; ``io.outdir`` says how commits and the lock work on each.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import pyarrow.parquet as pq
 from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter.decisions import decide
+from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
+from collapseguard.io.urls import identity, is_remote, join, open_stream, shard_basename
+from collapseguard.io.urls import strip_shard_suffix
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
@@ -58,39 +62,43 @@ class FilterOptions:
 
 
 def shard_name(path: str) -> str:
-    return os.path.basename(path)
+    """The file name of a shard's kept/ and rejected/ outputs (a URL's or ``pipe:`` command's
+    shard name: ``io.urls.shard_basename``)."""
+    return shard_basename(path)
 
 
 def shard_stem(path: str) -> str:
-    name = shard_name(path)
-    return name.removesuffix(".tar")
+    return strip_shard_suffix(shard_name(path))
+
+
+def output_names(shard: str) -> dict[str, str]:
+    """The outputs of a shard, relative to ``--out``."""
+    return {
+        "kept": f"kept/{shard_name(shard)}",
+        "rejected": f"rejected/{shard_name(shard)}",
+        "scores": f"scores/{shard_stem(shard)}.parquet",
+        "marker": f".done/{shard_stem(shard)}.json",
+    }
 
 
 def output_paths(shard: str, out_dir: str) -> dict[str, Path]:
-    out = Path(out_dir)
-    return {
-        "kept": out / "kept" / shard_name(shard),
-        "rejected": out / "rejected" / shard_name(shard),
-        "scores": out / "scores" / f"{shard_stem(shard)}.parquet",
-        "marker": out / ".done" / f"{shard_stem(shard)}.json",
-    }
+    """``output_names`` under a local ``out_dir``."""
+    return {k: Path(out_dir, v) for k, v in output_names(shard).items()}
 
 
 def read_marker(shard: str, out_dir: str) -> dict | None:
     """The completion marker of a shard, or None when the shard is not complete."""
-    p = output_paths(shard, out_dir)["marker"]
-    if not p.exists():
-        return None
+    text = open_out_dir(out_dir).read_text(output_names(shard)["marker"])
     try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
+        return json.loads(text) if text is not None else None
+    except ValueError:
         return None
 
 
 def input_identity(shard: str) -> dict:
-    """What a completion marker records of its input, to tell on resume whether it changed."""
-    st = os.stat(shard)
-    return {"path": os.path.abspath(shard), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    """What a completion marker records of its input, to tell on resume whether it changed
+    (``io.urls.identity``: size and mtime, a URL's size/ETag/last-modified, a ``pipe:`` command)."""
+    return {"path": shard if is_remote(shard) else os.path.abspath(shard), **identity(shard)}
 
 
 def _tmp(p: Path, run_id: str = "") -> Path:
@@ -106,10 +114,7 @@ class RunLostError(CollapseguardError, RuntimeError):
 
 def lock_owner(out_dir: str) -> str:
     """The run id written into ``<out>/.lock`` by the run holding it ("" when none is written)."""
-    try:
-        return (Path(out_dir) / ".lock").read_text().strip()
-    except OSError:
-        return ""
+    return (open_out_dir(out_dir).read_text(".lock") or "").strip()
 
 
 def check_still_owner(options: FilterOptions) -> None:
@@ -139,12 +144,13 @@ def outputs_match(marker: dict, out_dir: str) -> bool:
     recorded = marker.get("outputs")
     if not isinstance(recorded, dict) or not recorded:
         return False
-    paths = output_paths(str(marker.get("shard", "")), out_dir)
+    out = open_out_dir(out_dir)
+    names = output_names(str(marker.get("shard", "")))
     for key, want in recorded.items():
-        p = paths.get(key)
-        if p is None or not isinstance(want, dict) or not p.is_file():
+        name = names.get(key)
+        if name is None or not isinstance(want, dict):
             return False
-        if p.stat().st_size != want.get("size") or file_digest(p) != want:
+        if out.size(name) != want.get("size") or out.digest(name) != want:
             return False
     return True
 
@@ -161,35 +167,49 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         detector = get_detector(options.detector, options.detector_kwargs)
     t0 = time.perf_counter()
     identity = input_identity(shard)  # before reading: a shard changed meanwhile is redone on resume
-    paths = output_paths(shard, options.out_dir)
+    out = open_out_dir(options.out_dir)
+    names = output_names(shard)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
     written = {"kept": write_kept, "rejected": write_rej}  # no empty folders for outputs not written
-    for key, p in paths.items():
-        if written.get(key, True):
-            p.parent.mkdir(parents=True, exist_ok=True)
     rid = options.run_id
-    kept_w = ShardWriter(str(_tmp(paths["kept"], rid))) if write_kept else None
-    rej_w = ShardWriter(str(_tmp(paths["rejected"], rid))) if write_rej else None
+    staged = {k: out.stage(name, rid) for k, name in names.items() if written.get(k, True)}
+    kept_w = rej_w = None
     rows = {c: [] for c in SCORE_COLUMNS}
     reasons: Counter = Counter()
     n_images = 0
     reader = ShardReader(shard)
+
+    def discard_all() -> None:  # a failed shard leaves no partial files, whatever failed
+        for w in (kept_w, rej_w):
+            if w is not None:
+                w.abort()
+        for key in ("kept", "rejected", "scores", "marker"):
+            if key in staged:
+                try:
+                    out.discard(staged[key])
+                except OSError:
+                    pass
+
     try:
+        kept_w = ShardWriter(staged["kept"]) if write_kept else None
+        rej_w = ShardWriter(staged["rejected"]) if write_rej else None
         done_since = 0
         if options.scores_from:
-            stream = precomputed_scores(reader, Path(options.scores_from) / paths["scores"].name)
+            stream = precomputed_scores(reader, join(options.scores_from,
+                                                     Path(names["scores"]).name))
         else:
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
-                                      refused=bool(sample.refused),
+                                      refused=bool(sample.refused), repeated=sample.repeat > 0,
                                       reject_no_image=options.reject_no_image)
             writer = kept_w if decision == "kept" else rej_w
-            if writer is not None:
-                writer.write(sample)
+            if writer is not None:  # only a sample set aside for its names may change key there
+                writer.write(sample, movable=reason in ("unsafe_name", "repeated_key"),
+                             tag=len(rows["key"]))
             reasons[reason] += 1
             n_images += scored.n_images
             error = sample_error(sample, scored.error)
@@ -205,16 +225,17 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
                 done_since = 0
         if progress is not None and done_since:
             progress(done_since)
-    except BaseException:
         for w in (kept_w, rej_w):
             if w is not None:
                 w.close()
-        for key in ("kept", "rejected", "scores"):  # a failed shard leaves no partial files
-            _tmp(paths[key], rid).unlink(missing_ok=True)
+    except BaseException:
+        discard_all()
         raise
-    for w in (kept_w, rej_w):
-        if w is not None:
-            w.close()
+    if rej_w is not None:
+        for i, key in rej_w.renamed.items():  # neighbours of one key: moved aside in rejected/
+            rows["error"][i] = "; ".join(x for x in (
+                rows["error"][i], f"written to rejected/ under the key {key!r}, beside another "
+                f"sample of the key {rows['key'][i]!r}") if x)
     table = pa.table({
         "key": pa.array(rows["key"], pa.string()),
         "score": pa.array(rows["score"], pa.float64()),
@@ -229,19 +250,19 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "error": pa.array(rows["error"], pa.string()),
     })
     try:
-        pq.write_table(table, _tmp(paths["scores"], rid))
-        outputs = {"scores": file_digest(_tmp(paths["scores"], rid))}
+        pq.write_table(table, staged["scores"])
+        outputs = {"scores": file_digest(Path(staged["scores"]))}
         for key, w in (("kept", kept_w), ("rejected", rej_w)):
             if w is not None:
                 outputs[key] = {"size": w.size, "sha256": w.sha256}
         check_still_owner(options)
-    except BaseException:
         for key in ("kept", "rejected", "scores"):
-            _tmp(paths[key], rid).unlink(missing_ok=True)
+            if key in outputs:
+                out.commit(staged[key], names[key])
+    except BaseException:
+        kept_w = rej_w = None  # closed already
+        discard_all()
         raise
-    for key in ("kept", "rejected", "scores"):
-        if key in outputs:
-            os.replace(_tmp(paths[key], rid), paths[key])
     n = len(rows["key"])
     record = {
         "shard": shard,
@@ -254,17 +275,20 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "seconds": round(time.perf_counter() - t0, 3),
         "options": options.fingerprint(),
         "detector_version": detector.version,
-        "input": {"size": identity["size"], "mtime_ns": identity["mtime_ns"]},
+        "input": {k: v for k, v in identity.items() if k != "path"},
         "outputs": outputs,
     }
-    tmp_marker = _tmp(paths["marker"], rid)
+    tmp_marker = staged["marker"]
     try:
-        tmp_marker.write_text(json.dumps(record, indent=1, sort_keys=True))
+        Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))
         check_still_owner(options)
+        out.commit(tmp_marker, names["marker"])
     except BaseException:
-        tmp_marker.unlink(missing_ok=True)
+        try:
+            out.discard(tmp_marker)
+        except OSError:
+            pass
         raise
-    os.replace(tmp_marker, paths["marker"])
     return record
 
 
@@ -272,9 +296,10 @@ _STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
                      "score_error": "score_error"}
 
 
-def precomputed_scores(samples, scores_path: Path):
+def precomputed_scores(samples, scores_path: str):
     """Pair samples with the rows of an earlier pass's scores file (same shard, same order)."""
-    table = pq.read_table(scores_path).to_pylist()
+    with open_stream(str(scores_path), allow_pipe=False) as f:
+        table = pq.read_table(f).to_pylist()
     it = iter(table)
     for sample in samples:
         row = next(it, None)

@@ -1,14 +1,17 @@
 """Turning command-line inputs into shards and image files.
 
-An input is an image file, a folder (searched recursively for images and ``.tar`` shards), a
-``.tar`` shard, or a brace pattern such as ``data/shard-{000..009}.tar`` (expanded like the shell
-and webdataset do, including zero-padded ranges). Glob characters (``*``, ``?``) are expanded too.
+An input is an image file, a folder (searched recursively for images and shards), a shard
+(``.tar``, ``.tar.gz``, ``.tgz``), or a brace pattern such as ``data/shard-{000..009}.tar``
+(expanded like the shell and webdataset do, including zero-padded ranges). Glob characters
+(``*``, ``?``) are expanded too. Each may also be a URL (``io.urls``): ``file:``, ``pipe:CMD``
+(a shard), or an fsspec URL naming an object, a folder/prefix or a glob.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +21,11 @@ import braceexpand
 from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.io.tar import valid_text
+from collapseguard.io.urls import SHARD_SUFFIXES, URLError, is_remote, is_shard_name, list_url
+from collapseguard.io.urls import local_path, scheme, url_path
 
-SHARD_SUFFIXES = (".tar",)
+__all__ = ["SHARD_SUFFIXES", "ImageFile", "InputError", "expand_inputs", "expand_shards",
+           "expand_pattern", "is_shard", "unique_inputs"]
 
 
 class InputError(CollapseguardError, ValueError):
@@ -52,7 +58,31 @@ def expand_pattern(pattern: str) -> list[str]:
 
 
 def is_shard(path: str) -> bool:
-    return path.endswith(SHARD_SUFFIXES)
+    return is_shard_name(path)
+
+
+def _expand_url(raw: str, shards: list[str], files: list[ImageFile]) -> None:
+    """Shards and image files named by a ``pipe:`` or fsspec URL (braces expanded)."""
+    for url in braceexpand.braceexpand(raw):
+        if scheme(url) == "pipe":
+            shards.append(url)
+            continue
+        try:
+            entries = list_url(url)
+        except FileNotFoundError:
+            raise InputError(f"{url}: no such file or folder") from None
+        except (URLError, OSError) as exc:
+            raise InputError(f"{url}: cannot be read: {exc}") from None
+        if not entries:
+            raise InputError(f"{url!r} matched nothing")
+        for u, key in entries:
+            if is_shard_name(u):
+                shards.append(u)
+            elif is_image_name(url_path(u)):
+                files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
+                                       valid_text(url if key else u)))
+            elif key is None:
+                raise InputError(f"{u}: not a .tar shard or an image file")
 
 
 def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
@@ -63,7 +93,11 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
     shards: list[str] = []
     files: list[ImageFile] = []
     for raw in inputs:
-        paths = expand_pattern(str(raw))
+        raw = str(raw)
+        if is_remote(raw):
+            _expand_url(raw, shards, files)
+            continue
+        paths = expand_pattern(local_path(raw) or raw)
         if not paths:
             raise InputError(f"{raw!r} matched nothing")
         for p in paths:
@@ -84,7 +118,7 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
                 elif is_image_name(p):
                     files.append(ImageFile(p, valid_text(os.path.basename(p)), valid_text(p)))
                 else:
-                    raise InputError(f"{p}: not a .tar shard or an image file")
+                    raise InputError(f"{p}: not a shard (.tar, .tar.gz, .tgz) or an image file")
             else:
                 raise InputError(f"{p}: no such file or folder")
     return shards, files
@@ -107,6 +141,6 @@ def unique_inputs(shards: list[str], files: list[ImageFile]) -> tuple[list[str],
     seen: set[str] = set()
 
     def first(path: str) -> bool:
-        real = os.path.realpath(path)
+        real = path if is_remote(path) else os.path.realpath(local_path(path) or path)
         return not (real in seen or seen.add(real))
     return [s for s in shards if first(s)], [f for f in files if first(f.path)]

@@ -17,6 +17,7 @@ from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
 from collapseguard.io.inputs import ImageFile, InputError, expand_inputs, unique_inputs
 from collapseguard.io.tar import ShardReader
+from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.records import sample_error, score_records
 
 FILES_PER_TASK = 64
@@ -26,8 +27,7 @@ COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "w
 
 def _file_members(f: ImageFile, read_errors: dict[str, str] | None = None) -> list[tuple[str, bytes]]:
     try:
-        with open(f.path, "rb") as fh:
-            return [(f.path, fh.read())]
+        return [(f.path, read_bytes(f.path))]
     except OSError as exc:  # unreadable: empty bytes (a decode error), and the real reason kept
         if read_errors is not None:
             read_errors[f.path] = f"cannot read the file: {exc.strerror or exc}"
@@ -91,8 +91,7 @@ def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
     shards, files = unique_inputs(*expand_inputs(inputs))
     if not shards and not files:
         raise InputError(f"no image files or .tar shards in {', '.join(map(str, inputs))} (images: "
-                         f"{', '.join(IMAGE_EXTENSIONS)}; compressed shards such as .tar.gz are "
-                         "not read)")
+                         f"{', '.join(IMAGE_EXTENSIONS)}; shards: .tar, .tar.gz, .tgz)")
     tasks: list[tuple] = [("shard", s) if select is None else ("shard", s, select) for s in shards]
     if select is not None:
         files = [f for f in files if select(f.source, f.key)]

@@ -1,0 +1,178 @@
+"""An output folder that is a local directory or a prefix on object storage (``s3://``, ``gs://``...).
+
+Outputs are written in two steps: into a *staged* local file, then *committed* under their final
+name. How a commit is made atomic depends on the store:
+
+- local folder: the staged file lies beside its final name (``NAME.<run>.tmp``) and is renamed
+  over it (``os.replace``, atomic on one filesystem);
+- object storage: rename is a copy there, not atomic, so the staged file lies in a local temporary
+  folder and is uploaded whole under its final name. A PUT (and a multipart upload, completed in
+  one call) makes an object appear whole or not at all, so no reader ever sees half an output.
+
+Ownership of the folder while a run writes it:
+
+- local: ``<out>/.lock`` is held with ``flock`` for the run and holds the run's id;
+- object storage has no lock. ``<out>/.lock`` is an object holding the run's id; a run that
+  starts writes its own id there, taking over from any earlier run (killed, or still going: it
+  says so on stderr). Every commit first reads ``.lock`` and goes on only while it still holds
+  this run's id, so a superseded run commits nothing more after its next check. A check and the
+  PUT after it are two requests, so a superseded writer can still land one output in between;
+  that output is never vouched for: completion markers are written last and record the size and
+  SHA-256 of the outputs they vouch for, and a resume reads those outputs back and redoes the
+  shard when one differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from collapseguard.io.urls import filesystem, is_fsspec, join, local_path
+
+
+def digest_stream(f) -> dict:
+    h = hashlib.sha256()
+    size = 0
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+        size += len(block)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+class LocalOutDir:
+    remote = False
+
+    def __init__(self, root: str):
+        self.root = local_path(root) or root
+
+    def url(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def stage(self, name: str, run_id: str = "") -> str:
+        p = Path(self.url(name))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return str(p.with_name(f"{p.name}.{run_id}.tmp" if run_id else f"{p.name}.tmp"))
+
+    def commit(self, staged: str, name: str) -> None:
+        os.replace(staged, self.url(name))
+
+    def discard(self, staged: str) -> None:
+        Path(staged).unlink(missing_ok=True)
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return Path(self.url(name)).read_text()
+        except OSError:
+            return None
+
+    def write_text(self, name: str, text: str) -> None:
+        staged = self.stage(name)
+        Path(staged).write_text(text)
+        self.commit(staged, name)
+
+    def size(self, name: str) -> int | None:
+        p = Path(self.url(name))
+        return p.stat().st_size if p.is_file() else None
+
+    def digest(self, name: str) -> dict | None:
+        if self.size(name) is None:
+            return None
+        with open(self.url(name), "rb") as f:
+            return digest_stream(f)
+
+    def remove(self, name: str) -> None:
+        p = Path(self.url(name))
+        p.unlink(missing_ok=True)
+        if p.parent.is_dir():  # temporary files a killed run left
+            import glob
+            for q in p.parent.glob(glob.escape(p.name) + ".*tmp"):
+                q.unlink(missing_ok=True)
+
+    def open_read(self, name: str):
+        return open(self.url(name), "rb")
+
+
+class ObjectOutDir:
+    """An --out prefix on an fsspec object store (see the module's notes for the rules)."""
+
+    remote = True
+
+    def __init__(self, root: str):
+        self.root = root.rstrip("/")
+        self.fs, self.path = filesystem(self.root)
+
+    def url(self, name: str) -> str:
+        return join(self.root, name)
+
+    def _key(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
+    def stage(self, name: str, run_id: str = "") -> str:
+        folder = Path(tempfile.gettempdir(), f"collapseguard-stage-{run_id or os.getpid()}")
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder / f"{name.replace('/', '__')}.{os.getpid()}.tmp")
+
+    def commit(self, staged: str, name: str) -> None:
+        self.fs.put_file(staged, self._key(name))  # one whole-object upload
+        self.discard(staged)
+
+    def discard(self, staged: str) -> None:
+        Path(staged).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            Path(staged).parent.rmdir()  # when empty
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return self.fs.cat_file(self._key(name)).decode("utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+
+    def write_text(self, name: str, text: str) -> None:
+        self.fs.pipe_file(self._key(name), text.encode("utf-8"))
+
+    def size(self, name: str) -> int | None:
+        try:
+            info = self.fs.info(self._key(name))
+        except FileNotFoundError:
+            return None
+        return info.get("size") if info.get("type", "file") == "file" else None
+
+    def digest(self, name: str) -> dict | None:
+        if self.size(name) is None:
+            return None
+        with self.fs.open(self._key(name), "rb") as f:
+            return digest_stream(f)
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._key(name))
+
+    def open_read(self, name: str):
+        return self.fs.open(self._key(name), "rb")
+
+    def invalidate(self) -> None:
+        self.fs.invalidate_cache()
+
+    @contextlib.contextmanager
+    def lock(self, run_id: str, quiet: bool = False):
+        """Own the prefix for a run: write ``.lock`` = run id (taking over, see the module notes);
+        remove it at the end if it still holds this run's id."""
+        before = (self.read_text(".lock") or "").strip()
+        if before and not quiet:
+            print(f"note: {self.url('.lock')} held run {before} (killed, or still running); this run "
+                  "takes over and that run commits nothing more", file=sys.stderr)
+        self.write_text(".lock", run_id + "\n")
+        try:
+            yield run_id
+        finally:
+            if (self.read_text(".lock") or "").strip() == run_id:
+                self.remove(".lock")
+
+
+def out_dir(root: str) -> LocalOutDir | ObjectOutDir:
+    """The output folder ``root`` names: a local folder, or an fsspec URL (object storage)."""
+    return ObjectOutDir(root) if is_fsspec(root) else LocalOutDir(root)
