@@ -12,7 +12,8 @@ threshold at the 99th percentile of their own PNG clean scores (held-out clean f
 held-out chains' step 0), and the share of clean images and of step-10 images above it in each
 storage. ``--eval`` adds a chain manifest that no training run touched (e.g. the one
 ``recipes/eval_set.sh`` writes), its images scored as they are stored there, split by its
-``storage`` column when it has one. Also the scoring time per image of each weights file (all
+``storage`` column when it has one (``--eval-storage``, ``--eval-chains N`` take a part of it).
+Also the scoring time per image of each weights file (all
 timed in this run, one after the other).
 """
 
@@ -59,6 +60,10 @@ def main() -> None:
     ap.add_argument("--chains", action="append", required=True)
     ap.add_argument("--clean", action="append", default=[])
     ap.add_argument("--eval", default=None, help="an untouched chain manifest (folder or file)")
+    ap.add_argument("--eval-storage", action="append", default=[],
+                    help="with --eval: score only these values of its storage column (repeatable)")
+    ap.add_argument("--eval-chains", type=int, default=0,
+                    help="with --eval: only the first N source chains (by id) of each family, in every storage")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write every figure here as JSON")
     args = ap.parse_args()
@@ -84,6 +89,13 @@ def main() -> None:
         ev = ev[ev["step"].isin(STEPS)].reset_index(drop=True)
         if "storage" not in ev:
             ev["storage"] = "as stored"
+        if args.eval_storage:
+            ev = ev[ev["storage"].isin(args.eval_storage)].reset_index(drop=True)
+        if args.eval_chains > 0:
+            base = ev["stored_from"] if "stored_from" in ev else ev["chain_id"]
+            firsts = {f: sorted(set(base[ev["family"] == f]))[: args.eval_chains] for f in set(ev["family"])}
+            keep = [b in firsts[f] for b, f in zip(base, ev["family"])]
+            ev = ev[keep].reset_index(drop=True)
         ev_imgs = [load_image(p) for p in ev["path"]]
         print(f"--eval: {ev['chain_id'].nunique()} chains, storages {sorted(ev['storage'].unique())}")
 
@@ -130,10 +142,14 @@ def main() -> None:
             for sname, g in ev.assign(score=ev_scores).groupby("storage"):
                 fa = family_aurocs(g)
                 mean5 = float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"]))
+                s0 = g.loc[g["step"] == 0, "score"].to_numpy()
+                s10 = g.loc[g["step"] == 10, "score"].to_numpy()
                 res["eval"][str(sname)] = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
-                                           "mean_family_0v5": mean5}
-                print(f"-- --eval {sname}: mean over families 0v5 {mean5:.3f}; " + "  ".join(
-                    f"{f} {a:.3f}/{b:.3f}" for f, (a, b) in fa.items()))
+                                           "mean_family_0v5": mean5, "step0_above": float((s0 > thr).mean()),
+                                           "step10_above": float((s10 > thr).mean())}
+                print(f"-- --eval {sname}: mean over families 0v5 {mean5:.3f}; step 0 above threshold "
+                      f"{(s0 > thr).mean():.3f} (n={len(s0)}), step 10 above {(s10 > thr).mean():.3f}; " + "  ".join(
+                          f"{f} {a:.3f}/{b:.3f}" for f, (a, b) in fa.items()))
         results[name] = res
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=float))
