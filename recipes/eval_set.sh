@@ -9,7 +9,7 @@
 # renders), from 30 Debian packages that no shipped recipe trains or calibrates on (OUT/packages.tsv
 # lists them with their licences; nothing is committed). Each source is one native-resolution
 # window of at most 384 x 384 px (never resized), goes through two of the eight replicator
-# families (20 steps; steps 0, 1, 5, 10, 20 kept), every 8th source also through the opt-in
+# families (20 steps; steps 0, 1, 5, 10, 20 kept), every 10th source (its centre 192 px) also through the opt-in
 # super_resolution family (a pretrained network), and every chain is stored as PNG,
 # JPEG q90 4:2:0, JPEG q75 4:2:0 and WebP q80: OUT/stored/manifest.csv, with the columns kind
 # (the source's kind), storage and stored_from. Stages whose output exists are skipped.
