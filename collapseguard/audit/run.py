@@ -40,13 +40,37 @@ from collapseguard.calibration.files import (
     resolve_threshold,
 )
 from collapseguard.errors import CollapseguardError
+from collapseguard.io.terminal import printable
 from collapseguard.scoring.run import csv_text, run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
 
 
 class AuditError(CollapseguardError, RuntimeError):
-    """The audit cannot run (no threshold, bad inputs, a detector that cannot be created)."""
+    """The audit cannot run (no threshold, bad inputs, a detector that cannot be created, an --out
+    that cannot be written). The message may name paths from the data: it is stored terminal-safe."""
+
+    def __init__(self, message: str):
+        super().__init__(printable(message))
+
+
+def check_writable(out: Path) -> None:
+    """Fail now, with one line, when the outputs cannot be written into ``out`` (read-only, full,
+    not a folder): before any scoring, not after it."""
+    probe = out / f".write-test-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)  # a full disk refuses data, not always an empty file
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise AuditError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
 
 
 @dataclass
@@ -191,6 +215,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     for name in options.compare:
         if name != det.name and name not in others:
             others[name] = _create(name, tuple(options.compare_kwargs.get(name, ())))
+    check_writable(out)  # before any scoring: a read-only or full --out fails now, in one line
     select, population = None, None
     if options.sample:
         _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from tar headers",
@@ -307,9 +332,18 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
 
 
 def _write(path: Path, writer) -> None:
+    """Write ``path`` through a temporary file; a failing filesystem is one AuditError line and
+    leaves no temporary file."""
     tmp = path.with_name(path.name + ".tmp")
-    writer(tmp)
-    os.replace(tmp, path)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise AuditError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _strict(o):
@@ -370,13 +404,10 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
     for f in summary["failures"]:
         lines.append(f"FAILED     {f.splitlines()[0]}")
     lines.append(f"report     {summary['outputs']['report.html']}")
-    return "\n".join(_printable(x) for x in lines)
+    return "\n".join(printable(x) for x in lines)
 
 
 def _short(source: str) -> str:
     return os.path.basename(source.rstrip("/")) or source
 
 
-def _printable(s: str) -> str:
-    """Terminal-safe text: control characters (escape sequences from hostile names) made visible."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in s)

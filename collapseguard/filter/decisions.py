@@ -8,7 +8,9 @@ Reasons:
 - ``score_error``   the detector returned NaN for every image (kept: no evidence of damage);
 - ``unsafe_name``   member names had to be cleaned (absolute path, ``..``): set aside for a look;
 - ``refused_member`` a member was not read (a link, device, sparse or oversized member, see
-  ``tario``): what the sample really holds is unknown, so it is set aside for a look.
+  ``io.tar``): what the sample really holds is unknown, so it is set aside for a look;
+- ``repeated_key``  the sample's key already named an earlier sample of the shard (``k, j, k``):
+  the first is decided as usual, each later one is set aside (``io.tar``'s rule for repeated keys).
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import math
 from collapseguard.scoring.records import Scored
 
 REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name",
-           "refused_member")
+           "refused_member", "repeated_key")
 
 
 def decide(scored: Scored, threshold: float, *, unsafe: bool = False, refused: bool = False,
-           reject_no_image: bool = False) -> tuple[str, str]:
+           repeated: bool = False, reject_no_image: bool = False) -> tuple[str, str]:
     """Return ``(decision, reason)`` with decision ``"kept"`` or ``"rejected"``."""
     if unsafe:
         return "rejected", "unsafe_name"
     if refused:
         return "rejected", "refused_member"
+    if repeated:
+        return "rejected", "repeated_key"
     if scored.status == "decode_error":
         return "rejected", "decode_error"
     if scored.status == "no_image":

@@ -1,0 +1,18 @@
+"""Text that came from data, made safe to print on a terminal.
+
+Shard paths, member names, keys and error messages holding them are untrusted: a name with
+terminal escape sequences would set the window title or clear the screen when printed raw. Every
+message that prints such a name passes it through :func:`printable`.
+"""
+
+from __future__ import annotations
+
+
+def printable(text: object) -> str:
+    """``text`` with every character that is not printable (control characters, escape, DEL, C1
+    controls, bidirectional overrides, line and paragraph separators) written as a Python escape
+    (``\\x1b``, ``\\u202e``); spaces are kept."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in s)
