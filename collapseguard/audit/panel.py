@@ -27,7 +27,7 @@ class ComparePanel(Detector):
 
     def __init__(self, main: Detector, others: Mapping[str, Detector]):
         self.main, self.others = main, dict(others)
-        self.name, self.version, self.description = main.name, main.version, main.description
+        self.name, self.version = main.name, main.version  # and so its description
         self.batch_size = min([main.batch_size or 16, *[o.batch_size or 16 for o in self.others.values()]])
         self.errors: list[str] = []
 

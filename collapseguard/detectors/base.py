@@ -37,8 +37,12 @@ class Detector(ABC):
     version: str = ""
     #: how many images ``score`` is happy to take at once
     batch_size: int = 16
-    #: human-readable one-liner for ``list_detectors`` and help texts
-    description: str = ""
+
+    @property
+    def description(self) -> str:
+        """The registry's one line for this detector's spec (what ``list_detectors`` and
+        ``collapseguard detectors`` print): the registry is the one source of it."""
+        return describe(self.name)
 
     @abstractmethod
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
@@ -140,6 +144,21 @@ def register(name: str, factory: str | Callable[..., Detector], help: str = "") 
 def list_detectors() -> dict[str, str]:
     """Registered names (parameterised ones end with ':') and a one-line description each."""
     return {k: _HELP.get(k, "") for k in _REGISTRY}
+
+
+def registry_key(name: str) -> str | None:
+    """The registry entry a spec is created from: ``"nss"`` -> ``"nss"``, ``"pyiqa:piqe"`` ->
+    ``"pyiqa:"``, ``"cnn:w.safetensors"`` -> ``"cnn:"``; None for a name the registry lacks."""
+    name = (name or "").strip()
+    if name in _REGISTRY and not name.endswith(":"):
+        return name
+    prefix, sep, _ = name.partition(":")
+    return prefix + ":" if sep and prefix + ":" in _REGISTRY else None
+
+
+def describe(name: str) -> str:
+    """The registry's one-line description of a detector spec (``""`` for an unknown one)."""
+    return _HELP.get(registry_key(name) or "", "")
 
 
 def _resolve(factory: str | Callable[..., Detector]) -> Callable[..., Detector]:

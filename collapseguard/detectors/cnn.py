@@ -95,7 +95,6 @@ class CNNDetector(Detector):
     crops per image stored with the weights).
     """
 
-    description = "trained crop-based degradation detector (conv net on native-resolution crops)"
     batch_size = 32
 
     def __init__(self, weights: str | Path | None = None, device: str | None = None,

@@ -152,7 +152,6 @@ class EnsembleDetector(Detector):
         trust_pickle: passed on to members that load pickles (``rali:``), as ``--trust-pickle``.
     """
 
-    description = "ensemble of detectors on a common calibrated scale"
 
     def __init__(
         self,

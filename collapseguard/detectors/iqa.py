@@ -245,7 +245,6 @@ class PyIQADetector(Detector):
     scored (NaN), e.g. images smaller than a metric's block size.
     """
 
-    description = "pyiqa no-reference metric (non-commercial licence)"
 
     def __init__(
         self,

@@ -97,7 +97,6 @@ def combine(feats: dict[str, float]) -> float:
 class NSSDetector(Detector):
     """Natural-scene statistics baseline; see the module docstring."""
 
-    description = "hand-written natural-scene, spectral and colour statistics (numpy/scipy, fast)"
     batch_size = 32
 
     def __init__(self, crop: int = 192, n_crops: int = 3):

@@ -285,7 +285,6 @@ class RALIDetector(Detector):
         batch_size: images per forward pass.
     """
 
-    description = "RALI scorer: CLIP features, PCA whitening, prototype softmax; score = -quality"
 
     def __init__(
         self,

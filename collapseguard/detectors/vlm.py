@@ -109,7 +109,6 @@ class VLMJudge(Detector):
             ``repetition_penalty``); sampling arguments are refused: decoding stays greedy.
     """
 
-    description = "VLM quality judge (VisualQuality-R1 prompt), score = 5 - rating"
 
     def __init__(
         self,
