@@ -112,9 +112,12 @@ class ObjectOutDir:
         return f"{self.path.rstrip('/')}/{name}"
 
     def stage(self, name: str, run_id: str = "") -> str:
-        folder = Path(tempfile.gettempdir(), f"collapseguard-stage-{run_id or os.getpid()}")
+        # one folder per process: a worker removes its folder once empty, never another's
+        folder = Path(tempfile.gettempdir(), f"collapseguard-stage-{run_id}-{os.getpid()}")
         folder.mkdir(parents=True, exist_ok=True)
-        return str(folder / f"{name.replace('/', '__')}.{os.getpid()}.tmp")
+        staged = folder / f"{name.replace('/', '__')}.tmp"
+        staged.touch()  # the folder stays until every staged file is committed or discarded
+        return str(staged)
 
     def commit(self, staged: str, name: str) -> None:
         self.fs.put_file(staged, self._key(name))  # one whole-object upload

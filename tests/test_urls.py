@@ -1,0 +1,291 @@
+"""Inputs and outputs by URL on real servers on loopback: Python's HTTP server serving a folder of
+shards, a real S3 implementation (moto's server mode), ``pipe:`` commands and ``.tar.gz`` shards.
+Each filters to bytes identical to the same shard filtered from a local file."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from cg_testutil import degrade, make_shard, read_members
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+from collapseguard.io import urls
+from collapseguard.io.inputs import InputError, expand_inputs
+
+pytest.importorskip("s3fs")
+pytest.importorskip("aiohttp")
+moto_server = pytest.importorskip("moto.server")
+
+
+def run_cli(args, expect=0):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+
+
+def nss_threshold(photos) -> float:
+    from collapseguard.detectors import create
+    det = create("nss")
+    clean, bad = det.score(photos), det.score([degrade(p, seed=i) for i, p in enumerate(photos)])
+    assert bad.min() > clean.max()
+    return float((bad.min() + clean.max()) / 2)
+
+
+def outputs(root: Path) -> dict[str, bytes]:
+    """kept/, rejected/, scores/ of a local --out, as {relative name: bytes}."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for sub in ("kept", "rejected", "scores")
+            for p in sorted((root / sub).glob("*"))}
+
+
+def s3_outputs(fs, prefix: str) -> dict[str, bytes]:
+    fs.invalidate_cache()
+    return {k[len(prefix) + 1:]: fs.cat_file(k) for k in sorted(fs.find(prefix))
+            if k[len(prefix) + 1:].split("/")[0] in ("kept", "rejected", "scores")}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, photos):
+    d = tmp_path_factory.mktemp("shards")
+    for s in range(2):
+        make_shard(d / f"shard-{s}.tar", photos[:3], start=10 * s)
+    return d
+
+
+@pytest.fixture(scope="module")
+def threshold(photos):
+    return nss_threshold(photos[:3])
+
+
+@pytest.fixture(scope="module")
+def local_ref(tmp_path_factory, shards, threshold):
+    """The shards filtered from local files: what every URL must reproduce."""
+    out = tmp_path_factory.mktemp("ref")
+    run_cli(["filter", shards / "shard-{0..1}.tar", "-o", out, "-d", "nss", "--threshold", threshold,
+             "-w", "1", "-q"])
+    got = outputs(out)
+    assert got["kept/shard-0.tar"] and got["rejected/shard-0.tar"]
+    return got
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_root(shards):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                          functools.partial(QuietHandler, directory=str(shards)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, shards):
+    """An S3 filesystem on the moto server (env set for this process and its children), with the
+    shards uploaded to s3://data/set/."""
+    import s3fs
+    for k, v in (("AWS_ENDPOINT_URL", s3_server), ("AWS_ACCESS_KEY_ID", "test"),
+                 ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    for bucket in ("data", "out"):
+        if not fs.exists(bucket):
+            fs.mkdir(bucket)
+    for p in sorted(shards.glob("*.tar")):
+        fs.put_file(str(p), f"data/set/{p.name}")
+    yield fs
+    fs.rm("out", recursive=True)
+    fs.invalidate_cache()
+
+
+def test_names_and_pipe_streams(tmp_path):
+    assert urls.scheme("data/x.tar") == "" and urls.scheme("s3://b/x.tar") == "s3"
+    assert urls.local_path("file:///tmp/a.tar") == "/tmp/a.tar" and urls.local_path("file:a.tar") == "a.tar"
+    assert urls.local_path("https://h/a.tar") is None and urls.local_path("pipe:cat a.tar") is None
+    assert urls.shard_basename("pipe:curl -s 'https://h/d/00007.tar.gz'") == "00007.tar.gz"
+    assert urls.shard_basename("https://h/d/00007.tar?sig=abc") == "00007.tar"
+    with pytest.raises(urls.URLError, match="cannot be named"):
+        urls.shard_basename("pipe:cat")
+    assert urls.identity("pipe:cat x.tar") == {"pipe": "cat x.tar", "checked": False}
+    (tmp_path / "a.bin").write_bytes(b"x" * 100_000)
+    with urls.open_stream(f"pipe:cat {tmp_path}/a.bin") as f:
+        assert f.read() == b"x" * 100_000
+    with pytest.raises(OSError, match="status 3"):
+        with urls.open_stream("pipe:printf abc; exit 3") as f:
+            f.read()
+    with urls.open_stream("pipe:yes") as f:  # stopped early: SIGPIPE ends the command, no error
+        assert f.read(10) == b"y\ny\ny\ny\ny\n"
+    with pytest.raises(urls.URLError, match="command line only"):
+        urls.open_stream("pipe:cat x", allow_pipe=False)
+
+
+def test_pipe_shard_filters_like_the_file(tmp_path, shards, threshold, local_ref):
+    out = tmp_path / "out"
+    run_cli(["filter", f"pipe:cat {shards}/shard-{{0..1}}.tar", "-o", out, "-d", "nss",
+             "--threshold", threshold, "-w", "1", "-q"])
+    assert outputs(out) == local_ref
+    # a command that fails is a failed shard, named, with its status
+    res = run_cli(["filter", f"pipe:cat {tmp_path}/missing/shard-9.tar", "-o", tmp_path / "bad",
+                   "-d", "nss", "--threshold", threshold, "-w", "1", "-q"], expect=1)
+    assert "shard-9.tar" in res.output and "status 1" in res.output
+    # resume: a pipe: input cannot be checked; a marker from the same command is trusted
+    run_cli(["filter", f"pipe:cat {shards}/shard-{{0..1}}.tar", "-o", out, "-d", "nss",
+             "--threshold", threshold, "-w", "1", "-q"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["status"] for s in summary["per_shard"]] == ["resumed", "resumed"]
+
+
+def test_http_shards_filter_like_the_files(tmp_path, http_root, shards, threshold, local_ref):
+    out = tmp_path / "out"
+    run_cli(["filter", f"{http_root}/shard-{{0..1}}.tar", "-o", out, "-d", "nss",
+             "--threshold", threshold, "-w", "1", "-q"])
+    assert outputs(out) == local_ref
+    marker = json.loads((out / ".done/shard-0.json").read_text())
+    assert marker["input"]["size"] == (shards / "shard-0.tar").stat().st_size
+    assert "last_modified" in marker["input"]
+    with pytest.raises(InputError, match="no such file or folder"):
+        expand_inputs([f"{http_root}/shard-7.tar"])
+    # score reads a shard over http as from the file: same rows but the source
+    run_cli(["score", f"{http_root}/shard-0.tar", "-d", "nss", "-q", "-o", tmp_path / "http.csv"])
+    run_cli(["score", shards / "shard-0.tar", "-d", "nss", "-q", "-o", tmp_path / "file.csv"])
+    web, local = (pd.read_csv(tmp_path / n, keep_default_na=False) for n in ("http.csv", "file.csv"))
+    assert set(web.source) == {f"{http_root}/shard-0.tar"}
+    assert web.drop(columns="source").equals(local.drop(columns="source"))
+
+
+def test_s3_in_and_out_match_local_and_resume_checks_the_etag(tmp_path, s3, threshold, local_ref):
+    # input from an S3 prefix (listed), output to an S3 prefix, two worker processes
+    run_cli(["filter", "s3://data/set/", "-o", "s3://out/run1", "-d", "nss", "--threshold",
+             threshold, "-w", "2", "-q"])
+    assert s3_outputs(s3, "out/run1") == local_ref
+    marker = json.loads(s3.cat_file("out/run1/.done/shard-0.json"))
+    assert marker["input"]["etag"] and marker["input"]["size"] == s3.info("data/set/shard-0.tar")["size"]
+    assert not s3.exists("out/run1/.lock"), "the lock object is removed at the end of the run"
+    # input from S3, output local: the same bytes
+    run_cli(["filter", "s3://data/set/shard-{0..1}.tar", "-o", tmp_path / "local", "-d", "nss",
+             "--threshold", threshold, "-w", "1", "-q"])
+    assert outputs(tmp_path / "local") == local_ref
+    # resume: unchanged objects are reused; an object replaced since (new ETag) is filtered again
+    s3.put_file(str(tmp_path / "local/kept/shard-1.tar"), "data/set/shard-1.tar")
+    run_cli(["filter", "s3://data/set/", "-o", "s3://out/run1", "-d", "nss", "--threshold",
+             threshold, "-w", "1", "-q"])
+    summary = json.loads(s3.cat_file("out/run1/summary.json"))
+    assert {Path(s["shard"]).name: s["status"] for s in summary["per_shard"]} == {
+        "shard-0.tar": "resumed", "shard-1.tar": "done"}
+    assert s3.cat_file("out/run1/kept/shard-1.tar") == local_ref["kept/shard-1.tar"]
+    # an output changed after its marker was written is not vouched for: the shard is redone
+    s3.pipe_file("out/run1/kept/shard-0.tar", b"tampered")
+    run_cli(["filter", "s3://data/set/", "-o", "s3://out/run1", "-d", "nss", "--threshold",
+             threshold, "-w", "1", "-q"])
+    assert s3.cat_file("out/run1/kept/shard-0.tar") == local_ref["kept/shard-0.tar"]
+
+
+def test_s3_lock_object_rule(tmp_path, s3, threshold):
+    """A worker whose run no longer holds <out>/.lock commits nothing; a new run takes the lock
+    over (saying so) and removes it when done."""
+    from collapseguard.filter.pipeline import FilterOptions, RunLostError, process_shard
+    s3.pipe_file("out/lk/.lock", b"otherrun\n")
+    opts = FilterOptions(out_dir="s3://out/lk", detector="nss", threshold=threshold, run_id="mine")
+    with pytest.raises(RunLostError, match="held by another run"):
+        process_shard("s3://data/set/shard-0.tar", opts)
+    s3.invalidate_cache()
+    assert sorted(s3.find("out/lk")) == ["out/lk/.lock"], "nothing committed without the lock"
+    res = run_cli(["filter", "s3://data/set/shard-0.tar", "-o", "s3://out/lk", "-d", "nss",
+                   "--threshold", threshold, "-w", "1"])
+    assert "held run otherrun" in res.output and "takes over" in res.output
+    s3.invalidate_cache()
+    assert s3.exists("out/lk/.done/shard-0.json") and not s3.exists("out/lk/.lock")
+
+
+def test_s3_out_killed_and_resumed_is_identical(tmp_path, s3, threshold, local_ref, s3_server):
+    from skimage import data
+    big = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket()] * 2
+    d = tmp_path / "big"
+    d.mkdir()
+    for s in range(3):
+        make_shard(d / f"shard-{s}.tar", big, start=s * 100)
+    cmd = [sys.executable, "-m", "collapseguard.cli", "filter", str(d / "shard-{0..2}.tar"),
+           "-d", "nss", "--threshold", "3.2", "-w", "1", "--batch-size", "1", "-q"]
+    ref = tmp_path / "ref"
+    subprocess.run(cmd + ["-o", str(ref)], check=True)
+    stage = tmp_path / "stage"  # the run's local staging folder, watched for the second shard
+    stage.mkdir()
+    env = {**os.environ, "TMPDIR": str(stage)}
+    proc = subprocess.Popen(cmd + ["-o", "s3://out/killed"], env=env, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        s3.invalidate_cache()
+        if s3.exists("out/killed/.done/shard-0.json") and list(stage.glob("*/kept__shard-1.tar.*")):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    s3.invalidate_cache()
+    assert not s3.exists("out/killed/.done/shard-2.json"), "run finished before it could be killed"
+    assert not s3.exists("out/killed/kept/shard-1.tar"), "no output appears before it is whole"
+    assert s3.exists("out/killed/.lock"), "the killed run's lock object is left behind"
+    res = subprocess.run(cmd + ["-o", "s3://out/killed"], env=env, check=True, capture_output=True,
+                         text=True)
+    assert "takes over" in res.stderr
+    assert s3_outputs(s3, "out/killed") == outputs(ref)
+    summary = json.loads(s3.cat_file("out/killed/summary.json"))
+    statuses = {Path(s["shard"]).name: s["status"] for s in summary["per_shard"]}
+    assert statuses["shard-0.tar"] == "resumed" and statuses["shard-2.tar"] == "done"
+
+
+def test_tar_gz_shards_round_trip(tmp_path, shards, threshold, local_ref):
+    gz = tmp_path / "gz"
+    gz.mkdir()
+    for s in range(2):
+        (gz / f"shard-{s}.tar.gz").write_bytes(gzip.compress((shards / f"shard-{s}.tar").read_bytes()))
+    (gz / "shard-1.tar.gz").rename(gz / "shard-1.tgz")
+    for run in ("a", "b"):
+        run_cli(["filter", gz, "-o", tmp_path / run, "-d", "nss", "--threshold", threshold,
+                 "-w", "1", "-q"])
+    a, b = outputs(tmp_path / "a"), outputs(tmp_path / "b")
+    assert a == b, "gzip outputs are byte-identical across runs"
+    assert set(a) == {"kept/shard-0.tar.gz", "rejected/shard-0.tar.gz", "scores/shard-0.parquet",
+                      "kept/shard-1.tgz", "rejected/shard-1.tgz", "scores/shard-1.parquet"}
+    for name, data in a.items():
+        if not name.startswith("scores"):
+            assert data[:2] == b"\x1f\x8b" and data[4:8] == b"\0\0\0\0", "gzip header mtime is 0"
+            plain = name.replace(".tar.gz", ".tar").replace(".tgz", ".tar")
+            assert (read_members(tmp_path / "a" / name) == read_members_local(local_ref[plain]))
+    assert a["scores/shard-0.parquet"] == local_ref["scores/shard-0.parquet"]
+    # kept .tar.gz shards read back as input: all kept again
+    run_cli(["filter", tmp_path / "a/kept", "-o", tmp_path / "again", "-d", "nss", "--threshold",
+             threshold, "-w", "1", "-q"])
+    assert (tmp_path / "again/kept/shard-0.tar.gz").read_bytes() == a["kept/shard-0.tar.gz"]
+
+
+def read_members_local(data: bytes):
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        return [(m.name, tf.extractfile(m).read()) for m in tf.getmembers() if m.isfile()]
