@@ -114,7 +114,7 @@ class Calibration:
     """A threshold for one detector (name + version), with the evidence behind it.
 
     Only ``detector``, ``detector_version`` and ``threshold`` are required; the rest is filled by
-    ``collapseguard.calibration.calibrate`` (or stays empty for uncalibrated cuts).
+    ``collapseguard.calibration.build`` (or stays empty for uncalibrated cuts).
     """
 
     detector: str
