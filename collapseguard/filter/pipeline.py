@@ -26,8 +26,8 @@ from collapseguard.errors import CollapseguardError
 from collapseguard.filter.decisions import decide
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
-from collapseguard.io.urls import identity, is_remote, join, open_stream, shard_basename
-from collapseguard.io.urls import strip_shard_suffix
+from collapseguard.io.urls import identity, is_gzip_name, is_remote, join, open_stream
+from collapseguard.io.urls import shard_basename, strip_shard_suffix
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
@@ -192,8 +192,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
                     pass
 
     try:
-        kept_w = ShardWriter(staged["kept"]) if write_kept else None
-        rej_w = ShardWriter(staged["rejected"]) if write_rej else None
+        gz = is_gzip_name(shard_name(shard))  # a .tar.gz/.tgz shard's outputs are gzipped too
+        kept_w = ShardWriter(staged["kept"], gzip=gz) if write_kept else None
+        rej_w = ShardWriter(staged["rejected"], gzip=gz) if write_rej else None
         done_since = 0
         if options.scores_from:
             stream = precomputed_scores(reader, join(options.scores_from,

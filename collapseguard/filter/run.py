@@ -7,7 +7,6 @@ resume; ``overwrite=True`` redoes them. A shard that fails is reported by name a
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import sys
@@ -31,23 +30,39 @@ from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
     input_identity,
-    output_paths,
+    output_names,
     outputs_match,
     read_marker,
     shard_name,
 )
+from collapseguard.io.terminal import printable
 from collapseguard.io.inputs import expand_pattern, expand_shards
+from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
 
 
 class FilterError(CollapseguardError, RuntimeError):
-    """The run cannot start (bad inputs, clashing shard names, settings changed on resume)."""
+    """The run cannot start (bad inputs, clashing shard names, settings changed on resume), or
+    its --out failed. The message names paths from the data: it is stored terminal-safe."""
+
+    def __init__(self, message: str):
+        super().__init__(printable(message))
 
 
 def refuse_out_inside_inputs(inputs: Sequence[str], out_dir: str) -> None:
     """Refuse an ``--out`` inside an input folder: its kept/ and rejected/ shards would be read as
     inputs by the next run (and by ``score`` or ``audit`` of that folder)."""
+    if is_fsspec(out_dir):
+        for raw in inputs:
+            if is_fsspec(str(raw)) and inside(out_dir, str(raw)):
+                raise FilterError(f"--out {out_dir} is inside the input {raw}: its kept/ and "
+                                  "rejected/ shards would be read as input next time; choose an "
+                                  "--out outside the inputs")
+        return
     out = Path(out_dir).resolve()
     for raw in inputs:
+        if is_remote(str(raw)):
+            continue
         for p in expand_pattern(str(raw)):
             if os.path.isdir(p) and out.is_relative_to(Path(p).resolve()):
                 raise FilterError(f"--out {out_dir} is inside the input folder {p}: its kept/ and "
@@ -57,11 +72,24 @@ def refuse_out_inside_inputs(inputs: Sequence[str], out_dir: str) -> None:
 
 def same_shard(a: str, b: str) -> bool:
     """Do two spellings of a shard path name the same file (``data/x.tar``, ``./data/x.tar``,
-    an absolute path)?"""
+    an absolute path)? URLs are the same when spelled the same."""
+    if is_remote(a) or is_remote(b):
+        return a == b
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _file_identity(name: str):
+    """What ``same_shard`` compares, as a key: (device, inode) of a local file, else its name."""
+    if is_remote(name):
+        return ("url", name)
+    try:
+        st = os.stat(name)
+        return ("file", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.realpath(name))
 
 
 def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
@@ -72,12 +100,23 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
     overwrite with its own output.
     """
     shards: list[str] = []
+    seen: set = set()
     for s in expand_shards(inputs):
-        if not any(same_shard(s, t) for t in shards):
+        ident = _file_identity(s)
+        if ident not in seen:
+            seen.add(ident)
             shards.append(s)
-    if out_dir is not None:
+    if out_dir is not None and is_fsspec(out_dir):
+        for s in shards:
+            for sub in ("kept", "rejected"):
+                if inside(s, join(out_dir, sub)):
+                    raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run "
+                                      "writes its outputs; filter it into another --out")
+    elif out_dir is not None:
         out = Path(out_dir).resolve()
         for s in shards:
+            if is_remote(s):
+                continue
             real = Path(s).resolve()
             for sub in ("kept", "rejected"):
                 if real.is_relative_to(out / sub):
@@ -101,12 +140,24 @@ def out_lock(out_dir: Path):
     within this process, for the two passes of ``--drop-fraction``). Yields this run's id, which
     is written into the lock file: workers compare it before every commit, so a worker of a run
     that lost the lock (its parent was killed and another run took over) commits nothing."""
-    key = os.path.realpath(out_dir)
+    remote = is_fsspec(str(out_dir))
+    key = str(out_dir).rstrip("/") if remote else os.path.realpath(out_dir)
     if key in _HELD_LOCKS:
         yield _HELD_LOCKS[key]
         return
     run_id = uuid.uuid4().hex[:16]
-    fd = os.open(os.path.join(key, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    if remote:  # no flock on object storage: a lock object and a check before each commit
+        with open_out_dir(key).lock(run_id):
+            _HELD_LOCKS[key] = run_id
+            try:
+                yield run_id
+            finally:
+                del _HELD_LOCKS[key]
+        return
+    try:
+        fd = os.open(os.path.join(key, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise FilterError(f"cannot write {printable(out_dir)}/.lock: {exc.strerror or exc}") from None
     try:
         if fcntl is not None:
             try:
@@ -115,9 +166,13 @@ def out_lock(out_dir: Path):
                 raise FilterError(f"another filter run is writing to {out_dir} (it holds "
                                   f"{out_dir}/.lock); wait for it to finish or choose another "
                                   "--out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, run_id.encode() + b"\n", 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, run_id.encode() + b"\n", 0)
+            os.fsync(fd)
+        except OSError as exc:
+            raise FilterError(f"cannot write {printable(out_dir)}/.lock: "
+                              f"{exc.strerror or exc}") from None
         _HELD_LOCKS[key] = run_id
         try:
             yield run_id
@@ -127,8 +182,16 @@ def out_lock(out_dir: Path):
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def make_out_dir(out_dir: str) -> Path:
-    out = Path(out_dir)
+def make_out_dir(out_dir: str) -> Path | str:
+    if is_fsspec(out_dir):
+        try:
+            o = open_out_dir(out_dir)
+            o.write_text(".write-test", "")
+            o.remove(".write-test")
+        except (OSError, ValueError) as exc:
+            raise FilterError(f"cannot write to --out {out_dir}: {exc}") from None
+        return out_dir.rstrip("/")
+    out = Path(local_path(out_dir) or out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -163,7 +226,8 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
     seen = marker.get("input")
     if seen is not None:
         now = input_identity(shard)
-        if (seen.get("size"), seen.get("mtime_ns")) != (now["size"], now["mtime_ns"]):
+        now.pop("path")
+        if seen != now:
             return None  # the shard changed since: its outputs are stale, filter it again
     if not outputs_match(marker, options.out_dir):
         return None  # outputs missing, cut short or changed since the marker: filter it again
@@ -172,13 +236,9 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
 
 def clear_shard_outputs(shard: str, out_dir: str) -> None:
     """Remove a shard's outputs, marker first, and any temporary files a killed run left."""
-    paths = output_paths(shard, out_dir)
+    out, names = open_out_dir(out_dir), output_names(shard)
     for key in ("marker", "kept", "rejected", "scores"):
-        p = paths[key]
-        p.unlink(missing_ok=True)
-        if p.parent.is_dir():
-            for q in p.parent.glob(glob.escape(p.name) + ".*tmp"):
-                q.unlink(missing_ok=True)
+        out.remove(names[key])
 
 
 def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 2,
@@ -233,25 +293,48 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
         shard = todo[i]
         if err is not None:
             errors[shard] = err
-            bar.write(f"FAILED {shard}: {err.splitlines()[0]}", file=sys.stderr)
+            bar.write(f"FAILED {printable(shard)}: {printable(err.splitlines()[0])}",
+                      file=sys.stderr)
         else:
             records[shard] = rec
         bar.update(1)
 
     if todo:
-        absolute = replace(options, out_dir=os.path.abspath(options.out_dir),
-                           scores_from=options.scores_from and os.path.abspath(options.scores_from))
+        absolute = replace(options, out_dir=_absolute(options.out_dir),
+                           scores_from=options.scores_from and _absolute(options.scores_from))
         make_engine(engine, workers, detector).run(
-            filter_task, [(os.path.abspath(s), absolute) for s in todo], options.detector,
+            filter_task, [(_absolute(s), absolute) for s in todo], options.detector,
             options.detector_kwargs, on_progress if not quiet else None, on_done)
     bar.close()
     run_seconds = time.perf_counter() - t_run
     summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=False))
-    os.replace(tmp, out / "summary.json")
+    write_summary(options.out_dir, summary)
     return summary
+
+
+def write_summary(out_dir: str, summary: dict) -> None:
+    """Write summary.json; a full, read-only or vanished --out is one FilterError line and leaves
+    no temporary file."""
+    try:
+        open_out_dir(out_dir).write_text("summary.json", json.dumps(summary, indent=2,
+                                                                    sort_keys=False))
+    except OSError as exc:
+        local = None if is_fsspec(str(out_dir)) else Path(local_path(out_dir) or out_dir)
+        if local is not None and local.is_dir():
+            for q in local.glob("summary.json*tmp"):
+                with contextlib.suppress(OSError):
+                    q.unlink()
+        failed = summary.get("shards_failed") or []
+        raise FilterError(f"cannot write summary.json to --out {printable(out_dir)}: "
+                          f"{exc.strerror or exc}" + (f" ({len(failed)} shard(s) failed)" if failed
+                                                      else " (the shards marked done are complete)")
+                          ) from None
+
+
+def _absolute(name: str) -> str:
+    """An absolute path for a local name (workers may run in another folder); URLs unchanged."""
+    return name if is_remote(name) else os.path.abspath(local_path(name) or name)
 
 
 def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds,
@@ -315,7 +398,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     shards = plan_shards(inputs, str(out))
     with out_lock(make_out_dir(str(out))):  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
-        prepass = str(Path(out) / ".prepass")
+        prepass = join(str(out), ".prepass")
         first = FilterOptions(**{**base, "out_dir": prepass, "dry_run": True,
                                  "threshold": float("inf")})
         s1 = run_filter(inputs, first, threshold_source="scoring pass for --drop-fraction", **common)
@@ -323,11 +406,14 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
             raise FilterError("scoring pass failed for: " + ", ".join(s1["shards_failed"]))
         import pyarrow.parquet as pq
         # only this run's shards: .prepass may hold scores of shards filtered here before
-        scores = [v for s in shards
-                  for v in pq.read_table(output_paths(s, prepass)["scores"], columns=["score"])
-                  .column("score").to_pylist() if v is not None]
+        pre = open_out_dir(prepass)
+        scores = []
+        for s in shards:
+            with pre.open_read(output_names(s)["scores"]) as f:
+                scores += [v for v in pq.read_table(f, columns=["score"]).column("score").to_pylist()
+                           if v is not None]
         t = threshold_for_drop_fraction(scores, drop_fraction)
         source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data "
                   f"(threshold {t:.6g} from {len(scores)} scores; no guarantee about clean images)")
-        second = FilterOptions(threshold=t, scores_from=str(Path(prepass, "scores")), **base)
+        second = FilterOptions(threshold=t, scores_from=join(prepass, "scores"), **base)
         return run_filter(inputs, second, threshold_source=source, **common)

@@ -3,7 +3,10 @@
 - ``tar``: WebDataset tar shards as samples of raw bytes (never decoded or re-encoded), and
   deterministic writing of them;
 - ``inputs``: what a command's arguments name (files, folders, shards, brace patterns);
+- ``urls``: opening a name as a stream: local paths, ``file:``, ``pipe:CMD``, fsspec URLs;
+- ``outdir``: filter's ``--out`` as a local folder or an object-storage prefix (atomic commits);
 - ``calibration_file``: the calibration JSON format and the packaged defaults.
+- ``terminal``: names from data made safe to print (control characters escaped).
 
 Image decoding is ``collapseguard.images``.
 """

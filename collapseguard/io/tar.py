@@ -16,7 +16,24 @@ A refused member's bytes are never read; it is attached to the sample its name b
 (``Sample.refused``), so the caller can set that sample aside with a reason, and listed in
 ``ShardReader.skipped``. Directories are ignored. A plain (uncompressed) tar that ends without its
 end-of-archive blocks was cut short, possibly exactly between two members; reading it raises
-``TruncatedShardError`` after the last complete sample instead of passing as complete.
+``TruncatedShardError`` after the last complete sample instead of passing as complete; one whose
+members stop at a damaged header, or that has anything but zeros after its end-of-archive blocks
+(another archive appended), raises ``CorruptShardError``: its members after that point would
+otherwise be lost without a word. A header tarfile cannot parse (a crafted PAX sparse map) is a
+``CorruptShardError`` too. Only regular files are opened as shards: a FIFO, socket, device or
+folder given as a shard is refused with ``NotRegularFileError`` before it is read.
+
+Samples are grouped as webdataset groups them: consecutive members whose *raw* names share a key.
+A sample's ``key`` is the key of its cleaned names, so ``../k.jpg`` and a following ``k.jpg`` are
+two samples (the first unsafe, the second untouched), never one. Repeated keys: a key names one
+sample per shard. When a key comes back after other samples (``k, j, k``), the later runs are
+separate samples, marked ``Sample.repeat`` (the number of earlier safe samples with that key); the
+caller rejects them (``repeated_key``), since once the samples between them are filtered out a
+reader could not tell the copies apart. ``ShardWriter`` never writes two neighbouring samples with
+one key: a sample passed as ``movable`` (rejected for its names or as a repeat) that would touch a
+neighbour of the same key is written under ``<key>~N`` instead (``ShardWriter.renamed``); every
+other sample keeps its names. Within one sample a repeated name (compared as webdataset does, the
+extension without case) is kept under ``<name>.dupN`` and the sample counts as unsafe.
 """
 
 from __future__ import annotations
@@ -25,12 +42,15 @@ import io
 import math
 import os
 import posixpath
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-
 from collapseguard.errors import CollapseguardError
+from collapseguard.io.terminal import printable
+from collapseguard.io.urls import is_gzip_name, local_path, open_stream
+
 
 @dataclass
 class Member:
@@ -47,6 +67,8 @@ class Sample:
     unsafe_names: list[str] = field(default_factory=list)
     #: ``(clean name, why)`` of members that were not read (links, devices, sparse, too large)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    #: how many earlier samples of the shard (with safe names) had this key: > 0 is a repeated key
+    repeat: int = 0
 
     @property
     def files(self) -> list[str]:
@@ -55,10 +77,59 @@ class Sample:
 
 #: members larger than this are refused unread (``ShardReader(max_member_bytes=)``)
 MAX_MEMBER_BYTES = 512 * 2**20
+#: members that would take one sample's bytes past this are refused unread: memory stays bounded
+MAX_SAMPLE_BYTES = 2 * 2**30
 
 
-class TruncatedShardError(CollapseguardError, tarfile.ReadError):
-    """A plain tar shard ends without its end-of-archive blocks: it was cut short."""
+class ShardError(CollapseguardError, tarfile.ReadError):
+    """A shard cannot be read whole (its message names the shard and what is wrong)."""
+
+
+class TruncatedShardError(ShardError):
+    """A plain tar shard ends without its end-of-archive blocks, or inside a member: it was cut
+    short."""
+
+
+class CorruptShardError(ShardError):
+    """A shard holds a header that cannot be parsed, or data after its members that is not an end
+    of archive."""
+
+
+class NotRegularFileError(ShardError):
+    """A path given as a shard is a FIFO, socket, device or folder: it is not opened."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def open_regular_file(path: str):
+    """Open a local shard for reading, refusing anything that is not a regular file.
+
+    The type is checked before opening (opening a FIFO would wait for a writer forever, a device
+    can have effects) and again on the opened descriptor, which is opened without blocking, so a
+    path swapped for a FIFO in between cannot hang the reader either.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(f"{printable(path)}: {_file_kind(st.st_mode)}, not a regular file: "
+                                  "only regular files are read as shards")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(f"{printable(path)}: {_file_kind(st.st_mode)}, not a regular "
+                                      "file: only regular files are read as shards")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def clean_member_name(name: str) -> str:
@@ -107,11 +178,46 @@ def _mtime(info: tarfile.TarInfo) -> int:
     return int(t) if math.isfinite(t) and abs(t) < 8**11 else 0
 
 
-def _plain_tar(path: str) -> bool:
-    """True when the file does not start with a gzip, bzip2, xz or zstd signature."""
-    with open(path, "rb") as f:
-        head = f.read(6)
-    return not head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd"))
+class _CountingReader:
+    """A read-only stream that counts the bytes read through it and keeps the first few, so a
+    shard streamed from anywhere (file, pipe, URL) can be checked for a missing end of archive."""
+
+    #: bytes kept of the end of what was read: tarfile reads ahead in 10 KiB records
+    TAIL = 1 << 16
+
+    def __init__(self, f):
+        self._f = f
+        self.count = 0
+        self.head = b""
+        self.tail = bytearray()
+        self.nonzero_drained = False
+
+    def read(self, n: int = -1) -> bytes:
+        b = self._f.read(n)
+        if len(self.head) < 6:
+            self.head += b[: 6 - len(self.head)]
+        self.count += len(b)
+        self.tail += b
+        if len(self.tail) > 2 * self.TAIL:
+            del self.tail[: -self.TAIL]
+        return b
+
+    def since(self, offset: int) -> bytes | None:
+        """The bytes from stream offset ``offset`` to what was read so far (None if not kept)."""
+        back = self.count - offset
+        return bytes(self.tail[len(self.tail) - back:]) if 0 <= back <= len(self.tail) else None
+
+    def drain(self) -> int:
+        """Read to the end (noting whether any byte read was not zero); the total number of
+        bytes in the stream."""
+        while b := self.read(1 << 16):
+            if b.count(0) != len(b):
+                self.nonzero_drained = True
+        return self.count
+
+    def plain(self) -> bool:
+        """True when the stream does not start with a gzip, bzip2, xz or zstd signature."""
+        return not self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd"))
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -129,49 +235,144 @@ class ShardReader:
     """Iterate the samples of one tar shard in order. ``skipped`` lists refused members as
     ``"name (why)"``."""
 
-    def __init__(self, path: str, max_member_bytes: int = MAX_MEMBER_BYTES):
+    def __init__(self, path: str, max_member_bytes: int = MAX_MEMBER_BYTES,
+                 max_sample_bytes: int = MAX_SAMPLE_BYTES):
         self.path = path
         self.max_member_bytes = max_member_bytes
+        self.max_sample_bytes = max_sample_bytes
         self.skipped: list[str] = []
 
+    def _open(self):
+        local = local_path(self.path)
+        return open_regular_file(local) if local is not None else open_stream(self.path)
+
+    def _unreadable(self, exc: BaseException, offset: int) -> ShardError:
+        """The clear error for what tarfile raised while parsing at ``offset``."""
+        where = printable(self.path)
+        if isinstance(exc, tarfile.ReadError) and "unexpected end of data" in str(exc):
+            return TruncatedShardError(f"{where}: the file ends inside the member at byte {offset}: "
+                                       "it was cut short")
+        if isinstance(exc, tarfile.ReadError):
+            return ShardError(f"{where}: not a readable tar at byte {offset} ({printable(exc)})")
+        return CorruptShardError(f"{where}: a damaged tar header at byte {offset} cannot be read "
+                                 f"({type(exc).__name__}: {printable(exc)})")
+
     def __iter__(self) -> Iterator[Sample]:
+        with self._open() as raw:
+            stream = _CountingReader(raw)
+            try:
+                tf = tarfile.open(fileobj=stream, mode="r|*")
+            except Exception as exc:  # noqa: BLE001 - tarfile's parsing errors, made one clear error
+                if isinstance(exc, OSError) and exc.errno is not None:
+                    raise
+                raise self._unreadable(exc, 0) from None
+            with tf:
+                yield from self._samples(tf)
+                end = self._end
+                consumed = stream.since(end) if stream.plain() else None
+                rest_nonzero = self._rest_is_not_zeros(tf)
+            total = stream.drain()  # bytes after the end-of-archive blocks: padding, or none
+        if stream.plain() and total - end < tarfile.BLOCKSIZE:
+            raise TruncatedShardError(
+                f"{printable(self.path)}: no end-of-archive marker after byte {end}: the file was "
+                "cut short (its samples up to there were read)")
+        if rest_nonzero or (consumed is not None and consumed.count(0) != len(consumed)) or (
+                stream.plain() and stream.nonzero_drained):
+            raise CorruptShardError(
+                f"{printable(self.path)}: the members stop at byte {end}, but what follows is not "
+                "an end of archive (a damaged header, or another archive appended): the rest of "
+                "the file cannot be read")
+
+    def _rest_is_not_zeros(self, tf: tarfile.TarFile) -> bool:
+        """Read the (decompressed) archive stream to its end: True if any byte is not zero."""
+        found = False
+        try:
+            while b := tf.fileobj.read(1 << 16):
+                found = found or b.count(0) != len(b)
+        except OSError as exc:
+            if exc.errno is not None:  # the disk or the network, not the data
+                raise
+            raise self._unreadable(exc, tf.offset) from None
+        except Exception as exc:  # noqa: BLE001 - a damaged compressed stream after the members
+            raise self._unreadable(exc, tf.offset) from None
+        return found
+
+    def _next(self, tf: tarfile.TarFile) -> tarfile.TarInfo | None:
+        try:
+            info = tf.next()
+        except OSError as exc:
+            if exc.errno is not None:  # the disk or the network, not the data
+                raise
+            raise self._unreadable(exc, tf.offset) from None
+        except Exception as exc:  # noqa: BLE001 - tarfile raises ValueError & co. for crafted headers
+            raise self._unreadable(exc, tf.offset) from None
+        tf.members.clear()  # a streamed tarfile keeps every header: memory would grow with members
+        return info
+
+    def _samples(self, tf: tarfile.TarFile) -> Iterator[Sample]:
         current: Sample | None = None
-        names: set[str] = set()  # names already in ``current``
-        with tarfile.open(self.path, mode="r|*") as tf:
-            for info in tf:
-                if info.isdir():
-                    continue
-                clean, key = member_key(info.name)
-                if current is None or key != current.key:
-                    if current is not None:
-                        yield current
-                    current, names = Sample(key=key), set()
-                why = _refusal(info, self.max_member_bytes)
-                if why:
-                    self.skipped.append(f"{clean} ({why})")
-                    current.refused.append((clean, why))
-                    continue
+        group = ""  # the raw key of ``current``'s members
+        names: set[str] = set()  # name identities (key, extension without case) in ``current``
+        dups: dict[str, int] = {}  # next .dupN to try per repeated name identity
+        size = 0  # bytes read into ``current``
+        keys: dict[str, int] = {}  # safe samples seen per key
+        while (info := self._next(tf)) is not None:
+            if info.isdir():
+                continue
+            clean, key = member_key(info.name)
+            raw_key = split_key(info.name)[0]
+            if current is None or raw_key != group:
+                if current is not None:
+                    yield _counted(current, keys)
+                current, group, names, dups, size = Sample(key=key), raw_key, set(), {}, 0
+            why = _refusal(info, self.max_member_bytes)
+            if not why and size + info.size > self.max_sample_bytes:
+                why = f"the sample would pass the {self.max_sample_bytes}-byte limit"
+            if why:
+                self.skipped.append(f"{clean} ({why})")
+                current.refused.append((clean, why))
+                continue
+            try:
                 f = tf.extractfile(info)
                 data = f.read() if f is not None else b""
-                # a name repeated inside one sample would be lost on extraction; keep both, renamed
-                if clean in names:
-                    current.unsafe_names.append(info.name)
-                    n = 1
-                    while f"{clean}.dup{n}" in names:
-                        n += 1
-                    clean = f"{clean}.dup{n}"
-                if (clean != info.name and not (info.name.startswith("./") and info.name[2:] == clean)
-                        or posixpath.basename(clean).startswith(".")):  # hidden: set aside for a look
-                    current.unsafe_names.append(info.name)
-                names.add(clean)
-                current.members.append(Member(clean, data, _mtime(info)))
-            end = tf.offset
+            except Exception as exc:  # noqa: BLE001
+                if isinstance(exc, OSError) and exc.errno is not None:
+                    raise
+                raise self._unreadable(exc, info.offset) from None
+            size += len(data)
+            # a name repeated inside one sample would be lost on extraction; keep both, renamed
+            ident = _name_id(clean)
+            if ident in names:
+                current.unsafe_names.append(info.name)
+                n = dups.get(ident, 1)
+                while _name_id(f"{clean}.dup{n}") in names:
+                    n += 1
+                dups[ident] = n + 1
+                clean = f"{clean}.dup{n}"
+                ident = _name_id(clean)
+            if (clean != info.name and not (info.name.startswith("./") and info.name[2:] == clean)
+                    or posixpath.basename(clean).startswith(".")):  # hidden: set aside for a look
+                current.unsafe_names.append(info.name)
+            names.add(ident)
+            current.members.append(Member(clean, data, _mtime(info)))
+        self._end = tf.offset
         if current is not None:
-            yield current
-        if _plain_tar(self.path) and os.path.getsize(self.path) - end < tarfile.BLOCKSIZE:
-            raise TruncatedShardError(
-                f"{self.path}: no end-of-archive marker after byte {end}: the file was cut short "
-                "(its samples up to there were read)")
+            yield _counted(current, keys)
+
+
+def _name_id(clean: str) -> str:
+    """What two member names of one sample must not share: webdataset keeps a sample's files by
+    extension without case (``k.JPG`` and ``k.jpg`` collide there)."""
+    key, ext = split_key(clean)
+    return f"{key}\0{ext.lower()}"
+
+
+def _counted(sample: Sample, keys: dict[str, int]) -> Sample:
+    """Set ``sample.repeat`` from the safe samples with its key seen so far in the shard."""
+    if not sample.unsafe_names:
+        sample.repeat = keys.get(sample.key, 0)
+        keys[sample.key] = sample.repeat + 1
+    return sample
 
 
 def iter_samples(path: str) -> Iterator[Sample]:
@@ -204,17 +405,53 @@ class _HashingFile:
         self._f.close()
 
 
+def _end_keys(sample: Sample) -> tuple[str | None, str | None]:
+    """The keys a reader sees for the first and the last member of ``sample`` (None if empty)."""
+    if not sample.members:
+        return None, None
+    return split_key(sample.members[0].name)[0], split_key(sample.members[-1].name)[0]
+
+
+def _with_key(sample: Sample, key: str) -> Sample:
+    """``sample`` with its members renamed from its key to ``key`` (a member whose name has
+    another key, possible only for cleaned names, is put under ``key`` whole)."""
+    members = []
+    for m in sample.members:
+        k = split_key(m.name)[0]
+        name = key + m.name[len(k):] if k == sample.key else f"{key}.{m.name.replace('/', '_')}"
+        members.append(Member(name, m.data, m.mtime))
+    return Sample(key=key, members=members, unsafe_names=sample.unsafe_names,
+                  refused=sample.refused, repeat=sample.repeat)
+
+
 class ShardWriter:
     """Write samples into a tar file with deterministic headers (same input -> same bytes).
 
-    Owner and group are cleared, mode is 0644, the member's own mtime is kept.
+    No two neighbouring samples share a key (a reader would merge them): ``write(sample,
+    movable=True)`` marks a sample that may be written under ``<key>~N`` when it would touch a
+    neighbour of its key; such a sample is held until the next one is known, and ``renamed`` maps
+    its ``tag`` to the key it was written under. Other samples are always written as they are.
+
+    Owner and group are cleared, mode is 0644, the member's own mtime is kept. A path ending in
+    ``.tar.gz`` or ``.tgz`` (or ``gzip=True``) is gzip-compressed with a fixed header (mtime 0, no
+    file name) and level, so reruns give identical bytes too.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, gzip: bool | None = None):
         self.path = path
         self._f = _HashingFile(open(path, "wb"))
-        self._tf = tarfile.open(fileobj=self._f, mode="w", format=tarfile.PAX_FORMAT)
+        self._gz = None
+        target = self._f
+        if is_gzip_name(path) if gzip is None else gzip:
+            import gzip as gz
+            self._gz = target = gz.GzipFile(filename="", mode="wb", fileobj=self._f, mtime=0,
+                                            compresslevel=6)
+        self._tf = tarfile.open(fileobj=target, mode="w", format=tarfile.PAX_FORMAT)
         self.count = 0
+        self._last_key: str | None = None  # key of the last member written
+        self._pending: tuple[Sample, object] | None = None
+        #: ``tag -> key`` of movable samples written under another key
+        self.renamed: dict = {}
 
     @property
     def size(self) -> int:
@@ -226,7 +463,31 @@ class ShardWriter:
         """SHA-256 of the bytes written so far (of the whole file once closed)."""
         return self._f.hash.hexdigest()
 
-    def write(self, sample: Sample) -> None:
+    def write(self, sample: Sample, movable: bool = False, tag: object = None) -> None:
+        if self._pending is not None:
+            self._flush_pending(_end_keys(sample)[0])
+        if movable:
+            self._pending = (sample, tag)
+        else:
+            self._write_now(sample)
+
+    def _flush_pending(self, next_key: str | None) -> None:
+        sample, tag = self._pending
+        self._pending = None
+        first, last = _end_keys(sample)
+        if first is not None and (first == self._last_key or last == next_key):
+            n = 1
+            while True:
+                moved = _with_key(sample, f"{sample.key}~{n}")
+                first, last = _end_keys(moved)
+                if first != self._last_key and last != next_key:
+                    break
+                n += 1
+            self.renamed[tag] = moved.key
+            sample = moved
+        self._write_now(sample)
+
+    def _write_now(self, sample: Sample) -> None:
         for m in sample.members:
             info = tarfile.TarInfo(m.name)
             info.size = len(m.data)
@@ -235,12 +496,28 @@ class ShardWriter:
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             self._tf.addfile(info, io.BytesIO(m.data))
+            self._last_key = split_key(m.name)[0]
         self.count += 1
 
     def close(self) -> None:
+        if self._pending is not None:
+            self._flush_pending(None)
         self._tf.close()
+        if self._gz is not None:
+            self._gz.close()  # writes the gzip trailer; leaves the file open
         self._f.flush()
         self._f.close()
+
+    def abort(self) -> None:
+        """Close the file without finishing the archive, ignoring errors (a full or vanished
+        disk): the caller removes the file."""
+        self._pending = None
+        for close in (getattr(self._tf.fileobj, "close", None), self._f._f.close):
+            try:
+                if close is not None:
+                    close()
+            except OSError:
+                pass
 
     def __enter__(self):
         return self
