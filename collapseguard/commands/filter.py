@@ -35,10 +35,14 @@ from collapseguard.commands._common import (
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local worker processes, or a Ray cluster (extra [ray]).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Images per detector call.")
+@click.option("--runtime", type=click.Choice(["auto", "torch", "onnx"]), default="auto", show_default=True,
+              help="What runs the cnn detectors: onnxruntime on the CPU (auto: when installed; the "
+                   "same scores within 1e-4, workers without torch) or torch.")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
-               no_rejected, reject_no_image, dry_run, engine, batch_size, trust_pickle, quiet):
+               no_rejected, reject_no_image, dry_run, engine, batch_size, runtime, trust_pickle,
+               quiet):
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
     through byte for byte. INPUTS are .tar shards, folders of shards, or brace patterns such as
     'data/shard-{000..099}.tar'. Exits non-zero if any shard failed, naming it."""
@@ -46,6 +50,9 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
 
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
+    from collapseguard.detectors.cnn_family import set_default_runtime
+
+    click.get_current_context().call_on_close(set_default_runtime(runtime))
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)
     try:

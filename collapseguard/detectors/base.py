@@ -111,8 +111,8 @@ def params_version(*parts: object) -> str:
 #: with the text after the colon, e.g. "pyiqa:" + "piqe".
 _REGISTRY: dict[str, str | Callable[..., Detector]] = {
     "nss": "collapseguard.detectors.nss:NSSDetector",
-    "cnn": "collapseguard.detectors.cnn:CNNDetector",
-    "cnn:": "collapseguard.detectors.cnn:CNNDetector",
+    "cnn": "collapseguard.detectors.cnn_family:create_cnn",
+    "cnn:": "collapseguard.detectors.cnn_family:create_cnn",
     "pyiqa:": "collapseguard.detectors.iqa:PyIQADetector",
     "vlm:": "collapseguard.detectors.vlm:VLMJudge",
     "rali:": "collapseguard.detectors.rali:RALIDetector",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +25,12 @@ from collapseguard.detectors.base import (
     params_version,
     resolve_device,
 )
+from collapseguard.detectors.cnn_family import (  # noqa: F401 (names this module has exported)
+    WEIGHTS_NAME,
+    default_weights_bytes,
+)
 from collapseguard.detectors.cnn_model import DegradationNet, load_net
-from collapseguard.detectors.crops import crop_grid
-
-WEIGHTS_NAME = "cnn.safetensors"
+from collapseguard.detectors.crops import image_crops
 
 
 def weights_version(net: DegradationNet, n_crops: int) -> str:
@@ -42,32 +43,6 @@ def weights_version(net: DegradationNet, n_crops: int) -> str:
         t = t.detach().cpu().contiguous()
         parts += [name, str(t.dtype), tuple(t.shape), t.numpy().tobytes()]
     return params_version(*parts)
-
-
-def default_weights_bytes() -> bytes:
-    """The packaged weights (raises DetectorError when the package was built without them)."""
-    ref = resources.files("collapseguard") / "weights" / WEIGHTS_NAME
-    try:
-        return ref.read_bytes()
-    except (FileNotFoundError, OSError) as exc:
-        raise DetectorError(f"packaged cnn weights missing ({exc}); train some with "
-                            "`collapseguard train` and pass weights=PATH") from None
-
-
-def image_crops(img: np.ndarray, size: int, n: int) -> np.ndarray:
-    """(n, size, size, 3) uint8 crops of one RGB image on the deterministic crop grid."""
-    arr = np.asarray(img)
-    if arr.ndim == 2:
-        arr = np.repeat(arr[..., None], 3, axis=2)
-    if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"expected an (H, W, 3) RGB image, got shape {arr.shape}")
-    if arr.dtype != np.uint8:
-        raise ValueError(f"expected uint8 pixels, got {arr.dtype}")
-    arr = arr[..., :3]
-    crops = crop_grid(arr, size, n)
-    while len(crops) < n:  # small images give fewer distinct crops; repeat to keep K fixed
-        crops = crops + crops[: n - len(crops)]
-    return np.stack(crops)
 
 
 @contextmanager

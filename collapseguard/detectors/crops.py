@@ -26,3 +26,20 @@ def crop_grid(img: np.ndarray, size: int, n: int) -> list[np.ndarray]:
     xs = np.linspace(0, w - size, cols).round().astype(int) if cols > 1 else [(w - size) // 2]
     out = [img[y : y + size, x : x + size] for y in ys for x in xs]
     return out[:n]
+
+
+def image_crops(img: np.ndarray, size: int, n: int) -> np.ndarray:
+    """(n, size, size, 3) uint8 crops of one RGB image on the deterministic crop grid: what the
+    cnn family reads of an image (small images repeat their crops to keep n)."""
+    arr = np.asarray(img)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"expected an (H, W, 3) RGB image, got shape {arr.shape}")
+    if arr.dtype != np.uint8:
+        raise ValueError(f"expected uint8 pixels, got {arr.dtype}")
+    arr = arr[..., :3]
+    crops = crop_grid(arr, size, n)
+    while len(crops) < n:  # small images give fewer distinct crops; repeat to keep K fixed
+        crops = crops + crops[: n - len(crops)]
+    return np.stack(crops)

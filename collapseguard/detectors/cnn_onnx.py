@@ -1,0 +1,165 @@
+"""The ``cnn`` detector run by onnxruntime on the CPU, without torch in the process.
+
+The network of a weights file is exported once (``cnn_export``, which needs torch and onnx) and
+cached under ``$COLLAPSEGUARD_CACHE/cnn-onnx/`` (default ``~/.cache/collapseguard``), keyed by the
+SHA-256 of the weights file, the crops per image and the export format; a process that finds the
+export cached imports neither torch nor onnx. The detector reads the same native-resolution crops
+as ``cnn.CNNDetector`` (``crops.image_crops``), batched across images, and its scores equal that
+detector's within ``SCORE_TOLERANCE``; it carries the same name and version, so calibrations of
+the weights apply to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from collapseguard.detectors.base import Detector, DetectorError
+from collapseguard.detectors.crops import image_crops
+
+#: largest absolute difference from the torch network's score allowed (checked at every export
+#: and by tests/test_cnn_onnx.py; measured differences are around 1e-5)
+SCORE_TOLERANCE = 1e-4
+#: bump when ExportNet changes what it writes: older cached exports are then not used
+EXPORT_FORMAT = 1
+
+
+class ExportUnavailable(DetectorError):
+    """No cached export of these weights, and torch or onnx, needed to make one, is missing."""
+
+
+def available() -> bool:
+    """Is onnxruntime importable here?"""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("COLLAPSEGUARD_CACHE")
+    base = Path(env) if env else Path(os.path.expanduser("~")) / ".cache" / "collapseguard"
+    return base / "cnn-onnx"
+
+
+def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
+    """Export the weights in ``data`` (torch and onnx needed); returns (graph, metadata)."""
+    try:
+        import onnx  # noqa: F401  (torch's exporter needs it)
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ExportUnavailable(f"cannot export the cnn to ONNX here ({exc})") from None
+    from safetensors import SafetensorError
+
+    from collapseguard.detectors.cnn import weights_version
+    from collapseguard.detectors.cnn_export import export_onnx
+    from collapseguard.detectors.cnn_model import load_net
+
+    try:
+        net, _ = load_net(data)
+    except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+        raise DetectorError(f"cannot load cnn weights: {exc}") from None
+    k = int(n_crops or net.config.n_crops)
+    if k < 1:
+        raise DetectorError("n_crops must be >= 1")
+    try:
+        graph = export_onnx(net, k, SCORE_TOLERANCE)
+    except RuntimeError as exc:
+        raise ExportUnavailable(str(exc)) from None
+    meta = {"format": EXPORT_FORMAT, "weights_sha256": hashlib.sha256(data).hexdigest(),
+            "version": weights_version(net, k), "crop_size": net.config.crop_size, "n_crops": k}
+    return graph, meta
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def load_export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
+    """The ONNX graph and metadata for weights ``data``: from the cache, else exported (and
+    cached when the cache folder is writable)."""
+    sha = hashlib.sha256(data).hexdigest()
+    stem = f"{sha[:32]}-k{int(n_crops) if n_crops else 'default'}-f{EXPORT_FORMAT}"
+    graph_p, meta_p = cache_dir() / f"{stem}.onnx", cache_dir() / f"{stem}.json"
+    try:
+        meta = json.loads(meta_p.read_text())
+        graph = graph_p.read_bytes()
+        if (isinstance(meta, dict) and meta.get("weights_sha256") == sha
+                and meta.get("format") == EXPORT_FORMAT
+                and meta.get("graph_sha256") == hashlib.sha256(graph).hexdigest()):
+            return graph, meta
+    except (OSError, ValueError):
+        pass
+    graph, meta = _export(data, n_crops)
+    meta["graph_sha256"] = hashlib.sha256(graph).hexdigest()
+    try:
+        graph_p.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(graph_p, graph)
+        _write_atomic(meta_p, json.dumps(meta, sort_keys=True).encode())  # last: marks it complete
+    except OSError:
+        pass  # an unwritable cache: this process keeps its export in memory
+    return graph, meta
+
+
+def _threads() -> int:
+    """Intra-op threads: the engine's per-worker budget (OMP_NUM_THREADS), else every core."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, os.cpu_count() or 1)
+
+
+class OnnxCNNDetector(Detector):
+    """The cnn's weights scored by onnxruntime (see the module docstring)."""
+
+    batch_size = 32
+    runtime = "onnx"
+
+    def __init__(self, weights: str | Path | None = None, n_crops: int | None = None):
+        import onnxruntime as ort
+
+        if weights is None:
+            from collapseguard.detectors.cnn_family import default_weights_bytes
+
+            data = default_weights_bytes()
+        else:
+            p = Path(weights)
+            if not p.is_file():
+                raise DetectorError(f"cnn weights not found: {p}")
+            data = p.read_bytes()
+        if n_crops is not None and int(n_crops) < 1:
+            raise DetectorError("n_crops must be >= 1")
+        graph, meta = load_export(data, n_crops)
+        self.version = str(meta["version"])
+        self.n_crops = int(meta["n_crops"])
+        self.crop_size = int(meta["crop_size"])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = _threads()
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # shared cores
+        self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+
+    def crops(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """(B, n_crops, S, S, 3) uint8: the pixels this detector reads of ``images``."""
+        out = np.empty((len(images), self.n_crops, self.crop_size, self.crop_size, 3), np.uint8)
+        for i, im in enumerate(images):
+            out[i] = image_crops(im, self.crop_size, self.n_crops)
+        return out
+
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """One float32 score per image, higher = more degraded."""
+        out = np.empty(len(images), dtype=np.float32)
+        for start in range(0, len(images), self.batch_size):
+            chunk = images[start : start + self.batch_size]
+            res = self.session.run(None, {"crops": self.crops(chunk)})[0]
+            out[start : start + len(chunk)] = res
+        return out

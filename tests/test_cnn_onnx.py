@@ -1,0 +1,147 @@
+"""The cnn run by onnxruntime: the same scores as torch within SCORE_TOLERANCE for every network
+option, a cached export that spares a worker torch, the fallback when onnxruntime is missing, and
+filter outputs that do not depend on the runtime."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from cg_testutil import make_shard, read_members
+from click.testing import CliRunner
+
+from collapseguard.detectors import DetectorError, create
+from collapseguard.detectors.cnn import CNNDetector
+from collapseguard.detectors.cnn_model import DegradationNet, NetConfig, save_net
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from collapseguard.detectors.cnn_onnx import (
+    SCORE_TOLERANCE,
+    ExportUnavailable,
+    OnnxCNNDetector,
+    cache_dir,
+)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("COLLAPSEGUARD_CACHE", str(tmp_path_factory.getbasetemp() / "cg-cache"))
+
+
+def test_shipped_weights_score_the_same_on_both_runtimes(photos):
+    torch.set_num_threads(1)
+    onnx = create("cnn", device="cpu", runtime="onnx")
+    ref = create("cnn", device="cpu", runtime="torch")
+    assert isinstance(onnx, OnnxCNNDetector) and isinstance(ref, CNNDetector)
+    assert (onnx.name, onnx.version, onnx.n_crops) == (ref.name, ref.version, ref.n_crops)
+    a, b = onnx.score(photos), ref.score(photos)
+    assert a.dtype == np.float32 and np.isfinite(a).all()
+    np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
+    np.testing.assert_array_equal(a, onnx.score(photos))  # deterministic
+    # crops of small and odd images (padding, repeated crops) go the same way
+    odd = [photos[0][:40, :70], photos[1][:300, :51], np.ascontiguousarray(photos[2][::3, ::2])]
+    np.testing.assert_allclose(onnx.score(odd), ref.score(odd), rtol=0, atol=SCORE_TOLERANCE)
+
+
+def _random_weights(path: Path, **options) -> Path:
+    torch.manual_seed(0)
+    cfg = {"width": 6, "crop_size": 32, "n_crops": 4, **options}
+    net = DegradationNet(NetConfig(**cfg))
+    with torch.no_grad():  # weights far from zero, so a wrongly exported branch shows
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+        net.agg.copy_(torch.tensor([0.7, 0.4, 0.1]))
+    save_net(net, path)
+    return path
+
+
+@pytest.mark.parametrize("options", [{"bandpass": True}, {"context": True, "n_crops": 5}])
+def test_every_network_option_exports_to_the_same_scores(tmp_path, photos, options):
+    w = _random_weights(tmp_path / "w.safetensors", **options)
+    onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
+    ref = create(f"cnn:{w}", device="cpu", runtime="torch")
+    assert onnx.version == ref.version
+    a, b = onnx.score(photos[:3]), ref.score(photos[:3])
+    assert np.ptp(b) > 1e-3  # the scores tell the photos apart: the test compares something
+    np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
+
+
+def test_a_network_the_export_gets_wrong_is_scored_by_torch(tmp_path, photos):
+    # the EfficientNet-Lite stem folds batch norm into its convolutions at run time, which the
+    # TorchScript exporter does not reproduce: the export check refuses it, auto falls back
+    w = _random_weights(tmp_path / "w.safetensors", stem="efficientnet-lite0:2", n_crops=3)
+    ref = create(f"cnn:{w}", device="cpu", runtime="torch")
+    try:
+        onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
+    except ExportUnavailable as exc:
+        assert "does not reproduce" in str(exc)
+    else:  # exported after all: then it must score the same
+        np.testing.assert_allclose(onnx.score(photos[:3]), ref.score(photos[:3]), rtol=0,
+                                   atol=SCORE_TOLERANCE)
+    auto = create(f"cnn:{w}", device="cpu", runtime="auto")
+    np.testing.assert_allclose(auto.score(photos[:3]), ref.score(photos[:3]), rtol=0,
+                               atol=SCORE_TOLERANCE)
+
+
+def test_a_cached_export_is_used_without_torch_and_a_damaged_one_is_redone(photos):
+    create("cnn", device="cpu", runtime="onnx")  # makes the export (in this session's cache)
+    graphs = sorted(cache_dir().glob("*.onnx"))
+    assert graphs
+    code = ("import sys; from collapseguard.detectors import create; import numpy as np; "
+            "d = create('cnn', device='cpu', runtime='auto'); "
+            "s = d.score([np.full((200, 300, 3), 128, np.uint8)]); "
+            "print(type(d).__name__, 'torch' in sys.modules, 'onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["OnnxCNNDetector", "False", "False"]
+    for g in graphs:
+        g.write_bytes(g.read_bytes()[:-10])  # a cut-short cached graph is not trusted
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["OnnxCNNDetector", "True", "True"]  # exported again
+
+
+def test_auto_falls_back_to_torch_without_onnxruntime_and_onnx_refuses_a_gpu():
+    code = ("import sys; sys.modules['onnxruntime'] = None; from collapseguard.detectors import "
+            "create; print(type(create('cnn', device='cpu', runtime='auto')).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "CNNDetector"
+    with pytest.raises(DetectorError, match="CPU only"):
+        create("cnn", device="cuda", runtime="onnx")
+    with pytest.raises(DetectorError, match="unknown cnn runtime"):
+        create("cnn", runtime="tensorflow")
+
+
+def test_filter_outputs_do_not_depend_on_the_runtime(tmp_path, photos):
+    from collapseguard.cli import main
+
+    shard = tmp_path / "in" / "s-000.tar"
+    shard.parent.mkdir()
+    members = make_shard(shard, photos[:4])
+    scores = create("cnn", device="cpu", runtime="torch").score(
+        [np.asarray(v) for v in photos[:4]])
+    t = float(np.median(scores)) + 0.01  # a threshold no score lies within the tolerance of
+    outs = {}
+    for rt in ("torch", "onnx"):
+        res = CliRunner().invoke(main, ["filter", str(shard), "--out", str(tmp_path / rt),
+                                        "--threshold", str(t), "--workers", "2", "--runtime", rt,
+                                        "--quiet"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        outs[rt] = Path(tmp_path / rt)
+    for part in ("kept", "rejected"):
+        assert (outs["torch"] / part / "s-000.tar").read_bytes() == \
+            (outs["onnx"] / part / "s-000.tar").read_bytes()
+    kept = read_members(outs["onnx"] / "kept/s-000.tar")
+    rej = read_members(outs["onnx"] / "rejected/s-000.tar")
+    assert collections.Counter(members) == collections.Counter(kept + rej) and kept and rej
+    a = pd.read_parquet(outs["torch"] / "scores/s-000.parquet")
+    b = pd.read_parquet(outs["onnx"] / "scores/s-000.parquet")
+    assert list(a["decision"]) == list(b["decision"])
+    assert list(a["detector_version"]) == list(b["detector_version"])
+    np.testing.assert_allclose(a["score"], b["score"], rtol=0, atol=SCORE_TOLERANCE)
