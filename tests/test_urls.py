@@ -289,3 +289,37 @@ def read_members_local(data: bytes):
     import tarfile
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         return [(m.name, tf.extractfile(m).read()) for m in tf.getmembers() if m.isfile()]
+
+
+def test_audit_reads_shards_over_http_like_the_files(tmp_path, http_root, shards, threshold):
+    """audit --sample lists keys by streaming the tar headers and its gallery reads the chosen
+    samples back over http; each sampled row equals the row of a full audit of the files."""
+    tables = {}
+    for where, inputs, sample in (("web", [f"{http_root}/shard-{{0..1}}.tar"], ["--sample", "5"]),
+                                  ("file", [str(shards / "shard-{0..1}.tar")], [])):
+        run_cli(["audit", *inputs, "-o", tmp_path / where, "-d", "nss", "--threshold", threshold,
+                 *sample, "-q"])
+        df = pd.read_parquet(tmp_path / where / "scores.parquet")
+        tables[where] = df.assign(source=df.source.map(lambda s: Path(s).name))
+        html = (tmp_path / where / "report.html").read_text()
+        assert "cannot read" not in html and "not found on second read" not in html
+    web, local = tables["web"], tables["file"]
+    assert len(web) == 5 and len(local) == 12
+    chosen = local.set_index(["source", "key"]).loc[list(zip(web.source, web.key))].reset_index()
+    assert web[chosen.columns].equals(chosen)
+
+
+def test_loose_images_from_an_s3_prefix_score_like_the_files(tmp_path, s3, photos):
+    from collapseguard.images import encode_png
+    folder = tmp_path / "imgs"
+    (folder / "sub").mkdir(parents=True)
+    for i, name in enumerate(("a.png", "sub/b.png")):
+        (folder / name).write_bytes(encode_png(photos[i]))
+        s3.put_file(str(folder / name), f"data/imgs/{name}")
+    run_cli(["score", "s3://data/imgs", "-d", "nss", "-q", "-o", tmp_path / "s3.csv"])
+    run_cli(["score", folder, "-d", "nss", "-q", "-o", tmp_path / "file.csv"])
+    web, local = (pd.read_csv(tmp_path / n, keep_default_na=False) for n in ("s3.csv", "file.csv"))
+    assert list(web.key) == ["a.png", "sub/b.png"] and set(web.source) == {"s3://data/imgs"}
+    assert web.drop(columns="source").equals(local.drop(columns="source"))
+    with pytest.raises(InputError, match="no such file or folder"):
+        expand_inputs(["s3://data/nothing-here.tar"])

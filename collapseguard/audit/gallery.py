@@ -21,6 +21,7 @@ from PIL import Image
 from collapseguard.images import DecodeError, decode_image, encode_png
 from collapseguard.io.inputs import is_shard
 from collapseguard.io.tar import ShardReader, valid_text
+from collapseguard.io.urls import is_remote, join, read_bytes
 from collapseguard.scoring.records import image_members
 
 #: member extensions read as captions (shown as text, escaped)
@@ -63,6 +64,10 @@ def _decode_member(members: list[tuple[str, bytes]], image: str) -> Fetched:
 
 def _file_path(source: str, key: str) -> str | None:
     """The path of a loose image file from its (source, key) as ``expand_inputs`` made them."""
+    if is_remote(source):  # an image URL is its own source; a folder URL's images lie below it
+        if source.rstrip("/").endswith("/" + key) or ".." in key.split("/"):
+            return source if source.rstrip("/").endswith("/" + key) else None
+        return join(source, key)
     if os.path.isfile(source):
         return source
     root = os.path.realpath(source)
@@ -109,7 +114,7 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
-        if is_shard(source) and os.path.isfile(source):
+        if is_shard(source) and (is_remote(source) or os.path.isfile(source)):
             left = dict(keys)
             seen: dict[str, int] = {}
             try:
@@ -136,8 +141,7 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]
                     out[(source, key, n)] = Fetched(error="path outside its input folder")
                     continue
                 try:
-                    with open(path, "rb") as fh:
-                        out[(source, key, n)] = _prepared(Fetched(decode_image(fh.read())), prepare)
+                    out[(source, key, n)] = _prepared(Fetched(decode_image(read_bytes(path))), prepare)
                 except (OSError, DecodeError) as exc:
                     out[(source, key, n)] = Fetched(error=str(exc))
     return out

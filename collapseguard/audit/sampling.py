@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapseguard.io.inputs import expand_inputs, unique_inputs
-from collapseguard.io.tar import member_key
+from collapseguard.io.tar import member_key, open_shard
+from collapseguard.io.urls import local_path
 
 
 def sample_rank(seed: int, source: str, key: str, nth: int = 0) -> int:
@@ -46,7 +47,8 @@ def shard_keys(path: str) -> Iterator[str]:
     readable) yields the keys read so far: the audit itself then reports it as a failed shard."""
     last = None
     try:
-        with tarfile.open(path, mode="r:*") as tf:
+        seekable = local_path(path) is not None  # a URL is read through once, as a stream
+        with open_shard(path) as f, tarfile.open(fileobj=f, mode="r:*" if seekable else "r|*") as tf:
             for info in tf:
                 if info.isdir():
                     continue

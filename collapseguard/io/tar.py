@@ -132,6 +132,13 @@ def open_regular_file(path: str):
         raise
 
 
+def open_shard(name: str):
+    """A shard's bytes as a stream: a local regular file (``open_regular_file``), or a ``pipe:``
+    or fsspec URL (``io.urls.open_stream``)."""
+    local = local_path(name)
+    return open_regular_file(local) if local is not None else open_stream(name)
+
+
 def clean_member_name(name: str) -> str:
     """A relative POSIX name with no ``..``/``.``/empty components and no leading slash, in valid
     UTF-8 (bytes that were not, which tarfile hands over as surrogates, become ``\\xNN``)."""
@@ -243,8 +250,7 @@ class ShardReader:
         self.skipped: list[str] = []
 
     def _open(self):
-        local = local_path(self.path)
-        return open_regular_file(local) if local is not None else open_stream(self.path)
+        return open_shard(self.path)
 
     def _unreadable(self, exc: BaseException, offset: int) -> ShardError:
         """The clear error for what tarfile raised while parsing at ``offset``."""
