@@ -323,3 +323,25 @@ def test_loose_images_from_an_s3_prefix_score_like_the_files(tmp_path, s3, photo
     assert web.drop(columns="source").equals(local.drop(columns="source"))
     with pytest.raises(InputError, match="no such file or folder"):
         expand_inputs(["s3://data/nothing-here.tar"])
+
+
+def test_calibrate_clean_images_from_urls_match_the_folder(tmp_path, s3, photos, shards):
+    """calibrate --clean reads a URL prefix (loose images and shards) and a pipe: shard with the
+    same source ids and bytes as the same files in a local folder."""
+    from collapseguard.calibration.scoring import iter_clean_images
+    from collapseguard.images import encode_png
+    clean = tmp_path / "clean"
+    (clean / "sub").mkdir(parents=True)
+    for i, name in enumerate(("a__v1.png", "a__v2.png", "sub/b.png")):
+        (clean / name).write_bytes(encode_png(photos[i]))
+    (clean / "shard-0.tar").write_bytes((shards / "shard-0.tar").read_bytes())
+    for p in sorted(q for q in clean.rglob("*") if q.is_file()):
+        s3.put_file(str(p), f"data/clean/{p.relative_to(clean).as_posix()}")
+    got = lambda loc: sorted((src, read()) for src, _, read in iter_clean_images([loc]))
+    local = got(clean)
+    assert len(local) == 3 + 6 and {s for s, _ in local} >= {"clean/a", "clean/sub/b"}
+    assert got("s3://data/clean") == local
+    assert got(f"pipe:cat {clean}/shard-0.tar") == got(clean / "shard-0.tar")
+    res = run_cli(["calibrate", "--chains", tmp_path, "--clean", tmp_path / "missing", "--detector", "nss",
+                   "--out", tmp_path / "c.json"], expect=2)
+    assert "missing: no such file or folder" in res.output

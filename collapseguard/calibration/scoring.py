@@ -15,6 +15,7 @@ example crops) of one source ``<name>``, so they stay on one side of the split b
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from collapseguard.images import (
     storage_label,
 )
 from collapseguard.io.tar import ShardReader
+from collapseguard.io.urls import is_remote, is_shard_name, read_bytes, shard_basename, url_path
 from collapseguard.training_data_tools.manifest import bad_steps
 
 #: columns of a scores table
@@ -111,16 +113,20 @@ def _no_at(part: str) -> str:
 def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, str, Callable[[], bytes]]]:
     """Yield ``(source_id, path_id, read_bytes)`` for every image in folders and tar shards.
 
-    A location may be a folder (recursive; ``.tar`` files inside are read as shards too), a single
-    image file, or a ``.tar`` shard. Only regular image members of tars are read.
+    A location may be a folder (recursive; shards inside are read too), a single image file, a
+    shard (``.tar``, ``.tar.gz``, ``.tgz``), or a URL naming any of these (``io.urls``). Only regular
+    image members of tars are read.
     """
     for loc in locations:
+        if is_remote(str(loc)):
+            yield from _iter_url(str(loc))
+            continue
         loc = Path(loc)
         if not loc.exists():
             raise FileNotFoundError(f"clean location does not exist: {loc}")
         files = [loc] if loc.is_file() else sorted(p for p in loc.rglob("*") if p.is_file())
         for f in files:
-            if f.suffix.lower() == ".tar":
+            if is_shard_name(f.name):
                 yield from _iter_tar(f)
             elif is_image_name(f.name):
                 rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
@@ -129,13 +135,29 @@ def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, st
                 yield src, str(f), (lambda f=f: f.read_bytes())
 
 
-def _iter_tar(path: Path):
+def _iter_tar(path: Path | str):
     """Image members of a shard, read once through the filter's reader (member names cleaned)."""
+    name = shard_basename(str(path))
     for sample in ShardReader(str(path)):
         for m in sample.members:
             if is_image_name(m.name):
                 key = m.name.rsplit(".", 1)[0]
-                yield f"{_no_at(path.name)}:{_variant_source(key)}", f"{path}:{m.name}", (lambda d=m.data: d)
+                yield f"{_no_at(name)}:{_variant_source(key)}", f"{path}:{m.name}", (lambda d=m.data: d)
+
+
+def _iter_url(url: str):
+    """The images of a URL location (``pipe:`` shard, object, folder/prefix), with the same source
+    ids as the same files in a local folder would get."""
+    from collapseguard.io.inputs import expand_inputs
+    shards, files = expand_inputs([url])
+    for shard in shards:
+        yield from _iter_tar(shard)
+    for f in files:
+        folder = posixpath.dirname(f.key)
+        root = posixpath.basename(url_path(f.source).rstrip("/"))
+        base = posixpath.basename(f.key)
+        src = f"{_no_at(root)}/{_no_at(folder) + '/' if folder else ''}{_variant_source(base)}"
+        yield src, f.path, (lambda p=f.path: read_bytes(p))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,21 @@ import click
 from collapseguard.commands._common import check_out_file
 
 
+def _locations(values) -> tuple:
+    """--clean locations: local paths must exist; URLs (``pipe:``, ``s3://``, ...) are checked when read."""
+    from collapseguard.io.urls import is_remote, local_path
+    out = []
+    for v in values:
+        if is_remote(v):
+            out.append(v)
+            continue
+        p = Path(local_path(v) or v)
+        if not p.exists():
+            raise click.BadParameter(f"{v}: no such file or folder", param_hint="'--clean'")
+        out.append(p)
+    return tuple(out)
+
+
 def _steps(text: str) -> list[int]:
     try:
         steps = sorted({int(s) for s in text.split(",") if s.strip()})
@@ -33,8 +48,8 @@ def _steps(text: str) -> list[int]:
               help="1 - delta: probability that the false-drop rate really is at most alpha.")
 @click.option("--clean-steps", default="0", show_default=True,
               help="Chain steps counted as clean (target 'step'), e.g. 0 or 0,1.")
-@click.option("--clean", "clean_dirs", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="Extra clean images: a folder (recursive) or .tar shard; repeat for more. "
+@click.option("--clean", "clean_dirs", multiple=True, callback=lambda c, p, v: _locations(v),
+              help="Extra clean images: a folder (recursive), a shard or a URL of either; repeat for more. "
                    "Files named NAME__x.png count as variants of one source NAME.")
 @click.option("--target", default="step", show_default=True,
               help="Truth of degradation: 'step', or 'fr:ssim' / 'fr:ssim<0.85' / 'fr:psnr<30' "
