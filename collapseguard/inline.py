@@ -1,0 +1,220 @@
+"""Filtering inside a data loader: a webdataset stage and a Ray Data scorer.
+
+Both decide exactly as ``collapseguard filter`` does: the same decoding and scoring loop
+(``scoring.records.score_records``), the same threshold resolution (an explicit threshold, else a
+calibration file, else the calibration shipped for the detector:
+``calibration.files.resolve_threshold``) and the same rule (``filter.decisions.decide``).
+
+webdataset::
+
+    import webdataset as wds
+    from collapseguard.inline import wds_filter
+
+    ds = wds.WebDataset("data/shard-{000..009}.tar").compose(wds_filter()).decode("rgb")
+
+The stage sits before ``.decode()``: it reads the raw samples (dicts of bytes with ``__key__`` and
+``__url__``) and yields the ones ``filter`` would write to kept/, unchanged.
+
+Ray Data::
+
+    import ray
+    from collapseguard.inline import RayScorer
+
+    ds = ray.data.read_webdataset("data/", decoder=None)
+    scored = ds.map_batches(RayScorer, fn_constructor_kwargs={"detector": "cnn"},
+                            concurrency=2, batch_format="pandas")
+    kept = scored.filter(lambda row: row["decision"] == "kept")
+
+``RayScorer`` adds ``score``, ``decision`` and ``reason`` columns; image columns must hold the
+encoded bytes (``decoder=None``), because decoding them is part of what is decided.
+
+What the loader shows the stage is all it can judge: webdataset drops link and device members of a
+tar before any stage sees them, so a sample that ``filter`` sets aside as ``refused_member`` reaches
+the stage without that member and is judged by what is left. Member names with ``..`` or a leading
+``/`` are rejected as ``unsafe_name`` in both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from collapseguard.filter.decisions import decide
+from collapseguard.io.tar import clean_member_name
+from collapseguard.scoring.records import Scored, score_records
+
+
+def _meta(field: str) -> bool:
+    return field.startswith("__")
+
+
+def _members(sample: dict) -> list[tuple[str, bytes]]:
+    """A raw webdataset sample's files as ``(name, bytes)``: ``<key>.<extension>`` per field."""
+    key = sample.get("__key__", "")
+    out = []
+    for field, value in sample.items():
+        if _meta(field):
+            continue
+        name = f"{key}.{field}"
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            from collapseguard.images import is_image_name
+            if is_image_name(name):
+                raise TypeError(
+                    f"sample {key!r}: field {field!r} holds {type(value).__name__}, not encoded "
+                    "bytes; put the collapseguard stage before .decode() (and read Ray datasets "
+                    "with decoder=None): decoding is part of what is judged")
+            continue
+        out.append((name, bytes(value)))
+    return out
+
+
+def _unsafe(sample: dict) -> bool:
+    """Would ``filter`` have had to clean this sample's member names (``..``, a leading ``/``)?"""
+    key = str(sample.get("__key__", ""))
+    for field in sample:
+        if _meta(field):
+            continue
+        name = f"{key}.{field}"
+        if clean_member_name(name) != name.removeprefix("./"):
+            return True
+        if name.rsplit("/", 1)[-1].startswith("."):
+            return True
+    return False
+
+
+class _Decider:
+    """A detector, its resolved threshold and the filter's options, shared by both front ends."""
+
+    def __init__(self, detector="cnn", calibration=None, threshold: float | None = None, *,
+                 batch_size: int | None = None, reject_no_image: bool = False,
+                 detector_kwargs: dict | None = None):
+        from collapseguard.calibration.files import resolve_threshold
+        if isinstance(detector, str):
+            from collapseguard.detectors import create
+            detector = create(detector, **(detector_kwargs or {}))
+        self.detector = detector
+        self.threshold, self.threshold_source, _ = resolve_threshold(detector, threshold, calibration)
+        self.batch_size = batch_size
+        self.reject_no_image = reject_no_image
+
+    def decide(self, samples: Iterable[dict]) -> Iterator[tuple[dict, Scored, str, str]]:
+        """Yield ``(sample, scored, decision, reason)`` in input order."""
+        for sample, scored in score_records(samples, self.detector, members_of=_members,
+                                            batch_size=self.batch_size):
+            decision, reason = decide(scored, self.threshold, unsafe=_unsafe(sample),
+                                      reject_no_image=self.reject_no_image)
+            yield sample, scored, decision, reason
+
+
+class WdsFilter:
+    """A webdataset pipeline stage (``.compose(stage)``): yields the samples ``filter`` keeps.
+
+    ``kept``, ``rejected`` and ``reasons`` count what passed through; ``on_reject(sample,
+    reason, score)``, when given, is called for every sample that is dropped.
+    """
+
+    def __init__(self, decider: _Decider, on_reject=None):
+        self._decider = decider
+        self.on_reject = on_reject
+        self.kept = 0
+        self.rejected = 0
+        self.reasons: Counter = Counter()
+
+    @property
+    def threshold(self) -> float:
+        return self._decider.threshold
+
+    @property
+    def threshold_source(self) -> str:
+        return self._decider.threshold_source
+
+    def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
+        for sample, scored, decision, reason in self._decider.decide(src):
+            self.reasons[reason] += 1
+            if decision == "kept":
+                self.kept += 1
+                yield sample
+            else:
+                self.rejected += 1
+                if self.on_reject is not None:
+                    self.on_reject(sample, reason, scored.score)
+
+
+def wds_filter(detector="cnn", calibration=None, threshold: float | None = None, *,
+               batch_size: int | None = None, reject_no_image: bool = False,
+               detector_kwargs: dict | None = None, on_reject=None) -> WdsFilter:
+    """A stage for ``wds.WebDataset(urls).compose(stage)`` that yields exactly the raw samples
+    ``collapseguard filter`` would keep, unchanged.
+
+    ``detector`` is a name (as ``--detector``) or a created detector; ``calibration`` a
+    calibration file; ``threshold`` overrides both (uncalibrated). Without either, the
+    calibration shipped for the detector is used, as in ``filter``.
+    """
+    return WdsFilter(_Decider(detector, calibration, threshold, batch_size=batch_size,
+                              reject_no_image=reject_no_image, detector_kwargs=detector_kwargs),
+                     on_reject=on_reject)
+
+
+class RayScorer:
+    """A callable class for Ray Data's ``map_batches``: adds ``score``, ``decision`` and
+    ``reason`` columns to each batch (pandas DataFrame or dict of numpy arrays).
+
+    Rows are webdataset samples as ``ray.data.read_webdataset(..., decoder=None)`` gives them: one
+    column per file extension holding the encoded bytes, plus ``__key__``. Columns named by
+    ``image_columns`` (default: every column whose name is an image extension) are scored; a
+    row's score is its most degraded image's, as in ``filter``.
+    """
+
+    def __init__(self, detector="cnn", calibration=None, threshold: float | None = None, *,
+                 batch_size: int | None = None, reject_no_image: bool = False,
+                 detector_kwargs: dict | None = None, image_columns: list[str] | None = None):
+        self._decider = _Decider(detector, calibration, threshold, batch_size=batch_size,
+                                 reject_no_image=reject_no_image, detector_kwargs=detector_kwargs)
+        self.image_columns = image_columns
+
+    def _columns(self, names) -> list[str]:
+        from collapseguard.images import is_image_name
+        if self.image_columns is not None:
+            missing = [c for c in self.image_columns if c not in names]
+            if missing:
+                raise KeyError(f"image column(s) {missing} not in the batch (columns: {list(names)})")
+            return list(self.image_columns)
+        return [c for c in names if not _meta(c) and is_image_name(f"x.{c}")]
+
+    def __call__(self, batch):
+        import numpy as np
+        is_pandas = hasattr(batch, "iloc")
+        names = list(batch.columns) if is_pandas else list(batch)
+        cols = self._columns(names)
+        n = len(batch) if is_pandas else (len(next(iter(batch.values()))) if batch else 0)
+        keys = (batch["__key__"] if "__key__" in names else [str(i) for i in range(n)])
+        keys = list(keys)
+        rows = []
+        for i in range(n):
+            row = {"__key__": str(keys[i])}
+            for c in cols:
+                v = batch[c].iloc[i] if is_pandas else batch[c][i]
+                if v is None or (isinstance(v, float) and math.isnan(v)):
+                    continue  # this sample has no file of that extension
+                row[c] = v
+            rows.append(row)
+        scores, decisions, reasons = [], [], []
+        for _, scored, decision, reason in self._decider.decide(rows):
+            scores.append(scored.score)
+            decisions.append(decision)
+            reasons.append(reason)
+        if is_pandas:
+            batch = batch.copy()
+            batch["score"] = np.asarray(scores, dtype=np.float64)
+            batch["decision"] = decisions
+            batch["reason"] = reasons
+            return batch
+        out = dict(batch)
+        out["score"] = np.asarray(scores, dtype=np.float64)
+        out["decision"] = np.asarray(decisions, dtype=object)
+        out["reason"] = np.asarray(reasons, dtype=object)
+        return out
+
+
+__all__ = ["RayScorer", "WdsFilter", "wds_filter"]

@@ -1,0 +1,125 @@
+"""Inline filtering: the webdataset stage and the Ray Data scorer drop exactly the samples
+`collapseguard filter` rejects on the same shards, and pass the kept ones through unchanged."""
+
+from __future__ import annotations
+
+import tarfile
+
+import numpy as np
+import pandas as pd
+import pytest
+from cg_testutil import add_member, make_shard
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+from collapseguard.images import encode_jpeg
+
+
+def run_cli(args, expect=0):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, photos):
+    """Two shards of clean photos and degraded copies, plus a broken image, a sample without an
+    image and an unsafe member name."""
+    d = tmp_path_factory.mktemp("inline")
+    good = encode_jpeg(photos[0])
+    make_shard(d / "a.tar", photos[:2], extra=[("broken.jpg", good[: len(good) // 3]),
+                                               ("notes.txt", b"no image here")])
+    make_shard(d / "b.tar", photos[2:])
+    with tarfile.open(d / "b.tar", "a") as tf:
+        add_member(tf, "sub/../escape.jpg", good)
+    return [d / "a.tar", d / "b.tar"]
+
+
+def filter_decisions(shards, out, *args) -> pd.DataFrame:
+    run_cli(["filter", *shards, "--out", out, "-w", "1", "-q", *args])
+    return pd.concat([pd.read_parquet(out / "scores" / f"{s.stem}.parquet") for s in shards])
+
+
+def wds_samples(shards, stage=None):
+    import webdataset as wds
+    ds = wds.WebDataset([str(s) for s in shards], shardshuffle=False)
+    if stage is not None:
+        ds = ds.compose(stage)
+    return list(ds)
+
+
+def test_wds_stage_keeps_what_filter_keeps_with_the_shipped_calibration(shards, tmp_path):
+    from collapseguard.inline import wds_filter
+    scores = filter_decisions(shards, tmp_path / "out")  # cnn, its shipped calibration
+    stage = wds_filter()
+    kept = wds_samples(shards, stage)
+    assert [s["__key__"] for s in kept] == scores.loc[scores["decision"] == "kept", "key"].tolist()
+    assert stage.rejected == int((scores["decision"] == "rejected").sum())
+    assert stage.threshold == pytest.approx(
+        __import__("json").loads((tmp_path / "out/summary.json").read_text())["threshold"])
+    # unchanged: the very dicts webdataset yields without the stage
+    everything = {s["__key__"]: s for s in wds_samples(shards)}
+    assert all(s == everything[s["__key__"]] for s in kept)
+    reasons = scores.set_index("key")["reason"]
+    assert reasons["broken"] == "decode_error" and "broken" not in {s["__key__"] for s in kept}
+
+
+def test_wds_stage_and_filter_agree_on_an_explicit_threshold(shards, tmp_path):
+    from collapseguard.detectors import create
+    from collapseguard.inline import wds_filter
+    from collapseguard.io.tar import clean_member_name
+    det = create("nss")
+    first = filter_decisions(shards, tmp_path / "probe", "-d", "nss", "--threshold", "1e9")
+    t = float(np.nanmedian(first["score"]))
+    scores = filter_decisions(shards, tmp_path / "out", "-d", "nss", "--threshold", t)
+    dropped = []
+    kept = wds_samples(shards, wds_filter(det, threshold=t,
+                                          on_reject=lambda s, why, score: dropped.append((s["__key__"], why))))
+    rejected = scores[scores["decision"] == "rejected"]
+    assert len(kept) and len(dropped), "the threshold must split the fixture"
+    # filter names a sample by its cleaned member names; webdataset by the raw ones
+    assert [(clean_member_name(k), why) for k, why in dropped] == list(zip(rejected["key"],
+                                                                           rejected["reason"]))
+    assert ("sub/../escape", "unsafe_name") in dropped
+
+
+def test_wds_stage_refuses_decoded_samples(shards):
+    import webdataset as wds
+
+    from collapseguard.inline import wds_filter
+    ds = wds.WebDataset(str(shards[1]), shardshuffle=False).decode("rgb").compose(
+        wds_filter("nss", threshold=1.0))
+    with pytest.raises(TypeError, match="before .decode"):
+        next(iter(ds))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("batch_format", ["pandas", "numpy"])
+def test_ray_scorer_decides_as_filter(shards, tmp_path, ray_local, batch_format):
+    from collapseguard.inline import RayScorer
+    first = filter_decisions(shards, tmp_path / "probe", "-d", "nss", "--threshold", "1e9")
+    t = float(np.nanmedian(first["score"]))
+    scores = filter_decisions(shards, tmp_path / "out", "-d", "nss", "--threshold", t)
+    # half a CPU each: on the fixture's one-CPU Ray the reader and the scorer actor both fit
+    ds = ray_local.data.read_webdataset([str(s) for s in shards], decoder=None, num_cpus=0.5)
+    out = ds.map_batches(RayScorer, fn_constructor_kwargs={"detector": "nss", "threshold": t},
+                         compute=ray_local.data.ActorPoolStrategy(size=1), num_cpus=0.5,
+                         batch_size=8, batch_format=batch_format).to_pandas()
+    from collapseguard.io.tar import clean_member_name
+    out["__key__"] = out["__key__"].map(clean_member_name)  # filter names samples by clean names
+    got = out[["__key__", "score", "decision", "reason"]].set_index("__key__")
+    want = scores.set_index("key")
+    assert sorted(got.index) == sorted(want.index)
+    got = got.loc[want.index]
+    assert got["decision"].tolist() == want["decision"].tolist()
+    assert got["reason"].tolist() == want["reason"].tolist()
+    np.testing.assert_allclose(got["score"].to_numpy(float), want["score"].to_numpy(float),
+                               rtol=1e-6)  # NaN where filter has NaN
+    assert set(got.loc[got["decision"] == "rejected"].index) == set(want[want["decision"] == "rejected"].index)
