@@ -33,10 +33,12 @@ COMMANDS = {
 
 
 class CommandError(click.ClickException):
-    """One line on stderr, ``collapseguard: error: <message>``, exit code 1."""
+    """One line on stderr, ``collapseguard: error: <message>``, exit code 1. Messages name paths
+    and keys from the data: they are printed terminal-safe (``io.terminal.printable``)."""
 
     def show(self, file=None) -> None:
-        click.echo(f"collapseguard: error: {self.format_message()}", file=file, err=True)
+        from collapseguard.io.terminal import printable
+        click.echo(f"collapseguard: error: {printable(self.format_message())}", file=file, err=True)
 
 
 class LazyGroup(click.Group):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapseguard.io.inputs import expand_inputs, unique_inputs
-from collapseguard.io.tar import member_key, open_shard
+from collapseguard.io.tar import member_key, open_shard, split_key
 from collapseguard.io.urls import local_path
 
 
@@ -52,10 +52,10 @@ def shard_keys(path: str) -> Iterator[str]:
             for info in tf:
                 if info.isdir():
                     continue
-                _, key = member_key(info.name)
-                if key != last:
-                    yield key
-                    last = key
+                group = split_key(info.name)[0]  # grouped by raw name, as ShardReader groups
+                if group != last:
+                    yield member_key(info.name)[1]
+                    last = group
     except (tarfile.TarError, OSError, EOFError, ValueError):
         return
 

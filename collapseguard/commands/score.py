@@ -12,6 +12,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
+from collapseguard.io.terminal import printable
 
 
 @click.command()
@@ -52,6 +53,6 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     n_err = int((df["error"].fillna("") != "").sum()) if len(df) else 0
     click.echo(f"scored {len(df) - n_err} image(s), {n_err} error(s) -> {out}", err=True)
     for f in failures:
-        click.echo(f"FAILED {f.splitlines()[0]}", err=True)
+        click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if failures:
         raise SystemExit(1)

@@ -31,9 +31,10 @@ separate samples, marked ``Sample.repeat`` (the number of earlier safe samples w
 caller rejects them (``repeated_key``), since once the samples between them are filtered out a
 reader could not tell the copies apart. ``ShardWriter`` never writes two neighbouring samples with
 one key: a sample passed as ``movable`` (rejected for its names or as a repeat) that would touch a
-neighbour of the same key is written under ``<key>~N`` instead (``ShardWriter.renamed``); every
-other sample keeps its names. Within one sample a repeated name (compared as webdataset does, the
-extension without case) is kept under ``<name>.dupN`` and the sample counts as unsafe.
+neighbour of the same key (as this reader or webdataset groups members) is written under
+``<key>\\#N`` instead (``ShardWriter.renamed``); every other sample keeps its names. Within one
+sample a repeated name (compared as webdataset does, the extension without case) is kept under
+``<name>.dupN`` and the sample counts as unsafe.
 """
 
 from __future__ import annotations
@@ -411,11 +412,22 @@ class _HashingFile:
         self._f.close()
 
 
-def _end_keys(sample: Sample) -> tuple[str | None, str | None]:
-    """The keys a reader sees for the first and the last member of ``sample`` (None if empty)."""
-    if not sample.members:
-        return None, None
-    return split_key(sample.members[0].name)[0], split_key(sample.members[-1].name)[0]
+def visible_key(name: str) -> str | None:
+    """The key webdataset groups ``name`` under, None for a name it skips (no dot in the file name,
+    or a leading dot): skipped members do not separate its samples."""
+    base = posixpath.basename(name)
+    if "." not in base or base.startswith("."):
+        return None
+    return split_key(name)[0]
+
+
+def _end_keys(sample: Sample) -> tuple:
+    """(first, last) key of ``sample``'s members as ``ShardReader`` groups them, and (first,
+    last) as webdataset does (None where there is none)."""
+    ours = [split_key(m.name)[0] for m in sample.members]
+    seen = [k for k in (visible_key(m.name) for m in sample.members) if k is not None]
+    return (ours[0] if ours else None, ours[-1] if ours else None,
+            seen[0] if seen else None, seen[-1] if seen else None)
 
 
 def _with_key(sample: Sample, key: str) -> Sample:
@@ -434,7 +446,7 @@ class ShardWriter:
     """Write samples into a tar file with deterministic headers (same input -> same bytes).
 
     No two neighbouring samples share a key (a reader would merge them): ``write(sample,
-    movable=True)`` marks a sample that may be written under ``<key>~N`` when it would touch a
+    movable=True)`` marks a sample that may be written under ``<key>\\#N`` when it would touch a
     neighbour of its key; such a sample is held until the next one is known, and ``renamed`` maps
     its ``tag`` to the key it was written under. Other samples are always written as they are.
 
@@ -455,6 +467,8 @@ class ShardWriter:
         self._tf = tarfile.open(fileobj=target, mode="w", format=tarfile.PAX_FORMAT)
         self.count = 0
         self._last_key: str | None = None  # key of the last member written
+        self._last_seen: str | None = None  # webdataset's key of the last member it would see
+        self._moved = 0
         self._pending: tuple[Sample, object] | None = None
         #: ``tag -> key`` of movable samples written under another key
         self.renamed: dict = {}
@@ -471,26 +485,31 @@ class ShardWriter:
 
     def write(self, sample: Sample, movable: bool = False, tag: object = None) -> None:
         if self._pending is not None:
-            self._flush_pending(_end_keys(sample)[0])
+            self._flush_pending(sample)
         if movable:
             self._pending = (sample, tag)
         else:
             self._write_now(sample)
 
-    def _flush_pending(self, next_key: str | None) -> None:
+    def _flush_pending(self, following: Sample | None) -> None:
+        """Write the held movable sample, under another key if it would touch a neighbour of its
+        key. The new key, ``<key>\\#N``, holds a backslash, which no safe name holds (cleaning
+        turns backslashes into folders), and N counts this file's moved samples: it is unique."""
         sample, tag = self._pending
         self._pending = None
-        first, last = _end_keys(sample)
-        if first is not None and (first == self._last_key or last == next_key):
-            n = 1
-            while True:
-                moved = _with_key(sample, f"{sample.key}~{n}")
-                first, last = _end_keys(moved)
-                if first != self._last_key and last != next_key:
-                    break
-                n += 1
-            self.renamed[tag] = moved.key
-            sample = moved
+        first, last, first_seen, last_seen = _end_keys(sample)
+        touches = first is not None and (first == self._last_key or (
+            first_seen is not None and first_seen == self._last_seen))
+        if following is not None and last is not None:
+            nxt, _, nxt_seen, _ = _end_keys(following)
+            touches = touches or last == nxt or (
+                # webdataset skips a following sample without a key it sees: what comes after it
+                # is not known yet, so a sample it would see must not keep a key anyone may have
+                last_seen is not None and (nxt_seen is None or nxt_seen == last_seen))
+        if touches:
+            self._moved += 1
+            sample = _with_key(sample, f"{sample.key}\\#{self._moved}")
+            self.renamed[tag] = sample.key
         self._write_now(sample)
 
     def _write_now(self, sample: Sample) -> None:
@@ -503,6 +522,7 @@ class ShardWriter:
             info.uname = info.gname = ""
             self._tf.addfile(info, io.BytesIO(m.data))
             self._last_key = split_key(m.name)[0]
+            self._last_seen = visible_key(m.name) or self._last_seen
         self.count += 1
 
     def close(self) -> None:
