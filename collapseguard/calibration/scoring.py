@@ -23,14 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.images import (
-    DecodeError,
-    decode_with_storage,
-    is_image_name,
-    storage_label,
-)
+from collapseguard.images import is_image_name, storage_label
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import is_remote, is_shard_name, read_bytes, shard_basename, url_path
+from collapseguard.scoring.records import score_records
 from collapseguard.training_data_tools.manifest import bad_steps
 
 #: columns of a scores table
@@ -165,28 +161,32 @@ def _iter_url(url: str):
 # ---------------------------------------------------------------------------------------------
 
 def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int, progress=None):
-    """Scores for each reader (NaN when it cannot be decoded or scored), the errors, and each
-    image's storage as its header says (``""`` when unreadable)."""
+    """Scores for each reader (NaN when it cannot be read, decoded or scored), the reasons, and
+    each image's storage as its header says (``""`` when unreadable), through the one scoring
+    loop (``scoring.records.score_records``). A detector that raises stops the calibration."""
     out = np.full(len(readers), np.nan, dtype=np.float64)
     errors: list[str] = []
     storage = [""] * len(readers)
-    for start in range(0, len(readers), batch_size):
-        idx, imgs = [], []
-        for i in range(start, min(start + batch_size, len(readers))):
-            try:
-                data = readers[i]()
-                imgs.append(decode_with_storage(data)[0])
-                storage[i] = storage_label(data)
-                idx.append(i)
-            except (DecodeError, OSError) as exc:
-                errors.append(str(exc))
-        if imgs:
-            s = np.asarray(detector.score(imgs), dtype=np.float64).reshape(-1)
-            if len(s) != len(imgs):
-                raise RuntimeError(f"detector returned {len(s)} scores for {len(imgs)} images")
-            out[idx] = s
-        if progress is not None:
-            progress(min(start + batch_size, len(readers)), len(readers))
+
+    def members(i):
+        try:
+            data = readers[i]()
+        except OSError as exc:  # unreadable: empty bytes (a decode error), the reason kept
+            errors.append(str(exc))
+            return [(f"image {i}", b"")]
+        storage[i] = storage_label(data)
+        return [(f"image {i}", data)]
+
+    for i, res in score_records(range(len(readers)), detector, members_of=members,
+                                batch_size=batch_size, images_only=False):
+        if res.status == "ok":
+            out[i] = res.score
+        else:
+            if res.status == "decode_error":
+                storage[i] = ""
+            errors.append(res.error)
+        if progress is not None and ((i + 1) % batch_size == 0 or i + 1 == len(readers)):
+            progress(i + 1, len(readers))
     return out, errors, storage
 
 
@@ -229,7 +229,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
 
 def full_reference_column(manifest: pd.DataFrame, measure: str) -> np.ndarray:
     """Per row, the full-reference measure against the row's chain step-0 image (NaN if unreadable)."""
-    from collapseguard.images import load_image
+    from collapseguard.images import DecodeError, load_image
 
     out = np.full(len(manifest), np.nan)
     m = manifest.reset_index(drop=True)

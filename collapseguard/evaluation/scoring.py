@@ -6,9 +6,11 @@ same pixels and the timing is comparable: **images/s counts only the time spent 
 timing, each detector scores one image untimed (warm-up: lazy weight loading, first-call
 allocations); that result is discarded.
 
-A file that cannot be decoded gets NaN from every detector with error ``decode_error: ...``. A
-detector that raises on a batch is retried image by image; an image it still fails on gets NaN
-with the exception as its error. A detector that returns the wrong number of scores is an error.
+Decoding and scoring are the one scoring loop's (``scoring.records``: ``decode_members``,
+``score_batch``). A file that cannot be decoded gets NaN from every detector with error
+``decode_error: ...``. A detector that raises on a batch is retried image by image; an image it
+still fails on gets NaN with the exception as its error. A detector that returns the wrong number
+of scores is an error.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from collapseguard.detectors.base import Detector, DetectorError
-from collapseguard.images import DecodeError, decode_with_storage, storage_label
+from collapseguard.detectors.base import Detector
+from collapseguard.images import storage_label
+from collapseguard.scoring import records
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +58,17 @@ class Timing:
 
 
 def _score_checked(det: Detector, images: Sequence[np.ndarray]) -> np.ndarray:
-    out = np.asarray(det.score(list(images)), dtype=np.float64).reshape(-1)
-    if out.shape[0] != len(images):
-        raise DetectorError(f"detector {det.name} returned {out.shape[0]} scores for {len(images)} images")
-    return out
+    return records.checked_scores(det, images)["score"]
 
 
 def score_batch(det: Detector, images: Sequence[np.ndarray]) -> tuple[np.ndarray, list[str], float]:
-    """Scores, per-image errors ("" when fine) and the seconds spent in ``det.score``.
+    """Scores, per-image errors ("" when fine) and the seconds spent in the detector.
 
-    Falls back to one image at a time when the batch call raises.
+    Falls back to one image at a time when the batch call raises (``records.score_batch``).
     """
-    errors = [""] * len(images)
     t0 = time.perf_counter()
-    try:
-        scores = _score_checked(det, images)
-        return scores, errors, time.perf_counter() - t0
-    except Exception as exc:  # noqa: BLE001 - retried one by one below, each failure recorded
-        log.debug("%s refused a batch of %d (%s); scoring one by one", det.name, len(images), exc)
-    scores = np.full(len(images), np.nan)
-    for i, img in enumerate(images):
-        try:
-            scores[i] = _score_checked(det, [img])[0]
-        except Exception as exc:  # noqa: BLE001 - recorded per image
-            errors[i] = f"{type(exc).__name__}: {exc}"[:300]
-    return scores, errors, time.perf_counter() - t0
+    detail, errors = records.score_batch(det, images, retry=True)
+    return detail["score"], errors, time.perf_counter() - t0
 
 
 def time_detectors(
@@ -149,12 +138,18 @@ def score_manifest(
             try:
                 with open(rows.at[i, "path"], "rb") as f:
                     data = f.read()
-                images.append(decode_with_storage(data)[0])
-                storage[i] = storage_label(data)
-                ok_idx.append(i)
-            except (DecodeError, OSError) as exc:
+            except OSError as exc:
+                data, why = None, str(exc)
+            else:
+                decoded, errs = records.decode_members([(str(rows.at[i, "path"]), data)])
+                why = errs[0] if errs else ""
+            if why:
                 for d in detectors:
-                    results[d.name][1][i] = f"decode_error: {exc}"[:300]
+                    results[d.name][1][i] = f"decode_error: {why}"[:300]
+                continue
+            images.append(decoded[0][1])
+            storage[i] = storage_label(data)
+            ok_idx.append(i)
         decode_s += time.perf_counter() - t0
         if images:
             for j, det in enumerate(detectors):

@@ -1,22 +1,30 @@
-"""Batched scoring of records (shard samples or image files), shared by score, filter and audit.
+"""The one scoring loop: batched scoring of records (shard samples, image files, chain images),
+shared by every scorer of images (score, filter, audit, calibration, evaluation, training's
+held-out metrics, the distillation label cache).
 
-A record holds one or more encoded images. Each image is decoded at native resolution and scored;
-a record's score is the highest (most degraded) of its images. Decoding errors and NaN scores are
-kept as text, never turned into scores. Batches are bounded by count and by total pixels, so a
-shard of 5K images does not hold gigabytes at once.
+A record holds one or more encoded images (or decoded arrays). Each image is decoded at native
+resolution (``decode_members``: pixel caps, formats by content) and scored; a record's score is
+the highest (most degraded) of its images. Decoding errors and NaN scores are kept as text, never
+turned into scores. Batches are bounded by count and by total pixels, so a shard of 5K images does
+not hold gigabytes at once. A detector that raises on a batch stops the loop, or with
+``retry=True`` is asked again one image at a time, each image it still fails on recorded with the
+exception as its reason (``score_batch``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from collapseguard.detectors.base import Detector
+from collapseguard.detectors.base import Detector, DetectorError
 from collapseguard.images import DecodeError, decode_with_storage, is_image_name
+
+log = logging.getLogger(__name__)
 
 #: flush a batch once it holds this many pixels, whatever the batch size
 MAX_BATCH_PIXELS = 48_000_000
@@ -48,6 +56,74 @@ def image_members(members: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes
     return [(n, b) for n, b in members if is_image_name(n)]
 
 
+def decode_members(
+    members: Sequence[tuple[str, bytes | np.ndarray]],
+    max_record_pixels: int = MAX_RECORD_PIXELS,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[list[tuple[str, np.ndarray, str]], list[str]]:
+    """Decode one record's images: ``([(name, array, storage), ...], errors)``.
+
+    Bytes are decoded by content (``images.decode_with_storage``: allowed formats, the per-image
+    pixel cap, cut-short PNGs); an array is taken as already decoded (storage ``""``). Decoding
+    stops once the record's images hold over ``max_record_pixels`` together. ``transform`` (e.g. a
+    JPEG re-encoding) is applied to each decoded image. Each error reads ``"<name>: <reason>"``.
+    """
+    decoded, errors, record_pixels = [], [], 0
+    for name, data in members:
+        if isinstance(data, np.ndarray):
+            arr, storage = data, ""
+        else:
+            try:
+                arr, storage = decode_with_storage(data)
+            except DecodeError as exc:
+                errors.append(f"{name}: {exc}")
+                continue
+        record_pixels += arr.shape[0] * arr.shape[1]
+        if record_pixels > max_record_pixels:
+            errors.append(f"{name}: the sample's images hold over {max_record_pixels} pixels "
+                          "together; the rest were not decoded")
+            break
+        decoded.append((name, transform(arr) if transform is not None else arr, storage))
+    return decoded, errors
+
+
+def checked_scores(detector: Detector, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """``detector.score_detailed(images)`` as float64 arrays, one score per image (else
+    :class:`DetectorError`)."""
+    detail = detector.score_detailed(list(images))
+    out = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in detail.items()}
+    if out["score"].shape != (len(images),):
+        raise DetectorError(f"detector {detector.name} returned {out['score'].shape[0]} scores "
+                            f"for {len(images)} images")
+    return out
+
+
+def score_batch(detector: Detector, images: Sequence[np.ndarray],
+                retry: bool = False) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Scores (``checked_scores``) and per-image errors (``""`` when the call went through).
+
+    A detector that raises stops here, or with ``retry`` is asked again one image at a time: an
+    image it still fails on gets NaN and ``"<ExceptionType>: <message>"`` as its error.
+    """
+    errors = [""] * len(images)
+    try:
+        return checked_scores(detector, images), errors
+    except Exception as exc:  # raised again unless retried one by one below
+        if not retry:
+            raise
+        log.debug("%s refused a batch of %d (%s); scoring one by one", detector.name, len(images), exc)
+    out: dict[str, np.ndarray] = {"score": np.full(len(images), np.nan)}
+    for i, img in enumerate(images):
+        try:
+            one = checked_scores(detector, [img])
+        except Exception as exc:  # noqa: BLE001 - recorded per image
+            errors[i] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        for k, v in one.items():
+            out.setdefault(k, np.full(len(images), np.nan))[i] = v[0]
+    return out, errors
+
+
 def score_records(
     records: Iterable[Any],
     detector: Detector,
@@ -55,11 +131,17 @@ def score_records(
     batch_size: int | None = None,
     max_pixels: int = MAX_BATCH_PIXELS,
     max_record_pixels: int = MAX_RECORD_PIXELS,
+    *,
+    images_only: bool = True,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    retry: bool = False,
 ) -> Iterator[tuple[Any, Scored]]:
     """Yield ``(record, Scored)`` in input order.
 
-    ``members_of(record)`` returns the record's files as ``[(name, bytes), ...]``; only image
-    files are decoded. ``batch_size`` defaults to the detector's own.
+    ``members_of(record)`` returns the record's files as ``[(name, bytes or array), ...]``; only
+    image files are decoded (every member with ``images_only=False``, for callers whose records
+    are images whatever their name). ``batch_size`` defaults to the detector's own. ``transform``
+    and the pixel caps are ``decode_members``'; ``retry`` is ``score_batch``'s.
     """
     batch_size = batch_size or detector.batch_size or 16
     pending: list[tuple[Any, Scored, list[int]]] = []  # record, result, indices into images
@@ -71,24 +153,21 @@ def score_records(
     def flush():
         nonlocal images, names, storages, pixels, pending
         if images:
-            detail = detector.score_detailed(images)
-            scores = np.asarray(detail["score"], dtype=np.float64)
-            if scores.shape != (len(images),):
-                raise RuntimeError(f"detector {detector.name} returned {scores.shape} scores "
-                                   f"for {len(images)} images")
+            detail, failed = score_batch(detector, images, retry=retry)
+            scores = detail["score"]
         for rec, res, idx in pending:
             if idx:
                 vals = scores[idx]
                 finite = np.isfinite(vals)
                 if not finite.any():
                     h, w = images[idx[0]].shape[:2]
-                    res.status, res.error = "score_error", (
+                    res.status, res.error = "score_error", failed[idx[0]] or (
                         f"{detector.name} could not score the image ({w}x{h} px"
                         f"{'; small images are a common cause' if min(h, w) < 128 else ''})")
                     res.image = names[idx[0]]
                 else:
                     if not finite.all():  # scored by its other images: say which one was not
-                        res.error = "; ".join(f"{names[i]}: {detector.name} could not score it"
+                        res.error = "; ".join(f"{names[i]}: {failed[i] or detector.name + ' could not score it'}"
                                               for i, ok in zip(idx, finite) if not ok)
                     j = int(np.nanargmax(np.where(finite, vals, -np.inf)))
                     res.score = float(vals[j])
@@ -96,29 +175,18 @@ def score_records(
                     res.storage = storages[idx[j]]
                     for k, arr in detail.items():
                         if k != "score":
-                            res.extra[k] = float(np.asarray(arr, dtype=np.float64)[idx[j]])
+                            res.extra[k] = float(arr[idx[j]])
             yield rec, res
         pending, images, names, storages, pixels = [], [], [], [], 0
 
     for rec in records:
-        members = image_members(members_of(rec))
+        members = members_of(rec)
+        members = image_members(members) if images_only else list(members)
         res = Scored(n_images=len(members))
         idx: list[int] = []
         if not members:
             res.status, res.error = "no_image", "no image file in the sample"
-        decoded, errors, record_pixels = [], [], 0
-        for name, data in members:
-            try:
-                arr, storage = decode_with_storage(data)
-            except DecodeError as exc:
-                errors.append(f"{name}: {exc}")
-                continue
-            record_pixels += arr.shape[0] * arr.shape[1]
-            if record_pixels > max_record_pixels:
-                errors.append(f"{name}: the sample's images hold over {max_record_pixels} pixels "
-                              "together; the rest were not decoded")
-                break
-            decoded.append((name, arr, storage))
+        decoded, errors = decode_members(members, max_record_pixels, transform)
         if errors:
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored
             res.status, res.error = "decode_error", "; ".join(errors)

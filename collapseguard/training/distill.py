@@ -1,7 +1,7 @@
 """Distillation: train the fast ``cnn`` on a slow judge's labels.
 
 The teacher (any detector: ``vlm:...``, ``rali:...``, ``nss``, ``pyiqa:...``) labels the images
-once through ``detectors.label_cache`` (cached and resumable). Its scores become soft targets: the
+once through ``scoring.label_cache`` (cached and resumable). Its scores become soft targets: the
 classification target of an image is its percentile among the teacher's scores, and every pair of
 images gets the target probability ``sigmoid((t_j - t_i) / scale)`` (scale = a quarter of the
 teacher's score spread), so the student learns the teacher's ranking. Images are split 80 / 20 by
@@ -30,7 +30,7 @@ from collapseguard.training_data_tools.manifest import source_bucket
 
 def teacher_labels(teacher: Detector, paths: Sequence[str | Path], cache_path: str | Path) -> pd.DataFrame:
     """``path, score`` for every image the teacher could score (cached in ``cache_path``)."""
-    from collapseguard.detectors.label_cache import label_images
+    from collapseguard.scoring.label_cache import label_images
 
     df = label_images(teacher, [str(p) for p in paths], cache_path)
     ok = df[df["status"] == "ok"][["path", "score"]].reset_index(drop=True)

@@ -4,53 +4,58 @@ false-positive rate at the threshold that drops a given share of step-10 images.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from collapseguard.detectors.base import Detector
 from collapseguard.evaluation.metrics import auroc
-from collapseguard.images import DecodeError, load_image
+from collapseguard.images import DecodeError
+from collapseguard.scoring.records import score_records
 
 EVAL_STEPS = (1, 2, 3, 5, 10, 20)
-
-
-def _load_named(path) -> np.ndarray:
-    """``load_image``, with the file named in the error: one bad image in thousands is hard to find."""
-    try:
-        return load_image(path)
-    except DecodeError as exc:
-        raise DecodeError(f"{path}: {exc}") from None
 
 
 def score_paths(detector: Detector, paths: Sequence[str], batch: int = 16,
                 progress: Callable[[int, int], None] | None = None,
                 transform: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
-    """Score image files with ``detector`` (files are decoded at native resolution; ``transform``,
-    e.g. a JPEG re-encoding, is applied to each decoded image first)."""
-    out = np.empty(len(paths), dtype=np.float32)
-    for s in range(0, len(paths), batch):
-        chunk = paths[s : s + batch]
-        imgs = [_load_named(p) for p in chunk]
-        if transform is not None:
-            imgs = [transform(im) for im in imgs]
-        out[s : s + len(chunk)] = detector.score(imgs)
-        if progress:
-            progress(s + len(chunk), len(paths))
+    """Score image files with ``detector`` through the one scoring loop (files decoded at native
+    resolution; ``transform``, e.g. a JPEG re-encoding, is applied to each decoded image first).
+
+    Held-out metrics need every image: a file that cannot be read or decoded raises
+    :class:`DecodeError` naming each such file and why, once all were tried. A NaN score stays NaN.
+    """
+    out = np.full(len(paths), np.nan, dtype=np.float32)
+    bad: list[str] = []
+
+    def members(i):
+        try:
+            return [(str(paths[i]), Path(paths[i]).read_bytes())]
+        except OSError as exc:
+            bad.append(f"{paths[i]}: {exc.strerror or exc}")
+            return []
+
+    for i, res in score_records(range(len(paths)), detector, members_of=members, batch_size=batch,
+                                images_only=False, transform=transform):
+        if res.status == "decode_error":
+            bad.append(res.error)
+        elif res.status == "ok":
+            out[i] = res.score
+        if progress and ((i + 1) % batch == 0 or i + 1 == len(paths)):
+            progress(i + 1, len(paths))
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise DecodeError("; ".join(bad[:5]) + more)
     return out
 
 
 def score_images(detector: Detector, images: Iterable[np.ndarray], batch: int = 16) -> np.ndarray:
-    out, buf = [], []
-    for img in images:
-        buf.append(img)
-        if len(buf) == batch:
-            out.append(detector.score(buf))
-            buf = []
-    if buf:
-        out.append(detector.score(buf))
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
-
+    """Score decoded images with ``detector`` through the one scoring loop (NaN where it cannot)."""
+    scored = score_records(((i, img) for i, img in enumerate(images)), detector,
+                           members_of=lambda r: [(f"image {r[0]}", r[1])], batch_size=batch,
+                           images_only=False)
+    return np.array([res.score for _, res in scored], dtype=np.float32)
 
 
 def chain_auroc_table(scored: pd.DataFrame, steps: Sequence[int] = EVAL_STEPS) -> pd.DataFrame:

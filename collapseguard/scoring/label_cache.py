@@ -4,7 +4,8 @@
 remembers the result in ``cache_path`` (Parquet, or CSV when the name ends in ``.csv``), keyed by
 the SHA-256 of the image's encoded bytes. Re-running with the same cache skips every image already
 labelled, so a slow judge (a 7B VLM) can be stopped and resumed, and identical images (same bytes)
-are scored once.
+are scored once. Images are scored through the one scoring loop (``scoring.records``): decoded,
+capped and batched as ``score`` and ``filter`` do.
 
 Rows record a status: ``ok`` (finite score), ``nan`` (the detector could not score it, e.g. an
 unparseable VLM answer — kept so a deterministic failure is not retried; pass ``retry_nan=True``
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.detectors.base import Detector, DetectorError
+from collapseguard.scoring.records import score_records
 
 CACHE_COLUMNS = ["key", "path", "score", "raw", "status", "detector", "detector_version"]
 
@@ -144,8 +146,6 @@ def label_images(
         detector_version`` (``score``/``raw`` NaN unless status is ``ok``; ``raw`` is the
         detector's raw value where it has one, e.g. a VLM rating, else equal to ``score``).
     """
-    from collapseguard.images import DecodeError, decode_image
-
     cache_path = Path(cache_path)
     name, version = str(detector.name), str(detector.version)
     cache = read_cache(cache_path)
@@ -157,7 +157,6 @@ def label_images(
     bs = max(1, int(batch_size or getattr(detector, "batch_size", 16) or 16))
 
     order: list[tuple[str, str, str]] = []  # (key, path, status-if-unreadable)
-    pending: list[tuple[str, str, np.ndarray]] = []
     new_rows: list[dict] = []
     mine: set[str] = set()  # keys this run labelled (they win over what another writer stored)
     since_flush = 0
@@ -165,24 +164,6 @@ def label_images(
     def row(key, path, score, raw, status):
         return {"key": key, "path": path, "score": score, "raw": raw, "status": status,
                 "detector": name, "detector_version": version}
-
-    def flush_batch():
-        nonlocal since_flush
-        if not pending:
-            return
-        out = detector.score_detailed([img for _, _, img in pending])
-        scores = np.asarray(out["score"], dtype=np.float64)
-        raws = np.asarray(out.get("raw", out["score"]), dtype=np.float64)
-        if scores.shape != (len(pending),):
-            raise DetectorError(f"{name} returned {scores.shape} scores for {len(pending)} images")
-        for (key, path, _), s, r in zip(pending, scores, raws):
-            ok = bool(np.isfinite(s))
-            rec = row(key, path, float(s) if ok else np.nan, float(r) if ok else np.nan, "ok" if ok else "nan")
-            known[key] = rec
-            new_rows.append(rec)
-            mine.add(key)
-        since_flush += len(pending)
-        pending.clear()
 
     def save():
         # another process may have added labels since this one read the cache: read it back
@@ -197,32 +178,37 @@ def label_images(
             _write_cache(pd.DataFrame(list(known.values()), columns=CACHE_COLUMNS), cache_path)
         since_flush = 0
 
-    queued: set[str] = set()
-    for item in items:
-        path, data, status = _read_item(item)
-        if data is None:
-            order.append(("", path, status))
-        else:
-            key = image_key(data)
-            order.append((key, path, ""))
-            if (key not in known or key in retry) and key not in queued:
-                try:
-                    img = decode_image(data)
-                except DecodeError:
-                    rec = row(key, path, np.nan, np.nan, "decode_error")
-                    known[key] = rec
-                    new_rows.append(rec)
-                    mine.add(key)
-                else:
-                    pending.append((key, path, img))
+    def to_label():
+        """The items that need a label, once per content hash, as (key, path, bytes)."""
+        queued: set[str] = set()
+        for item in items:
+            path, data, status = _read_item(item)
+            if data is None:
+                order.append(("", path, status))
+            else:
+                key = image_key(data)
+                order.append((key, path, ""))
+                if (key not in known or key in retry) and key not in queued:
                     queued.add(key)
-                if len(pending) >= bs:
-                    flush_batch()
-                    if since_flush >= flush_every:
-                        save()
-        if progress is not None:
-            progress(1)
-    flush_batch()
+                    yield key, path, data
+            if progress is not None:
+                progress(1)
+
+    # the one scoring loop: decoding (pixel caps), batches, NaN and a detector's wrong count
+    for (key, path, _), res in score_records(to_label(), detector, batch_size=bs,
+                                             members_of=lambda r: [(r[1] or "image", r[2])],
+                                             images_only=False):
+        if res.status == "ok":
+            rec = row(key, path, res.score, res.extra.get("raw", res.score), "ok")
+        else:
+            rec = row(key, path, np.nan, np.nan, "decode_error" if res.status == "decode_error" else "nan")
+        known[key] = rec
+        new_rows.append(rec)
+        mine.add(key)
+        if res.status != "decode_error":
+            since_flush += 1
+        if since_flush >= flush_every:
+            save()
     if new_rows or not cache_path.is_file():
         save()
 

@@ -1,0 +1,138 @@
+"""Every scorer of images goes through the one scoring loop (scoring.records): the same bad file
+gets the same reason from score_records, the calibration table, training's held-out scoring, the
+label cache and evaluate, and the same image the same score; a detector that refuses a batch is
+asked again image by image where the caller wants that."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from collapseguard.calibration.scoring import score_table
+from collapseguard.detectors import create
+from collapseguard.detectors.base import Detector, DetectorError
+from collapseguard.evaluation.scoring import score_manifest
+from collapseguard.images import DecodeError, encode_png, load_image
+from collapseguard.scoring.label_cache import label_images
+from collapseguard.scoring.records import decode_members, score_batch, score_records
+from collapseguard.training.metrics import score_images, score_paths
+
+
+class RefusesBatches(Detector):
+    """nss's scores, but refuses any batch of more than one image, and every image wider than 250."""
+
+    name, version = "test-refuses-batches", "1"
+
+    def __init__(self):
+        self.inner = create("nss")
+
+    def score(self, images):
+        if len(images) > 1:
+            raise RuntimeError("batch refused")
+        if images[0].shape[1] > 250:
+            raise RuntimeError("too wide")
+        return self.inner.score(images)
+
+
+class WrongCount(Detector):
+    name, version = "test-wrong-count", "1"
+
+    def score(self, images):
+        return np.zeros(len(images) + 1, np.float32)
+
+
+@pytest.fixture(scope="module")
+def files(photos, tmp_path_factory):
+    """Three real photos as PNG files, a truncated PNG and a file that is no image at all."""
+    d = tmp_path_factory.mktemp("imgs")
+    paths = []
+    for i, p in enumerate(photos[:3]):
+        path = d / f"p{i}.png"
+        path.write_bytes(encode_png(p[:160, :200]))
+        paths.append(path)
+    cut = d / "cut.png"
+    cut.write_bytes(encode_png(photos[3])[:3000])
+    junk = d / "junk.png"
+    junk.write_bytes(b"not a png")
+    return paths, cut, junk
+
+
+def test_one_reason_for_a_bad_file_everywhere(files, tmp_path):
+    good, cut, junk = files
+    nss = create("nss")
+    reason = decode_members([(str(cut), cut.read_bytes())])[1][0]
+    assert reason.startswith(f"{cut}: ")
+    [(_, res)] = list(score_records([cut], nss, members_of=lambda p: [(str(p), p.read_bytes())]))
+    assert res.status == "decode_error" and res.error == reason
+
+    # training's held-out scoring: every bad file named, once all were tried
+    with pytest.raises(DecodeError) as info:
+        score_paths(nss, [str(p) for p in [good[0], cut, good[1], junk]])
+    assert str(cut) in str(info.value) and str(junk) in str(info.value)
+    with pytest.raises(DecodeError, match="missing.png"):
+        score_paths(nss, [str(tmp_path / "missing.png")])
+
+    # the calibration's table: NaN for the bad file, the others scored
+    m = pd.DataFrame({"chain_id": "c", "source_image": "s", "family": "f", "task": "t",
+                      "step": [0, 1, 2], "path": [str(good[0]), str(cut), str(good[1])]})
+    t = score_table(nss, m)
+    assert np.isnan(t["score"].iloc[1]) and np.isfinite(t["score"].iloc[[0, 2]]).all()
+    assert t["storage"].tolist() == ["png", "", "png"]
+
+    # the label cache: a recorded decode_error
+    lab = label_images(nss, [str(good[0]), str(cut)], tmp_path / "labels.parquet")
+    assert lab["status"].tolist() == ["ok", "decode_error"]
+
+    # evaluate: decode_error with the same reason for every detector
+    scores, _, _ = score_manifest(m, [nss], warmup=False)
+    assert scores["error"].iloc[1] == f"decode_error: {reason}"[:300]
+
+    # and the same image scores the same in each
+    direct = nss.score([load_image(good[0])])[0]
+    assert t["score"].iloc[0] == pytest.approx(direct, rel=1e-6)
+    assert lab["score"].iloc[0] == pytest.approx(direct, rel=1e-6)
+    assert scores["score"].iloc[0] == pytest.approx(direct, rel=1e-6)
+    assert score_paths(nss, [str(good[0])])[0] == pytest.approx(direct, rel=1e-6)
+
+
+def test_training_scoring_applies_the_transform_and_scores_arrays(files, photos):
+    good, _, _ = files
+    nss = create("nss")
+    flat = score_paths(nss, [str(p) for p in good], transform=lambda im: np.full_like(im, 128))
+    assert len(set(flat.tolist())) == 1  # every image became the same grey picture
+    arrays = [p[:160, :200] for p in photos[:3]]
+    np.testing.assert_allclose(score_images(nss, arrays, batch=2), nss.score(arrays), rtol=1e-6)
+    np.testing.assert_allclose(score_paths(nss, [str(p) for p in good], batch=2),
+                               nss.score(arrays), rtol=1e-6)
+
+
+def test_a_refused_batch_is_retried_one_by_one_only_when_asked(photos, files):
+    imgs = [photos[0][:200, :200], photos[1][:200, :300], photos[2][:200, :200]]
+    det = RefusesBatches()
+    with pytest.raises(RuntimeError, match="batch refused"):
+        score_batch(det, imgs)
+    detail, errors = score_batch(det, imgs, retry=True)
+    assert errors == ["", "RuntimeError: too wide", ""]
+    assert np.isfinite(detail["score"][[0, 2]]).all() and np.isnan(detail["score"][1])
+    out = list(score_records(imgs, det, members_of=lambda im: [("x.png", im)], retry=True))
+    assert [r.status for _, r in out] == ["ok", "score_error", "ok"]
+    assert out[1][1].error == "RuntimeError: too wide"
+    with pytest.raises(RuntimeError, match="batch refused"):
+        list(score_records(imgs, det, members_of=lambda im: [("x.png", im)]))
+    # evaluate asks again, image by image; the calibration stops at a detector that raises
+    good, _, _ = files
+    m = pd.DataFrame({"chain_id": "c", "source_image": "s", "family": "f", "task": "t",
+                      "step": [0, 1], "path": [str(good[0]), str(good[1])]})
+    scores, _, _ = score_manifest(m, [det], warmup=False)
+    assert np.isfinite(scores["score"]).all() and (scores["error"] == "").all()
+    with pytest.raises(RuntimeError, match="batch refused"):
+        score_table(det, m)
+
+
+def test_a_wrong_number_of_scores_is_a_detector_error(photos, tmp_path):
+    imgs = [photos[0][:64, :64]]
+    with pytest.raises(DetectorError, match="returned 2 scores for 1 images"):
+        list(score_records(imgs, WrongCount(), members_of=lambda im: [("x.png", im)]))
+    with pytest.raises(DetectorError, match="returned 2 scores"):
+        label_images(WrongCount(), [encode_png(imgs[0])], tmp_path / "l.parquet")
