@@ -129,6 +129,16 @@ def test_a_degraded_copy_scores_higher(built, images):
     assert (b > a).all(), (a, b)
 
 
+def test_the_detector_options_help_names_every_shipped_detector():
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+
+    res = CliRunner().invoke(main, ["score", "--help"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and all(f"{k}," in text or f"{k}." in text for k in shipped_detectors())
+
+
 def test_registry_keys_and_descriptions():
     assert base.registry_key(" nss") == "nss"
     assert base.registry_key("pyiqa:piqe") == "pyiqa:"

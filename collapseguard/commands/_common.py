@@ -6,13 +6,14 @@ import os
 
 import click
 
-from collapseguard.detectors import DEFAULT_DETECTOR, create
+from collapseguard.detectors import DEFAULT_DETECTOR, create, list_detectors
 
 
 def detector_option(default: str = DEFAULT_DETECTOR):
+    names = ", ".join(list_detectors())  # the registry's names, so the help never lags behind it
     return click.option("--detector", "-d", default=default, show_default=True,
-                        help="Detector name: cnn, cnn:<weights.safetensors>, nss, pyiqa:<metric>, vlm:<model>, "
-                             "rali:<dir>, ens:<a>+<b> (see `collapseguard detectors`).")
+                        help=f"Detector name: {names}. A name ending in ':' takes an argument, "
+                             "e.g. pyiqa:piqe or ens:cnn+nss; `collapseguard detectors` describes each.")
 
 
 def workers_option(default: int | None = None):
