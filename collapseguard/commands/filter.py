@@ -38,11 +38,14 @@ from collapseguard.commands._common import (
 @click.option("--runtime", type=click.Choice(["auto", "torch", "onnx"]), default="auto", show_default=True,
               help="What runs the cnn detectors: onnxruntime on the CPU (auto: when installed; the "
                    "same scores within 1e-4, workers without torch) or torch.")
+@click.option("--reshard", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also write the kept samples into even shards of N samples: <out>/resharded/ "
+                   "with key_map.parquet (key -> shard) and the img2dataset parquet rows per shard.")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
-               no_rejected, reject_no_image, dry_run, engine, batch_size, runtime, trust_pickle,
-               quiet):
+               no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
+               trust_pickle, quiet):
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
     through byte for byte. INPUTS are .tar shards, folders of shards, or brace patterns such as
     'data/shard-{000..099}.tar'. Exits non-zero if any shard failed, naming it."""
@@ -50,6 +53,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
 
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
+    if reshard is not None and dry_run:
+        raise click.UsageError("--reshard writes kept samples; it cannot be combined with --dry-run")
     from collapseguard.detectors.cnn_family import set_default_runtime
 
     click.get_current_context().call_on_close(set_default_runtime(runtime))
@@ -67,6 +72,13 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         click.echo(format_summary(summary, out), err=True)
     if summary["shards_failed"]:
         raise click.ClickException("failed shard(s): " + ", ".join(summary["shards_failed"]))
+    if reshard is not None:
+        from collapseguard.filter.pipeline import shard_name
+        from collapseguard.filter.reshard import reshard as write_resharded
+        done = write_resharded(out, [shard_name(r["shard"]) for r in summary["per_shard"]], reshard)
+        if not quiet:
+            click.echo(f"resharded: {done['samples']} kept samples into {done['shards']} shard(s) "
+                       f"of {reshard} in {os.path.join(out, 'resharded')}", err=True)
 
 
 def format_summary(summary: dict, out: str) -> str:

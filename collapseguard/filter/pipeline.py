@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
+from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
@@ -152,7 +153,7 @@ def outputs_match(marker: dict, out_dir: str) -> bool:
             return False
         if out.size(name) != want.get("size") or out.digest(name) != want:
             return False
-    return True
+    return sidecars.still_valid(marker, str(marker.get("shard", "")), out)
 
 
 def process_shard(shard: str, options: FilterOptions, detector=None,
@@ -167,6 +168,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         detector = get_detector(options.detector, options.detector_kwargs)
     t0 = time.perf_counter()
     identity = input_identity(shard)  # before reading: a shard changed meanwhile is redone on resume
+    side_identity = sidecars.input_identity(sidecars.find_sidecars(shard))
+    side: list[tuple[str, str]] = []  # (staged, name) of img2dataset's NNNNN.parquet, ...
     out = open_out_dir(options.out_dir)
     names = output_names(shard)
     write_kept = not options.dry_run
@@ -190,6 +193,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
                     out.discard(staged[key])
                 except OSError:
                     pass
+        for tmp, _ in side:
+            Path(tmp).unlink(missing_ok=True)
 
     try:
         gz = is_gzip_name(shard_name(shard))  # a .tar.gz/.tgz shard's outputs are gzipped too
@@ -256,10 +261,20 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         for key, w in (("kept", kept_w), ("rejected", rej_w)):
             if w is not None:
                 outputs[key] = {"size": w.size, "sha256": w.sha256}
+        side = sidecars.write_sidecars(
+            shard, list(zip(rows["key"], rows["decision"], rows["reason"])),
+            outputs=tuple(k for k in ("kept", "rejected") if written[k]),
+            summary={"detector": detector.name, "detector_version": detector.version,
+                     "threshold": options.threshold, "kept": rows["decision"].count("kept"),
+                     "rejected": rows["decision"].count("rejected")},
+            stage=lambda name: out.stage(name, rid))
+        side_outputs = {name: file_digest(Path(tmp)) for tmp, name in side}
         check_still_owner(options)
         for key in ("kept", "rejected", "scores"):
             if key in outputs:
                 out.commit(staged[key], names[key])
+        for tmp, name in side:
+            out.commit(tmp, name)
     except BaseException:
         kept_w = rej_w = None  # closed already
         discard_all()
@@ -279,6 +294,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "input": {k: v for k, v in identity.items() if k != "path"},
         "outputs": outputs,
     }
+    if side_identity:
+        record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
     tmp_marker = staged["marker"]
     try:
         Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))

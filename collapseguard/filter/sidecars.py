@@ -1,0 +1,167 @@
+"""Sidecar files of a shard (img2dataset / DataComp layouts), carried to kept/ and rejected/.
+
+img2dataset writes ``00000.tar`` with ``00000.parquet`` (one row per attempted sample, a ``key``
+column) and ``00000_stats.json`` beside it. The sidecars of shard ``<stem>.tar`` are the files of
+its folder named ``<stem>_stats.json`` or ``<stem>.<anything>``, except tars and ``<stem>.tar*``
+(indexes or checksums of the input tar, which would be wrong for a filtered one), and except files
+that belong to a longer-named shard of the same folder (``a.b.parquet`` is ``a.b.tar``'s).
+
+Each output shard gets its own copy:
+
+- ``<stem>.parquet`` keeps exactly the rows whose ``key`` is a sample that output holds (same
+  schema and row order). A parquet without a ``key`` column cannot be split and is refused.
+- ``<stem>_stats.json`` follows img2dataset's fields: ``count``, ``failed_to_download``,
+  ``failed_to_resize``, ``duration`` and the rest stay as the input has them (they describe the
+  download); ``successes`` is the number of samples in this output shard; ``status_dict`` keeps
+  the input's statuses with ``success`` replaced by that number and the samples now in the other
+  output counted as ``collapseguard: <reason>``, so the statuses still add up to ``count`` when
+  they did; ``collapseguard`` records the filter's result (detector, threshold, kept, rejected,
+  reasons, the input's ``successes``).
+- anything else is copied byte for byte.
+
+Output bytes depend only on the inputs and the filter's settings (no times), so a resumed run
+writes the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+class SidecarError(ValueError):
+    """A sidecar file cannot be carried (unreadable parquet or stats, no key column)."""
+
+
+def stem_of(shard: str) -> str:
+    name = os.path.basename(shard)
+    for suf in (".tar.gz", ".tgz", ".tar"):
+        if name.endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def find_sidecars(shard: str) -> list[Path]:
+    """The sidecar files of a local ``shard`` (see the module docstring), sorted by name; none
+    for a URL or ``pipe:`` shard."""
+    from collapseguard.io.urls import is_remote
+    if is_remote(shard):
+        return []
+    folder = Path(shard).parent
+    stem = stem_of(shard)
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_file())
+    except OSError:
+        return []
+    stems = {stem_of(n) for n in names if n.endswith(TAR_SUFFIXES)}
+    longer = [s for s in stems if s != stem and s.startswith(stem + ".")]
+    out = []
+    for n in names:
+        if n.endswith(TAR_SUFFIXES) or n.startswith(stem + ".tar") or n.endswith(".tmp"):
+            continue
+        if not (n == f"{stem}_stats.json" or n.startswith(stem + ".")):
+            continue
+        if any(n == f"{s}_stats.json" or n.startswith(s + ".") for s in longer):
+            continue
+        out.append(folder / n)
+    return out
+
+
+def input_identity(paths: list[Path]) -> dict:
+    """Name -> size and mtime of the sidecar inputs (a changed sidecar redoes the shard)."""
+    out = {}
+    for p in paths:
+        st = p.stat()
+        out[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, summary: dict) -> bytes:
+    try:
+        stats = json.loads(src.read_text())
+        if not isinstance(stats, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise SidecarError(f"{src}: cannot read the stats file ({exc})") from None
+    out = dict(stats)
+    input_successes = stats.get("successes")
+    out["successes"] = held
+    status = stats.get("status_dict")
+    status = dict(status) if isinstance(status, dict) else {}
+    status["success"] = held
+    for reason, n in sorted(other.items()):
+        status[f"collapseguard: {reason}"] = n
+    out["status_dict"] = status
+    out["collapseguard"] = {**summary, "output": output, "input_successes": input_successes,
+                            "reasons": dict(sorted(reasons.items()))}
+    return (json.dumps(out, indent=4, sort_keys=False) + "\n").encode()
+
+
+def _parquet(src: Path, keys: set[str], tmp: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    try:
+        table = pq.read_table(src)
+    except (OSError, pa.ArrowException) as exc:
+        raise SidecarError(f"{src}: cannot read the parquet sidecar ({exc})") from None
+    if "key" not in table.column_names:
+        raise SidecarError(f"{src}: a shard's parquet needs a 'key' column (img2dataset's) to be "
+                           f"split between kept/ and rejected/; columns: {table.column_names}")
+    col = pc.cast(table.column("key"), pa.string())
+    mask = pc.is_in(col, value_set=pa.array(sorted(keys), pa.string()))
+    pq.write_table(table.filter(pc.fill_null(mask, False)), tmp)
+
+
+def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
+                   outputs: tuple[str, ...], summary: dict, stage) -> list[tuple[str, str]]:
+    """Write each output's sidecars under staged names; returns ``(staged, name)`` pairs (name
+    relative to ``--out``) for the caller to commit with the shard.
+
+    ``decisions`` is ``(key, decision, reason)`` per sample of the shard; ``outputs`` the outputs
+    written (``"kept"``, and ``"rejected"`` unless it is not); ``stage(name)`` the local path to
+    write an output to before it is committed (``io.outdir``).
+    """
+    sidecars = find_sidecars(shard)
+    if not sidecars:
+        return []
+    keys = {o: {k for k, d, _ in decisions if d == o} for o in ("kept", "rejected")}
+    reasons = {o: Counter(r for _, d, r in decisions if d == o) for o in ("kept", "rejected")}
+    pairs: list[tuple[str, str]] = []
+    try:
+        for output in outputs:
+            other = "rejected" if output == "kept" else "kept"
+            for src in sidecars:
+                name = f"{output}/{src.name}"
+                staged = stage(name)
+                pairs.append((staged, name))
+                if src.name.endswith(".parquet"):
+                    _parquet(src, keys[output], Path(staged))
+                elif src.name == f"{stem_of(shard)}_stats.json":
+                    Path(staged).write_bytes(_stats(src, output, len(keys[output]), reasons[other],
+                                                    reasons[output], summary))
+                else:
+                    Path(staged).write_bytes(src.read_bytes())
+    except BaseException:
+        for staged, _ in pairs:
+            Path(staged).unlink(missing_ok=True)
+        raise
+    return pairs
+
+
+def output_names(shard: str) -> list[str]:
+    """The names (relative to ``--out``) a shard's sidecars can have among the outputs."""
+    return [f"{o}/{src.name}" for src in find_sidecars(shard) for o in ("kept", "rejected")]
+
+
+def still_valid(marker: dict, shard: str, out) -> bool:
+    """Do the sidecars recorded in a completion marker match the inputs now and the outputs in
+    ``out`` (an ``io.outdir`` store)?"""
+    recorded = marker.get("sidecars") or {"inputs": {}, "outputs": {}}
+    if recorded.get("inputs", {}) != input_identity(find_sidecars(shard)):
+        return False
+    return all(out.digest(name) == want for name, want in (recorded.get("outputs") or {}).items())

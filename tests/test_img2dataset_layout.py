@@ -1,0 +1,134 @@
+"""img2dataset / DataComp layouts: a shard's parquet and stats sidecars follow its samples into
+kept/ and rejected/, and --reshard rewrites the kept samples into even shards."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pandas as pd
+import pytest
+from cg_testutil import degrade, make_shard, read_members
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+from collapseguard.detectors import create
+
+
+def run_cli(args, expect=0):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+
+
+def img2dataset_shard(folder, index: int, photos, failed: int = 2):
+    """An img2dataset-style shard: NNNNN.tar, NNNNN.parquet (one row per URL tried, failed
+    downloads included, a key column), NNNNN_stats.json with img2dataset's fields."""
+    stem = f"{index:05d}"
+    members = make_shard(folder / f"{stem}.tar", photos)
+    keys = list(dict.fromkeys(n.split(".")[0] for n, _ in members))
+    rows = [{"url": f"https://example.com/{k}.jpg", "caption": f"caption of {k}", "key": k,
+             "status": "success", "error_message": None, "width": 320, "height": 240}
+            for k in keys]
+    rows += [{"url": f"https://example.com/gone{i}.jpg", "caption": "gone", "key": f"{stem}9{i:03d}",
+              "status": "failed_to_download", "error_message": "404", "width": None, "height": None}
+             for i in range(failed)]
+    pd.DataFrame(rows).to_parquet(folder / f"{stem}.parquet", index=False)
+    stats = {"count": len(rows), "successes": len(keys), "failed_to_download": failed,
+             "failed_to_resize": 0, "duration": 12.5, "start_time": 1.0, "end_time": 13.5,
+             "status_dict": {"success": len(keys), "404": failed}}
+    (folder / f"{stem}_stats.json").write_text(json.dumps(stats, indent=4))
+    (folder / f"{stem}.txt").write_text("a note beside the shard\n")
+    return members, keys
+
+
+@pytest.fixture()
+def shard_set(tmp_path, photos):
+    d = tmp_path / "img2dataset"
+    d.mkdir()
+    sets = [img2dataset_shard(d, 0, photos[:2]), img2dataset_shard(d, 1, photos[2:])]
+    det = create("nss")
+    clean = det.score(photos)
+    bad = det.score([degrade(p, seed=i) for i, p in enumerate(photos)])
+    assert bad.min() > clean.max()
+    return d, sets, float((bad.min() + clean.max()) / 2)
+
+
+def test_sidecars_follow_their_samples(shard_set, tmp_path):
+    d, sets, t = shard_set
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    for i, (members, keys) in enumerate(sets):
+        stem = f"{i:05d}"
+        scores = pd.read_parquet(out / "scores" / f"{stem}.parquet")
+        for output in ("kept", "rejected"):
+            held = list(dict.fromkeys(n.split(".")[0] for n, _ in read_members(out / output / f"{stem}.tar")))
+            assert held == scores.loc[scores["decision"] == output, "key"].tolist() and held
+            meta = pd.read_parquet(out / output / f"{stem}.parquet")
+            assert meta["key"].tolist() == held  # exactly the rows of the samples it holds
+            original = pd.read_parquet(d / f"{stem}.parquet").set_index("key")
+            pd.testing.assert_frame_equal(meta.set_index("key"), original.loc[held])
+            stats = json.loads((out / output / f"{stem}_stats.json").read_text())
+            assert stats["successes"] == len(held)
+            assert stats["count"] == len(keys) + 2 and stats["failed_to_download"] == 2
+            assert sum(stats["status_dict"].values()) == stats["count"]
+            other = "rejected" if output == "kept" else "kept"
+            assert stats["collapseguard"]["output"] == output
+            assert stats["collapseguard"][other] == len(keys) - len(held)
+            assert stats["collapseguard"]["threshold"] == pytest.approx(t)
+            assert (out / output / f"{stem}.txt").read_bytes() == (d / f"{stem}.txt").read_bytes()
+        rej = json.loads((out / "rejected" / f"{stem}_stats.json").read_text())
+        assert rej["status_dict"]["collapseguard: kept"] == len(keys) // 2
+    # resumed: nothing redone, the same bytes; a changed sidecar redoes its shard
+    before = {p.name: p.read_bytes() for p in (out / "kept").iterdir()}
+    res = run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1"])
+    assert json.loads((out / "summary.json").read_text())["per_shard"][0]["status"] == "resumed"
+    assert {p.name: p.read_bytes() for p in (out / "kept").iterdir()} == before
+    (d / "00001.txt").write_text("changed\n")
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    statuses = [s["status"] for s in json.loads((out / "summary.json").read_text())["per_shard"]]
+    assert statuses == ["resumed", "done"], res.output
+    assert (out / "kept" / "00001.txt").read_text() == "changed\n"
+
+
+def test_parquet_without_key_column_fails_that_shard_by_name(shard_set, tmp_path):
+    d, _, t = shard_set
+    pd.DataFrame({"url": ["x"]}).to_parquet(d / "00001.parquet")
+    res = run_cli(["filter", d, "-o", tmp_path / "out", "-d", "nss", "--threshold", t, "-w", "1",
+                   "-q"], expect=1)
+    assert "00001" in res.output
+    assert (tmp_path / "out/kept/00000.parquet").is_file()
+    assert not (tmp_path / "out/kept/00001.parquet").exists()
+
+
+@pytest.mark.parametrize("n", [1, 3, 100])
+def test_reshard_round_trips_every_kept_sample_once(shard_set, tmp_path, n):
+    d, _, t = shard_set
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q",
+             "--reshard", n])
+    kept = read_members(out / "kept/00000.tar") + read_members(out / "kept/00001.tar")
+    shards = sorted((out / "resharded").glob("*.tar"))
+    resharded = [m for s in shards for m in read_members(s)]
+    assert resharded == kept  # every member once, byte for byte, in order
+    sizes = [len({name.split(".")[0] for name, _ in read_members(s)}) for s in shards]
+    total = len({name.split(".")[0] for name, _ in kept})
+    assert sizes == [n] * (total // n) + ([total % n] if total % n else [])
+    key_map = pd.read_parquet(out / "resharded/key_map.parquet")
+    assert key_map["key"].is_unique and len(key_map) == total
+    for s in shards:
+        keys = list(dict.fromkeys(name.split(".")[0] for name, _ in read_members(s)))
+        assert key_map.loc[key_map["shard"] == s.name, "key"].tolist() == keys
+        assert pd.read_parquet(s.with_suffix(".parquet"))["key"].tolist() == keys
+
+
+def test_reshard_refuses_a_key_in_two_shards(tmp_path, photos):
+    d = tmp_path / "in"
+    d.mkdir()
+    make_shard(d / "a.tar", photos[:1], degraded=False)
+    (d / "b.tar").write_bytes((d / "a.tar").read_bytes())  # the same keys again
+    res = run_cli(["filter", d, "-o", tmp_path / "out", "-d", "nss", "--threshold", "1e9", "-w", "1",
+                   "-q", "--reshard", "2"], expect=1)
+    assert "is in both kept/a.tar and kept/b.tar" in res.output
+    assert not (tmp_path / "out/resharded").exists()
+    assert collections.Counter(read_members(tmp_path / "out/kept/a.tar"))
