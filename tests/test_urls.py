@@ -169,7 +169,7 @@ def test_http_shards_filter_like_the_files(tmp_path, http_root, shards, threshol
     marker = json.loads((out / ".done/shard-0.json").read_text())
     assert marker["input"]["size"] == (shards / "shard-0.tar").stat().st_size
     assert "last_modified" in marker["input"]
-    with pytest.raises(InputError, match="no such file or folder"):
+    with pytest.raises(InputError, match="no such object or folder"):
         expand_inputs([f"{http_root}/shard-7.tar"])
     # score reads a shard over http as from the file: same rows but the source
     run_cli(["score", f"{http_root}/shard-0.tar", "-d", "nss", "-q", "-o", tmp_path / "http.csv"])
@@ -321,7 +321,7 @@ def test_loose_images_from_an_s3_prefix_score_like_the_files(tmp_path, s3, photo
     web, local = (pd.read_csv(tmp_path / n, keep_default_na=False) for n in ("s3.csv", "file.csv"))
     assert list(web.key) == ["a.png", "sub/b.png"] and set(web.source) == {"s3://data/imgs"}
     assert web.drop(columns="source").equals(local.drop(columns="source"))
-    with pytest.raises(InputError, match="no such file or folder"):
+    with pytest.raises(InputError, match="no such object or folder"):
         expand_inputs(["s3://data/nothing-here.tar"])
 
 
@@ -345,3 +345,23 @@ def test_calibrate_clean_images_from_urls_match_the_folder(tmp_path, s3, photos,
     res = run_cli(["calibrate", "--chains", tmp_path, "--clean", tmp_path / "missing", "--detector", "nss",
                    "--out", tmp_path / "c.json"], expect=2)
     assert "missing: no such file or folder" in res.output
+
+
+def test_any_fsspec_protocol_and_file_urls(tmp_path, shards, threshold, local_ref):
+    """memory:// (shipped with fsspec) stands for any installed protocol; a file: --out is the
+    local folder; a protocol whose package is missing says which package to install."""
+    import fsspec
+    mem = fsspec.filesystem("memory")
+    for s in range(2):
+        mem.pipe_file(f"/set/shard-{s}.tar", (shards / f"shard-{s}.tar").read_bytes())
+    run_cli(["filter", "memory://set/shard-{0..1}.tar", "-o", f"file://{tmp_path}/out", "-d", "nss",
+             "--threshold", threshold, "-w", "1", "-q"])
+    assert outputs(tmp_path / "out") == local_ref and (tmp_path / "out/summary.json").is_file()
+    run_cli(["filter", "memory://set/", "-o", "memory://filtered", "-d", "nss", "--threshold",
+             threshold, "-w", "1", "-q"])
+    assert {k: mem.cat_file(f"/filtered/{k}") for k in local_ref} == local_ref
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(InputError, match="gcsfs"):
+            expand_inputs(["gs://bucket/shard-0.tar"])

@@ -30,6 +30,7 @@ from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
     input_identity,
+    lock_owner,
     output_names,
     outputs_match,
     read_marker,
@@ -253,6 +254,7 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     workers run in another folder (Ray actors) read and write the same files.
     """
     t0 = time.perf_counter()
+    options = replace(options, out_dir=local_path(options.out_dir) or options.out_dir)  # file:
     refuse_out_inside_inputs(inputs, options.out_dir)
     shards = plan_shards(inputs, options.out_dir)
     out = make_out_dir(options.out_dir)
@@ -309,13 +311,17 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
     run_seconds = time.perf_counter() - t_run
     summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
-    write_summary(options.out_dir, summary)
+    write_summary(options.out_dir, summary, options.run_id)
     return summary
 
 
-def write_summary(out_dir: str, summary: dict) -> None:
+def write_summary(out_dir: str, summary: dict, run_id: str = "") -> None:
     """Write summary.json; a full, read-only or vanished --out is one FilterError line and leaves
-    no temporary file."""
+    no temporary file. Given ``run_id``, the lock must still hold it: an --out removed (or
+    replaced) during the run is not written into again."""
+    if run_id and lock_owner(out_dir) != run_id:
+        raise FilterError(f"--out {out_dir} was removed or replaced during the run (its .lock is "
+                          "gone): its outputs are not complete; run again to finish them")
     try:
         open_out_dir(out_dir).write_text("summary.json", json.dumps(summary, indent=2,
                                                                     sort_keys=False))
@@ -384,6 +390,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         threshold_for_drop_fraction,
     )
 
+    out = local_path(str(out)) or str(out)  # a file: URL is its local path
     base = dict(out_dir=str(out), detector=detector.name, detector_kwargs=tuple(kwargs),
                 batch_size=batch_size, reject_no_image=reject_no_image,
                 write_rejected=write_rejected, dry_run=dry_run)

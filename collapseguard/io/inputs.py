@@ -70,9 +70,12 @@ def _expand_url(raw: str, shards: list[str], files: list[ImageFile]) -> None:
         try:
             entries = list_url(url)
         except FileNotFoundError:
-            raise InputError(f"{url}: no such file or folder") from None
-        except (URLError, OSError) as exc:
-            raise InputError(f"{url}: cannot be read: {exc}") from None
+            raise InputError(f"{url}: no such object or folder (or the server cannot be "
+                             "reached)") from None
+        except URLError as exc:
+            raise InputError(str(exc)) from None
+        except OSError as exc:
+            raise InputError(f"{url}: cannot be read: {type(exc).__name__}: {exc}") from None
         if not entries:
             raise InputError(f"{url!r} matched nothing")
         for u, key in entries:

@@ -247,8 +247,9 @@ def list_url(url: str) -> list[tuple[str, str | None]]:
     if folder:
         root = path.rstrip("/")
         found = sorted(fs.find(root if not web else path))
+        if web:  # an index page may link anywhere: only what lies below the folder is in it
+            found = [p for p in found if p.startswith(path) and ".." not in p[len(path):].split("/")]
         return [(p if web else fs.unstrip_protocol(p),
                  (p[len(path):] if web else p[len(root) + 1:]).lstrip("/")) for p in found]
-    if not fs.exists(path):
-        raise FileNotFoundError(f"{url}: no such object or folder")
+    fs.info(path)  # FileNotFoundError when nothing is there; the store's own error otherwise
     return [(url, None)]
