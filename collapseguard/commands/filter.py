@@ -20,7 +20,8 @@ from collapseguard.commands._common import (
 @click.command("filter")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
-              help="Output folder: kept/, rejected/, scores/, summary.json.")
+              help="Output folder, or an object-storage prefix (s3://bucket/out): kept/, "
+                   "rejected/, scores/, summary.json.")
 @detector_option()
 @threshold_options("Drop")
 @click.option("--drop-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
@@ -47,8 +48,9 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
                trust_pickle, quiet):
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
-    through byte for byte. INPUTS are .tar shards, folders of shards, or brace patterns such as
-    'data/shard-{000..099}.tar'. Exits non-zero if any shard failed, naming it."""
+    through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), folders of shards, or brace
+    patterns such as 'data/shard-{000..099}.tar', as paths or URLs ('pipe:CMD', http(s)://,
+    s3://, any fsspec protocol). Exits non-zero if any shard failed, naming it."""
     from collapseguard.filter.run import run_filter_cli
 
     if drop_fraction is not None and (threshold is not None or calibration is not None):

@@ -24,8 +24,9 @@ from collapseguard.io.terminal import printable
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def score(paths, detector, out, workers, trust_pickle, quiet):
-    """Score images in PATHS: image files, folders (recursive), .tar shards, or brace patterns
-    such as 'data/shard-{000..009}.tar'. Higher score = more degraded; an image that cannot be
+    """Score images in PATHS: image files, folders (recursive), shards (.tar, .tar.gz), or brace
+    patterns such as 'data/shard-{000..009}.tar', as paths or URLs ('pipe:CMD', http(s)://,
+    s3://, any fsspec protocol). Higher score = more degraded; an image that cannot be
     decoded gets an empty score and its error text."""
     from collapseguard.scoring.run import (
         check_table_suffix,
