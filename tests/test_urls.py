@@ -110,7 +110,8 @@ def s3(s3_server, monkeypatch, shards):
     shards uploaded to s3://data/set/."""
     import s3fs
     for k, v in (("AWS_ENDPOINT_URL", s3_server), ("AWS_ACCESS_KEY_ID", "test"),
-                 ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_DEFAULT_REGION", "us-east-1")):
+                 ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_DEFAULT_REGION", "us-east-1"),
+                 ("NO_PROXY", "127.0.0.1,localhost"), ("no_proxy", "127.0.0.1,localhost")):
         monkeypatch.setenv(k, v)
     s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem()

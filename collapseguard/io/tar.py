@@ -1,5 +1,8 @@
 """Reading WebDataset tar shards as samples of raw bytes, and writing them back deterministically.
 
+A shard is read front to back as a stream (``open_shard``): a local regular file, or a ``pipe:``
+or fsspec URL (``io.urls``); ``.tar.gz``/``.tgz`` shards are decompressed as they are read.
+
 A sample is a run of consecutive members sharing a key: the member path up to the first dot of
 its file name (webdataset's convention), e.g. ``a/0001.jpg`` and ``a/0001.json`` form sample
 ``a/0001``. Bytes are never decoded or re-encoded here.
