@@ -90,9 +90,15 @@ def filter_cmd(d: Path, out: Path) -> list[str]:
             "--out", str(out)]
 
 
-def test_workers_die_with_a_killed_parent_and_the_resume_is_identical(tmp_path, shards):
-    ref = tmp_path / "ref"
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory) -> dict[str, bytes]:
+    """The outputs of an uninterrupted run over ``shards``."""
+    ref = tmp_path_factory.mktemp("ref") / "out"
     subprocess.run(filter_cmd(shards, ref), check=True)
+    return outputs(ref)
+
+
+def test_workers_die_with_a_killed_parent_and_the_resume_is_identical(tmp_path, shards, reference):
     out = tmp_path / "out"
     proc = subprocess.Popen(filter_cmd(shards, out))
     deadline = time.time() + 180
@@ -107,14 +113,15 @@ def test_workers_die_with_a_killed_parent_and_the_resume_is_identical(tmp_path, 
         time.sleep(0.1)
     assert not [w for w in workers if alive(w)], "workers outlived their parent"
     subprocess.run(filter_cmd(shards, out), check=True)
-    assert outputs(out) == outputs(ref)
+    assert outputs(out) == reference
     assert not [p for p in out.rglob("*tmp")], "temporary files left behind"
 
 
-def test_a_marker_whose_output_was_cut_short_is_not_trusted(tmp_path, shards):
+def test_a_marker_whose_output_was_cut_short_is_not_trusted(tmp_path, shards, reference):
     out = tmp_path / "out"
     subprocess.run(filter_cmd(shards, out), check=True)
     ref = outputs(out)
+    assert ref == reference
     kept = out / "kept" / "race-0.tar"
     kept.write_bytes(kept.read_bytes()[: kept.stat().st_size // 2])  # as a stale writer would leave it
     subprocess.run(filter_cmd(shards, out), check=True)
@@ -154,7 +161,7 @@ def cli(args, expect=0):
 def cli_process(args, timeout=240) -> subprocess.CompletedProcess:
     """Run the command in a process of its own (for cases that could hang, or print to a tty)."""
     return subprocess.run([sys.executable, "-m", "collapseguard.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def png(photos, i=0) -> bytes:
@@ -418,7 +425,7 @@ def test_names_holding_terminal_escapes_are_printed_escaped(tmp_path, photos):
 def mount_tmpfs(path: Path, options: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip() or res.returncode})")
 
@@ -435,7 +442,7 @@ def tmpfs(tmp_path):
         return p
     yield make
     for p in reversed(mounted):
-        subprocess.run(["umount", "-l", str(p)], capture_output=True)
+        subprocess.run(["umount", "-l", str(p)], capture_output=True, check=False)
 
 
 def random_shard(path: Path, n: int, size: int, seed: int = 0) -> Path:
@@ -473,6 +480,22 @@ def test_a_full_disk_at_summary_time_is_one_line_and_leaves_no_tmp_file(tmpfs):
     with pytest.raises(FilterError, match="cannot write summary.json .* No space left on device"):
         write_summary(str(disk), {"shards_failed": [], "per_shard": ["x" * 100_000]})
     assert not no_tmp_files(disk) and not (disk / "summary.json").exists()
+    gone = disk / "gone"  # an --out removed under the run: its lock with this run's id went too
+    with pytest.raises(FilterError, match="removed or replaced during the run"):
+        write_summary(str(gone), {"shards_failed": []}, run_id="this-run")
+    assert not gone.exists()
+
+
+def test_an_out_removed_during_the_run_is_one_line_and_not_written_into_again(tmp_path, photos):
+    from collapseguard.detectors import create
+    from collapseguard.filter.pipeline import FilterOptions, RunLostError, process_shard
+    out = tmp_path / "out"
+    out.mkdir()  # no .lock: as after the folder was removed and made again by someone else
+    opts = FilterOptions(out_dir=str(out), detector="nss", threshold=1e9, run_id="this-run")
+    shard = tar_of(tmp_path / "s.tar", [("a.png", png(photos))])
+    with pytest.raises(RunLostError, match="removed or replaced during the run"):
+        process_shard(str(shard), opts, create("nss"))
+    assert not [p for p in out.rglob("*") if p.is_file()]
 
 
 def test_a_read_only_out_is_one_line_before_any_scoring(tmp_path, tmpfs, photos):
@@ -504,9 +527,7 @@ def test_a_hostile_calibration_file_is_one_line_and_nothing_is_written(tmp_path,
 # interrupted runs
 
 
-def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_path, shards):
-    ref = tmp_path / "ref"
-    subprocess.run(filter_cmd(shards, ref), check=True)
+def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_path, shards, reference):
     out = tmp_path / "out"
     proc = subprocess.Popen(filter_cmd(shards, out), start_new_session=True,
                             stderr=subprocess.PIPE, text=True)
@@ -515,7 +536,7 @@ def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_pa
         time.sleep(0.05)
     workers = descendants(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-    _, err = proc.communicate(timeout=60)
+    proc.communicate(timeout=60)
     assert proc.returncode != 0
     deadline = time.time() + 20
     while time.time() < deadline and any(alive(w) for w in workers):
@@ -523,7 +544,7 @@ def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_pa
     assert not [w for w in workers if alive(w)], "workers outlived the interrupted run"
     assert not no_tmp_files(out), "an interrupted shard left temporary files"
     subprocess.run(filter_cmd(shards, out), check=True)
-    assert outputs(out) == outputs(ref)
+    assert outputs(out) == reference
 
 
 @pytest.mark.slow
@@ -532,6 +553,7 @@ def test_kill_minus_9_at_random_points_then_resume_is_byte_identical(benchmark_s
     bench = benchmark_script("kill_resume.py")
     result = bench.run(runs=3, work=tmp_path, seed=1)
     assert result["identical"] == result["runs"] == 3
+    assert result["orphans"] == result["tmp_left"] == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 ``process_shard`` reads a shard as raw samples, scores each sample's images, decides, and writes
 ``kept/<name>.tar``, ``rejected/<name>.tar`` and ``scores/<stem>.parquet`` under temporary names,
 committing them when the shard is complete and writing the completion marker
-``.done/<stem>.json`` last. Output bytes depend only on the input and the options, so a run that
+``.done/<stem>.json`` last. Samples and repeated keys follow ``io.tar``'s rules: a sample whose
+key came earlier in the shard is rejected as ``repeated_key``, and a sample rejected for its names
+or as a repeat is the only kind that may be written under another key (never beside one of its
+own key in an output). Output bytes depend only on the input and the options, so a run that
 was killed and resumed gives the same files as one that was not. ``--out`` may be a local folder
 or an object-storage prefix; ``io.outdir`` says how commits and the lock work on each.
 """
@@ -126,7 +129,11 @@ def check_still_owner(options: FilterOptions) -> None:
     """
     if parent_is_gone():
         raise RunLostError("the filter run that started this worker has ended; not committing")
-    if options.run_id and lock_owner(options.out_dir) != options.run_id:
+    owner = lock_owner(options.out_dir) if options.run_id else ""
+    if options.run_id and not owner:
+        raise RunLostError(f"{options.out_dir}/.lock is gone: --out was removed or replaced during "
+                           "the run; not committing")
+    if options.run_id and owner != options.run_id:
         raise RunLostError(f"{options.out_dir}/.lock is held by another run; not committing")
 
 

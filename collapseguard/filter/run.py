@@ -36,9 +36,9 @@ from collapseguard.filter.pipeline import (
     read_marker,
     shard_name,
 )
-from collapseguard.io.terminal import printable
 from collapseguard.io.inputs import expand_pattern, expand_shards
 from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
 
 
