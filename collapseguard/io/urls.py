@@ -24,11 +24,13 @@ import subprocess
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from collapseguard.errors import CollapseguardError
+
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
 
 
-class URLError(ValueError):
+class URLError(CollapseguardError, ValueError):
     """A URL that cannot be opened here (unknown protocol, package missing, not found)."""
 
 
