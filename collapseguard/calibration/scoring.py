@@ -26,6 +26,7 @@ import pandas as pd
 from collapseguard.images import is_image_name, storage_label
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import is_remote, is_shard_name, read_bytes, shard_basename, url_path
+from collapseguard.io.walk import walk
 from collapseguard.scoring.records import score_records
 from collapseguard.training_data_tools.manifest import bad_steps
 
@@ -120,7 +121,8 @@ def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, st
         loc = Path(loc)
         if not loc.exists():
             raise FileNotFoundError(f"clean location does not exist: {loc}")
-        files = [loc] if loc.is_file() else sorted(p for p in loc.rglob("*") if p.is_file())
+        files = [loc] if loc.is_file() else sorted(  # folder links followed once (io.walk)
+            p for p in walk(loc, file_links="anywhere").paths if p.is_file())
         for f in files:
             if is_shard_name(f.name):
                 yield from _iter_tar(f)

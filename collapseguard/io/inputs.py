@@ -21,6 +21,7 @@ import braceexpand
 from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.io.tar import valid_text
+from collapseguard.io.walk import walk
 from collapseguard.io.urls import SHARD_SUFFIXES, URLError, is_remote, is_shard_name, list_url
 from collapseguard.io.urls import local_path, scheme, url_path
 
@@ -106,15 +107,14 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
         for p in paths:
             if os.path.isdir(p):
                 root = Path(p)
-                for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-                    dirnames.sort()
-                    for name in sorted(filenames):
-                        full = Path(dirpath) / name
-                        if is_shard(name):
-                            shards.append(str(full))
-                        elif is_image_name(name):
-                            files.append(ImageFile(str(full), valid_text(full.relative_to(root).as_posix()),
-                                               valid_text(str(root))))
+                # folder links followed once, loops skipped; file links read (io.walk's rule)
+                for full in walk(root, file_links="anywhere").paths:
+                    name = full.name
+                    if is_shard(name):
+                        shards.append(str(full))
+                    elif is_image_name(name):
+                        files.append(ImageFile(str(full), valid_text(full.relative_to(root).as_posix()),
+                                           valid_text(str(root))))
             elif os.path.isfile(p):
                 if is_shard(p):
                     shards.append(p)

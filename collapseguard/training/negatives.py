@@ -24,6 +24,7 @@ from collapseguard.images import (
     random_window,
     resize_by,
 )
+from collapseguard.io.walk import walk
 from collapseguard.training_data_tools.manifest import source_bucket
 from collapseguard.training_data_tools.replicators.ops import jpeg, web_size
 
@@ -42,7 +43,8 @@ def list_images(folders: Sequence[str | Path]) -> list[Path]:
             continue
         if not folder.is_dir():
             raise FileNotFoundError(f"clean folder not found: {folder}")
-        out.extend(p for p in folder.rglob("*") if p.is_file() and is_image_name(p.name))
+        # folder links followed once (io.walk's rule); a training set reads only what it names
+        out.extend(p for p in walk(folder, file_links="inside").paths if is_image_name(p.name))
     return sorted(set(out))
 
 

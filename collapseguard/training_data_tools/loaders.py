@@ -30,6 +30,7 @@ import pandas as pd
 
 from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
+from collapseguard.io.walk import walk
 from collapseguard.training_data_tools.manifest import (
     MANIFEST_NAME,
     MAX_STEP,
@@ -131,16 +132,19 @@ def discover_chains(path: str | Path, extract_dir: str | Path | None = None,
     for name in (MANIFEST_NAME, "manifest.parquet"):
         if (path / name).is_file():
             return Discovery(read_manifest(path / name, check_files=check_files), f"manifest {name}")
+    walked = walk(path)  # folder links followed, loops and outside file links reported (io.walk)
     for name in ("metadata.csv", "metadata.jsonl"):
-        meta = sorted(path.rglob(name))
+        meta = sorted(p for p, _ in walked.files if p.name == name)
         if meta:
             return _from_metadata(path, meta, one_based)
-    parquets = sorted(p for p in path.rglob("*.parquet") if not _hidden(p.relative_to(path)))
-    images = sorted(p for p in path.rglob("*") if p.is_file() and is_image_name(p.name)
-                    and not _hidden(p.relative_to(path)))
+    shown = [(p, real) for p, real in walked.files if not _hidden(p.relative_to(path))]
+    parquets = sorted(p for p, _ in shown if p.suffix == ".parquet")
+    images = sorted(p for p, _ in shown if is_image_name(p.name))
     if images:
         try:
-            return _from_folders(path, images, one_based)
+            skipped = [(r, why) for r, why in walked.skipped
+                       if not _hidden(Path(r)) and (is_image_name(r) or "folder" in why)]
+            return _from_folders(path, images, one_based, dict(shown), skipped)
         except ChainLayoutError:
             if not parquets:
                 raise
@@ -155,7 +159,7 @@ def _hidden(rel: Path) -> bool:
 
 def _seen(root: Path, why: str, extra: list[str] | None = None) -> str:
     """A message listing what is under ``root`` (for layouts that could not be read)."""
-    files = [p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root))]
+    files = [p for p in walk(root).paths if not _hidden(p.relative_to(root))]
     exts = Counter(p.suffix.lower() or "(none)" for p in files)
     dirs = sorted({p.parent.relative_to(root).as_posix() for p in files})
     lines = [f"could not find replication chains under {root}: {why}.",
@@ -291,9 +295,11 @@ def _shown(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Discovery:
-    real_root = root.resolve()
-    items, unplaced = [], []
+def _from_folders(root: Path, images: list[Path], one_based: bool | None,
+                  reals: dict[Path, Path], skipped: list[tuple[str, str]]) -> Discovery:
+    """Chains from image files found by ``io.walk`` (``reals``: seen path -> real path; links to
+    files outside the folders the user named or linked are already in ``skipped``)."""
+    items, unplaced = [], list(skipped)
     for p in images:
         rel = p.relative_to(root).as_posix()
         try:
@@ -301,11 +307,7 @@ def _from_folders(root: Path, images: list[Path], one_based: bool | None) -> Dis
         except UnicodeEncodeError:
             unplaced.append((_shown(rel), "the file name is not valid UTF-8"))
             continue
-        real = p.resolve()
-        if not real.is_relative_to(real_root):  # a link to elsewhere: never read (or export) it
-            unplaced.append((rel, "a link to a file outside the folder"))
-            continue
-        items.append((PurePosixPath(rel), str(real)))
+        items.append((PurePosixPath(rel), str(reals[p])))
     rows, more, kinds = _rows_from_names(items)
     unplaced += more
     notes: list[str] = []
