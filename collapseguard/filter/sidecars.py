@@ -30,10 +30,12 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from collapseguard.errors import CollapseguardError
+
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
-class SidecarError(ValueError):
+class SidecarError(CollapseguardError, ValueError):
     """A sidecar file cannot be carried (unreadable parquet or stats, no key column)."""
 
 
