@@ -1,11 +1,24 @@
-"""Filter throughput against decode-only throughput, measured side by side in one run.
+"""Filter throughput against the floor, plain decoding of the same shards, side by side in one run.
 
-Makes shards of N JPEG photos (1024x768, from photos bundled with installed packages), then runs,
-alternating, (a) read + decode only and (b) ``filter`` end to end, both with the same number of
-worker processes, each phase in a fresh subprocess so its peak memory can be read. Prints images/s
-of both, their ratio, and the peak resident memory of the parent and of the largest worker.
+    python benchmarks/throughput.py --data FOLDER [--images 1000] [--workers 2] [--rounds 2]
 
-    python benchmarks/throughput.py --images 200 --workers 2 --detector nss
+Writes (once; reused when FOLDER already holds them) ``--images`` JPEGs of 1024x768, quality 92,
+4:2:0, made from the photos bundled with scikit-image and scikit-learn (random scale, window and
+flip), in shards of 50 samples (.jpg + .txt). Then, in alternating rounds, each run in a fresh
+subprocess so its peak memory can be read:
+
+- ``floor``: a multiprocessing Pool of ``--workers`` processes, one shard per task, each image
+  opened with PIL and decoded (``Image.open(...).convert("RGB")``): the fastest plain way to read
+  the same bytes;
+- ``filter RUNTIME``: ``collapseguard filter --workers N --runtime RUNTIME`` with the shipped
+  default detector and threshold, into a fresh folder, for each of ``--runtimes`` (default auto;
+  ``--runtimes auto,torch`` adds the torch runtime, several times slower).
+
+Prints images/s of each (median over rounds), the ratio to the floor, the start-up (the same
+command on one shard of two images) separately, the ratio with the start-up taken out, the peak
+resident memory (VmHWM, ``getrusage``) of the largest worker process, and a per-stage profile of
+the filter's work per image, timed in this process on one thread (tar read, decode, crop, score,
+write; IPC is what the run's wall time holds beyond the workers' own shard time).
 """
 
 from __future__ import annotations
@@ -13,110 +26,251 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
+PER_SHARD = 50
+SIZE = (1024, 768)
 
-def make_shards(root: Path, n: int, per_shard: int = 50, seed: int = 0) -> list[str]:
+
+def make_shards(root: Path, n: int, seed: int = 0) -> list[Path]:
+    """``n`` 1024x768 JPEG q92 4:2:0 photos in shards of PER_SHARD under ``root`` (reused when
+    ``root/manifest.json`` says they are there)."""
+    manifest = root / "manifest.json"
+    want = {"images": n, "size": list(SIZE), "quality": 92, "subsampling": "4:2:0", "seed": seed,
+            "per_shard": PER_SHARD}
+    paths = [root / f"bench-{i:04d}.tar" for i in range((n + PER_SHARD - 1) // PER_SHARD)]
+    if manifest.exists() and json.loads(manifest.read_text()) == want and all(p.exists() for p in paths):
+        return paths
     import numpy as np
     from PIL import Image
 
     from collapseguard.training_data_tools.sources import bundled_photos
 
+    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    photos = [im for _, im in bundled_photos(min_side=256)]
-    paths = []
-    for s in range(0, n, per_shard):
-        p = root / f"bench-{s // per_shard:04d}.tar"
+    photos = [Image.fromarray(im) for _, im in bundled_photos(min_side=256)]
+    w, h = SIZE
+    for s, p in enumerate(paths):
         with tarfile.open(p, "w") as tf:
-            for i in range(s, min(n, s + per_shard)):
-                src = Image.fromarray(photos[i % len(photos)])
-                scale = max(1024 / src.width, 768 / src.height) * rng.uniform(1.0, 1.3)
+            for i in range(s * PER_SHARD, min(n, (s + 1) * PER_SHARD)):
+                src = photos[i % len(photos)]
+                scale = max(w / src.width, h / src.height) * rng.uniform(1.0, 1.4)
                 big = src.resize((int(src.width * scale) + 1, int(src.height * scale) + 1), Image.BICUBIC)
-                x = int(rng.integers(0, big.width - 1024 + 1))
-                y = int(rng.integers(0, big.height - 768 + 1))
+                x = int(rng.integers(0, big.width - w + 1))
+                y = int(rng.integers(0, big.height - h + 1))
+                im = big.crop((x, y, x + w, y + h))
+                if rng.random() < 0.5:
+                    im = im.transpose(Image.FLIP_LEFT_RIGHT)
                 buf = io.BytesIO()
-                big.crop((x, y, x + 1024, y + 768)).save(buf, "JPEG", quality=90)
-                for name, data in ((f"{i:06d}.jpg", buf.getvalue()), (f"{i:06d}.txt", b"caption")):
+                im.save(buf, "JPEG", quality=92, subsampling=2)
+                for name, data in ((f"{i:06d}.jpg", buf.getvalue()), (f"{i:06d}.txt", b"a caption")):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
-        paths.append(str(p))
+    manifest.write_text(json.dumps(want))
     return paths
 
 
-def decode_task(shard, detector, progress=None) -> int:
-    """Engine task for the baseline: read and decode every image, score nothing."""
-    from collapseguard.images import decode_image
-    from collapseguard.io.tar import ShardReader
-    from collapseguard.scoring.records import image_members
+def _peak_mb(who: int) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024  # Linux: KiB
+
+
+def floor_task(shard: str) -> int:
+    """Decode every image of a shard with PIL (a floor worker's task)."""
+    from PIL import Image
 
     n = 0
-    for sample in ShardReader(shard):
-        for _, data in image_members([(m.name, m.data) for m in sample.members]):
-            decode_image(data)
-            n += 1
+    with tarfile.open(shard) as tf:
+        for m in tf:
+            if m.name.endswith(".jpg"):
+                Image.open(io.BytesIO(tf.extractfile(m).read())).convert("RGB")
+                n += 1
     return n
 
 
-def phase(kind: str, shards: list[str], workers: int, detector: str, out: str) -> dict:
+def floor_phase(shards: list[str], workers: int) -> dict:
+    import multiprocessing as mp
+
     t0 = time.perf_counter()
-    if kind == "decode":
-        from collapseguard.engines import make_engine
-        counts = []
-        make_engine("local", workers).run(decode_task, shards, detector, (), None,
-                                          lambda i, r, e: counts.append(r if e is None else 0))
-        n = sum(counts)
-    else:
-        from collapseguard.filter.pipeline import FilterOptions
-        from collapseguard.filter.run import run_filter
-        s = run_filter(shards, FilterOptions(out_dir=out, detector=detector, threshold=1e9),
-                       workers=workers, resume=False, quiet=True)
-        n = s["samples"]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        n = sum(pool.imap_unordered(floor_task, shards))
     secs = time.perf_counter() - t0
-    kib = 1024 if sys.platform != "darwin" else 1
-    return {"kind": kind, "images": n, "seconds": secs, "images_per_s": n / secs,
-            "parent_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib / 2**20,
-            "worker_peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 2**20}
+    return {"images": n, "seconds": secs, "worker_peak_mb": _peak_mb(resource.RUSAGE_CHILDREN),
+            "parent_peak_mb": _peak_mb(resource.RUSAGE_SELF)}
+
+
+def filter_phase(shards: list[str], workers: int, runtime: str, out: str) -> dict:
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["filter", *shards, "--out", out, "--workers", str(workers),
+                                    "--runtime", runtime, "--overwrite", "--quiet"],
+                             catch_exceptions=False)
+    secs = time.perf_counter() - t0
+    if res.exit_code != 0:
+        raise SystemExit(f"filter failed ({res.exit_code}): {res.output}")
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    busy = sum(r.get("seconds", 0.0) for r in summary.get("per_shard", []))
+    return {"images": summary["samples"], "seconds": secs, "shard_seconds": busy,
+            "worker_peak_mb": _peak_mb(resource.RUSAGE_CHILDREN),
+            "parent_peak_mb": _peak_mb(resource.RUSAGE_SELF), "kept": summary.get("kept"),
+            "rejected": summary.get("rejected")}
+
+
+def _child(args: list[str]) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stage_profile(shards: list[Path], runtime: str, n_images: int) -> dict[str, float]:
+    """Seconds per image of each stage of the filter's work, in this process on one thread."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from collapseguard.detectors import create
+    from collapseguard.detectors.crops import image_crops
+    from collapseguard.images import decode_with_storage
+    from collapseguard.io.tar import ShardReader, ShardWriter
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    det = create("cnn", device="cpu", runtime=runtime)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    t = {}
+    t0 = time.perf_counter()
+    samples, blobs = [], []
+    for s in shards:
+        for sample in ShardReader(str(s)):
+            samples.append(sample)
+            blobs += [m.data for m in sample.members if m.name.endswith(".jpg")]
+            if len(blobs) >= n_images:
+                break
+        if len(blobs) >= n_images:
+            break
+    t["tar read"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    images = [decode_with_storage(b)[0] for b in blobs]
+    t["decode"] = time.perf_counter() - t0
+    size = getattr(det, "crop_size", None) or det.net.config.crop_size
+    t0 = time.perf_counter()
+    for im in images:
+        image_crops(im, size, det.n_crops)
+    t["crop"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    scores = det.score(images)
+    t["score"] = max(0.0, time.perf_counter() - t0 - t["crop"])  # det.score crops again
+    tmp = Path(shards[0]).parent / ".profile-out"
+    tmp.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    w = ShardWriter(str(tmp / "out.tar"))
+    for x in samples:
+        w.write(x)
+    w.close()
+    pq.write_table(pa.table({"score": pa.array(np.asarray(scores, np.float64))}), tmp / "s.parquet")
+    t["write"] = time.perf_counter() - t0
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {k: v / len(images) for k, v in t.items()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=200)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", help="folder for the generated shards (kept for reuse); required")
+    ap.add_argument("--images", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--detector", default="nss")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--phase", choices=["decode", "filter"], help=argparse.SUPPRESS)
-    ap.add_argument("--shards", nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--runtimes", default="auto",
+                    help="filter --runtime values to time, comma-separated (auto, torch, onnx)")
+    ap.add_argument("--profile-images", type=int, default=100)
+    ap.add_argument("--phase", choices=["floor", "filter", "profile"], help=argparse.SUPPRESS)
+    ap.add_argument("--runtime", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--shards", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.phase:  # child: one measured phase
-        print(json.dumps(phase(a.phase, a.shards, a.workers, a.detector, a.out)))
+    if a.phase == "floor":
+        print(json.dumps(floor_phase(a.shards, a.workers)))
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        shards = make_shards(Path(tmp), a.images)
-        results: dict[str, list[dict]] = {"decode": [], "filter": []}
-        for r in range(a.repeats):
-            for kind in ("decode", "filter"):
-                cmd = [sys.executable, __file__, "--phase", kind, "--workers", str(a.workers),
-                       "--detector", a.detector, "--out", str(Path(tmp) / f"out{r}"), "--shards", *shards]
-                res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-                results[kind].append(res)
-                print(f"  {kind:<7} {res['images']} images in {res['seconds']:.2f}s = "
-                      f"{res['images_per_s']:.1f} img/s  (peak: parent {res['parent_peak_mb']:.0f} MB, "
-                      f"largest worker {res['worker_peak_mb']:.0f} MB)", flush=True)
-        dec = statistics.median(r["images_per_s"] for r in results["decode"])
-        fil = statistics.median(r["images_per_s"] for r in results["filter"])
-        peak = max(max(r["parent_peak_mb"], r["worker_peak_mb"]) for r in results["filter"])
-        print(f"images {a.images} (1024x768 JPEG), workers {a.workers}, detector {a.detector}")
-        print(f"decode-only: {dec:.1f} img/s   filter: {fil:.1f} img/s   ratio filter/decode: {fil / dec:.2f}")
-        print(f"peak memory of one filter process: {peak:.0f} MB")
+    if a.phase == "filter":
+        print(json.dumps(filter_phase(a.shards, a.workers, a.runtime, a.out)))
+        return
+    if a.phase == "profile":
+        print(json.dumps(stage_profile([Path(s) for s in a.shards], a.runtime, a.profile_images)))
+        return
+
+    if not a.data:
+        ap.error("--data FOLDER is required (the generated shards are written there)")
+    data = Path(a.data)
+    if a.images < PER_SHARD:
+        raise SystemExit(f"--images must be at least {PER_SHARD}")
+    shards = [str(p) for p in make_shards(data, a.images)]
+    runtimes = [r.strip() for r in a.runtimes.split(",") if r.strip()]
+    outs = data / "filter-out"
+    # start-up: one shard of two images, for each runtime (the export cache warmed first)
+    tiny = data / "startup" / "tiny-0000.tar"
+    tiny.parent.mkdir(exist_ok=True)
+    with tarfile.open(shards[0]) as src, tarfile.open(tiny, "w") as dst:
+        for m in list(src)[:4]:
+            dst.addfile(m, src.extractfile(m))
+    startup = {}
+    for rt in runtimes:
+        _child(["--phase", "filter", "--runtime", rt, "--workers", str(a.workers), "--out",
+                str(outs / f"startup-{rt}"), "--shards", str(tiny)])  # warms the export cache
+        startup[rt] = _child(["--phase", "filter", "--runtime", rt, "--workers", str(a.workers),
+                              "--out", str(outs / f"startup-{rt}"), "--shards", str(tiny)])["seconds"]
+    res: dict[str, list[dict]] = {k: [] for k in ["floor", *runtimes]}
+    common = ["--workers", str(a.workers), "--shards", *shards]
+    for r in range(a.rounds):
+        for kind in res:
+            if kind == "floor":
+                out = _child(["--phase", "floor", *common])
+            else:
+                out = _child(["--phase", "filter", "--runtime", kind, "--out",
+                              str(outs / f"{kind}-{r}"), *common])
+            res[kind].append(out)
+            print(f"  round {r + 1} {kind:<6} {out['images']} images {out['seconds']:6.2f} s "
+                  f"{out['images'] / out['seconds']:6.1f} img/s  worker peak {out['worker_peak_mb']:.0f} MB",
+                  flush=True)
+    profile = {rt: _child(["--phase", "profile", "--runtime", rt, "--profile-images",
+                           str(a.profile_images), "--shards", *shards]) for rt in runtimes}
+    shutil.rmtree(outs, ignore_errors=True)
+
+    def rate(kind):
+        return statistics.median(x["images"] / x["seconds"] for x in res[kind])
+
+    floor = rate("floor")
+    print(f"\n{a.images} images 1024x768 JPEG q92 4:2:0, {a.workers} processes each, median of "
+          f"{a.rounds} alternating rounds; detector: the shipped default (cnn), default threshold")
+    print(f"{'':<16}{'img/s':>8}{'x floor':>9}{'start-up s':>12}{'x floor w/o start-up':>22}"
+          f"{'worker peak MB':>16}")
+    print(f"{'floor (PIL)':<16}{floor:8.1f}{1.0:9.2f}{'':>12}{'':>22}"
+          f"{max(x['worker_peak_mb'] for x in res['floor']):16.0f}")
+    for rt in runtimes:
+        fr = rate(rt)
+        secs = statistics.median(x["seconds"] for x in res[rt])
+        steady = a.images / max(1e-9, secs - startup[rt])
+        print(f"{'filter ' + rt:<16}{fr:8.1f}{fr / floor:9.2f}{startup[rt]:12.2f}"
+              f"{steady / floor:22.2f}{max(x['worker_peak_mb'] for x in res[rt]):16.0f}")
+    print("\nper-stage profile, ms per image (one process, one thread; the filter's workers each "
+          "run this on their own shards)")
+    stages = ["tar read", "decode", "crop", "score", "write"]
+    print(f"{'':<16}" + "".join(f"{s:>10}" for s in stages) + f"{'IPC':>10}")
+    for rt in runtimes:
+        p = profile[rt]
+        ipc = [(x["seconds"] - startup[rt] - x["shard_seconds"] / a.workers) / x["images"]
+               for x in res[rt] if x.get("shard_seconds") is not None]
+        ipc_txt = f"{max(0.0, statistics.median(ipc)) * 1e3:10.2f}" if ipc else f"{'n/a':>10}"
+        print(f"{'filter ' + rt:<16}" + "".join(f"{p[s] * 1e3:10.2f}" for s in stages) + ipc_txt)
 
 
 if __name__ == "__main__":
