@@ -28,10 +28,12 @@ def _fit(img: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
     return img[y: y + max_side, x: x + max_side]
 
 
-def demo_pairs(steps: int, rng: np.random.Generator):
+def demo_pairs(steps: int, rng: np.random.Generator, quiet: bool = True):
     """Yield ``(i, name, clean, degraded, family)`` for every bundled photo: the photo
     centre-cropped to ``MAX_SIDE`` and a copy re-rendered ``steps`` times by one replicator family
-    (families in turn). Draws from ``rng`` in a fixed order, so a seed gives the same pairs."""
+    (families in turn). Draws from ``rng`` in a fixed order, so a seed gives the same pairs.
+    Unless ``quiet``, a bar counts the photos done."""
+    from collapseguard.scoring.progress import progress_bar
     from collapseguard.training_data_tools.replicators import (
         create_replicator,
         list_families,
@@ -39,7 +41,9 @@ def demo_pairs(steps: int, rng: np.random.Generator):
     from collapseguard.training_data_tools.sources import bundled_photos
 
     families = [f for f in DEMO_FAMILIES if f in list_families()]
-    for i, (name, img) in enumerate(bundled_photos(min_side=256)):
+    photos = list(bundled_photos(min_side=256))
+    bar = progress_bar(len(photos), desc="demo: build shards", unit="photo", quiet=quiet)
+    for i, (name, img) in enumerate(photos):
         img = _fit(img)
         fam = families[i % len(families)]
         rep = create_replicator(fam, rng)
@@ -47,15 +51,19 @@ def demo_pairs(steps: int, rng: np.random.Generator):
         for _ in range(steps):
             x = rep.step(x, rng)
         yield i, name, img, x, fam
+        bar.update(1)
+    bar.close()
 
 
-def build_demo_shards(out_dir: str | Path, steps: int = 12, n_shards: int = 3, seed: int = 0) -> list[Path]:
-    """Write ``n_shards`` shards of clean photos and degraded copies; returns the shard paths."""
+def build_demo_shards(out_dir: str | Path, steps: int = 12, n_shards: int = 3, seed: int = 0,
+                      quiet: bool = True) -> list[Path]:
+    """Write ``n_shards`` shards of clean photos and degraded copies; returns the shard paths
+    (a progress bar unless ``quiet``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     samples = []
-    for i, name, img, x, fam in demo_pairs(steps, rng):
+    for i, name, img, x, fam in demo_pairs(steps, rng, quiet=quiet):
         samples.append((f"{i:03d}_clean", img, {"truth": "clean", "source": name}))
         samples.append((f"{i:03d}_degraded", x, {"truth": "degraded", "source": name,
                                                  "family": fam, "steps": steps}))

@@ -75,7 +75,7 @@ def test_chains_ls_and_export_read_symlinked_chain_folders(linked, tmp_path):
 
 
 def test_score_reads_a_folder_of_folder_links(linked, tmp_path):
-    ds, secret = linked
+    ds, _ = linked
     out = tmp_path / "scores.csv"
     res = CliRunner().invoke(main, ["score", str(ds), "-d", "nss", "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output

@@ -40,7 +40,7 @@ def _steps(text: str) -> list[int]:
 @click.command()
 @click.option("--chains", "chains_dir", type=click.Path(exists=True, path_type=Path),
               help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
-@click.option("--detector", "detector_name", default=None,
+@click.option("--detector", "-d", "detector_name", default=None,
               help="Detector name (default: the package default, cnn).")
 @click.option("--max-false-drop", "alpha", type=float, default=0.01, show_default=True,
               help="alpha: the largest acceptable fraction of clean images dropped.")
@@ -57,7 +57,7 @@ def _steps(text: str) -> list[int]:
                    "defaults SSIM 0.90, PSNR 30 dB; 'fr:ssim:0.85' avoids shell quoting).")
 @click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
               help="Share of source images held out for the drop curve (split by source image).")
-@click.option("--out", "out", type=click.Path(path_type=Path), required=True,
+@click.option("--out", "-o", "out", type=click.Path(path_type=Path), required=True,
               help="Calibration JSON to write; a PNG plot is written beside it.")
 @click.option("--scores-out", type=click.Path(path_type=Path), default=None,
               help="Also write the per-image scores table (CSV), reusable with --from-scores.")
@@ -68,8 +68,9 @@ def _steps(text: str) -> list[int]:
 @click.option("--batch-size", type=int, default=None, help="Images per detector call.")
 @click.option("--device", default=None, help="torch device for the detector (e.g. cuda).")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_dirs, target, holdout,
-              out, scores_out, from_scores, describe_clean, batch_size, device, no_plot):
+              out, scores_out, from_scores, describe_clean, batch_size, device, no_plot, quiet):
     """Calibrate a detector's threshold against replication chains.
 
     The threshold is the k-th largest clean score, with k chosen so that the fraction of clean
@@ -147,10 +148,15 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         n_total = (len(manifest) if manifest is not None else 0)
         extra = f" and the --clean images ({len(clean_dirs)} folder(s)/shard(s))" if clean_dirs else ""
         click.echo(f"scoring {n_total} chain images{extra} with {det_name}@{det_version} ...", err=True)
+        from collapseguard.scoring.progress import PhaseBars
+        progress = PhaseBars("calibrate: score", quiet)
         try:
-            table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size)
+            table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size,
+                                progress=progress)
         except (ValueError, OSError, tarfile.TarError) as exc:
             raise click.ClickException(str(exc)) from None
+        finally:
+            progress.close()
         if scores_out is not None:
             save_scores(table, scores_out, det_name, det_version)
             click.echo(f"scores written to {scores_out}", err=True)

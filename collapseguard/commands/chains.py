@@ -57,12 +57,15 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
               help="Steps to write (step 0, the source, is always written).")
 @click.option("--repeats", default=1, show_default=True, type=int,
               help="Chains per (source, family), each with freshly drawn parameters.")
-@click.option("--out", "out_dir", required=True, type=click.Path(), help="Output folder.")
+@click.option("--out", "-o", "out_dir", required=True, type=click.Path(), help="Output folder.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=int, help="Worker processes.")
+@click.option("--workers", "-w", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
 @click.option("--max-sources", default=None, type=click.IntRange(min=1), help="Use at most this many sources.")
-@click.option("--progress/--no-progress", default=True)
-def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, max_sources, progress):
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--progress/--no-progress", default=True, hidden=True,
+              help="Older spelling: --no-progress is --quiet.")
+def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, max_sources, quiet,
+             progress):
     """Make simulated replication chains: PNGs under OUT/<family>/<chain>/ plus OUT/manifest.csv."""
     import itertools
 
@@ -80,7 +83,8 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
         if max_sources:
             src = itertools.islice(src, max_sources)
         df = make_chains(src, fams, steps=steps, keep=_int_list(keep) or [0], out_dir=out_dir,
-                         seed=seed, workers=workers, progress=progress, repeats=repeats)
+                         seed=seed, workers=workers, progress=progress and not quiet,
+                         repeats=repeats)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
@@ -89,10 +93,10 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
 
 @chains.command("store")
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--out", "out_dir", required=True, type=click.Path(), help="Output folder.")
+@click.option("--out", "-o", "out_dir", required=True, type=click.Path(), help="Output folder.")
 @click.option("--storages", default="png,jpeg:90:420,jpeg:75:420,webp:80", show_default=True,
               help="Comma-separated: png | jpeg:Q[:420|422|444] | webp:Q | webp:lossless (Q 1-100).")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
+@click.option("--workers", "-w", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
 def store_cmd(path, out_dir, storages, workers):
     """Write a chain manifest's images once per storage: each chain becomes one chain per storage
     (id CHAIN~TAG, columns storage and stored_from) under OUT/<tag>/, plus OUT/manifest.csv."""
@@ -128,7 +132,7 @@ def families_cmd():
 
 @chains.command("export")
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--out", "out_dir", required=True, type=click.Path(), help="Folder for the shards.")
+@click.option("--out", "-o", "out_dir", required=True, type=click.Path(), help="Folder for the shards.")
 @click.option("--maxcount", default=1000, show_default=True, type=int, help="Samples per shard.")
 @click.option("--prefix", default="chains", show_default=True, help="Shard file name prefix.")
 @click.option("--shuffle-seed", default=None, type=int, help="Shuffle samples across shards.")
@@ -146,7 +150,7 @@ def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
 
 @chains.command("sheet")
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--out", required=True, type=click.Path(), help="Output PNG.")
+@click.option("--out", "-o", required=True, type=click.Path(), help="Output PNG.")
 @click.option("--crop", default=160, show_default=True, type=click.IntRange(8, 4096),
               help="Crop side in pixels (native resolution).")
 @click.option("--steps", default=None, help="Comma-separated steps to show (default: all kept).")

@@ -23,7 +23,8 @@ from collapseguard.commands._common import (
 @click.option("--threshold", type=float, default=None,
               help="Use this threshold instead of the detector's shipped calibration.")
 @click.option("--steps", default=12, show_default=True, help="Re-renderings applied to the degraded copies.")
-def demo(directory, detector, workers, threshold, steps):
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def demo(directory, detector, workers, threshold, steps, quiet):
     """Build a small WebDataset in DIRECTORY (default: a new temporary folder) from photos that ship
     with installed packages, half of them degraded by a simulated replication loop, then filter it
     with the default detector and its shipped calibration. Offline; about a minute on 2 cores."""
@@ -42,11 +43,11 @@ def demo(directory, detector, workers, threshold, steps):
     root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="collapseguard-demo-"))
     t0 = time.perf_counter()
     click.echo(f"building demo shards in {root / 'shards'} ...", err=True)
-    shards = build_demo_shards(root / "shards", steps=steps)
+    shards = build_demo_shards(root / "shards", steps=steps, quiet=quiet)
     click.echo(f"  {len(shards)} shards in {time.perf_counter() - t0:.1f}s", err=True)
     out = root / "filtered"
     summary = run_filter_cli([str(p) for p in shards], str(out), det, threshold=threshold,
-                             workers=workers, resume=False)
+                             workers=workers, resume=False, quiet=quiet)
     click.echo(format_summary(summary, str(out)))
     truth = demo_truth_table(out)
     click.echo("truth vs decision: " + json.dumps(truth, sort_keys=True))

@@ -35,10 +35,10 @@ def _name_list(ctx, param, value):
               help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
 @click.option("--from-scores", "from_scores", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Recompute the tables from an earlier run's scores.csv instead of scoring "
-              "(no speed figures then; --detectors, --chains ignored).")
-@click.option("--detectors", "detectors", default="cnn,nss", show_default=True, callback=_name_list,
+              "(no speed figures then; --detector, --chains ignored).")
+@click.option("--detector", "-d", "--detectors", "detectors", default="cnn,nss", show_default=True, callback=_name_list,
               help="Comma-separated detector names, e.g. cnn,nss,pyiqa:piqe,pyiqa:niqe.")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", "-o", "out", required=True, type=click.Path(file_okay=False),
               help="Output folder for results.md, chains.csv, scores.csv, auroc.csv, plot, summary.json.")
 @click.option("--steps", default="5,10,20", show_default=True, callback=_int_list,
               help="Steps k of the gap Δ_k = (s_k − s_base)/scale; a chain passes when all are > 0.")
@@ -83,10 +83,8 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     share of clean images dropped per kind and storage and of step-k images per storage and family. Detectors such as pyiqa:* and vlm:* may need optional extras (see `detectors`).
     """
     from collapseguard.evaluation import report, run_evaluation
-
-    def progress(done, total):
-        if not quiet:
-            click.echo(f"\rscored {done}/{total} images", nl=done == total, err=True)
+    from collapseguard.scoring.progress import PhaseBars
+    progress = PhaseBars("evaluate: score", quiet)
 
     if base_step in steps:  # Δ at the base step is 0 by definition: every chain would fail
         raise click.BadParameter(f"--steps must not include the base step {base_step}",
@@ -94,7 +92,7 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     kw = {"scale_method": scale_method, "delta_steps": steps, "base_step": base_step,
           "auroc_steps": auroc_steps, "clean_steps": clean_steps}
     if calibration not in ("default", "none") and len(detectors) > 1 and not from_scores:
-        raise click.BadParameter("a calibration file is for one detector; give one --detectors name "
+        raise click.BadParameter("a calibration file is for one detector; give one --detector name "
                                  "or --calibration default", param_hint="--calibration")
     if from_scores:
         ev = _from_scores(from_scores, calibration=calibration, **kw)
@@ -108,6 +106,8 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
                                 threshold_of=_threshold_finder(calibration), **kw)
         except (DetectorError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
+        finally:
+            progress.close()
     paths = report.write_outputs(ev, out, plot=not no_plot)
     speed = {t.detector: t.images_per_s for t in ev.timings}
     for _, r in ev.failures.iterrows():

@@ -15,7 +15,7 @@ from collapseguard.commands._common import check_out_file
 @click.option("--clean", "clean", multiple=True, type=click.Path(exists=True),
               help="folder of extra clean images (photos, art) used as negatives; repeatable. "
                    "25% of the files (by name hash) are held out for the clean false-positive check.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
               help="weights file to write (.safetensors); <out>.json and <out>.md are written beside it")
 @click.option("--steps", "iterations", type=click.IntRange(min=1), default=None, help="optimizer steps (default 3000; the shipped weights used 16000, see MODEL_CARD.md)")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="instead of --steps: passes over the training chains")

@@ -30,8 +30,15 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
-from collapseguard.io.urls import identity, is_gzip_name, is_remote, join, open_stream
-from collapseguard.io.urls import shard_basename, strip_shard_suffix
+from collapseguard.io.urls import (
+    identity,
+    is_gzip_name,
+    is_remote,
+    join,
+    open_stream,
+    shard_basename,
+    strip_shard_suffix,
+)
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
@@ -261,6 +268,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "height": pa.array(rows["height"], pa.int32()),
         "storage": pa.array(rows["storage"], pa.string()),
         "error": pa.array(rows["error"], pa.string()),
+        # the input shard's file name: scores/*.parquet concatenated still say where a row is
+        "shard": pa.array([shard_name(shard)] * len(rows["key"]), pa.string()),
     })
     try:
         pq.write_table(table, staged["scores"])

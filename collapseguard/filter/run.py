@@ -22,7 +22,6 @@ try:
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None
 
-from tqdm import tqdm
 
 from collapseguard.engines import make_engine
 from collapseguard.errors import CollapseguardError
@@ -40,6 +39,7 @@ from collapseguard.io.inputs import expand_pattern, expand_shards
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
+from collapseguard.scoring.progress import progress_bar
 
 
 class FilterError(CollapseguardError, RuntimeError):
@@ -203,6 +203,19 @@ def make_out_dir(out_dir: str) -> Path | str:
     return out
 
 
+def settings_diff(before, now: dict) -> str:
+    """Only the settings that differ between a completed shard's marker and this run:
+    ``threshold 0.5 there, 0.7 now; detector nss there, cnn now``."""
+    if not isinstance(before, dict):
+        return "settings not recorded"
+    parts = []
+    for k in sorted(set(before) | set(now)):
+        a, b = before.get(k, "(unset)"), now.get(k, "(unset)")
+        if a != b:
+            parts.append(f"{k} {a!r} there, {b!r} now")
+    return "; ".join(parts) or "settings differ"
+
+
 def completed_marker(shard: str, options: FilterOptions, out: Path,
                      detector_version: str | None) -> dict | None:
     """The marker of ``shard``'s earlier completion in ``out`` if it can be reused; None when the
@@ -217,7 +230,8 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
     if marker.get("options") != options.fingerprint():
         raise FilterError(
             f"{shard_name(shard)} was completed in {out} with other settings "
-            f"({marker.get('options')}); use --overwrite or another --out")
+            f"({settings_diff(marker.get('options'), options.fingerprint())}); use --overwrite or "
+            "another --out")
     done_with = marker.get("detector_version")
     if detector_version is not None and done_with is not None and done_with != detector_version:
         raise FilterError(
@@ -280,8 +294,7 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
             clear_shard_outputs(s, options.out_dir)
             todo.append(s)
     errors: dict[str, str] = {}
-    bar = tqdm(total=len(shards), initial=len(records), unit="shard", disable=quiet,
-               file=sys.stderr, dynamic_ncols=True, desc="filter")
+    bar = progress_bar(len(shards), initial=len(records), unit="shard", quiet=quiet, desc="filter")
     samples_done = 0
     t_run = time.perf_counter()
 

@@ -85,10 +85,10 @@ def input_identity(paths: list[Path]) -> dict:
 def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, summary: dict) -> bytes:
     try:
         stats = json.loads(src.read_text())
-        if not isinstance(stats, dict):
-            raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
         raise SidecarError(f"{src}: cannot read the stats file ({exc})") from None
+    if not isinstance(stats, dict):
+        raise SidecarError(f"{src}: the stats file is not a JSON object")
     out = dict(stats)
     input_successes = stats.get("successes")
     out["successes"] = held

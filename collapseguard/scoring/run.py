@@ -6,18 +6,17 @@ in input order: shards first in the order given, then loose image files.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
 from collapseguard.io.inputs import ImageFile, InputError, expand_inputs, unique_inputs
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
+from collapseguard.scoring.progress import count_samples, progress_bar
 from collapseguard.scoring.records import sample_error, score_records
 
 FILES_PER_TASK = 64
@@ -100,6 +99,17 @@ def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
     return tasks
 
 
+def _total(tasks: list[tuple]) -> int | None:
+    """Samples and files the tasks will score, when every shard can be counted cheaply."""
+    total = 0
+    for t in tasks:
+        n = count_samples(t[1]) if t[0] == "shard" else len(t[1])
+        if n is None:
+            return None
+        total += n
+    return total
+
+
 def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
               detector_obj=None, detector_kwargs: tuple = (),
               select=None) -> tuple[pd.DataFrame, list[str]]:
@@ -110,7 +120,8 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     tasks = plan_score_tasks(inputs, select)
     results: list[list[dict] | None] = [None] * len(tasks)
     failures: list[str] = []
-    bar = tqdm(unit="img", disable=quiet, file=sys.stderr, desc="score", dynamic_ncols=True)
+    bar = progress_bar(_total(tasks) if select is None else None, desc="score", unit="img",
+                       quiet=quiet)
 
     def on_done(i, rows, err):
         if err is not None:
