@@ -2,11 +2,12 @@
 byte-identical to an uninterrupted run's every time?
 
 Builds two shards of real photographs (and their degraded copies), filters them once without
-interruption (the reference), then ``--runs`` times: starts the same filter into a fresh --out,
-sends SIGKILL to the main process alone after a random delay between 0 and the reference run's
-duration (so kills land in start-up, scoring, writing and committing), waits for its workers to
-go, resumes to completion and compares kept/, rejected/ and scores/ with the reference byte for
-byte (and checks that no temporary file is left). Prints the count.
+interruption (the reference), then until ``--runs`` kills have landed while a run was going:
+starts the same filter into a fresh --out, sends SIGKILL to the main process alone after a random
+delay between 0 and 90% of the reference run's duration (so kills land in start-up, scoring,
+writing and committing; a run that ended before its kill is checked too but not counted), waits
+for its workers to go, resumes to completion and compares kept/, rejected/ and scores/ with the
+reference byte for byte (and checks that no temporary file is left). Prints the count.
 
     python benchmarks/kill_resume.py --runs 20
 """
@@ -72,7 +73,8 @@ def alive(pid: int) -> bool:
 
 
 def run(runs: int = 20, work: Path | None = None, seed: int = 0, quiet: bool = True) -> dict:
-    """Returns ``{"runs", "identical", "killed_mid_run", "orphans", "tmp_left"}``."""
+    """Returns ``{"runs", "identical", "ended_before_kill", "orphans", "tmp_left", ...}``:
+    ``identical`` counts the resumes after a kill mid-run that matched the reference."""
     rng = random.Random(seed)
     work = Path(work or tempfile.mkdtemp(prefix="kill_resume_"))
     data = make_inputs(work / "data")
@@ -80,18 +82,20 @@ def run(runs: int = 20, work: Path | None = None, seed: int = 0, quiet: bool = T
     subprocess.run(filter_cmd(data, work / "ref"), check=True)
     ref_seconds = time.perf_counter() - t
     ref = outputs(work / "ref")
-    result = {"runs": runs, "identical": 0, "killed_mid_run": 0, "orphans": 0, "tmp_left": 0,
-              "reference_seconds": round(ref_seconds, 1)}
-    for i in range(runs):
+    result = {"runs": runs, "identical": 0, "ended_before_kill": 0, "ended_identical": 0,
+              "orphans": 0, "tmp_left": 0, "reference_seconds": round(ref_seconds, 1)}
+    killed = i = 0
+    while killed < runs:
+        i += 1
         out = work / f"run{i:02d}"
-        delay = rng.uniform(0, ref_seconds)
+        delay = rng.uniform(0, 0.9 * ref_seconds)
         proc = subprocess.Popen(filter_cmd(data, out), stderr=subprocess.DEVNULL)
         time.sleep(delay)
         workers = children(proc.pid)
         still_running = proc.poll() is None
         if still_running:
             os.kill(proc.pid, signal.SIGKILL)  # the main process alone
-            result["killed_mid_run"] += 1
+            killed += 1
         proc.wait()
         deadline = time.time() + 30
         while time.time() < deadline and any(alive(w) for w in workers):
@@ -101,9 +105,13 @@ def run(runs: int = 20, work: Path | None = None, seed: int = 0, quiet: bool = T
         same = outputs(out) == ref
         left = [p for p in out.rglob("*") if p.name.endswith("tmp")]
         result["tmp_left"] += bool(left)
-        result["identical"] += same and not left
+        if still_running:
+            result["identical"] += same and not left
+        else:
+            result["ended_before_kill"] += 1
+            result["ended_identical"] += same and not left
         if not quiet:
-            print(f"run {i + 1}: kill after {delay:.1f} s "
+            print(f"run {i}: kill after {delay:.1f} s "
                   f"({'mid-run' if still_running else 'after it ended'}): "
                   f"{'identical' if same else 'DIFFERENT'}{', tmp files left' if left else ''}",
                   flush=True)
@@ -118,10 +126,10 @@ def main() -> None:
     args = ap.parse_args()
     r = run(args.runs, args.work, args.seed, quiet=False)
     print(f"kill -9 of the main process at random points, then resume: {r['identical']} of "
-          f"{r['runs']} resumes byte-identical to an uninterrupted run ({r['killed_mid_run']} "
-          f"killed mid-run, the others after the run had ended; {r['orphans']} workers outlived "
-          f"their parent; {r['tmp_left']} resumes left temporary files; reference run "
-          f"{r['reference_seconds']} s)")
+          f"{r['runs']} resumes byte-identical to an uninterrupted run ({r['ended_before_kill']} "
+          f"more runs ended before their kill, {r['ended_identical']} of them identical; "
+          f"{r['orphans']} workers outlived their parent; {r['tmp_left']} runs left temporary "
+          f"files; reference run {r['reference_seconds']} s)")
 
 
 if __name__ == "__main__":
