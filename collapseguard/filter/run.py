@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - not on Windows
 
 from collapseguard.engines import make_engine
 from collapseguard.errors import CollapseguardError
+from collapseguard.filter import sidecars
 from collapseguard.filter.pipeline import (
     FilterOptions,
     filter_task,
@@ -254,6 +255,8 @@ def clear_shard_outputs(shard: str, out_dir: str) -> None:
     out, names = open_out_dir(out_dir), output_names(shard)
     for key in ("marker", "kept", "rejected", "scores"):
         out.remove(names[key])
+    for name in sidecars.output_names(shard):  # img2dataset's NNNNN.parquet, NNNNN_stats.json
+        out.remove(name)
 
 
 def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 2,
