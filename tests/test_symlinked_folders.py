@@ -85,3 +85,12 @@ def test_score_reads_a_folder_of_folder_links(linked, tmp_path):
     assert "flux/c1/step_0.png" in keys and "flux/c1/step_3.png" in keys
     assert "flux/c2/step_3.png" in keys and "qwen/c2/step_2.png" not in keys  # one file: first name
     assert len(keys) == 13 and not any(k.startswith(("qwen_again/", "loop/")) for k in keys)
+
+
+def test_audit_finds_the_images_of_linked_folders_by_their_keys(linked):
+    from collapseguard.audit.gallery import _file_path
+    ds, _ = linked
+    path = _file_path(str(ds), "flux/c1/step_0.png")
+    assert path is not None and Image.open(path).size == (10, 8)
+    assert _file_path(str(ds), "../private/secret.png") is None  # a key never climbs out
+    assert _file_path(str(ds), "/etc/passwd") is None

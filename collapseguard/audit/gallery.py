@@ -70,11 +70,14 @@ def _file_path(source: str, key: str) -> str | None:
         return join(source, key)
     if os.path.isfile(source):
         return source
-    root = os.path.realpath(source)
-    path = os.path.realpath(os.path.join(source, key))
+    # judged by name, not by where links lead: a folder of links is read as score read it
+    # (io.walk); a key that climbs out of the folder is one expand_inputs never makes
+    if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+        return None
+    path = os.path.join(source, key)
     if not os.path.exists(path):
-        path = os.path.realpath(_unescaped(source, key))
-    return path if path.startswith(root + os.sep) else None
+        path = _unescaped(source, key)
+    return path
 
 
 def _unescaped(source: str, key: str) -> str:
