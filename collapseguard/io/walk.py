@@ -20,7 +20,9 @@ links to where the data really lies. The rule:
   shards meant to be shared, chain folders often come from downloaded archives, and an archive
   can carry such a link, so export never packs a file from outside the folders the user named
   or linked.
-- Folders that cannot be listed are reported, not fatal.
+- Folders that cannot be listed are reported, not fatal. With ``file_links="anywhere"``, FIFOs,
+  devices and links to them are listed like files, so the command that reads them refuses each by
+  name (a FIFO would block a reader); the chain readers skip and report them.
 
 ``walk(root)`` returns the files in os.walk's order (a folder's files by name, then its
 subfolders by name) as ``(path as seen under root, real path)``, and the ``(relative name, why)``
@@ -85,13 +87,18 @@ def walk(root: str | os.PathLike, file_links: str = "inside") -> Walk:
                         continue
                     if real.is_dir():
                         subfolders.append((p, real, True))
-                    elif real.is_file():
+                    elif real.is_file() or file_links == "anywhere":
                         links.append((len(out.files), p, real))
                         out.files.append((p, real))
+                    else:
+                        out.skipped.append((rel(p), "a link to something that is not a file"))
                 elif e.is_dir(follow_symlinks=False):
                     subfolders.append((p, p.resolve(), False))
-                elif e.is_file(follow_symlinks=False):
+                elif e.is_file(follow_symlinks=False) or file_links == "anywhere":
+                    # "anywhere": FIFOs and devices are listed too, for the reader to refuse by name
                     out.files.append((p, p.resolve()))
+                else:
+                    out.skipped.append((rel(p), "not a regular file"))
             except OSError as exc:
                 out.skipped.append((rel(p), f"cannot read it ({exc.strerror or exc})"))
         for p, real, linked in subfolders:
