@@ -191,7 +191,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--runtimes", default="auto",
-                    help="filter --runtime values to time, comma-separated (auto, torch, onnx)")
+                    help="filter --runtime values to time, comma-separated (auto, torch, onnx); "
+                         "RUNTIME@N runs it with N worker processes instead of --workers (auto@1: "
+                         "one process whose onnxruntime uses every core, threads against processes)")
     ap.add_argument("--profile-images", type=int, default=100)
     ap.add_argument("--phase", choices=["floor", "filter", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--runtime", default="auto", help=argparse.SUPPRESS)
@@ -215,6 +217,11 @@ def main() -> None:
         raise SystemExit(f"--images must be at least {PER_SHARD}")
     shards = [str(p) for p in make_shards(data, a.images)]
     runtimes = [r.strip() for r in a.runtimes.split(",") if r.strip()]
+
+    def split(entry: str) -> tuple[str, str]:
+        rt, _, w = entry.partition("@")
+        return rt, w or str(a.workers)
+
     outs = data / "filter-out"
     # start-up: one shard of two images, for each runtime (the export cache warmed first)
     tiny = data / "startup" / "tiny-0000.tar"
@@ -223,33 +230,35 @@ def main() -> None:
         for m in list(src)[:4]:
             dst.addfile(m, src.extractfile(m))
     startup = {}
-    for rt in runtimes:
-        _child(["--phase", "filter", "--runtime", rt, "--workers", str(a.workers), "--out",
-                str(outs / f"startup-{rt}"), "--shards", str(tiny)])  # warms the export cache
-        startup[rt] = _child(["--phase", "filter", "--runtime", rt, "--workers", str(a.workers),
-                              "--out", str(outs / f"startup-{rt}"), "--shards", str(tiny)])["seconds"]
+    for entry in runtimes:
+        rt, w = split(entry)
+        _child(["--phase", "filter", "--runtime", rt, "--workers", w, "--out",
+                str(outs / f"startup-{entry}"), "--shards", str(tiny)])  # warms the export cache
+        startup[entry] = _child(["--phase", "filter", "--runtime", rt, "--workers", w, "--out",
+                                 str(outs / f"startup-{entry}"), "--shards", str(tiny)])["seconds"]
     res: dict[str, list[dict]] = {k: [] for k in ["floor", *runtimes]}
-    common = ["--workers", str(a.workers), "--shards", *shards]
     for r in range(a.rounds):
         for kind in res:
             if kind == "floor":
-                out = _child(["--phase", "floor", *common])
+                out = _child(["--phase", "floor", "--workers", str(a.workers), "--shards", *shards])
             else:
-                out = _child(["--phase", "filter", "--runtime", kind, "--out",
-                              str(outs / f"{kind}-{r}"), *common])
+                rt, w = split(kind)
+                out = _child(["--phase", "filter", "--runtime", rt, "--workers", w, "--out",
+                              str(outs / f"{kind}-{r}"), "--shards", *shards])
             res[kind].append(out)
             print(f"  round {r + 1} {kind:<6} {out['images']} images {out['seconds']:6.2f} s "
                   f"{out['images'] / out['seconds']:6.1f} img/s  worker peak {out['worker_peak_mb']:.0f} MB",
                   flush=True)
     profile = {rt: _child(["--phase", "profile", "--runtime", rt, "--profile-images",
-                           str(a.profile_images), "--shards", *shards]) for rt in runtimes}
+                           str(a.profile_images), "--shards", *shards])
+               for rt in dict.fromkeys(split(e)[0] for e in runtimes)}
     shutil.rmtree(outs, ignore_errors=True)
 
     def rate(kind):
         return statistics.median(x["images"] / x["seconds"] for x in res[kind])
 
     floor = rate("floor")
-    print(f"\n{a.images} images 1024x768 JPEG q92 4:2:0, {a.workers} processes each, median of "
+    print(f"\n{a.images} images 1024x768 JPEG q92 4:2:0, floor on {a.workers} processes, median of "
           f"{a.rounds} alternating rounds; detector: the shipped default (cnn), default threshold")
     print(f"{'':<16}{'img/s':>8}{'x floor':>9}{'start-up s':>12}{'x floor w/o start-up':>22}"
           f"{'worker peak MB':>16}")
@@ -259,15 +268,18 @@ def main() -> None:
         fr = rate(rt)
         secs = statistics.median(x["seconds"] for x in res[rt])
         steady = a.images / max(1e-9, secs - startup[rt])
+        # one worker runs in the filter's own process: its peak is that process's
+        key = "parent_peak_mb" if split(rt)[1] == "1" else "worker_peak_mb"
         print(f"{'filter ' + rt:<16}{fr:8.1f}{fr / floor:9.2f}{startup[rt]:12.2f}"
-              f"{steady / floor:22.2f}{max(x['worker_peak_mb'] for x in res[rt]):16.0f}")
+              f"{steady / floor:22.2f}{max(x[key] for x in res[rt]):16.0f}")
     print("\nper-stage profile, ms per image (one process, one thread; the filter's workers each "
           "run this on their own shards)")
     stages = ["tar read", "decode", "crop", "score", "write"]
     print(f"{'':<16}" + "".join(f"{s:>10}" for s in stages) + f"{'IPC':>10}")
     for rt in runtimes:
-        p = profile[rt]
-        ipc = [(x["seconds"] - startup[rt] - x["shard_seconds"] / a.workers) / x["images"]
+        p = profile[split(rt)[0]]
+        workers = int(split(rt)[1])
+        ipc = [(x["seconds"] - startup[rt] - x["shard_seconds"] / workers) / x["images"]
                for x in res[rt] if x.get("shard_seconds") is not None]
         ipc_txt = f"{max(0.0, statistics.median(ipc)) * 1e3:10.2f}" if ipc else f"{'n/a':>10}"
         print(f"{'filter ' + rt:<16}" + "".join(f"{p[s] * 1e3:10.2f}" for s in stages) + ipc_txt)
