@@ -96,7 +96,7 @@ def test_filter_score_tables_carry_the_shard(shard, tmp_path):
                                     "--threshold", "1", "-w", "1", "-q"])
     assert res.exit_code == 0, res.output
     table = pd.read_parquet(tmp_path / "out/scores/s.parquet")
-    assert set(table["shard"]) == {"s.tar"} and len(table) == 4
+    assert set(table["shard"]) == {"s"} and len(table) == 4
 
 
 def _stderr_of(argv, tty: bool) -> str:

@@ -268,8 +268,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "height": pa.array(rows["height"], pa.int32()),
         "storage": pa.array(rows["storage"], pa.string()),
         "error": pa.array(rows["error"], pa.string()),
-        # the input shard's file name: scores/*.parquet concatenated still say where a row is
-        "shard": pa.array([shard_name(shard)] * len(rows["key"]), pa.string()),
+        # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
+        # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
+        "shard": pa.array([shard_stem(shard)] * len(rows["key"]), pa.string()),
     })
     try:
         pq.write_table(table, staged["scores"])
