@@ -173,6 +173,8 @@ def stage_profile(shards: list[Path], runtime: str, n_images: int) -> dict[str, 
     t["score"] = max(0.0, time.perf_counter() - t0 - t["crop"])  # det.score crops again
     tmp = Path(shards[0]).parent / ".profile-out"
     tmp.mkdir(exist_ok=True)
+    # pyarrow's first parquet write loads its writer (~0.5 s, once per worker process): not per image
+    pq.write_table(pa.table({"score": pa.array([0.0])}), tmp / "warm.parquet")
     t0 = time.perf_counter()
     w = ShardWriter(str(tmp / "out.tar"))
     for x in samples:

@@ -114,6 +114,8 @@ def test_auto_falls_back_to_torch_without_onnxruntime_and_onnx_refuses_a_gpu():
     assert out.stdout.strip() == "CNNDetector"
     with pytest.raises(DetectorError, match="CPU only"):
         create("cnn", device="cuda", runtime="onnx")
+    with pytest.raises(DetectorError, match="CPU only"):
+        create("cnn", device="cpu", runtime="onnx").to("cuda")
     with pytest.raises(DetectorError, match="unknown cnn runtime"):
         create("cnn", runtime="tensorflow")
 

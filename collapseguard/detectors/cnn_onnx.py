@@ -151,6 +151,12 @@ class OnnxCNNDetector(Detector):
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # shared cores
         self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
 
+    def to(self, device: str) -> OnnxCNNDetector:
+        if str(device).strip() != "cpu":
+            raise DetectorError(f"the onnx runtime scores on the CPU only, not {device!r}; "
+                                "create the detector with runtime torch for a GPU")
+        return self
+
     def crops(self, images: Sequence[np.ndarray]) -> np.ndarray:
         """(B, n_crops, S, S, 3) uint8: the pixels this detector reads of ``images``."""
         out = np.empty((len(images), self.n_crops, self.crop_size, self.crop_size, 3), np.uint8)
