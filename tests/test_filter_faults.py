@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 from cg_testutil import add_member, make_shard, read_members
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from collapseguard.cli import main
@@ -613,6 +613,7 @@ def test_fuzzed_shards_are_read_whole_or_refused_clearly_and_conservation_holds(
     assert peak < 32 * 2**20  # inputs are a few KB: no header makes the reader allocate more
     out = d / "out"
     options = FilterOptions(out_dir=str(out), detector="nss", threshold=1e9)
+    event("refused" if samples is None else "read")  # shown by --hypothesis-show-statistics
     if samples is None:
         with pytest.raises(ShardError):
             process_shard(str(shard), options, nss)
