@@ -272,7 +272,7 @@ class ShardReader:
             stream = _CountingReader(raw)
             try:
                 tf = tarfile.open(fileobj=stream, mode="r|*")
-            except Exception as exc:  # noqa: BLE001 - tarfile's parsing errors, made one clear error
+            except Exception as exc:  # tarfile's parsing errors, made one clear error
                 if isinstance(exc, OSError) and exc.errno is not None:
                     raise
                 raise self._unreadable(exc, 0) from None
@@ -345,7 +345,7 @@ class ShardReader:
             try:
                 f = tf.extractfile(info)
                 data = f.read() if f is not None else b""
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # a damaged member: one clear error
                 if isinstance(exc, OSError) and exc.errno is not None:
                     raise
                 raise self._unreadable(exc, info.offset) from None
