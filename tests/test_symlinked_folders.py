@@ -94,3 +94,19 @@ def test_audit_finds_the_images_of_linked_folders_by_their_keys(linked):
     assert path is not None and Image.open(path).size == (10, 8)
     assert _file_path(str(ds), "../private/secret.png") is None  # a key never climbs out
     assert _file_path(str(ds), "/etc/passwd") is None
+
+
+def test_train_clean_folders_read_file_links_wherever_they_point(tmp_path):
+    """The training recipe links its clean pictures out of unpacked packages: ``train --clean``
+    reads them (it trains on them and never packs them), unlike the chain readers."""
+    from skimage import data
+
+    from collapseguard.images import encode_png
+    from collapseguard.training.negatives import list_images
+    elsewhere = tmp_path / "debs"
+    elsewhere.mkdir()
+    (elsewhere / "a.png").write_bytes(encode_png(data.astronaut()[:64, :64]))
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "a.png").symlink_to(elsewhere / "a.png")
+    assert [p.name for p in list_images([clean])] == ["a.png"]

@@ -11,9 +11,10 @@ links to where the data really lies. The rule:
   followed; a second link to a folder already read is reported and not read again (its images
   would count twice).
 - **A link to a single file** is read wherever it points by the commands that read data to score
-  it (``score``, ``calibrate``, ``audit``; ``file_links="anywhere"``): a folder of links to shards
-  or images is an ordinary way to name data, and a broken link becomes a row with its OS error.
-  The chain readers (``chains ls/export``, ``train``; ``file_links="inside"``) read a file link
+  it (``score``, ``calibrate``, ``audit``, ``train --clean``; ``file_links="anywhere"``): a folder
+  of links to shards or images is an ordinary way to name data (the training recipe links its
+  clean pictures out of unpacked packages), and a broken link becomes a row with its OS error.
+  The chain readers (``chains ls/export``, ``train --chains``; ``file_links="inside"``) read a file link
   only when the file lies inside the named folder or inside a folder reached through a folder
   link (the trees the user chose). Any other (``step_2.png -> ~/private.png``) is reported as "a
   link to a file outside the folder" and never read: ``chains export`` packs image files into

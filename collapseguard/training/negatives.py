@@ -43,8 +43,9 @@ def list_images(folders: Sequence[str | Path]) -> list[Path]:
             continue
         if not folder.is_dir():
             raise FileNotFoundError(f"clean folder not found: {folder}")
-        # folder links followed once (io.walk's rule); a training set reads only what it names
-        out.extend(p for p in walk(folder, file_links="inside").paths if is_image_name(p.name))
+        # folder links followed once, file links wherever they point (io.walk's rule for readers
+        # of data: clean images are read, never packed or shared)
+        out.extend(p for p in walk(folder, file_links="anywhere").paths if is_image_name(p.name))
     return sorted(set(out))
 
 
