@@ -53,6 +53,9 @@ KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives 
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 TEX_CHAINS=${TEX_CHAINS:-0}  # N > 0: N training-side material textures as chain sources (a candidate
                              # recipe, not shipped; docs/history/model_history.md)
+DRAWN=${DRAWN:-0}  # N > 0: N pixel-art and N screen pictures (training_data_tools.drawn_kinds, seed
+                   # 31) as clean negatives in $WORK/clean_drawn, and N/4 of each (seed 0) as chain
+                   # sources in $WORK/chains_drawn
 FLAT=${FLAT:-0}  # N > 0: N textureless pictures (sources.flat_art, seed 13) as clean negatives
                  # (a candidate recipe, not shipped; docs/history/model_history.md)
 export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
@@ -109,6 +112,16 @@ if [ "$TEX_CHAINS" -gt 0 ]; then
   python recipes/make_train_chains.py "" "$WORK/chains_textures" --extra-photos "$WORK/textures" \
     --extra-n "$TEX_CHAINS"
 fi
+if [ "$DRAWN" -gt 0 ]; then
+  rm -rf "$WORK/chains_drawn" "$WORK/clean_drawn"
+  python -c "import sys; from pathlib import Path; from PIL import Image
+from collapseguard.training_data_tools.drawn_kinds import pixel_art, screens
+d = Path(sys.argv[1]); d.mkdir(parents=True); n = int(sys.argv[2])
+for name, img in pixel_art(n, seed=31) + screens(n, seed=31): Image.fromarray(img).save(d / (name.replace('/', '-') + '.png'))
+" "$WORK/clean_drawn" "$DRAWN"
+  python recipes/make_train_chains.py "pixel:$((DRAWN / 4)),screen:$((DRAWN / 4))" "$WORK/chains_drawn" \
+    --workers "$WORKERS"
+fi
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0
@@ -117,6 +130,7 @@ fi
 more_chains=()
 if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
 if [ "$TEX_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_textures"); fi
+if [ "$DRAWN" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_drawn"); fi
 kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
 if [ "$FLAT" -gt 0 ]; then
@@ -128,6 +142,7 @@ for name, img in flat_art(int(sys.argv[2]), seed=13): Image.fromarray(img).save(
 " "$WORK/clean_flat" "$FLAT"
   kind_clean+=(--clean "$WORK/clean_flat")
 fi
+if [ "$DRAWN" -gt 0 ]; then kind_clean+=(--clean "$WORK/clean_drawn"); fi
 context=()
 if [ "$CONTEXT" = 1 ]; then context=(--context); fi
 # shellcheck disable=SC2086

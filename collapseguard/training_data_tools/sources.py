@@ -2,6 +2,8 @@
 
 - ``bundled_photos()``: photos that ship inside installed wheels (scikit-image's ``data`` folder,
   scikit-learn's sample images, matplotlib's ``grace_hopper.jpg``); nothing is downloaded.
+- ``drawn_kinds.pixel_art`` and ``drawn_kinds.screens``: pixel art and screens (screenshots,
+  UI, diagrams, text), drawn from a seed.
 - ``procedural_art(n, seed)``: clean "digital art" in the look of AI-generated originals: smooth
   gradients, flat-colour shapes with outlines, soft lighting and shadows, in various sizes and
   aspect ratios.
@@ -403,7 +405,8 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
     """Turn a command-line spec into a source.
 
     ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides, then optionally ``:dither=SIGMA`` or
-    ``:dither=vary``; see ``procedural_art``) | ``folder:PATH`` | ``views:PATH`` (or
+    ``:dither=vary``; see ``procedural_art``) | ``pixel:N`` | ``screen:N`` (``drawn_kinds``) |
+    ``folder:PATH`` | ``views:PATH`` (or
     ``views:PATH:SIDE``; ``photo_views`` of the image files under a folder) | ``shards:GLOB`` |
     a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``.
     """
@@ -418,6 +421,13 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
             lo, hi = (int(m.group(2)), int(m.group(3))) if m.group(2) else (320, 1024)
             yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi,
                                       dither=m.group(4) or 0.6)
+        elif kind in ("pixel", "screen"):
+            from collapseguard.training_data_tools import drawn_kinds
+
+            if not arg.isdigit():
+                raise SourceError(f"bad {kind} spec {part!r}; use {kind}:N")
+            draw = drawn_kinds.pixel_art if kind == "pixel" else drawn_kinds.screens
+            yield from draw(int(arg), seed=seed)
         elif kind == "folder":
             yield from folder_images(arg)
         elif kind == "views":
@@ -434,5 +444,6 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
         elif part.endswith(".tar") or glob.glob(part):
             yield from shard_images(part)
         else:
-            raise SourceError(f"unknown source {part!r}: use bundled, art:N, folder:PATH, views:PATH, "
+            raise SourceError(f"unknown source {part!r}: use bundled, art:N, pixel:N, screen:N, "
+                              "folder:PATH, views:PATH, "
                               "shards:GLOB, a folder or a .tar shard")
