@@ -6,7 +6,7 @@
 Prints three SHA-256 prefixes:
 - ``scores``: the packaged cnn's (or ``--weights``') scores of every bundled photo (CPU, 2 threads);
 - ``train``: the weights of a 120-iteration training run on tiny generated chains with JPEG
-  delivery (the default recipe's draws and losses; ``tests/test_train.py`` makes the chains);
+  delivery (the default recipe's draws and losses; ``tests/cg_chains.py`` makes the chains);
 - ``jpeg``: the pixels of ``training.negatives.jpeg`` round trips (the training's JPEG code).
 Equal lines before and after a change mean scoring, training and its JPEG augmentation are
 unchanged. The collapseguard that is imported is printed first, so an older checkout on
@@ -51,7 +51,7 @@ def main() -> None:
     scores = create("cnn", device="cpu", **kw).score(photos)
     print("scores", digest([np.asarray(scores, np.float64)]))
 
-    from test_train import make_tiny_chains, smooth_art
+    from cg_chains import make_tiny_chains, smooth_art
 
     from collapseguard.detectors.cnn_model import NetConfig
     from collapseguard.training.bank import chain_bank, image_bank

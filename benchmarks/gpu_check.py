@@ -37,7 +37,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
-from cnn_speed import test_images  # the same 1024x768 images as the CPU speed benchmark
+from detector_speed import (
+    test_images,  # the same 1024x768 images as the CPU speed benchmark
+)
 from PIL import Image
 
 

@@ -14,12 +14,15 @@
 #      steps, keeping steps 0,1,3,5,10,20.
 #   3. extra clean images (--clean): the other wallpapers as 2 native-resolution 768 px crops + one
 #      JPEG (q85) each, procedural art as PNG, other procedural art as JPEG (q80), and the
-#      calibration quarter of Debian's stellarium-data night-sky photos (recipes/nightsky.sh).
+#      calibration quarter of Debian's stellarium-data night-sky photos (recipes/nightsky.sh), and
+#      $DRAWN drawn pixel-art and $DRAWN drawn screen pictures (training_data_tools.drawn_kinds, seed
+#      41; training draws seed 31), each as PNG and as JPEG 4:2:0 at a quality drawn in 60-95.
 #   4. `collapseguard calibrate` with alpha = 1 %, confidence 95 %, 30 % of sources held out for the
 #      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
 #
 # Environment: CG_CALIB_WORK (required: the work folder), CG_CALIB_SEED (20261130),
-# CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG).
+# CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG),
+# CG_CALIB_DRAWN (60; 0 leaves the drawn kinds out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${CG_CALIB_WORK:?set CG_CALIB_WORK to a work folder (images, chains and scores go there)}
@@ -27,6 +30,7 @@ SEED=${CG_CALIB_SEED:-20261130}
 WORKERS=${CG_CALIB_WORKERS:-2}
 ART_CHAINS=${CG_CALIB_ART_CHAINS:-60}
 ART_CLEAN=${CG_CALIB_ART_CLEAN:-400}
+DRAWN=${CG_CALIB_DRAWN:-60}
 OUTDIR=collapseguard/calibration/defaults
 DETECTORS=("$@")
 [ ${#DETECTORS[@]} -eq 0 ] && DETECTORS=(cnn nss)
@@ -52,6 +56,29 @@ if [ ! -d "$WORK/clean/nightsky" ]; then
   rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
 fi
 
+# 3c. drawn kinds: pixel art and screens, as PNG and as JPEG 4:2:0 (quality 60-95)
+if [ "$DRAWN" -gt 0 ] && [ ! -f "$WORK/clean/drawn/.done" ]; then
+  rm -rf "$WORK/clean/drawn" && mkdir -p "$WORK/clean/drawn"
+  python - "$WORK/clean/drawn" "$DRAWN" <<'PY'
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from collapseguard.training_data_tools.drawn_kinds import pixel_art, screens
+
+out, n = Path(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(41)
+for name, img in pixel_art(n, seed=41) + screens(n, seed=41):
+    stem = name.replace("/", "-")
+    Image.fromarray(img).save(out / f"{stem}.png")
+    Image.fromarray(img).save(out / f"{stem}.jpg", quality=int(rng.integers(60, 96)), subsampling=2)
+(out / ".done").touch()
+PY
+  rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
+fi
+
 # 4. calibrate ----------------------------------------------------------------------------------
 for det in "${DETECTORS[@]}"; do
   safe=$(echo "$det" | tr -c 'A-Za-z0-9_.\n-' '_')
@@ -64,6 +91,6 @@ for det in "${DETECTORS[@]}"; do
   fi
   collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
     --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
-    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, recipes/nightsky.sh)" \
+    --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, recipes/nightsky.sh); $DRAWN drawn pixel-art and $DRAWN drawn screen pictures (seed 41), each as PNG and as JPEG 4:2:0 q60-95" \
     --out "$OUTDIR/$safe.json"
 done

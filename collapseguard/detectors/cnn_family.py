@@ -5,7 +5,7 @@ importing torch unless it is the one that runs.
 - ``"torch"`` (the default): ``cnn.CNNDetector``, the network as trained (CPU or CUDA);
 - ``"onnx"``: ``cnn_onnx.OnnxCNNDetector``, the same network exported to ONNX and run by
   onnxruntime on the CPU. It reads the same crops and gives the same scores within
-  ``cnn_onnx.SCORE_TOLERANCE`` (tests/test_cnn_onnx.py), with the same name and version, so a
+  ``cnn_onnx.SCORE_TOLERANCE`` (tests/detectors/test_cnn_onnx.py), with the same name and version, so a
   calibration of the weights holds for both. A worker that scores this way never imports torch
   (about 500 MB of resident memory less per process);
 - ``"auto"``: onnx when onnxruntime is installed, the device is the CPU (``device`` "cpu", or

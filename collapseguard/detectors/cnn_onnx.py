@@ -23,7 +23,7 @@ from collapseguard.detectors.base import Detector, DetectorError
 from collapseguard.detectors.crops import image_crops
 
 #: largest absolute difference from the torch network's score allowed (checked at every export
-#: and by tests/test_cnn_onnx.py; measured differences are around 1e-5)
+#: and by tests/detectors/test_cnn_onnx.py; measured differences are around 1e-5)
 SCORE_TOLERANCE = 1e-4
 #: images per onnxruntime call: its buffers grow with the batch (32 images of 48 crops held
 #: ~560 MB at peak, 4 images ~70 MB) and smaller calls were no slower per image on the CPU

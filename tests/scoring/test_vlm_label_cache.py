@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from collapseguard.detectors import Detector, DetectorError, create
-from collapseguard.scoring.label_cache import image_key, label_images, read_cache
 from collapseguard.images import decode_image, encode_png
+from collapseguard.scoring.label_cache import image_key, label_images, read_cache
 
 
 class Counting(Detector):

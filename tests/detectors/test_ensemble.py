@@ -107,12 +107,9 @@ def test_bad_specs(spec, match):
 
 def test_trust_pickle_reaches_rali_members_only(tmp_path, reference):
     pytest.importorskip("transformers")
-    import importlib.util
+    from cg_models import make_rali_dir
 
-    spec = importlib.util.spec_from_file_location("test_rali_layout", __file__.replace("test_ensemble.py", "test_rali.py"))
-    rali_tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rali_tests)
-    root, _, _ = rali_tests.make_rali_dir(tmp_path)
+    root, _, _ = make_rali_dir(tmp_path)
     with pytest.raises(DetectorError, match="trust_pickle"):
         create(f"ens:nss+rali:{root}", reference=reference)
     ens = create(f"ens:nss+rali:{root}", reference=reference, trust_pickle=True)

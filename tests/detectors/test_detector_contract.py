@@ -29,7 +29,7 @@ def shipped_detectors() -> list[str]:
 
 def _tiny_vlm(tmp):
     pytest.importorskip("transformers")
-    from test_vlm import build_tiny_qwen
+    from cg_models import build_tiny_qwen
 
     return create(f"vlm:{build_tiny_qwen(tmp, 'qwen2_vl')}", max_new_tokens=8, device="cpu")
 
@@ -37,7 +37,7 @@ def _tiny_vlm(tmp):
 def _tiny_rali(tmp):
     pytest.importorskip("transformers")
     pytest.importorskip("sklearn")
-    from test_rali import make_rali_dir
+    from cg_models import make_rali_dir
 
     root, _, _ = make_rali_dir(tmp)
     return create(f"rali:{root}", trust_pickle=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from test_train import make_clean_dir, make_tiny_chains
+from cg_chains import make_clean_dir, make_tiny_chains
 
 from collapseguard.detectors.cnn_model import NetConfig, load_net
 from collapseguard.training.lofo import lofo
@@ -41,12 +41,12 @@ def test_lofo_leaves_out_the_clean_file_of_a_held_out_chain_picture(tmp_path):
     that is a held-out chain's picture is not a clean negative unless shared_clean='keep'."""
     import numpy as np
     import pytest
+    from cg_chains import held_out_chains, smooth_art
     from PIL import Image
-    from test_train import _held_out_chains, smooth_art
 
     from collapseguard.training.negatives import split_clean
 
-    chains, _ = _held_out_chains(tmp_path)
+    chains, _ = held_out_chains(tmp_path)
     clean = tmp_path / "clean"
     clean.mkdir()
     rng = np.random.default_rng(1)

@@ -103,7 +103,7 @@ def test_ladder_sources_windows_and_skips_unreadable_files(tmp_path):
 
 
 def test_train_cli_with_damage_ladders_and_a_larger_crop_bank(tmp_path):
-    from test_train import make_clean_dir, make_tiny_chains
+    from cg_chains import make_clean_dir, make_tiny_chains
 
     from collapseguard.cli import main
 
@@ -125,7 +125,7 @@ def test_train_cli_with_damage_ladders_and_a_larger_crop_bank(tmp_path):
 
 
 def test_damage_ladders_without_clean_files_is_a_clear_error(tmp_path):
-    from test_train import make_tiny_chains
+    from cg_chains import make_tiny_chains
 
     from collapseguard.cli import main
 

@@ -3,7 +3,6 @@ with it, and converted once to pickle-free files that load without it."""
 
 from __future__ import annotations
 
-import pickle
 import shutil
 
 import numpy as np
@@ -20,42 +19,7 @@ from collapseguard.detectors.rali_convert import main as convert_main
 
 torch.set_num_threads(1)
 
-
-def _clip():
-    from transformers import CLIPConfig, CLIPModel
-
-    cfg = CLIPConfig(
-        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         vocab_size=99, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        projection_dim=16,
-    )
-    torch.manual_seed(0)
-    return CLIPModel(cfg).eval()
-
-
-def make_rali_dir(root, bin_only=False):
-    """Published RALI layout: best/ (CLIP), pca.pkl, basis.npz (vectors, scores), ckpt.pt."""
-    from sklearn.decomposition import PCA
-    from transformers import CLIPImageProcessor
-
-    model = _clip()
-    if bin_only:  # an older-style checkpoint: config + pickled torch weights, no safetensors
-        model.config.save_pretrained(root / "best")
-        torch.save(model.state_dict(), root / "best" / "pytorch_model.bin")
-    else:
-        model.save_pretrained(root / "best")
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(root / "best")
-    rng = np.random.default_rng(0)
-    pca = PCA(n_components=6, whiten=False).fit(rng.normal(size=(60, 16)) * np.linspace(3, 0.5, 16))
-    with open(root / "pca.pkl", "wb") as fh:
-        pickle.dump(pca, fh)
-    np.savez(root / "basis.npz", vectors=rng.normal(size=(5, 6)), scores=np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
-    proj = model.visual_projection.weight.detach() * 1.5  # "fine-tuned" projection in the checkpoint
-    torch.save({"state_dict": {"temperature": torch.tensor(0.5), "module.clip.visual_projection.weight": proj,
-                               "head.unused": torch.ones(3)}, "epoch": 7}, root / "ckpt.pt")
-    return root, proj, pca
+from cg_models import make_rali_dir  # noqa: E402
 
 
 def _images():

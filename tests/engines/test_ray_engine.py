@@ -56,7 +56,7 @@ def test_a_dead_ray_actor_fails_only_its_own_task():
     from collapseguard.engines.ray import RayEngine
     got = {}
     tasks = ["a", "die", "b", "c"]
-    here = str(Path(__file__).parent)  # Ray's workers import the test helper from here
+    here = str(Path(__file__).parents[1])  # Ray's workers import the test helper from here
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": here}})
     try:
