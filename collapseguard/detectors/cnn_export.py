@@ -77,13 +77,19 @@ def export_onnx(net: DegradationNet, n_crops: int, tolerance: float, seed: int =
     size = net.config.crop_size
     rng = np.random.default_rng(seed)
     sample = torch.from_numpy(rng.integers(0, 256, (2, n_crops, size, size, 3), dtype=np.uint8))
+    # The wrapper must be in eval mode too: the exporter puts a module back into the mode it was
+    # in, and a new module is in training mode, which would leave ``net``'s batch norms (the
+    # ImageNet stem's) using batch statistics after the export.
+    wrapper = ExportNet(net, n_crops).eval()
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")  # tracer and deprecation notes of the TorchScript exporter
-        torch.onnx.export(ExportNet(net, n_crops), (sample,), buf, dynamo=False, opset_version=17,
+        want = net(sample).float().numpy()
+        torch.onnx.export(wrapper, (sample,), buf, dynamo=False, opset_version=17,
                           input_names=["crops"], output_names=["score"],
                           dynamic_axes={"crops": {0: "batch"}, "score": {0: "batch"}})
-        want = net(sample).float().numpy()
+    if net.training:
+        raise RuntimeError("the ONNX export left the network in training mode")
     data = buf.getvalue()
     import onnxruntime as ort
 

@@ -74,19 +74,36 @@ def test_every_network_option_exports_to_the_same_scores(tmp_path, photos, optio
     np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
 
 
-def test_a_network_the_export_gets_wrong_is_scored_by_torch(tmp_path, photos):
-    # the EfficientNet-Lite stem folds batch norm into its convolutions at run time, which the
-    # TorchScript exporter does not reproduce: the export check refuses it, auto falls back
-    w = _random_weights(tmp_path / "w.safetensors", stem="efficientnet-lite0:2", n_crops=3)
+def test_the_imagenet_stem_exports_and_its_batch_norms_stay_in_eval_mode(tmp_path, photos):
+    # the stem folds batch norm into its convolutions at run time; the exporter restores each
+    # module's training flag afterwards, so a wrapper left in training mode would put the stem's
+    # batch norms on batch statistics and the check would compare against the wrong scores
+    w = _random_weights(tmp_path / "w.safetensors", stem="efficientnet-lite0:2", context=True, n_crops=3)
     ref = create(f"cnn:{w}", device="cpu", runtime="torch")
-    try:
-        onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
-    except ExportUnavailable as exc:
-        assert "does not reproduce" in str(exc)
-    else:  # exported after all: then it must score the same
-        np.testing.assert_allclose(onnx.score(photos[:3]), ref.score(photos[:3]), rtol=0,
-                                   atol=SCORE_TOLERANCE)
+    onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
+    a, b = onnx.score(photos[:3]), ref.score(photos[:3])
+    assert np.ptp(b) > 1e-3
+    np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
+
+    from collapseguard.detectors.cnn_export import export_onnx
+
+    net = ref.net
+    export_onnx(net, 3, SCORE_TOLERANCE)
+    assert not any(m.training for m in net.modules())
+    np.testing.assert_array_equal(ref.score(photos[:3]), b)  # the torch detector is untouched
+
+
+def test_a_network_the_export_gets_wrong_is_scored_by_torch(tmp_path, photos, monkeypatch):
+    from collapseguard.detectors import cnn_export
+
+    w = _random_weights(tmp_path / "w.safetensors", context=True, n_crops=3)
+    ref = create(f"cnn:{w}", device="cpu", runtime="torch")
+    real = cnn_export.ExportNet.forward
+    monkeypatch.setattr(cnn_export.ExportNet, "forward", lambda self, crops: real(self, crops) + 0.5)
+    with pytest.raises(ExportUnavailable, match="does not reproduce"):
+        create(f"cnn:{w}", device="cpu", runtime="onnx")
     auto = create(f"cnn:{w}", device="cpu", runtime="auto")
+    assert isinstance(auto, CNNDetector)  # refused export: auto scores with torch
     np.testing.assert_allclose(auto.score(photos[:3]), ref.score(photos[:3]), rtol=0,
                                atol=SCORE_TOLERANCE)
 
