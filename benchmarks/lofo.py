@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--generic-ladders", type=int, default=0,
                     help="damage ladders per clean training file (training.generic_damage; shipped: 0)")
     ap.add_argument("--context", action="store_true",
-                    help="with the image-level context term (collapseguard train --context; shipped: on since bb0ec3310592)")
+                    help="with the image-level context term (collapseguard train --context, part of the shipped recipe)")
     ap.add_argument("--shared-clean", choices=("drop", "keep"), default="drop",
                     help="a --clean file whose picture is a held-out chain source: drop (default, as "
                          "collapseguard train) or keep (train on them, as recipes/train_cnn.sh does)")

@@ -3,7 +3,7 @@
 # calibration uses (MODEL_CARD.md, "Clean kinds"):
 #
 #   bash recipes/lxqt_photos.sh DEB_DIR OUT_DIR
-#   python benchmarks/clean_check.py --folder OUT_DIR --threshold 4.1728
+#   python benchmarks/clean_check.py --folder OUT_DIR
 #
 # Downloads lxqt-themes into DEB_DIR (once), unpacks it with dpkg -x and links the photographs of
 # usr/share/lxqt/wallpapers into OUT_DIR (flowers, butterflies, fog, rain, a beam of light). The

