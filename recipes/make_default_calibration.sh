@@ -59,23 +59,8 @@ fi
 # 3c. drawn kinds: pixel art and screens, as PNG and as JPEG 4:2:0 (quality 60-95)
 if [ "$DRAWN" -gt 0 ] && [ ! -f "$WORK/clean/drawn/.done" ]; then
   rm -rf "$WORK/clean/drawn" && mkdir -p "$WORK/clean/drawn"
-  python - "$WORK/clean/drawn" "$DRAWN" <<'PY'
-import sys
-from pathlib import Path
-
-import numpy as np
-from PIL import Image
-
-from collapseguard.training_data_tools.drawn_kinds import pixel_art, screens
-
-out, n = Path(sys.argv[1]), int(sys.argv[2])
-rng = np.random.default_rng(41)
-for name, img in pixel_art(n, seed=41) + screens(n, seed=41):
-    stem = name.replace("/", "-")
-    Image.fromarray(img).save(out / f"{stem}.png")
-    Image.fromarray(img).save(out / f"{stem}.jpg", quality=int(rng.integers(60, 96)), subsampling=2)
-(out / ".done").touch()
-PY
+  python -m collapseguard.training_data_tools.drawn_kinds "$WORK/clean/drawn" "$DRAWN" --seed 41 --jpeg
+  touch "$WORK/clean/drawn/.done"
   rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
 fi
 

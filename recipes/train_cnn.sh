@@ -114,11 +114,7 @@ if [ "$TEX_CHAINS" -gt 0 ]; then
 fi
 if [ "$DRAWN" -gt 0 ]; then
   rm -rf "$WORK/chains_drawn" "$WORK/clean_drawn"
-  python -c "import sys; from pathlib import Path; from PIL import Image
-from collapseguard.training_data_tools.drawn_kinds import pixel_art, screens
-d = Path(sys.argv[1]); d.mkdir(parents=True); n = int(sys.argv[2])
-for name, img in pixel_art(n, seed=31) + screens(n, seed=31): Image.fromarray(img).save(d / (name.replace('/', '-') + '.png'))
-" "$WORK/clean_drawn" "$DRAWN"
+  python -m collapseguard.training_data_tools.drawn_kinds "$WORK/clean_drawn" "$DRAWN" --seed 31
   python recipes/make_train_chains.py "pixel:$((DRAWN / 4)),screen:$((DRAWN / 4))" "$WORK/chains_drawn" \
     --workers "$WORKERS"
 fi

@@ -224,3 +224,44 @@ def screens(n: int, seed: int = 0) -> list[Source]:
     if n < 0:
         raise SourceError(f"screens: bad n={n}")
     return [(f"screen/{seed}-{i}", _screen_one(np.random.default_rng([seed, i, 7741]))) for i in range(n)]
+
+
+def write_folder(out: str, n: int, seed: int, jpeg: bool = False) -> list[str]:
+    """Write ``n`` pixel-art and ``n`` screen pictures into ``out`` as ``<kind>-<seed>-<i>.png``;
+    with ``jpeg``, also a JPEG 4:2:0 copy of each at a quality drawn in 60-95 (seeded).
+    Returns the file names written."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = []
+    for name, img in pixel_art(n, seed=seed) + screens(n, seed=seed):
+        stem = name.replace("/", "-")
+        Image.fromarray(img).save(folder / f"{stem}.png")
+        names.append(f"{stem}.png")
+        if jpeg:
+            Image.fromarray(img).save(folder / f"{stem}.jpg", quality=int(rng.integers(60, 96)), subsampling=2)
+            names.append(f"{stem}.jpg")
+    return names
+
+
+def main(argv=None) -> None:
+    """``python -m collapseguard.training_data_tools.drawn_kinds OUT N --seed S [--jpeg]``: the
+    folder of drawn clean pictures the training and calibration recipes use."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__.split(":", 1)[0])
+    ap.add_argument("out")
+    ap.add_argument("n", type=int, help="pictures of each kind")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jpeg", action="store_true", help="also a JPEG 4:2:0 copy of each (q60-95)")
+    a = ap.parse_args(argv)
+    names = write_folder(a.out, a.n, a.seed, a.jpeg)
+    print(f"drawn kinds: {len(names)} files in {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -49,3 +49,19 @@ def test_specs_reach_the_drawn_kinds():
         list(resolve_sources("pixel:x"))
     with pytest.raises(SourceError):
         pixel_art(-1)
+
+
+def test_write_folder_writes_pngs_and_seeded_420_jpegs(tmp_path):
+    from PIL import Image
+
+    from collapseguard.training_data_tools.drawn_kinds import main, write_folder
+
+    names = write_folder(tmp_path / "a", 2, seed=7, jpeg=True)
+    assert sorted(names) == sorted(f"{k}-7-{i}.{e}" for k in ("pixel", "screen") for i in range(2)
+                                   for e in ("png", "jpg"))
+    png = np.asarray(Image.open(tmp_path / "a/pixel-7-0.png"))
+    np.testing.assert_array_equal(png, pixel_art(1, seed=7)[0][1])
+    with Image.open(tmp_path / "a/screen-7-1.jpg") as im:
+        assert im.format == "JPEG" and im.layer[1][1:3] == (1, 1)  # chroma at half resolution: 4:2:0
+    main([str(tmp_path / "b"), "2", "--seed", "7", "--jpeg"])
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
