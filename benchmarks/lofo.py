@@ -56,9 +56,15 @@ def main() -> None:
     from collapseguard.detectors.cnn_model import NetConfig
     from collapseguard.training.lofo import lofo
     from collapseguard.training.loop import TrainConfig
-
     from collapseguard.training_data_tools.manifest import read_manifest
 
+    if args.init:  # the registry package is there: say so now, not after the crop banks
+        from collapseguard.training.pretrained import lite0_weights_path
+
+        try:
+            lite0_weights_path()
+        except ValueError as exc:
+            ap.error(str(exc))
     cfg = TrainConfig(iterations=args.steps, seed=args.seed, threads=args.threads, log_every=100,
                       generic_ladders=args.generic_ladders, init="imagenet" if args.init else "",
                       delivery_kind=args.delivery_kind, delivery_jpeg=args.delivery_jpeg,
