@@ -4,9 +4,11 @@
     python benchmarks/eval_set_figures.py OUT/eval
 
 Prints, from the files ``evaluate`` wrote (auroc_by_storage.csv, failures_by_storage.csv,
-clean_drops.csv, drops.csv): AUROC step 0 vs 5 and 0 vs 10 per family x storage, the study's
-criterion per family x storage, and at the shipped threshold the share of clean images dropped
-per kind and of step-10 images dropped per family, PNG against JPEG q90 4:2:0.
+clean_drops.csv, drops.csv): AUROC step 0 vs 5 and 0 vs 10 per family x storage with the mean over
+families (the figure the model-history rules compare), the study's criterion per family x
+storage, and at the threshold evaluate used the share of clean images dropped per kind and of
+step-10 images dropped per family. ``--detector`` picks one detector of a run that scored several;
+a run of one detector needs none.
 """
 
 from __future__ import annotations
@@ -22,25 +24,52 @@ STORAGES = ("png", "jpeg q90 4:2:0", "jpeg q75 4:2:0", "webp q80")
 def table(df: pd.DataFrame, index: str, value: str, columns: str = "storage") -> str:
     wide = df.pivot_table(index=index, columns=columns, values=value, aggfunc="first")
     wide = wide[[c for c in STORAGES if c in wide.columns] + [c for c in wide.columns if c not in STORAGES]]
+    first = [r for r in ("all", "family mean") if r in wide.index]
+    wide = wide.loc[first + [r for r in wide.index if r not in first]]
     return wide.to_string(float_format=lambda v: f"{v:.3f}")
+
+
+def with_family_mean(au: pd.DataFrame, value: str) -> pd.DataFrame:
+    """``au`` plus a "family mean" row per storage: the unweighted mean of ``value`` over the
+    families (not the pooled "all" row, which weighs families by their chain counts)."""
+    fams = au[au["family"] != "all"]
+    mean = fams.groupby("storage", as_index=False)[value].mean().assign(family="family mean")
+    return pd.concat([au, mean], ignore_index=True)
+
+
+def pick_detector(au: pd.DataFrame, wanted: str | None) -> str:
+    """The detector whose rows to print: ``wanted``, or the only one the run scored."""
+    have = sorted(au["detector"].unique())
+    if wanted is None:
+        if len(have) != 1:
+            raise SystemExit(f"this run scored several detectors; pick one with --detector: {have}")
+        return have[0]
+    if wanted not in have:
+        raise SystemExit(f"--detector {wanted!r}: not in this run; it scored {have}")
+    return wanted
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("eval_dir", type=Path)
-    ap.add_argument("--detector", default="cnn")
+    ap.add_argument("--detector", default=None, help="one detector of the run (default: the only one)")
     a = ap.parse_args(argv)
     d = a.eval_dir
     au = pd.read_csv(d / "auroc_by_storage.csv")
+    a.detector = pick_detector(au, a.detector)
     au = au[au["detector"] == a.detector]
     for k in (5, 10):
+        if f"k{k}" not in au.columns or au[f"k{k}"].isna().all():  # evaluate was not asked for this step (--auroc-steps)
+            continue
         print(f"\nAUROC clean vs step {k} (clean = the steps evaluate was given, see results.md)")
-        print(table(au, "family", f"k{k}"))
+        print(table(with_family_mean(au, f"k{k}"), "family", f"k{k}"))
     f = pd.read_csv(d / "failures_by_storage.csv")
     f = f[f["detector"] == a.detector]
     print("\nthe study's criterion (Δ5, Δ10, Δ20 > 0 against step 1): share of chains passing")
     print(table(f, "family", "pass_rate"))
     print("chains evaluated per family and storage:", int(f["evaluated"].min()), "to", int(f["evaluated"].max()))
+    if not (d / "clean_drops.csv").exists():
+        print("\n(no clean_drops.csv: evaluate had no threshold for this detector; give it --calibration)")
     if (d / "clean_drops.csv").exists():
         cd = pd.read_csv(d / "clean_drops.csv")
         cd = cd[cd["detector"] == a.detector]

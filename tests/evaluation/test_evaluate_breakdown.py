@@ -141,3 +141,18 @@ def test_clean_steps_zero_compares_originals_only(evaluated, tmp_path):
     assert row["n_clean"] == 4
     assert row["k5"] == pytest.approx(auroc(g.loc[g["step"] == 0, "score"], g.loc[g["step"] == 5, "score"]))
     assert "clean (steps 0) vs step k" in (tmp_path / "results.md").read_text()
+
+
+def test_eval_set_figures_prints_the_family_mean_of_the_run(evaluated, benchmark_script, capsys):
+    mod = benchmark_script("eval_set_figures.py")
+    mod.main([str(evaluated)])  # one detector scored: no --detector needed
+    out = capsys.readouterr().out
+    t = pd.read_csv(evaluated / "auroc_by_storage.csv")
+    fams = t[t["family"] != "all"]
+    want = fams.groupby("storage")["k5"].mean()
+    k5_table = out.split("AUROC clean vs step 5")[1].split("AUROC clean vs step 10")[0]
+    row = next(line for line in k5_table.splitlines() if line.startswith("family mean")).split()[2:]
+    assert [float(v) for v in row] == pytest.approx([want["png"], want["jpeg q90 4:2:0"]], abs=5e-4)
+    assert "share of clean images (step 0) dropped" in out
+    with pytest.raises(SystemExit, match="it scored \\['cnn'\\]"):
+        mod.main([str(evaluated), "--detector", "nss"])
