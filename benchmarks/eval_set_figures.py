@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     a.detector = pick_detector(au, a.detector)
     au = au[au["detector"] == a.detector]
     for k in (5, 10):
-        if f"k{k}" not in au.columns or au[f"k{k}"].isna().all():  # evaluate was not asked for this step (--auroc-steps)
+        if f"k{k}" not in au.columns or au[f"k{k}"].isna().all():  # not in evaluate's --auroc-steps
             continue
         print(f"\nAUROC clean vs step {k} (clean = the steps evaluate was given, see results.md)")
         print(table(with_family_mean(au, f"k{k}"), "family", f"k{k}"))
@@ -68,11 +68,11 @@ def main(argv=None) -> None:
     print("\nthe study's criterion (Δ5, Δ10, Δ20 > 0 against step 1): share of chains passing")
     print(table(f, "family", "pass_rate"))
     print("chains evaluated per family and storage:", int(f["evaluated"].min()), "to", int(f["evaluated"].max()))
-    if not (d / "clean_drops.csv").exists():
-        print("\n(no clean_drops.csv: evaluate had no threshold for this detector; give it --calibration)")
-    if (d / "clean_drops.csv").exists():
-        cd = pd.read_csv(d / "clean_drops.csv")
-        cd = cd[cd["detector"] == a.detector]
+    cd = pd.read_csv(d / "clean_drops.csv") if (d / "clean_drops.csv").exists() else None
+    cd = None if cd is None else cd[cd["detector"] == a.detector]
+    if cd is None or cd.empty:
+        print("\n(no drop rates: evaluate had no threshold for this detector; give it --calibration)")
+    else:
         print(f"\nshare of clean images (step 0) dropped at threshold {cd['threshold'].iloc[0]:.4g}, per kind")
         print(table(cd, "source_kind", "fraction"))
         print("clean images per kind and storage:")
