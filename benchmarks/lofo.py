@@ -26,8 +26,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--crop-size", type=int, default=48, help="crop size in pixels (shipped recipe: 48)")
-    ap.add_argument("--width", type=int, default=16, help="network width (shipped recipe: 16)")
-    ap.add_argument("--n-crops", type=int, default=48, help="crops per image when scoring (shipped: 48)")
+    ap.add_argument("--width", type=int, default=16, help="width of the from-scratch network (unused with --init)")
+    ap.add_argument("--n-crops", type=int, default=48, help="crops per image when scoring (shipped: 24)")
     ap.add_argument("--cache", default=None, help="crop-bank cache folder (shared with collapseguard train --cache)")
     ap.add_argument("--families", default=None, help="comma-separated subset")
     ap.add_argument("--bank-crops", type=int, default=48,
@@ -40,7 +40,7 @@ def main() -> None:
                     help="with the image-level context term (collapseguard train --context, part of the shipped recipe)")
     ap.add_argument("--shared-clean", choices=("drop", "keep"), default="drop",
                     help="a --clean file whose picture is a held-out chain source: drop (default, as "
-                         "collapseguard train) or keep (train on them, as recipes/train_cnn.sh does)")
+                         "collapseguard train and recipes/train_cnn.sh) or keep (train on them)")
     ap.add_argument("--init", default=None, metavar="efficientnet-lite0[:N]",
                     help="start from ImageNet weights as collapseguard train --init (shipped: efficientnet-lite0:2)")
     ap.add_argument("--delivery-kind", choices=("jpeg", "web"), default="jpeg",
