@@ -42,8 +42,14 @@ def test_every_domain_error_derives_from_the_base_and_keeps_its_other_base():
             "EngineError", "TruncatedShardError", "RunLostError", "AuditError"} <= names
     stray = sorted(k for k, cls in found.items()
                    if not issubclass(cls, CollapseguardError)
-                   and k != "collapseguard.cli.CommandError")  # click's exception that prints them
+                   and k not in (
+                       "collapseguard.cli.CommandError",  # click's exception that prints them
+                       # a signal's unwinding, not an error: a BaseException, so that no
+                       # `except Exception` (a per-image decode error, say) can swallow it
+                       "collapseguard.engines.local.WorkerStopped"))
     assert not stray, f"not a CollapseguardError: {stray}"
+    from collapseguard.engines.local import WorkerStopped
+    assert not issubclass(WorkerStopped, Exception)
     by_name = {k.rsplit(".", 1)[-1]: v for k, v in found.items()}
     for name in ("DecodeError", "InputError", "CalibrationError", "ManifestError", "SourceError"):
         assert issubclass(by_name[name], ValueError), name

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -33,6 +34,8 @@ _DETECTORS: dict = {}
 _PROGRESS_QUEUE = None
 #: the pid of the process that started this worker (None outside worker processes)
 _PARENT_PID: int | None = None
+#: True in a worker process while it runs a task
+_IN_TASK = False
 
 
 def parent_is_gone() -> bool:
@@ -101,10 +104,28 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+class WorkerStopped(BaseException):
+    """Raised in a worker process by SIGINT or SIGTERM, so the task it runs cleans up first."""
+
+
+def _stop_worker(signum, frame) -> None:
+    # Ctrl-C reaches every process of the group; when one worker dies of it, the pool terminates
+    # the others with SIGTERM. Either signal unwinds the running task (``process_shard`` deletes
+    # its staged files on any exception) and ends the process; later signals are ignored so they
+    # cannot cut that cleanup short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not _IN_TASK:  # idle between tasks: nothing to clean up, and no traceback to print
+        os._exit(128 + signum)
+    raise WorkerStopped(signum)
+
+
 def _worker_init(threads: int, progress_queue, detector: str, kwargs: tuple,
                  parent_pid: int) -> None:
     global _PROGRESS_QUEUE, _PARENT_PID
     die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, _stop_worker)
+    signal.signal(signal.SIGTERM, _stop_worker)
     _PARENT_PID = parent_pid
     set_thread_budget(threads)
     _PROGRESS_QUEUE = progress_queue
@@ -112,12 +133,18 @@ def _worker_init(threads: int, progress_queue, detector: str, kwargs: tuple,
 
 
 def _worker_run(fn: TaskFn, task, detector: str, kwargs: tuple):
+    global _IN_TASK
     q = _PROGRESS_QUEUE
+    _IN_TASK = True
     try:
         res = fn(task, get_detector(detector, kwargs), (lambda n: q.put(n)) if q is not None else None)
         return res, None
+    except WorkerStopped as stop:  # the task has cleaned up; this worker ends, as signalled
+        os._exit(128 + stop.args[0])
     except Exception as exc:  # reported per task; the run goes on with the others
         return None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+    finally:
+        _IN_TASK = False
 
 
 class InlineEngine:

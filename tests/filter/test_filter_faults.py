@@ -549,6 +549,40 @@ def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_pa
     assert outputs(out) == reference
 
 
+def open_files_under(pid: int, folder: Path) -> list[str]:
+    """The files under ``folder`` that process ``pid`` holds open (read from /proc)."""
+    try:
+        links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    except OSError:
+        return []
+    return [link for link in links if link.startswith(str(folder) + os.sep)]
+
+
+def test_a_worker_terminated_mid_shard_deletes_its_staged_files_and_the_shard_is_redone(
+        tmp_path, shards, reference):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(filter_cmd(shards, out), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    writer, staged = None, []
+    while time.time() < deadline and not staged:
+        for pid in descendants(proc.pid):
+            staged = open_files_under(pid, out / "kept")
+            if staged:
+                writer = pid
+                break
+        time.sleep(0.01)
+    assert staged, "no worker seen writing a shard"
+    os.kill(writer, signal.SIGTERM)  # as a system stopping one process would
+    while alive(writer):
+        time.sleep(0.005)
+    # before the engine's fresh worker (a spawned process) starts the shard again
+    assert not [p for p in staged if Path(p).exists()], "the terminated worker left its staged files"
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert outputs(out) == reference
+    assert not no_tmp_files(out)
+
+
 @pytest.mark.slow
 def test_kill_minus_9_at_random_points_then_resume_is_byte_identical(benchmark_script, tmp_path):
     """The benchmark behind RELIABILITY.md's count, with a few kills (20 there)."""
