@@ -1,7 +1,7 @@
 """cnn weights side by side on the training split's held-out chains and clean files, per storage.
 
     python benchmarks/init_side_by_side.py WEIGHTS [WEIGHTS ...] --chains DIR [--chains DIR ...]
-        [--clean DIR ...] [--eval MANIFEST] [--threads 1] [--json OUT]
+        [--clean DIR ...] [--eval MANIFEST] [--threads 1] [--ensemble] [--json OUT]
 
 Splits the chains as ``collapseguard train`` does (by source, salt "cnn") and the ``--clean``
 files as it does (by name; held-out files whose picture is a training chain source left out, as
@@ -14,7 +14,9 @@ storage. ``--eval`` adds a chain manifest that no training run touched (e.g. the
 ``recipes/eval_set.sh`` writes), its images scored as they are stored there, split by its
 ``storage`` column when it has one (``--eval-storage``, ``--eval-chains N`` take a part of it).
 Also the scoring time per image of each weights file (all
-timed in this run, one after the other).
+timed in this run, one after the other). ``--ensemble`` adds the weights together: each one's
+scores standardised by the mean and standard deviation of its own PNG clean scores, then averaged,
+with its own threshold and figures.
 """
 
 from __future__ import annotations
@@ -54,6 +56,69 @@ def score_all(det: CNNDetector, images: list[np.ndarray], batch: int = 16) -> np
         if images else np.zeros(0, np.float32)
 
 
+def clean_png_scores(scores: dict, test_df: pd.DataFrame) -> np.ndarray:
+    """The PNG clean scores: held-out clean files and the held-out chains' step 0."""
+    png_chain, png_clean = scores["png"]
+    return np.concatenate([png_clean, png_chain[test_df["step"].to_numpy() == 0]])
+
+
+def ensemble_scores(members: list, test_df: pd.DataFrame):
+    """The mean of the members' scores, each standardised by the mean and standard deviation of its
+    own PNG clean scores (so no member's scale dominates); ``members`` are (scores, ev_scores)."""
+    stats = []
+    for scores, _ in members:
+        c = clean_png_scores(scores, test_df)
+        stats.append((float(c.mean()), float(c.std()) or 1.0))
+    scores = {s: tuple(np.mean([(m[0][s][j] - mu) / sd for m, (mu, sd) in zip(members, stats)], axis=0)
+                       for j in (0, 1)) for s in members[0][0]}
+    ev_scores = None
+    if members[0][1] is not None:
+        ev_scores = np.mean([(m[1] - mu) / sd for m, (mu, sd) in zip(members, stats)], axis=0)
+    return scores, ev_scores
+
+
+def report(res: dict, scores: dict, ev_scores, test_df: pd.DataFrame, ev) -> dict:
+    """Print and return the figures of one set of scores (one weights file or the ensemble)."""
+    clean_png = clean_png_scores(scores, test_df)
+    thr = float(np.quantile(clean_png, 0.99))
+    res["threshold_p99_png_clean"] = thr
+    res["storages"] = {}
+    print(f"threshold {thr:.3f} = 99th percentile of {len(clean_png)} PNG clean scores")
+    for sname, (sc, scl) in scores.items():
+        d = test_df.assign(score=sc)
+        fa = family_aurocs(d)
+        step0 = sc[test_df["step"].to_numpy() == 0]
+        clean_s = np.concatenate([scl, step0])
+        s10 = sc[test_df["step"].to_numpy() == 10]
+        rec = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
+               "mean_family_0v5": float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"])),
+               "mean_family_0v10": float(np.nanmean([b for f, (_, b) in fa.items() if f != "all"])),
+               "clean_above": float((clean_s > thr).mean()), "n_clean": len(clean_s),
+               "clean_files_above": float((scl > thr).mean()) if len(scl) else float("nan"),
+               "step10_above": float((s10 > thr).mean())}
+        res["storages"][sname] = rec
+        print(f"-- {sname}: mean over families 0v5 {rec['mean_family_0v5']:.3f}, 0v10 "
+              f"{rec['mean_family_0v10']:.3f}; clean above threshold {rec['clean_above']:.3f} "
+              f"(n={rec['n_clean']}; clean files {rec['clean_files_above']:.3f}), step 10 above "
+              f"{rec['step10_above']:.3f}")
+        for f, (a, b) in fa.items():
+            print(f"   {f:<18} 0v5 {a:.3f}  0v10 {b:.3f}")
+    if ev is not None:
+        res["eval"] = {}
+        for sname, g in ev.assign(score=ev_scores).groupby("storage"):
+            fa = family_aurocs(g)
+            mean5 = float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"]))
+            s0 = g.loc[g["step"] == 0, "score"].to_numpy()
+            s10 = g.loc[g["step"] == 10, "score"].to_numpy()
+            res["eval"][str(sname)] = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
+                                       "mean_family_0v5": mean5, "step0_above": float((s0 > thr).mean()),
+                                       "step10_above": float((s10 > thr).mean())}
+            print(f"-- --eval {sname}: mean over families 0v5 {mean5:.3f}; step 0 above threshold "
+                  f"{(s0 > thr).mean():.3f} (n={len(s0)}), step 10 above {(s10 > thr).mean():.3f}; " + "  ".join(
+                      f"{f} {a:.3f}/{b:.3f}" for f, (a, b) in fa.items()))
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="+")
@@ -65,6 +130,9 @@ def main() -> None:
     ap.add_argument("--eval-chains", type=int, default=0,
                     help="with --eval: only the first N source chains (by id) of each family, in every storage")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ensemble", action="store_true",
+                    help="also report the weights together: each one's scores standardised by the mean "
+                    "and standard deviation of its own PNG clean scores, then averaged")
     ap.add_argument("--json", default=None, help="write every figure here as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -75,7 +143,7 @@ def main() -> None:
     held: list[Path] = []
     if args.clean:
         _, held = split_clean(list_images(args.clean))
-        held, gone = without_pictures_of(train_df, held)
+        held, _ = without_pictures_of(train_df, held)
     print(f"held-out: {test_df['chain_id'].nunique()} chains ({test_df['source_image'].nunique()} sources), "
           f"{len(held)} clean files")
     chain_imgs = [load_image(p) for p in test_df["path"]]
@@ -83,7 +151,7 @@ def main() -> None:
     stored = {name: ([im if st is None else apply_storage(im, st) for im in chain_imgs],
                      [im if st is None else apply_storage(im, st) for im in clean_imgs])
               for name, st in STORAGES.items()}
-    ev = None
+    ev = ev_imgs = None
     if args.eval:
         ev = read_manifest(args.eval)
         ev = ev[ev["step"].isin(STEPS)].reset_index(drop=True)
@@ -99,58 +167,26 @@ def main() -> None:
         ev_imgs = [load_image(p) for p in ev["path"]]
         print(f"--eval: {ev['chain_id'].nunique()} chains, storages {sorted(ev['storage'].unique())}")
 
-    results = {}
+    results, raw = {}, {}
     for w in args.weights:
         det = CNNDetector(weights=w, device="cpu")
         name = Path(w).stem
-        res = {"weights": w, "version": det.version, "n_crops": det.n_crops, "storages": {}}
+        res = {"weights": w, "version": det.version, "n_crops": det.n_crops}
         t0, n_scored = time.perf_counter(), 0
         scores = {}
         for sname, (ci, cl) in stored.items():
             scores[sname] = (score_all(det, ci), score_all(det, cl))
             n_scored += len(ci) + len(cl)
         res["ms_per_image"] = 1000 * (time.perf_counter() - t0) / max(1, n_scored)
-        png_chain, png_clean = scores["png"]
-        clean_png = np.concatenate([png_clean, png_chain[test_df["step"].to_numpy() == 0]])
-        thr = float(np.quantile(clean_png, 0.99))
-        res["threshold_p99_png_clean"] = thr
+        ev_scores = score_all(det, ev_imgs) if ev is not None else None
+        raw[name] = (scores, ev_scores)
         print(f"\n== {name} (version {det.version}, {det.n_crops} crops, {res['ms_per_image']:.1f} ms/image "
-              f"on {args.threads} thread(s)); threshold {thr:.3f} = 99th percentile of {len(clean_png)} PNG "
-              "clean scores")
-        for sname, (sc, scl) in scores.items():
-            d = test_df.assign(score=sc)
-            fa = family_aurocs(d)
-            step0 = sc[test_df["step"].to_numpy() == 0]
-            clean_s = np.concatenate([scl, step0])
-            s10 = sc[test_df["step"].to_numpy() == 10]
-            rec = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
-                   "mean_family_0v5": float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"])),
-                   "mean_family_0v10": float(np.nanmean([b for f, (_, b) in fa.items() if f != "all"])),
-                   "clean_above": float((clean_s > thr).mean()), "n_clean": int(len(clean_s)),
-                   "clean_files_above": float((scl > thr).mean()) if len(scl) else float("nan"),
-                   "step10_above": float((s10 > thr).mean())}
-            res["storages"][sname] = rec
-            print(f"-- {sname}: mean over families 0v5 {rec['mean_family_0v5']:.3f}, 0v10 "
-                  f"{rec['mean_family_0v10']:.3f}; clean above threshold {rec['clean_above']:.3f} "
-                  f"(n={rec['n_clean']}; clean files {rec['clean_files_above']:.3f}), step 10 above "
-                  f"{rec['step10_above']:.3f}")
-            for f, (a, b) in fa.items():
-                print(f"   {f:<18} 0v5 {a:.3f}  0v10 {b:.3f}")
-        if ev is not None:
-            ev_scores = score_all(det, ev_imgs)
-            res["eval"] = {}
-            for sname, g in ev.assign(score=ev_scores).groupby("storage"):
-                fa = family_aurocs(g)
-                mean5 = float(np.nanmean([a for f, (a, _) in fa.items() if f != "all"]))
-                s0 = g.loc[g["step"] == 0, "score"].to_numpy()
-                s10 = g.loc[g["step"] == 10, "score"].to_numpy()
-                res["eval"][str(sname)] = {"auroc": {f: {"0v5": a, "0v10": b} for f, (a, b) in fa.items()},
-                                           "mean_family_0v5": mean5, "step0_above": float((s0 > thr).mean()),
-                                           "step10_above": float((s10 > thr).mean())}
-                print(f"-- --eval {sname}: mean over families 0v5 {mean5:.3f}; step 0 above threshold "
-                      f"{(s0 > thr).mean():.3f} (n={len(s0)}), step 10 above {(s10 > thr).mean():.3f}; " + "  ".join(
-                          f"{f} {a:.3f}/{b:.3f}" for f, (a, b) in fa.items()))
-        results[name] = res
+              f"on {args.threads} thread(s))")
+        results[name] = report(res, scores, ev_scores, test_df, ev)
+    if args.ensemble and len(raw) > 1:
+        scores, ev_scores = ensemble_scores(list(raw.values()), test_df)
+        print(f"\n== ensemble of {', '.join(raw)} (each standardised on its own PNG clean scores, then averaged)")
+        results["ensemble"] = report({"members": list(raw)}, scores, ev_scores, test_df, ev)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=float))
 

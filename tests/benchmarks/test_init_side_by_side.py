@@ -1,0 +1,39 @@
+"""benchmarks/init_side_by_side.py: the ensemble of weights files puts members on one scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def _member(rng, scale, shift, good_family):
+    """Scores of one detector on 2 families x 60 chains x steps 0/5/10 (+ 20 clean files):
+    it separates ``good_family``'s damage well and not the other's."""
+    rows, sc = [], []
+    for fam in ("a", "b"):
+        for c in range(60):
+            for step in (0, 5, 10):
+                rows.append({"family": fam, "chain_id": f"{fam}{c}", "step": step})
+                gain = 2.0 if fam == good_family else 0.0
+                sc.append(rng.normal() + gain * (step > 0))
+    chain = scale * np.array(sc) + shift
+    clean = scale * rng.normal(size=20) + shift
+    return pd.DataFrame(rows), {"png": (chain, clean)}
+
+
+def test_the_ensemble_does_not_depend_on_a_members_scale_and_helps_where_they_differ(benchmark_script):
+    mod = benchmark_script("init_side_by_side.py")
+    test_df, a = _member(np.random.default_rng(0), 1.0, 0.0, "a")
+    _, b = _member(np.random.default_rng(1), 1.0, 0.0, "b")
+    _, b_big = _member(np.random.default_rng(1), 1000.0, 50.0, "b")  # same ranking, other scale
+    ens, _ = mod.ensemble_scores([(a, None), (b, None)], test_df)
+    ens_big, _ = mod.ensemble_scores([(a, None), (b_big, None)], test_df)
+    np.testing.assert_allclose(ens["png"][0], ens_big["png"][0], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(ens["png"][1], ens_big["png"][1], rtol=1e-9, atol=1e-9)
+    # a plain sum would let the large-scale member decide alone; the standardised mean does not
+    fam = mod.family_aurocs(test_df.assign(score=ens_big["png"][0]))
+    naive = mod.family_aurocs(test_df.assign(score=a["png"][0] + b_big["png"][0]))
+    assert fam["a"][0] > naive["a"][0] + 0.1
+    worst = {name: min(mod.family_aurocs(test_df.assign(score=m["png"][0]))[f][0] for f in "ab")
+             for name, m in (("a", a), ("b", b))}
+    assert min(fam["a"][0], fam["b"][0]) > max(worst.values()) + 0.15
