@@ -34,6 +34,11 @@ from collapseguard.io.calibration_file import (
 BOUND_NAME = ("binomial order statistic (conformal): threshold = k-th largest clean score, "
               "largest k with P(Binomial(n, alpha) <= k-1) <= delta; drop if score > threshold")
 
+#: the name written into calibration files made with ``per_kind_threshold``
+PER_KIND_NAME = ("binomial order statistic (conformal) per clean kind, Bonferroni over kinds: "
+                 "threshold = the largest of the kinds' thresholds, each at confidence 1 - delta/G; "
+                 "drop if score > threshold")
+
 
 class NotEnoughCleanSamples(CalibrationError):
     """Too few clean scores for the alpha / confidence asked for; ``needed`` says how many."""
@@ -103,6 +108,60 @@ def order_statistic_threshold(clean_scores, alpha: float = 0.01, confidence: flo
     return BoundResult(threshold=t, k=k, n=n, alpha=a, confidence=c,
                        guaranteed_false_drop=guaranteed_rate(n, k, c),
                        empirical_false_drop=float(np.mean(s > t)))
+
+
+@dataclass
+class KindBound:
+    """One clean kind's part of a per-kind threshold (``per_kind_threshold``)."""
+
+    kind: str
+    bound: BoundResult
+
+
+def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: float = 0.95
+                       ) -> tuple[BoundResult, list[KindBound]]:
+    """A threshold that keeps *every* kind's false-drop rate at most ``alpha``, all together with
+    probability at least ``confidence``.
+
+    Each of the G kinds gets its own order-statistic threshold at confidence ``1 - delta / G``
+    (Bonferroni: the chance that any kind's true rate exceeds alpha is at most delta), and the
+    threshold is the largest of them. A higher threshold only lowers each kind's rate, so every
+    kind keeps its guarantee. A pooled threshold guarantees only the mix: a kind that is 5% of the
+    clean images can lose 15% of its images while the pool loses 1%.
+
+    Returns the binding kind's bound (its ``empirical_false_drop`` recomputed over all clean
+    scores at the final threshold, ``confidence`` the joint one) and every kind's own bound.
+    Raises NotEnoughCleanSamples naming every kind with too few scores.
+    """
+    a, c = _check_rates(alpha, confidence)
+    s = np.asarray(clean_scores, dtype=np.float64).reshape(-1)
+    labels = np.asarray([str(k) for k in kinds], dtype=object)
+    if labels.shape != s.shape:
+        raise ValueError(f"{len(labels)} kind labels for {len(s)} clean scores")
+    names = sorted(set(labels.tolist()))
+    if not names:
+        raise NotEnoughCleanSamples(0, min_clean_samples(a, c), a, c)
+    each = 1.0 - (1.0 - c) / len(names)
+    parts, short = [], []
+    for name in names:
+        try:
+            parts.append(KindBound(name, order_statistic_threshold(s[labels == name], a, each)))
+        except NotEnoughCleanSamples as exc:
+            short.append((name, exc.n))
+    if short:
+        needed = min_clean_samples(a, each)
+        listed = ", ".join(f"{name!r} has {n}" for name, n in short)
+        raise NotEnoughCleanSamples(min(n for _, n in short), needed, a, c,
+                                    f" for each of the {len(names)} clean kinds ({listed}; "
+                                    f"{len(names)} kinds together need {needed} per kind)")
+    top = max(parts, key=lambda p: p.bound.threshold)
+    t = top.bound.threshold
+    s = s[~np.isnan(s)]
+    joint = BoundResult(threshold=t, k=top.bound.k, n=top.bound.n, alpha=a, confidence=c,
+                        guaranteed_false_drop=top.bound.guaranteed_false_drop,
+                        empirical_false_drop=float(np.mean(s > t)) if len(s) else 0.0,
+                        method=PER_KIND_NAME)
+    return joint, parts
 
 
 def thresholds_batch(clean: np.ndarray, alpha: float, confidence: float) -> np.ndarray:

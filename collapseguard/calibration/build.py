@@ -29,6 +29,7 @@ from collapseguard.calibration.bounds import (
     clopper_pearson,
     isotonic_knots,
     order_statistic_threshold,
+    per_kind_threshold,
 )
 from collapseguard.calibration.files import Calibration, CalibrationError, is_dropped
 from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
@@ -80,6 +81,15 @@ def label_clean(table: pd.DataFrame, target: str = "step", clean_steps=(0,)) -> 
     fr = table["fr"].to_numpy(dtype=np.float64)
     with np.errstate(invalid="ignore"):
         return extra | (fr >= level) | ((table["step"] == 0).to_numpy() & ~np.isfinite(fr))
+
+
+def clean_kinds(t: pd.DataFrame) -> np.ndarray:
+    """Each row's clean kind for a per-kind guarantee: ``source_kind``, or ``(none)`` when empty."""
+    if "source_kind" not in t.columns:
+        return np.full(len(t), BREAKDOWN["source_kind"], dtype=object)
+    labels = t["source_kind"].fillna("").astype(str).to_numpy(dtype=object)
+    labels[labels == ""] = BREAKDOWN["source_kind"]
+    return labels
 
 
 def _dedupe_clean(t: pd.DataFrame) -> pd.DataFrame:
@@ -166,11 +176,14 @@ def first_steps(curve: list[dict], levels=LEVELS) -> dict:
 def build_calibration(table: pd.DataFrame, detector: str, detector_version: str, *,
                       alpha: float = 0.01, confidence: float = 0.95, clean_steps=(0,),
                       target: str = "step", holdout: float = 0.3, salt: str = "calibration",
-                      command: str = "", clean_sources: list[str] | None = None) -> Calibration:
+                      command: str = "", clean_sources: list[str] | None = None,
+                      per_kind: bool = False) -> Calibration:
     """Compute threshold (order-statistic bound), drop curve and isotonic maps from a scores table.
 
-    Raises NotEnoughCleanSamples (with the number needed) when the threshold part has too few
-    clean scores for ``alpha`` at ``confidence``.
+    With ``per_kind``, the guarantee is for each clean kind (the ``source_kind`` column; clean
+    images without one form the kind ``(none)``) rather than for the pooled clean images
+    (``bounds.per_kind_threshold``). Raises NotEnoughCleanSamples (with the number needed) when
+    the threshold part has too few clean scores for ``alpha`` at ``confidence``.
     """
     if not 0.0 <= holdout < 1.0:
         raise ValueError(f"holdout must be in [0, 1), got {holdout!r}")
@@ -188,8 +201,13 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     else:
         thr_part, hold_part = t, t
     clean_thr = _dedupe_clean(thr_part[thr_part["clean"]])
+    kind_bounds = []
     try:
-        bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
+        if per_kind:
+            bound, kind_bounds = per_kind_threshold(clean_thr["score"].to_numpy(), clean_kinds(clean_thr),
+                                                    alpha, confidence)
+        else:
+            bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
     except NotEnoughCleanSamples as exc:  # say what the count was taken from, and what to bring
         n_all = len(_dedupe_clean(t[t["clean"]]))
         detail = (f" in the threshold part, which holds {exc.n} of the {n_all} scored clean images "
@@ -198,7 +216,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
                   if holdout > 0 else "")
         if n_unscored:
             detail += f"; {n_unscored} image(s) could not be scored and were left out"
-        raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, detail) from None
+        raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, exc.detail + detail) from None
     top = clean_thr.sort_values("score", ascending=False, kind="stable").head(max(TOP_CLEAN, (bound.k or 0) + 3))
     top_clean = [{"source_image": str(r.source_image), "path": str(getattr(r, "path", "")),
                   "score": float(r.score)} for r in top.itertuples(index=False)]
@@ -236,6 +254,12 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
             "they are; treat it as approximate.")
     if n_unscored:
         notes.append(f"{n_unscored} image(s) could not be scored (NaN) and were left out.")
+    if kind_bounds:
+        notes.append(
+            f"Per clean kind: each of the {len(kind_bounds)} kinds has its own order-statistic "
+            f"threshold at confidence 1 - delta/{len(kind_bounds)}; the threshold is the largest, so "
+            "every kind's false-drop rate is at most alpha, all together with the stated confidence. "
+            "n_clean and k are those of the kind that sets the threshold.")
     kind, _, _ = parse_target(target)
     split = {
         "by": "source_image", "salt": salt, "holdout": holdout,
@@ -256,6 +280,11 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         clean_steps=clean_steps if kind == "step" else [], clean_sources=list(clean_sources or []),
         split=split, top_clean=top_clean, drop_curve=curve, first_step_dropped=first_steps(curve),
         probability_map=prob_map, step_map=step_map, breakdown=by,
+        per_kind=[{"kind": kb.kind, "n": kb.bound.n, "k": kb.bound.k, "threshold": kb.bound.threshold,
+                   "confidence": kb.bound.confidence, "guaranteed_false_drop": kb.bound.guaranteed_false_drop,
+                   "dropped_at_threshold": int(is_dropped(
+                       clean_thr["score"].to_numpy()[clean_kinds(clean_thr) == kb.kind], bound.threshold).sum())}
+                  for kb in kind_bounds],
         created=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=command, notes=notes)
 

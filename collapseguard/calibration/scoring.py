@@ -196,6 +196,9 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
                 *, target: str = "step", batch_size: int | None = None, progress=None) -> pd.DataFrame:
     """Score every chain image of ``manifest`` and every image under ``clean`` with ``detector``.
 
+    A ``clean`` entry is a location or a ``(kind, location)`` pair; the kind goes into the
+    ``source_kind`` column (as a chains manifest's ``kind`` does for its sources).
+
     With an ``fr:`` target, also computes each chain image's full-reference similarity to its
     chain's step-0 image (column ``fr``). Rows whose image cannot be decoded keep score NaN.
     """
@@ -215,12 +218,18 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
         if kind == "fr":
             t["fr"] = full_reference_column(m, measure)
         parts.append(t)
-    items = list(iter_clean_images(clean))
+    items, item_kinds = [], []
+    for loc in clean:
+        clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
+        found = list(iter_clean_images([loc]))
+        items += found
+        item_kinds += [clean_kind] * len(found)
     if items:
         scores, _, header = _score_batches(detector, [r for _, _, r in items], bs, progress)
         parts.append(pd.DataFrame({"source_image": [s for s, _, _ in items], "family": CLEAN_FAMILY,
                                    "step": 0, "kind": "clean", "path": [p for _, p, _ in items],
-                                   "score": scores, "chain_id": "", "storage": header, "source_kind": ""}))
+                                   "score": scores, "chain_id": "", "storage": header,
+                                   "source_kind": item_kinds}))
     if not parts:
         raise ValueError("nothing to score: give chains and/or clean folders")
     table = pd.concat(parts, ignore_index=True)

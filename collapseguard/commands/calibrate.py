@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import tarfile
@@ -11,19 +12,28 @@ import click
 
 from collapseguard.commands._common import check_out_file
 
+#: ``--clean KIND=LOCATION``: a kind is a short plain name
+_KIND = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63})=(.+)")
+
 
 def _locations(values) -> tuple:
-    """--clean locations: local paths must exist; URLs (``pipe:``, ``s3://``, ...) are checked when read."""
+    """--clean values as ``(kind, location)``: ``KIND=LOCATION`` names the clean kind (``""``
+    without one); local paths must exist, URLs (``pipe:``, ``s3://``, ...) are checked when read.
+    A value that is an existing path is a path, even with a ``=`` in it."""
     from collapseguard.io.urls import is_remote, local_path
     out = []
     for v in values:
-        if is_remote(v):
-            out.append(v)
+        kind, loc = "", v
+        m = _KIND.fullmatch(v)
+        if m and not Path(local_path(v) or v).exists():
+            kind, loc = m.group(1), m.group(2)
+        if is_remote(loc):
+            out.append((kind, loc))
             continue
-        p = Path(local_path(v) or v)
+        p = Path(local_path(loc) or loc)
         if not p.exists():
-            raise click.BadParameter(f"{v}: no such file or folder", param_hint="'--clean'")
-        out.append(p)
+            raise click.BadParameter(f"{loc}: no such file or folder", param_hint="'--clean'")
+        out.append((kind, p))
     return tuple(out)
 
 
@@ -50,7 +60,13 @@ def _steps(text: str) -> list[int]:
               help="Chain steps counted as clean (target 'step'), e.g. 0 or 0,1.")
 @click.option("--clean", "clean_dirs", multiple=True, callback=lambda c, p, v: _locations(v),
               help="Extra clean images: a folder (recursive), a shard or a URL of either; repeat for more. "
-                   "Files named NAME__x.png count as variants of one source NAME.")
+                   "KIND=LOCATION names their kind (e.g. screenshots=shots/), reported per kind and "
+                   "used by --per-kind. Files named NAME__x.png count as variants of one source NAME.")
+@click.option("--per-kind", is_flag=True,
+              help="Guarantee --max-false-drop for each clean kind (the chains manifest's `kind` "
+                   "column and --clean KIND=...), jointly at --confidence, instead of for the pooled "
+                   "clean images. Needs enough clean images of every kind in the threshold part: at 1% "
+                   "and 95%, 299 for one kind, 368 each for two, 459 each for five.")
 @click.option("--target", default="step", show_default=True,
               help="Truth of degradation: 'step', or 'fr:ssim' / 'fr:ssim<0.85' / 'fr:psnr<30' "
                    "(full-reference similarity to the chain's step-0 image below the level; "
@@ -69,8 +85,8 @@ def _steps(text: str) -> list[int]:
 @click.option("--device", default=None, help="torch device for the detector (e.g. cuda).")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_dirs, target, holdout,
-              out, scores_out, from_scores, describe_clean, batch_size, device, no_plot, quiet):
+def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_dirs, per_kind, target,
+              holdout, out, scores_out, from_scores, describe_clean, batch_size, device, no_plot, quiet):
     """Calibrate a detector's threshold against replication chains.
 
     The threshold is the k-th largest clean score, with k chosen so that the fraction of clean
@@ -81,7 +97,12 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     P(degraded) and score -> equivalent replication step. Use it with
     `collapseguard filter --calibration FILE`. The held-out drop rates are also given per storage
     (the chains manifest's `storage` column, as `chains store` writes it, else the file header) and,
-    when the manifest has a `kind` column, per kind of clean source.
+    when the manifest has a `kind` column or --clean names kinds, per kind of clean source.
+
+    A pooled guarantee speaks for the mix: a kind that is a small part of the clean images can
+    lose far more than --max-false-drop of its images. --per-kind gives each kind its own
+    guarantee (each kind's order-statistic threshold at confidence 1 - delta/G over G kinds; the
+    largest is used), at the price of a higher threshold.
     """
     from collapseguard.calibration.build import (
         breakdown_text,
@@ -144,7 +165,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if manifest is not None:
             sources.append(f"chains {chains_dir}: steps {','.join(map(str, steps))} "
                            f"({manifest['source_image'].nunique()} sources)")
-        sources += [f"clean images {d}" for d in clean_dirs]
+        sources += [f"clean images {d}" + (f" (kind {k})" if k else "") for k, d in clean_dirs]
         n_total = (len(manifest) if manifest is not None else 0)
         extra = f" and the --clean images ({len(clean_dirs)} folder(s)/shard(s))" if clean_dirs else ""
         click.echo(f"scoring {n_total} chain images{extra} with {det_name}@{det_version} ...", err=True)
@@ -165,7 +186,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     try:
         cal = build_calibration(table, det_name, det_version, alpha=alpha, confidence=confidence,
                                 clean_steps=steps, target=target, holdout=holdout, command=command,
-                                clean_sources=sources)
+                                clean_sources=sources, per_kind=per_kind)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     n_unscored = (cal.split or {}).get("n_unscored", 0)
@@ -178,6 +199,10 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                f"({cal.split['n_clean_threshold_sources']} sources); "
                f"{'held-out' if holdout > 0 else 'in-sample (--holdout 0)'} false-drop "
                f"{cal.split['heldout_false_drop']}")
+    for r in cal.per_kind:
+        name = r["kind"] if str(r["kind"]).isprintable() else ascii(r["kind"])
+        click.echo(f"  kind {name}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']}), "
+                   f"{r['dropped_at_threshold']} of its {r['n']} clean scores above the final threshold")
     click.echo(top_clean_text(cal))
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
     if cal.breakdown:

@@ -155,6 +155,10 @@ class Calibration:
     #: the held-out drop rates per storage and per clean kind: {"storage": {"clean": [rows],
     #: "steps": [rows]}, "source_kind": {...}, "measured_on": text} (``calibration.build.breakdown``)
     breakdown: dict = field(default_factory=dict)
+    #: with a guarantee per clean kind (``calibrate --per-kind``): one row per kind of the threshold
+    #: part, {kind, n, k, threshold, confidence, guaranteed_false_drop, dropped_at_threshold}; the
+    #: threshold is the largest of the kinds' thresholds. Empty for a pooled guarantee.
+    per_kind: list[dict] = field(default_factory=list)
     created: str = ""
     command: str = ""
     scope: str = SCOPE_NOTE
@@ -189,6 +193,11 @@ class Calibration:
         rate = self.alpha if self.alpha is not None else self.guaranteed_false_drop
         if not self.is_calibrated or rate is None or self.confidence is None:
             return self.label
+        if self.per_kind:
+            return (f"at most {_pct(rate)} false drops in each of {len(self.per_kind)} clean kinds, "
+                    f"jointly with {_pct(self.confidence)} confidence (smallest kind "
+                    f"n_clean={min(int(r['n']) for r in self.per_kind)}; for clean images like each "
+                    "kind of the calibration's clean set)")
         return (f"at most {_pct(rate)} false drops with {_pct(self.confidence)} confidence "
                 f"(n_clean={self.n_clean}; for clean images like the calibration's clean set)")
 
@@ -255,7 +264,7 @@ class Calibration:
             raise CalibrationError(f"k must be an integer, got {kw['k']!r}")
         for key, typ in (("clean_steps", list), ("clean_sources", list), ("split", dict), ("top_clean", list),
                          ("drop_curve", list), ("first_step_dropped", dict), ("notes", list),
-                         ("breakdown", dict)):
+                         ("breakdown", dict), ("per_kind", list)):
             if key in kw and not isinstance(kw[key], typ):
                 raise CalibrationError(f"calibration field {key!r} must be a {typ.__name__}")
         _check_rows(kw)
@@ -289,6 +298,15 @@ def _check_rows(kw: dict) -> None:
                 and all(_is_num(r.get(c)) for c in ("step", "n", "fraction", "ci_low", "ci_high"))):
             raise CalibrationError(f"drop_curve[{i}] must be an object with 'family' (text) and numeric "
                                    "'step', 'n', 'fraction', 'ci_low', 'ci_high'")
+    for i, r in enumerate(kw.get("per_kind") or []):
+        if not (isinstance(r, dict) and isinstance(r.get("kind"), str)
+                and all(_is_num(r.get(c)) for c in ("n", "threshold"))):
+            raise CalibrationError(f"per_kind[{i}] must be an object with 'kind' (text) and numeric "
+                                   "'n' and 'threshold'")
+        if float(r["threshold"]) > kw["threshold"]:  # the file would claim a guarantee it breaks
+            raise CalibrationError(f"per_kind[{i}] ({r['kind']!r}) has threshold {r['threshold']!r}, above "
+                                   f"the file's threshold {kw['threshold']!r}: that kind's guarantee "
+                                   "would not hold")
     for fam, v in (kw.get("first_step_dropped") or {}).items():
         if not isinstance(v, dict):
             raise CalibrationError(f"first_step_dropped[{fam!r}] must be an object")

@@ -1,0 +1,157 @@
+"""A false-drop guarantee per clean kind (`calibrate --per-kind`, `bounds.per_kind_threshold`)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from scipy import stats
+
+from collapseguard.calibration.bounds import (
+    NotEnoughCleanSamples,
+    order_statistic_threshold,
+    per_kind_threshold,
+)
+from collapseguard.calibration.files import (
+    Calibration,
+    CalibrationError,
+    load_calibration,
+)
+from collapseguard.cli import main
+
+
+def test_each_kind_keeps_its_rate_where_a_pooled_threshold_does_not():
+    """Two kinds of clean scores, the minority one shifted up (as grainy photos are for a noise
+    detector). Over many draws the pooled threshold lets the minority kind's true false-drop rate
+    pass alpha most of the time; the per-kind threshold keeps every kind's rate under alpha in at
+    least ``confidence`` of the draws."""
+    rng = np.random.default_rng(0)
+    alpha, conf = 0.05, 0.9
+    n_major, n_minor, shift = 400, 100, 1.5
+    pooled_bad = per_kind_bad = 0
+    draws = 300
+    for _ in range(draws):
+        major, minor = rng.normal(0, 1, n_major), rng.normal(shift, 1, n_minor)
+        scores = np.concatenate([major, minor])
+        kinds = ["photo"] * n_major + ["grainy"] * n_minor
+        pooled = order_statistic_threshold(scores, alpha, conf).threshold
+        joint, parts = per_kind_threshold(scores, kinds, alpha, conf)
+        assert joint.threshold == max(p.bound.threshold for p in parts)
+        assert {p.kind for p in parts} == {"photo", "grainy"}
+        pooled_bad += stats.norm.sf(pooled, loc=shift) > alpha
+        rates = (stats.norm.sf(joint.threshold), stats.norm.sf(joint.threshold, loc=shift))
+        per_kind_bad += max(rates) > alpha
+    assert pooled_bad / draws > 0.5
+    assert per_kind_bad / draws <= 1 - conf
+
+
+def test_each_kind_gets_the_bonferroni_confidence():
+    rng = np.random.default_rng(1)
+    scores = rng.normal(0, 1, 900)
+    kinds = np.repeat(["a", "b", "c"], 300)
+    joint, parts = per_kind_threshold(scores, kinds, 0.02, 0.9)
+    for p in parts:
+        own = order_statistic_threshold(scores[kinds == p.kind], 0.02, 1 - 0.1 / 3)
+        assert p.bound.threshold == own.threshold and p.bound.k == own.k
+    assert joint.confidence == 0.9 and joint.empirical_false_drop == np.mean(scores > joint.threshold)
+
+
+def test_a_kind_with_too_few_clean_scores_is_named():
+    scores = np.r_[np.zeros(400), np.ones(30)]
+    with pytest.raises(NotEnoughCleanSamples, match=r"'screens' has 30") as err:
+        per_kind_threshold(scores, ["photo"] * 400 + ["screens"] * 30, 0.01, 0.95)
+    assert err.value.needed == 368  # 1% at 95% for each of two kinds
+
+
+@pytest.fixture(scope="module")
+def two_kinds(tmp_path_factory, photos):
+    """Real photo windows, and the same kind of windows with sensor-like grain (a clean kind a
+    noise detector scores high)."""
+    root = tmp_path_factory.mktemp("perkind")
+    rng = np.random.default_rng(3)
+    for kind, n, sigma in (("photos", 24, 0.0), ("grainy", 12, 14.0)):
+        (root / kind).mkdir()
+        for i in range(n):
+            img = photos[i % 4]
+            y, x = rng.integers(0, img.shape[0] - 64), rng.integers(0, img.shape[1] - 64)
+            win = img[y:y + 64, x:x + 64].astype(np.float64) + rng.normal(0, sigma, (64, 64, 3))
+            Image.fromarray(np.clip(win, 0, 255).astype(np.uint8)).save(root / kind / f"{kind}{i}.png")
+    return root
+
+
+def _calibrate(root, out, *extra):
+    res = CliRunner().invoke(main, ["calibrate", "--detector", "nss", "--clean", f"photos={root / 'photos'}",
+                                    "--clean", f"grainy={root / 'grainy'}", "--max-false-drop", "0.2",
+                                    "--confidence", "0.8", "--holdout", "0", "--no-plot", "--out", str(out),
+                                    "--scores-out", str(out.with_suffix(".csv")), *extra])
+    assert res.exit_code == 0, res.output
+    return load_calibration(out), pd.read_csv(out.with_suffix(".csv")), res.output
+
+
+def test_calibrate_per_kind_on_real_images(two_kinds, tmp_path):
+    pooled, scores, _ = _calibrate(two_kinds, tmp_path / "pooled.json")
+    cal, again, out = _calibrate(two_kinds, tmp_path / "kinds.json", "--per-kind")
+    assert set(scores["source_kind"]) == {"photos", "grainy"}
+    assert again["score"].tolist() == scores["score"].tolist()
+    grainy = scores.loc[scores["source_kind"] == "grainy", "score"].to_numpy()
+    assert np.mean(grainy > pooled.threshold) > 0.2  # the pooled 20% is broken on the minority kind
+    rows = {r["kind"]: r for r in cal.per_kind}
+    assert set(rows) == {"photos", "grainy"}
+    for kind, r in rows.items():  # each kind's threshold, recomputed from the scores table
+        own = order_statistic_threshold(scores.loc[scores["source_kind"] == kind, "score"], 0.2, 0.9)
+        assert r["threshold"] == pytest.approx(own.threshold, rel=0, abs=1e-12) and r["k"] == own.k
+        assert r["dropped_at_threshold"] <= own.k - 1
+    assert cal.threshold == max(r["threshold"] for r in rows.values()) >= pooled.threshold
+    assert np.mean(grainy > cal.threshold) <= 0.2
+    assert "each of 2 clean kinds" in cal.guarantee_text() and "kind grainy: threshold" in out
+    kinds = {r["source_kind"]: r for r in cal.breakdown["source_kind"]["clean"]}
+    assert kinds["grainy"]["n"] == 12 and kinds["photos"]["n"] == 24
+    assert Calibration.from_json(cal.to_json()).per_kind == cal.per_kind
+
+
+def test_per_kind_from_scores_needs_no_rescoring(two_kinds, tmp_path):
+    cal, _, _ = _calibrate(two_kinds, tmp_path / "k.json", "--per-kind")
+    res = CliRunner().invoke(main, ["calibrate", "--from-scores", str(tmp_path / "k.csv"), "--per-kind",
+                                    "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0",
+                                    "--no-plot", "--out", str(tmp_path / "again.json")])
+    assert res.exit_code == 0, res.output
+    assert load_calibration(tmp_path / "again.json").threshold == cal.threshold
+
+
+def test_per_kind_refuses_a_kind_too_small_for_the_guarantee(two_kinds, tmp_path):
+    res = CliRunner().invoke(main, ["calibrate", "--detector", "nss", "--clean", f"photos={two_kinds / 'photos'}",
+                                    "--clean", f"grainy={two_kinds / 'grainy'}", "--per-kind", "--max-false-drop",
+                                    "0.05", "--confidence", "0.8", "--holdout", "0", "--no-plot", "--out",
+                                    str(tmp_path / "c.json")])
+    assert res.exit_code != 0 and "'grainy' has 12" in res.output and "'photos' has 24" in res.output
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_clean_kind_syntax_and_paths_with_an_equals_sign(two_kinds, tmp_path):
+    odd = tmp_path / "a=b"
+    odd.mkdir()
+    for p in sorted((two_kinds / "photos").iterdir())[:12]:
+        (odd / p.name).write_bytes(p.read_bytes())
+    res = CliRunner().invoke(main, ["calibrate", "--detector", "nss", "--clean", str(odd), "--clean",
+                                    f"grainy={two_kinds / 'grainy'}", "--max-false-drop", "0.2", "--confidence",
+                                    "0.8", "--holdout", "0", "--no-plot", "--out", str(tmp_path / "c.json"),
+                                    "--scores-out", str(tmp_path / "c.csv")])
+    assert res.exit_code == 0, res.output
+    t = pd.read_csv(tmp_path / "c.csv", keep_default_na=False)
+    assert sorted(set(t["source_kind"])) == ["", "grainy"]  # the existing folder "a=b" is a path
+    res = CliRunner().invoke(main, ["calibrate", "--clean", f"screens={tmp_path / 'missing'}", "--out",
+                                    str(tmp_path / "d.json")])
+    assert res.exit_code != 0 and "missing: no such file or folder" in res.output
+
+
+def test_a_file_whose_kind_threshold_is_above_its_threshold_is_refused(two_kinds, tmp_path):
+    _calibrate(two_kinds, tmp_path / "k.json", "--per-kind")
+    d = json.loads((tmp_path / "k.json").read_text())
+    d["threshold"] = min(r["threshold"] for r in d["per_kind"]) - 1.0
+    with pytest.raises(CalibrationError, match="guarantee would not hold"):
+        Calibration.from_dict(d)
+    d["per_kind"] = [{"kind": 3}]
+    with pytest.raises(CalibrationError, match="per_kind"):
+        Calibration.from_dict(d)
