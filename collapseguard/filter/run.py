@@ -35,6 +35,7 @@ from collapseguard.filter.pipeline import (
     outputs_match,
     read_marker,
     shard_name,
+    shard_stem,
 )
 from collapseguard.io.inputs import expand_pattern, expand_shards
 from collapseguard.io.outdir import out_dir as open_out_dir
@@ -125,11 +126,19 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
                     raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run writes "
                                       "its outputs; filter it into another --out")
     by_name: dict[str, str] = {}
+    by_stem: dict[str, str] = {}
     for s in shards:
         other = by_name.setdefault(shard_name(s), s)
         if other != s:
             raise FilterError(f"two input shards share the name {shard_name(s)!r} ({other} and {s}); "
                               "their outputs would collide: filter them into different --out folders")
+        # scores/<stem>.parquet, .done/<stem>.json and the img2dataset sidecars are named by the
+        # stem: x.tar and x.tar.gz in one run would overwrite each other's scores and marker
+        other = by_stem.setdefault(shard_stem(s), s)
+        if other != s:
+            raise FilterError(f"two input shards share the stem {shard_stem(s)!r} ({other} and {s}); their "
+                              "scores, completion markers and sidecars would collide: filter them into "
+                              "different --out folders")
     return shards
 
 

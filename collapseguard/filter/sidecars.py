@@ -9,7 +9,9 @@ that belong to a longer-named shard of the same folder (``a.b.parquet`` is ``a.b
 Each output shard gets its own copy:
 
 - ``<stem>.parquet`` keeps exactly the rows whose ``key`` is a sample that output holds (same
-  schema and row order). A parquet without a ``key`` column cannot be split and is refused.
+  schema and row order); a key naming several samples has its rows matched to them in order
+  (``row_outputs``), so every row lands in one output. A parquet without a ``key`` column cannot
+  be split and is refused.
 - ``<stem>_stats.json`` follows img2dataset's fields: ``count``, ``failed_to_download``,
   ``failed_to_resize``, ``duration`` and the rest stay as the input has them (they describe the
   download); ``successes`` is the number of samples in this output shard; ``status_dict`` keeps
@@ -18,6 +20,9 @@ Each output shard gets its own copy:
   they did; ``collapseguard`` records the filter's result (detector, threshold, kept, rejected,
   reasons, the input's ``successes``).
 - anything else is copied byte for byte.
+
+A sidecar that is a link to a file outside the shard's folder is refused (the shard fails with
+``SidecarError``), never copied.
 
 Output bytes depend only on the inputs and the filter's settings (no times), so a resumed run
 writes the same files.
@@ -103,9 +108,33 @@ def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, 
     return (json.dumps(out, indent=4, sort_keys=False) + "\n").encode()
 
 
-def _parquet(src: Path, keys: set[str], tmp: Path) -> None:
+def row_outputs(row_keys: list, decisions: list[tuple[str, str, str]]) -> list[str | None]:
+    """The output (``"kept"``/``"rejected"``) each parquet row goes to, ``None`` for a row whose
+    key names no sample of the shard (img2dataset's failed downloads).
+
+    A key that names several samples (``k, j, k``: the later ones are rejected as
+    ``repeated_key``) has its rows matched to its samples in order, the n-th row to the n-th
+    sample, so each row goes to exactly one output; rows beyond the key's samples follow its first
+    sample."""
+    by_key: dict[str, list[str]] = {}
+    for key, decision, _ in decisions:
+        by_key.setdefault(key, []).append(decision)
+    seen: Counter = Counter()
+    out: list[str | None] = []
+    for raw in row_keys:
+        key = None if raw is None else str(raw)
+        outs = by_key.get(key)
+        if not outs:
+            out.append(None)
+            continue
+        n = seen[key]
+        seen[key] += 1
+        out.append(outs[n] if n < len(outs) else outs[0])
+    return out
+
+
+def _parquet(src: Path, decisions: list[tuple[str, str, str]], output: str, tmp: Path) -> None:
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
     try:
         table = pq.read_table(src)
@@ -114,9 +143,16 @@ def _parquet(src: Path, keys: set[str], tmp: Path) -> None:
     if "key" not in table.column_names:
         raise SidecarError(f"{src}: a shard's parquet needs a 'key' column (img2dataset's) to be "
                            f"split between kept/ and rejected/; columns: {table.column_names}")
-    col = pc.cast(table.column("key"), pa.string())
-    mask = pc.is_in(col, value_set=pa.array(sorted(keys), pa.string()))
-    pq.write_table(table.filter(pc.fill_null(mask, False)), tmp)
+    goes = row_outputs(table.column("key").to_pylist(), decisions)
+    pq.write_table(table.filter(pa.array([g == output for g in goes], pa.bool_())), tmp)
+
+
+def _check_inside(src: Path, folder: Path) -> None:
+    """Refuse a sidecar that is a link to a file outside the shard's folder: a downloaded archive
+    can carry ``00000.meta -> /etc/passwd``, which would be copied into kept/ and rejected/."""
+    if src.is_symlink() and not src.resolve().is_relative_to(folder.resolve()):
+        raise SidecarError(f"{src}: a sidecar that links outside the shard's folder is not copied; "
+                           "replace the link with the file, or remove it")
 
 
 def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
@@ -131,7 +167,9 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
     sidecars = find_sidecars(shard)
     if not sidecars:
         return []
-    keys = {o: {k for k, d, _ in decisions if d == o} for o in ("kept", "rejected")}
+    for src in sidecars:
+        _check_inside(src, Path(shard).parent)
+    held = Counter(d for _, d, _ in decisions)  # samples per output (a repeated key counts each time)
     reasons = {o: Counter(r for _, d, r in decisions if d == o) for o in ("kept", "rejected")}
     pairs: list[tuple[str, str]] = []
     try:
@@ -142,9 +180,9 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
                 staged = stage(name)
                 pairs.append((staged, name))
                 if src.name.endswith(".parquet"):
-                    _parquet(src, keys[output], Path(staged))
+                    _parquet(src, decisions, output, Path(staged))
                 elif src.name == f"{stem_of(shard)}_stats.json":
-                    Path(staged).write_bytes(_stats(src, output, len(keys[output]), reasons[other],
+                    Path(staged).write_bytes(_stats(src, output, held[output], reasons[other],
                                                     reasons[output], summary))
                 else:
                     Path(staged).write_bytes(src.read_bytes())

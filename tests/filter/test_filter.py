@@ -4,6 +4,7 @@ resume after a kill, brace patterns, samples without images, unsafe names."""
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import os
 import signal
@@ -153,6 +154,13 @@ def test_shard_name_clash_and_changed_settings_are_refused(tmp_path, photos):
     res = run_cli(["filter", tmp_path / "a/s.tar", tmp_path / "b/s.tar", "--out", tmp_path / "o",
                    "-d", "nss", "--threshold", "1", "-q"], expect=1)
     assert "share the name" in res.output
+    # the same stem: the same scores/ and .done/ names
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "s.tar").write_bytes((tmp_path / "a" / "s.tar").read_bytes())
+    (tmp_path / "c" / "s.tgz").write_bytes(gzip.compress((tmp_path / "b" / "s.tar").read_bytes()))
+    res = run_cli(["filter", tmp_path / "c", "--out", tmp_path / "o2", "-d", "nss", "--threshold", "1", "-q"],
+                  expect=1)
+    assert "share the stem 's'" in res.output and not (tmp_path / "o2" / "scores").exists()
     run_cli(["filter", tmp_path / "a/s.tar", "--out", tmp_path / "o", "-d", "nss", "--threshold", "1",
              "-w", "1", "-q"])
     res = run_cli(["filter", tmp_path / "a/s.tar", "--out", tmp_path / "o", "-d", "nss",

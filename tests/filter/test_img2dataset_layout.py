@@ -132,3 +132,46 @@ def test_reshard_refuses_a_key_in_two_shards(tmp_path, photos):
     assert "is in both kept/a.tar and kept/b.tar" in res.output
     assert not (tmp_path / "out/resharded").exists()
     assert collections.Counter(read_members(tmp_path / "out/kept/a.tar"))
+
+
+def test_a_repeated_key_sends_each_parquet_row_to_one_output(tmp_path, photos):
+    """Keys ``k, j, k``: the second ``k`` is rejected as repeated_key; of the parquet's two ``k``
+    rows, the first follows the first sample and the second the repeat, so no row is copied
+    into both outputs and none is lost."""
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg
+
+    d = tmp_path / "in"
+    d.mkdir()
+    order = ["k", "j", "k"]
+    with tarfile.open(d / "00000.tar", "w") as tf:
+        for i, key in enumerate(order):
+            add_member(tf, f"{key}.jpg", encode_jpeg(photos[i], 92))
+            add_member(tf, f"{key}.txt", f"caption {i}".encode())
+    rows = pd.DataFrame({"key": order + ["gone"], "url": [f"u{i}" for i in range(4)],
+                         "status": ["success"] * 3 + ["failed_to_download"]})
+    rows.to_parquet(d / "00000.parquet", index=False)
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
+    scores = pd.read_parquet(out / "scores" / "00000.parquet")
+    assert scores["reason"].tolist()[2] == "repeated_key"
+    kept, rejected = (pd.read_parquet(out / o / "00000.parquet") for o in ("kept", "rejected"))
+    assert kept["url"].tolist() == ["u0", "u1"] and rejected["url"].tolist() == ["u2"]
+
+
+def test_a_sidecar_linking_outside_the_shard_folder_is_not_copied(shard_set, tmp_path):
+    d, _, t = shard_set
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the dataset\n")
+    (d / "00001.notes").symlink_to(secret)
+    (d / "00000.notes").symlink_to(d / "00000.txt")  # a link inside the folder is an ordinary sidecar
+    out = tmp_path / "out"
+    res = run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"], expect=1)
+    assert "00001.notes" in res.output and "links outside" in res.output
+    assert not any("not for the dataset" in p.read_text(errors="replace")
+                   for p in out.rglob("*") if p.is_file() and p.suffix in (".notes", ".txt"))
+    assert (out / "kept" / "00000.notes").read_bytes() == (d / "00000.txt").read_bytes()
+    assert not (out / "kept" / "00001.tar").exists()
