@@ -31,7 +31,10 @@ encoded bytes (``decoder=None``), because decoding them is part of what is decid
 What the loader shows the stage is all it can judge: webdataset drops link and device members of a
 tar before any stage sees them, so a sample that ``filter`` sets aside as ``refused_member`` reaches
 the stage without that member and is judged by what is left. Member names with ``..`` or a leading
-``/`` are rejected as ``unsafe_name`` in both.
+``/`` are rejected as ``unsafe_name`` in both. The stage rejects a key that already named an
+earlier sample of the same shard as ``repeated_key``, as ``filter`` does; it knows a shard by
+``__url__``, so a shard streamed twice in a row (resampling) reads as one shard whose keys all
+repeat on the second pass. Ray's ``read_webdataset`` refuses such shards itself.
 """
 
 from __future__ import annotations
@@ -98,11 +101,25 @@ class _Decider:
         self.batch_size = batch_size
         self.reject_no_image = reject_no_image
 
-    def decide(self, samples: Iterable[dict]) -> Iterator[tuple[dict, Scored, str, str]]:
-        """Yield ``(sample, scored, decision, reason)`` in input order."""
+    def decide(self, samples: Iterable[dict], *, track_keys: bool = False
+               ) -> Iterator[tuple[dict, Scored, str, str]]:
+        """Yield ``(sample, scored, decision, reason)`` in input order.
+
+        With ``track_keys``, a sample whose ``__key__`` already named an earlier sample of the
+        same shard (``__url__``; the record starts afresh when the shard changes) is rejected as
+        ``repeated_key``, as ``filter`` rejects the later copies of ``k, j, k``."""
+        url, seen = object(), set()
         for sample, scored in score_records(samples, self.detector, members_of=_members,
                                             batch_size=self.batch_size):
-            decision, reason = decide(scored, self.threshold, unsafe=_unsafe(sample),
+            unsafe, repeated = _unsafe(sample), False
+            if track_keys:
+                if sample.get("__url__") != url:
+                    url, seen = sample.get("__url__"), set()
+                key = str(sample.get("__key__", "")).removeprefix("./")
+                if not unsafe:  # as in io.tar, only samples with safe names claim a key
+                    repeated = key in seen
+                    seen.add(key)
+            decision, reason = decide(scored, self.threshold, unsafe=unsafe, repeated=repeated,
                                       reject_no_image=self.reject_no_image)
             yield sample, scored, decision, reason
 
@@ -130,7 +147,7 @@ class WdsFilter:
         return self._decider.threshold_source
 
     def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
-        for sample, scored, decision, reason in self._decider.decide(src):
+        for sample, scored, decision, reason in self._decider.decide(src, track_keys=True):
             self.reasons[reason] += 1
             if decision == "kept":
                 self.kept += 1

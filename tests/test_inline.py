@@ -83,6 +83,24 @@ def test_wds_stage_and_filter_agree_on_an_explicit_threshold(shards, tmp_path):
     assert ("sub/../escape", "unsafe_name") in dropped
 
 
+def test_wds_stage_rejects_a_repeated_key_as_filter_does(tmp_path, photos):
+    """Keys ``k, j, k`` in one shard, and ``k`` again in the next: filter rejects the second ``k``
+    of the first shard as repeated_key and keeps the next shard's ``k``; so must the stage."""
+    from collapseguard.inline import wds_filter
+    shards = [tmp_path / "r0.tar", tmp_path / "r1.tar"]
+    for shard, keys in zip(shards, (["k", "j", "k"], ["k"])):
+        with tarfile.open(shard, "w") as tf:
+            for i, key in enumerate(keys):
+                add_member(tf, f"{key}.jpg", encode_jpeg(photos[i]))
+    scores = filter_decisions(shards, tmp_path / "out", "-d", "nss", "--threshold", "1e9")
+    dropped = []
+    stage = wds_filter("nss", threshold=1e9, on_reject=lambda s, why, score: dropped.append((s["__key__"], why)))
+    kept = wds_samples(shards, stage)
+    assert scores["reason"].tolist()[2] == "repeated_key"
+    assert len(kept) == int((scores["decision"] == "kept").sum()) == 3
+    assert dropped == [("k", "repeated_key")] and stage.reasons["repeated_key"] == 1
+
+
 def test_wds_stage_refuses_decoded_samples(shards):
     import webdataset as wds
 
