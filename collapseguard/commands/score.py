@@ -51,9 +51,22 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc}") from None
-    n_err = int((df["error"].fillna("") != "").sum()) if len(df) else 0
-    click.echo(f"scored {len(df) - n_err} image(s), {n_err} error(s) -> {out}", err=True)
+    click.echo(f"{count_line(df)} -> {out}", err=True)
     for f in failures:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if failures:
         raise SystemExit(1)
+
+
+def count_line(df) -> str:
+    """What the rows hold: scored rows (a sample's row is scored when any of its images decoded),
+    those of them that also carry an error (another image of the sample failed), and rows
+    without a score."""
+    import numpy as np
+    if not len(df):
+        return "scored 0 row(s)"
+    scored = ~np.isnan(df["score"].to_numpy(dtype=np.float64, na_value=np.nan))
+    err = (df["error"].fillna("") != "").to_numpy()
+    partial = f" ({int((scored & err).sum())} with an error beside the score)" if (scored & err).any() else ""
+    return f"scored {int(scored.sum())} row(s){partial}, {int((~scored).sum())} without a score"
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -445,7 +446,9 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                 scores += [v for v in pq.read_table(f, columns=["score"]).column("score").to_pylist()
                            if v is not None]
         t = threshold_for_drop_fraction(scores, drop_fraction)
-        source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data "
-                  f"(threshold {t:.6g} from {len(scores)} scores; no guarantee about clean images)")
+        n_cut = sum(1 for v in scores if math.isfinite(v))  # the scores the cut is taken from
+        unscored = f", {len(scores) - n_cut} sample(s) without a finite score left out" if n_cut < len(scores) else ""
+        source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data (threshold {t:.6g} "
+                  f"from {n_cut} scores{unscored}; no guarantee about clean images)")
         second = FilterOptions(threshold=t, scores_from=join(prepass, "scores"), **base)
         return run_filter(inputs, second, threshold_source=source, **common)

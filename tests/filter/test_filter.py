@@ -198,15 +198,20 @@ def test_out_inside_an_input_folder_is_refused(tmp_path, photos):
 
 def test_drop_fraction_drops_the_top_scores(tmp_path, photos):
     shard = tmp_path / "s.tar"
-    make_shard(shard, photos)  # 8 images
+    good = encode_jpeg(photos[0])
+    make_shard(shard, photos, extra=[("broken.jpg", good[: len(good) // 3])])  # 8 images + 1 undecodable
     run_cli(["filter", shard, "--out", tmp_path / "out", "-d", "nss", "--drop-fraction", "0.25",
              "-w", "1", "-q"])
     scores = pd.read_parquet(tmp_path / "out/scores/s.parquet")
     rejected = scores[scores.decision == "rejected"]
-    assert len(rejected) == 2
-    assert rejected.score.min() > scores[scores.decision == "kept"].score.max()
+    assert rejected["reason"].tolist().count("decode_error") == 1
+    by_score = rejected[rejected.reason != "decode_error"]
+    assert len(by_score) == 2
+    assert by_score.score.min() > scores[scores.decision == "kept"].score.max()
     summary = json.loads((tmp_path / "out/summary.json").read_text())
     assert summary["threshold_source"].startswith("uncalibrated")
+    # the label counts the scores the cut was taken from, not the undecodable sample
+    assert "from 8 scores, 1 sample(s) without a finite score left out" in summary["threshold_source"]
 
 
 def _all_outputs(out: Path) -> dict[str, bytes]:
@@ -252,10 +257,16 @@ def test_score_command_files_folders_shards(tmp_path, photos):
     (folder / "sub" / "broken.jpg").write_bytes(b"not a jpeg")
     single = tmp_path / "single.jpg"
     single.write_bytes(encode_jpeg(photos[2]))
-    make_shard(tmp_path / "s-0.tar", photos[:1])
+    # a sample of two images, one undecodable: a decode error for the sample
+    make_shard(tmp_path / "s-0.tar", photos[:1], extra=[("pair.jpg", encode_jpeg(photos[3])),
+                                                        ("pair.png", b"not a png")])
     for out in ("scores.csv", "scores.parquet"):
-        run_cli(["score", folder, single, str(tmp_path / "s-{0..0}.tar"), "-d", "nss", "--out",
-                 tmp_path / out, "-q"])
+        res = run_cli(["score", folder, single, str(tmp_path / "s-{0..0}.tar"), "-d", "nss", "--out",
+                       tmp_path / out, "-q"])
+    assert "scored 5 row(s), 2 without a score" in res.output  # rows: 4 files and 3 samples
+    from collapseguard.commands.score import count_line
+    partial = pd.DataFrame({"score": [1.0, np.nan, 2.0, np.inf], "error": ["", "x", "y", ""]})
+    assert count_line(partial) == "scored 3 row(s) (1 with an error beside the score), 1 without a score"
     csv = pd.read_csv(tmp_path / "scores.csv", keep_default_na=False)
     pq = pd.read_parquet(tmp_path / "scores.parquet")
     assert list(csv.key) == list(pq.key)
