@@ -327,12 +327,22 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
             records[shard] = rec
         bar.update(1)
 
+    if records and not quiet:
+        bar.write(f"resuming: {len(records)} of {len(shards)} shard(s) already complete in "
+                  f"{printable(str(options.out_dir))}, skipped", file=sys.stderr)
     if todo:
         absolute = replace(options, out_dir=_absolute(options.out_dir),
                            scores_from=options.scores_from and _absolute(options.scores_from))
-        make_engine(engine, workers, detector).run(
-            filter_task, [(_absolute(s), absolute) for s in todo], options.detector,
-            options.detector_kwargs, on_progress if not quiet else None, on_done)
+        try:
+            make_engine(engine, workers, detector).run(
+                filter_task, [(_absolute(s), absolute) for s in todo], options.detector,
+                options.detector_kwargs, on_progress if not quiet else None, on_done)
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"interrupted: {len(records)} of {len(shards)} shard(s) complete in "
+                  f"{printable(str(options.out_dir))} (each with its .done marker; no partial "
+                  "shard is left); run the same command again to resume", file=sys.stderr)
+            raise
     bar.close()
     run_seconds = time.perf_counter() - t_run
     summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)

@@ -538,8 +538,9 @@ def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_pa
         time.sleep(0.05)
     workers = descendants(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-    proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
+    assert "run the same command again to resume" in err, err  # says what to do, not only "Aborted!"
     deadline = time.time() + 20
     while time.time() < deadline and any(alive(w) for w in workers):
         time.sleep(0.1)

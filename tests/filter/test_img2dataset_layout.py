@@ -83,6 +83,7 @@ def test_sidecars_follow_their_samples(shard_set, tmp_path):
     before = {p.name: p.read_bytes() for p in (out / "kept").iterdir()}
     res = run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1"])
     assert json.loads((out / "summary.json").read_text())["per_shard"][0]["status"] == "resumed"
+    assert "resuming: 2 of 2 shard(s) already complete" in res.output
     assert {p.name: p.read_bytes() for p in (out / "kept").iterdir()} == before
     (d / "00001.txt").write_text("changed\n")
     run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
