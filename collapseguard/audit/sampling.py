@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collapseguard.errors import CollapseguardError
 from collapseguard.io.inputs import expand_inputs, unique_inputs
-from collapseguard.io.tar import member_key, open_shard, split_key
+from collapseguard.io.tar import CappedTarInfo, member_key, open_shard, split_key
 from collapseguard.io.urls import local_path
 
 
@@ -48,7 +49,8 @@ def shard_keys(path: str) -> Iterator[str]:
     last = None
     try:
         seekable = local_path(path) is not None  # a URL is read through once, as a stream
-        with open_shard(path) as f, tarfile.open(fileobj=f, mode="r:*" if seekable else "r|*") as tf:
+        with open_shard(path) as f, tarfile.open(fileobj=f, mode="r:*" if seekable else "r|*",
+                                                 tarinfo=CappedTarInfo) as tf:  # no header bombs
             for info in tf:
                 if info.isdir():
                     continue
@@ -56,7 +58,7 @@ def shard_keys(path: str) -> Iterator[str]:
                 if group != last:
                     yield member_key(info.name)[1]
                     last = group
-    except (tarfile.TarError, OSError, EOFError, ValueError):
+    except (tarfile.TarError, OSError, EOFError, ValueError, CollapseguardError):
         return
 
 

@@ -1,7 +1,8 @@
 """Reading WebDataset tar shards as samples of raw bytes, and writing them back deterministically.
 
 A shard is read front to back as a stream (``open_shard``): a local regular file, or a ``pipe:``
-or fsspec URL (``io.urls``); ``.tar.gz``/``.tgz`` shards are decompressed as they are read.
+or fsspec URL (``io.urls``); gzip (``.tar.gz``/``.tgz``), bzip2 and xz shards, told by their first
+bytes, are decompressed as they are read.
 
 A sample is a run of consecutive members sharing a key: the member path up to the first dot of
 its file name (webdataset's convention), e.g. ``a/0001.jpg`` and ``a/0001.json`` form sample
@@ -9,22 +10,30 @@ its file name (webdataset's convention), e.g. ``a/0001.jpg`` and ``a/0001.json``
 
 Member names are untrusted. Leading slashes and ``.``/``..`` components are removed before a name
 is used anywhere; a sample whose names had to be cleaned is marked ``unsafe_name`` so the caller
-can set it aside with that reason (its bytes are kept under the clean names). Names that are not
-valid UTF-8 are written with ``\\xNN`` escapes and count as cleaned.
+can set it aside with that reason (its bytes are kept under the clean names). Bytes that are not
+valid UTF-8 and control characters (a NUL, which a PAX ``path`` record can carry and a tar header
+would end the name at, newlines, escapes) are written as ``\\xNN`` escapes and count as cleaning,
+so no member is renamed silently.
 
 Members that cannot be carried through as bytes are *refused*: links (a hard link would smuggle an
 earlier member's image past the scorer under another name), devices and FIFOs, sparse members
 (whose claimed size can be far beyond their stored bytes) and members over ``max_member_bytes``.
 A refused member's bytes are never read; it is attached to the sample its name belongs to
 (``Sample.refused``), so the caller can set that sample aside with a reason, and listed in
-``ShardReader.skipped``. Directories are ignored. A plain (uncompressed) tar that ends without its
-end-of-archive blocks was cut short, possibly exactly between two members; reading it raises
+``ShardReader.skipped``. Directories are ignored. A tar that ends without its end-of-archive
+blocks was cut short, possibly exactly between two members; reading it raises
 ``TruncatedShardError`` after the last complete sample instead of passing as complete; one whose
 members stop at a damaged header, or that has anything but zeros after its end-of-archive blocks
 (another archive appended), raises ``CorruptShardError``: its members after that point would
-otherwise be lost without a word. A header tarfile cannot parse (a crafted PAX sparse map) is a
-``CorruptShardError`` too. Only regular files are opened as shards: a FIFO, socket, device or
-folder given as a shard is refused with ``NotRegularFileError`` before it is read.
+otherwise be lost without a word. A compressed shard is decompressed here (not by tarfile) and
+held to the same rules, on its tar stream and on the compressed stream itself: one that stops
+before its end marker (a gzip member without its trailer) raises ``TruncatedShardError``, one
+whose data or gzip CRC or length do not check out ``CorruptShardError``. A header tarfile cannot
+parse (a crafted PAX sparse map) is a ``CorruptShardError`` too, and so are extended header
+records (PAX, GNU long names, sparse maps) claiming more than ``MAX_HEADER_BYTES``: they are
+refused before tarfile reads them into memory. Only regular files are opened as shards: a FIFO,
+socket, device or folder given as a shard is refused with ``NotRegularFileError`` before it is
+read.
 
 Samples are grouped as webdataset groups them: consecutive members whose *raw* names share a key.
 A sample's ``key`` is the key of its cleaned names, so ``../k.jpg`` and a following ``k.jpg`` are
@@ -46,6 +55,7 @@ import io
 import math
 import os
 import posixpath
+import re
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -90,13 +100,14 @@ class ShardError(CollapseguardError, tarfile.ReadError):
 
 
 class TruncatedShardError(ShardError):
-    """A plain tar shard ends without its end-of-archive blocks, or inside a member: it was cut
-    short."""
+    """A shard's tar stream ends without its end-of-archive blocks or inside a member, or its
+    compressed stream ends before its end marker: it was cut short."""
 
 
 class CorruptShardError(ShardError):
-    """A shard holds a header that cannot be parsed, or data after its members that is not an end
-    of archive."""
+    """A shard holds a header that cannot be parsed or whose records are over
+    ``MAX_HEADER_BYTES``, data after its members that is not an end of archive, or compressed data
+    that is damaged (for gzip: a CRC or length that does not match)."""
 
 
 class NotRegularFileError(ShardError):
@@ -143,11 +154,17 @@ def open_shard(name: str):
     return open_regular_file(local) if local is not None else open_stream(name)
 
 
+#: control characters (C0, DEL, C1): a NUL ends a name in a tar header, others reach terminals
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def clean_member_name(name: str) -> str:
     """A relative POSIX name with no ``..``/``.``/empty components and no leading slash, in valid
-    UTF-8 (bytes that were not, which tarfile hands over as surrogates, become ``\\xNN``)."""
+    UTF-8 (bytes that were not, which tarfile hands over as surrogates, become ``\\xNN``) and with
+    no control characters (a NUL, which a PAX ``path`` record can hold and a tar header would cut
+    the name at, a newline, an escape: each becomes ``\\xNN`` too)."""
     parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".", "..")]
-    return valid_text("/".join(parts))
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", valid_text("/".join(parts)))
 
 
 def valid_text(name: str) -> str:
@@ -190,8 +207,9 @@ def _mtime(info: tarfile.TarInfo) -> int:
 
 
 class _CountingReader:
-    """A read-only stream that counts the bytes read through it and keeps the first few, so a
-    shard streamed from anywhere (file, pipe, URL) can be checked for a missing end of archive."""
+    """A read-only stream that counts the bytes read through it and keeps the last ones, so the
+    tar stream of a shard read from anywhere (file, pipe, URL, decompressed) can be checked for a
+    missing end of archive."""
 
     #: bytes kept of the end of what was read: tarfile reads ahead in 10 KiB records
     TAIL = 1 << 16
@@ -199,14 +217,11 @@ class _CountingReader:
     def __init__(self, f):
         self._f = f
         self.count = 0
-        self.head = b""
         self.tail = bytearray()
         self.nonzero_drained = False
 
     def read(self, n: int = -1) -> bytes:
         b = self._f.read(n)
-        if len(self.head) < 6:
-            self.head += b[: 6 - len(self.head)]
         self.count += len(b)
         self.tail += b
         if len(self.tail) > 2 * self.TAIL:
@@ -226,9 +241,170 @@ class _CountingReader:
                 self.nonzero_drained = True
         return self.count
 
-    def plain(self) -> bool:
-        """True when the stream does not start with a gzip, bzip2, xz or zstd signature."""
-        return not self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd"))
+
+class _Source:
+    """The shard's raw bytes, whose first few can be looked at before they are read. An error
+    raised by the underlying stream (the disk, the network) is kept in ``error``, so it is never
+    mistaken for damaged compressed data."""
+
+    def __init__(self, f):
+        self._f = f
+        self._buf = b""
+        self.error: BaseException | None = None
+
+    def _read(self, n: int) -> bytes:
+        try:
+            return self._f.read(n)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def peek(self, n: int) -> bytes:
+        while len(self._buf) < n and (b := self._read(n - len(self._buf))):
+            self._buf += b
+        return self._buf[:n]
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._buf:
+            return self._read(n)
+        if n is None or n < 0:
+            b, self._buf = self._buf + self._read(-1), b""
+        else:
+            b, self._buf = self._buf[:n], self._buf[n:]
+        return b
+
+
+#: (signature, name) of the compressed streams a shard may be; all else is read as a plain tar
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+               (b"\x5d\x00\x00\x80", "lzma"), (b"\x28\xb5\x2f\xfd", "zstd"))
+
+
+class _Decompressed:
+    """The tar stream inside a gzip, bzip2, xz or lzma shard (concatenated gzip members, bzip2 and
+    xz streams are read one after the other, as ``gzip -d`` reads them). Every compressed stream
+    must end with its end marker and, for gzip, a matching CRC and length. One that stops early
+    reads as the end of the tar stream and sets ``truncated`` (tarfile then ends the archive
+    there, so the samples before the cut are read, and the reader raises ``cut_short()``);
+    damaged data or anything but zeros after the last gzip member raise ``CorruptShardError``."""
+
+    def __init__(self, source: _Source, kind: str, where: str):
+        import bz2
+        import gzip
+        import lzma
+        self._source, self.kind, self._where = source, kind, where
+        # none of them closes ``source``: the shard's stream is closed by whoever opened it
+        self._f = (gzip.GzipFile(fileobj=source, mode="rb") if kind == "gzip" else
+                   bz2.BZ2File(source, "rb") if kind == "bzip2" else
+                   lzma.LZMAFile(source, "rb"))  # noqa: SIM115
+        self.count = 0
+        self.truncated = False
+
+    def cut_short(self) -> TruncatedShardError:
+        return TruncatedShardError(
+            f"{self._where}: the {self.kind} stream ends before its end marker (after {self.count} "
+            "bytes of tar data): the file was cut short (its samples up to there were read)")
+
+    def read(self, n: int = -1) -> bytes:
+        if self.truncated:
+            return b""
+        try:
+            b = self._f.read(n)
+        except Exception as exc:
+            if exc is self._source.error or (isinstance(exc, OSError) and exc.errno is not None):
+                raise  # the disk or the network, not the data
+            if isinstance(exc, EOFError):
+                self.truncated = True
+                return b""
+            raise CorruptShardError(
+                f"{self._where}: the {self.kind} stream is damaged after {self.count} bytes of tar "
+                f"data ({type(exc).__name__}: {printable(exc)})") from None
+        self.count += len(b)
+        return b
+
+
+#: the most bytes a member's extended headers (PAX records, GNU long names and links, sparse maps)
+#: and the archive's global PAX records may hold together: tarfile reads them whole into memory
+#: before a member's size is known, and real ones are a few hundred bytes
+MAX_HEADER_BYTES = 1 << 20
+
+_HEADER_KINDS = {tarfile.XHDTYPE: "PAX extended header", tarfile.XGLTYPE: "PAX global header",
+                 tarfile.SOLARIS_XHDTYPE: "Solaris extended header",
+                 tarfile.GNUTYPE_LONGNAME: "GNU long-name header",
+                 tarfile.GNUTYPE_LONGLINK: "GNU long-link header"}
+
+
+class _HeaderTooLarge(CollapseguardError):
+    """Extended header records over ``MAX_HEADER_BYTES`` (``ShardReader`` reports a
+    ``CorruptShardError``)."""
+
+    def __init__(self, kind: str, size: int, offset: int, at_least: bool = False):
+        super().__init__(kind, size, offset)
+        self.kind, self.size, self.offset, self.at_least = kind, size, offset, at_least
+
+
+class _LimitedReads:
+    """``tarfile.fileobj`` while a sparse map is read: the reads may not pass ``limit`` bytes."""
+
+    def __init__(self, f, limit: int, kind: str, offset: int):
+        self._f, self._left, self._kind, self._offset = f, limit, kind, offset
+        self._read = 0
+
+    def read(self, n: int) -> bytes:
+        self._read += n
+        if self._read > self._left:
+            raise _HeaderTooLarge(self._kind, self._read, self._offset, at_least=True)
+        return self._f.read(n)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+class CappedTarInfo(tarfile.TarInfo):
+    """A ``TarInfo`` (``tarfile.open(..., tarinfo=CappedTarInfo)``) that refuses extended header
+    records claiming more than ``MAX_HEADER_BYTES`` before reading them: a PAX or GNU long-name
+    header claiming a GiB of zeros, which compresses to a MiB, would otherwise be read whole into
+    memory. The limit counts the records of one member's chain of headers together with the
+    archive's global PAX records, so a long chain of headers cannot add up either; what is over it
+    raises ``_HeaderTooLarge``."""
+
+    def _held(self, tarfile_) -> int:
+        held = getattr(tarfile_, "_cg_header_bytes", 0)
+        return held + sum(len(k) + len(v) for k, v in tarfile_.pax_headers.items())
+
+    def _within(self, tarfile_, proc):
+        """``proc()`` with this header's records counted against the limit while it runs."""
+        if self._held(tarfile_) + self.size > MAX_HEADER_BYTES:
+            raise _HeaderTooLarge(_HEADER_KINDS.get(self.type, "extended header"), self.size,
+                                  self.offset)
+        before = getattr(tarfile_, "_cg_header_bytes", 0)
+        tarfile_._cg_header_bytes = before + self.size
+        try:
+            return proc(tarfile_)
+        finally:
+            tarfile_._cg_header_bytes = before
+
+    def _proc_pax(self, tarfile_):
+        return self._within(tarfile_, super()._proc_pax)
+
+    def _proc_gnulong(self, tarfile_):
+        return self._within(tarfile_, super()._proc_gnulong)
+
+    def _limited(self, tarfile_, kind: str, proc):
+        f = tarfile_.fileobj
+        tarfile_.fileobj = _LimitedReads(f, MAX_HEADER_BYTES - self._held(tarfile_), kind,
+                                         self.offset)
+        try:
+            return proc()
+        finally:
+            tarfile_.fileobj = f
+
+    def _proc_sparse(self, tarfile_):
+        return self._limited(tarfile_, "GNU sparse header",
+                             lambda: super(CappedTarInfo, self)._proc_sparse(tarfile_))
+
+    def _proc_gnusparse_10(self, next, pax_headers, tarfile_):
+        return self._limited(tarfile_, "PAX sparse map", lambda: super(
+            CappedTarInfo, self)._proc_gnusparse_10(next, pax_headers, tarfile_))
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -252,6 +428,7 @@ class ShardReader:
         self.max_member_bytes = max_member_bytes
         self.max_sample_bytes = max_sample_bytes
         self.skipped: list[str] = []
+        self._unpacked: _Decompressed | None = None
 
     def _open(self):
         return open_shard(self.path)
@@ -259,6 +436,18 @@ class ShardReader:
     def _unreadable(self, exc: BaseException, offset: int) -> ShardError:
         """The clear error for what tarfile raised while parsing at ``offset``."""
         where = printable(self.path)
+        if isinstance(exc, ShardError):  # raised as the stream was read: already clear
+            return exc
+        if self._unpacked is not None and self._unpacked.truncated:  # what tarfile stumbled on
+            return self._unpacked.cut_short()
+        if isinstance(exc, _HeaderTooLarge):
+            return CorruptShardError(
+                f"{where}: a {exc.kind} at byte {exc.offset} claims {'at least ' * exc.at_least}"
+                f"{exc.size} bytes, over the "
+                f"{MAX_HEADER_BYTES}-byte limit for header records: the shard is refused from there")
+        if isinstance(exc, RecursionError):
+            return CorruptShardError(f"{where}: a chain of extended headers at byte {offset} too "
+                                     "long to read: the shard is refused from there")
         if isinstance(exc, tarfile.ReadError) and "unexpected end of data" in str(exc):
             return TruncatedShardError(f"{where}: the file ends inside the member at byte {offset}: "
                                        "it was cut short")
@@ -267,11 +456,26 @@ class ShardReader:
         return CorruptShardError(f"{where}: a damaged tar header at byte {offset} cannot be read "
                                  f"({type(exc).__name__}: {printable(exc)})")
 
+    def _tar_stream(self, raw) -> _CountingReader:
+        """The shard's tar stream: decompressed (``self._unpacked``) when the bytes start with a
+        gzip, bzip2, xz or lzma signature, counted either way."""
+        self._unpacked = None
+        source = _Source(raw)
+        head = source.peek(6)
+        kind = next((k for sig, k in _COMPRESSED if head.startswith(sig)), None)
+        if kind == "zstd":
+            raise ShardError(f"{printable(self.path)}: a zstd-compressed stream: shards are read as "
+                             "plain tars or gzip, bzip2 or xz-compressed ones")
+        if kind is None:
+            return _CountingReader(source)
+        self._unpacked = _Decompressed(source, kind, printable(self.path))
+        return _CountingReader(self._unpacked)
+
     def __iter__(self) -> Iterator[Sample]:
         with self._open() as raw:
-            stream = _CountingReader(raw)
+            stream = self._tar_stream(raw)
             try:
-                tf = tarfile.open(fileobj=stream, mode="r|*")
+                tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=CappedTarInfo)
             except Exception as exc:  # tarfile's parsing errors, made one clear error
                 if isinstance(exc, OSError) and exc.errno is not None:
                     raise
@@ -279,15 +483,17 @@ class ShardReader:
             with tf:
                 yield from self._samples(tf)
                 end = self._end
-                consumed = stream.since(end) if stream.plain() else None
+                consumed = stream.since(end)
                 rest_nonzero = self._rest_is_not_zeros(tf)
             total = stream.drain()  # bytes after the end-of-archive blocks: padding, or none
-        if stream.plain() and total - end < tarfile.BLOCKSIZE:
+        if self._unpacked is not None and self._unpacked.truncated:
+            raise self._unpacked.cut_short()
+        if total - end < tarfile.BLOCKSIZE:
             raise TruncatedShardError(
                 f"{printable(self.path)}: no end-of-archive marker after byte {end}: the file was "
                 "cut short (its samples up to there were read)")
         if rest_nonzero or (consumed is not None and consumed.count(0) != len(consumed)) or (
-                stream.plain() and stream.nonzero_drained):
+                stream.nonzero_drained):
             raise CorruptShardError(
                 f"{printable(self.path)}: the members stop at byte {end}, but what follows is not "
                 "an end of archive (a damaged header, or another archive appended): the rest of "

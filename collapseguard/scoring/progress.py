@@ -54,19 +54,20 @@ def count_samples(shard: str) -> int | None:
     """The number of samples of a local uncompressed tar shard, from its member headers alone
     (seeks past the data), by ``io.tar``'s key rule; None for compressed, remote or unreadable
     shards, whose count would cost a full read."""
-    from collapseguard.io.tar import member_key
+    from collapseguard.errors import CollapseguardError
+    from collapseguard.io.tar import CappedTarInfo, member_key
     from collapseguard.io.urls import is_remote
     if is_remote(shard) or not str(shard).endswith(".tar"):
         return None
     n, last = 0, None
     try:
-        with tarfile.open(shard, mode="r:") as tf:
+        with tarfile.open(shard, mode="r:", tarinfo=CappedTarInfo) as tf:  # no header bombs
             for info in tf:
                 if info.isdir():
                     continue
                 key = member_key(info.name)[1]
                 if key != last:
                     n, last = n + 1, key
-    except (OSError, tarfile.TarError):
+    except (OSError, tarfile.TarError, CollapseguardError):
         return None
     return n

@@ -41,6 +41,7 @@ from collapseguard.images import (
     random_window,
     resize_by,
 )
+from collapseguard.io.tar import CappedTarInfo
 
 Source = tuple[str, np.ndarray]
 
@@ -384,7 +385,7 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
         raise SourceError(f"no shards match {paths!r}")
     for f in files:
         seen = set()
-        with tarfile.open(f, "r:*") as tar:
+        with tarfile.open(f, "r:*", tarinfo=CappedTarInfo) as tar:  # no header bombs
             for m in tar:
                 if not m.isfile() or not is_image_name(m.name):
                     continue
