@@ -6,7 +6,9 @@ Reasons:
 - ``decode_error``  an image in the sample could not be decoded (rejected: nothing to vouch for);
 - ``no_image``      the sample holds no image file (kept unless ``reject_no_image``);
 - ``score_error``   the detector returned NaN for every image (kept: no evidence of damage);
-- ``unsafe_name``   member names had to be cleaned (absolute path, ``..``): set aside for a look;
+- ``unsafe_name``   member names had to be changed to be written safely (an absolute path, ``..``,
+  a control character, a hidden name, a name repeated within the sample, written as
+  ``<name>.dupN``): set aside for a look;
 - ``refused_member`` a member was not read (a link, device, sparse or oversized member, see
   ``io.tar``): what the sample really holds is unknown, so it is set aside for a look;
 - ``repeated_key``  the sample's key already named an earlier sample of the shard (``k, j, k``):

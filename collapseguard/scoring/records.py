@@ -209,7 +209,10 @@ def sample_error(sample, error: str) -> str:
     out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``)."""
     notes = []
     if sample.unsafe_names:
-        notes.append("unsafe member names: " + ", ".join(repr(n) for n in sample.unsafe_names[:5]))
+        names = list(dict.fromkeys(sample.unsafe_names))  # a repeated name is listed once per change
+        repeated = [n for n in names if sample.unsafe_names.count(n) > 1]
+        notes.append("unsafe member names: " + ", ".join(repr(n) for n in names[:5])
+                     + (" (repeated within the sample: the copy is written as <name>.dupN)" if repeated else ""))
     if sample.refused:
         notes.append("members not read: " + ", ".join(
             f"{name!r} ({why})" for name, why in sample.refused[:5]))

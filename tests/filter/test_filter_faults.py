@@ -244,6 +244,8 @@ def test_names_differing_only_in_the_case_of_their_extension_stay_readable_by_we
     assert rows(out, "s") == [("k", "unsafe_name"), ("m", "kept")]
     assert [n for n, _ in read_members(out / "rejected/s.tar")] == ["k.png", "k.PNG.dup1"]
     assert wds_keys(out / "rejected/s.tar") == ["k"]
+    error = pd.read_parquet(out / "scores/s.parquet").set_index("key").loc["k", "error"]
+    assert "unsafe member names: 'k.PNG' (repeated within the sample" in error
 
 
 KEYS = ["a", "b", "../a", "./b", "/b", "x/../a", "c/a", ".h"]
