@@ -9,6 +9,11 @@ families (the figure the model-history rules compare), the study's criterion per
 storage, and at the threshold evaluate used the share of clean images dropped per kind and of
 step-10 images dropped per family. ``--detector`` picks one detector of a run that scored several;
 a run of one detector needs none.
+
+``--kind-max-drop A`` also reads scores.csv and asks what a per-kind false-drop target costs: per
+storage, the lowest threshold at which no clean kind loses more than A of its images, chosen on
+these very images (an in-sample oracle, which no calibration can beat on them), and the share of
+step-10 images per family it drops.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("eval_dir", type=Path)
     ap.add_argument("--detector", default=None, help="one detector of the run (default: the only one)")
+    ap.add_argument("--kind-max-drop", type=float, default=None, metavar="A",
+                    help="also: the lowest threshold dropping at most A of every clean kind (in-sample) "
+                         "and the step-10 drops it gives")
     a = ap.parse_args(argv)
     d = a.eval_dir
     au = pd.read_csv(d / "auroc_by_storage.csv")
@@ -81,6 +89,41 @@ def main(argv=None) -> None:
         dr = dr[(dr["detector"] == a.detector) & (dr["step"] == 10)]
         print("\nshare of step-10 images dropped at that threshold, per family")
         print(table(dr, "family", "fraction"))
+    if a.kind_max_drop is not None:
+        print(f"\nthe lowest threshold dropping at most {a.kind_max_drop:g} of every clean kind, chosen "
+              "on these images (in-sample), and what it drops at step 10")
+        print("\n".join(kind_oracle(pd.read_csv(d / "scores.csv"), a.detector, a.kind_max_drop)))
+
+
+def kind_oracle(scores: pd.DataFrame, detector: str, alpha: float) -> list[str]:
+    """Lines: per storage, the lowest threshold with every clean kind's (step 0, one image per
+    source and storage) dropped share at most ``alpha``, the kind that sets it, and the step-10
+    share dropped per family and over all families at that threshold."""
+    import math
+
+    import numpy as np
+
+    from collapseguard.evaluation.breakdown import drop_rates, with_groups
+
+    s = with_groups(scores[scores["detector"] == detector])
+    s = s[np.isfinite(s["score"].to_numpy(np.float64))]
+    lines = []
+    for storage in [c for c in STORAGES if c in set(s["storage"])]:
+        g = s[s["storage"] == storage]
+        clean = g[g["step"] == 0].drop_duplicates(["source_image", "storage"])
+        per_kind = {}
+        for kind, gk in clean.groupby("source_kind", sort=True):
+            desc = np.sort(gk["score"].to_numpy(np.float64))[::-1]
+            per_kind[kind] = float(desc[min(math.floor(alpha * len(desc)), len(desc) - 1)])
+        kind, t = max(per_kind.items(), key=lambda kv: kv[1])
+        dr = drop_rates(g, {detector: t})
+        dr = dr[dr["step"] == 10]
+        fams = " ".join(f"{r.family} {r.fraction:.3f}" for r in dr.itertuples() if r.family != "all")
+        every = dr.loc[dr["family"] == "all", "fraction"]
+        lines.append(f"{storage} | threshold {t:.6g} (set by {kind}; all clean dropped "
+                     f"{(clean['score'] > t).mean():.3f}); step 10 dropped "
+                     f"{float(every.iloc[0]) if len(every) else float('nan'):.3f}: {fams}")
+    return lines
 
 
 if __name__ == "__main__":

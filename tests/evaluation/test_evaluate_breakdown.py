@@ -156,3 +156,25 @@ def test_eval_set_figures_prints_the_family_mean_of_the_run(evaluated, benchmark
     assert "share of clean images (step 0) dropped" in out
     with pytest.raises(SystemExit, match="it scored \\['cnn'\\]"):
         mod.main([str(evaluated), "--detector", "nss"])
+
+
+def test_eval_set_figures_kind_oracle_keeps_every_kind_under_the_target(evaluated, benchmark_script, capsys):
+    mod = benchmark_script("eval_set_figures.py")
+    s = pd.read_csv(evaluated / "scores.csv")
+    for alpha in (0.0, 0.5):
+        lines = mod.kind_oracle(s, "cnn", alpha)
+        assert [ln.split(" | ")[0] for ln in lines] == ["png", "jpeg q90 4:2:0"]
+        for line in lines:
+            storage, t = line.split(" | ")[0], float(line.split("threshold ")[1].split()[0])
+            clean = s[(s["storage"] == storage) & (s["step"] == 0)].drop_duplicates(["source_image", "storage"])
+            t_exact = clean["score"][np.isclose(clean["score"], t, rtol=1e-5)].max()  # t is printed to 6 digits
+            worst = clean.groupby("source_kind")["score"].apply(lambda v: (v > t_exact).mean()).max()
+            assert worst <= alpha
+            if alpha == 0.0:  # the lowest such threshold: the highest clean score
+                assert t == pytest.approx(clean["score"].max(), rel=1e-5)
+            ten = s[(s["storage"] == storage) & (s["step"] == 10)]
+            assert float(line.split("step 10 dropped ")[1].split(":")[0]) == pytest.approx((ten["score"] > t).mean(),
+                                                                                        abs=5e-4)
+    mod.main([str(evaluated), "--kind-max-drop", "0.01"])
+    assert "the lowest threshold dropping at most 0.01 of every clean kind" in capsys.readouterr().out
+
