@@ -130,7 +130,7 @@ def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, st
                 rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
                 parent = str(Path(rel).parent)
                 src = f"{_no_at(loc.name)}/{'' if parent == '.' else _no_at(parent) + '/'}{_variant_source(f.name)}"
-                yield src, str(f), (lambda f=f: f.read_bytes())
+                yield src, str(f), (lambda f=f: read_bytes(str(f)))  # regular files only, capped
 
 
 def _iter_tar(path: Path | str):
@@ -207,7 +207,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     parts = []
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
-        readers = [(lambda p=p: Path(p).read_bytes()) for p in m["path"]]
+        readers = [(lambda p=p: read_bytes(str(p))) for p in m["path"]]  # regular files only, capped
         scores, _, header = _score_batches(detector, readers, bs, progress)
         given = m["storage"].fillna("").astype(str) if "storage" in m.columns else [""] * len(m)
         t = pd.DataFrame({"source_image": m["source_image"].astype(str), "family": m["family"].astype(str),

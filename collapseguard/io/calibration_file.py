@@ -367,10 +367,16 @@ def _clean_json(o):
 # ---------------------------------------------------------------------------------------------
 
 def load_calibration(path: str | Path) -> Calibration:
-    """Read a calibration JSON file; CalibrationError with the path on anything malformed."""
+    """Read a calibration JSON file; CalibrationError with the path on anything malformed, and on
+    a path that is not a regular file (a FIFO, device or folder is refused without blocking)."""
+    from collapseguard.io.tar import NotRegularFileError, open_regular_file
     path = Path(path)
     try:
-        text = path.read_bytes()
+        with open_regular_file(str(path)) as f:
+            text = f.read()
+    except NotRegularFileError:
+        raise CalibrationError(f"cannot read calibration {path}: not a regular file (a FIFO, "
+                               "device, socket or folder)") from None
     except OSError as exc:
         raise CalibrationError(f"cannot read calibration {path}: {exc.strerror or exc}") from None
     try:

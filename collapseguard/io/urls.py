@@ -13,25 +13,67 @@ A name is one of:
 Every reader here streams: a shard is read front to back once, and nothing is downloaded whole.
 ``pipe:`` commands come from the command line only; names read from files (tables, manifests)
 are never opened as ``pipe:``.
+
+A loose file read whole (``read_bytes``: an image given by name or found in a folder) is read only
+when it is a regular file (a FIFO, socket, device or folder is refused without being opened in a
+way that could block) and only up to ``io.tar.MAX_MEMBER_BYTES``, the cap on a tar member: a file,
+link or URL body over it is refused with ``UnreadableFileError``, an ``OSError`` the callers record
+against that one file.
+
+http(s) reads have no limit on a whole transfer, however slow, but fail when the server sends
+nothing for ``HTTP_READ_TIMEOUT`` seconds (``HTTP_CONNECT_TIMEOUT`` to connect). Opening or reading
+a URL that fails for the network's or the server's reasons (an error status such as 500 or 403, a
+server that cannot be reached, a timeout, a connection that closes before the body it announced is
+whole) raises ``NetworkError``, an ``OSError`` with an errno whose message names the URL and what
+happened, so shard readers report it as such and not as damaged data; ``list_url`` says the same in
+a ``URLError``. Only a 404 (or a store's "not found") is a ``FileNotFoundError``.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import posixpath
+import stat
 import subprocess
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
 from collapseguard.errors import CollapseguardError
+from collapseguard.io.terminal import printable
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
 
 
+#: seconds an http(s) read may wait for the next bytes before it fails (no limit on the whole)
+HTTP_READ_TIMEOUT = 60.0
+#: seconds to connect to an http(s) server
+HTTP_CONNECT_TIMEOUT = 30.0
+
+
 class URLError(CollapseguardError, ValueError):
-    """A URL that cannot be opened here (unknown protocol, package missing, not found)."""
+    """A URL that cannot be opened here (unknown protocol, package missing), or a location that
+    cannot be listed (``list_url``: an error status from the server, a server that cannot be
+    reached)."""
+
+
+class NetworkError(CollapseguardError, OSError):
+    """Opening or reading a URL failed: an error status from the server, a server that cannot be
+    reached, a timeout, a connection closed early. It carries an errno, so that readers tell it
+    from damaged data (and record it per file where they record OS errors); its message names the
+    URL."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(code, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class UnreadableFileError(CollapseguardError, OSError):
+    """A loose file or URL body ``read_bytes`` refuses: not a regular file, or over the size cap."""
 
 
 def scheme(name: str) -> str:
@@ -113,12 +155,23 @@ def strip_shard_suffix(name: str) -> str:
     return name
 
 
+def _storage_options(url: str) -> dict:
+    """fsspec options for ``url``: http(s) gets ``HTTP_READ_TIMEOUT`` between reads and
+    ``HTTP_CONNECT_TIMEOUT`` to connect, and no total limit (aiohttp's default ends any transfer
+    after 300 s, however steadily its bytes arrive)."""
+    if scheme(url) not in ("http", "https"):
+        return {}
+    import aiohttp
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(
+        total=None, sock_connect=HTTP_CONNECT_TIMEOUT, sock_read=HTTP_READ_TIMEOUT)}}
+
+
 def filesystem(url: str):
     """``(fsspec filesystem, path inside it)`` for an fsspec URL; URLError naming what to install
     when the protocol is unknown or its package is missing."""
     import fsspec
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **_storage_options(url))
     except ImportError as exc:
         raise URLError(f"{url}: reading {scheme(url)}:// needs a package that is not installed "
                        f"({exc}); e.g. pip install s3fs (s3://), gcsfs (gs://), aiohttp (http://)") from None
@@ -182,10 +235,143 @@ class PipeStream(io.RawIOBase):
         self._check(status)
 
 
+def _causes(exc: BaseException):
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind a failure (aiohttp's ClientResponseError), None if there is none."""
+    for e in _causes(exc):
+        status = getattr(e, "status", None)
+        if isinstance(status, int) and type(e).__name__.endswith("ResponseError"):
+            return status
+    return None
+
+
+def failure_reason(exc: BaseException) -> tuple[int, str] | None:
+    """``(errno, what happened)`` for an fsspec failure, from the exceptions it was raised from:
+    ``HTTP 500 (Internal Server Error) from the server``, ``the server cannot be reached (...)``, a
+    timeout, too many redirects; None when it says nothing more than "not found" (a 404 included)."""
+    status = _http_status(exc)
+    if status is not None:
+        if status == 404:
+            return None
+        msg = next((getattr(e, "message", "") for e in _causes(exc)
+                    if getattr(e, "status", None) == status), "")
+        return errno.EIO, f"HTTP {status}" + (f" ({printable(msg)})" if msg else "") + " from the server"
+    for e in _causes(exc):
+        kind = type(e).__name__
+        if kind == "TooManyRedirects":
+            return errno.ELOOP, "too many redirects"
+        if kind.endswith("RedirectClientError"):
+            return errno.EIO, f"a redirect that is not followed ({printable(e)})"
+        if kind.startswith("ClientConnector") or isinstance(e, ConnectionError):
+            cause = getattr(e, "os_error", e)
+            return (getattr(cause, "errno", None) or errno.ECONNREFUSED,
+                    f"the server cannot be reached ({printable(cause)})")
+        if isinstance(e, TimeoutError):
+            return errno.ETIMEDOUT, (f"network timeout: no answer from the server in time ("
+                                     f"{HTTP_CONNECT_TIMEOUT:g} s to connect, {HTTP_READ_TIMEOUT:g} s "
+                                     "to answer)")
+    return None
+
+
+def _open_failed(name: str, exc: BaseException, error=None) -> Exception:
+    """The error to raise when fsspec cannot open or list ``name``: FileNotFoundError for "not
+    found"; otherwise ``error`` (``NetworkError``, an OSError, by default; ``URLError`` for
+    listing) naming the cause (an HTTP status, a server that cannot be reached, ...)."""
+    found = failure_reason(exc)
+    if found is None and isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(f"{name}: no such object")
+    code, why = found or (errno.EIO, f"{type(exc).__name__}: {printable(exc)}")
+    if error is URLError:
+        return URLError(f"{printable(name)}: {why}")
+    return NetworkError(code, f"{printable(name)}: {why}")
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The exception types of a transfer failing on the way: timeouts, and aiohttp's client errors
+    when aiohttp is installed."""
+    try:
+        import aiohttp
+    except ImportError:
+        return (TimeoutError,)
+    return (TimeoutError, aiohttp.ClientError)
+
+
+class _NetworkStream:
+    """An http(s) body as a read-only stream whose failures on the way are ``NetworkError``s: a
+    read that waits more than ``HTTP_READ_TIMEOUT`` seconds, a connection that closes before the
+    length the server announced. Everything else is the wrapped fsspec file's."""
+
+    def __init__(self, name: str, f):
+        self._name = name
+        self._f = f
+        self._count = 0  # bytes handed out
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            b = self._f.read(n)
+        except _network_errors() as exc:
+            raise self._failed(exc) from None
+        self._count += len(b)
+        return b
+
+    def _failed(self, exc: BaseException) -> NetworkError:
+        response = getattr(self._f, "r", None)  # aiohttp's response, for what arrived
+        received = getattr(getattr(response, "content", None), "total_bytes", None)
+        received = self._count if not isinstance(received, int) else max(received, self._count)
+        if any(isinstance(e, TimeoutError) for e in _causes(exc)):
+            return NetworkError(errno.ETIMEDOUT, f"{printable(self._name)}: network timeout: the "
+                                f"server sent nothing for {HTTP_READ_TIMEOUT:g} s (after "
+                                f"{received} bytes)")
+        if any(type(e).__name__ in ("ClientPayloadError", "ContentLengthError")
+               for e in _causes(exc)):
+            announced = getattr(response, "content_length", None)
+            of = f" of the {announced} announced" if announced is not None else ""
+            return NetworkError(errno.ECONNRESET, f"{printable(self._name)}: the connection "
+                                f"closed after {received} bytes{of}")
+        return NetworkError(getattr(exc, "errno", None) or errno.EIO,
+                            f"{printable(self._name)}: the transfer failed after {received} bytes "
+                            f"({type(exc).__name__}: {printable(exc)})")
+
+    @property
+    def size(self) -> int | None:
+        """The body's length as the server announced it (Content-Length), None if it did not."""
+        announced = getattr(getattr(self._f, "r", None), "content_length", None)
+        return announced if isinstance(announced, int) else None
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getattr__(self, attr):
+        return getattr(self._f, attr)
+
+
 def open_stream(name: str, *, allow_pipe: bool = True):
     """A binary stream reading ``name`` front to back (local file, ``pipe:``, fsspec URL).
 
-    FileNotFoundError for a missing file or object; URLError for a URL that cannot be opened here.
+    FileNotFoundError for a missing file or object; URLError for a URL that cannot be opened here
+    (unknown protocol, package missing); NetworkError for an error status, a server that cannot be
+    reached, and (http(s)) a read timeout or a connection closed early.
     """
     path = local_path(name)
     if path is not None:
@@ -195,16 +381,68 @@ def open_stream(name: str, *, allow_pipe: bool = True):
             raise URLError(f"{name}: pipe: is accepted on the command line only")
         return io.BufferedReader(PipeStream(name[len("pipe:"):]), buffer_size=1 << 16)
     fs, path = filesystem(name)
-    kwargs = {"block_size": 0} if scheme(name) in ("http", "https") else {}  # no Range needed
+    web = scheme(name) in ("http", "https")
+    kwargs = {"block_size": 0} if web else {}  # no Range needed
     try:
-        return fs.open(path, "rb", **kwargs)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{name}: no such object") from None
+        f = fs.open(path, "rb", **kwargs)
+    except FileNotFoundError as exc:
+        raise _open_failed(name, exc) from None
+    except _network_errors() as exc:
+        if not web:
+            raise
+        raise _open_failed(name, exc) from None
+    return _NetworkStream(name, f) if web else f
+
+
+def _max_file_bytes() -> int:
+    from collapseguard.io import tar  # imported here: io.tar imports this module
+    return tar.MAX_MEMBER_BYTES
+
+
+def _open_regular(path: str):
+    """``path`` opened by ``io.tar.open_regular_file`` (never blocking on a FIFO), with its refusals
+    as ``UnreadableFileError`` naming what the path is (a FIFO, a character device, ...)."""
+    from collapseguard.io import tar
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None  # open_regular_file raises the OS error itself
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UnreadableFileError(f"{printable(path)}: {tar._file_kind(st.st_mode)}, not a regular "
+                                  "file: only regular files are read")
+    try:
+        return tar.open_regular_file(path)
+    except tar.NotRegularFileError as exc:  # replaced by something else since the check above
+        raise UnreadableFileError(str(exc)) from None
+
+
+def _too_large(name: str, size: int | str, limit: int) -> UnreadableFileError:
+    return UnreadableFileError(f"{printable(name)}: {size} bytes, over the {limit}-byte limit for "
+                               "one file")
 
 
 def read_bytes(name: str, *, allow_pipe: bool = False) -> bytes:
-    with open_stream(name, allow_pipe=allow_pipe) as f:
-        return f.read()
+    """The whole content of a loose file, ``pipe:`` or fsspec URL (an image read by name).
+
+    A local name must be a regular file (links followed): anything else is refused with
+    ``UnreadableFileError`` and never opened in a way that could block. At most
+    ``io.tar.MAX_MEMBER_BYTES`` are read: a file or body over that is refused with
+    ``UnreadableFileError``, unread when its size is known beforehand (a local file, an object
+    whose store or server states its length), else as soon as the cap is passed.
+    """
+    limit = _max_file_bytes()
+    path = local_path(name)
+    with (_open_regular(path) if path is not None else open_stream(name, allow_pipe=allow_pipe)) as f:
+        size = os.fstat(f.fileno()).st_size if path is not None else getattr(f, "size", None)
+        if isinstance(size, int) and size > limit:  # refused unread when the size is known
+            raise _too_large(name, size, limit)
+        chunks, total = [], 0
+        while total <= limit and (b := f.read(min(1 << 20, limit + 1 - total))):
+            chunks.append(b)
+            total += len(b)
+        if total > limit:
+            raise _too_large(name, f"more than {limit}", limit)
+    return b"".join(chunks)
 
 
 def identity(name: str) -> dict:
@@ -223,8 +461,8 @@ def identity(name: str) -> dict:
     fs, p = filesystem(name)
     try:
         info = fs.info(p)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{name}: no such object") from None
+    except FileNotFoundError as exc:
+        raise _open_failed(name, exc) from None
     out = {"size": info.get("size")}
     for field, keys in (("etag", ("ETag", "etag", "md5Hash", "Content-MD5")),
                         ("last_modified", ("LastModified", "Last-Modified", "last_modified",
@@ -235,23 +473,50 @@ def identity(name: str) -> dict:
     return out
 
 
+def _below(child: str, folder: str) -> bool:
+    """Does URL ``child`` lie below URL ``folder`` (same scheme and host), judged on the paths
+    decoded (``%2e%2e``, ``%2f``) and normalised as the server sees them? A decoded ``..``
+    component anywhere in ``child`` is refused."""
+    c, f = urlparse(child), urlparse(folder)
+    if (c.scheme.lower(), c.netloc.lower()) != (f.scheme.lower(), f.netloc.lower()):
+        return False
+    decoded = unquote(c.path).replace("\\", "/")
+    if ".." in decoded.split("/"):
+        return False
+    base = posixpath.normpath("/" + unquote(f.path).replace("\\", "/")).rstrip("/") + "/"
+    return posixpath.normpath("/" + decoded).startswith(base)
+
+
 def list_url(url: str) -> list[tuple[str, str | None]]:
     """The objects an fsspec URL names: ``[(url, None)]`` for one object, ``[(url, key), ...]``
     (key: the path below the folder) for a folder or prefix, searched recursively, and every match
     of a glob (``*``, ``?``, ``[``; not for http(s), whose query strings use ``?``). Sorted; empty
-    when a glob matches nothing; FileNotFoundError when nothing is there."""
+    when a glob matches nothing; FileNotFoundError when nothing is there (a 404); URLError when the
+    server answers with an error status or cannot be reached.
+
+    An http(s) folder is its index page's links that lie below it, judged on the decoded and
+    normalised path (a link ``sub/%2e%2e/%2e%2e/up.tar`` is outside)."""
     fs, path = filesystem(url)
     web = scheme(url) in ("http", "https")
-    if not web and any(ch in path for ch in "*?["):
-        return [(fs.unstrip_protocol(p), None) for p in sorted(fs.glob(path))
-                if fs.isfile(p)]
-    folder = path.endswith("/") if web else fs.isdir(path)
-    if folder:
-        root = path.rstrip("/")
-        found = sorted(fs.find(root if not web else path))
-        if web:  # an index page may link anywhere: only what lies below the folder is in it
-            found = [p for p in found if p.startswith(path) and ".." not in p[len(path):].split("/")]
-        return [(p if web else fs.unstrip_protocol(p),
-                 (p[len(path):] if web else p[len(root) + 1:]).lstrip("/")) for p in found]
-    fs.info(path)  # FileNotFoundError when nothing is there; the store's own error otherwise
+    try:
+        if not web and any(ch in path for ch in "*?["):
+            return [(fs.unstrip_protocol(p), None) for p in sorted(fs.glob(path))
+                    if fs.isfile(p)]
+        folder = path.endswith("/") if web else fs.isdir(path)
+        if folder:
+            root = path.rstrip("/")
+            found = sorted(fs.find(root if not web else path))
+            if web:  # an index page may link anywhere: only what lies below the folder is in it
+                found = [p for p in found if p.startswith(path) and _below(p, path)]
+                if not found:  # fsspec's walk passes over a page it could not read: say why
+                    fs.info(path)
+            return [(p if web else fs.unstrip_protocol(p),
+                     (p[len(path):] if web else p[len(root) + 1:]).lstrip("/")) for p in found]
+        fs.info(path)  # FileNotFoundError when nothing is there; the store's own error otherwise
+    except FileNotFoundError as exc:
+        raise _open_failed(url, exc, URLError) from None
+    except _network_errors() as exc:
+        if not web:
+            raise
+        raise _open_failed(url, exc, URLError) from None
     return [(url, None)]
