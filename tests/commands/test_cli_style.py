@@ -128,5 +128,5 @@ def test_score_shows_a_bar_with_total_on_a_terminal_and_none_in_a_log(shard, tmp
     on_tty = _stderr_of(argv, tty=True)
     assert "score: 100%" in on_tty and "4/4" in on_tty, on_tty
     in_log = _stderr_of(argv, tty=False)
-    assert "scored 4 image(s)" in in_log and "score:" not in in_log and "%|" not in in_log
+    assert "scored 4 row(s)" in in_log and "score:" not in in_log and "%|" not in in_log
     assert "score:" not in _stderr_of(argv + ["-q"], tty=True)
