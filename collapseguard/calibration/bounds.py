@@ -129,8 +129,10 @@ def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: flo
     kind keeps its guarantee. A pooled threshold guarantees only the mix: a kind that is 5% of the
     clean images can lose 15% of its images while the pool loses 1%.
 
-    Returns the binding kind's bound (its ``empirical_false_drop`` recomputed over all clean
-    scores at the final threshold, ``confidence`` the joint one) and every kind's own bound.
+    Returns the binding kind's bound with ``empirical_false_drop`` recomputed over all clean
+    scores at the final threshold, ``confidence`` the joint one and ``guaranteed_false_drop`` the
+    largest of the kinds' own bounds (each holds at the higher final threshold too, so the largest
+    holds for every kind), and every kind's own bound.
     Raises NotEnoughCleanSamples naming every kind with too few scores.
     """
     a, c = _check_rates(alpha, confidence)
@@ -156,9 +158,12 @@ def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: flo
                                     f"{len(names)} kinds together need {needed} per kind)")
     top = max(parts, key=lambda p: p.bound.threshold)
     t = top.bound.threshold
+    # the rate guaranteed for every kind at once: each kind's bound holds for its own threshold,
+    # so for the higher final one too; the largest of them holds for all
+    worst = max(p.bound.guaranteed_false_drop for p in parts)
     s = s[~np.isnan(s)]
     joint = BoundResult(threshold=t, k=top.bound.k, n=top.bound.n, alpha=a, confidence=c,
-                        guaranteed_false_drop=top.bound.guaranteed_false_drop,
+                        guaranteed_false_drop=worst,
                         empirical_false_drop=float(np.mean(s > t)) if len(s) else 0.0,
                         method=PER_KIND_NAME)
     return joint, parts

@@ -24,8 +24,16 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.images import is_image_name, storage_label
+from collapseguard.io.inputs import local_name
 from collapseguard.io.tar import ShardReader
-from collapseguard.io.urls import is_remote, is_shard_name, read_bytes, shard_basename, url_path
+from collapseguard.io.urls import (
+    is_remote,
+    is_shard_name,
+    read_bytes,
+    read_local_bytes,
+    shard_basename,
+    url_path,
+)
 from collapseguard.io.walk import walk
 from collapseguard.scoring.records import score_records
 from collapseguard.training_data_tools.manifest import bad_steps
@@ -125,12 +133,12 @@ def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, st
             p for p in walk(loc, file_links="anywhere").paths if p.is_file())
         for f in files:
             if is_shard_name(f.name):
-                yield from _iter_tar(f)
+                yield from _iter_tar(local_name(f))  # pipe:s.tar in a folder is a file
             elif is_image_name(f.name):
                 rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
                 parent = str(Path(rel).parent)
                 src = f"{_no_at(loc.name)}/{'' if parent == '.' else _no_at(parent) + '/'}{_variant_source(f.name)}"
-                yield src, str(f), (lambda f=f: read_bytes(str(f)))  # regular files only, capped
+                yield src, str(f), (lambda f=f: read_local_bytes(f))  # regular files only, capped
 
 
 def _iter_tar(path: Path | str):
@@ -207,7 +215,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     parts = []
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
-        readers = [(lambda p=p: read_bytes(str(p))) for p in m["path"]]  # regular files only, capped
+        readers = [(lambda p=p: read_local_bytes(p)) for p in m["path"]]  # regular files only, capped
         scores, _, header = _score_batches(detector, readers, bs, progress)
         given = m["storage"].fillna("").astype(str) if "storage" in m.columns else [""] * len(m)
         t = pd.DataFrame({"source_image": m["source_image"].astype(str), "family": m["family"].astype(str),

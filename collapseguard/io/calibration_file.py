@@ -299,10 +299,16 @@ def _check_rows(kw: dict) -> None:
             raise CalibrationError(f"drop_curve[{i}] must be an object with 'family' (text) and numeric "
                                    "'step', 'n', 'fraction', 'ci_low', 'ci_high'")
     for i, r in enumerate(kw.get("per_kind") or []):
-        if not (isinstance(r, dict) and isinstance(r.get("kind"), str)
-                and all(_is_num(r.get(c)) for c in ("n", "threshold"))):
-            raise CalibrationError(f"per_kind[{i}] must be an object with 'kind' (text) and numeric "
-                                   "'n' and 'threshold'")
+        ok = isinstance(r, dict) and isinstance(r.get("kind"), str)
+        n, t = (r.get("n"), r.get("threshold")) if ok else (None, None)
+        ok = ok and isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 2**53 and _is_num(t)
+        try:
+            ok = ok and math.isfinite(float(t))
+        except OverflowError:  # an integer too large for a float
+            ok = False
+        if not ok:
+            raise CalibrationError(f"per_kind[{i}] must be an object with 'kind' (text), 'n' (a count) "
+                                   "and a finite numeric 'threshold'")
         if float(r["threshold"]) > kw["threshold"]:  # the file would claim a guarantee it breaks
             raise CalibrationError(f"per_kind[{i}] ({r['kind']!r}) has threshold {r['threshold']!r}, above "
                                    f"the file's threshold {kw['threshold']!r}: that kind's guarantee "

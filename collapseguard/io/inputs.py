@@ -26,7 +26,7 @@ from collapseguard.io.urls import SHARD_SUFFIXES, URLError, is_remote, is_shard_
 from collapseguard.io.urls import local_path, scheme, url_path
 
 __all__ = ["SHARD_SUFFIXES", "ImageFile", "InputError", "expand_inputs", "expand_shards",
-           "expand_pattern", "is_shard", "unique_inputs"]
+           "expand_pattern", "is_shard", "local_name", "unique_inputs"]
 
 
 class InputError(CollapseguardError, ValueError):
@@ -89,6 +89,13 @@ def _expand_url(raw: str, shards: list[str], files: list[ImageFile]) -> None:
                 raise InputError(f"{u}: not a .tar shard or an image file")
 
 
+def local_name(path) -> str:
+    """A local path as a name no reader takes for a URL: ``pipe:x.png`` found in the current
+    folder (or given as ``file:pipe:x.png``) becomes ``./pipe:x.png``."""
+    name = str(path)
+    return name if scheme(name) == "" else os.path.join(os.curdir, name)
+
+
 def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
     """Shards and image files named by ``inputs``, each in a stable order.
 
@@ -111,15 +118,15 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
                 for full in walk(root, file_links="anywhere").paths:
                     name = full.name
                     if is_shard(name):
-                        shards.append(str(full))
+                        shards.append(local_name(full))
                     elif is_image_name(name):
-                        files.append(ImageFile(str(full), valid_text(full.relative_to(root).as_posix()),
+                        files.append(ImageFile(local_name(full), valid_text(full.relative_to(root).as_posix()),
                                            valid_text(str(root))))
             elif os.path.isfile(p):
                 if is_shard(p):
-                    shards.append(p)
+                    shards.append(local_name(p))
                 elif is_image_name(p):
-                    files.append(ImageFile(p, valid_text(os.path.basename(p)), valid_text(p)))
+                    files.append(ImageFile(local_name(p), valid_text(os.path.basename(p)), valid_text(p)))
                 else:
                     raise InputError(f"{p}: not a shard (.tar, .tar.gz, .tgz) or an image file")
             else:

@@ -274,9 +274,38 @@ class _Source:
         return b
 
 
-#: (signature, name) of the compressed streams a shard may be; all else is read as a plain tar
-_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
-               (b"\x5d\x00\x00\x80", "lzma"), (b"\x28\xb5\x2f\xfd", "zstd"))
+#: (signature, name) of the compressed streams a shard may be; all else is read as a plain tar. A
+#: tar starts with its first member's name, so the signatures are the formats' full magic numbers
+#: (a plain tar whose first member is ``BZh001.jpg`` is not a bzip2 stream)
+_COMPRESSED = ((re.compile(rb"\x1f\x8b\x08"), "gzip"),
+               (re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)", re.DOTALL), "bzip2"),
+               (re.compile(rb"\xfd7zXZ\x00"), "xz"), (re.compile(rb"\x5d\x00\x00\x80"), "lzma"),
+               (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd"))
+#: the first bytes of each signature, for a file shorter than a full one
+_SHORT_SIGNATURES = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ", "xz"))
+
+
+class _NoTrailingZeros:
+    """``source`` without the zero bytes at its very end: the stream padding an xz file may carry
+    after its last stream, which ``lzma.LZMAFile`` would take for the start of a cut-short one. An
+    xz stream never ends in a zero byte (its footer ends in ``YZ``), so nothing else is dropped.
+    Zeros followed by more data are passed on as they are."""
+
+    def __init__(self, source):
+        self._src, self._held, self._done = source, b"", False
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._done:
+            b = self._src.read(n if n and n > 0 else 1 << 16)
+            if not b:
+                self._done = True  # what is held is trailing padding
+                return b""
+            b = self._held + b
+            body = b.rstrip(b"\0")
+            self._held = b[len(body):]
+            if body:
+                return body
+        return b""
 
 
 class _Decompressed:
@@ -295,7 +324,8 @@ class _Decompressed:
         # none of them closes ``source``: the shard's stream is closed by whoever opened it
         self._f = (gzip.GzipFile(fileobj=source, mode="rb") if kind == "gzip" else
                    bz2.BZ2File(source, "rb") if kind == "bzip2" else
-                   lzma.LZMAFile(source, "rb"))  # noqa: SIM115
+                   lzma.LZMAFile(_NoTrailingZeros(source), "rb", format=lzma.FORMAT_XZ) if kind == "xz" else
+                   lzma.LZMAFile(source, "rb", format=lzma.FORMAT_ALONE))  # noqa: SIM115
         self.count = 0
         self.truncated = False
 
@@ -338,8 +368,13 @@ class _HeaderTooLarge(CollapseguardError):
     ``CorruptShardError``)."""
 
     def __init__(self, kind: str, size: int, offset: int, at_least: bool = False):
-        super().__init__(kind, size, offset)
+        # a readable message of its own, for readers that let it through (tarfile used directly)
+        super().__init__(f"a {kind} at byte {offset} claims {'at least ' * at_least}{size} bytes, over "
+                         f"the {MAX_HEADER_BYTES}-byte limit for header records")
         self.kind, self.size, self.offset, self.at_least = kind, size, offset, at_least
+
+    def __reduce__(self):  # pickles with its own arguments (it can cross worker processes)
+        return type(self), (self.kind, self.size, self.offset, self.at_least)
 
 
 class _LimitedReads:
@@ -461,8 +496,11 @@ class ShardReader:
         gzip, bzip2, xz or lzma signature, counted either way."""
         self._unpacked = None
         source = _Source(raw)
-        head = source.peek(6)
-        kind = next((k for sig, k in _COMPRESSED if head.startswith(sig)), None)
+        head = source.peek(10)
+        kind = next((k for sig, k in _COMPRESSED if sig.match(head)), None)
+        if kind is None and len(head) < 10:  # the whole file: no tar is this short, so a cut-short
+            # compressed stream is named by the start of its signature
+            kind = next((k for sig, k in _SHORT_SIGNATURES if head.startswith(sig)), None)
         if kind == "zstd":
             raise ShardError(f"{printable(self.path)}: a zstd-compressed stream: shards are read as "
                              "plain tars or gzip, bzip2 or xz-compressed ones")

@@ -430,18 +430,33 @@ def read_bytes(name: str, *, allow_pipe: bool = False) -> bytes:
     ``UnreadableFileError``, unread when its size is known beforehand (a local file, an object
     whose store or server states its length), else as soon as the cap is passed.
     """
-    limit = _max_file_bytes()
     path = local_path(name)
-    with (_open_regular(path) if path is not None else open_stream(name, allow_pipe=allow_pipe)) as f:
-        size = os.fstat(f.fileno()).st_size if path is not None else getattr(f, "size", None)
-        if isinstance(size, int) and size > limit:  # refused unread when the size is known
-            raise _too_large(name, size, limit)
-        chunks, total = [], 0
-        while total <= limit and (b := f.read(min(1 << 20, limit + 1 - total))):
-            chunks.append(b)
-            total += len(b)
-        if total > limit:
-            raise _too_large(name, f"more than {limit}", limit)
+    if path is not None:
+        return read_local_bytes(path)
+    with open_stream(name, allow_pipe=allow_pipe) as f:
+        return _read_capped(name, f, getattr(f, "size", None))
+
+
+def read_local_bytes(path) -> bytes:
+    """``read_bytes`` for a path on this machine, never taken for a URL: a file found by walking a
+    folder may be named ``pipe:x.png`` or ``s3:y.jpg``."""
+    path = os.fspath(path)
+    with _open_regular(path) as f:
+        return _read_capped(path, f, os.fstat(f.fileno()).st_size)
+
+
+def _read_capped(name: str, f, size) -> bytes:
+    """All of ``f``, refused unread when ``size`` (if known) is over the cap, else as soon as the
+    cap is passed."""
+    limit = _max_file_bytes()
+    if isinstance(size, int) and size > limit:
+        raise _too_large(name, size, limit)
+    chunks, total = [], 0
+    while total <= limit and (b := f.read(min(1 << 20, limit + 1 - total))):
+        chunks.append(b)
+        total += len(b)
+    if total > limit:
+        raise _too_large(name, f"more than {limit}", limit)
     return b"".join(chunks)
 
 

@@ -56,6 +56,8 @@ def test_each_kind_gets_the_bonferroni_confidence():
         own = order_statistic_threshold(scores[kinds == p.kind], 0.02, 1 - 0.1 / 3)
         assert p.bound.threshold == own.threshold and p.bound.k == own.k
     assert joint.confidence == 0.9 and joint.empirical_false_drop == np.mean(scores > joint.threshold)
+    # the stated rate holds for every kind: the largest of the kinds' own bounds
+    assert joint.guaranteed_false_drop == max(p.bound.guaranteed_false_drop for p in parts) <= 0.02
 
 
 def test_a_kind_with_too_few_clean_scores_is_named():
@@ -152,6 +154,12 @@ def test_a_file_whose_kind_threshold_is_above_its_threshold_is_refused(two_kinds
     d["threshold"] = min(r["threshold"] for r in d["per_kind"]) - 1.0
     with pytest.raises(CalibrationError, match="guarantee would not hold"):
         Calibration.from_dict(d)
-    d["per_kind"] = [{"kind": 3}]
-    with pytest.raises(CalibrationError, match="per_kind"):
-        Calibration.from_dict(d)
+    ok = {"kind": "photos", "n": 24, "threshold": d["threshold"] + 1.0}
+    d["threshold"] += 2.0
+    for bad in ({"kind": 3}, {**ok, "n": 1e999}, {**ok, "n": float("nan")}, {**ok, "n": 2.5},
+                {**ok, "threshold": 10 ** 400}, {**ok, "threshold": float("inf")}):
+        d["per_kind"] = [bad]
+        with pytest.raises(CalibrationError, match="per_kind"):
+            Calibration.from_json(json.dumps(d).replace("Infinity", "1e999").replace("NaN", "1e999"))
+    d["per_kind"] = [ok]
+    assert Calibration.from_dict(d).per_kind == [ok]

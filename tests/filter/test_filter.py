@@ -400,3 +400,23 @@ def test_score_names_the_os_error_of_a_file_it_cannot_read(tmp_path, photos):
     rows = pd.read_csv(tmp_path / "s.csv").set_index("key")
     assert np.isfinite(rows.loc["ok.png", "score"]) and np.isnan(rows.loc["gone.png", "score"])
     assert "cannot read the file: No such file or directory" in rows.loc["gone.png", "error"]
+
+
+def test_files_named_like_urls_in_the_current_folder_are_read_as_files(tmp_path, photos, monkeypatch):
+    """``score .``, ``filter .`` and ``calibrate --clean .`` where the folder holds ``pipe:x.png``,
+    ``file:y.png`` and ``pipe:s.tar``: files found in a folder are files, never commands or URLs."""
+    for name in ("pipe:x.png", "file:y.png", "ok.png"):
+        (tmp_path / name).write_bytes(encode_png(photos[0][:64, :64]))
+    make_shard(tmp_path / "pipe:s.tar", photos[:1], degraded=False)
+    monkeypatch.chdir(tmp_path)
+    run_cli(["score", ".", "-d", "nss", "-o", tmp_path.parent / "s.csv", "-q"])
+    t = pd.read_csv(tmp_path.parent / "s.csv", keep_default_na=False)
+    assert sorted(t["key"]) == ["file:y.png", "ok.png", "pipe:s_0000_0", "pipe:x.png"]
+    assert (t["error"] == "").all() and t["score"].nunique() == 2
+    run_cli(["filter", ".", "-o", tmp_path.parent / "f", "-d", "nss", "--threshold", "1e9", "-q", "-w", "1"])
+    assert read_members(tmp_path.parent / "f" / "kept" / "pipe:s.tar") == read_members(tmp_path / "pipe:s.tar")
+    res = run_cli(["calibrate", "--clean", ".", "-d", "nss", "--max-false-drop", "0.5", "--confidence", "0.5",
+                   "--holdout", "0", "--no-plot", "-o", tmp_path.parent / "c.json",
+                   "--scores-out", tmp_path.parent / "c.csv"])
+    c = pd.read_csv(tmp_path.parent / "c.csv")
+    assert len(c) == 4 and c["score"].notna().all(), res.output

@@ -201,8 +201,10 @@ def _well_formed(tmp_path: Path, raw: bytes, samples) -> list[Path]:
     (tmp_path / "padded.tar.gz").write_bytes(gzip.compress(raw, mtime=0) + b"\0" * 1000)
     (tmp_path / "bz.tar.bz2").write_bytes(bz2.compress(raw))
     (tmp_path / "xz.tar.xz").write_bytes(lzma.compress(raw))
+    (tmp_path / "xzpad.tar.xz").write_bytes(lzma.compress(raw) + b"\0" * 4)  # xz stream padding
+    (tmp_path / "alone.tar.lzma").write_bytes(lzma.compress(raw, format=lzma.FORMAT_ALONE))
     return made + [tmp_path / n for n in ("members.tar.gz", "padded.tar.gz", "bz.tar.bz2",
-                                          "xz.tar.xz")]
+                                          "xz.tar.xz", "xzpad.tar.xz", "alone.tar.lzma")]
 
 
 def test_well_formed_compressed_shards_still_read_whole(tmp_path, photos):
@@ -223,6 +225,17 @@ def test_well_formed_compressed_shards_still_read_whole(tmp_path, photos):
         if shard.name.endswith(".tar.gz"):
             kept = out / "kept" / shard.name
             assert [s.key for s in ShardReader(str(kept))] == ["s00", "s01", "s02"], shard.name
+
+
+def test_a_plain_tar_whose_first_name_looks_like_a_compression_signature_is_a_plain_tar(tmp_path, photos):
+    """A tar starts with its first member's name: ``BZh...`` there is a name, not a bzip2 stream
+    (the signatures checked are the formats' full magic numbers)."""
+    for first in ("BZh001", "BZh91AY"):
+        samples = [(f"{first}.png", png(photos)), (f"{first}.txt", b"caption"), ("k.png", png(photos, 1))]
+        raw, _ = tar_bytes(samples, fmt=tarfile.PAX_FORMAT)
+        (tmp_path / "s.tar").write_bytes(raw)
+        got = [(m.name, m.data) for s in ShardReader(str(tmp_path / "s.tar")) for m in s.members]
+        assert got == samples, first
 
 
 # --- extended header records claiming huge sizes ---------------------------------------------
@@ -415,3 +428,16 @@ def test_the_header_only_readers_refuse_a_header_bomb_too(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, f"listing the keys took {peak} bytes"
+
+
+def test_a_header_bomb_read_by_a_chain_source_is_one_readable_error(tmp_path):
+    """``chains make --sources shards:...`` reads training shards with tarfile directly: the cap's
+    error says what it refused, not a tuple."""
+    from collapseguard.errors import CollapseguardError
+    from collapseguard.training_data_tools.sources import shard_images
+
+    bomb = header_bomb(tmp_path / "bomb.tar.gz", tarfile.XHDTYPE, 8 << 20)
+    with pytest.raises(CollapseguardError, match=r"a PAX extended header at byte 0 claims 8388608 bytes, "
+                                                 rf"over the {MAX_HEADER_BYTES}-byte limit"):
+        list(shard_images([str(bomb)]))
+
