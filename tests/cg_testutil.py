@@ -67,3 +67,14 @@ def echo_or_die(task, detector, progress=None):
     if task == "die":
         os.kill(os.getpid(), signal.SIGKILL)
     return task
+
+
+def run_cli(args, expect=0):
+    """The command line in this process (click's runner): arguments as text, the exit code checked."""
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert res.exit_code == expect, res.output
+    return res
+

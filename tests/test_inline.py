@@ -8,17 +8,9 @@ import tarfile
 import numpy as np
 import pandas as pd
 import pytest
-from cg_testutil import add_member, make_shard
-from click.testing import CliRunner
+from cg_testutil import add_member, make_shard, run_cli
 
-from collapseguard.cli import main
 from collapseguard.images import encode_jpeg
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 @pytest.fixture(scope="module")

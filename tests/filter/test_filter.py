@@ -16,18 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from cg_testutil import degrade, make_shard, read_members
-from click.testing import CliRunner
+from cg_testutil import degrade, make_shard, read_members, run_cli
 
-from collapseguard.cli import main
 from collapseguard.images import encode_jpeg, encode_png
 from collapseguard.io.inputs import InputError, expand_inputs, expand_pattern
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def threshold_between(photos):

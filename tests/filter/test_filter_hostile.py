@@ -14,22 +14,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from cg_testutil import add_member, read_members
-from click.testing import CliRunner
+from cg_testutil import add_member, read_members, run_cli
 
-from collapseguard.cli import main
 from collapseguard.detectors import create
 from collapseguard.images import encode_png
 from collapseguard.io.tar import ShardReader, TruncatedShardError
 from collapseguard.scoring.records import score_records
 
 FILTER = ["-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def png(photos, i=0) -> bytes:

@@ -9,19 +9,11 @@ import os
 
 import pandas as pd
 import pytest
-from cg_testutil import echo_or_die, make_shard
-from click.testing import CliRunner
+from cg_testutil import echo_or_die, make_shard, run_cli
 
-from collapseguard.cli import main
 from collapseguard.engines.local import LocalEngine
 
 ARGS = ["-d", "nss", "-w", "1", "-q"]
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def test_a_shard_in_outs_kept_folder_is_refused_and_left_intact(tmp_path, photos):

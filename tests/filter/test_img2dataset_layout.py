@@ -8,17 +8,9 @@ import json
 
 import pandas as pd
 import pytest
-from cg_testutil import degrade, make_shard, read_members
-from click.testing import CliRunner
+from cg_testutil import degrade, make_shard, read_members, run_cli
 
-from collapseguard.cli import main
 from collapseguard.detectors import create
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def img2dataset_shard(folder, index: int, photos, failed: int = 2):

@@ -21,10 +21,8 @@ from typing import ClassVar
 
 import pandas as pd
 import pytest
-from cg_testutil import make_shard, read_members
-from click.testing import CliRunner
+from cg_testutil import make_shard, read_members, run_cli
 
-from collapseguard.cli import main
 from collapseguard.images import encode_png
 from collapseguard.io import tar, urls
 from collapseguard.io.inputs import InputError, expand_inputs
@@ -32,12 +30,6 @@ from collapseguard.io.inputs import InputError, expand_inputs
 pytest.importorskip("aiohttp")
 
 CLI_TIMEOUT = 180  # seconds; a command that blocks on a FIFO fails the test instead of hanging it
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def _limit_memory():

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
+from cg_testutil import run_cli
 
-from collapseguard.cli import main
 from collapseguard.images import encode_png
 from collapseguard.inline import _unsafe
 from collapseguard.io.tar import (
@@ -42,12 +41,6 @@ from collapseguard.io.tar import (
 )
 
 FILTER = ["-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def png(photos, i=0) -> bytes:

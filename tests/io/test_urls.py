@@ -18,22 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from cg_testutil import degrade, make_shard, read_members
-from click.testing import CliRunner
+from cg_testutil import degrade, make_shard, read_members, run_cli
 
-from collapseguard.cli import main
 from collapseguard.io import urls
 from collapseguard.io.inputs import InputError, expand_inputs
 
 pytest.importorskip("s3fs")
 pytest.importorskip("aiohttp")
 moto_server = pytest.importorskip("moto.server")
-
-
-def run_cli(args, expect=0):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    assert res.exit_code == expect, res.output
-    return res
 
 
 def nss_threshold(photos) -> float:
