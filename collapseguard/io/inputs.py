@@ -71,8 +71,8 @@ def _expand_url(raw: str, shards: list[str], files: list[ImageFile]) -> None:
         try:
             entries = list_url(url)
         except FileNotFoundError:
-            raise InputError(f"{url}: no such object or folder (or the server cannot be "
-                             "reached)") from None
+            # a server that cannot be reached is a URLError from list_url, named as such
+            raise InputError(f"{url}: no such object or folder") from None
         except URLError as exc:
             raise InputError(str(exc)) from None
         except OSError as exc:

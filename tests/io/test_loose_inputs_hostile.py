@@ -252,7 +252,7 @@ def test_http_failures_say_what_happened(tmp_path, server, shard_bytes):
         res = run_cli(["filter", f"{root}/err{code}.tar", "-o", tmp_path / "o", "-d", "nss",
                        "--threshold", "1000", "-w", "1", "-q"], expect=1)
         assert f"HTTP {code}" in res.output and "no such object" not in res.output
-    with pytest.raises(InputError, match="no such object or folder"):
+    with pytest.raises(InputError, match="missing.tar: no such object or folder$"):
         expand_inputs([f"{root}/missing.tar"])
     for name in ("x.tar", "folder/"):  # nothing listens on port 1
         with pytest.raises(InputError, match="the server cannot be reached"):
