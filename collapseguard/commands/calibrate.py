@@ -207,6 +207,14 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
     if cal.breakdown:
         click.echo(breakdown_text(cal))
+    if not per_kind:
+        for r in (cal.breakdown or {}).get("source_kind", {}).get("clean", []):
+            if r["fraction"] > alpha and r["source_kind"] != "(none)":
+                name = r["source_kind"] if str(r["source_kind"]).isprintable() else ascii(r["source_kind"])
+                click.echo(f"note: clean kind {name} loses {r['fraction']:.1%} of its {r['n']} images "
+                           f"({cal.breakdown.get('measured_on', '')}), above --max-false-drop "
+                           f"{alpha:g}: the guarantee is for the pooled clean images; --per-kind "
+                           "gives each kind its own", err=True)
     for fam, lv in cal.first_step_dropped.items():
         click.echo(f"  {fam}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
     if not no_plot:

@@ -93,8 +93,11 @@ def _calibrate(root, out, *extra):
 
 
 def test_calibrate_per_kind_on_real_images(two_kinds, tmp_path):
-    pooled, scores, _ = _calibrate(two_kinds, tmp_path / "pooled.json")
+    pooled, scores, pooled_out = _calibrate(two_kinds, tmp_path / "pooled.json")
     cal, again, out = _calibrate(two_kinds, tmp_path / "kinds.json", "--per-kind")
+    # the pooled run says which kind its guarantee does not cover, and what to do
+    assert "note: clean kind grainy loses" in pooled_out and "--per-kind gives each kind its own" in pooled_out
+    assert "note: clean kind photos" not in pooled_out and "note: clean kind" not in out
     assert set(scores["source_kind"]) == {"photos", "grainy"}
     assert again["score"].tolist() == scores["score"].tolist()
     grainy = scores.loc[scores["source_kind"] == "grainy", "score"].to_numpy()
