@@ -218,7 +218,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     check_writable(out)  # before any scoring: a read-only or full --out fails now, in one line
     select, population = None, None
     if options.sample:
-        _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from tar headers",
+        _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from the inputs' "
+             "listing (tar headers for shards: nothing is decoded)",
              quiet)
         select, population = choose_sample(inputs, options.sample, options.seed)
     # one process: the compared detectors score the same decoded images (one read, one decode)
@@ -280,10 +281,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     }
     summary["flagged_fraction"] = summary.pop("fraction")
     if sampled and counts.scored:
-        scale = population * counts.scored / max(1, counts.samples)
-        summary["estimated_flagged_in_dataset"] = {
-            "count": round(counts.fraction * scale), "low": math.floor(counts.ci_low * scale),
-            "high": math.ceil(counts.ci_high * scale)}
+        summary["estimated_flagged_in_dataset"] = stats.dataset_estimate(counts, int(population))
     fl = df["flagged"].to_numpy(bool)
     summary["equivalent_step"] = ({"available": True, "all": stats.quantiles(df["equivalent_step"]),
                                    "flagged": stats.quantiles(df["equivalent_step"][fl]),

@@ -71,6 +71,18 @@ def _num(v):
     return v
 
 
+def dataset_estimate(counts: FlagCounts, population: int) -> dict:
+    """How many of ``population`` samples would be flagged, from a random sample's ``counts``:
+    ``{"count", "low", "high"}``, the fraction and its interval scaled to the scorable part of the
+    population. The range never contradicts the sample itself: the flagged samples seen are in
+    the dataset (low >= flagged), and so are the scored samples seen unflagged (high <= the
+    scorable population minus those)."""
+    scale = population * counts.scored / max(1, counts.samples)
+    low = max(counts.flagged, math.floor(counts.ci_low * scale))
+    high = max(low, min(math.ceil(counts.ci_high * scale), math.floor(scale) - (counts.scored - counts.flagged)))
+    return {"count": min(max(round(counts.fraction * scale), low), high), "low": low, "high": high}
+
+
 def flag_counts(scores, threshold: float, confidence: float = CONFIDENCE) -> FlagCounts:
     """Counts for ``scores`` (NaN = could not score) at ``threshold``."""
     s = np.asarray(scores, dtype=np.float64)

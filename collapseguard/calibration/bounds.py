@@ -118,8 +118,8 @@ class KindBound:
     bound: BoundResult
 
 
-def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: float = 0.95
-                       ) -> tuple[BoundResult, list[KindBound]]:
+def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: float = 0.95,
+                       required=()) -> tuple[BoundResult, list[KindBound]]:
     """A threshold that keeps *every* kind's false-drop rate at most ``alpha``, all together with
     probability at least ``confidence``.
 
@@ -133,14 +133,16 @@ def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: flo
     scores at the final threshold, ``confidence`` the joint one and ``guaranteed_false_drop`` the
     largest of the kinds' own bounds (each holds at the higher final threshold too, so the largest
     holds for every kind), and every kind's own bound.
-    Raises NotEnoughCleanSamples naming every kind with too few scores.
+    ``required`` names kinds that must be covered even if ``kinds`` holds none of them (the
+    calibration's kinds whose sources all went to the held-out part). Raises NotEnoughCleanSamples
+    naming every kind with too few scores.
     """
     a, c = _check_rates(alpha, confidence)
     s = np.asarray(clean_scores, dtype=np.float64).reshape(-1)
     labels = np.asarray([str(k) for k in kinds], dtype=object)
     if labels.shape != s.shape:
         raise ValueError(f"{len(labels)} kind labels for {len(s)} clean scores")
-    names = sorted(set(labels.tolist()))
+    names = sorted(set(labels.tolist()) | {str(k) for k in required})  # a required kind may have none
     if not names:
         raise NotEnoughCleanSamples(0, min_clean_samples(a, c), a, c)
     each = 1.0 - (1.0 - c) / len(names)

@@ -205,15 +205,20 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     try:
         if per_kind:
             bound, kind_bounds = per_kind_threshold(clean_thr["score"].to_numpy(), clean_kinds(clean_thr),
-                                                    alpha, confidence)
+                                                    alpha, confidence, required=clean_kinds(t[t["clean"]]))
         else:
             bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
     except NotEnoughCleanSamples as exc:  # say what the count was taken from, and what to bring
         n_all = len(_dedupe_clean(t[t["clean"]]))
-        detail = (f" in the threshold part, which holds {exc.n} of the {n_all} scored clean images "
-                  f"(--holdout {holdout:g} keeps the other sources for the drop curve: bring about "
-                  f"{math.ceil(exc.needed / (1 - holdout))} clean images in all, or pass --holdout 0)"
-                  if holdout > 0 else "")
+        if per_kind:  # exc.detail names the kinds and their counts in the threshold part
+            detail = (f", counted in the threshold part (--holdout {holdout:g} keeps the other sources "
+                      f"for the drop curve: bring about {math.ceil(exc.needed / (1 - holdout))} clean "
+                      "images of each kind named, or pass --holdout 0)" if holdout > 0 else "")
+        else:
+            detail = (f" in the threshold part, which holds {exc.n} of the {n_all} scored clean images "
+                      f"(--holdout {holdout:g} keeps the other sources for the drop curve: bring about "
+                      f"{math.ceil(exc.needed / (1 - holdout))} clean images in all, or pass --holdout 0)"
+                      if holdout > 0 else "")
         if n_unscored:
             detail += f"; {n_unscored} image(s) could not be scored and were left out"
         raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, exc.detail + detail) from None

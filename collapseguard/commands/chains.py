@@ -30,7 +30,9 @@ def chains():
 @click.option("--one-based/--no-one-based", default=None,
               help="Chains numbered from 1 with no original: renumber (default: yes, with a note) or drop.")
 @click.option("--manifest-out", type=click.Path(), default=None,
-              help="Also write what was found as a manifest (.csv or .parquet).")
+              help="Also write what was found as a manifest (.csv or .parquet), in a folder that "
+                   "holds every chain image (e.g. inside PATH): a manifest may only name files under "
+                   "its own folder.")
 def ls_cmd(path, extract_dir, one_based, manifest_out):
     """Show the chains found in PATH: a manifest, a chains folder, or a Banana100 download.
 
@@ -43,6 +45,14 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
     d = discover_chains(path, extract_dir=extract_dir, one_based=one_based)
     click.echo(d.summary())
     if manifest_out:
+        from pathlib import Path
+        root = Path(manifest_out).resolve().parent
+        outside = [p for p in d.manifest["path"] if not Path(p).resolve().is_relative_to(root)]
+        if outside:  # the readers would refuse the manifest written there
+            raise click.UsageError(
+                f"--manifest-out {manifest_out}: {len(outside)} chain image(s) lie outside its folder "
+                f"(e.g. {outside[0]}), and a manifest may only name files under its own folder; "
+                "write it inside the chains folder")
         write_manifest(d.manifest, manifest_out)
         click.echo(f"manifest written to {manifest_out}")
 

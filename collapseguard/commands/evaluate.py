@@ -39,7 +39,9 @@ def _name_list(ctx, param, value):
 @click.option("--detector", "-d", "--detectors", "detectors", default="cnn,nss", show_default=True, callback=_name_list,
               help="Comma-separated detector names, e.g. cnn,nss,pyiqa:piqe,pyiqa:niqe.")
 @click.option("--out", "-o", "out", required=True, type=click.Path(file_okay=False),
-              help="Output folder for results.md, chains.csv, scores.csv, auroc.csv, plot, summary.json.")
+              help="Output folder for results.md, chains.csv, scores.csv, auroc.csv, the per-storage and "
+                   "per-kind tables (auroc_by_storage.csv, failures_by_storage.csv, drops.csv, "
+                   "clean_drops.csv, auroc_by_kind.csv, failures_by_kind.csv), plot, summary.json.")
 @click.option("--steps", default="5,10,20", show_default=True, callback=_int_list,
               help="Steps k of the gap Δ_k = (s_k − s_base)/scale; a chain passes when all are > 0.")
 @click.option("--base-step", default=1, show_default=True, type=click.IntRange(min=0),

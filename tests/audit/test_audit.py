@@ -626,3 +626,16 @@ def test_sample_counts_a_repeated_key_and_a_shard_named_twice_once_each(tmp_path
         summary = run_audit(inputs, tmp_path / f"o{seed}", AuditOptions(
             detector="nss", threshold=100.0, sample=1, seed=seed, gallery_size=1), quiet=True)
         assert summary["sample"]["audited"] == 1 and summary["sample"]["population"] == 4
+
+
+def test_a_sampled_estimate_never_contradicts_the_sample():
+    """1 of 20 sampled images flagged in a dataset of 42: at least that one is in the dataset, and
+    the 19 seen unflagged cap the upper end."""
+    c = stats.flag_counts(np.r_[np.zeros(19), 10.0], threshold=1.0)
+    est = stats.dataset_estimate(c, 42)
+    assert c.ci_low * 42 < 1 and est["low"] == 1  # the scaled interval alone would say 0
+    assert est["low"] <= est["count"] <= est["high"] <= 42 - 19
+    none = stats.dataset_estimate(stats.flag_counts(np.zeros(20), threshold=1.0), 42)
+    assert none["low"] == none["count"] == 0 and 0 < none["high"] <= 22
+    every = stats.dataset_estimate(stats.flag_counts(np.full(20, 5.0), threshold=1.0), 42)
+    assert every["high"] == 42 and every["low"] >= 20

@@ -166,3 +166,22 @@ def test_a_file_whose_kind_threshold_is_above_its_threshold_is_refused(two_kinds
             Calibration.from_json(json.dumps(d).replace("Infinity", "1e999").replace("NaN", "1e999"))
     d["per_kind"] = [ok]
     assert Calibration.from_dict(d).per_kind == [ok]
+
+
+def test_a_kind_whose_sources_all_went_to_the_holdout_is_not_left_uncovered():
+    """With --holdout, a small kind can land wholly in the held-out part: the per-kind guarantee
+    must then refuse, naming it, not silently cover the other kinds only."""
+    from collapseguard.calibration.build import build_calibration
+    from collapseguard.training_data_tools.manifest import split_by_source
+
+    rng = np.random.default_rng(0)
+    names = pd.DataFrame({"source_image": [f"s{i}" for i in range(200)]})
+    held = split_by_source(names, {"threshold": 0.7, "holdout": 0.3}, salt="calibration")["holdout"]
+    shots = held["source_image"].tolist()[:4]  # four screenshots whose sources are all held out
+    rows = [{"source_image": name, "family": "clean-extra", "step": 0, "kind": "clean", "path": name,
+             "score": rng.normal(), "chain_id": "", "storage": "png", "source_kind": k}
+            for k, srcs in (("photos", [f"p{i}" for i in range(30)]), ("shots", shots)) for name in srcs]
+    with pytest.raises(NotEnoughCleanSamples, match=r"'shots' has 0.*clean images of each kind named"):
+        build_calibration(pd.DataFrame(rows), "nss", "v", alpha=0.3, confidence=0.7, per_kind=True)
+    cal = build_calibration(pd.DataFrame(rows), "nss", "v", alpha=0.3, confidence=0.7, holdout=0.0)
+    assert cal.per_kind == []  # pooled: no kinds required

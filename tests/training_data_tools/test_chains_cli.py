@@ -48,6 +48,21 @@ def test_ls_folder_layout_reports_unplaced(tmp_path):
     assert sorted(df["chain_id"].unique()) == ["fam", "famA/c1"] and len(df) == 4
 
 
+def test_ls_refuses_a_manifest_out_its_readers_would_refuse(chains_dir, tmp_path):
+    """A manifest may only name files under its own folder: written elsewhere, it could not be
+    read back, so ``--manifest-out`` outside the chains folder is refused before anything is written."""
+    import shutil
+
+    chains_dir = Path(shutil.copytree(chains_dir, tmp_path / "chains"))  # the fixture is shared
+    out = tmp_path / "elsewhere" / "m.csv"
+    res = CliRunner().invoke(main, ["chains", "ls", str(chains_dir), "--manifest-out", str(out)])
+    assert res.exit_code != 0 and "lie outside its folder" in res.output and not out.exists()
+    inside = chains_dir / "found.csv"
+    res = CliRunner().invoke(main, ["chains", "ls", str(chains_dir), "--manifest-out", str(inside)])
+    assert res.exit_code == 0, res.output
+    assert len(load_chains(inside)) == 12
+
+
 def test_ls_fails_clearly(tmp_path):
     (tmp_path / "x.txt").write_text("no images")
     res = CliRunner().invoke(main, ["chains", "ls", str(tmp_path)])
