@@ -124,7 +124,8 @@ def _file_kind(mode: int) -> str:
 
 
 def open_regular_file(path: str):
-    """Open a local shard for reading, refusing anything that is not a regular file.
+    """Open a local file (a shard, or a loose image through ``io.urls.read_local_bytes``) for
+    reading, refusing anything that is not a regular file.
 
     The type is checked before opening (opening a FIFO would wait for a writer forever, a device
     can have effects) and again on the opened descriptor, which is opened without blocking, so a
@@ -133,13 +134,13 @@ def open_regular_file(path: str):
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(f"{printable(path)}: {_file_kind(st.st_mode)}, not a regular file: "
-                                  "only regular files are read as shards")
+                                  "only regular files are read")
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFileError(f"{printable(path)}: {_file_kind(st.st_mode)}, not a regular "
-                                      "file: only regular files are read as shards")
+                                      "file: only regular files are read")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -322,10 +323,13 @@ class _Decompressed:
         import lzma
         self._source, self.kind, self._where = source, kind, where
         # none of them closes ``source``: the shard's stream is closed by whoever opened it
-        self._f = (gzip.GzipFile(fileobj=source, mode="rb") if kind == "gzip" else
-                   bz2.BZ2File(source, "rb") if kind == "bzip2" else
-                   lzma.LZMAFile(_NoTrailingZeros(source), "rb", format=lzma.FORMAT_XZ) if kind == "xz" else
-                   lzma.LZMAFile(source, "rb", format=lzma.FORMAT_ALONE))  # noqa: SIM115
+        if kind == "gzip":
+            self._f = gzip.GzipFile(fileobj=source, mode="rb")
+        elif kind == "bzip2":
+            self._f = bz2.BZ2File(source, "rb")
+        else:  # xz (its trailing stream padding dropped) or legacy lzma
+            self._f = lzma.LZMAFile(_NoTrailingZeros(source) if kind == "xz" else source, "rb",  # noqa: SIM115
+                                    format=lzma.FORMAT_XZ if kind == "xz" else lzma.FORMAT_ALONE)
         self.count = 0
         self.truncated = False
 
@@ -476,10 +480,7 @@ class ShardReader:
         if self._unpacked is not None and self._unpacked.truncated:  # what tarfile stumbled on
             return self._unpacked.cut_short()
         if isinstance(exc, _HeaderTooLarge):
-            return CorruptShardError(
-                f"{where}: a {exc.kind} at byte {exc.offset} claims {'at least ' * exc.at_least}"
-                f"{exc.size} bytes, over the "
-                f"{MAX_HEADER_BYTES}-byte limit for header records: the shard is refused from there")
+            return CorruptShardError(f"{where}: {exc}: the shard is refused from there")
         if isinstance(exc, RecursionError):
             return CorruptShardError(f"{where}: a chain of extended headers at byte {offset} too "
                                      "long to read: the shard is refused from there")

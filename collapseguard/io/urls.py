@@ -35,7 +35,6 @@ import errno
 import io
 import os
 import posixpath
-import stat
 import subprocess
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
@@ -404,15 +403,8 @@ def _open_regular(path: str):
     as ``UnreadableFileError`` naming what the path is (a FIFO, a character device, ...)."""
     from collapseguard.io import tar
     try:
-        st = os.stat(path)
-    except OSError:
-        st = None  # open_regular_file raises the OS error itself
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise UnreadableFileError(f"{printable(path)}: {tar._file_kind(st.st_mode)}, not a regular "
-                                  "file: only regular files are read")
-    try:
         return tar.open_regular_file(path)
-    except tar.NotRegularFileError as exc:  # replaced by something else since the check above
+    except tar.NotRegularFileError as exc:
         raise UnreadableFileError(str(exc)) from None
 
 
