@@ -12,9 +12,10 @@ threshold at the 99th percentile of their own PNG clean scores (held-out clean f
 held-out chains' step 0), and the share of clean images and of step-10 images above it in each
 storage. ``--eval`` adds a chain manifest that no training run touched (e.g. the one
 ``recipes/eval_set.sh`` writes), its images scored as they are stored there, split by its
-``storage`` column when it has one (``--eval-storage``, ``--eval-chains N`` take a part of it).
-Also the scoring time per image of each weights file (all
-timed in this run, one after the other). ``--ensemble`` adds the weights together: each one's
+``storage`` column when it has one (``--eval-storage``, ``--eval-chains N`` take a part of it),
+with the share of its step-0 images above the threshold per clean kind when the manifest has a
+``kind`` column. Also the scoring time per image of each weights file (all timed in this run,
+one after the other). ``--ensemble`` adds the weights together: each one's
 scores standardised by the mean and standard deviation of its own PNG clean scores, then averaged,
 with its own threshold and figures.
 """
@@ -116,6 +117,12 @@ def report(res: dict, scores: dict, ev_scores, test_df: pd.DataFrame, ev) -> dic
             print(f"-- --eval {sname}: mean over families 0v5 {mean5:.3f}; step 0 above threshold "
                   f"{(s0 > thr).mean():.3f} (n={len(s0)}), step 10 above {(s10 > thr).mean():.3f}; " + "  ".join(
                       f"{f} {a:.3f}/{b:.3f}" for f, (a, b) in fa.items()))
+            if "kind" in g:  # the clean kind of each chain's source picture
+                step0 = g[g["step"] == 0]
+                by_kind = {str(k): float((kg["score"] > thr).mean()) for k, kg in step0.groupby("kind")}
+                res["eval"][str(sname)]["step0_above_by_kind"] = by_kind
+                print(f"   step 0 above threshold per kind (largest {max(by_kind.values()):.3f}): " + "  ".join(
+                    f"{k} {v:.3f}" for k, v in by_kind.items()))
     return res
 
 

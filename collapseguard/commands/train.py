@@ -64,6 +64,10 @@ from collapseguard.commands._common import check_out_file
 @click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of each batch's clean images drawn from those the network currently scores "
                    "highest (hard-negative mining of the clean tail); 0 draws them uniformly")
+@click.option("--colour-permute", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of chains (all steps alike) and clean images shown with their RGB channels "
+                   "in another order, so a picture's hue or a cast's direction carries no label; 0 is "
+                   "the shipped recipe")
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="bf16: train the convolutions under bfloat16 autocast (faster on CPUs with "
                    "AVX512-BF16; weights and scoring stay float32)")
@@ -90,7 +94,7 @@ from collapseguard.commands._common import check_out_file
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, precision, average_from,
+          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, colour_permute, precision, average_from,
           generic_ladders, cache_dir, no_eval, shared_clean, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
@@ -137,7 +141,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     try:
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                           delivery_kind=delivery_kind, init="imagenet" if init else "",
-                          hard_clean=hard_clean, precision=precision, average_from=average_from,
+                          hard_clean=hard_clean, colour_permute=colour_permute, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency, net=net)
     except (ValueError, RuntimeError) as exc:

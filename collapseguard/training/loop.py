@@ -73,6 +73,11 @@ class TrainConfig:
     consistency_from: float = 0.25
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
+    #: share of chains (all steps alike) and of clean images (each on its own) shown with their
+    #: RGB channels in one of the five other orders, so that neither a picture's hue nor the
+    #: direction of a colour cast carries a label. 0 (default) is the shipped recipe and draws
+    #: nothing extra
+    colour_permute: float = 0.0
     seed: int = 0
     threads: int = 2
     #: torch device the network trains on ("cpu", "cuda", "cuda:1", ...). Batches are drawn on
@@ -90,6 +95,8 @@ class TrainConfig:
     def __post_init__(self):
         if not 0.0 <= self.consistency_from < 1.0:
             raise ValueError(f"consistency_from must be in [0, 1), got {self.consistency_from!r}")
+        if not 0.0 <= self.colour_permute <= 1.0:
+            raise ValueError(f"colour_permute must be in [0, 1], got {self.colour_permute!r}")
         if self.storage_consistency < 0:
             raise ValueError(f"storage_consistency must be >= 0, got {self.storage_consistency!r}")
         if not 0.0 <= self.average_from < 1.0:
@@ -126,6 +133,10 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if r & 4:
         x = x.transpose(2, 3)
     return x
+
+
+#: the five orders of the R, G, B channels other than R, G, B itself
+CHANNEL_ORDERS = ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
 
 
 def _columns(bank: CropBank) -> dict[str, np.ndarray]:
@@ -192,6 +203,13 @@ class Batcher:
         rest = np.setdiff1d(np.arange(len(self.clean)), hard)
         return np.concatenate([hard, self.rng.choice(rest, n - n_hard, replace=False)])
 
+    def _recolour(self, crops: np.ndarray) -> np.ndarray:
+        """(..., 3) crops of one picture with their channels reordered with probability
+        ``colour_permute`` (one order for all of them: a chain's steps keep one colour order)."""
+        if self.cfg.colour_permute <= 0 or self.rng.random() >= self.cfg.colour_permute:
+            return crops
+        return crops[..., list(CHANNEL_ORDERS[self.rng.integers(len(CHANNEL_ORDERS))])]
+
     def observe(self, batch: dict, logits: torch.Tensor) -> None:
         """Remember the clean images' latest logits (for ``hard_clean``)."""
         if batch.get("clean_at") is None or not self.cfg.hard_clean:
@@ -225,7 +243,8 @@ class Batcher:
                 sel = np.sort(self.rng.choice(len(rows), t, replace=False))
                 rows = rows[sel]
                 meta = self._cols["chains"]
-                crops.append(self._crops(self.chains, rows, shared=bool(meta["aligned"][rows].all())))
+                crops.append(self._recolour(
+                    self._crops(self.chains, rows, shared=bool(meta["aligned"][rows].all()))))
                 target += meta["target"][rows].tolist()
                 weight += meta["weight"][rows].tolist()
                 group += [gi] * t
@@ -234,7 +253,10 @@ class Batcher:
         if self.clean is not None and len(self.clean) and cfg.clean_per_batch > 0:
             rows = self._clean_rows(min(cfg.clean_per_batch, len(self.clean)))
             clean_at = (sum(len(c) for c in crops), rows)
-            crops.append(self._crops(self.clean, rows, shared=False))
+            clean_crops = self._crops(self.clean, rows, shared=False)
+            if cfg.colour_permute > 0:
+                clean_crops = np.stack([self._recolour(c) for c in clean_crops])
+            crops.append(clean_crops)
             meta = self._cols["clean"]
             target += meta["target"][rows].tolist()
             weight += meta["weight"][rows].tolist()

@@ -37,3 +37,21 @@ def test_the_ensemble_does_not_depend_on_a_members_scale_and_helps_where_they_di
     worst = {name: min(mod.family_aurocs(test_df.assign(score=m["png"][0]))[f][0] for f in "ab")
              for name, m in (("a", a), ("b", b))}
     assert min(fam["a"][0], fam["b"][0]) > max(worst.values()) + 0.15
+
+
+def test_the_eval_report_gives_each_clean_kind_its_share_above_the_threshold(benchmark_script, capsys):
+    mod = benchmark_script("init_side_by_side.py")
+    test_df, a = _member(np.random.default_rng(0), 1.0, 0.0, "a")
+    thr = float(np.quantile(mod.clean_png_scores(a, test_df), 0.99))
+    # evaluation chains of two kinds: every "leafy" step 0 scores above the threshold, no "flat" one
+    rows, ev_scores = [], []
+    for kind, step0 in (("leafy", thr + 1.0), ("flat", thr - 5.0)):
+        for c in range(4):
+            for step in (0, 5, 10):
+                rows.append({"family": "a", "chain_id": f"{kind}{c}", "step": step, "kind": kind,
+                             "storage": "png"})
+                ev_scores.append(step0 if step == 0 else thr + step)
+    res = mod.report({}, a, np.array(ev_scores), test_df, pd.DataFrame(rows))
+    assert res["eval"]["png"]["step0_above_by_kind"] == {"flat": 0.0, "leafy": 1.0}
+    assert res["eval"]["png"]["step0_above"] == 0.5
+    assert "largest 1.000" in capsys.readouterr().out

@@ -547,3 +547,45 @@ def test_train_uses_a_picture_given_under_two_names_once(tmp_path):
     assert "warning: 1 --clean files are byte-identical to another and are used once" in res.output
     train_n, held_n = (len(x) for x in split_clean(kept))
     assert f"clean files {train_n} train / {held_n} held-out" in res.output
+
+
+def test_colour_permute_reorders_whole_chains_and_each_clean_image():
+    from collapseguard.training.bank import CropBank
+    from collapseguard.training.loop import CHANNEL_ORDERS, Batcher
+
+    def bank(n_images, chain_len):
+        # every pixel is (10, 100, 200) plus the image's index: the channel order is readable
+        crops = np.zeros((n_images, 4, 16, 16, 3), np.uint8)
+        crops[...] = np.array([10, 100, 200], np.uint8)
+        crops += np.arange(n_images, dtype=np.uint8)[:, None, None, None, None]
+        meta = pd.DataFrame({"chain_id": [f"c{i // chain_len}" if chain_len else "" for i in range(n_images)],
+                             "step": [i % chain_len if chain_len else -1 for i in range(n_images)],
+                             "target": 0.0, "weight": 1.0, "aligned": True})
+        return CropBank(crops, meta)
+
+    chains, clean = bank(30, 3), bank(40, 0)
+    cfg = dict(chains_per_batch=10, steps_per_chain=3, clean_per_batch=40, crops_per_image=2)
+
+    def orders(crops):  # (N, K, S, S, 3) -> the channel order of each image, as a tuple
+        order = np.argsort(crops[:, 0, 0, 0, :].astype(int), axis=1)
+        return [tuple(int(c) for c in o) for o in order]
+
+    plain = Batcher(chains, clean, TrainConfig(**cfg)).batch()["crops"].numpy()
+    assert set(orders(plain)) == {(0, 1, 2)}  # the shipped recipe: colours as stored
+    permuted = [Batcher(chains, clean, TrainConfig(**cfg, colour_permute=1.0, seed=s)).batch()["crops"].numpy()
+                for s in range(3)]
+    for crops in permuted:
+        seen = orders(crops)
+        inverse = {tuple(int(i) for i in np.argsort(o)) for o in CHANNEL_ORDERS}
+        assert set(seen) <= inverse  # always one of the five other orders, never R, G, B
+        # a chain's three steps share one order: damage is compared in one colour frame
+        assert all(len(set(seen[i:i + 3])) == 1 for i in range(0, 30, 3))
+        # the clean images draw their orders on their own
+        assert len(set(seen[30:])) >= 3
+        # pixel values are moved between channels, never changed
+        ordered = np.sort(crops.astype(int), axis=-1)
+        assert (ordered[..., 1] - ordered[..., 0] == 90).all() and (ordered[..., 2] - ordered[..., 1] == 100).all()
+    half = Batcher(chains, clean, TrainConfig(**cfg, colour_permute=0.5)).batch()["crops"].numpy()
+    assert 0 < orders(half).count((0, 1, 2)) < len(half)
+    with pytest.raises(ValueError, match="colour_permute"):
+        TrainConfig(colour_permute=1.5)
