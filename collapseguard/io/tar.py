@@ -286,27 +286,62 @@ _COMPRESSED = ((re.compile(rb"\x1f\x8b\x08"), "gzip"),
 _SHORT_SIGNATURES = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ", "xz"))
 
 
-class _NoTrailingZeros:
-    """``source`` without the zero bytes at its very end: the stream padding an xz file may carry
-    after its last stream, which ``lzma.LZMAFile`` would take for the start of a cut-short one. An
-    xz stream never ends in a zero byte (its footer ends in ``YZ``), so nothing else is dropped.
-    Zeros followed by more data are passed on as they are."""
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+class _XzStreams:
+    """The data of the xz streams in ``source``, one after the other, as ``xz -d`` reads them:
+    zero bytes between and after streams are the stream padding the format allows.
+    ``lzma.LZMAFile`` stops at padding between streams (it reads what follows as a damaged
+    stream and ignores it) and takes trailing data for a cut-short stream, so the streams are
+    walked here. A file that ends inside a stream raises ``EOFError``; bytes after a stream that
+    are neither padding nor another stream raise ``lzma.LZMAError``."""
 
     def __init__(self, source):
-        self._src, self._held, self._done = source, b"", False
+        import lzma
+        self._lzma, self._src = lzma, source
+        self._dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        self._in = b""  # compressed bytes read but not yet given to the decompressor
+        self._done = False
+
+    def _next_stream(self) -> bool:
+        """After a stream's end: skip padding; True when another stream starts, False at the end."""
+        rest = self._dec.unused_data + self._in
+        while True:
+            rest = rest.lstrip(b"\0")
+            if len(rest) >= len(_XZ_MAGIC) or (rest and not _XZ_MAGIC.startswith(rest)):
+                break
+            more = self._src.read(1 << 16)
+            if not more:
+                if rest:
+                    raise EOFError("the file ends inside an xz stream header")
+                return False
+            rest += more
+        if not rest.startswith(_XZ_MAGIC):
+            raise self._lzma.LZMAError("the bytes after an xz stream are neither stream padding nor "
+                                       "another xz stream")
+        self._dec = self._lzma.LZMADecompressor(format=self._lzma.FORMAT_XZ)
+        self._in = rest
+        return True
 
     def read(self, n: int = -1) -> bytes:
-        while not self._done:
-            b = self._src.read(n if n and n > 0 else 1 << 16)
-            if not b:
-                self._done = True  # what is held is trailing padding
-                return b""
-            b = self._held + b
-            body = b.rstrip(b"\0")
-            self._held = b[len(body):]
-            if body:
-                return body
-        return b""
+        out, got = [], 0
+        while not self._done and (n is None or n < 0 or got < n):
+            if self._dec.eof:
+                self._done = not self._next_stream()
+                continue
+            if self._dec.needs_input and not self._in:
+                self._in = self._src.read(1 << 16)
+                if not self._in:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+            data, self._in = (self._in, b"") if self._dec.needs_input else (b"", self._in)
+            b = self._dec.decompress(data, n - got if n is not None and n > 0 else -1)
+            out.append(b)
+            got += len(b)
+        return b"".join(out)
+
+    def close(self) -> None:  # ``source`` is closed by whoever opened it
+        pass
 
 
 class _Decompressed:
@@ -327,9 +362,10 @@ class _Decompressed:
             self._f = gzip.GzipFile(fileobj=source, mode="rb")
         elif kind == "bzip2":
             self._f = bz2.BZ2File(source, "rb")
-        else:  # xz (its trailing stream padding dropped) or legacy lzma
-            self._f = lzma.LZMAFile(_NoTrailingZeros(source) if kind == "xz" else source, "rb",  # noqa: SIM115
-                                    format=lzma.FORMAT_XZ if kind == "xz" else lzma.FORMAT_ALONE)
+        elif kind == "xz":
+            self._f = _XzStreams(source)
+        else:  # legacy lzma: one stream
+            self._f = lzma.LZMAFile(source, "rb", format=lzma.FORMAT_ALONE)  # noqa: SIM115
         self.count = 0
         self.truncated = False
 

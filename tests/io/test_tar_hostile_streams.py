@@ -168,6 +168,23 @@ def test_two_gzip_archives_one_after_the_other_are_corrupt_not_half_read(tmp_pat
         list(ShardReader(str(junk)))
 
 
+def test_bytes_after_an_xz_stream_are_padding_another_stream_or_damage(tmp_path):
+    import lzma
+
+    raw, _ = tar_bytes([(f"s{i}.txt", bytes([65 + i]) * 3000) for i in range(6)])
+    for junk in (b"not xz", b"\0" * 4 + b"JUNK"):
+        shard = tmp_path / "junk.tar.xz"
+        shard.write_bytes(lzma.compress(raw) + junk)
+        with pytest.raises(CorruptShardError, match="neither stream padding nor another xz stream"):
+            list(ShardReader(str(shard)))
+    # every cut of two padded streams is reported as cut short, never read as complete
+    two = lzma.compress(raw[:len(raw) // 2]) + b"\0" * 4 + lzma.compress(raw[len(raw) // 2:])
+    for cut in range(64, len(two), 7):  # (a cut inside the first header is "not a readable tar")
+        shard.write_bytes(two[:cut])
+        with pytest.raises(TruncatedShardError):
+            list(ShardReader(str(shard)))
+
+
 def _well_formed(tmp_path: Path, raw: bytes, samples) -> list[Path]:
     """The same tar as written by tarfile, gzip, our ShardWriter, in several gzip members, with
     zero padding after the gzip stream, and with bzip2 and xz."""
@@ -195,9 +212,13 @@ def _well_formed(tmp_path: Path, raw: bytes, samples) -> list[Path]:
     (tmp_path / "bz.tar.bz2").write_bytes(bz2.compress(raw))
     (tmp_path / "xz.tar.xz").write_bytes(lzma.compress(raw))
     (tmp_path / "xzpad.tar.xz").write_bytes(lzma.compress(raw) + b"\0" * 4)  # xz stream padding
+    # two xz streams with stream padding between them (cat a.xz pad b.xz), the tar cut across them
+    (tmp_path / "xzstreams.tar.xz").write_bytes(
+        lzma.compress(raw[:third]) + b"\0" * 8 + lzma.compress(raw[third:]) + b"\0" * 4)
     (tmp_path / "alone.tar.lzma").write_bytes(lzma.compress(raw, format=lzma.FORMAT_ALONE))
     return made + [tmp_path / n for n in ("members.tar.gz", "padded.tar.gz", "bz.tar.bz2",
-                                          "xz.tar.xz", "xzpad.tar.xz", "alone.tar.lzma")]
+                                          "xz.tar.xz", "xzpad.tar.xz", "xzstreams.tar.xz",
+                                          "alone.tar.lzma")]
 
 
 def test_well_formed_compressed_shards_still_read_whole(tmp_path, photos):
