@@ -14,6 +14,9 @@ a run of one detector needs none.
 storage, the lowest threshold at which no clean kind loses more than A of its images, chosen on
 these very images (an in-sample oracle, which no calibration can beat on them), and the share of
 step-10 images per family it drops.
+
+``--top-clean N`` also reads scores.csv and lists, per storage and clean kind, the N clean
+pictures (step 0) that score highest: the ones a threshold drops first, to look at.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def main(argv=None) -> None:
     ap.add_argument("--kind-max-drop", type=float, default=None, metavar="A",
                     help="also: the lowest threshold dropping at most A of every clean kind (in-sample) "
                          "and the step-10 drops it gives")
+    ap.add_argument("--top-clean", type=int, default=0, metavar="N",
+                    help="also: the N highest-scoring clean pictures of each kind, per storage")
     a = ap.parse_args(argv)
     d = a.eval_dir
     au = pd.read_csv(d / "auroc_by_storage.csv")
@@ -93,6 +98,26 @@ def main(argv=None) -> None:
         print(f"\nthe lowest threshold dropping at most {a.kind_max_drop:g} of every clean kind, chosen "
               "on these images (in-sample), and what it drops at step 10")
         print("\n".join(kind_oracle(pd.read_csv(d / "scores.csv"), a.detector, a.kind_max_drop)))
+    if a.top_clean > 0:
+        print(f"\nthe {a.top_clean} highest-scoring clean pictures (step 0) of each kind")
+        print("\n".join(top_clean(pd.read_csv(d / "scores.csv"), a.detector, a.top_clean)))
+
+
+def top_clean(scores: pd.DataFrame, detector: str, n: int) -> list[str]:
+    """Lines: per storage and clean kind, the ``n`` highest-scoring step-0 pictures (one image per
+    source and storage) with their scores, highest first."""
+    from collapseguard.evaluation.breakdown import with_groups
+
+    s = with_groups(scores[scores["detector"] == detector])
+    clean = s[s["step"] == 0].drop_duplicates(["source_image", "storage"])
+    lines = []
+    for storage in [c for c in STORAGES if c in set(clean["storage"])] + \
+            sorted(set(clean["storage"]) - set(STORAGES)):
+        lines.append(f"{storage}:")
+        for kind, g in clean[clean["storage"] == storage].groupby("source_kind", sort=True):
+            top = g.sort_values("score", ascending=False, kind="stable").head(n)
+            lines.append(f"  {kind}: " + ", ".join(f"{r.source_image} {r.score:.2f}" for r in top.itertuples()))
+    return lines
 
 
 def kind_oracle(scores: pd.DataFrame, detector: str, alpha: float) -> list[str]:

@@ -178,3 +178,19 @@ def test_eval_set_figures_kind_oracle_keeps_every_kind_under_the_target(evaluate
     mod.main([str(evaluated), "--kind-max-drop", "0.01"])
     assert "the lowest threshold dropping at most 0.01 of every clean kind" in capsys.readouterr().out
 
+
+
+def test_eval_set_figures_top_clean_lists_each_kinds_highest_pictures(evaluated, benchmark_script, capsys):
+    mod = benchmark_script("eval_set_figures.py")
+    s = pd.read_csv(evaluated / "scores.csv")
+    lines = mod.top_clean(s, "cnn", 2)
+    clean = s[(s["step"] == 0) & (s["storage"] == "png")].drop_duplicates(["source_image", "storage"])
+    kinds = {line.split(":")[0].strip(): line for line in lines[1:lines.index("jpeg q90 4:2:0:")]}
+    assert lines[0] == "png:" and set(kinds) == set(clean["source_kind"])
+    for kind, g in clean.groupby("source_kind"):
+        want = g.sort_values("score", ascending=False).head(2)
+        listed = kinds[kind].split(": ", 1)[1].split(", ")
+        assert [x.rsplit(" ", 1)[0] for x in listed] == list(want["source_image"])
+        assert [float(x.rsplit(" ", 1)[1]) for x in listed] == pytest.approx(list(want["score"]), abs=5e-3)
+    mod.main([str(evaluated), "--top-clean", "1"])
+    assert "the 1 highest-scoring clean pictures (step 0) of each kind" in capsys.readouterr().out
