@@ -15,8 +15,11 @@ from collapseguard.errors import CollapseguardError
 #: File extensions (lower case, no dot) treated as images, in order of preference.
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
 
-#: Refuse to decode images larger than this many pixels (decompression bombs).
-MAX_PIXELS = 16384 * 16384
+#: Refuse to decode images larger than this many pixels (decompression bombs). Pillow's own
+#: ``DecompressionBombWarning`` (above ``Image.MAX_IMAGE_PIXELS``, 89.5 million by default) is
+#: advisory and ignored: a 100-megapixel photo is a real image. This limit lies under Pillow's
+#: ``DecompressionBombError`` (twice that) so that, with Pillow's defaults, it is the one that holds.
+MAX_PIXELS = 128_000_000
 
 #: The Pillow formats bytes may be decoded as, whatever their name says: those of
 #: ``IMAGE_EXTENSIONS`` (PGM is Pillow's PPM plugin; the JPEG plugin also opens MPO). Left to
@@ -75,7 +78,7 @@ def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
     """``decode_image`` and ``image_storage`` from one opening of the bytes (what scoring uses)."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
                 w, h = img.size
                 if w * h > MAX_PIXELS:
@@ -89,6 +92,8 @@ def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
                 return _apply_orientation(to_rgb_array(img), _orientation(img)), storage
     except DecodeError:
         raise
+    except Image.DecompressionBombError as exc:
+        raise DecodeError(f"image too large: {exc}") from None
     except Exception as exc:  # PIL raises many types for bad data
         # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
         raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None

@@ -53,15 +53,16 @@ class PhaseBars:
 def count_samples(shard: str) -> int | None:
     """The number of samples of a local uncompressed tar shard, from its member headers alone
     (seeks past the data), by ``io.tar``'s key rule; None for compressed, remote or unreadable
-    shards, whose count would cost a full read."""
+    shards, whose count would cost a full read, and for anything but a regular file."""
     from collapseguard.errors import CollapseguardError
-    from collapseguard.io.tar import CappedTarInfo, member_key
+    from collapseguard.io.tar import CappedTarInfo, member_key, open_regular_file
     from collapseguard.io.urls import is_remote
     if is_remote(shard) or not str(shard).endswith(".tar"):
         return None
     n, last = 0, None
     try:
-        with tarfile.open(shard, mode="r:", tarinfo=CappedTarInfo) as tf:  # no header bombs
+        # a FIFO named .tar is refused, not waited on; no header bombs
+        with open_regular_file(shard) as f, tarfile.open(fileobj=f, mode="r:", tarinfo=CappedTarInfo) as tf:
             for info in tf:
                 if info.isdir():
                     continue

@@ -41,7 +41,7 @@ from collapseguard.images import (
     random_window,
     resize_by,
 )
-from collapseguard.io.tar import CappedTarInfo
+from collapseguard.io.tar import CappedTarInfo, open_regular_file
 
 Source = tuple[str, np.ndarray]
 
@@ -385,7 +385,8 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
         raise SourceError(f"no shards match {paths!r}")
     for f in files:
         seen = set()
-        with tarfile.open(f, "r:*", tarinfo=CappedTarInfo) as tar:  # no header bombs
+        # only regular files (a FIFO would wait for a writer forever); no header bombs
+        with open_regular_file(f) as raw, tarfile.open(fileobj=raw, mode="r:*", tarinfo=CappedTarInfo) as tar:
             for m in tar:
                 if not m.isfile() or not is_image_name(m.name):
                     continue

@@ -54,6 +54,21 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine 
 
 
 @no_cuda
+def test_pillows_advisory_pixel_limit_does_not_refuse_a_real_image(monkeypatch):
+    """Pillow warns above ``Image.MAX_IMAGE_PIXELS`` (89.5 million by default: a 100-megapixel photo
+    is over it) and refuses above twice that; only collapseguard's own ``MAX_PIXELS`` refuses."""
+    from collapseguard.images import DecodeError
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the default, scaled down
+    buf = io.BytesIO()
+    Image.fromarray(np.full((40, 40, 3), 90, np.uint8)).save(buf, format="JPEG")  # 1,600 pixels
+    assert decode_image(buf.getvalue()).shape == (40, 40, 3)
+    buf = io.BytesIO()
+    Image.fromarray(np.full((50, 50, 3), 90, np.uint8)).save(buf, format="PNG")  # over twice the limit
+    with pytest.raises(DecodeError, match="image too large"):
+        decode_image(buf.getvalue())
+
+
 def test_an_absent_gpu_is_a_detector_error_not_a_traceback():
     with pytest.raises(DetectorError, match="CUDA is not available"):
         create("cnn", device="cuda")

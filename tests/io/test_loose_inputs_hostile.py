@@ -84,6 +84,23 @@ def test_audit_records_a_fifo_or_a_device_link_as_unscored(tmp_path, photos, kin
     assert HOSTILE[kind] in rows.loc["bad.png", "error"] and pd.isna(rows.loc["bad.png", "score"])
 
 
+@pytest.mark.parametrize("command", ["score", "audit"])
+def test_a_fifo_named_tar_in_a_folder_is_refused_not_waited_on(tmp_path, photos, command):
+    """The progress count opens every ``.tar`` of a folder before scoring: a FIFO among them is
+    refused there as it is by the shard reader, instead of blocking the command for ever."""
+    folder = hostile_folder(tmp_path, photos, "fifo")
+    (folder / "bad.png").unlink()
+    os.mkfifo(folder / "pipe.tar")
+    out = tmp_path / ("s.csv" if command == "score" else "aud")
+    res = run_cli_process([command, folder, "-o", out, "-d", "nss", "-q"], tmp_path)
+    if command == "score":
+        rows, said = pd.read_csv(out, keep_default_na=False), res.stderr
+    else:  # audit lists a failed input in its summary
+        rows, said = pd.read_parquet(out / "scores.parquet"), (out / "summary.json").read_text()
+    assert "ok.png" in set(rows["key"])
+    assert "pipe.tar: a FIFO, not a regular file" in said + rows.to_csv()
+
+
 def test_a_fifo_given_as_calibration_is_refused(tmp_path, photos):
     make_shard(tmp_path / "s.tar", photos[:1], degraded=False)
     os.mkfifo(tmp_path / "cal.json")
