@@ -66,6 +66,12 @@ def to_rgb_array(img: Image.Image) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
 
 
+def rgba_over_white(arr: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 RGBA array composited over white, as a decoded RGBA file is
+    (``to_rgb_array``): the same picture scores the same from a file and from an array."""
+    return to_rgb_array(Image.fromarray(np.ascontiguousarray(arr), "RGBA"))
+
+
 def decode_image(data: bytes) -> np.ndarray:
     """Decode encoded image bytes into an (H, W, 3) uint8 RGB array at native resolution.
 

@@ -97,7 +97,9 @@ class _Decider:
             from collapseguard.detectors import create
             detector = create(detector, **(detector_kwargs or {}))
         self.detector = detector
-        self.threshold, self.threshold_source, _ = resolve_threshold(detector, threshold, calibration)
+        self.threshold, self.threshold_source, _ = resolve_threshold(
+            detector, threshold, calibration,
+            how="pass threshold=T or calibration=FILE (made with `collapseguard calibrate`)")
         self.batch_size = batch_size
         self.reject_no_image = reject_no_image
 
@@ -167,6 +169,10 @@ def wds_filter(detector="cnn", calibration=None, threshold: float | None = None,
     ``detector`` is a name (as ``--detector``) or a created detector; ``calibration`` a
     calibration file; ``threshold`` overrides both (uncalibrated). Without either, the
     calibration shipped for the detector is used, as in ``filter``.
+
+    The stage's counters (``kept``, ``rejected``, ``reasons``) and ``on_reject`` run in the process
+    that iterates the dataset: inside a ``torch.utils.data.DataLoader`` with ``num_workers > 0``,
+    each worker counts in its own copy of the stage and the main process's copy stays unchanged.
     """
     return WdsFilter(_Decider(detector, calibration, threshold, batch_size=batch_size,
                               reject_no_image=reject_no_image, detector_kwargs=detector_kwargs),

@@ -133,3 +133,14 @@ def test_ray_scorer_decides_as_filter(shards, tmp_path, ray_local, batch_format)
     np.testing.assert_allclose(got["score"].to_numpy(float), want["score"].to_numpy(float),
                                rtol=1e-6)  # NaN where filter has NaN
     assert set(got.loc[got["decision"] == "rejected"].index) == set(want[want["decision"] == "rejected"].index)
+
+
+def test_without_a_threshold_the_python_stages_say_which_arguments_to_pass():
+    from collapseguard.inline import RayScorer, wds_filter
+    from collapseguard.io.calibration_file import NoThresholdError
+
+    for make in (wds_filter, RayScorer):  # an ensemble has no shipped calibration
+        with pytest.raises(NoThresholdError, match="pass threshold=T or calibration=FILE") as err:
+            make("ens:cnn+nss")
+        assert "--" not in str(err.value)  # no command-line options in a Python error
+    assert wds_filter("ens:cnn+nss", threshold=0.5).threshold == 0.5

@@ -206,10 +206,11 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     inputs = [str(p) for p in inputs]
     det = detector_obj if detector_obj is not None else _create(options.detector, options.detector_kwargs)
     try:
-        threshold, threshold_source, cal = resolve_threshold(det, options.threshold, options.calibration)
+        threshold, threshold_source, cal = resolve_threshold(
+            det, options.threshold, options.calibration,
+            how="pass --threshold T or --calibration FILE (made with `collapseguard calibrate`)")
     except NoThresholdError as exc:
-        raise AuditError(str(exc).replace(", or --drop-fraction F (an uncalibrated percentile cut)",
-                                          "")) from None
+        raise AuditError(str(exc)) from None
     # compared detectors are created up front: a bad name fails before any scoring
     others = {}
     for name in options.compare:

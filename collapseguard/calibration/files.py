@@ -33,16 +33,23 @@ from collapseguard.io.calibration_file import (
 )
 
 
+#: what ``filter`` and ``score`` users pass when no calibration applies
+NO_THRESHOLD_HOW = ("pass --threshold T, --calibration FILE (made with `collapseguard calibrate`), or "
+                    "--drop-fraction F (an uncalibrated percentile cut)")
+
+
 def resolve_threshold(
     detector,
     threshold: float | None = None,
     calibration: str | Path | Calibration | None = None,
+    how: str = NO_THRESHOLD_HOW,
 ) -> tuple[float, str, Calibration | None]:
     """Decide the threshold to use, and say where it came from.
 
     Order: an explicit ``threshold`` wins; else a calibration file (checked against the detector,
     CalibrationMismatch if made for another); else the packaged default for this detector and
-    version; else NoThresholdError telling the user what to pass. Returns
+    version; else NoThresholdError telling the user what to pass, in the caller's terms
+    (``how``: the options of a command, the arguments of a function). Returns
     ``(threshold, description, calibration or None)``; drop images with ``score > threshold``.
     """
     name, version = _name_version(detector)
@@ -78,10 +85,7 @@ def resolve_threshold(
                     f"{other.detector_version}, not {name}@{version})")
         except CalibrationError:
             pass
-    raise NoThresholdError(
-        f"no threshold for detector {name}@{version}{hint}: pass --threshold T, "
-        f"--calibration FILE (made with `collapseguard calibrate`), or --drop-fraction F "
-        f"(an uncalibrated percentile cut)")
+    raise NoThresholdError(f"no threshold for detector {name}@{version}{hint}: {how}")
 
 
 # ---------------------------------------------------------------------------------------------

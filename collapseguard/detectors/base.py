@@ -14,6 +14,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 from abc import ABC, abstractmethod
@@ -28,8 +29,50 @@ class DetectorError(CollapseguardError, RuntimeError):
     """A detector cannot be created or run (missing extra, missing weights, bad name)."""
 
 
+def as_batch(images) -> list:
+    """``images`` as every detector's ``score`` takes them: a sequence of (H, W, 3) arrays.
+
+    One image passed on its own (an (H, W, 3) or (H, W) array) is refused: iterated, it would be
+    scored row by row as a batch of H narrow images. RGBA uint8 arrays are composited over white,
+    as a decoded RGBA file is, so one picture gets one score whichever way it arrives.
+    """
+    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
+        raise TypeError(f"score() takes a batch of images (a list, or an (N, H, W, 3) array); got one "
+                        f"array of shape {images.shape}: pass [image]")
+    out = list(images)
+    for i, img in enumerate(out):
+        if isinstance(img, np.ndarray) and img.ndim == 3 and img.shape[2] == 4 and img.dtype == np.uint8:
+            from collapseguard.images import rgba_over_white
+
+            out[i] = rgba_over_white(img)
+    return out
+
+
+def _taking_batches(method):
+    """``method(self, images)`` with ``images`` passed through ``as_batch`` first."""
+    if getattr(method, "_takes_batches", False):
+        return method
+
+    @functools.wraps(method)
+    def wrapper(self, images, *args, **kwargs):
+        return method(self, as_batch(images), *args, **kwargs)
+
+    wrapper._takes_batches = True
+    return wrapper
+
+
 class Detector(ABC):
-    """Base class for all scorers. Subclasses set ``name``, ``version`` and implement ``score``."""
+    """Base class for all scorers. Subclasses set ``name``, ``version`` and implement ``score``.
+
+    Every subclass's ``score`` and ``score_detailed`` receive their images through ``as_batch``
+    (applied when the subclass is defined), so each implementation sees a list of arrays.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("score", "score_detailed"):
+            if name in cls.__dict__ and not getattr(cls.__dict__[name], "__isabstractmethod__", False):
+                setattr(cls, name, _taking_batches(cls.__dict__[name]))
 
     #: the spec this detector was created from, e.g. "nss" or "pyiqa:piqe"
     name: str = ""

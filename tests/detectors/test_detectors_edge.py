@@ -131,3 +131,20 @@ def test_cnn_weights_with_a_broken_config_are_a_detector_error(tmp_path):
     path.write_bytes(len(body).to_bytes(8, "little") + body + raw[8 + n :])
     with pytest.raises(DetectorError, match="cannot load cnn weights"):
         create(f"cnn:{path}")
+
+
+@pytest.mark.parametrize("spec", ["cnn", "nss"])
+def test_one_image_on_its_own_is_refused_and_rgba_arrays_score_as_their_files(spec, photos):
+    det = create(spec)
+    img = photos[0][:96, :128]
+    with pytest.raises(TypeError, match=r"pass \[image\]"):
+        det.score(img)  # iterated, it would be 96 "images" of one row each
+    with pytest.raises(TypeError, match=r"pass \[image\]"):
+        det.score_detailed(img[..., 0])
+    rgba = np.dstack([img, np.linspace(0, 255, img.shape[1], dtype=np.uint8)[None].repeat(img.shape[0], 0)])
+    buf = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buf, format="PNG")
+    from_file = det.score([decode_image(buf.getvalue())])
+    np.testing.assert_allclose(det.score([rgba]), from_file, rtol=1e-5, atol=1e-5)
+    assert det.score([rgba])[0] != pytest.approx(float(det.score([img])[0]), abs=1e-3)  # alpha matters
+    np.testing.assert_allclose(det.score(np.stack([img, img])), det.score([img, img]), rtol=1e-4, atol=1e-4)
