@@ -50,6 +50,16 @@ def threshold_options(verb: str):
     return deco
 
 
+def _check_ancestors(p) -> None:
+    """Raise NotADirectoryError naming the nearest existing ancestor of ``p`` when it is a file
+    (``mkdir`` would say only "File exists")."""
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{parent} is a file, not a folder")
+            return
+
+
 def check_out_file(path, what: str = "--out") -> None:
     """Fail now, with one line, when ``path`` cannot be written as a file (before any long work):
     its folder cannot be made, it is a folder, or opening it for writing fails."""
@@ -59,6 +69,7 @@ def check_out_file(path, what: str = "--out") -> None:
     try:
         if p.is_dir():
             raise IsADirectoryError("it is a folder")
+        _check_ancestors(p)
         p.parent.mkdir(parents=True, exist_ok=True)
         existed = p.exists()
         with open(p, "ab"):
@@ -77,6 +88,7 @@ def check_out_dir(path, what: str = "--out") -> None:
     try:
         if p.exists() and not p.is_dir():
             raise NotADirectoryError("a file of that name exists")
+        _check_ancestors(p)
         p.mkdir(parents=True, exist_ok=True)
         if not os.access(p, os.W_OK):
             raise PermissionError("permission denied")

@@ -130,3 +130,14 @@ def test_score_shows_a_bar_with_total_on_a_terminal_and_none_in_a_log(shard, tmp
     in_log = _stderr_of(argv, tty=False)
     assert "scored 4 row(s)" in in_log and "score:" not in in_log and "%|" not in in_log
     assert "score:" not in _stderr_of(argv + ["-q"], tty=True)
+
+
+def test_an_output_under_a_file_names_the_file(shard, tmp_path):
+    (tmp_path / "afile.jpg").write_bytes(b"x")
+    res = CliRunner().invoke(main, ["score", str(shard), "-o", str(tmp_path / "afile.jpg" / "out.csv"),
+                                    "-d", "nss", "-q"])
+    assert res.exit_code == 1 and f"{tmp_path / 'afile.jpg'} is a file, not a folder" in res.output
+    res = CliRunner().invoke(main, ["filter", str(shard), "-o", str(tmp_path / "afile.jpg" / "a" / "out"),
+                                    "-d", "nss", "-w", "1", "-q"])
+    assert res.exit_code == 1 and "Not a directory" in res.output and "File exists" not in res.output
+    assert (tmp_path / "afile.jpg").read_bytes() == b"x"
