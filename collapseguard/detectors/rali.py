@@ -310,6 +310,8 @@ class RALIDetector(Detector):
         if preprocess not in ("clip", "crop"):
             raise DetectorError(f"preprocess must be 'clip' or 'crop', got {preprocess!r}")
         has_safe = any(best.glob("*.safetensors"))
+        if not has_safe and not (best / "pytorch_model.bin").is_file():
+            raise DetectorError(f"{best}: no CLIP weights (model.safetensors or pytorch_model.bin)")
         if not has_safe and not trust_pickle:
             raise _refuse(best / "pytorch_model.bin", "CLIP weights without safetensors", folder)
 

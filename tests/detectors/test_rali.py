@@ -203,3 +203,12 @@ def test_a_long_strip_is_not_blown_up_before_its_centre_is_taken(rali_dir):
     # at most 4:1 reaches the processor, which would otherwise resize the whole strip to 32 px
     # high first (a 1 x 20000 banner becomes 224 x 4.5 million pixels with a real CLIP)
     assert seen == [(8, 2), (8, 2)]
+
+
+def test_a_best_folder_without_clip_weights_says_so(tmp_path):
+    root, _, _ = make_rali_dir(tmp_path, bin_only=True)
+    (root / "best" / "pytorch_model.bin").unlink()
+    for trust in (False, True):
+        with pytest.raises(DetectorError, match="no CLIP weights") as info:
+            create(f"rali:{root}", trust_pickle=trust)
+        assert "refusing" not in str(info.value)
