@@ -142,9 +142,16 @@ def _worker_run(fn: TaskFn, task, detector: str, kwargs: tuple):
     except WorkerStopped as stop:  # the task has cleaned up; this worker ends, as signalled
         os._exit(128 + stop.args[0])
     except Exception as exc:  # reported per task; the run goes on with the others
-        return None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+        return None, task_error(exc)
     finally:
         _IN_TASK = False
+
+
+def task_error(exc: BaseException) -> str:
+    """How a failed task is recorded: ``Type: message``, plus a short traceback only for an
+    unexpected error (a collapseguard error, such as a damaged shard, is the whole story)."""
+    head = f"{type(exc).__name__}: {exc}"
+    return head if isinstance(exc, CollapseguardError) else f"{head}\n{traceback.format_exc(limit=4)}"
 
 
 class InlineEngine:
@@ -160,7 +167,7 @@ class InlineEngine:
             try:
                 on_done(i, fn(task, det, on_progress), None)
             except Exception as exc:
-                on_done(i, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
+                on_done(i, None, task_error(exc))
 
 
 class EngineError(CollapseguardError, RuntimeError):

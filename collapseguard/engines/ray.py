@@ -16,7 +16,6 @@ so Ray's scheduler spreads them over the cluster without oversubscribing a node.
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Sequence
 
 
@@ -62,10 +61,11 @@ class RayEngine:
                 self.detector = get_detector(detector, kwargs)
 
             def run(self, i, task):
+                from collapseguard.engines.local import task_error
                 try:
                     return i, fn(task, self.detector, None), None
                 except Exception as exc:
-                    return i, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+                    return i, None, task_error(exc)
 
         n = min(self.workers, len(tasks))
         actors = [ShardWorker.remote(self.threads) for _ in range(n)]
