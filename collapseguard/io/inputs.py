@@ -29,6 +29,10 @@ __all__ = ["SHARD_SUFFIXES", "ImageFile", "InputError", "expand_inputs", "expand
            "expand_pattern", "is_shard", "local_name", "unique_inputs"]
 
 
+#: why io.walk skipped something that is read anyway (a loop, a folder reached twice)
+LOSSLESS_SKIPS = ("a link loop", "a link to a folder already read")
+
+
 class InputError(CollapseguardError, ValueError):
     """An input path or pattern does not name anything usable."""
 
@@ -96,8 +100,14 @@ def local_name(path) -> str:
     return name if scheme(name) == "" else os.path.join(os.curdir, name)
 
 
-def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
+def expand_inputs(inputs: Iterable[str],
+                  unread: list[tuple[str, str]] | None = None) -> tuple[list[str], list[ImageFile]]:
     """Shards and image files named by ``inputs``, each in a stable order.
+
+    ``unread`` (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a
+    subfolder that cannot be listed, an entry that cannot be examined, a broken link that is not
+    named like an image or shard (it may have pointed to a folder). A link loop or a second link
+    to a folder already read loses nothing (the folder is read once) and is not listed.
 
     Raises InputError for a path that does not exist or is neither a shard, an image nor a folder.
     """
@@ -114,14 +124,24 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
         for p in paths:
             if os.path.isdir(p):
                 root = Path(p)
+                try:
+                    os.scandir(p).close()
+                except OSError as exc:
+                    raise InputError(f"{p}: cannot list the folder ({exc.strerror or exc})") from None
                 # folder links followed once, loops skipped; file links read (io.walk's rule)
-                for full in walk(root, file_links="anywhere").paths:
+                walked = walk(root, file_links="anywhere")
+                if unread is not None:
+                    unread.extend((os.path.join(p, rel), why) for rel, why in walked.skipped
+                                  if not why.startswith(LOSSLESS_SKIPS))
+                for full in walked.paths:
                     name = full.name
                     if is_shard(name):
                         shards.append(local_name(full))
                     elif is_image_name(name):
                         files.append(ImageFile(local_name(full), valid_text(full.relative_to(root).as_posix()),
                                            valid_text(str(root))))
+                    elif unread is not None and full.is_symlink() and not full.exists():
+                        unread.append((str(full), "a broken link (or a link loop)"))
             elif os.path.isfile(p):
                 if is_shard(p):
                     shards.append(local_name(p))
@@ -129,6 +149,8 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[str], list[ImageFile]]:
                     files.append(ImageFile(local_name(p), valid_text(os.path.basename(p)), valid_text(p)))
                 else:
                     raise InputError(f"{p}: not a shard (.tar, .tar.gz, .tgz) or an image file")
+            elif os.path.exists(p):
+                raise InputError(f"{p}: not a regular file or folder (a FIFO, socket or device)")
             else:
                 raise InputError(f"{p}: no such file or folder")
     return shards, files

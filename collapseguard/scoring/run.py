@@ -82,12 +82,14 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
     return rows
 
 
-def plan_score_tasks(inputs: Sequence[str], select=None) -> list[tuple]:
+def plan_score_tasks(inputs: Sequence[str], select=None,
+                     unread: list[tuple[str, str]] | None = None) -> list[tuple]:
     """One task per shard and per chunk of image files. ``select(source, key, nth=0) -> bool``
-    (optional, picklable for worker processes) limits scoring to the samples it accepts."""
+    (optional, picklable for worker processes) limits scoring to the samples it accepts;
+    ``unread`` receives what the folders hold and cannot be read (``expand_inputs``)."""
     # a file named twice (or under two spellings, or also inside a folder given) is scored once,
     # under its first name: one row per image, no repeated (source, key)
-    shards, files = unique_inputs(*expand_inputs(inputs))
+    shards, files = unique_inputs(*expand_inputs(inputs, unread))
     if not shards and not files:
         raise InputError(f"no image files or .tar shards in {', '.join(map(str, inputs))} (images: "
                          f"{', '.join(IMAGE_EXTENSIONS)}; shards: .tar, .tar.gz, .tgz)")
@@ -116,10 +118,12 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     """Score every image named by ``inputs``; returns (table, errors of tasks that failed).
 
     ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
-    read past without being decoded."""
-    tasks = plan_score_tasks(inputs, select)
+    read past without being decoded. What a folder holds and cannot be read (a subfolder that
+    cannot be listed, a broken link) is among the errors, so nothing goes missing unsaid."""
+    unread: list[tuple[str, str]] = []
+    tasks = plan_score_tasks(inputs, select, unread)
     results: list[list[dict] | None] = [None] * len(tasks)
-    failures: list[str] = []
+    failures: list[str] = [f"{path}: not read: {why}" for path, why in unread]
     bar = progress_bar(_total(tasks) if select is None else None, desc="score", unit="img",
                        quiet=quiet)
 

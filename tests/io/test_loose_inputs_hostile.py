@@ -102,6 +102,37 @@ def test_a_fifo_named_tar_in_a_folder_is_refused_not_waited_on(tmp_path, photos,
     assert "Traceback" not in said  # a refused input is the whole story, not a bug report
 
 
+@pytest.mark.parametrize("command", ["score", "audit"])
+def test_what_a_folder_holds_and_cannot_be_read_is_reported_not_dropped(tmp_path, photos, command):
+    """A broken link to a folder (``family_b`` whose target was moved) is named as not read and the
+    command exits 1; a link loop loses nothing (the folder is read once) and is not an error."""
+    folder = hostile_folder(tmp_path, photos, "fifo")
+    (folder / "bad.png").unlink()
+    (folder / "family_b").symlink_to(tmp_path / "moved_away")
+    (folder / "loop").symlink_to(folder)
+    out = tmp_path / ("s.csv" if command == "score" else "aud")
+    res = run_cli_process([command, folder, "-o", out, "-d", "nss", "-q"], tmp_path)
+    assert res.returncode == 1, res.stderr
+    if command == "score":
+        rows, said = pd.read_csv(out, keep_default_na=False), res.stderr
+    else:
+        rows, said = pd.read_parquet(out / "scores.parquet"), (out / "summary.json").read_text()
+    assert list(rows["key"]) == ["ok.png"]
+    assert "family_b: not read: a broken link" in said
+    assert "loop: not read" not in said
+    (folder / "family_b").unlink()  # only the loop left: a clean run
+    res = run_cli_process([command, folder, "-o", out, "-d", "nss", "-q"], tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_fifo_named_on_the_command_line_is_refused_by_what_it_is(tmp_path, photos):
+    os.mkfifo(tmp_path / "pipe.png")
+    res = run_cli_process(["score", tmp_path / "pipe.png", "-o", tmp_path / "s.csv", "-d", "nss", "-q"],
+                          tmp_path)
+    assert res.returncode != 0
+    assert "pipe.png: not a regular file or folder (a FIFO, socket or device)" in res.stderr
+
+
 def test_a_fifo_given_as_calibration_is_refused(tmp_path, photos):
     make_shard(tmp_path / "s.tar", photos[:1], degraded=False)
     os.mkfifo(tmp_path / "cal.json")
