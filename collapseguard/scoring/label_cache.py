@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.detectors.base import Detector, DetectorError
+from collapseguard.io.atomic import replaced_when_done
 from collapseguard.scoring.records import score_records
 
 CACHE_COLUMNS = ["key", "path", "score", "raw", "status", "detector", "detector_version"]
@@ -107,17 +107,11 @@ def _check_owner(cache: pd.DataFrame, cache_path: Path, name: str, version: str)
 
 def _write_cache(df: pd.DataFrame, cache_path: Path) -> None:
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_path.parent, prefix=cache_path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
+    with replaced_when_done(cache_path) as tmp:
         if cache_path.suffix.lower() == ".csv":
             df.to_csv(tmp, index=False)
         else:
             df.to_parquet(tmp, index=False)
-        os.replace(tmp, cache_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def label_images(

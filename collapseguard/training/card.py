@@ -1,7 +1,9 @@
-"""The model card written next to trained weights (Markdown), from the run's summary dict."""
+"""What a training run writes next to its weights: the summary (``<out>.json``) and the model
+card (``<out>.md``, Markdown), both from the run's summary dict."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -77,3 +79,61 @@ def write_card(summary: dict, path: str | Path) -> Path:
     path = Path(path)
     path.write_text(render_card(summary))
     return path
+
+
+def json_ready(v):
+    """``v`` with every NaN or infinity as None: JSON has no NaN, and a bare ``NaN`` in the summary
+    breaks strict readers (``jq``, JavaScript's ``JSON.parse``). numpy scalars become Python ones."""
+    if isinstance(v, dict):
+        return {k: json_ready(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_ready(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalar
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_summary(summary: dict, path: str | Path) -> Path:
+    """The run's summary as strict JSON (NaN and infinities written as null)."""
+    path = Path(path)
+    path.write_text(json.dumps(json_ready(summary), indent=1, allow_nan=False, default=str))
+    return path
+
+
+def render_distill_card(summary: dict) -> str:
+    """Markdown model card of a distilled student (see ``distill.run_distillation``)."""
+    cfg = summary["config"]
+    rho = summary["heldout_spearman_vs_teacher"]
+    agreement = (f"Spearman correlation with the teacher on the held-out images: {_fmt(rho)}"
+                 if isinstance(rho, float) and math.isfinite(rho) else
+                 "Spearman correlation with the teacher: n/a (fewer than 3 held-out images; label "
+                 "more images to measure it)")
+    return "\n".join([
+        f"# Model card: {summary.get('name', 'cnn')} ({summary['weights_file']}, version {summary['version']})",
+        "",
+        (f"A student distilled from the judge `{summary['teacher']}` (version "
+         f"{summary['teacher_version']}): the crop network learns the teacher's ranking of the "
+         "labelled images (soft percentile targets and the teacher's pairwise order), so it "
+         "scores as the teacher orders images, at the network's speed. It knows no more of "
+         "degradation than the teacher does and only as much of it as the labelled images show."),
+        "",
+        "## Data",
+        (f"- images labelled by the teacher: {summary['n_labelled']} ({summary['n_train']} to train, "
+         f"{summary['n_heldout']} held out by a hash of the file name)"),
+        *([f"- chains mixed in: {', '.join(summary['chain_dirs'])}"] if summary.get("chain_dirs") else []),
+        "",
+        "## Training",
+        (f"- iterations {cfg['iterations']}, crop {cfg['net']['crop_size']} px, "
+         f"{cfg['net']['n_crops']} crops at inference, lr {cfg['lr']}, seed {cfg['seed']}, "
+         f"threads {cfg['threads']}"),
+        f"- {summary['n_parameters']} parameters, {summary['weights_bytes']} bytes",
+        (f"- wall time: labels and data {summary['seconds_labels_and_data']:.0f} s, training "
+         f"{summary['seconds_train']:.0f} s"),
+        "",
+        "## Held-out agreement",
+        "",
+        agreement,
+        "",
+    ])

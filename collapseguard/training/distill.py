@@ -11,7 +11,6 @@ the held-out 20%. Chains can be mixed in (``chain_dirs``) with the usual chain-a
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from scipy.stats import rankdata, spearmanr
 from collapseguard.detectors.base import Detector
 from collapseguard.images import load_image
 from collapseguard.training.bank import CropBank, image_bank
+from collapseguard.training.card import render_distill_card, write_summary
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.negatives import list_images
 from collapseguard.training_data_tools.manifest import source_bucket
@@ -100,8 +100,13 @@ def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: 
     summary = {"name": "cnn", "weights_file": out.name, "version": weights_version(net, net.config.n_crops),
                "teacher": teacher.name, "teacher_version": teacher.version,
                "n_labelled": len(labels), "n_train": len(train_l), "n_heldout": len(test_l),
+               "chain_dirs": [str(c) for c in chain_dirs],
+               "n_parameters": int(sum(p.numel() for p in net.parameters())),
+               "weights_bytes": out.stat().st_size,
                "heldout_spearman_vs_teacher": rho, "config": cfg.to_dict(), "history": history,
                "seconds_labels_and_data": t1 - t0, "seconds_train": time.time() - t1}
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=float))
-    log(f"wrote {out}; held-out Spearman(student, teacher) = {rho:.3f} on {len(test_l)} images")
+    write_summary(summary, out.with_suffix(".json"))
+    out.with_suffix(".md").write_text(render_distill_card(summary))
+    log(f"wrote {out}, {out.with_suffix('.json').name}, {out.with_suffix('.md').name}; held-out "
+        f"Spearman(student, teacher) = {rho:.3f} on {len(test_l)} images")
     return summary

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from collapseguard.training.card import json_ready, write_summary
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import auroc, score_paths
 from collapseguard.training.negatives import list_images, split_clean
@@ -93,10 +94,8 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
         rec["final_loss"] = hist[-1]["loss"] if hist else float("nan")
         rec["seconds"] = round(time.time() - t0, 1)
         rows.append(rec)
-        log(json.dumps(rec))
-        (out_dir / "lofo.json").write_text(json.dumps({"config": cfg.to_dict(), "clean_variants": clean_variants_n,
-                                                        "bank_crops": crops_per_bank_image,
-                                                        "shared_clean": shared_clean,
-                                                        "clean_left_out": left_out, "rows": rows},
-                                                       indent=1))
+        log(json.dumps(json_ready(rec)))
+        write_summary({"config": cfg.to_dict(), "clean_variants": clean_variants_n,
+                       "bank_crops": crops_per_bank_image, "shared_clean": shared_clean,
+                       "clean_left_out": left_out, "rows": rows}, out_dir / "lofo.json")
     return pd.DataFrame(rows)

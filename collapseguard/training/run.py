@@ -8,7 +8,6 @@ detector; write ``<out>.json`` (summary) and ``<out>.md`` (model card) next to t
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from collapseguard.training.bank import (
     image_bank,
     ladder_bank,
 )
-from collapseguard.training.card import write_card
+from collapseguard.training.card import write_card, write_summary
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
     chain_auroc_table,
@@ -321,14 +320,14 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     }
     # the card first without the held-out metrics, so that an evaluation that fails (a held-out
     # image that does not decode) leaves no card of an earlier run beside the new weights
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=float))
+    write_summary(summary, out.with_suffix(".json"))
     write_card(summary, out.with_suffix(".md"))
     if evaluate:
         ev = evaluate_weights(out, test_df, clean_held, seed=cfg.seed, log=log)
         ev.pop("scored")
         summary.update(ev)
         summary["seconds_eval"] = time.time() - t2
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=float))
+    write_summary(summary, out.with_suffix(".json"))
     write_card(summary, out.with_suffix(".md"))
     log(f"wrote {out} ({n_bytes} bytes, version {summary['version']}), {out.with_suffix('.json').name}, "
         f"{out.with_suffix('.md').name}")

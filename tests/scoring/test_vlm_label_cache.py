@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -163,3 +165,27 @@ def test_a_bytes_item_never_gets_a_path_from_the_cache(tmp_path):
     label_images(Counting(), [p], cache)
     df = label_images(Counting(), [p.read_bytes(), {"data": p.read_bytes()}], cache)
     assert list(df["path"]) == ["", ""] and (df["status"] == "ok").all()
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_the_cache_file_gets_the_users_umask_not_owner_only(tmp_path, mask):
+    """The cache is written to a temporary file first (mkstemp: mode 0600) and then moved into
+    place; a team's shared labels must end up with the mode the user's umask gives any file."""
+    old = os.umask(mask)
+    try:
+        label_images(Counting(), _files(tmp_path, 2), tmp_path / "labels.parquet")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "labels.parquet").stat().st_mode) == 0o666 & ~mask
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_failed_cache_write_leaves_the_old_cache_and_no_temporary_file(tmp_path):
+    from collapseguard.io.atomic import replaced_when_done
+
+    dest = tmp_path / "labels.parquet"
+    dest.write_bytes(b"old")
+    with pytest.raises(RuntimeError), replaced_when_done(dest) as tmp:
+        open(tmp, "wb").write(b"half")
+        raise RuntimeError("killed mid-write")
+    assert dest.read_bytes() == b"old" and list(tmp_path.iterdir()) == [dest]

@@ -461,8 +461,12 @@ def test_train_cli_checks_threads_width_net_settings_and_the_card_paths_first(tm
         res = CliRunner().invoke(main, common + bad)
         assert res.exit_code == 2 and "Traceback" not in res.output, (bad, res.output)
         assert bad[0] in res.output
-    res = CliRunner().invoke(main, common + ["--crop-size", "7"])
-    assert res.exit_code == 2 and "crop_size must be >= 8" in res.output and "--device" not in res.output
+    for size in ("7", "5000"):  # 5000 px crops would fill memory in the crop banks
+        res = CliRunner().invoke(main, common + ["--crop-size", size])
+        assert res.exit_code == 2 and "--crop-size" in res.output and "8<=x<=256" in res.output, res.output
+        assert "Traceback" not in res.output and "--device" not in res.output
+    with pytest.raises(ValueError, match="between 8 and 256 pixels"):  # weights claiming it too
+        NetConfig(crop_size=5000)
     (tmp_path / "w.json").mkdir()  # the summary cannot be written: say so before training
     res = CliRunner().invoke(main, common + TINY)
     assert res.exit_code == 1 and "cannot write" in res.output and "w.json" in res.output

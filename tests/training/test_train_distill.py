@@ -60,6 +60,9 @@ def test_student_ranks_held_out_images_like_the_teacher(tmp_path):
     assert summary["n_heldout"] >= 8 and summary["teacher_version"] == "hp1"
     assert summary["heldout_spearman_vs_teacher"] > 0.8
     assert out.with_suffix(".labels.parquet").is_file()  # the teacher's labels are cached
+    card = out.with_suffix(".md").read_text()  # the model card the docs promise beside the weights
+    assert "`test-highpass`" in card and f"{summary['heldout_spearman_vs_teacher']:.3f}" in card
+    assert f"{summary['n_labelled']} ({summary['n_train']} to train" in card
     bad = CliRunner().invoke(main, ["train", "--teacher", "test-highpass", "--out", str(out)])
     assert bad.exit_code != 0 and "go together" in bad.output
 
@@ -73,3 +76,31 @@ def test_the_held_out_split_follows_file_names_not_folders():
     np.testing.assert_array_equal(a, b)
     assert 20 < a.sum() < 60  # about a fifth
     assert not heldout_mask(names, 0.0).any() and heldout_mask(names, 1.0).all()
+
+
+def _refuse(constant):
+    raise ValueError(f"bare {constant} in JSON")
+
+
+def test_too_few_held_out_images_give_null_agreement_not_bare_nan(tmp_path):
+    """Under 3 held-out images there is no Spearman correlation: the summary says null (strict
+    JSON, readable by jq and JSON.parse) and the card says n/a, instead of a bare NaN."""
+    from collapseguard.training.distill import heldout_mask
+
+    register("test-highpass", HighPassTeacher)
+    names = [f"im{i:03d}.png" for i in range(200)]
+    held = heldout_mask(names, 0.2)
+    pick = [n for n, h in zip(names, held) if not h][:7] + [n for n, h in zip(names, held) if h][:1]
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for n in pick:
+        Image.fromarray(rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)).save(folder / n)
+    out = tmp_path / "student.safetensors"
+    res = CliRunner().invoke(main, ["train", "--teacher", "test-highpass", "--images", str(folder),
+                                    "--out", str(out), "--steps", "5", "--threads", "1",
+                                    "--width", "6", "--crop-size", "32"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(out.with_suffix(".json").read_text(), parse_constant=_refuse)
+    assert summary["n_heldout"] == 1 and summary["heldout_spearman_vs_teacher"] is None
+    assert "n/a (fewer than 3 held-out images" in out.with_suffix(".md").read_text()
