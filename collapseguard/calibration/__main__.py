@@ -15,6 +15,7 @@ from collapseguard.calibration.files import (
     CalibrationError,
     load_calibration,
 )
+from collapseguard.io.terminal import printable
 
 
 def show(path) -> str:
@@ -31,7 +32,8 @@ def show(path) -> str:
         lines.insert(-1, top_clean_text(cal))
     for fam, lv in cal.first_step_dropped.items():
         lines.append(f"  {fam}: first step >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
-    return "\n".join(lines)
+    # a calibration file may come from elsewhere: its names are printed with control characters escaped
+    return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
 
 
 def main(argv: list[str]) -> int:

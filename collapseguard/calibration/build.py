@@ -33,6 +33,7 @@ from collapseguard.calibration.bounds import (
 )
 from collapseguard.calibration.files import Calibration, CalibrationError, is_dropped
 from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
+from collapseguard.io.terminal import printable
 from collapseguard.training_data_tools.manifest import source_group, split_by_source
 
 #: drop levels for "first step at which this fraction is dropped"
@@ -182,7 +183,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
 
     With ``per_kind``, the guarantee is for each clean kind (the ``source_kind`` column; clean
     images without one form the kind ``(none)``) rather than for the pooled clean images
-    (``bounds.per_kind_threshold``). Raises NotEnoughCleanSamples (with the number needed) when
+    (``bounds.per_kind_threshold``); a kind with too few scored images, none at all included, is
+    refused by name. Raises NotEnoughCleanSamples (with the number needed) when
     the threshold part has too few clean scores for ``alpha`` at ``confidence``.
     """
     if not 0.0 <= holdout < 1.0:
@@ -190,6 +192,9 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     clean_steps = sorted({int(s) for s in clean_steps})
     t = table.reset_index(drop=True).copy()
     t["clean"] = label_clean(t, target, clean_steps)
+    # every kind of clean image, scored or not: with per_kind, a kind none of whose images could
+    # be scored is refused by name, never left out of the guarantee
+    kinds_named = clean_kinds(t[t["clean"]])
     # NaN = not scored, left out (and counted); +inf is a score, above every threshold: dropping
     # such clean images from the bound would make the guarantee optimistic
     scored = ~np.isnan(t["score"].to_numpy(dtype=np.float64))
@@ -205,7 +210,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     try:
         if per_kind:
             bound, kind_bounds = per_kind_threshold(clean_thr["score"].to_numpy(), clean_kinds(clean_thr),
-                                                    alpha, confidence, required=clean_kinds(t[t["clean"]]))
+                                                    alpha, confidence, required=kinds_named)
         else:
             bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
     except NotEnoughCleanSamples as exc:  # say what the count was taken from, and what to bring
@@ -314,7 +319,8 @@ def breakdown_text(cal: Calibration, steps=(1, 5, 10, 20)) -> str:
 
 
 def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:
-    """A small text table: dropped fraction [CI] per family at the given steps."""
+    """A small text table: dropped fraction [CI] per family at the given steps (family names, from
+    a chains manifest or a calibration file, with control characters escaped)."""
     by = {(r["family"], r["step"]): r for r in cal.drop_curve}
     fams = list(dict.fromkeys(r["family"] for r in cal.drop_curve))
     head = f"{'family':<22}" + "".join(f"{'step ' + str(s):>20}" for s in steps)
@@ -325,5 +331,5 @@ def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:
             r = by.get((fam, s))
             cells.append(f"{'-':>20}" if r is None else
                          f"{r['fraction']:>7.1%} [{r['ci_low']:.0%},{r['ci_high']:.0%}] n={r['n']:<3}".rjust(20))
-        lines.append(f"{fam:<22}" + "".join(cells))
+        lines.append(f"{printable(fam):<22}" + "".join(cells))
     return "\n".join(lines)

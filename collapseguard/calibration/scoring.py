@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.images import is_image_name, storage_label
+from collapseguard.images import IMAGE_EXTENSIONS, is_image_name, storage_label
 from collapseguard.io.inputs import local_name
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import (
@@ -205,13 +205,24 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     """Score every chain image of ``manifest`` and every image under ``clean`` with ``detector``.
 
     A ``clean`` entry is a location or a ``(kind, location)`` pair; the kind goes into the
-    ``source_kind`` column (as a chains manifest's ``kind`` does for its sources).
+    ``source_kind`` column (as a chains manifest's ``kind`` does for its sources). A location
+    holding no image file is refused (ValueError): it would add nothing to the clean images it
+    was named for.
 
     With an ``fr:`` target, also computes each chain image's full-reference similarity to its
     chain's step-0 image (column ``fr``). Rows whose image cannot be decoded keep score NaN.
     """
     kind, measure, _ = parse_target(target)
     bs = int(batch_size or getattr(detector, "batch_size", 16) or 16)
+    items, item_kinds = [], []  # listed first: a location without images is refused before any scoring
+    for loc in clean:
+        clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
+        found = list(iter_clean_images([loc]))
+        if not found:
+            raise ValueError(f"clean location {loc} holds no image file (read: "
+                             f"{', '.join(IMAGE_EXTENSIONS)}, in folders and shards)")
+        items += found
+        item_kinds += [clean_kind] * len(found)
     parts = []
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
@@ -226,12 +237,6 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
         if kind == "fr":
             t["fr"] = full_reference_column(m, measure)
         parts.append(t)
-    items, item_kinds = [], []
-    for loc in clean:
-        clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
-        found = list(iter_clean_images([loc]))
-        items += found
-        item_kinds += [clean_kind] * len(found)
     if items:
         scores, _, header = _score_batches(detector, [r for _, _, r in items], bs, progress)
         parts.append(pd.DataFrame({"source_image": [s for s, _, _ in items], "family": CLEAN_FAMILY,

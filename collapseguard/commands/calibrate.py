@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from collapseguard.commands._common import check_out_file
+from collapseguard.io.terminal import printable
 
 #: ``--clean KIND=LOCATION``: a kind is a short plain name
 _KIND = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63})=(.+)")
@@ -194,7 +195,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         click.echo(f"note: {n_unscored} image(s) could not be scored and were left out", err=True)
     save_calibration(cal, out)
     click.echo(f"wrote {out}")
-    click.echo(cal.describe())
+    click.echo(printable(cal.describe()))  # the detector named by a --from-scores table
     click.echo(f"  bound: k={cal.k} of n={cal.n_clean} clean scores "
                f"({cal.split['n_clean_threshold_sources']} sources); "
                f"{'held-out' if holdout > 0 else 'in-sample (--holdout 0)'} false-drop "
@@ -216,7 +217,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                            f"{alpha:g}: the guarantee is for the pooled clean images; --per-kind "
                            "gives each kind its own", err=True)
     for fam, lv in cal.first_step_dropped.items():
-        click.echo(f"  {fam}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
+        click.echo(f"  {printable(fam)}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
     if not no_plot:
         from collapseguard.calibration.plot import plot_calibration
 

@@ -38,7 +38,7 @@ from collapseguard.filter.pipeline import (
     shard_name,
     shard_stem,
 )
-from collapseguard.io.inputs import expand_pattern, expand_shards
+from collapseguard.io.inputs import expand_inputs, expand_pattern, expand_shards
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
@@ -96,16 +96,30 @@ def _file_identity(name: str):
         return ("path", os.path.realpath(name))
 
 
+def _input_shards(inputs: Sequence[str]) -> list[str]:
+    """The shards ``inputs`` name; FilterError naming what an input folder holds and cannot be
+    read (a broken link to a folder, a subfolder that cannot be listed): the shards there would
+    be in no output and no summary."""
+    unread: list[tuple[str, str]] = []
+    shards, _ = expand_inputs(inputs, unread)
+    if unread:
+        named = "; ".join(f"{path}: {why}" for path, why in unread[:5])
+        more = f" (and {len(unread) - 5} more)" if len(unread) > 5 else ""
+        raise FilterError(f"not read: {named}{more}; the shards there would not be filtered: fix or "
+                          "remove it, or name the shards to filter")
+    return shards if shards else expand_shards(inputs)  # none: expand_shards says why
+
+
 def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
     """Expand inputs to shards, once per file however often or however spelled it was given.
 
-    Refuses two different shards that would write to the same output name, and (given
-    ``out_dir``) a shard lying in ``out_dir``'s kept/ or rejected/ folder, which this run would
-    overwrite with its own output.
+    Refuses what an input folder holds and cannot be read, two different shards that would write
+    to the same output name, and (given ``out_dir``) a shard lying in ``out_dir``'s kept/ or
+    rejected/ folder, which this run would overwrite with its own output.
     """
     shards: list[str] = []
     seen: set = set()
-    for s in expand_shards(inputs):
+    for s in _input_shards(inputs):
         ident = _file_identity(s)
         if ident not in seen:
             seen.add(ident)

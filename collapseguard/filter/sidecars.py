@@ -41,7 +41,8 @@ TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
 class SidecarError(CollapseguardError, ValueError):
-    """A sidecar file cannot be carried (unreadable parquet or stats, no key column)."""
+    """A sidecar file cannot be carried (unreadable parquet or stats, stats JSON nested too deeply,
+    no key column)."""
 
 
 def stem_of(shard: str) -> str:
@@ -92,6 +93,8 @@ def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, 
         stats = json.loads(src.read_text())
     except (OSError, ValueError) as exc:
         raise SidecarError(f"{src}: cannot read the stats file ({exc})") from None
+    except RecursionError:  # data from elsewhere: nested deeper than the parser goes
+        raise SidecarError(f"{src}: cannot read the stats file (JSON nested too deeply)") from None
     if not isinstance(stats, dict):
         raise SidecarError(f"{src}: the stats file is not a JSON object")
     out = dict(stats)

@@ -430,6 +430,33 @@ def test_show_prints_guarantee_and_curve(tmp_path, capsys):
     assert show_main([str(tmp_path / "bad.json")]) == 1
 
 
+def test_family_and_detector_names_are_printed_escaped(tmp_path, capsys):
+    """A chains manifest and a calibration file are data from elsewhere: a family or detector name
+    holding terminal control codes (set the window title, clear the screen) is printed escaped by
+    `calibrate` and by `python -m collapseguard.calibration`, never raw."""
+    from click.testing import CliRunner
+
+    from collapseguard.calibration.__main__ import main as show_main
+    from collapseguard.calibration.scoring import save_scores
+    from collapseguard.cli import main
+
+    evil = "dots\x1b]0;owned\x07\x1b[2J"
+    save_scores(_synthetic_table(n_sources=60, families=("noise", evil)), tmp_path / "s.csv",
+                "synthetic", "v1")
+    res = CliRunner().invoke(main, ["calibrate", "--from-scores", str(tmp_path / "s.csv"), "--no-plot",
+                                    "--max-false-drop", "0.2", "--confidence", "0.8",
+                                    "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "\x07" not in res.output
+    assert "dots\\x1b]0;owned\\x07\\x1b[2J: first step" in res.output
+    cal = load_calibration(tmp_path / "c.json")
+    cal.detector = "synthetic\x1b[2J"
+    assert show_main([str(save_calibration(cal, tmp_path / "e.json"))]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "synthetic\\x1b[2J@v1" in out and "dots\\x1b]0;owned" in out
+
+
 @pytest.mark.parametrize("text,match", [
     ("[" * 100000 + "]" * 100000, "not valid JSON"),  # nesting too deep for the parser
     ('{"detector": "cnn", "detector_version": "v", "threshold": ' + "9" * 5000 + "}", "not valid JSON"),

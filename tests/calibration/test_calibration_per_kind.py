@@ -185,3 +185,25 @@ def test_a_kind_whose_sources_all_went_to_the_holdout_is_not_left_uncovered():
         build_calibration(pd.DataFrame(rows), "nss", "v", alpha=0.3, confidence=0.7, per_kind=True)
     cal = build_calibration(pd.DataFrame(rows), "nss", "v", alpha=0.3, confidence=0.7, holdout=0.0)
     assert cal.per_kind == []  # pooled: no kinds required
+
+
+def test_a_named_kind_without_a_scored_image_is_refused_not_left_out(two_kinds, tmp_path):
+    """--per-kind promises a guarantee for each kind named: a kind whose images could not be
+    scored, or a --clean location holding no image at all (a wrong folder, photos in a format not
+    read), must be refused by name rather than dropped from the guarantee without a word."""
+    (tmp_path / "screens").mkdir()
+    (tmp_path / "screens/a.png").write_bytes(b"not a png")
+    (tmp_path / "screens/b.jpg").write_bytes(b"not a jpeg")
+    (tmp_path / "heic").mkdir()
+    (tmp_path / "heic/IMG_0001.HEIC").write_bytes(b"....ftypheic")
+    base = ["calibrate", "--detector", "nss", "--clean", f"photos={two_kinds / 'photos'}", "--per-kind",
+            "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0", "--no-plot"]
+    res = CliRunner().invoke(main, [*base, "--clean", f"screens={tmp_path / 'screens'}",
+                                    "--out", str(tmp_path / "s.json")])
+    assert res.exit_code == 1 and "'screens' has 0" in res.output, res.output
+    assert not (tmp_path / "s.json").exists()
+    for extra in ([f"phone={tmp_path / 'heic'}", "--per-kind"], [str(tmp_path / "heic")]):
+        args = [a for a in base if a != "--per-kind"] + ["--clean", extra[0], *extra[1:]]
+        res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "h.json")])
+        assert res.exit_code == 1 and "holds no image file" in res.output and "heic" in res.output, res.output
+        assert "Traceback" not in res.output and not (tmp_path / "h.json").exists()

@@ -168,3 +168,19 @@ def test_a_sidecar_linking_outside_the_shard_folder_is_not_copied(shard_set, tmp
                    for p in out.rglob("*") if p.is_file() and p.suffix in (".notes", ".txt"))
     assert (out / "kept" / "00000.notes").read_bytes() == (d / "00000.txt").read_bytes()
     assert not (out / "kept" / "00001.tar").exists()
+
+
+def test_a_stats_file_nested_too_deeply_fails_its_shard_in_one_line_naming_it(shard_set, tmp_path):
+    # a downloaded dataset's stats file is data from elsewhere: JSON nested deeper than the parser
+    # goes must fail its shard with a message naming the file, not a RecursionError traceback
+    d, _, t = shard_set
+    (d / "00001_stats.json").write_text("[" * 100000 + "]" * 100000)
+    res = run_cli(["filter", d, "-o", tmp_path / "out", "-d", "nss", "--threshold", t, "-w", "1"],
+                  expect=1)
+    assert "00001_stats.json" in res.output and "RecursionError" not in res.output
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    failed = [r for r in summary["per_shard"] if r["status"] == "failed"]
+    assert len(failed) == 1 and "00001_stats.json" in failed[0]["error"]
+    assert "Traceback" not in failed[0]["error"]
+    assert (tmp_path / "out/kept/00000_stats.json").is_file()
+    assert not (tmp_path / "out/kept/00001.tar").exists()
