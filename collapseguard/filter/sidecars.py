@@ -36,8 +36,8 @@ from collections import Counter
 from pathlib import Path
 
 from collapseguard.errors import CollapseguardError
+from collapseguard.io.urls import SHARD_SUFFIXES, strip_shard_suffix
 
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
 class SidecarError(CollapseguardError, ValueError):
@@ -46,11 +46,13 @@ class SidecarError(CollapseguardError, ValueError):
 
 
 def stem_of(shard: str) -> str:
-    name = os.path.basename(shard)
-    for suf in (".tar.gz", ".tgz", ".tar"):
-        if name.endswith(suf):
-            return name[: -len(suf)]
-    return name
+    """The shard's file name without its shard suffix, in any letter case (``00000.TAR``'s
+    sidecars are ``00000.parquet`` and ``00000_stats.json``, as the reader takes it for a shard)."""
+    return strip_shard_suffix(os.path.basename(shard))
+
+
+def _is_tar(name: str) -> bool:
+    return name.lower().endswith(SHARD_SUFFIXES)
 
 
 def find_sidecars(shard: str) -> list[Path]:
@@ -65,11 +67,11 @@ def find_sidecars(shard: str) -> list[Path]:
         names = sorted(e.name for e in os.scandir(folder) if e.is_file())
     except OSError:
         return []
-    stems = {stem_of(n) for n in names if n.endswith(TAR_SUFFIXES)}
+    stems = {stem_of(n) for n in names if _is_tar(n)}
     longer = [s for s in stems if s != stem and s.startswith(stem + ".")]
     out = []
     for n in names:
-        if n.endswith(TAR_SUFFIXES) or n.startswith(stem + ".tar") or n.endswith(".tmp"):
+        if _is_tar(n) or n.lower().startswith(stem.lower() + ".tar") or n.endswith(".tmp"):
             continue
         if not (n == f"{stem}_stats.json" or n.startswith(stem + ".")):
             continue

@@ -29,6 +29,12 @@ __all__ = ["SHARD_SUFFIXES", "ImageFile", "InputError", "expand_inputs", "expand
            "expand_pattern", "is_shard", "local_name", "unique_inputs"]
 
 
+#: tars compressed otherwise than with gzip: not taken for shards (their outputs could not be
+#: written in kind), so a folder holding one names it rather than passing over its samples
+OTHER_TAR_SUFFIXES = (".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz", ".tar.zst", ".tzst", ".tar.lz4")
+OTHER_TAR_WHY = ("a tar compressed other than with gzip: shards are .tar, .tar.gz or .tgz "
+                 "(decompress it, or recompress it with gzip)")
+
 #: why io.walk skipped something that is read anyway (a loop, a folder reached twice)
 LOSSLESS_SKIPS = ("a link loop", "a link to a folder already read")
 
@@ -142,11 +148,15 @@ def expand_inputs(inputs: Iterable[str],
                                            valid_text(str(root))))
                     elif unread is not None and full.is_symlink() and not full.exists():
                         unread.append((str(full), "a broken link (or a link loop)"))
+                    elif unread is not None and name.lower().endswith(OTHER_TAR_SUFFIXES):
+                        unread.append((str(full), OTHER_TAR_WHY))
             elif os.path.isfile(p):
                 if is_shard(p):
                     shards.append(local_name(p))
                 elif is_image_name(p):
                     files.append(ImageFile(local_name(p), valid_text(os.path.basename(p)), valid_text(p)))
+                elif p.lower().endswith(OTHER_TAR_SUFFIXES):
+                    raise InputError(f"{p}: {OTHER_TAR_WHY}")
                 else:
                     raise InputError(f"{p}: not a shard (.tar, .tar.gz, .tgz) or an image file")
             elif os.path.exists(p):

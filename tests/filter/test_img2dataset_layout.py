@@ -184,3 +184,20 @@ def test_a_stats_file_nested_too_deeply_fails_its_shard_in_one_line_naming_it(sh
     assert "Traceback" not in failed[0]["error"]
     assert (tmp_path / "out/kept/00000_stats.json").is_file()
     assert not (tmp_path / "out/kept/00001.tar").exists()
+
+
+def test_an_upper_case_shard_suffix_keeps_its_sidecars(shard_set, tmp_path):
+    """``00000.TAR`` is read as a shard whatever the case of its suffix; its ``00000.parquet`` and
+    ``00000_stats.json`` follow its samples as they do for ``00000.tar``."""
+    d, sets, t = shard_set
+    (d / "00000.tar").rename(d / "00000.TAR")
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    _, keys = sets[0]
+    held = {o: list(dict.fromkeys(n.split(".")[0] for n, _ in read_members(out / o / "00000.TAR")))
+            for o in ("kept", "rejected")}
+    assert sorted(held["kept"] + held["rejected"]) == sorted(keys)
+    for o in ("kept", "rejected"):
+        assert pd.read_parquet(out / o / "00000.parquet")["key"].tolist() == held[o]
+        assert json.loads((out / o / "00000_stats.json").read_text())["successes"] == len(held[o])
+        assert not (out / o / "00000.TAR.parquet").exists()

@@ -125,6 +125,30 @@ def test_what_a_folder_holds_and_cannot_be_read_is_reported_not_dropped(tmp_path
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.parametrize("command", ["score", "filter"])
+def test_an_xz_tar_in_a_folder_is_named_not_passed_over(tmp_path, photos, command):
+    """Shards are .tar, .tar.gz and .tgz: an ``.tar.xz`` among them is named as not read (score
+    exits 1 with the rest scored; filter refuses before any work), never silently left out."""
+    import lzma
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    make_shard(folder / "a.tar", photos[:2], degraded=False)
+    make_shard(tmp_path / "b.tar", photos[2:4], degraded=False)
+    (folder / "b.tar.xz").write_bytes(lzma.compress((tmp_path / "b.tar").read_bytes()))
+    out = tmp_path / ("s.csv" if command == "score" else "out")
+    extra = ["--threshold", "99"] if command == "filter" else []
+    res = run_cli_process([command, folder, "-o", out, "-d", "nss", "-q", *extra], tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "b.tar.xz" in res.stderr and "a tar compressed other than with gzip" in res.stderr
+    if command == "score":
+        assert len(pd.read_csv(out)) == 2  # a.tar's samples scored
+    else:
+        assert not (out / "kept").exists()  # refused before any work
+    named = run_cli_process(["score", folder / "b.tar.xz", "-o", tmp_path / "t.csv", "-d", "nss"], tmp_path)
+    assert named.returncode != 0 and "a tar compressed other than with gzip" in named.stderr
+
+
 def test_a_fifo_named_on_the_command_line_is_refused_by_what_it_is(tmp_path, photos):
     os.mkfifo(tmp_path / "pipe.png")
     res = run_cli_process(["score", tmp_path / "pipe.png", "-o", tmp_path / "s.csv", "-d", "nss", "-q"],
