@@ -1,15 +1,16 @@
 """``python -m collapseguard.calibration [FILE ...]``: print what calibration files say.
 
 Without arguments, prints the calibrations shipped in the package. For each: detector and
-version, threshold and guarantee, the held-out false-drop rate, the drop rate at steps
-0, 1, 3, 5, 10, 20 per family (Clopper–Pearson interval) and the first steps with 90 % / 99 % dropped.
+version, threshold and guarantee, the held-out false-drop rate, each clean kind's own threshold
+(a ``--per-kind`` file), the drop rate at steps 0, 1, 3, 5, 10, 20 per family (Clopper–Pearson
+interval) and the first steps with 90 % / 99 % dropped.
 """
 
 from __future__ import annotations
 
 import sys
 
-from collapseguard.calibration.build import curve_table, top_clean_text
+from collapseguard.calibration.build import curve_table, per_kind_text, top_clean_text
 from collapseguard.calibration.files import (
     DEFAULTS_DIR,
     CalibrationError,
@@ -28,6 +29,8 @@ def show(path) -> str:
              f"held-out clean false drops {split.get('heldout_false_drop')} "
              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"),
              curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
+    if cal.per_kind:
+        lines.insert(-1, per_kind_text(cal))
     if cal.top_clean:
         lines.insert(-1, top_clean_text(cal))
     for fam, lv in cal.first_step_dropped.items():

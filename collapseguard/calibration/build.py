@@ -71,6 +71,17 @@ def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
     return "\n".join(lines)
 
 
+def per_kind_text(cal: Calibration) -> str:
+    """Lines giving each clean kind's own threshold (``--per-kind``) and how many of its clean
+    scores the final threshold drops; ``""`` for a pooled calibration."""
+    lines = []
+    for r in cal.per_kind:
+        name = r["kind"] if str(r["kind"]).isprintable() else ascii(r["kind"])
+        lines.append(f"  kind {name}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']}), "
+                     f"{r['dropped_at_threshold']} of its {r['n']} clean scores above the final threshold")
+    return "\n".join(lines)
+
+
 def label_clean(table: pd.DataFrame, target: str = "step", clean_steps=(0,)) -> np.ndarray:
     """Boolean per row: is this image clean under ``target`` (see module docstring)?"""
     kind, _, level = parse_target(target)

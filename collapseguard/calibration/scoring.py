@@ -6,7 +6,8 @@ full-reference similarity of the image to its chain's step-0 image). Also ``stor
 manifest's ``storage`` cell where it has one, else the file header's ``images.storage_label``:
 ``png``, ``jpeg q90 4:2:0``, ``webp``) and ``source_kind`` (the manifest's optional ``kind``
 column, the clean kind of a chain's source; ``""`` for extra clean images and without one), for
-the calibration's per-storage and per-kind tables.
+the calibration's per-storage and per-kind tables, and ``error`` (why an image has no score;
+``""`` for a scored one).
 
 Extra clean images come from folders (searched recursively for image files) or WebDataset tar
 shards (image members only). Files named ``<name>__<anything>.<ext>`` are treated as variants (for
@@ -24,8 +25,14 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.images import IMAGE_EXTENSIONS, is_image_name, storage_label
-from collapseguard.io.inputs import local_name
+from collapseguard.io.inputs import (
+    LOSSLESS_SKIPS,
+    OTHER_TAR_SUFFIXES,
+    OTHER_TAR_WHY,
+    local_name,
+)
 from collapseguard.io.tar import ShardReader
+from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
     is_remote,
     is_shard_name,
@@ -115,40 +122,74 @@ def _no_at(part: str) -> str:
     return part.replace("@", "%40")
 
 
-def iter_clean_images(locations: Iterable[str | Path]) -> Iterator[tuple[str, str, Callable[[], bytes]]]:
+def iter_clean_images(locations: Iterable[str | Path],
+                      unread: list[tuple[str, str]] | None = None) -> Iterator[tuple[str, str, Callable[[], bytes]]]:
     """Yield ``(source_id, path_id, read_bytes)`` for every image in folders and tar shards.
 
     A location may be a folder (recursive; shards inside are read too), a single image file, a
     shard (``.tar``, ``.tar.gz``, ``.tgz``), or a URL naming any of these (``io.urls``). Only regular
-    image members of tars are read.
+    image members of tars are read. ``unread`` (optional) receives ``(path, why)`` for what a
+    folder holds and cannot be read (``_unread``).
     """
     for loc in locations:
-        if is_remote(str(loc)):
-            yield from _iter_url(str(loc))
-            continue
-        loc = Path(loc)
-        if not loc.exists():
-            raise FileNotFoundError(f"clean location does not exist: {loc}")
-        files = [loc] if loc.is_file() else sorted(  # folder links followed once (io.walk)
-            p for p in walk(loc, file_links="anywhere").paths if p.is_file())
-        for f in files:
-            if is_shard_name(f.name):
-                yield from _iter_tar(local_name(f))  # pipe:s.tar in a folder is a file
-            elif is_image_name(f.name):
-                rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
-                parent = str(Path(rel).parent)
-                src = f"{_no_at(loc.name)}/{'' if parent == '.' else _no_at(parent) + '/'}{_variant_source(f.name)}"
-                yield src, str(f), (lambda f=f: read_local_bytes(f))  # regular files only, capped
+        for _, src, path, read in _clean_entries(loc, unread):
+            yield src, path, read
 
 
-def _iter_tar(path: Path | str):
+def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None):
+    """``(identity, source_id, path_id, read_bytes)`` for every image of one location. ``identity``
+    is the same however the image was reached: the file's real path (a shard member: the shard's
+    real path and the member's position), or its URL."""
+    if is_remote(str(loc)):
+        yield from _iter_url(str(loc))
+        return
+    loc = Path(loc)
+    if not loc.exists():
+        raise FileNotFoundError(f"clean location does not exist: {loc}")
+    if loc.is_file():
+        files = [(loc, loc.resolve())]
+    else:  # folder links followed once (io.walk)
+        walked = walk(loc, file_links="anywhere")
+        if unread is not None:
+            unread.extend(_unread(loc, walked))
+        files = sorted((seen, real) for seen, real in walked.files if seen.is_file())
+    for f, real in files:
+        if is_shard_name(f.name):
+            yield from _iter_tar(local_name(f), str(real))  # pipe:s.tar in a folder is a file
+        elif is_image_name(f.name):
+            rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
+            parent = str(Path(rel).parent)
+            src = f"{_no_at(loc.name)}/{'' if parent == '.' else _no_at(parent) + '/'}{_variant_source(f.name)}"
+            yield str(real), src, str(f), (lambda f=f: read_local_bytes(f))  # regular files only, capped
+
+
+def _unread(root: Path, walked) -> list[tuple[str, str]]:
+    """What a walked folder holds and cannot be read, as ``(path, why)``: what ``io.walk`` skipped
+    except a link loop or a folder reached twice (read once, nothing lost), each broken link
+    (to a folder or to an image alike), each image or shard name that is not a regular file
+    (a FIFO, socket or device), and each tar compressed other than with gzip."""
+    out = [(str(root / rel), why) for rel, why in walked.skipped if not why.startswith(LOSSLESS_SKIPS)]
+    for p in walked.paths:
+        if p.is_symlink() and not p.exists():
+            out.append((str(p), "a broken link (or a link loop)"))
+        elif not p.is_file() and (is_image_name(p.name) or is_shard_name(p.name)):
+            out.append((str(p), "not a regular file (a FIFO, socket or device)"))
+        elif p.name.lower().endswith(OTHER_TAR_SUFFIXES):
+            out.append((str(p), OTHER_TAR_WHY))
+    return out
+
+
+def _iter_tar(path: Path | str, identity: str | None = None):
     """Image members of a shard, read once through the filter's reader (member names cleaned)."""
     name = shard_basename(str(path))
+    position = 0
     for sample in ShardReader(str(path)):
         for m in sample.members:
+            position += 1
             if is_image_name(m.name):
                 key = m.name.rsplit(".", 1)[0]
-                yield f"{_no_at(name)}:{_variant_source(key)}", f"{path}:{m.name}", (lambda d=m.data: d)
+                yield ((identity or str(path), position), f"{_no_at(name)}:{_variant_source(key)}",
+                       f"{path}:{m.name}", (lambda d=m.data: d))
 
 
 def _iter_url(url: str):
@@ -163,7 +204,39 @@ def _iter_url(url: str):
         root = posixpath.basename(url_path(f.source).rstrip("/"))
         base = posixpath.basename(f.key)
         src = f"{_no_at(root)}/{_no_at(folder) + '/' if folder else ''}{_variant_source(base)}"
-        yield src, f.path, (lambda p=f.path: read_bytes(p))
+        yield f.path, src, f.path, (lambda p=f.path: read_bytes(p))
+
+
+def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], bytes]]], list[str]]:
+    """The ``(source_id, path_id, read_bytes)`` of every image of the ``clean`` locations (each a
+    location or a ``(kind, location)`` pair), and each one's kind, listed before anything is scored.
+
+    An image reached through two locations (``DIR`` and ``DIR/sub``, one folder named twice, a
+    link to a file of another location) is taken once, under its first name, so that it cannot
+    fall on both sides of the split by source. ValueError naming what a folder holds and cannot
+    be read (``_unread``), and for a location holding no image file: either would leave out of
+    the calibration clean images it was named for.
+    """
+    listed, unread = [], []
+    for loc in clean:
+        clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
+        listed.append((clean_kind, loc, list(_clean_entries(loc, unread))))
+    if unread:
+        named = "; ".join(f"{printable(path)}: {why}" for path, why in unread[:5])
+        more = f" (and {len(unread) - 5} more)" if len(unread) > 5 else ""
+        raise ValueError(f"not read: {named}{more}; the clean images there would be left out of the "
+                         "calibration: fix or remove it, or name the folders to read with --clean")
+    items, kinds, seen = [], [], set()
+    for clean_kind, loc, found in listed:
+        if not found:
+            raise ValueError(f"clean location {printable(loc)} holds no image file (read: "
+                             f"{', '.join(IMAGE_EXTENSIONS)}, in folders and shards)")
+        for identity, *item in found:
+            if identity not in seen:
+                seen.add(identity)
+                items.append(tuple(item))
+                kinds.append(clean_kind)
+    return items, kinds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,18 +244,19 @@ def _iter_url(url: str):
 # ---------------------------------------------------------------------------------------------
 
 def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int, progress=None):
-    """Scores for each reader (NaN when it cannot be read, decoded or scored), the reasons, and
-    each image's storage as its header says (``""`` when unreadable), through the one scoring
-    loop (``scoring.records.score_records``). A detector that raises stops the calibration."""
+    """Scores for each reader (NaN when it cannot be read, decoded or scored), each one's reason
+    (``""`` when scored), and each image's storage as its header says (``""`` when unreadable),
+    through the one scoring loop (``scoring.records.score_records``). A detector that raises stops
+    the calibration."""
     out = np.full(len(readers), np.nan, dtype=np.float64)
-    errors: list[str] = []
+    errors = [""] * len(readers)
     storage = [""] * len(readers)
 
     def members(i):
         try:
             data = readers[i]()
         except OSError as exc:  # unreadable: empty bytes (a decode error), the reason kept
-            errors.append(str(exc))
+            errors[i] = f"cannot read the file: {exc.strerror or exc}"
             return [(f"image {i}", b"")]
         storage[i] = storage_label(data)
         return [(f"image {i}", data)]
@@ -194,7 +268,7 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
         else:
             if res.status == "decode_error":
                 storage[i] = ""
-            errors.append(res.error)
+            errors[i] = errors[i] or res.error.removeprefix(f"image {i}: ")  # one image: no name needed
         if progress is not None and ((i + 1) % batch_size == 0 or i + 1 == len(readers)):
             progress(i + 1, len(readers))
     return out, errors, storage
@@ -205,44 +279,38 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     """Score every chain image of ``manifest`` and every image under ``clean`` with ``detector``.
 
     A ``clean`` entry is a location or a ``(kind, location)`` pair; the kind goes into the
-    ``source_kind`` column (as a chains manifest's ``kind`` does for its sources). A location
-    holding no image file is refused (ValueError): it would add nothing to the clean images it
-    was named for.
+    ``source_kind`` column (as a chains manifest's ``kind`` does for its sources). The clean
+    images are listed first (``clean_items``: each image once; a folder holding what cannot be
+    read, or a location holding no image file, is refused with a ValueError before any scoring).
 
     With an ``fr:`` target, also computes each chain image's full-reference similarity to its
-    chain's step-0 image (column ``fr``). Rows whose image cannot be decoded keep score NaN.
+    chain's step-0 image (column ``fr``). Rows whose image cannot be read, decoded or scored keep
+    score NaN and say why in the ``error`` column (``""`` for a scored image).
     """
     kind, measure, _ = parse_target(target)
     bs = int(batch_size or getattr(detector, "batch_size", 16) or 16)
-    items, item_kinds = [], []  # listed first: a location without images is refused before any scoring
-    for loc in clean:
-        clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
-        found = list(iter_clean_images([loc]))
-        if not found:
-            raise ValueError(f"clean location {loc} holds no image file (read: "
-                             f"{', '.join(IMAGE_EXTENSIONS)}, in folders and shards)")
-        items += found
-        item_kinds += [clean_kind] * len(found)
+    items, item_kinds = clean_items(clean)  # listed, and refused if need be, before any scoring
     parts = []
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
         readers = [(lambda p=p: read_local_bytes(p)) for p in m["path"]]  # regular files only, capped
-        scores, _, header = _score_batches(detector, readers, bs, progress)
+        scores, errors, header = _score_batches(detector, readers, bs, progress)
         given = m["storage"].fillna("").astype(str) if "storage" in m.columns else [""] * len(m)
         t = pd.DataFrame({"source_image": m["source_image"].astype(str), "family": m["family"].astype(str),
                           "step": m["step"].astype(int), "kind": "chain", "path": m["path"].astype(str),
                           "score": scores, "chain_id": m["chain_id"].astype(str),
                           "storage": [g or h for g, h in zip(given, header)],
-                          "source_kind": m["kind"].fillna("").astype(str) if "kind" in m.columns else ""})
+                          "source_kind": m["kind"].fillna("").astype(str) if "kind" in m.columns else "",
+                          "error": errors})
         if kind == "fr":
             t["fr"] = full_reference_column(m, measure)
         parts.append(t)
     if items:
-        scores, _, header = _score_batches(detector, [r for _, _, r in items], bs, progress)
+        scores, errors, header = _score_batches(detector, [r for _, _, r in items], bs, progress)
         parts.append(pd.DataFrame({"source_image": [s for s, _, _ in items], "family": CLEAN_FAMILY,
                                    "step": 0, "kind": "clean", "path": [p for _, p, _ in items],
                                    "score": scores, "chain_id": "", "storage": header,
-                                   "source_kind": item_kinds}))
+                                   "source_kind": item_kinds, "error": errors}))
     if not parts:
         raise ValueError("nothing to score: give chains and/or clean folders")
     table = pd.concat(parts, ignore_index=True)
@@ -287,21 +355,29 @@ def _exact_floats(values) -> np.ndarray:
 
 
 def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: str) -> Path:
-    """Write a scores table as CSV with the detector name and version in every row."""
+    """Write a scores table as CSV with the detector name and version in every row. Text that a
+    spreadsheet would run as a formula (a source id or path under a folder named ``=...``), or
+    that starts with ``'``, gets a leading ``'`` (``evaluation.report.csv_cell``), which
+    ``read_scores`` takes off again."""
+    from collapseguard.evaluation.report import csv_cell
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     t = table.copy()
     t["detector"], t["detector_version"] = detector, version
-    t.to_csv(path, index=False)
+    text = [c for c in t.columns if not pd.api.types.is_numeric_dtype(t[c])]
+    t.assign(**{c: t[c].map(csv_cell) for c in text}).to_csv(path, index=False)
     return path
 
 
 def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
     """Read a scores CSV written by ``save_scores``; returns (table, detector, version)."""
-    t = pd.read_csv(path, dtype={"source_image": str, "family": str, "kind": str, "path": str,
-                                 "chain_id": str, "detector": str, "detector_version": str,
-                                 "score": str, "fr": str, "storage": str, "source_kind": str},
-                    keep_default_na=False)
+    from collapseguard.evaluation.report import csv_uncell
+
+    text = {"source_image": str, "family": str, "kind": str, "path": str, "chain_id": str,
+            "detector": str, "detector_version": str, "storage": str, "source_kind": str, "error": str}
+    t = pd.read_csv(path, dtype={**text, "score": str, "fr": str}, keep_default_na=False)
+    t = t.assign(**{c: t[c].map(csv_uncell) for c in text if c in t.columns})
     missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
     if missing:
         raise ValueError(f"{path}: not a scores table, missing {missing}")

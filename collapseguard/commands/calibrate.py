@@ -82,7 +82,7 @@ def _steps(text: str) -> list[int]:
               help="Reuse a scores CSV (from --scores-out) instead of scoring images again.")
 @click.option("--describe-clean", "describe_clean", multiple=True,
               help="Free text recorded in the file's clean_sources (what the clean images are); repeatable.")
-@click.option("--batch-size", type=int, default=None, help="Images per detector call.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Images per detector call.")
 @click.option("--device", default=None, help="torch device for the detector (e.g. cuda).")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -110,6 +110,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         build_calibration,
         curve_table,
         label_clean,
+        per_kind_text,
         top_clean_text,
     )
     from collapseguard.calibration.files import save_calibration
@@ -192,7 +193,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         raise click.ClickException(str(exc)) from None
     n_unscored = (cal.split or {}).get("n_unscored", 0)
     if n_unscored:
-        click.echo(f"note: {n_unscored} image(s) could not be scored and were left out", err=True)
+        click.echo(f"note: {n_unscored} image(s) could not be scored and were left out: "
+                   f"{_unscored_text(table)}", err=True)
     save_calibration(cal, out)
     click.echo(f"wrote {out}")
     click.echo(printable(cal.describe()))  # the detector named by a --from-scores table
@@ -200,10 +202,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                f"({cal.split['n_clean_threshold_sources']} sources); "
                f"{'held-out' if holdout > 0 else 'in-sample (--holdout 0)'} false-drop "
                f"{cal.split['heldout_false_drop']}")
-    for r in cal.per_kind:
-        name = r["kind"] if str(r["kind"]).isprintable() else ascii(r["kind"])
-        click.echo(f"  kind {name}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']}), "
-                   f"{r['dropped_at_threshold']} of its {r['n']} clean scores above the final threshold")
+    if cal.per_kind:
+        click.echo(per_kind_text(cal))
     click.echo(top_clean_text(cal))
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
     if cal.breakdown:
@@ -224,6 +224,16 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         png = plot_calibration(cal, table.assign(clean=label_clean(table, target, steps)),
                                png_out)
         click.echo(f"plot written to {png}")
+
+
+def _unscored_text(table, shown: int = 5) -> str:
+    """The first ``shown`` images of ``table`` without a score, each with why where the table says
+    (its ``error`` column), escaped for the terminal."""
+    rows = table[table["score"].isna()]
+    errors = rows["error"] if "error" in rows.columns else [""] * len(rows)
+    named = [printable(f"{path} ({error})" if error else str(path))
+             for path, error in zip(rows["path"][:shown], list(errors)[:shown])]
+    return "; ".join(named) + (f" (and {len(rows) - shown} more)" if len(rows) > shown else "")
 
 
 def _same_detector_or_fail(asked: str, name: str, version: str, table) -> None:

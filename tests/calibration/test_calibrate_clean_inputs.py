@@ -1,0 +1,135 @@
+"""What `collapseguard calibrate` reads from `--clean` and what it says about it: folders it cannot
+read whole, overlapping folders, unscored images, the scores table's text cells, `--batch-size`,
+and `python -m collapseguard.calibration` on a `--per-kind` file. Real images, the real `nss`
+detector."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from collapseguard.calibration.__main__ import show
+from collapseguard.calibration.files import load_calibration
+from collapseguard.cli import main
+
+SIZE = 48
+LOOSE = ["--detector", "nss", "--max-false-drop", "0.3", "--confidence", "0.6", "--holdout", "0",
+         "--no-plot", "-q"]
+
+
+def _picture(rng):
+    y, x = np.mgrid[0:SIZE, 0:SIZE] / SIZE
+    img = np.stack([x * rng.uniform(60, 200), y * rng.uniform(60, 200), (x + y) * rng.uniform(30, 100)], -1)
+    return np.clip(img + 20, 0, 255).astype(np.uint8)
+
+
+def _folder(path, n, seed=0, suffix="png"):
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.fromarray(_picture(rng)).save(path / f"p{i}.{suffix}")
+    return path
+
+
+def _calibrate(*args):
+    return CliRunner().invoke(main, ["calibrate", *map(str, args)])
+
+
+def test_a_clean_folder_holding_what_cannot_be_read_is_refused_before_scoring(tmp_path):
+    """A broken link to a folder of clean pictures (moved away) or to an image, a FIFO named like
+    an image and a ``.tar.xz`` are named and nothing is written; a link loop and a second link to a
+    folder already read lose nothing and are no error."""
+    clean = _folder(tmp_path / "clean", 12)
+    (clean / "more").symlink_to(tmp_path / "moved_away", target_is_directory=True)
+    (clean / "gone.png").symlink_to(tmp_path / "gone.png")
+    os.mkfifo(clean / "pipe.png")
+    (clean / "more.tar.xz").write_bytes(b"")
+    out = tmp_path / "cal.json"
+    res = _calibrate("--clean", clean, "--out", out, *LOOSE)
+    assert res.exit_code != 0
+    assert "more: a broken link" in res.output and "gone.png: a broken link" in res.output
+    assert "pipe.png: not a regular file" in res.output
+    assert "more.tar.xz: a tar compressed other than with gzip" in res.output
+    assert not out.exists()
+    for name in ("more", "gone.png", "pipe.png", "more.tar.xz"):
+        (clean / name).unlink()
+    (clean / "loop").symlink_to(clean)
+    (clean / "again").symlink_to(_folder(tmp_path / "other", 3, seed=1))
+    (clean / "again2").symlink_to(tmp_path / "other")
+    res = _calibrate("--clean", clean, "--out", out, "--scores-out", tmp_path / "s.csv", *LOOSE)
+    assert res.exit_code == 0, res.output
+    assert len(pd.read_csv(tmp_path / "s.csv")) == 15
+
+
+def test_overlapping_clean_folders_use_each_image_once_under_its_first_name(tmp_path):
+    """``--clean DIR --clean DIR/sub --clean DIR``: each file is scored once, with the source id of
+    the first location that names it, so it cannot sit on both sides of the split."""
+    clean = _folder(tmp_path / "clean", 10)
+    _folder(clean / "sub", 5, seed=1, suffix="jpg")
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", clean, "--clean", clean / "sub", "--clean", clean,
+                     "--out", tmp_path / "cal.json", "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    assert len(t) == 15 and t["path"].is_unique
+    assert set(t.loc[t["path"].str.endswith(".jpg"), "source_image"]) == {f"clean/sub/p{i}" for i in range(5)}
+    assert load_calibration(tmp_path / "cal.json").n_clean == 15
+
+
+def test_scores_table_cells_that_start_like_formulas_are_inert_and_read_back_exactly(tmp_path, monkeypatch):
+    """A clean folder named ``=HYPERLINK(...)`` gives source ids and paths that a spreadsheet
+    would run; they get a leading ``'`` in --scores-out, and --from-scores reads the values back
+    as they were (same threshold, same split)."""
+    monkeypatch.chdir(tmp_path)
+    _folder(tmp_path / "=HYPERLINK(1)", 12)
+    _folder(tmp_path / "'quoted", 4, seed=2)
+    res = _calibrate("--clean", "./=HYPERLINK(1)", "--clean", "./'quoted", "--out", "a.json",
+                     "--scores-out", "s.csv", *LOOSE)
+    assert res.exit_code == 0, res.output
+    t = pd.read_csv("s.csv", dtype=str, keep_default_na=False)
+    for col in t.columns:
+        assert not t[col].str.startswith(("=", "+", "-", "@", "\t", "\r")).any(), col
+    assert t["source_image"].str.startswith("'=HYPERLINK(1)/").sum() == 12
+    assert t["source_image"].str.startswith("''quoted/").sum() == 4
+    res = _calibrate("--from-scores", "s.csv", "--out", "b.json", *LOOSE)
+    assert res.exit_code == 0, res.output
+    a, b = load_calibration("a.json"), load_calibration("b.json")
+    assert (a.threshold, a.k, a.n_clean) == (b.threshold, b.k, b.n_clean)
+    assert [r["source_image"] for r in a.top_clean] == [r["source_image"] for r in b.top_clean]
+    assert a.top_clean[0]["path"].startswith(("=HYPERLINK(1)/", "'quoted/"))
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_batch_size_must_be_positive(tmp_path, size):
+    clean = _folder(tmp_path / "clean", 3)
+    res = _calibrate("--clean", clean, "--batch-size", size, "--out", tmp_path / "cal.json", *LOOSE)
+    assert res.exit_code == 2 and "--batch-size" in res.output
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_the_unscored_images_are_named_with_their_errors(tmp_path):
+    """Images that cannot be decoded are left out and named (escaped), with why, not only counted."""
+    clean = _folder(tmp_path / "clean", 12)
+    (clean / "broken\x1b[31m.png").write_bytes(b"not an image")
+    (clean / "empty.jpg").write_bytes(b"")
+    res = _calibrate("--clean", clean, "--out", tmp_path / "cal.json", *LOOSE)
+    assert res.exit_code == 0, res.output
+    line = next(s for s in res.output.splitlines() if "could not be scored" in s)
+    assert line.startswith("note: 2 image(s) could not be scored and were left out")
+    said = res.output[res.output.index(line):]
+    assert "broken\\x1b[31m.png" in said and "\x1b" not in said
+    assert "empty.jpg" in said
+
+
+def test_python_m_calibration_prints_the_per_kind_rows(tmp_path):
+    a = _folder(tmp_path / "a", 12)
+    b = _folder(tmp_path / "b", 12, seed=3, suffix="jpg")
+    out = tmp_path / "cal.json"
+    res = _calibrate("--clean", f"photos={a}", "--clean", f"shots={b}", "--per-kind", "--out", out, *LOOSE)
+    assert res.exit_code == 0, res.output
+    text = show(out)
+    for r in load_calibration(out).per_kind:
+        assert f"kind {r['kind']}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']})" in text
