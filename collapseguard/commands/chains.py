@@ -18,6 +18,20 @@ def _int_list(text: str | None) -> list[int] | None:
         raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _check_no_manifest(out_dir) -> None:
+    """Refuse an --out that already holds a chains manifest: the manifest written would replace
+    it, and the chains it lists would be read by no command any more (their images left behind)."""
+    from pathlib import Path
+
+    from collapseguard.training_data_tools.manifest import MANIFEST_NAME
+
+    held = [n for n in (MANIFEST_NAME, "manifest.parquet") if (Path(out_dir) / n).exists()]
+    if held:
+        raise click.ClickException(
+            f"--out {out_dir} already holds {held[0]}: writing chains there would replace it and "
+            "drop the chains it lists; give another --out, or remove the folder to start afresh")
+
+
 @click.group()
 def chains():
     """Replication chains: list real ones, make simulated ones, export, view."""
@@ -67,7 +81,8 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
               help="Steps to write (step 0, the source, is always written).")
 @click.option("--repeats", default=1, show_default=True, type=int,
               help="Chains per (source, family), each with freshly drawn parameters.")
-@click.option("--out", "-o", "out_dir", required=True, type=click.Path(), help="Output folder.")
+@click.option("--out", "-o", "out_dir", required=True, type=click.Path(),
+              help="Output folder (one that holds no manifest yet).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workers", "-w", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
 @click.option("--max-sources", default=None, type=click.IntRange(min=1), help="Use at most this many sources.")
@@ -84,6 +99,7 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
     check_out_dir(out_dir)
+    _check_no_manifest(out_dir)
     beyond = [k for k in _int_list(keep) or [] if k > steps]
     if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
         click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
@@ -103,7 +119,8 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
 
 @chains.command("store")
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--out", "-o", "out_dir", required=True, type=click.Path(), help="Output folder.")
+@click.option("--out", "-o", "out_dir", required=True, type=click.Path(),
+              help="Output folder (one that holds no manifest yet).")
 @click.option("--storages", default="png,jpeg:90:420,jpeg:75:420,webp:80", show_default=True,
               help="Comma-separated: png | jpeg:Q[:420|422|444] | webp:Q | webp:lossless (Q 1-100).")
 @click.option("--workers", "-w", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
@@ -118,6 +135,7 @@ def store_cmd(path, out_dir, storages, workers):
         sts = parse_storages(storages)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--storages") from None
+    _check_no_manifest(out_dir)
     try:
         df = store_chains(read_manifest(path), sts, out_dir, workers=workers)
     except (ValueError, OSError) as e:

@@ -47,7 +47,7 @@ def _name_list(ctx, param, value):
 @click.option("--base-step", default=1, show_default=True, type=click.IntRange(min=0),
               help="Reference step of the gap (the study uses step 1).")
 @click.option("--auroc-steps", default="2,3,5,10,20", show_default=True, callback=_int_list,
-              help="Steps k for AUROC of clean (--clean-steps) vs step k.")
+              help="Steps k for AUROC of clean (--clean-steps) vs step k; none may be a clean step.")
 @click.option("--clean-steps", default="0,1", show_default=True, callback=_int_list,
               help="Steps counted as clean for AUROC (0 alone: originals vs step k).")
 @click.option("--scale", "scale_method", type=click.Choice(["std", "iqr"]), default="std",
@@ -91,6 +91,11 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     if base_step in steps:  # Δ at the base step is 0 by definition: every chain would fail
         raise click.BadParameter(f"--steps must not include the base step {base_step}",
                                  param_hint="--steps")
+    both = sorted(set(auroc_steps) & set(clean_steps))
+    if both:  # an image on both sides of the AUROC: its column would mean nothing
+        raise click.BadParameter(f"step(s) {','.join(map(str, both))} also in --clean-steps "
+                                 f"{','.join(map(str, clean_steps))}; give --auroc-steps without them",
+                                 param_hint="--auroc-steps")
     kw = {"scale_method": scale_method, "delta_steps": steps, "base_step": base_step,
           "auroc_steps": auroc_steps, "clean_steps": clean_steps}
     if calibration not in ("default", "none") and len(detectors) > 1 and not from_scores:
@@ -111,7 +116,7 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
         finally:
             progress.close()
     paths = report.write_outputs(ev, out, plot=not no_plot)
-    speed = {t.detector: t.images_per_s for t in ev.timings}
+    speed = {t.detector: t.images_per_s for t in ev.timings if t.images}
     for _, r in ev.failures.iterrows():
         rate = f", {speed[r['detector']]:.1f} images/s" if r["detector"] in speed else ""
         click.echo(f"{r['detector']}: failed {r['failed']} of {r['evaluated']} chains "

@@ -100,6 +100,15 @@ def _plain(text) -> str:
     return str(text).replace("$", "\\$")
 
 
+def _legend_lines(axes) -> dict:
+    """label -> line over every panel (a detector may have finite scores in some families only)."""
+    lines: dict = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            lines.setdefault(label, handle)
+    return lines
+
+
 def plot_mean_score_vs_step(scores: pd.DataFrame, path: str | Path) -> Path:
     """One panel per family: mean z-scored score against step, one line per detector."""
     import matplotlib
@@ -128,12 +137,16 @@ def plot_mean_score_vs_step(scores: pd.DataFrame, path: str | Path) -> Path:
             ax.set_xscale("symlog", linthresh=1)
         ax.set_xticks(steps, [str(v) for v in steps])
         ax.minorticks_off()
+        if not ax.lines:  # every image of the family failed to decode or to score
+            ax.text(0.5, 0.5, "no finite score", ha="center", va="center", transform=ax.transAxes)
     for ax in list(axes.flat)[len(families):]:
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("mean score (z, per detector)")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), frameon=False)
+    lines = _legend_lines(axes.flat)
+    if lines:
+        fig.legend(list(lines.values()), list(lines), loc="upper center", ncol=min(len(lines), 6),
+                   frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -53,8 +53,10 @@ class Timing:
         return self.images / self.seconds if self.seconds > 0 else float("nan")
 
     def as_dict(self) -> dict:
+        """For JSON: ``images_per_s`` is None when no image was scored."""
+        rate = self.images_per_s
         return {"detector": self.detector, "version": self.version, "images": self.images,
-                "seconds": self.seconds, "images_per_s": self.images_per_s}
+                "seconds": self.seconds, "images_per_s": rate if np.isfinite(rate) else None}
 
 
 def _score_checked(det: Detector, images: Sequence[np.ndarray]) -> np.ndarray:

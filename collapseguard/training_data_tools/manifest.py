@@ -111,14 +111,15 @@ def bad_steps(step: pd.Series) -> tuple[pd.Series, pd.Series]:
 
 
 def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str = "manifest") -> None:
-    """Raise ManifestError unless: required columns exist, steps are non-negative integers, every
-    chain has a step 0, no (chain, step) repeats, one source/family/task per chain, files exist."""
+    """Raise ManifestError unless: required columns exist, no chain_id, source_image, family,
+    task or path cell is empty, steps are non-negative integers, every chain has a step 0, no
+    (chain, step) repeats, one source/family/task per chain, files exist."""
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise ManifestError(f"{where}: missing column(s) {missing}; have {list(df.columns)}")
     if len(df) == 0:
         raise ManifestError(f"{where}: no rows")
-    for col in ("chain_id", "source_image", "path"):
+    for col in ("chain_id", "source_image", "family", "task", "path"):
         if df[col].isna().any():
             raise ManifestError(f"{where}: empty {col} in row(s) {list(df.index[df[col].isna()][:5])}")
     steps, bad = bad_steps(df["step"])

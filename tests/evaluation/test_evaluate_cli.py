@@ -322,3 +322,34 @@ def test_steps_given_twice_or_including_the_base_step_are_refused(chains, tmp_pa
                                         str(tmp_path / "b"), "--steps", steps, "--base-step", base])
         assert res.exit_code == 2 and why in res.output, (steps, res.output)
         assert "Traceback" not in res.output and not (tmp_path / "b").exists()
+
+
+def test_chains_whose_images_all_fail_to_decode_are_reported_not_a_traceback(tmp_path):
+    chains = _make_chains(tmp_path / "c", n_sources=2, families=("grain",))
+    for p in chains.rglob("*.png"):  # as a clone without git-lfs leaves them: pointer text files
+        p.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1234\n")
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors",
+                                    "evaltest-track", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output  # was a ValueError from the plot, then from summary.json
+    assert "failed 2 of 2 chains" in res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["failures"][0]["fail_nan"] == 2
+    assert s["speed"]["detectors"][0]["images"] == 0
+    assert s["speed"]["detectors"][0]["images_per_s"] is None
+    assert (out / "mean_score_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_auroc_steps_that_are_also_clean_steps_are_refused(chains, tmp_path):
+    first = tmp_path / "a"
+    assert CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track",
+                                     "--out", str(first), "--no-plot", "-q"]).exit_code == 0
+    for clean, auroc in (("0,1,2", "2,3,5,10,20"), ("0,1", "1,5")):
+        res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--out",
+                                        str(tmp_path / "b"), "--clean-steps", clean, "--auroc-steps", auroc])
+        # an image on both sides of the AUROC: step 2 against 0,1,2 read as 0.5-ish, not refused
+        assert res.exit_code == 2 and "--clean-steps" in res.output, (clean, res.output)
+        assert "Traceback" not in res.output and not (tmp_path / "b").exists()
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--out",
+                                    str(tmp_path / "c"), "--clean-steps", "0,1,2", "--auroc-steps", "3,5"])
+    assert res.exit_code == 0, res.output

@@ -181,3 +181,20 @@ def test_export_keeps_chains_with_non_ascii_names_apart(tmp_path):
     assert len(keys) == 4 and all(k.isascii() and "." not in k and "/" not in k for k in keys)
     assert sorted(m["chain_id"] for m in metas) == ["flux2/犬", "flux2/犬", "flux2/猫", "flux2/猫"]
     assert sample_key("cat/flux2", 3) == "cat_flux2__s0003"  # plain ids keep their keys
+
+
+def test_make_and_store_refuse_an_out_that_already_holds_a_manifest(tmp_path):
+    out = tmp_path / "chains"
+    args = ["chains", "make", "--sources", "art:1:64-64", "--steps", "1", "--keep", "0,1", "--out",
+            str(out), "--workers", "1", "--no-progress"]
+    assert CliRunner().invoke(main, [*args, "--families", "codec"]).exit_code == 0
+    before = (out / "manifest.csv").read_bytes()
+    # a second run wrote its own manifest over the first: the codec chains dropped out of every
+    # command that reads the folder, their images left behind, without a word
+    res = CliRunner().invoke(main, [*args, "--families", "noise_tint"])
+    assert res.exit_code == 1 and "already holds" in res.output, res.output
+    assert (out / "manifest.csv").read_bytes() == before and not (out / "noise_tint").exists()
+    res = CliRunner().invoke(main, ["chains", "store", str(out), "--out", str(out), "--workers", "1"])
+    assert res.exit_code == 1 and "already holds" in res.output, res.output
+    assert (out / "manifest.csv").read_bytes() == before and not (out / "png").exists()
+    assert load_chains(out)["family"].unique().tolist() == ["codec"]

@@ -328,3 +328,27 @@ def test_manifest_with_an_empty_path_cell_is_a_manifest_error(tmp_path):
         "chain_id,source_image,family,task,step,path\nc,s,f,t,0,a.png\nc,s,f,t,1,\n")
     with pytest.raises(ManifestError, match="empty path"):
         load_chains(tmp_path)
+
+
+@pytest.mark.parametrize("column", ["family", "task"])
+def test_manifest_with_an_empty_family_or_task_cell_is_a_manifest_error(tmp_path, column):
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+
+    for c, v in (("a", 10), ("b", 200)):
+        for s in range(2):
+            _img(tmp_path / c / f"{s}.png", v + s)
+    cells = {"family": "f", "task": "t"}
+    lines = ["chain_id,source_image,family,task,step,path"]
+    for c in ("a", "b"):
+        row = dict(cells, **({column: ""} if c == "b" else {}))
+        lines += [f"{c},{c},{row['family']},{row['task']},{s},{c}/{s}.png" for s in range(2)]
+    (tmp_path / "manifest.csv").write_text("\n".join(lines) + "\n")
+    # chain b was left out of `chains ls`'s family or task counts (and, without a family, out of
+    # `chains sheet`; `evaluate` ended in a TypeError traceback sorting a NaN among family names)
+    with pytest.raises(ManifestError, match=f"empty {column}"):
+        load_chains(tmp_path)
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(tmp_path), "--detectors", "nss",
+                                    "--out", str(tmp_path / "eval"), "-q"])
+    assert res.exit_code == 1 and f"empty {column}" in res.output, res.output
