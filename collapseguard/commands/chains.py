@@ -7,6 +7,7 @@ import os
 import click
 
 from collapseguard.commands._common import check_out_dir, check_out_file
+from collapseguard.io.terminal import printable
 
 
 def _int_list(text: str | None) -> list[int] | None:
@@ -57,7 +58,8 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
     from collapseguard.training_data_tools.manifest import write_manifest
 
     d = discover_chains(path, extract_dir=extract_dir, one_based=one_based)
-    click.echo(d.summary())
+    # folder, file and family names come from the data: control characters printed escaped
+    click.echo("\n".join(printable(line) for line in d.summary().split("\n")))
     if manifest_out:
         from pathlib import Path
         root = Path(manifest_out).resolve().parent
@@ -76,7 +78,7 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
               help="Comma-separated: bundled | art:N[:MIN-MAX][:dither=SIGMA|vary] | folder:PATH | views:PATH[:SIDE] | shards:GLOB | a folder | a .tar.")
 @click.option("--families", default=None,
               help="Comma-separated replicator families (default: all; see `chains families`).")
-@click.option("--steps", default=100, show_default=True, type=int, help="Steps per chain.")
+@click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1), help="Steps per chain.")
 @click.option("--keep", default="0,1,2,3,5,10,20,30,50,100", show_default=True,
               help="Steps to write (step 0, the source, is always written).")
 @click.option("--repeats", default=1, show_default=True, type=int,
@@ -100,6 +102,10 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
     check_out_dir(out_dir)
     _check_no_manifest(out_dir)
+    negative = [k for k in _int_list(keep) or [] if k < 0]
+    if negative:
+        raise click.BadParameter(f"steps are counted from 0: {','.join(map(str, negative))}",
+                                 param_hint="--keep")
     beyond = [k for k in _int_list(keep) or [] if k > steps]
     if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
         click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
@@ -179,7 +185,7 @@ def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
 @chains.command("sheet")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--out", "-o", required=True, type=click.Path(), help="Output PNG.")
-@click.option("--crop", default=160, show_default=True, type=click.IntRange(8, 4096),
+@click.option("--crop", default=160, show_default=True, type=click.IntRange(16, 4096),
               help="Crop side in pixels (native resolution).")
 @click.option("--steps", default=None, help="Comma-separated steps to show (default: all kept).")
 @click.option("--max-chains", default=16, show_default=True, type=click.IntRange(min=1),

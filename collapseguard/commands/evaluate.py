@@ -161,7 +161,8 @@ def _from_scores(path, calibration: str = "none", **kw):
     from collapseguard.evaluation.report import csv_uncell
 
     try:
-        df = pd.read_csv(path, dtype={"chain_id": str, "family": str, "detector": str, "error": str})
+        df = pd.read_csv(path, dtype={"chain_id": str, "family": str, "detector": str, "detector_version": str,
+                                     "version": str, "error": str})
         for c in [c for c in df.columns if pd.api.types.is_string_dtype(df[c])]:
             quoted = df[c].str.startswith("'", na=False)  # report.csv_cell's leading '
             df.loc[quoted, c] = df.loc[quoted, c].map(csv_uncell)

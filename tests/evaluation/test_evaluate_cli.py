@@ -236,6 +236,21 @@ def test_tables_recomputed_from_scores_file(chains, tmp_path):
     assert res.exit_code != 0 and "not a scores.csv" in res.output
 
 
+def test_a_numeric_looking_detector_version_is_read_back_as_written(chains, tmp_path):
+    """A version such as ``0123`` or ``1e5`` is text: read back from scores.csv it must not become
+    the number 123 or 100000.0 (the calibration lookup goes by the version's exact text)."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track",
+                                     "--no-plot", "-q", "--out", str(first)]).exit_code == 0
+    scores = pd.read_csv(first / "scores.csv", dtype=str)
+    scores["version"] = "0123"
+    scores.to_csv(first / "scores.csv", index=False)
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"),
+                                    "--out", str(second), "--no-plot"])
+    assert res.exit_code in (0, 1), res.output
+    assert set(pd.read_csv(second / "scores.csv", dtype=str)["version"]) == {"0123"}
+
+
 @pytest.fixture(scope="module")
 def odd_chains(tmp_path_factory):
     """The tiny chains under family and chain names a folder can have: a formula, a pipe, a line

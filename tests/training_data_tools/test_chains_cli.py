@@ -198,3 +198,29 @@ def test_make_and_store_refuse_an_out_that_already_holds_a_manifest(tmp_path):
     assert res.exit_code == 1 and "already holds" in res.output, res.output
     assert (out / "manifest.csv").read_bytes() == before and not (out / "png").exists()
     assert load_chains(out)["family"].unique().tolist() == ["codec"]
+
+
+def test_make_refuses_a_negative_keep_step_and_zero_steps_and_sheet_a_crop_it_cannot_draw(tmp_path):
+    """``--keep -1,2`` used to drop -1 without a word, ``--steps 0`` wrote one-image "chains", and
+    ``chains sheet --crop 8`` passed the option's range and then failed inside."""
+    base = ["chains", "make", "--sources", "art:1:64-64", "--families", "codec", "-o", str(tmp_path / "c")]
+    res = CliRunner().invoke(main, [*base, "--keep", "-1,2", "--steps", "3"])
+    assert res.exit_code == 2 and "--keep" in res.output and "-1" in res.output
+    res = CliRunner().invoke(main, [*base, "--steps", "0"])
+    assert res.exit_code == 2 and "--steps" in res.output
+    assert not (tmp_path / "c" / "manifest.csv").exists()
+    res = CliRunner().invoke(main, ["chains", "sheet", str(tmp_path), "--crop", "8", "-o", str(tmp_path / "s.png")])
+    assert res.exit_code == 2 and "--crop" in res.output and "16<=x<=4096" in res.output
+
+
+def test_ls_prints_names_from_the_data_with_control_characters_escaped(tmp_path):
+    """A family folder named with a terminal escape (one that sets the window title) is shown
+    escaped, as every other command shows names from the data."""
+    fam = tmp_path / "grain\x1b]0;owned\x07"
+    (fam / "c1").mkdir(parents=True)
+    for s in range(2):
+        Image.new("RGB", (8, 8)).save(fam / "c1" / f"step_{s}.png")
+    res = CliRunner().invoke(main, ["chains", "ls", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "\x07" not in res.output
+    assert "grain\\x1b]0;owned\\x07" in res.output
