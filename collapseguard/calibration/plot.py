@@ -10,6 +10,12 @@ import pandas as pd
 from collapseguard.calibration.files import Calibration
 
 
+def curve_title(cal: Calibration) -> str:
+    """The drop curve's title: measured on held-out sources, or in-sample with ``--holdout 0``."""
+    held_out = (cal.split or {}).get("holdout", 1) > 0
+    return f"{cal.detector}: drop curve " + ("(holdout sources)" if held_out else "(in-sample: --holdout 0)")
+
+
 def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | Path) -> Path:
     """Write a PNG: left, fraction dropped vs step per family (Clopper–Pearson band); right, score
     histograms of clean and degraded images (``table`` with a boolean ``clean`` column, or
@@ -40,7 +46,7 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
     ax1.set_xlabel("replication step (0 drawn at 0.5)")
     ax1.set_ylabel("fraction dropped")
     ax1.set_ylim(-0.02, 1.02)
-    ax1.set_title(f"{cal.detector}: drop curve (holdout sources)")
+    ax1.set_title(curve_title(cal))
     if ax1.get_legend_handles_labels()[0]:  # no chain family in the holdout: nothing to label
         ax1.legend(fontsize=7, loc="upper left")
     else:

@@ -57,7 +57,7 @@ def count_samples(shard: str) -> int | None:
     from collapseguard.errors import CollapseguardError
     from collapseguard.io.tar import CappedTarInfo, member_key, open_regular_file
     from collapseguard.io.urls import is_remote
-    if is_remote(shard) or not str(shard).endswith(".tar"):
+    if is_remote(shard) or not str(shard).lower().endswith(".tar"):
         return None
     n, last = 0, None
     try:

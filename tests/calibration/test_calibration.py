@@ -518,3 +518,12 @@ def test_views_of_one_picture_count_as_one_source():
     pictures = cal.split["n_clean_threshold_sources"]
     assert cal.n_clean == 2 * pictures
     assert any("not independent" in n for n in cal.notes)
+
+
+def test_the_drop_curve_title_says_in_sample_when_nothing_was_held_out():
+    from collapseguard.calibration.plot import curve_title
+
+    table = _synthetic_table(n_extra=200)
+    assert curve_title(build_calibration(table, "synthetic", "v1", holdout=0.3)).endswith("(holdout sources)")
+    assert curve_title(build_calibration(table, "synthetic", "v1", holdout=0.0)).endswith(
+        "(in-sample: --holdout 0)")

@@ -136,3 +136,14 @@ def test_a_wrong_number_of_scores_is_a_detector_error(photos, tmp_path):
         list(score_records(imgs, WrongCount(), members_of=lambda im: [("x.png", im)]))
     with pytest.raises(DetectorError, match="returned 2 scores"):
         label_images(WrongCount(), [encode_png(imgs[0])], tmp_path / "l.parquet")
+
+
+def test_the_progress_count_reads_an_upper_case_tar_as_it_reads_a_lower_case_one(tmp_path, photos):
+    """``00000.TAR`` is a shard to every reader: the progress bar counts its samples too."""
+    from cg_testutil import make_shard
+
+    from collapseguard.scoring.progress import count_samples
+
+    make_shard(tmp_path / "a.tar", photos[:3], degraded=False)
+    (tmp_path / "b.TAR").write_bytes((tmp_path / "a.tar").read_bytes())
+    assert count_samples(str(tmp_path / "a.tar")) == count_samples(str(tmp_path / "b.TAR")) == 3
