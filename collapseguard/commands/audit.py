@@ -47,13 +47,9 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
     failed."""
     from collapseguard.audit.run import AuditOptions, format_summary, run_audit
 
-    names = _names(compare)
-    repeated = sorted({n for n in names if n == detector or names.count(n) > 1})
-    if repeated:  # the report would show one detector against itself: say so instead of dropping it
-        raise click.UsageError(f"--compare names {', '.join(repeated)} twice or as the main --detector; "
-                               "compare other detectors", ctx=None)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)
+    names = _names(compare)
     options = AuditOptions(detector=detector, threshold=threshold, calibration=calibration,
                            compare=names,
                            compare_kwargs={n: detector_kwargs(n, trust_pickle) for n in names},

@@ -640,16 +640,3 @@ def test_a_sampled_estimate_never_contradicts_the_sample():
     every = stats.dataset_estimate(stats.flag_counts(np.full(20, 5.0), threshold=1.0), 42)
     assert every["high"] == 42 and every["low"] >= 20
 
-
-def test_compare_naming_the_main_detector_or_one_twice_is_refused(tmp_path):
-    """``--compare nss`` beside ``-d nss`` would compare a detector with itself; it is refused by
-    name before any scoring, not dropped without a word."""
-    from click.testing import CliRunner
-
-    from collapseguard.cli import main
-
-    for compare in ("nss", "test-laplace,test-laplace"):
-        res = CliRunner().invoke(main, ["audit", str(tmp_path), "-o", str(tmp_path / "out"), "-d", "nss",
-                                        "--compare", compare, "-q"])
-        assert res.exit_code == 2 and "--compare names" in res.output, res.output
-        assert not (tmp_path / "out").exists()
