@@ -65,7 +65,8 @@ def _name_list(ctx, param, value):
               help="Thresholds for the drop tables (clean images dropped per kind and storage, step-k "
                    "images dropped per storage and family): 'default' = each detector's shipped "
                    "calibration where one exists for its version, a calibration JSON (for a single "
-                   "detector), or 'none'.")
+                   "detector; with --from-scores, for the detector of the file it was made for), "
+                   "or 'none'.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, clean_steps, scale_method,
@@ -188,7 +189,17 @@ def _thresholds_of_scores(df, calibration: str) -> dict:
     """Thresholds for the detectors of a scores file (``detector`` and ``version`` columns)."""
     if calibration == "none" or "version" not in df.columns:
         return {}
-    pairs = df[["detector", "version"]].drop_duplicates().astype(str).itertuples(index=False)
+    pairs = list(df[["detector", "version"]].drop_duplicates().astype(str).itertuples(index=False))
+    if calibration != "default" and len(pairs) > 1:
+        # a calibration file is for one detector: it gives that detector of the file its
+        # threshold and leaves the others without one; matching none, the first one's mismatch
+        # says why
+        from collapseguard.calibration.files import CalibrationError, load_calibration
+        try:
+            named = load_calibration(calibration).detector
+        except (OSError, CalibrationError) as exc:
+            raise click.ClickException(f"--calibration {calibration}: {exc}") from None
+        pairs = [p for p in pairs if p[0] == named] or pairs[:1]
     find = _threshold_finder(calibration)
     out = {}
     for name, version in pairs:

@@ -236,6 +236,29 @@ def test_tables_recomputed_from_scores_file(chains, tmp_path):
     assert res.exit_code != 0 and "not a scores.csv" in res.output
 
 
+def test_a_calibration_file_applies_to_its_own_detector_of_a_two_detector_scores_file(chains, tmp_path):
+    """``--from-scores`` of a two-detector run with ``--calibration FILE`` (made for one of them)
+    gives that detector its threshold and the other none, instead of failing on the other one."""
+    from collapseguard.calibration.files import Calibration, save_calibration
+
+    first = tmp_path / "a"
+    assert CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors",
+                                     "evaltest-track,evaltest-anti", "--no-plot", "-q",
+                                     "--out", str(first)]).exit_code == 0
+    cal = save_calibration(Calibration(detector="evaltest-anti", detector_version="t1", threshold=-1.0),
+                           tmp_path / "anti.json")
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--no-plot",
+                                    "--calibration", str(cal), "--out", str(tmp_path / "b")])
+    assert res.exit_code in (0, 1) and "Traceback" not in res.output, res.output
+    thresholds = json.loads((tmp_path / "b" / "summary.json").read_text())["thresholds"]
+    assert list(thresholds) == ["evaltest-anti"] and thresholds["evaltest-anti"]["threshold"] == -1.0
+    other = save_calibration(Calibration(detector="nss", detector_version="x", threshold=1.0),
+                             tmp_path / "nss.json")
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--no-plot",
+                                    "--calibration", str(other), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 1 and "--calibration" in res.output  # matching neither: refused, named
+
+
 def test_a_numeric_looking_detector_version_is_read_back_as_written(chains, tmp_path):
     """A version such as ``0123`` or ``1e5`` is text: read back from scores.csv it must not become
     the number 123 or 100000.0 (the calibration lookup goes by the version's exact text)."""
