@@ -40,6 +40,7 @@ from collapseguard.calibration.files import (
     resolve_threshold,
 )
 from collapseguard.errors import CollapseguardError
+from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import printable
 from collapseguard.scoring.run import csv_text, run_score
 
@@ -324,7 +325,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     flagged = flagged.assign(source=flagged["source"].map(csv_text), key=flagged["key"].map(csv_text))
     _write(out / "flagged.csv", lambda p: flagged.to_csv(p, index=False))
     _write(out / "summary.json", lambda p: Path(p).write_text(
-        json.dumps(_strict(summary), indent=2, allow_nan=False), encoding="utf-8"))
+        json.dumps(json_ready(summary), indent=2, allow_nan=False), encoding="utf-8"))
     html = report_html.render(summary, per_source, cards, figures, comparisons)
     _write(out / "report.html", lambda p: Path(p).write_text(html, encoding="utf-8"))
     return summary
@@ -343,21 +344,6 @@ def _write(path: Path, writer) -> None:
         except OSError:
             pass
         raise AuditError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _strict(o):
-    """Non-finite floats -> None and numpy scalars -> Python, for strict JSON."""
-    if isinstance(o, dict):
-        return {str(k): _strict(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_strict(v) for v in o]
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (float, np.floating)):
-        return float(o) if math.isfinite(o) else None
-    return o
 
 
 def _pct(x) -> str:

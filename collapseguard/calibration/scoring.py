@@ -25,12 +25,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.images import IMAGE_EXTENSIONS, is_image_name, storage_label
-from collapseguard.io.inputs import (
-    LOSSLESS_SKIPS,
-    OTHER_TAR_SUFFIXES,
-    OTHER_TAR_WHY,
-    local_name,
-)
+from collapseguard.io.inputs import local_name, unread_in, unread_text
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
@@ -164,19 +159,12 @@ def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None)
 
 
 def _unread(root: Path, walked) -> list[tuple[str, str]]:
-    """What a walked folder holds and cannot be read, as ``(path, why)``: what ``io.walk`` skipped
-    except a link loop or a folder reached twice (read once, nothing lost), each broken link
-    (to a folder or to an image alike), each image or shard name that is not a regular file
-    (a FIFO, socket or device), and each tar compressed other than with gzip."""
-    out = [(str(root / rel), why) for rel, why in walked.skipped if not why.startswith(LOSSLESS_SKIPS)]
-    for p in walked.paths:
-        if p.is_symlink() and not p.exists():
-            out.append((str(p), "a broken link (or a link loop)"))
-        elif not p.is_file() and (is_image_name(p.name) or is_shard_name(p.name)):
-            out.append((str(p), "not a regular file (a FIFO, socket or device)"))
-        elif p.name.lower().endswith(OTHER_TAR_SUFFIXES):
-            out.append((str(p), OTHER_TAR_WHY))
-    return out
+    """What a walked clean folder holds and cannot be read (``io.inputs.unread_in``, every broken
+    link included: calibration has no error rows for them), and each image or shard name that
+    is not a regular file (a FIFO, socket or device)."""
+    return unread_in(root, walked, every_broken_link=True) + [
+        (str(p), "not a regular file (a FIFO, socket or device)") for p in walked.paths
+        if p.exists() and not p.is_file() and (is_image_name(p.name) or is_shard_name(p.name))]
 
 
 def _iter_tar(path: Path | str, identity: str | None = None):
@@ -222,10 +210,8 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
         clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
         listed.append((clean_kind, loc, list(_clean_entries(loc, unread))))
     if unread:
-        named = "; ".join(f"{printable(path)}: {why}" for path, why in unread[:5])
-        more = f" (and {len(unread) - 5} more)" if len(unread) > 5 else ""
-        raise ValueError(f"not read: {named}{more}; the clean images there would be left out of the "
-                         "calibration: fix or remove it, or name the folders to read with --clean")
+        raise ValueError(unread_text(unread, "the clean images there would be left out of the "
+                                             "calibration: fix or remove it, or name the folders to read with --clean"))
     items, kinds, seen = [], [], set()
     for clean_kind, loc, found in listed:
         if not found:

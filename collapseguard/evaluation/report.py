@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
+from collapseguard.io.strict_json import json_ready
 
 
 def _one_line(text: str) -> str:
@@ -161,16 +162,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
-    def clean(v):
-        if isinstance(v, (np.integer,)):
-            return int(v)
-        if isinstance(v, (float, np.floating)):
-            return float(v) if math.isfinite(v) else None
-        if isinstance(v, (np.bool_,)):
-            return bool(v)
-        return v
-
-    return [{k: clean(v) for k, v in r.items()} for r in df.to_dict("records")]
+    return [json_ready(r) for r in df.to_dict("records")]
 
 
 def results_markdown(ev) -> str:

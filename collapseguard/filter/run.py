@@ -38,7 +38,12 @@ from collapseguard.filter.pipeline import (
     shard_name,
     shard_stem,
 )
-from collapseguard.io.inputs import expand_inputs, expand_pattern, expand_shards
+from collapseguard.io.inputs import (
+    expand_inputs,
+    expand_pattern,
+    expand_shards,
+    unread_text,
+)
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
@@ -103,10 +108,8 @@ def _input_shards(inputs: Sequence[str]) -> list[str]:
     unread: list[tuple[str, str]] = []
     shards, _ = expand_inputs(inputs, unread)
     if unread:
-        named = "; ".join(f"{path}: {why}" for path, why in unread[:5])
-        more = f" (and {len(unread) - 5} more)" if len(unread) > 5 else ""
-        raise FilterError(f"not read: {named}{more}; the shards there would not be filtered: fix or "
-                          "remove it, or name the shards to filter")
+        raise FilterError(unread_text(unread, "the shards there would not be filtered: fix or remove "
+                                              "it, or name the shards to filter"))
     return shards if shards else expand_shards(inputs)  # none: expand_shards says why
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from collapseguard.errors import CollapseguardError
+from collapseguard.io.strict_json import json_ready
 
 #: bumped when the JSON layout changes incompatibly
 FORMAT_VERSION = 1
@@ -217,7 +218,7 @@ class Calibration:
 
     def to_json(self, indent: int | None = 1) -> str:
         """Plain JSON text (strict: no NaN/Infinity)."""
-        return json.dumps(_clean_json(self.to_dict()), indent=indent, allow_nan=False)
+        return json.dumps(json_ready(self.to_dict()), indent=indent, allow_nan=False)
 
     @classmethod
     def from_dict(cls, d: Any) -> Calibration:
@@ -348,24 +349,6 @@ def _check_guarantee(kw: dict) -> None:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.3g}%"
-
-
-def _clean_json(o):
-    """Numpy scalars -> Python, non-finite floats -> None, so json.dumps(allow_nan=False) works."""
-    if isinstance(o, dict):
-        return {str(k): _clean_json(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean_json(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return [_clean_json(v) for v in o.tolist()]
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (float, np.floating)):
-        f = float(o)
-        return f if math.isfinite(f) else None
-    if isinstance(o, np.bool_):
-        return bool(o)
-    return o
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,9 +21,18 @@ import braceexpand
 from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.io.tar import valid_text
-from collapseguard.io.walk import walk
-from collapseguard.io.urls import SHARD_SUFFIXES, URLError, is_remote, is_shard_name, list_url
-from collapseguard.io.urls import local_path, scheme, url_path
+from collapseguard.io.terminal import printable
+from collapseguard.io.urls import (
+    SHARD_SUFFIXES,
+    URLError,
+    is_remote,
+    is_shard_name,
+    list_url,
+    local_path,
+    scheme,
+    url_path,
+)
+from collapseguard.io.walk import Walk, walk
 
 __all__ = ["SHARD_SUFFIXES", "ImageFile", "InputError", "expand_inputs", "expand_shards",
            "expand_pattern", "is_shard", "local_name", "unique_inputs"]
@@ -37,6 +46,31 @@ OTHER_TAR_WHY = ("a tar compressed other than with gzip: shards are .tar, .tar.g
 
 #: why io.walk skipped something that is read anyway (a loop, a folder reached twice)
 LOSSLESS_SKIPS = ("a link loop", "a link to a folder already read")
+BROKEN_LINK = "a broken link (or a link loop)"
+
+
+def unread_in(root: str | os.PathLike, walked: Walk, every_broken_link: bool = False) -> list[tuple[str, str]]:
+    """``(path, why)`` for what a walked folder holds and cannot be read: what ``io.walk``
+    skipped and lost (not a link loop or a folder reached twice: those are read once), each
+    broken link not named like an image or shard (it may have pointed to a folder; a broken image
+    link is an error row of its own, unless ``every_broken_link``), and each tar compressed other
+    than with gzip."""
+    out = [(os.path.join(root, rel), why) for rel, why in walked.skipped if not why.startswith(LOSSLESS_SKIPS)]
+    for p in walked.paths:
+        if p.is_symlink() and not p.exists():
+            if every_broken_link or not (is_shard(p.name) or is_image_name(p.name)):
+                out.append((str(p), BROKEN_LINK))
+        elif p.name.lower().endswith(OTHER_TAR_SUFFIXES):
+            out.append((str(p), OTHER_TAR_WHY))
+    return out
+
+
+def unread_text(unread: list[tuple[str, str]], consequence: str, shown: int = 5) -> str:
+    """One line naming what was not read (the first ``shown``, escaped for the terminal) and
+    what that would cost."""
+    named = "; ".join(f"{printable(path)}: {why}" for path, why in unread[:shown])
+    more = f" (and {len(unread) - shown} more)" if len(unread) > shown else ""
+    return f"not read: {named}{more}; {consequence}"
 
 
 class InputError(CollapseguardError, ValueError):
@@ -137,8 +171,7 @@ def expand_inputs(inputs: Iterable[str],
                 # folder links followed once, loops skipped; file links read (io.walk's rule)
                 walked = walk(root, file_links="anywhere")
                 if unread is not None:
-                    unread.extend((os.path.join(p, rel), why) for rel, why in walked.skipped
-                                  if not why.startswith(LOSSLESS_SKIPS))
+                    unread.extend(unread_in(p, walked))
                 for full in walked.paths:
                     name = full.name
                     if is_shard(name):
@@ -146,10 +179,6 @@ def expand_inputs(inputs: Iterable[str],
                     elif is_image_name(name):
                         files.append(ImageFile(local_name(full), valid_text(full.relative_to(root).as_posix()),
                                            valid_text(str(root))))
-                    elif unread is not None and full.is_symlink() and not full.exists():
-                        unread.append((str(full), "a broken link (or a link loop)"))
-                    elif unread is not None and name.lower().endswith(OTHER_TAR_SUFFIXES):
-                        unread.append((str(full), OTHER_TAR_WHY))
             elif os.path.isfile(p):
                 if is_shard(p):
                     shards.append(local_name(p))

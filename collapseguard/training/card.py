@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from collapseguard.io.strict_json import json_ready
+
 
 def _fmt(v) -> str:
     if isinstance(v, float):
@@ -79,20 +81,6 @@ def write_card(summary: dict, path: str | Path) -> Path:
     path = Path(path)
     path.write_text(render_card(summary))
     return path
-
-
-def json_ready(v):
-    """``v`` with every NaN or infinity as None: JSON has no NaN, and a bare ``NaN`` in the summary
-    breaks strict readers (``jq``, JavaScript's ``JSON.parse``). numpy scalars become Python ones."""
-    if isinstance(v, dict):
-        return {k: json_ready(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [json_ready(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalar
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 def write_summary(summary: dict, path: str | Path) -> Path:

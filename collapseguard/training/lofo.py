@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from collapseguard.training.card import json_ready, write_summary
+from collapseguard.io.strict_json import json_ready
+from collapseguard.training.card import write_summary
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import auroc, score_paths
 from collapseguard.training.negatives import list_images, split_clean
