@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -371,10 +372,11 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
                      f"{stats.format_step(step['flagged']['p50'], step.get('max_step'))}")
     rows = sorted(summary["per_source"], key=lambda r: -(r["fraction"] or 0))[:max_sources]
     if len(summary["per_source"]) > 1 and rows:
-        width = min(48, max(len(_short(r["source"])) for r in rows))
+        label = source_labels([r["source"] for r in summary["per_source"]])
+        width = min(48, max(len(label[r["source"]]) for r in rows))  # a longer label is not cut
         lines.append(f"{'source':<{width}}  {'scored':>7}  {'flagged':>7}  {'fraction':>8}")
         for r in rows:
-            lines.append(f"{_short(r['source'])[-width:]:<{width}}  {r['scored']:>7}  {r['flagged']:>7}  "
+            lines.append(f"{label[r['source']]:<{width}}  {r['scored']:>7}  {r['flagged']:>7}  "
                          f"{_pct(r['fraction']):>8}")
         if len(summary["per_source"]) > max_sources:
             lines.append(f"... {len(summary['per_source']) - max_sources} more sources in summary.json")
@@ -392,7 +394,23 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
     return "\n".join(printable(x) for x in lines)
 
 
-def _short(source: str) -> str:
-    return os.path.basename(source.rstrip("/")) or source
+def source_labels(sources) -> dict[str, str]:
+    """A terminal label for each source: its shortest trailing run of path components that no
+    other source ends with (``a/shards`` and ``b/shards``, not ``shards`` twice; the file name
+    alone where it is unique), escaped with ``printable``. Components are compared escaped, so
+    labels of distinct sources differ as printed."""
+    sources = list(dict.fromkeys(sources))
+    parts = {s: tuple(printable(p) for p in s.rstrip("/").split("/") if p) or (printable(s),) for s in sources}
+    ends = Counter(p[-n:] for p in parts.values() for n in range(1, len(p) + 1))
+    label: dict[str, str] = {}
+    for s in sources:
+        mine = parts[s]
+        n = next((n for n in range(1, len(mine) + 1) if ends[mine[-n:]] == 1), None)
+        if n is not None:
+            label[s] = "/".join(mine[-n:])
+        else:  # every suffix is shared (``x`` and ``x/``): the whole source, escaped
+            same = any(printable(o) == printable(s) for o in sources if o != s)
+            label[s] = ascii(s) if same else printable(s)
+    return label
 
 

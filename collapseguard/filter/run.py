@@ -410,7 +410,8 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
                           **{k: rec[k] for k in ("samples", "images", "kept", "rejected",
                                                  "reasons", "skipped_members", "seconds")}})
     ran = [records[s] for s in todo if s in records]
-    images_run = sum(r["images"] for r in ran)
+    # images scored by this run: none when it decides from an earlier pass's scores (scores_from)
+    images_run = 0 if options.scores_from else sum(r["images"] for r in ran)
     version = next((r.get("detector_version") for r in records.values()), None)
     return {
         "detector": options.detector,
@@ -454,9 +455,10 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         t, source, _ = resolve_threshold(detector, threshold, calibration)
         return run_filter(inputs, FilterOptions(threshold=t, **base), threshold_source=source,
                           **common)
+    t0 = time.perf_counter()
     refuse_out_inside_inputs(inputs, str(out))
     shards = plan_shards(inputs, str(out))
-    with out_lock(make_out_dir(str(out))):  # one lock over both passes
+    with out_lock(make_out_dir(str(out))) as run_id:  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
         prepass = join(str(out), ".prepass")
         first = FilterOptions(**{**base, "out_dir": prepass, "dry_run": True,
@@ -478,4 +480,11 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data (threshold {t:.6g} "
                   f"from {n_cut} scores{unscored}; no guarantee about clean images)")
         second = FilterOptions(threshold=t, scores_from=join(prepass, "scores"), **base)
-        return run_filter(inputs, second, threshold_source=source, **common)
+        s2 = run_filter(inputs, second, threshold_source=source, **common)
+        # the images were scored in the first pass (none when it was resumed): the speed is theirs
+        # over both passes
+        images = s1["images_this_run"]
+        s2["images_this_run"] = images
+        s2["images_per_second"] = round(images / (time.perf_counter() - t0), 3) if images else None
+        write_summary(str(out), s2, run_id)
+        return s2

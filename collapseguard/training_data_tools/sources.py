@@ -377,30 +377,37 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
 def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
     """Yield ``(shard/key, array)`` for the first image of every sample in WebDataset tar shards.
 
-    ``paths`` is a glob pattern or a list of paths. Members are read as raw bytes and decoded with
-    PIL; undecodable images are skipped.
+    ``paths`` is a glob pattern or a list of paths. A sample is a run of consecutive members
+    sharing a key (``io.tar``'s rule); a key that comes back after other samples (``k, j, k``)
+    names another sample, yielded as ``shard/k@repeatN`` (N: the earlier samples with that key).
+    Members are read as raw bytes and decoded with PIL; undecodable images are skipped.
     """
     files = sorted(glob.glob(paths)) if isinstance(paths, str) else list(paths)
     if not files:
         raise SourceError(f"no shards match {paths!r}")
     for f in files:
-        seen = set()
+        samples: dict[str, int] = {}  # key -> samples with that key so far
+        current, taken = None, False  # key of the sample being read; its image already used?
         # only regular files (a FIFO would wait for a writer forever); no header bombs
         with open_regular_file(f) as raw, tarfile.open(fileobj=raw, mode="r:*", tarinfo=CappedTarInfo) as tar:
             for m in tar:
-                if not m.isfile() or not is_image_name(m.name):
+                if not m.isfile():
                     continue
                 key = m.name.rsplit(".", 1)[0].split(".")[0] if "/" not in m.name else \
                     m.name.rsplit("/", 1)[0] + "/" + m.name.rsplit("/", 1)[1].split(".")[0]
-                if key in seen:
+                if key != current:  # a new sample
+                    current, taken = key, False
+                    samples[key] = samples.get(key, 0) + 1
+                if taken or not is_image_name(m.name):
                     continue
-                seen.add(key)
+                taken = True
                 data = tar.extractfile(m).read()
                 try:
                     arr = decode_image(data)
                 except DecodeError:
                     continue
-                yield _clean_name(f"{Path(f).stem}/{key}"), arr
+                repeat = samples[key] - 1
+                yield _clean_name(f"{Path(f).stem}/{key}" + (f"@repeat{repeat}" if repeat else "")), arr
 
 
 def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:

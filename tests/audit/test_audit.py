@@ -640,3 +640,27 @@ def test_a_sampled_estimate_never_contradicts_the_sample():
     every = stats.dataset_estimate(stats.flag_counts(np.full(20, 5.0), threshold=1.0), 42)
     assert every["high"] == 42 and every["low"] >= 20
 
+
+
+def test_sources_of_one_basename_get_distinct_escaped_labels_in_the_terminal_table(tmp_path, photos):
+    """Two folders both named ``shards`` and two shards both named ``000.tar``: each row of the
+    terminal table is labelled by the shortest path suffix that tells it apart, escaped."""
+    imgs = small(photos)
+    hostile = "b\x1b]0;PWNED\x07"  # would set the terminal's title if printed raw
+    for parent, im in (("a", imgs[0]), (hostile, imgs[1])):
+        (tmp_path / parent / "shards").mkdir(parents=True)
+        (tmp_path / parent / "shards" / "x.png").write_bytes(encode_png(im))
+    for parent, im in (("c", imgs[2]), ("d", imgs[3])):
+        (tmp_path / parent).mkdir()
+        with tarfile.open(tmp_path / parent / "000.tar", "w") as tf:
+            add_member(tf, "k.png", encode_png(im))
+    inputs = [tmp_path / "a" / "shards", tmp_path / hostile / "shards", tmp_path / "c" / "000.tar",
+              tmp_path / "d" / "000.tar"]
+    res = CliRunner().invoke(main, ["audit", *map(str, inputs), "--out", str(tmp_path / "o"),
+                                    "-d", "nss", "--threshold", "-100"])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    lines = res.stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("source "))
+    labels = [x.rsplit(None, 3)[0].strip() for x in lines[head + 1: head + 5]]
+    assert sorted(labels) == sorted(["a/shards", "b\\x1b]0;PWNED\\x07/shards", "c/000.tar", "d/000.tar"])

@@ -412,3 +412,46 @@ def test_files_named_like_urls_in_the_current_folder_are_read_as_files(tmp_path,
                    "--scores-out", tmp_path.parent / "c.csv"])
     c = pd.read_csv(tmp_path.parent / "c.csv")
     assert len(c) == 4 and c["score"].notna().all(), res.output
+
+
+#: seconds ``_slow_brightness`` takes per image: it cannot score faster than 1 / SLOW images/s
+SLOW = 0.05
+
+
+def _slow_brightness():
+    """Mean brightness, taking at least ``SLOW`` seconds per image."""
+    from collapseguard.detectors.base import Detector
+
+    class SlowBrightness(Detector):
+        name = "test-slow-brightness"
+        version = "1"
+
+        def score(self, images):
+            time.sleep(SLOW * len(images))
+            return np.array([im.mean() for im in images], dtype=np.float32)
+    return SlowBrightness()
+
+
+def test_drop_fraction_reports_a_speed_only_for_images_scored_in_the_run(tmp_path, photos):
+    from collapseguard.detectors.base import register
+
+    register("test-slow-brightness", _slow_brightness)
+    shard, out = tmp_path / "s.tar", tmp_path / "out"
+    make_shard(shard, photos)  # 8 images
+    args = ["filter", shard, "--out", out, "-d", "test-slow-brightness", "--drop-fraction", "0.25",
+            "-w", "1"]
+    res = run_cli(args)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rejected"] == 2 and summary["images_this_run"] == 8
+    # the images were scored in the first pass, at no more than 1 / SLOW images/s: the deciding
+    # pass, which only copies bytes, must not make the run look faster than that
+    assert 0 < summary["images_per_second"] <= 1 / SLOW
+    assert f"speed: {summary['images_per_second']:.1f} images/s" in res.output
+    # a run stopped between the passes, resumed: the scores are reused, no image is scored, and
+    # no speed is claimed
+    (out / ".done" / "s.json").unlink()
+    res = run_cli(args)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["per_shard"][0]["status"] == "done" and summary["rejected"] == 2
+    assert summary["images_this_run"] == 0 and summary["images_per_second"] is None
+    assert "speed:" not in res.output

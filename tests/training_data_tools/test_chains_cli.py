@@ -224,3 +224,28 @@ def test_ls_prints_names_from_the_data_with_control_characters_escaped(tmp_path)
     assert res.exit_code == 0, res.output
     assert "\x1b" not in res.output and "\x07" not in res.output
     assert "grain\\x1b]0;owned\\x07" in res.output
+
+
+def test_make_from_a_shard_whose_key_repeats_uses_each_sample(tmp_path):
+    """A shard holding key ``k`` twice (``k, j, k``, as io.tar reads it: two samples): both
+    pictures become chains, under distinct source names, and none is dropped."""
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_png
+
+    colours = {"k": (200, 30, 30), "j": (30, 200, 30), "k2": (30, 30, 200)}
+    pics = {n: np.tile(np.array(c, np.uint8), (24, 32, 1)) for n, c in colours.items()}
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for name, data in [("k.png", encode_png(pics["k"])), ("k.json", b"{}"),
+                           ("j.png", encode_png(pics["j"])), ("k.png", encode_png(pics["k2"]))]:
+            add_member(tar, name, data)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"shards:{tmp_path}/s*.tar",
+                                    "--families", "codec", "--steps", "1", "--keep", "0,1",
+                                    "--out", str(out), "--workers", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    df = load_chains(out)
+    step0 = df[df["step"] == 0]
+    assert sorted(step0["source_image"]) == ["s/j", "s/k", "s/k@repeat1"]
+    got = sorted(tuple(load_image(p)[0, 0]) for p in step0["path"])
+    assert got == sorted(colours.values())
