@@ -117,3 +117,22 @@ def test_a_known_error_is_one_line_and_exit_1(empty, line, text):
 def test_usage_errors_stay_clicks_with_exit_2(empty):
     res = CliRunner().invoke(main, ["score", str(empty / "empty")])  # no --out
     assert res.exit_code == 2 and "Missing option '--out'" in res.output
+
+
+def test_an_error_listing_what_a_folder_holds_reads_as_one_line(tmp_path):
+    """The chains loaders' "could not find replication chains" lists what was seen; on the command
+    line it is one readable line, its parts joined with "; ", not escaped newlines."""
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "photos").mkdir()
+    for name in ("sunset.png", "beach.jpg"):
+        Image.fromarray(np.full((24, 32, 3), 120, np.uint8)).save(tmp_path / "photos" / name)
+    res = CliRunner().invoke(main, ["chains", "ls", str(tmp_path / "photos")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("collapseguard: error: ")]
+    assert len(errors) == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    line = errors[0]
+    assert "\\n" not in line, line
+    assert "seen: 2 file(s)" in line and "e.g. beach.jpg, sunset.png" in line
+    assert "unplaced sunset.png: no step number" in line and "; supported: a manifest" in line

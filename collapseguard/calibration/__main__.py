@@ -1,9 +1,9 @@
 """``python -m collapseguard.calibration [FILE ...]``: print what calibration files say.
 
 Without arguments, prints the calibrations shipped in the package. For each: detector and
-version, threshold and guarantee, the held-out false-drop rate, each clean kind's own threshold
-(a ``--per-kind`` file), the drop rate at steps 0, 1, 3, 5, 10, 20 per family (Clopper–Pearson
-interval) and the first steps with 90 % / 99 % dropped.
+version, threshold and guarantee, the held-out false-drop rate (in-sample for ``--holdout 0``),
+each clean kind's own threshold (a ``--per-kind`` file), the drop rate at steps 0, 1, 3, 5, 10, 20
+per family (Clopper–Pearson interval) and the first steps with 90 % / 99 % dropped.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from collapseguard.io.terminal import printable
 def show(path) -> str:
     cal = load_calibration(path)
     split = cal.split or {}
+    # --holdout 0: the clean false-drop rate is measured on the images that set the threshold
+    in_sample = split.get("holdout") == 0
     lines = [f"== {path}", cal.describe(),
              f"bound: {cal.method}",
              (f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources); "
              f"guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence {cal.confidence}; "
-             f"held-out clean false drops {split.get('heldout_false_drop')} "
+             f"{'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
+             f"{split.get('heldout_false_drop')} "
              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"),
              curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
     if cal.per_kind:

@@ -362,7 +362,11 @@ def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
 
     text = {"source_image": str, "family": str, "kind": str, "path": str, "chain_id": str,
             "detector": str, "detector_version": str, "storage": str, "source_kind": str, "error": str}
-    t = pd.read_csv(path, dtype={**text, "score": str, "fr": str}, keep_default_na=False)
+    try:
+        t = pd.read_csv(path, dtype={**text, "score": str, "fr": str}, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a scores table written by `calibrate --scores-out` "
+                         f"({str(exc).strip()})") from None
     t = t.assign(**{c: t[c].map(csv_uncell) for c in text if c in t.columns})
     missing = [c for c in COLUMNS + ("detector", "detector_version") if c not in t.columns]
     if missing:

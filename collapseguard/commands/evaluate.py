@@ -135,6 +135,7 @@ def _threshold_finder(calibration: str):
         CalibrationError,
         CalibrationMismatch,
         default_calibration,
+        load_calibration,
         resolve_threshold,
     )
 
@@ -148,7 +149,13 @@ def _threshold_finder(calibration: str):
             return cal.threshold, f"shipped calibration: {cal.describe()}"
         try:
             thr, desc, _ = resolve_threshold(det, calibration=calibration)
-        except (OSError, CalibrationError, CalibrationMismatch) as exc:
+        except CalibrationMismatch:  # evaluate has no --threshold: say what it does take
+            cal = load_calibration(calibration)
+            raise click.ClickException(
+                f"--calibration {calibration} was made for detector {cal.detector}@{cal.detector_version}, "
+                f"not {det.name}@{det.version}; calibrate this detector (`collapseguard calibrate "
+                f"--detector {det.name} ...`) or pass --calibration default or none") from None
+        except (OSError, CalibrationError) as exc:
             raise click.ClickException(f"--calibration {calibration}: {exc}") from None
         return thr, desc
     return find
@@ -172,7 +179,8 @@ def _from_scores(path, calibration: str = "none", **kw):
         thresholds = _thresholds_of_scores(df, calibration)
         ev = evaluate_scores(df, source=str(path), thresholds=thresholds, **kw)
     except (KeyError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise click.ClickException(f"{path}: not a scores.csv written by `evaluate` ({exc})") from None
+        raise click.ClickException(f"{path}: not a scores.csv written by `evaluate` "
+                                   f"({str(exc).strip()})") from None
     ev.notes.append("tables recomputed from a scores file: no speed measured in this run")
     ev.device = "none"
     return ev

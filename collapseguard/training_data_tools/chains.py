@@ -136,14 +136,14 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
     if not jobs:
         raise ValueError("no sources given: nothing to make")
     bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(jobs), desc="chains", unit="chain")
+    if progress:  # on a terminal only, as every command's bars: a log gets no bar lines
+        from collapseguard.scoring.progress import progress_bar
+        bar = progress_bar(len(jobs), desc="chains", unit="chain")
     rows: list[dict] = []
     if workers <= 1:
         for job in jobs:
             rows += _chain_job(job)
-            if bar:
+            if bar is not None:
                 bar.update(1)
     else:
         # spawn (see spawn_context); each worker gets an even share of the cores so torch-based
@@ -154,9 +154,9 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
             futs = [ex.submit(_chain_job, job) for job in jobs]
             for f in as_completed(futs):
                 rows += f.result()
-                if bar:
+                if bar is not None:
                     bar.update(1)
-    if bar:
+    if bar is not None:
         bar.close()
     df = pd.DataFrame(rows).sort_values(["chain_id", "step"], kind="stable").reset_index(drop=True)
     write_manifest(df, out_dir / manifest_name)

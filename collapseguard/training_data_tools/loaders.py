@@ -158,20 +158,22 @@ def _hidden(rel: Path) -> bool:
 
 
 def _seen(root: Path, why: str, extra: list[str] | None = None) -> str:
-    """A message listing what is under ``root`` (for layouts that could not be read)."""
+    """A one-line message listing what is under ``root`` (for layouts that could not be read):
+    the command line prints errors as one line, so its parts are joined with "; "."""
     files = [p for p in walk(root).paths if not _hidden(p.relative_to(root))]
     exts = Counter(p.suffix.lower() or "(none)" for p in files)
     dirs = sorted({p.parent.relative_to(root).as_posix() for p in files})
-    lines = [f"could not find replication chains under {root}: {why}.",
-             f"seen: {len(files)} file(s) in {len(dirs)} folder(s); by type: "
+    parts = [f"could not find replication chains under {root}: {why}",
+             f"seen: {len(files)} file(s) in {len(dirs)} folder(s), by type: "
              + (", ".join(f"{e} {n}" for e, n in exts.most_common(10)) or "none")]
-    lines += [f"  e.g. {_shown(p.relative_to(root).as_posix())}" for p in files[:12]]
-    lines += extra or []
-    lines.append("supported: a manifest (.csv/.parquet with chain_id, source_image, family, task, "
-                 "step, path); CHAIN/STEP.png folders (optionally under FAMILY/TASK/); flat "
-                 "CHAIN_STEP.png files; an imagefolder metadata.csv/jsonl with file_name + chain and "
-                 "step columns; Parquet with an image column plus chain and step columns.")
-    return "\n".join(lines)
+    if files:
+        parts.append("e.g. " + ", ".join(_shown(p.relative_to(root).as_posix()) for p in files[:12]))
+    parts += [x.strip() for x in extra or []]
+    parts.append("supported: a manifest (.csv/.parquet with chain_id, source_image, family, task, "
+                 "step, path), CHAIN/STEP.png folders (optionally under FAMILY/TASK/), flat "
+                 "CHAIN_STEP.png files, an imagefolder metadata.csv/jsonl with file_name + chain and "
+                 "step columns, or Parquet with an image column plus chain and step columns")
+    return "; ".join(parts)
 
 
 def parse_step(stem: str) -> tuple[str, int] | None:
@@ -486,8 +488,8 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
         except ChainLayoutError as e:
             names = _stored_names(col, meta)
             if names is None:
-                raise ChainLayoutError(f"{e}\nno stored file names to infer chains from either."
-                                       "\nparquet files seen:\n" + "\n".join(seen)) from None
+                raise ChainLayoutError(f"{e}; no stored file names to infer chains from either; "
+                                       "parquet files seen: " + "; ".join(x.strip() for x in seen)) from None
             r, un, _ = _rows_from_names([(_safe_rel(nm), path_of(meta.iloc[i]))
                                          for i, nm in enumerate(names)])
             unplaced += un

@@ -527,3 +527,16 @@ def test_the_drop_curve_title_says_in_sample_when_nothing_was_held_out():
     assert curve_title(build_calibration(table, "synthetic", "v1", holdout=0.3)).endswith("(holdout sources)")
     assert curve_title(build_calibration(table, "synthetic", "v1", holdout=0.0)).endswith(
         "(in-sample: --holdout 0)")
+
+
+def test_show_says_in_sample_when_nothing_was_held_out(tmp_path, capsys):
+    from collapseguard.calibration.__main__ import main as show_main
+
+    table = _synthetic_table(n_extra=200)
+    for holdout, said, unsaid in ((0.3, "held-out clean false drops", "in-sample"),
+                                  (0.0, "in-sample (--holdout 0) clean false drops", "held-out")):
+        p = save_calibration(build_calibration(table, "synthetic", "v1", holdout=holdout),
+                             tmp_path / f"h{holdout}.json")
+        assert show_main([str(p)]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("k="))
+        assert said in line and unsaid not in line, line

@@ -324,3 +324,17 @@ def test_from_scores_refuses_scores_out_and_a_plot_path_that_is_a_folder(calibra
     res = _run([*common, "--out", str(tmp_path / "c.json")])
     assert res.exit_code != 0 and "cannot write the plot" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "c.json").exists()  # refused before anything was written
+
+
+def test_from_scores_of_a_file_that_is_no_csv_table_names_the_file(tmp_path):
+    """An empty file, an image and ragged text given as --from-scores: one line naming the file,
+    not pandas' message alone."""
+    (tmp_path / "empty.csv").write_text("")
+    Image.fromarray(_clean_image(np.random.default_rng(1))).save(tmp_path / "picture.csv", format="PNG")
+    (tmp_path / "ragged.csv").write_text("a,b\n1,2\n1,2,3,4\n")
+    for name in ("empty.csv", "picture.csv", "ragged.csv"):
+        res = _run(["--from-scores", str(tmp_path / name), "--out", str(tmp_path / "c.json")])
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and f"{tmp_path / name}: not a scores table" in lines[0], res.output
+        assert "\\n" not in lines[0]

@@ -132,6 +132,17 @@ def test_score_shows_a_bar_with_total_on_a_terminal_and_none_in_a_log(shard, tmp
     assert "score:" not in _stderr_of(argv + ["-q"], tty=True)
 
 
+def test_chains_make_shows_a_bar_on_a_terminal_and_none_in_a_log(tmp_path):
+    def argv(out):
+        return ["chains", "make", "--sources", "art:1:48-64", "--families", "codec", "--steps", "2",
+                "--keep", "0,1,2", "-w", "1", "-o", tmp_path / out]
+    on_tty = _stderr_of(argv("a"), tty=True)
+    assert "chains: 100%" in on_tty and "1/1" in on_tty, on_tty
+    in_log = _stderr_of(argv("b"), tty=False)
+    assert "chains:" not in in_log and "%|" not in in_log, in_log
+    assert (tmp_path / "b" / "manifest.csv").is_file()
+
+
 def test_an_output_under_a_file_names_the_file(shard, tmp_path):
     (tmp_path / "afile.jpg").write_bytes(b"x")
     res = CliRunner().invoke(main, ["score", str(shard), "-o", str(tmp_path / "afile.jpg" / "out.csv"),

@@ -391,3 +391,18 @@ def test_auroc_steps_that_are_also_clean_steps_are_refused(chains, tmp_path):
     res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--out",
                                     str(tmp_path / "c"), "--clean-steps", "0,1,2", "--auroc-steps", "3,5"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_calibration_made_for_another_detector_is_refused_with_what_evaluate_takes(chains, tmp_path):
+    """evaluate has no --threshold: refusing a calibration made for another detector, it points to
+    the options it has."""
+    from collapseguard.calibration.files import Calibration, save_calibration
+
+    other = save_calibration(Calibration(detector="nss", detector_version="x", threshold=1.0),
+                             tmp_path / "nss.json")
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track",
+                                    "--calibration", str(other), "--no-plot", "-q",
+                                    "--out", str(tmp_path / "e")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "was made for detector nss@x, not evaltest-track@t1" in res.output
+    assert "--calibration default or none" in res.output and "--threshold" not in res.output
