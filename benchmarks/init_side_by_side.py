@@ -1,7 +1,7 @@
 """cnn weights side by side on the training split's held-out chains and clean files, per storage.
 
     python benchmarks/init_side_by_side.py WEIGHTS [WEIGHTS ...] --chains DIR [--chains DIR ...]
-        [--clean DIR ...] [--eval MANIFEST] [--threads 1] [--ensemble] [--json OUT]
+        [--clean DIR ...] [--eval MANIFEST] [--threads 1] [--ensemble] [--gap] [--json OUT]
 
 Splits the chains as ``collapseguard train`` does (by source, salt "cnn") and the ``--clean``
 files as it does (by name; held-out files whose picture is a training chain source left out, as
@@ -18,20 +18,35 @@ with the share of its step-0 images above the threshold per clean kind when the 
 one after the other). ``--ensemble`` adds the weights together: each one's
 scores standardised by the mean and standard deviation of its own PNG clean scores, then averaged,
 with its own threshold and figures.
+
+``--gap`` (with ``--eval``) asks where a weights file loses AUROC 0v5 on the evaluation set:
+the median PSNR of steps 5 and 10 against the chain's own step 0 per family (how much the damage
+changed; chains whose size changes left out); per clean kind, the median score of its step-0
+and step-5 images and the AUROC of its step 0 against its own step 5 ("within") and of every
+kind's step 0 against it ("pooled"), so offsets between kinds larger than the step-5 shift show;
+and the family AUROCs of scores rebuilt from the same crop logits (their mean, soft maximum, soft
+minimum, median, a logistic regression on those and the context term, the score at half
+resolution, and a regression on the native and half-resolution scores), the regressions fitted
+on the training split's held-out images, never on the evaluation set. Beside each, the share of
+step-10 images above the 98th percentile of the evaluation set's step-0 scores and the largest
+share of one kind's step-0 images above it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from PIL import Image
 
 from collapseguard.detectors.cnn import CNNDetector
+from collapseguard.detectors.crops import image_crops
 from collapseguard.evaluation.metrics import auroc
 from collapseguard.images import load_image
 from collapseguard.training.negatives import list_images, split_clean
@@ -41,6 +56,7 @@ from collapseguard.training_data_tools.manifest import read_manifest
 
 STORAGES = {"png": None, "jpeg q90 4:2:0": Storage("jpeg420", 90)}
 STEPS = (0, 5, 10)
+POOLS = ("mean", "soft max", "soft min", "median")  # --gap: crop-logit poolings
 
 
 def family_aurocs(df: pd.DataFrame) -> dict[str, tuple[float, float]]:
@@ -126,6 +142,147 @@ def report(res: dict, scores: dict, ev_scores, test_df: pd.DataFrame, ev) -> dic
     return res
 
 
+def half(img: np.ndarray) -> np.ndarray:
+    h, w = img.shape[:2]
+    return np.asarray(Image.fromarray(img).resize((max(1, w // 2), max(1, h // 2)), Image.BOX))
+
+
+@torch.inference_mode()
+def crop_parts(det: CNNDetector, images: list[np.ndarray], batch: int = 32):
+    """(N, K) crop logits, (N,) context term (zeros without one) and (N,) scores of ``images``."""
+    net, size = det.net, det.net.config.crop_size
+    logits, ctx, score = [], [], []
+    for i in range(0, len(images), batch):
+        crops = torch.from_numpy(np.stack([image_crops(im, size, det.n_crops) for im in images[i:i + batch]]))
+        f = net.crop_features(crops)
+        lg = net.head(f).squeeze(-1)
+        c = net.context_logit(f) if net.config.context else torch.zeros(len(lg))
+        logits.append(lg.numpy())
+        ctx.append(c.numpy())
+        score.append((net.aggregate(lg) + c).numpy())
+    return np.concatenate(logits), np.concatenate(ctx), np.concatenate(score)
+
+
+def pool_features(logits: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    """(N, 5) pooled crop logits (``POOLS`` order) plus the context term."""
+    k = logits.shape[1]
+    m = logits.max(axis=1, keepdims=True)
+    smax = np.log(np.exp(logits - m).sum(axis=1)) + m[:, 0] - math.log(k)
+    mn = logits.min(axis=1, keepdims=True)
+    smin = -(np.log(np.exp(-(logits - mn)).sum(axis=1)) - mn[:, 0]) + math.log(k)
+    return np.column_stack([logits.mean(axis=1), smax, smin, np.median(logits, axis=1), ctx])
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray):
+    """A standardised logistic regression; returns a scoring function."""
+    from sklearn.linear_model import LogisticRegression
+
+    mu, sd = x.mean(axis=0), x.std(axis=0) + 1e-9
+    lr = LogisticRegression(max_iter=2000).fit((x - mu) / sd, y)
+    return lambda z: lr.decision_function((z - mu) / sd)
+
+
+def damage_size(ev: pd.DataFrame) -> pd.DataFrame:
+    """Per family, the median PSNR of steps 5 and 10 against the chain's own step 0 (PNG rows
+    when the manifest has them; chains whose size changes are left out)."""
+    g = ev[ev["storage"] == "png"] if (ev["storage"] == "png").any() else ev
+    rows = []
+    for fam, gf in g.groupby("family"):
+        psnr = {5: [], 10: []}
+        for _, gc in gf.groupby("chain_id"):
+            first = gc[gc["step"] == 0]
+            if first.empty:
+                continue
+            a = load_image(first["path"].iloc[0]).astype(np.float64)
+            for k, values in psnr.items():
+                later = gc[gc["step"] == k]
+                if later.empty:
+                    continue
+                b = load_image(later["path"].iloc[0]).astype(np.float64)
+                if a.shape == b.shape:
+                    mse = float(((a - b) ** 2).mean())
+                    values.append(10 * math.log10(255.0 ** 2 / max(mse, 1e-12)))
+        med = {k: float(np.median(v)) if v else float("nan") for k, v in psnr.items()}
+        rows.append({"family": fam, "chains same size": len(psnr[5]),
+                     "PSNR step 5 (dB)": med[5], "PSNR step 10 (dB)": med[10]})
+    return pd.DataFrame(rows)
+
+
+def kind_table(g: pd.DataFrame, s: np.ndarray) -> pd.DataFrame:
+    g = g.assign(score=s)
+    s0_all = g.loc[g["step"] == 0, "score"]
+    rows = []
+    for kind, gk in g.groupby("kind"):
+        s0, s5 = gk.loc[gk["step"] == 0, "score"], gk.loc[gk["step"] == 5, "score"]
+        rows.append({"kind": kind, "chains": len(s0), "median step 0": float(s0.median()),
+                     "median step 5": float(s5.median()), "AUROC 0v5 within": auroc(s0, s5),
+                     "AUROC 0v5 pooled": auroc(s0_all, s5)})
+    return pd.DataFrame(rows)
+
+
+def pooling_row(name: str, g: pd.DataFrame, s: np.ndarray) -> dict:
+    step = g["step"].to_numpy()
+    row = {"score": name}
+    fams = []
+    for fam, gf in g.groupby("family"):
+        idx = gf.index.to_numpy()
+        a = auroc(s[idx][step[idx] == 0], s[idx][step[idx] == 5])
+        row[fam] = a
+        fams.append(a)
+    row["family mean 0v5"] = float(np.nanmean(fams))
+    thr = np.quantile(s[step == 0], 0.98)
+    row["step 10 above p98"] = float((s[step == 10] > thr).mean())
+    if "kind" in g:
+        k0 = g[step == 0]
+        row["largest kind above p98"] = max(float((s[kg.index.to_numpy()] > thr).mean()) for _, kg in k0.groupby("kind"))
+    return row
+
+def gap_report(det: CNNDetector, stored: dict, test_df: pd.DataFrame, ev: pd.DataFrame, ev_imgs: list) -> dict:
+    """``--gap``: kind offsets and rebuilt poolings of one weights file on the evaluation set; the
+    logistic regressions are fitted on the training split's held-out images in every storage of
+    ``stored`` (chains at steps 0 and >= 5, clean files), never on the evaluation set."""
+    step = test_df["step"].to_numpy()
+    xs, xh, ys = [], [], []
+    for chain_imgs, clean_imgs in stored.values():
+        for imgs, is_chain in ((chain_imgs, True), (clean_imgs, False)):
+            if not imgs:
+                continue
+            lg, ctx, sc = crop_parts(det, imgs)
+            _, _, sc_half = crop_parts(det, [half(im) for im in imgs])
+            keep = ((step == 0) | (step >= 5)) if is_chain else np.ones(len(imgs), bool)
+            xs.append(pool_features(lg, ctx)[keep])
+            xh.append(np.column_stack([sc, sc_half])[keep])
+            ys.append(((step >= 5) if is_chain else np.zeros(len(imgs), bool))[keep].astype(int))
+    y = np.concatenate(ys)
+    pooled_fit, half_fit = fit_logistic(np.vstack(xs), y), fit_logistic(np.vstack(xh), y)
+    print(f"   --gap: regressions fitted on {len(y)} held-out training-split images ({int(y.sum())} at step >= 5)")
+    out = {}
+    for st, g in ev.groupby("storage"):
+        idx = g.index.to_numpy()
+        g = g.reset_index(drop=True)
+        imgs = [ev_imgs[i] for i in idx]
+        lg, ctx, sc = crop_parts(det, imgs)
+        _, _, sc_half = crop_parts(det, [half(im) for im in imgs])
+        feats = pool_features(lg, ctx)
+        rec: dict = {}
+        if "kind" in g:
+            kt = kind_table(g, sc)
+            print(f"   --gap {st}: kind against damage")
+            print(kt.round(2).to_string(index=False))
+            rec["kinds"] = kt.to_dict("records")
+        rows = [pooling_row("shipped aggregation", g, sc)]
+        rows += [pooling_row(name, g, feats[:, i]) for i, name in enumerate(POOLS)]
+        rows.append(pooling_row("logistic: pools + context", g, pooled_fit(feats)))
+        rows.append(pooling_row("half resolution alone", g, sc_half))
+        rows.append(pooling_row("logistic: native + half", g, half_fit(np.column_stack([sc, sc_half]))))
+        pt = pd.DataFrame(rows)
+        print(f"   --gap {st}: the score rebuilt from the same crop logits (AUROC 0v5 per family)")
+        print(pt.round(3).to_string(index=False))
+        rec["pooling"] = pt.to_dict("records")
+        out[str(st)] = rec
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="+")
@@ -140,6 +297,9 @@ def main() -> None:
     ap.add_argument("--ensemble", action="store_true",
                     help="also report the weights together: each one's scores standardised by the mean "
                     "and standard deviation of its own PNG clean scores, then averaged")
+    ap.add_argument("--gap", action="store_true",
+                    help="with --eval: also where each weights file loses its ranking of the evaluation set "
+                    "(damage size per family, kind offsets, the score rebuilt from its crop logits)")
     ap.add_argument("--json", default=None, help="write every figure here as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -173,6 +333,10 @@ def main() -> None:
             ev = ev[keep].reset_index(drop=True)
         ev_imgs = [load_image(p) for p in ev["path"]]
         print(f"--eval: {ev['chain_id'].nunique()} chains, storages {sorted(ev['storage'].unique())}")
+        if args.gap:
+            dmg = damage_size(ev)
+            print("--gap: damage size (median PSNR against the chain's step 0)")
+            print(dmg.round(1).to_string(index=False))
 
     results, raw = {}, {}
     for w in args.weights:
@@ -190,6 +354,8 @@ def main() -> None:
         print(f"\n== {name} (version {det.version}, {det.n_crops} crops, {res['ms_per_image']:.1f} ms/image "
               f"on {args.threads} thread(s))")
         results[name] = report(res, scores, ev_scores, test_df, ev)
+        if args.gap and ev is not None:
+            results[name]["gap"] = gap_report(det, stored, test_df, ev, ev_imgs)
     if args.ensemble and len(raw) > 1:
         scores, ev_scores = ensemble_scores(list(raw.values()), test_df)
         print(f"\n== ensemble of {', '.join(raw)} (each standardised on its own PNG clean scores, then averaged)")

@@ -55,3 +55,27 @@ def test_the_eval_report_gives_each_clean_kind_its_share_above_the_threshold(ben
     assert res["eval"]["png"]["step0_above_by_kind"] == {"flat": 0.0, "leafy": 1.0}
     assert res["eval"]["png"]["step0_above"] == 0.5
     assert "largest 1.000" in capsys.readouterr().out
+
+
+def test_gap_poolings_and_damage_size(benchmark_script, tmp_path):
+    mod = benchmark_script("init_side_by_side.py")
+    from PIL import Image
+
+    # constant crop logits: every pooling is that constant; a soft max/min lean to the extremes
+    flat = mod.pool_features(np.full((1, 24), 1.5), np.zeros(1))[0]
+    np.testing.assert_allclose(flat[:4], 1.5, atol=1e-9)
+    spread = mod.pool_features(np.array([[0.0, 10.0]]), np.array([0.25]))[0]
+    assert spread[1] > 9.0 and spread[2] < 1.0 and spread[0] == 5.0 and spread[4] == 0.25
+    # damage size: noise of sigma 8 on a flat picture is ~30 dB; a chain whose size changes is left out
+    rng = np.random.default_rng(0)
+    base = np.full((64, 64, 3), 128, np.uint8)
+    rows = []
+    for fam, later in (("noisy", lambda: np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)),
+                       ("cropped", lambda: base[:48])):
+        for step in (0, 5, 10):
+            path = tmp_path / f"{fam}_{step}.png"
+            Image.fromarray(base if step == 0 else later()).save(path)
+            rows.append({"family": fam, "chain_id": fam, "step": step, "path": str(path), "storage": "png"})
+    dmg = mod.damage_size(pd.DataFrame(rows)).set_index("family")
+    assert abs(dmg.loc["noisy", "PSNR step 5 (dB)"] - 20 * np.log10(255 / 8)) < 0.5
+    assert dmg.loc["cropped", "chains same size"] == 0 and np.isnan(dmg.loc["cropped", "PSNR step 5 (dB)"])
