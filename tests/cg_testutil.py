@@ -78,3 +78,23 @@ def run_cli(args, expect=0):
     assert res.exit_code == expect, res.output
     return res
 
+
+def run_with_stdout_closed_early(cmd, lines: int = 1, timeout: float = 300) -> tuple[int, str]:
+    """Run ``cmd`` with its stdout a pipe whose reader stops early, as ``| head -n LINES`` does:
+    it reads ``lines`` lines and closes the pipe; with ``lines=0`` the reader is gone before the
+    command starts (its first write meets the closed pipe, whatever its output's size).
+    Returns the exit status and stderr."""
+    import os
+    import subprocess
+    if lines:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(lines):
+            proc.stdout.readline()
+        proc.stdout.close()
+    else:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        proc = subprocess.Popen(cmd, stdout=write_end, stderr=subprocess.PIPE)
+        os.close(write_end)
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err.decode(errors="replace")

@@ -4,10 +4,14 @@ Without arguments, prints the calibrations shipped in the package. For each: det
 version, threshold and guarantee, the held-out false-drop rate (in-sample for ``--holdout 0``),
 each clean kind's own threshold (a ``--per-kind`` file), the drop rate at steps 0, 1, 3, 5, 10, 20
 per family (Clopper–Pearson interval) and the first steps with 90 % / 99 % dropped.
+
+A reader that stops early (``| head -1``) ends the printing quietly, with exit status 1, as it
+ends a ``collapseguard`` command.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from collapseguard.calibration.build import curve_table, per_kind_text, top_clean_text
@@ -42,17 +46,33 @@ def show(path) -> str:
     return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
 
 
+def _stdout_closed() -> int:
+    """The reader closed stdout (``| head``): stop quietly, as click does for the ``collapseguard``
+    command (exit status 1, no traceback). Stdout is pointed at the null device so that Python's
+    flush at exit does not meet the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     paths = argv or sorted(str(p) for p in DEFAULTS_DIR.glob("*.json"))
     if not paths:
         print("no calibration files given and none shipped", file=sys.stderr)
         return 1
-    for p in paths:
-        try:
-            print(show(p))
-        except CalibrationError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+    try:
+        for p in paths:
+            try:
+                text = show(p)
+            except CalibrationError as exc:
+                sys.stdout.flush()  # what was printed before comes first
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_closed()
     return 0
 
 

@@ -75,13 +75,15 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
 
 @chains.command("make")
 @click.option("--sources", default="bundled,art:24", show_default=True,
-              help="Comma-separated: bundled | art:N[:MIN-MAX][:dither=SIGMA|vary] | folder:PATH | views:PATH[:SIDE] | shards:GLOB | a folder | a .tar.")
+              help="Comma-separated: bundled | art:N[:MIN-MAX][:dither=SIGMA|vary] | pixel:N (pixel art) | "
+                   "screen:N (screenshots, UI, diagrams, text) | folder:PATH | views:PATH[:SIDE] | "
+                   "shards:GLOB | a folder | a .tar.")
 @click.option("--families", default=None,
               help="Comma-separated replicator families (default: all; see `chains families`).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1), help="Steps per chain.")
 @click.option("--keep", default="0,1,2,3,5,10,20,30,50,100", show_default=True,
               help="Steps to write (step 0, the source, is always written).")
-@click.option("--repeats", default=1, show_default=True, type=int,
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1),
               help="Chains per (source, family), each with freshly drawn parameters.")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(),
               help="Output folder (one that holds no manifest yet).")

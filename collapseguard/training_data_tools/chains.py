@@ -111,8 +111,10 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
     bad = [f for f in families if f not in known]
     if bad:
         raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")
-    if steps < 0 or repeats < 1:
-        raise ValueError(f"steps must be >= 0 and repeats >= 1, got steps={steps}, repeats={repeats}")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     keep = sorted({0} | {int(k) for k in keep if 0 <= int(k) <= steps})
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

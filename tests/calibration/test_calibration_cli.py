@@ -1,14 +1,17 @@
 """`collapseguard calibrate` end to end on tiny generated chains, scored by the real `nss` detector."""
 
 import json
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
+from cg_testutil import run_with_stdout_closed_early
 from click.testing import CliRunner
 from PIL import Image
 
 from collapseguard.calibration.files import (
+    DEFAULTS_DIR,
     CalibrationMismatch,
     load_calibration,
     resolve_threshold,
@@ -338,3 +341,14 @@ def test_from_scores_of_a_file_that_is_no_csv_table_names_the_file(tmp_path):
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and f"{tmp_path / name}: not a scores table" in lines[0], res.output
         assert "\\n" not in lines[0]
+
+
+def test_printing_calibrations_into_a_pipe_closed_early_stops_quietly():
+    """``python -m collapseguard.calibration FILE | head -1`` ended in a BrokenPipeError
+    traceback; it now stops as the ``collapseguard`` command does (click): nothing on stderr,
+    exit status 1. The file is given 200 times, so the output outgrows the pipe's buffer and the
+    reader closes it while the command is still writing."""
+    files = [str(DEFAULTS_DIR / "cnn.json")] * 200
+    status, err = run_with_stdout_closed_early([sys.executable, "-m", "collapseguard.calibration", *files])
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert (status, err) == (1, "")

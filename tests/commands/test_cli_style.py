@@ -15,7 +15,7 @@ import termios
 import click
 import pandas as pd
 import pytest
-from cg_testutil import make_shard
+from cg_testutil import make_shard, run_with_stdout_closed_early
 from click.testing import CliRunner
 
 from collapseguard.cli import main
@@ -152,3 +152,16 @@ def test_an_output_under_a_file_names_the_file(shard, tmp_path):
                                     "-d", "nss", "-w", "1", "-q"])
     assert res.exit_code == 1 and "Not a directory" in res.output and "File exists" not in res.output
     assert (tmp_path / "afile.jpg").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("argv", [["detectors"], ["chains", "families"], ["--help"]])
+def test_printing_into_a_pipe_closed_early_stops_quietly(argv):
+    """``collapseguard detectors | head -1``: click ends a command whose stdout was closed by its
+    reader with exit status 1 and nothing on stderr (``python -m collapseguard.calibration`` does
+    the same). In the first run the reader is gone before the command writes, so it always meets
+    the closed pipe."""
+    cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", *argv]
+    assert run_with_stdout_closed_early(cmd, lines=0) == (1, "")
+    # as `| head -1`: one line read, then closed; the rest may all be written by then (exit 0)
+    status, err = run_with_stdout_closed_early(cmd, lines=1)
+    assert err == "" and status in (0, 1), err

@@ -204,6 +204,11 @@ def test_drop_fraction_drops_the_top_scores(tmp_path, photos):
     assert summary["threshold_source"].startswith("uncalibrated")
     # the label counts the scores the cut was taken from, not the undecodable sample
     assert "from 8 scores, 1 sample(s) without a finite score left out" in summary["threshold_source"]
+    # every bookkeeping entry the run leaves in --out (.prepass/ among them) is in the reference
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "REFERENCE.md").read_text(encoding="utf-8")
+    hidden = sorted(p.name + ("/" if p.is_dir() else "") for p in (tmp_path / "out").glob(".*"))
+    assert ".prepass/" in hidden
+    assert [h for h in hidden if f"`filtered/{h}`" not in reference] == []
 
 
 def _all_outputs(out: Path) -> dict[str, bytes]:

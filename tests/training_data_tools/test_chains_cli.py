@@ -1,6 +1,7 @@
 """`collapseguard chains` make / ls / export / sheet, end to end on tiny data."""
 
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -249,3 +250,40 @@ def test_make_from_a_shard_whose_key_repeats_uses_each_sample(tmp_path):
     assert sorted(step0["source_image"]) == ["s/j", "s/k", "s/k@repeat1"]
     got = sorted(tuple(load_image(p)[0, 0]) for p in step0["path"])
     assert got == sorted(colours.values())
+
+
+def test_make_refuses_zero_repeats_naming_the_option_and_help_shows_its_range(tmp_path):
+    """``--repeats 0`` was refused after parsing with one message about steps and repeats both,
+    and ``--help`` showed no range for it; it is refused as ``--steps 0`` is, naming the option."""
+    from collapseguard.training_data_tools.chains import make_chains
+
+    base = ["chains", "make", "--sources", "art:1:64-64", "--families", "codec", "-o", str(tmp_path / "c")]
+    res = CliRunner().invoke(main, [*base, "--repeats", "0"])
+    assert res.exit_code == 2 and "--repeats" in res.output and "x>=1" in res.output, res.output
+    assert "steps" not in res.output
+    assert not (tmp_path / "c").exists()
+    res = CliRunner().invoke(main, ["chains", "make", "--help"], terminal_width=200)
+    line = next(ln for ln in res.output.splitlines() if "--repeats" in ln)
+    assert "INTEGER RANGE" in line and "[default: 1; x>=1]" in line, line
+    # the library names the one setting that is wrong
+    for kwargs, named, other in (({"repeats": 0}, "repeats", "steps"), ({"steps": -1}, "steps", "repeats")):
+        with pytest.raises(ValueError, match=named) as err:
+            make_chains([], ["codec"], out_dir=tmp_path / "lib", **kwargs)
+        assert other not in str(err.value)
+
+
+def test_every_source_the_refusal_names_is_in_the_help_and_the_reference():
+    """The ``unknown source`` refusal lists ``pixel:N`` and ``screen:N``; ``chains make --help``
+    and docs/REFERENCE.md's list of sources did not. Every spec it names is in both."""
+    from collapseguard.training_data_tools.sources import SourceError, resolve_sources
+
+    with pytest.raises(SourceError) as err:
+        list(resolve_sources("no-such-source"))
+    listed = re.split(r", | or ", str(err.value).partition(": use ")[2])
+    specs = [s for s in listed if re.fullmatch(r"bundled|[a-z]+:[A-Z]+", s)]
+    assert {"bundled", "art:N", "pixel:N", "screen:N", "folder:PATH"} <= set(specs), specs
+    res = CliRunner().invoke(main, ["chains", "make", "--help"], terminal_width=200)
+    help_text = " ".join(res.output.split())
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "REFERENCE.md").read_text(encoding="utf-8")
+    assert [s for s in specs if s not in help_text] == [], help_text
+    assert [s for s in specs if f"`{s}`" not in reference] == []
