@@ -30,6 +30,7 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
+from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
     identity,
     is_gzip_name,
@@ -57,7 +58,8 @@ class FilterOptions:
     reject_no_image: bool = False
     write_rejected: bool = True
     dry_run: bool = False
-    #: folder of scores/*.parquet from an earlier scoring pass to decide from (no re-scoring)
+    #: the --out of an earlier scoring pass to decide from (no re-scoring): its scores/<stem>.parquet,
+    #: and its .done/<stem>.json, whose ``input_digest`` the shard's bytes must still match
     scores_from: str = ""
     #: the id the run holding ``<out>/.lock`` wrote into it; checked before every commit
     run_id: str = ""
@@ -116,6 +118,11 @@ def _tmp(p: Path, run_id: str = "") -> Path:
     """The temporary name of an output while it is written: per run, so two writers (a run and
     a stale worker of a killed one) never share a file."""
     return p.with_name(f"{p.name}.{run_id}.tmp" if run_id else f"{p.name}.tmp")
+
+
+class ShardChangedError(CollapseguardError, RuntimeError):
+    """A shard read for the second time (``--drop-fraction``'s split) is not the one the scoring
+    pass read: its scores belong to other bytes, so it is not split by them."""
 
 
 class RunLostError(CollapseguardError, RuntimeError):
@@ -216,8 +223,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         rej_w = ShardWriter(staged["rejected"], gzip=gz) if write_rej else None
         done_since = 0
         if options.scores_from:
-            stream = precomputed_scores(reader, join(options.scores_from,
-                                                     Path(names["scores"]).name))
+            scored = read_marker(shard, options.scores_from) or {}
+            stream = precomputed_scores(reader, join(options.scores_from, names["scores"]),
+                                        shard=shard, scored_digest=scored.get("input_digest"))
         else:
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
@@ -311,6 +319,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "input": {k: v for k, v in identity.items() if k != "path"},
         "outputs": outputs,
     }
+    if reader.digest is not None:  # the bytes read: a second pass must read the same
+        record["input_digest"] = reader.digest
     if side_identity:
         record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
     tmp_marker = staged["marker"]
@@ -331,22 +341,42 @@ _STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
                      "score_error": "score_error"}
 
 
-def precomputed_scores(samples, scores_path: str):
-    """Pair samples with the rows of an earlier pass's scores file (same shard, same order)."""
+def precomputed_scores(samples, scores_path: str, *, shard: str = "",
+                       scored_digest: dict | None = None):
+    """Pair samples with the rows of an earlier pass's scores file (same shard, same order).
+
+    ``ShardChangedError`` when the shard is not the one scored: a key that differs, a sample more
+    or fewer, or (given ``scored_digest``, the ``{"size", "sha256"}`` the scoring pass read, and
+    ``samples`` a ``ShardReader``) other bytes, checked once the shard has been read whole."""
     with open_stream(str(scores_path), allow_pipe=False) as f:
         table = pq.read_table(f).to_pylist()
+    where = printable(shard or str(scores_path))
+    redo = ("the scores of the scoring pass are not this shard's; filter it again with "
+            "--overwrite to score it anew")
     it = iter(table)
     for sample in samples:
         row = next(it, None)
-        if row is None or row["key"] != sample.key:
-            raise RuntimeError(f"{scores_path} does not match the shard (at key {sample.key!r}); "
-                               "the shard changed since it was scored")
+        if row is None:
+            raise ShardChangedError(f"{where}: more samples than the scoring pass read (the shard "
+                                    f"changed since): {redo}")
+        if row["key"] != sample.key:
+            raise ShardChangedError(f"{where}: the sample {printable(sample.key)!r} is not the one "
+                                    f"the scoring pass read there (the shard changed since): {redo}")
         score = row["score"]
         yield sample, Scored(score=float("nan") if score is None else score, image=row["image"],
                              error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
                              width=row["width"], height=row["height"],
                              storage=row.get("storage") or "",  # scores files written before storage was recorded lack it
                              n_images=0 if row["reason"] == "no_image" else 1)
+    if next(it, None) is not None:
+        raise ShardChangedError(f"{where}: fewer samples than the scoring pass read (the shard "
+                                f"changed since): {redo}")
+    read = getattr(samples, "digest", None)
+    if isinstance(scored_digest, dict) and read is not None and read != scored_digest:
+        raise ShardChangedError(f"{where}: its bytes differ from those the scoring pass read "
+                                f"({scored_digest.get('size')} bytes then, {read['size']} now; "
+                                f"SHA-256 {str(scored_digest.get('sha256'))[:12]}... then, "
+                                f"{read['sha256'][:12]}... now): {redo}")
 
 
 def filter_task(task: tuple[str, FilterOptions], detector, progress=None) -> dict:

@@ -479,7 +479,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         unscored = f", {len(scores) - n_cut} sample(s) without a finite score left out" if n_cut < len(scores) else ""
         source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data (threshold {t:.6g} "
                   f"from {n_cut} scores{unscored}; no guarantee about clean images)")
-        second = FilterOptions(threshold=t, scores_from=join(prepass, "scores"), **base)
+        second = FilterOptions(threshold=t, scores_from=prepass, **base)
         s2 = run_filter(inputs, second, threshold_source=source, **common)
         # the images were scored in the first pass (none when it was resumed): the speed is theirs
         # over both passes

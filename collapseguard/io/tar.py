@@ -243,6 +243,30 @@ class _CountingReader:
         return self.count
 
 
+class _Digesting:
+    """The shard's raw bytes as read, counted and hashed (SHA-256): what ``ShardReader.digest``
+    reports once the shard has been read whole."""
+
+    def __init__(self, f):
+        import hashlib
+        self._f = f
+        self._h = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        b = self._f.read(n)
+        self._h.update(b)
+        self.size += len(b)
+        return b
+
+    def finish(self) -> dict:
+        """Read what is left to the end (nothing, for a shard read whole) and return
+        ``{"size", "sha256"}`` of every byte."""
+        while self.read(1 << 16):
+            pass
+        return {"size": self.size, "sha256": self._h.hexdigest()}
+
+
 class _Source:
     """The shard's raw bytes, whose first few can be looked at before they are read. An error
     raised by the underlying stream (the disk, the network) is kept in ``error``, so it is never
@@ -495,7 +519,8 @@ def split_key(name: str) -> tuple[str, str]:
 
 class ShardReader:
     """Iterate the samples of one tar shard in order. ``skipped`` lists refused members as
-    ``"name (why)"``."""
+    ``"name (why)"``; ``digest`` is ``{"size", "sha256"}`` of the shard's bytes as read (compressed
+    or not), set once the shard has been read whole and found complete (None before)."""
 
     def __init__(self, path: str, max_member_bytes: int = MAX_MEMBER_BYTES,
                  max_sample_bytes: int = MAX_SAMPLE_BYTES):
@@ -503,6 +528,7 @@ class ShardReader:
         self.max_member_bytes = max_member_bytes
         self.max_sample_bytes = max_sample_bytes
         self.skipped: list[str] = []
+        self.digest: dict | None = None
         self._unpacked: _Decompressed | None = None
 
     def _open(self):
@@ -547,7 +573,9 @@ class ShardReader:
         return _CountingReader(self._unpacked)
 
     def __iter__(self) -> Iterator[Sample]:
-        with self._open() as raw:
+        self.digest = None
+        with self._open() as opened:
+            raw = _Digesting(opened)
             stream = self._tar_stream(raw)
             try:
                 tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=CappedTarInfo)
@@ -561,6 +589,7 @@ class ShardReader:
                 consumed = stream.since(end)
                 rest_nonzero = self._rest_is_not_zeros(tf)
             total = stream.drain()  # bytes after the end-of-archive blocks: padding, or none
+            digest = raw.finish()
         if self._unpacked is not None and self._unpacked.truncated:
             raise self._unpacked.cut_short()
         if total - end < tarfile.BLOCKSIZE:
@@ -573,6 +602,7 @@ class ShardReader:
                 f"{printable(self.path)}: the members stop at byte {end}, but what follows is not "
                 "an end of archive (a damaged header, or another archive appended): the rest of "
                 "the file cannot be read")
+        self.digest = digest
 
     def _rest_is_not_zeros(self, tf: tarfile.TarFile) -> bool:
         """Read the (decompressed) archive stream to its end: True if any byte is not zero."""

@@ -71,6 +71,21 @@ class NetworkError(CollapseguardError, OSError):
         return self.strerror
 
 
+class PipeError(CollapseguardError, OSError):
+    """A ``pipe:`` command exited with a status other than 0 (or SIGPIPE's 141). It carries an
+    errno, so that shard readers report it as the command's failure and not as damaged data
+    (the bytes it wrote before failing may stop anywhere); its message names the command."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EIO, message)
+
+    def __reduce__(self):  # pickles with its own argument (it crosses worker processes)
+        return type(self), (self.strerror,)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 class UnreadableFileError(CollapseguardError, OSError):
     """A loose file or URL body ``read_bytes`` refuses: not a regular file, or over the size cap."""
 
@@ -194,7 +209,8 @@ def inside(child: str, parent: str) -> bool:
 
 class PipeStream(io.RawIOBase):
     """The standard output of ``sh -c CMD`` as a readable stream; the exit status is checked at
-    the end of the stream and on close (0 and SIGPIPE's 141 are fine)."""
+    the end of the stream and on close (0 and SIGPIPE's 141 are fine; any other is a
+    ``PipeError``, which closing does not raise again once a read has)."""
 
     OK = (0, 141, -13)  # -13: the shell itself was ended by SIGPIPE
 
@@ -204,6 +220,7 @@ class PipeStream(io.RawIOBase):
         self.proc = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE)  # noqa: S602 - the user's own pipe: URL
         self._eof = False
+        self._reported = False
 
     def readable(self) -> bool:
         return True
@@ -217,7 +234,9 @@ class PipeStream(io.RawIOBase):
 
     def _check(self, status: int) -> None:
         if status not in self.OK:
-            raise OSError(f"pipe:{self.command}: the command exited with status {status}")
+            self._reported = True
+            raise PipeError(f"{printable('pipe:' + self.command)}: the command exited with "
+                            f"status {status}")
 
     def close(self) -> None:
         if self.closed:
@@ -229,8 +248,10 @@ class PipeStream(io.RawIOBase):
             self.proc.kill()
             status = self.proc.wait()
         super().close()
-        if not self._eof:
-            return  # stopped early: the command is told by SIGPIPE; its status says nothing more
+        if not self._eof or self._reported:
+            # stopped early: the command is told by SIGPIPE, its status says nothing more; or the
+            # read that reached the end raised the status already: closing adds nothing
+            return
         self._check(status)
 
 

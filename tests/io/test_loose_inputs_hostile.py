@@ -192,6 +192,7 @@ class Hostile(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     files: ClassVar[dict[str, bytes]] = {}
+    gets: ClassVar[dict[str, int]] = {}  # GET requests per path, for bodies that change
     trickle = (8, 0.4)  # chunks, seconds between them
     stall_s = 30.0
 
@@ -227,6 +228,12 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         elif path in ("/err500.tar", "/err403.tar"):
             if self._head(int(path[4:7]), 4, "text/plain"):
                 self.wfile.write(b"nope")
+        elif path == "/flip-good.tar":  # good.tar, then other.tar (same keys, other images), ...
+            if self.command == "GET":
+                type(self).gets[path] = type(self).gets.get(path, 0) + 1
+            body = self.files["other.tar" if type(self).gets.get(path, 0) % 2 == 0 else "good.tar"]
+            if self._head(200, len(body)):  # the same headers each time: nothing says it changed
+                self.wfile.write(body)
         elif path == "/short-good.tar":  # announces the whole shard, sends half, closes
             if self._head(200, len(body), close=True):
                 self.wfile.write(body[: len(body) // 2])
@@ -271,10 +278,19 @@ def shard_bytes(tmp_path_factory, photos):
     return p.read_bytes()
 
 
+@pytest.fixture(scope="module")
+def other_bytes(tmp_path_factory, photos):
+    """A shard with good.tar's keys and other images (what good.tar could be rewritten to)."""
+    p = tmp_path_factory.mktemp("other") / "good.tar"
+    make_shard(p, photos[2:4])
+    return p.read_bytes()
+
+
 @pytest.fixture
-def server(shard_bytes, photos):
-    handler = type("H", (Hostile,), {"files": {"good.tar": shard_bytes,
-                                               "ok.png": encode_png(photos[1][:64, :64])}})
+def server(shard_bytes, other_bytes, photos):
+    handler = type("H", (Hostile,), {"files": {"good.tar": shard_bytes, "other.tar": other_bytes,
+                                               "ok.png": encode_png(photos[1][:64, :64])},
+                                     "gets": {}})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -373,3 +389,24 @@ def test_summary_of_a_good_http_shard_is_unchanged(tmp_path, server):
     summary = json.loads((tmp_path / "o/summary.json").read_text())
     assert [s["status"] for s in summary["per_shard"]] == ["done"]
     assert Path(tmp_path / "o/kept/good.tar").is_file()
+
+
+def test_a_shard_that_changes_between_the_two_passes_of_drop_fraction_fails(tmp_path, server,
+                                                                            shard_bytes):
+    """``filter --drop-fraction`` reads each shard twice: scores first, then the split. A server
+    that sends other bytes the second time (same keys, other images, the same headers) fails
+    that shard, named, instead of splitting the new images by the old images' scores; the shard
+    that did not change is split as usual."""
+    root, _ = server
+    out = tmp_path / "out"
+    res = run_cli(["filter", f"{root}/flip-good.tar", f"{root}/good.tar", "-o", out, "-d", "nss",
+                   "--drop-fraction", "0.25", "-w", "1", "-q"], expect=1)
+    assert (f"FAILED {root}/flip-good.tar: ShardChangedError: {root}/flip-good.tar: its bytes "
+            "differ from those the scoring pass read") in res.output
+    assert "Traceback" not in (out / "summary.json").read_text()
+    assert not (out / "kept/flip-good.tar").exists() and not (out / ".done/flip-good.json").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["status"] for s in summary["per_shard"]] == ["failed", "done"]
+    members = read_members(out / "kept/good.tar") + read_members(out / "rejected/good.tar")
+    (tmp_path / "good.tar").write_bytes(shard_bytes)
+    assert sorted(members) == sorted(read_members(tmp_path / "good.tar"))

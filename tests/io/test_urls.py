@@ -154,6 +154,29 @@ def test_pipe_shard_filters_like_the_file(tmp_path, shards, threshold, local_ref
     assert [s["status"] for s in summary["per_shard"]] == ["resumed", "resumed"]
 
 
+def test_a_pipe_command_that_fails_after_writing_is_one_line_naming_it(tmp_path, shards, threshold):
+    """A ``pipe:`` command that writes half a shard, or all of it, and then exits 3 fails its shard
+    with one line naming the command and its status: not a "damaged tar header", no traceback in
+    summary.json or audit's failures, no output and no marker left for it."""
+    src = shards / "shard-0.tar"
+    for i, cmd in enumerate((f"head -c {src.stat().st_size // 2} {src}; exit 3 # shard-0.tar",
+                             f"cat {src}; exit 3 # shard-0.tar")):
+        want = f"PipeError: pipe:{cmd}: the command exited with status 3"
+        out = tmp_path / f"out{i}"
+        res = run_cli(["filter", f"pipe:{cmd}", "-o", out, "-d", "nss", "--threshold", threshold,
+                       "-w", "1", "-q"], expect=1)
+        assert f"FAILED pipe:{cmd}: {want}" in res.output and "damaged" not in res.output
+        summary = json.loads((out / "summary.json").read_text())
+        assert [s["error"] for s in summary["per_shard"]] == [want]
+        assert not list(out.glob("kept/*")) and not list(out.glob(".done/*"))
+        res = run_cli(["score", f"pipe:{cmd}", "-d", "nss", "-q", "-o", tmp_path / f"s{i}.csv"],
+                      expect=1)
+        assert f"FAILED pipe:{cmd}: {want}" in res.output and "damaged" not in res.output
+        run_cli(["audit", f"pipe:{cmd}", "-d", "nss", "-q", "-o", tmp_path / f"a{i}"], expect=1)
+        failures = json.loads((tmp_path / f"a{i}/summary.json").read_text())["failures"]
+        assert failures == [f"pipe:{cmd}: {want}"]
+
+
 def test_http_shards_filter_like_the_files(tmp_path, http_root, shards, threshold, local_ref):
     out = tmp_path / "out"
     run_cli(["filter", f"{http_root}/shard-{{0..1}}.tar", "-o", out, "-d", "nss",
