@@ -302,6 +302,8 @@ def main() -> None:
                     "(damage size per family, kind offsets, the score rebuilt from its crop logits)")
     ap.add_argument("--json", default=None, help="write every figure here as JSON")
     args = ap.parse_args()
+    if args.gap and not args.eval:
+        ap.error("--gap needs --eval (it reads the evaluation set)")
     torch.set_num_threads(args.threads)
 
     df = load_chains(args.chains)

@@ -41,7 +41,7 @@ from collapseguard.images import (
     random_window,
     resize_by,
 )
-from collapseguard.io.tar import CappedTarInfo, open_regular_file
+from collapseguard.io.tar import CappedTarInfo, open_regular_file, split_key
 
 Source = tuple[str, np.ndarray]
 
@@ -391,14 +391,13 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
         # only regular files (a FIFO would wait for a writer forever); no header bombs
         with open_regular_file(f) as raw, tarfile.open(fileobj=raw, mode="r:*", tarinfo=CappedTarInfo) as tar:
             for m in tar:
-                if not m.isfile():
+                if m.isdir():  # as io.tar: a folder is no member; a link still ends a sample
                     continue
-                key = m.name.rsplit(".", 1)[0].split(".")[0] if "/" not in m.name else \
-                    m.name.rsplit("/", 1)[0] + "/" + m.name.rsplit("/", 1)[1].split(".")[0]
+                key = split_key(m.name)[0]
                 if key != current:  # a new sample
                     current, taken = key, False
                     samples[key] = samples.get(key, 0) + 1
-                if taken or not is_image_name(m.name):
+                if taken or not m.isfile() or not is_image_name(m.name):
                     continue
                 taken = True
                 data = tar.extractfile(m).read()

@@ -219,3 +219,26 @@ def test_flat_art_is_deterministic_varied_and_textureless():
     assert 0 < sum(flat) < 40
     with pytest.raises(SourceError):
         flat_art(2, min_side=8)
+
+
+def test_shard_images_groups_samples_as_io_tar_does(tmp_path):
+    """A sample is a run of members sharing io.tar's key: a link member ``j`` between two ``k``
+    samples still ends the first, and two hidden files (``.a.png``, ``.b.png``) are two samples,
+    so no picture is dropped as a second image of its neighbour."""
+    from collapseguard.io.tar import iter_samples
+
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("k.png", _png((1, 0, 0))), ("j.png", None), ("k.png", _png((2, 0, 0))),
+                           (".a.png", _png((3, 0, 0))), (".b.png", _png((4, 0, 0)))]:
+            info = tarfile.TarInfo(name)
+            if data is None:  # a symbolic link, not a regular file
+                info.type, info.linkname = tarfile.SYMTYPE, "k.png"
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    assert len(list(iter_samples(str(path)))) == 5  # io.tar: k, j, k, .a.png, .b.png
+    got = list(shard_images(str(path)))
+    assert [tuple(a[0, 0]) for _, a in got] == [(1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0)]
+    assert len({n for n, _ in got}) == 4 and got[1][0] == "s/k@repeat1"
