@@ -533,8 +533,11 @@ def test_a_hostile_calibration_file_is_one_line_and_nothing_is_written(tmp_path,
 
 def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_path, shards, reference):
     out = tmp_path / "out"
+    # as started from a terminal: SIGINT at its default action, even when this test runs in a
+    # background job or under nohup, whose children inherit SIGINT ignored
     proc = subprocess.Popen(filter_cmd(shards, out), start_new_session=True,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 180
     while time.time() < deadline and not list((out / "kept").glob("*.tmp")):
         time.sleep(0.05)
