@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from collapseguard.commands._common import check_out_file
-from collapseguard.io.terminal import printable
+from collapseguard.io.terminal import first_of, printable
 
 #: ``--clean KIND=LOCATION``: a kind is a short plain name
 _KIND = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63})=(.+)")
@@ -231,9 +231,8 @@ def _unscored_text(table, shown: int = 5) -> str:
     (its ``error`` column), escaped for the terminal."""
     rows = table[table["score"].isna()]
     errors = rows["error"] if "error" in rows.columns else [""] * len(rows)
-    named = [printable(f"{path} ({error})" if error else str(path))
-             for path, error in zip(rows["path"][:shown], list(errors)[:shown])]
-    return "; ".join(named) + (f" (and {len(rows) - shown} more)" if len(rows) > shown else "")
+    return first_of([printable(f"{path} ({error})" if error else str(path))
+                     for path, error in zip(rows["path"], errors)], shown)
 
 
 def _same_detector_or_fail(asked: str, name: str, version: str, table) -> None:

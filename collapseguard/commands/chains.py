@@ -24,9 +24,9 @@ def _check_no_manifest(out_dir) -> None:
     it, and the chains it lists would be read by no command any more (their images left behind)."""
     from pathlib import Path
 
-    from collapseguard.training_data_tools.manifest import MANIFEST_NAME
+    from collapseguard.training_data_tools.manifest import MANIFEST_NAMES
 
-    held = [n for n in (MANIFEST_NAME, "manifest.parquet") if (Path(out_dir) / n).exists()]
+    held = [n for n in MANIFEST_NAMES if (Path(out_dir) / n).exists()]
     if held:
         raise click.ClickException(
             f"--out {out_dir} already holds {held[0]}: writing chains there would replace it and "

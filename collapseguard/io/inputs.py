@@ -21,7 +21,7 @@ import braceexpand
 from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.io.tar import valid_text
-from collapseguard.io.terminal import printable
+from collapseguard.io.terminal import first_of, printable
 from collapseguard.io.urls import (
     SHARD_SUFFIXES,
     URLError,
@@ -68,9 +68,8 @@ def unread_in(root: str | os.PathLike, walked: Walk, every_broken_link: bool = F
 def unread_text(unread: list[tuple[str, str]], consequence: str, shown: int = 5) -> str:
     """One line naming what was not read (the first ``shown``, escaped for the terminal) and
     what that would cost."""
-    named = "; ".join(f"{printable(path)}: {why}" for path, why in unread[:shown])
-    more = f" (and {len(unread) - shown} more)" if len(unread) > shown else ""
-    return f"not read: {named}{more}; {consequence}"
+    named = first_of([f"{printable(path)}: {why}" for path, why in unread], shown)
+    return f"not read: {named}; {consequence}"
 
 
 class InputError(CollapseguardError, ValueError):

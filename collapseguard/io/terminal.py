@@ -8,6 +8,14 @@ message that prints such a name passes it through :func:`printable`.
 from __future__ import annotations
 
 
+def first_of(items, shown: int = 5, sep: str = "; ") -> str:
+    """The first ``shown`` of ``items`` (strings, already escaped where they hold data) joined by
+    ``sep``, and how many more there are: ``a; b (and 3 more)``."""
+    items = list(items)
+    more = f" (and {len(items) - shown} more)" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
+
+
 def printable(text: object) -> str:
     """``text`` with every character that is not printable (control characters, escape, DEL, C1
     controls, bidirectional overrides, line and paragraph separators) written as a Python escape

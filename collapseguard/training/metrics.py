@@ -12,6 +12,7 @@ import pandas as pd
 from collapseguard.detectors.base import Detector
 from collapseguard.evaluation.metrics import auroc
 from collapseguard.images import DecodeError
+from collapseguard.io.terminal import first_of
 from collapseguard.scoring.records import score_records
 
 EVAL_STEPS = (1, 2, 3, 5, 10, 20)
@@ -45,8 +46,7 @@ def score_paths(detector: Detector, paths: Sequence[str], batch: int = 16,
         if progress and ((i + 1) % batch == 0 or i + 1 == len(paths)):
             progress(i + 1, len(paths))
     if bad:
-        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
-        raise DecodeError("; ".join(bad[:5]) + more)
+        raise DecodeError(first_of(bad))
     return out
 
 

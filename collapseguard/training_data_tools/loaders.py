@@ -32,7 +32,7 @@ from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
 from collapseguard.io.walk import walk
 from collapseguard.training_data_tools.manifest import (
-    MANIFEST_NAME,
+    MANIFEST_NAMES,
     MAX_STEP,
     ManifestError,
     read_manifest,
@@ -129,7 +129,7 @@ def discover_chains(path: str | Path, extract_dir: str | Path | None = None,
                     raise
                 return _from_parquet([path], path.parent, extract_dir, one_based)
         raise ChainLayoutError(f"{path}: expected a manifest (.csv/.tsv/.parquet) or a folder")
-    for name in (MANIFEST_NAME, "manifest.parquet"):
+    for name in MANIFEST_NAMES:
         if (path / name).is_file():
             return Discovery(read_manifest(path / name, check_files=check_files), f"manifest {name}")
     walked = walk(path)  # folder links followed, loops and outside file links reported (io.walk)

@@ -21,6 +21,8 @@ from collapseguard.errors import CollapseguardError
 REQUIRED_COLUMNS = ("chain_id", "source_image", "family", "task", "step", "path")
 #: default file name of a manifest inside a chains folder
 MANIFEST_NAME = "manifest.csv"
+#: the file names a chains folder's manifest is read from, in this order
+MANIFEST_NAMES = (MANIFEST_NAME, "manifest.parquet")
 #: the largest step a manifest may hold (larger numbers do not survive float/int64 conversion)
 MAX_STEP = 2**53
 
@@ -47,7 +49,7 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
     """
     path = Path(path)
     if path.is_dir():
-        for name in (MANIFEST_NAME, "manifest.parquet"):
+        for name in MANIFEST_NAMES:
             if (path / name).exists():
                 path = path / name
                 break
