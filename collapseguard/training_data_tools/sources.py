@@ -380,11 +380,14 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
     ``paths`` is a glob pattern or a list of paths. A sample is a run of consecutive members
     sharing a key (``io.tar``'s rule); a key that comes back after other samples (``k, j, k``)
     names another sample, yielded as ``shard/k@repeatN`` (N: the earlier samples with that key).
+    Names are distinct over the whole call: a name already given (a real key ``k@repeat1``, keys
+    that clean to one name, two shards of one file name) takes the next free ``@repeatN``.
     Members are read as raw bytes and decoded with PIL; undecodable images are skipped.
     """
     files = sorted(glob.glob(paths)) if isinstance(paths, str) else list(paths)
     if not files:
         raise SourceError(f"no shards match {paths!r}")
+    given: set[str] = set()
     for f in files:
         samples: dict[str, int] = {}  # key -> samples with that key so far
         current, taken = None, False  # key of the sample being read; its image already used?
@@ -405,8 +408,14 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
                     arr = decode_image(data)
                 except DecodeError:
                     continue
+                base = _clean_name(f"{Path(f).stem}/{key}")
                 repeat = samples[key] - 1
-                yield _clean_name(f"{Path(f).stem}/{key}" + (f"@repeat{repeat}" if repeat else "")), arr
+                name = base + (f"@repeat{repeat}" if repeat else "")
+                while name in given:
+                    repeat += 1
+                    name = f"{base}@repeat{repeat}"
+                given.add(name)
+                yield name, arr
 
 
 def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:

@@ -242,3 +242,24 @@ def test_shard_images_groups_samples_as_io_tar_does(tmp_path):
     got = list(shard_images(str(path)))
     assert [tuple(a[0, 0]) for _, a in got] == [(1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0)]
     assert len({n for n, _ in got}) == 4 and got[1][0] == "s/k@repeat1"
+
+
+def test_shard_images_names_are_unique_when_keys_or_shard_stems_collide(tmp_path):
+    """Source names must be distinct, or ``chains make`` refuses the whole run: a real key named
+    ``k@repeat1`` beside a repeated ``k``, keys that clean to one name (``a b``, ``a_b``) and two
+    shards of one file name in different folders each keep every picture under a name of its own."""
+    def write(path, names):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(path, "w") as tar:
+            for i, name in enumerate(names):
+                data = _png((i + 1, 0, 0))
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    write(tmp_path / "a" / "s.tar", ["k.png", "j.png", "k.png", "k@repeat1.png", "a b.png", "a_b.png"])
+    write(tmp_path / "b" / "s.tar", ["k.png"])
+    got = list(shard_images([str(tmp_path / "a" / "s.tar"), str(tmp_path / "b" / "s.tar")]))
+    names = [n for n, _ in got]
+    assert len(got) == 7 and len(set(names)) == 7, names
+    assert names[:3] == ["s/k", "s/j", "s/k@repeat1"]
