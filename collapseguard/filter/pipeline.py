@@ -256,8 +256,10 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         for w in (kept_w, rej_w):
             if w is not None:
                 w.close()
-    except BaseException:
+    except BaseException as exc:
         discard_all()
+        if isinstance(exc, ShardChangedError):  # its scores are stale: the next run scores it anew
+            open_out_dir(options.scores_from).remove(names["marker"])
         raise
     if rej_w is not None:
         for i, key in rej_w.renamed.items():  # neighbours of one key: moved aside in rejected/
@@ -351,8 +353,8 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
     with open_stream(str(scores_path), allow_pipe=False) as f:
         table = pq.read_table(f).to_pylist()
     where = printable(shard or str(scores_path))
-    redo = ("the scores of the scoring pass are not this shard's; filter it again with "
-            "--overwrite to score it anew")
+    redo = ("the scores of the scoring pass are not this shard's; run the same command again to "
+            "score it anew")
     it = iter(table)
     for sample in samples:
         row = next(it, None)

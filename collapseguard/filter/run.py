@@ -244,6 +244,10 @@ def settings_diff(before, now: dict) -> str:
     return "; ".join(parts) or "settings differ"
 
 
+def _threshold_alone_differs(before, now: dict) -> bool:
+    return isinstance(before, dict) and {**before, "threshold": now.get("threshold")} == now
+
+
 def completed_marker(shard: str, options: FilterOptions, out: Path,
                      detector_version: str | None) -> dict | None:
     """The marker of ``shard``'s earlier completion in ``out`` if it can be reused; None when the
@@ -256,6 +260,8 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
             f"{shard_name(shard)} was completed in {out} from another shard "
             f"({marker.get('shard')}); use --overwrite or another --out")
     if marker.get("options") != options.fingerprint():
+        if options.scores_from and _threshold_alone_differs(marker.get("options"), options.fingerprint()):
+            return None  # a deciding pass splits again from the kept scores (no model runs)
         raise FilterError(
             f"{shard_name(shard)} was completed in {out} with other settings "
             f"({settings_diff(marker.get('options'), options.fingerprint())}); use --overwrite or "

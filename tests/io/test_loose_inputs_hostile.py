@@ -234,6 +234,12 @@ class Hostile(http.server.BaseHTTPRequestHandler):
             body = self.files["other.tar" if type(self).gets.get(path, 0) % 2 == 0 else "good.tar"]
             if self._head(200, len(body)):  # the same headers each time: nothing says it changed
                 self.wfile.write(body)
+        elif path == "/once-good.tar":  # good.tar on the first GET, other.tar from then on
+            if self.command == "GET":
+                type(self).gets[path] = type(self).gets.get(path, 0) + 1
+            body = self.files["good.tar" if type(self).gets.get(path, 0) <= 1 else "other.tar"]
+            if self._head(200, len(body)):
+                self.wfile.write(body)
         elif path == "/short-good.tar":  # announces the whole shard, sends half, closes
             if self._head(200, len(body), close=True):
                 self.wfile.write(body[: len(body) // 2])
@@ -410,3 +416,29 @@ def test_a_shard_that_changes_between_the_two_passes_of_drop_fraction_fails(tmp_
     members = read_members(out / "kept/good.tar") + read_members(out / "rejected/good.tar")
     (tmp_path / "good.tar").write_bytes(shard_bytes)
     assert sorted(members) == sorted(read_members(tmp_path / "good.tar"))
+
+
+def test_the_same_command_again_after_a_shard_changed_scores_it_anew_and_splits_every_shard_by_the_new_cut(
+        tmp_path, server, other_bytes):
+    """After ``ShardChangedError`` the advice is to run the same command again, and that works:
+    the changed shard is scored anew (its stale scores are not reused, though its headers are
+    the same), the threshold is cut again from all scores, and a shard split by the old cut is
+    split again from its kept scores, so every shard's decisions follow the one final cut."""
+    root, _ = server
+    out = tmp_path / "out"
+    args = ["filter", f"{root}/once-good.tar", f"{root}/good.tar", "-o", out, "-d", "nss",
+            "--drop-fraction", "0.25", "-w", "1", "-q"]
+    res = run_cli(args, expect=1)
+    assert "ShardChangedError" in res.output and "run the same command again" in res.output
+    first = json.loads((out / "summary.json").read_text())["threshold"]
+    run_cli(args)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["status"] for s in summary["per_shard"]] == ["done", "done"]
+    assert summary["threshold"] != first  # the cut moved with the new shard's scores
+    (tmp_path / "other.tar").write_bytes(other_bytes)
+    members = read_members(out / "kept/once-good.tar") + read_members(out / "rejected/once-good.tar")
+    assert sorted(members) == sorted(read_members(tmp_path / "other.tar"))
+    for stem in ("once-good", "good"):
+        rows = pd.read_parquet(out / "scores" / f"{stem}.parquet")
+        assert list(rows["decision"]) == ["rejected" if v > summary["threshold"] else "kept"
+                                          for v in rows["score"]], stem
