@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-
 MIN_CROP, MAX_CROP = 8, 256  # crop side in pixels
 
 
@@ -240,11 +239,16 @@ def save_net(net: DegradationNet, path, metadata: dict[str, str] | None = None) 
 
     from safetensors.torch import save_file
 
+    from collapseguard.io.atomic import replaced_when_done
+
     meta = {"format": "collapseguard-cnn", "config": json.dumps(net.config.to_dict())}
     for k, v in (metadata or {}).items():
         meta[str(k)] = v if isinstance(v, str) else json.dumps(v)
     tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    save_file(tensors, str(path), metadata=meta)
+    # safetensors writes its file readable by its owner only; replaced_when_done gives it the
+    # umask's mode (and writes it whole or not at all)
+    with replaced_when_done(path, suffix=".safetensors.tmp") as tmp:
+        save_file(tensors, tmp, metadata=meta)
 
 
 def load_net(data: bytes) -> tuple[DegradationNet, dict[str, str]]:

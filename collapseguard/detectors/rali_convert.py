@@ -85,7 +85,8 @@ def convert(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     if tensors:
         from safetensors.torch import save_file
 
-        save_file(tensors, str(out / "head.safetensors"), metadata={"format": FORMAT})
+        with replaced_when_done(out / "head.safetensors", suffix=".safetensors.tmp") as tmp:
+            save_file(tensors, tmp, metadata={"format": FORMAT})  # the umask's mode, not 0600
     sources = {n: _sha(src / n) for n in ("pca.pkl", "ckpt.pt", "basis.npz") if (src / n).is_file()}
     meta = {"format": FORMAT, "scalars": scalars, "converted_from": sources}
     (out / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2, sort_keys=True))

@@ -39,6 +39,7 @@ def train(out: Path, steps: int = 1500, batch: int = 24, size: int = 48, seed: i
     import torch
     from safetensors.torch import save_file
 
+    from collapseguard.io.atomic import replaced_when_done
     from collapseguard.training_data_tools.replicators.learned import build_model
     from collapseguard.training_data_tools.sources import bundled_photos, procedural_art
 
@@ -70,8 +71,9 @@ def train(out: Path, steps: int = 1500, batch: int = 24, size: int = 48, seed: i
     psnr = 10 * np.log10(1.0 / max(mse, 1e-12))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out), metadata={"arch": "ReplicatorAE-v1", "seed": str(seed),
-                                         "steps": str(steps), "heldout_psnr": f"{psnr:.2f}"})
+    with replaced_when_done(out, suffix=".safetensors.tmp") as tmp:  # the umask's mode, not 0600
+        save_file(state, tmp, metadata={"arch": "ReplicatorAE-v1", "seed": str(seed),
+                                        "steps": str(steps), "heldout_psnr": f"{psnr:.2f}"})
     print(f"saved {out}  held-out one-pass PSNR {psnr:.2f} dB  ({time.time() - t0:.0f}s)")
     return {"psnr": psnr}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -92,6 +94,9 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
     save_net(net, path, metadata={"families": ["a", "b"]})
     net2, meta = load_net(path.read_bytes())
     assert net2.config == net.config and meta["families"] == '["a", "b"]'
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # readable by a team, as open() makes files
     x = torch.randint(0, 256, (2, 3, 32, 32, 3), dtype=torch.uint8)
     with torch.no_grad():
         torch.testing.assert_close(net(x), net2(x))

@@ -97,6 +97,8 @@ def test_convert_once_then_load_without_pickle(rali_dir, tmp_path, capsys):
     assert "no --trust-pickle needed" in capsys.readouterr().out
     assert is_converted(out_dir)
     assert not (out_dir / "pca.pkl").exists() and not (out_dir / "ckpt.pt").exists()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out_dir.iterdir() if p.is_file()}
+    assert len(set(modes.values())) == 1, modes  # head.safetensors as readable as pca.npz
     det = create(f"rali:{out_dir}", device="cpu")  # no trust flag
     ref = create(f"rali:{root}", trust_pickle=True, device="cpu")
     imgs = _images()

@@ -22,6 +22,7 @@ def test_training_is_reproducible_and_loadable(tmp_path):
     from safetensors.torch import load_file
 
     ta, tb = load_file(str(a)), load_file(str(b))  # (header order may differ; tensors must not)
+    assert a.stat().st_mode & 0o044 == 0o044  # others can read the weights, as a shared folder needs
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     model = load_model(a)
     with torch.inference_mode():
