@@ -7,7 +7,7 @@ import os
 import click
 
 from collapseguard.commands._common import check_out_dir, check_out_file
-from collapseguard.io.terminal import printable
+from collapseguard.io.terminal import first_of, printable
 
 
 def _int_list(text: str | None) -> list[int] | None:
@@ -112,8 +112,9 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
         click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
                    "written", err=True)
+    skipped: list[str] = []
     try:
-        src = resolve_sources(sources, seed=seed)
+        src = resolve_sources(sources, seed=seed, skipped=skipped)
         if max_sources:
             src = itertools.islice(src, max_sources)
         df = make_chains(src, fams, steps=steps, keep=_int_list(keep) or [0], out_dir=out_dir,
@@ -121,6 +122,9 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
                          repeats=repeats)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
+    if skipped:  # undecodable source images are left out, but never without a word
+        click.echo(f"note: skipped {len(skipped)} source image(s) that could not be decoded: "
+                   f"{first_of(printable(x) for x in skipped)}", err=True)
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
                f"{sorted(df['family'].unique())} -> {os.path.join(out_dir, 'manifest.csv')}")
 

@@ -302,10 +302,19 @@ def _clean_name(name: str) -> str:
     return "/".join(parts) or "image"
 
 
-def folder_images(path: str | os.PathLike, recursive: bool = True) -> Iterator[Source]:
+def _note(skipped: list[str] | None, where, exc: BaseException) -> None:
+    """Note an image skipped as undecodable: ``where: reason`` (the reason's first line)."""
+    if skipped is not None:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        skipped.append(f"{where}: {reason}")
+
+
+def folder_images(path: str | os.PathLike, recursive: bool = True,
+                  skipped: list[str] | None = None) -> Iterator[Source]:
     """Yield ``(relative name, array)`` for every decodable image file under ``path`` (sorted).
 
-    Undecodable files are skipped. Raises SourceError when the folder does not exist.
+    Undecodable files are skipped, each noted as ``path: reason`` in ``skipped`` when given.
+    Raises SourceError when the folder does not exist.
     """
     root = Path(path)
     if not root.is_dir():
@@ -317,25 +326,28 @@ def folder_images(path: str | os.PathLike, recursive: bool = True) -> Iterator[S
     for p, stem in zip(files, stems):
         try:
             arr = load_image(p)
-        except (OSError, DecodeError):
+        except (OSError, DecodeError) as exc:
+            _note(skipped, p, exc)
             continue
         yield _clean_name(stem + ("_" + p.suffix.lstrip(".").lower() if stem in shared else "")), arr
 
 
 def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int = 0,
-                both: bool = False) -> Iterator[Source]:
+                both: bool = False, skipped: list[str] | None = None) -> Iterator[Source]:
     """One view per image file in ``paths`` (files, in the order given): even positions give a
     native-resolution ``side`` x ``side`` window at a seeded random place, odd ones the whole
     picture downscaled (Lanczos) to a long side of ``1.5 * side`` (never upscaled). With ``both``
     every file gives both views. Names are ``<file stem>@native`` / ``<file stem>@web`` (splits by
-    source keep the views of one picture together). Undecodable files are skipped."""
+    source keep the views of one picture together). Undecodable files are skipped (and noted in
+    ``skipped`` when given)."""
     if side < 32:
         raise SourceError(f"photo_views: side must be >= 32, got {side}")
     rng = np.random.default_rng(seed)
     for i, p in enumerate(Path(x) for x in paths):
         try:
             img = load_image(p)
-        except (OSError, DecodeError):
+        except (OSError, DecodeError) as exc:
+            _note(skipped, p, exc)
             continue
         if both or i % 2 == 0:
             yield _clean_name(f"{p.stem}@native"), np.ascontiguousarray(random_window(img, side, rng))
@@ -374,7 +386,7 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
             yield _clean_name(f"{p.stem}@native{j + 2}"), np.ascontiguousarray(random_window(img, side, rng))
 
 
-def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
+def shard_images(paths: str | Iterable[str], skipped: list[str] | None = None) -> Iterator[Source]:
     """Yield ``(shard/key, array)`` for the first image of every sample in WebDataset tar shards.
 
     ``paths`` is a glob pattern or a list of paths. A sample is a run of consecutive members
@@ -382,7 +394,8 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
     names another sample, yielded as ``shard/k@repeatN`` (N: the earlier samples with that key).
     Names are distinct over the whole call: a name already given (a real key ``k@repeat1``, keys
     that clean to one name, two shards of one file name) takes the next free ``@repeatN``.
-    Members are read as raw bytes and decoded with PIL; undecodable images are skipped.
+    Members are read as raw bytes and decoded with PIL; undecodable images are skipped (and noted
+    in ``skipped`` when given).
     """
     files = sorted(glob.glob(paths)) if isinstance(paths, str) else list(paths)
     if not files:
@@ -406,7 +419,8 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
                 data = tar.extractfile(m).read()
                 try:
                     arr = decode_image(data)
-                except DecodeError:
+                except DecodeError as exc:
+                    _note(skipped, f"{f}:{m.name}", exc)
                     continue
                 base = _clean_name(f"{Path(f).stem}/{key}")
                 repeat = samples[key] - 1
@@ -418,14 +432,15 @@ def shard_images(paths: str | Iterable[str]) -> Iterator[Source]:
                 yield name, arr
 
 
-def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
+def resolve_sources(spec: str, seed: int = 0, skipped: list[str] | None = None) -> Iterator[Source]:
     """Turn a command-line spec into a source.
 
     ``bundled`` | ``art:N`` (or ``art:N:MIN-MAX`` sides, then optionally ``:dither=SIGMA`` or
     ``:dither=vary``; see ``procedural_art``) | ``pixel:N`` | ``screen:N`` (``drawn_kinds``) |
     ``folder:PATH`` | ``views:PATH`` (or
     ``views:PATH:SIDE``; ``photo_views`` of the image files under a folder) | ``shards:GLOB`` |
-    a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``.
+    a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``. Image files
+    that cannot be decoded are skipped, each noted as ``where: reason`` in ``skipped`` when given.
     """
     for part in [s.strip() for s in spec.split(",") if s.strip()]:
         kind, _, arg = part.partition(":")
@@ -446,20 +461,20 @@ def resolve_sources(spec: str, seed: int = 0) -> Iterator[Source]:
             draw = drawn_kinds.pixel_art if kind == "pixel" else drawn_kinds.screens
             yield from draw(int(arg), seed=seed)
         elif kind == "folder":
-            yield from folder_images(arg)
+            yield from folder_images(arg, skipped=skipped)
         elif kind == "views":
             folder, _, side = arg.rpartition(":") if re.search(r":\d+$", arg) else (arg, "", "")
             root = Path(folder)
             if not root.is_dir():
                 raise SourceError(f"not a folder: {root}")
             files = sorted(p for p in root.rglob("*") if p.is_file() and is_image_name(p.name))
-            yield from photo_views(files, int(side or 512), seed=seed)
+            yield from photo_views(files, int(side or 512), seed=seed, skipped=skipped)
         elif kind == "shards":
-            yield from shard_images(arg)
+            yield from shard_images(arg, skipped=skipped)
         elif os.path.isdir(part):
-            yield from folder_images(part)
+            yield from folder_images(part, skipped=skipped)
         elif part.endswith(".tar") or glob.glob(part):
-            yield from shard_images(part)
+            yield from shard_images(part, skipped=skipped)
         else:
             raise SourceError(f"unknown source {part!r}: use bundled, art:N, pixel:N, screen:N, "
                               "folder:PATH, views:PATH, "

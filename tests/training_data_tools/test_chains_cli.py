@@ -287,3 +287,28 @@ def test_every_source_the_refusal_names_is_in_the_help_and_the_reference():
     reference = (Path(__file__).resolve().parents[2] / "docs" / "REFERENCE.md").read_text(encoding="utf-8")
     assert [s for s in specs if s not in help_text] == [], help_text
     assert [s for s in specs if f"`{s}`" not in reference] == []
+
+
+def test_make_names_each_source_image_it_cannot_decode(tmp_path):
+    """A garbage or truncated image among the sources was left out without a word (the run
+    printed only its counts); each is now named, with its reason, and the rest are made."""
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg, encode_png
+
+    pic = np.tile(np.array((120, 60, 30), np.uint8), (40, 48, 1))
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "good.png").write_bytes(encode_png(pic))
+    (folder / "junk.jpg").write_bytes(b"not an image at all")
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        add_member(tar, "a.png", encode_png(pic))
+        add_member(tar, "b.jpg", encode_jpeg(pic, 90)[:40])  # cut short
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{folder},shards:{tmp_path}/s.tar",
+                                    "--families", "codec", "--steps", "1", "--keep", "0,1",
+                                    "--out", str(out), "--workers", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "skipped 2 source image(s) that could not be decoded" in res.output
+    assert "junk.jpg: " in res.output and "s.tar:b.jpg: " in res.output
+    assert sorted(load_chains(out).query("step == 0")["source_image"]) == ["good", "s/a"]
