@@ -89,6 +89,9 @@ def empty(tmp_path):
 KNOWN_ERRORS = [
     ("score {t}/none.tar -o {t}/o.csv", "no such file or folder"),
     ("score -d nope {t}/empty -o {t}/o.csv", "unknown detector 'nope'"),
+    # the inputs are checked before a model loads (a 7B judge takes minutes): the missing input
+    # is the error, not the missing weights
+    ("score -d cnn:{t}/no.safetensors {t}/none.tar -o {t}/o.csv", "none.tar: no such file or folder"),
     ("filter {t}/none.tar --out {t}/f", "no such file or folder"),
     ("filter {t}/empty --out {t}/f --threshold 1", "no .tar shards found"),
     ("audit {t}/none.tar --out {t}/a -d nss", "no such file or folder"),

@@ -28,8 +28,10 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     patterns such as 'data/shard-{000..009}.tar', as paths or URLs ('pipe:CMD', http(s)://,
     s3://, any fsspec protocol). Higher score = more degraded; an image that cannot be
     decoded gets an empty score and its error text."""
+    from collapseguard.detectors.base import check_spec
     from collapseguard.scoring.run import (
         check_table_suffix,
+        plan_score_tasks,
         run_score,
         write_table,
     )
@@ -39,13 +41,16 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     check_out_file(out)
+    check_spec(detector)  # an unknown name fails at once; a missing input before a model loads
+    unread: list[tuple[str, str]] = []
+    tasks = plan_score_tasks(paths, None, unread)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)  # a bad spec fails here, in one line, not in every worker
     if workers > 1:
         det = None  # each worker loads its own; do not hold a third copy meanwhile
     try:
         df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
-                                 detector_kwargs=kwargs)
+                                 detector_kwargs=kwargs, planned=(tasks, unread))
         write_table(df, out)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None

@@ -220,20 +220,27 @@ def _resolve(factory: str | Callable[..., Detector]) -> Callable[..., Detector]:
 
 def create(name: str, **kwargs) -> Detector:
     """Create a detector from its spec, e.g. ``create("nss")`` or ``create("pyiqa:piqe")``."""
-    if not isinstance(name, str) or not name.strip():
-        raise DetectorError("detector name must be a non-empty string")
+    key, arg = check_spec(name)
     name = name.strip()  # " cnn" from a shell quote or a comma-separated list is "cnn"
-    if name in _REGISTRY and not name.endswith(":"):  # "vlm:" is a family, not a detector
-        det = _resolve(_REGISTRY[name])(**kwargs)
-    else:
-        prefix, sep, arg = name.partition(":")
-        key = prefix + ":"
-        if not sep or key not in _REGISTRY:
-            known = ", ".join(sorted(_REGISTRY))
-            raise DetectorError(f"unknown detector {name!r}; known: {known}")
-        if not arg:
-            raise DetectorError(f"detector {name!r} needs an argument after the colon")
-        det = _resolve(_REGISTRY[key])(arg, **kwargs)
+    det = _resolve(_REGISTRY[key])(**kwargs) if arg is None else _resolve(_REGISTRY[key])(arg, **kwargs)
     if not det.name:
         det.name = name
     return det
+
+
+def check_spec(name) -> tuple[str, str | None]:
+    """The registry entry of a detector spec and its argument (None for a plain name), without
+    creating anything; DetectorError for an empty or unknown spec or a family without its argument."""
+    if not isinstance(name, str) or not name.strip():
+        raise DetectorError("detector name must be a non-empty string")
+    name = name.strip()
+    if name in _REGISTRY and not name.endswith(":"):  # "vlm:" is a family, not a detector
+        return name, None
+    prefix, sep, arg = name.partition(":")
+    key = prefix + ":"
+    if not sep or key not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise DetectorError(f"unknown detector {name!r}; known: {known}")
+    if not arg:
+        raise DetectorError(f"detector {name!r} needs an argument after the colon")
+    return key, arg

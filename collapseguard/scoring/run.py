@@ -114,14 +114,19 @@ def _total(tasks: list[tuple]) -> int | None:
 
 def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
               detector_obj=None, detector_kwargs: tuple = (),
-              select=None) -> tuple[pd.DataFrame, list[str]]:
+              select=None, planned: tuple[list, list] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Score every image named by ``inputs``; returns (table, errors of tasks that failed).
 
     ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
     read past without being decoded. What a folder holds and cannot be read (a subfolder that
-    cannot be listed, a broken link) is among the errors, so nothing goes missing unsaid."""
-    unread: list[tuple[str, str]] = []
-    tasks = plan_score_tasks(inputs, select, unread)
+    cannot be listed, a broken link) is among the errors, so nothing goes missing unsaid.
+    ``planned``: ``(tasks, unread)`` from an earlier ``plan_score_tasks(inputs, select, unread)``
+    (a caller that checks its inputs before loading a detector), instead of planning here."""
+    if planned is None:
+        unread: list[tuple[str, str]] = []
+        tasks = plan_score_tasks(inputs, select, unread)
+    else:
+        tasks, unread = planned
     results: list[list[dict] | None] = [None] * len(tasks)
     failures: list[str] = [f"{path}: not read: {why}" for path, why in unread]
     bar = progress_bar(_total(tasks) if select is None else None, desc="score", unit="img",
