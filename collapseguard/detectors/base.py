@@ -4,7 +4,8 @@ Conventions:
 - ``score(images)`` takes a batch of decoded RGB uint8 arrays (H, W, 3) at native resolution and
   returns a float32 array of the same length where **higher means more degraded**. NaN means the
   detector could not score that image (for example an unparseable VLM answer); callers record it
-  as an error, never as a score.
+  as an error, never as a score. A detector that knows why may set ``last_nan_reasons``, one
+  string per image of its last call ("" where it scored), which callers record as that error.
 - Every detector has a ``name`` (the spec it was created from, e.g. ``"pyiqa:piqe"``) and a
   ``version`` (a hash of its weights or parameters). Both go into every scores and calibration file.
 - Detectors are created by name: ``create("nss")``, ``create("cnn")``, ``create("pyiqa:piqe")``,

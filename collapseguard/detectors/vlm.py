@@ -42,6 +42,7 @@ from collapseguard.detectors.base import (
     resolve_device,
 )
 from collapseguard.detectors.vlm_prompt import RATING_MAX, parse_rating, rating_prompt
+from collapseguard.io.terminal import printable
 
 #: default cap on image pixels handed to the vision tower: 1536 visual tokens (~1.2 MP), enough
 #: for a 1024 x 1024 image to go in at native resolution
@@ -192,6 +193,7 @@ class VLMJudge(Detector):
         self.max_pixels, self.min_pixels = int(max_pixels), int(min_pixels)
         self.prompt = rating_prompt(self.thinking)
         self.n_parse_errors = 0
+        self.last_nan_reasons: list[str] = []  # per image of the last call: why it is NaN
         self.n_scored = 0
         self.last_answers: collections.deque[str] = collections.deque(maxlen=keep_answers)
         self.last_parse_errors: collections.deque[str] = collections.deque(maxlen=keep_answers)
@@ -285,15 +287,19 @@ class VLMJudge(Detector):
         """Ratings in [1, 5] (higher = better quality); NaN for an unparseable answer (counted)."""
         answers = self.generate(images) if len(images) else []
         out = np.full(len(answers), np.nan, dtype=np.float64)
+        reasons = [""] * len(answers)
         for i, ans in enumerate(answers):
             self.last_answers.append(ans)
             value = parse_rating(ans)
             if value is None:
                 self.n_parse_errors += 1
                 self.last_parse_errors.append(ans)
+                cut = ans if len(ans) <= 120 else ans[:120] + "..."
+                reasons[i] = f"{self.name}: no rating in [1, 5] in its answer {printable(cut)!r}"
             else:
                 out[i] = value
         self.n_scored += len(answers)
+        self.last_nan_reasons = reasons  # the scoring table's error for each NaN
         return out
 
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:

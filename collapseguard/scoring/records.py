@@ -98,16 +98,28 @@ def checked_scores(detector: Detector, images: Sequence[np.ndarray]) -> dict[str
     return out
 
 
+def _nan_reasons(detector: Detector, detail: dict[str, np.ndarray]) -> list[str]:
+    """The detector's ``last_nan_reasons`` for the NaN scores of its last call ("" elsewhere, and
+    everywhere when it gives none or not one per image)."""
+    reasons = getattr(detector, "last_nan_reasons", None)
+    n = len(detail["score"])
+    if not isinstance(reasons, (list, tuple)) or len(reasons) != n:
+        return [""] * n
+    return [str(r)[:300] if np.isnan(v) and r else "" for r, v in zip(reasons, detail["score"])]
+
+
 def score_batch(detector: Detector, images: Sequence[np.ndarray],
                 retry: bool = False) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Scores (``checked_scores``) and per-image errors (``""`` when the call went through).
+    """Scores (``checked_scores``) and per-image errors (``""`` when the call went through, or the
+    detector's ``last_nan_reasons`` for an image it gave NaN).
 
     A detector that raises stops here, or with ``retry`` is asked again one image at a time: an
     image it still fails on gets NaN and ``"<ExceptionType>: <message>"`` as its error.
     """
     errors = [""] * len(images)
     try:
-        return checked_scores(detector, images), errors
+        detail = checked_scores(detector, images)
+        return detail, _nan_reasons(detector, detail)
     except Exception as exc:  # raised again unless retried one by one below
         if not retry:
             raise
@@ -119,6 +131,7 @@ def score_batch(detector: Detector, images: Sequence[np.ndarray],
         except Exception as exc:  # noqa: BLE001 - recorded per image
             errors[i] = f"{type(exc).__name__}: {exc}"[:300]
             continue
+        errors[i] = _nan_reasons(detector, one)[0]
         for k, v in one.items():
             out.setdefault(k, np.full(len(images), np.nan))[i] = v[0]
     return out, errors

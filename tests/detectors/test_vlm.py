@@ -162,6 +162,13 @@ def test_forced_malformed_answer_is_nan(model_dir):
     out = judge.score_detailed(_images()[:1])
     assert np.isnan(out["score"][0]) and judge.n_parse_errors == 1
     assert judge.error_report()["recent_unparseable_answers"] == ["<answer>blurry</answer>"]
+    # a scoring table says why, not only that the judge "could not score the image"
+    from collapseguard.images import encode_png
+    from collapseguard.scoring.records import score_records
+
+    [(_, res)] = list(score_records([[("a.png", encode_png(_images()[0]))]], judge))
+    assert res.status == "score_error" and np.isnan(res.score)
+    assert res.error == f"{judge.name}: no rating in [1, 5] in its answer '<answer>blurry</answer>'"
 
 
 def test_thinking_mode(model_dir):
