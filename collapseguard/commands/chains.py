@@ -102,12 +102,12 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     from collapseguard.training_data_tools.sources import resolve_sources
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
-    check_out_dir(out_dir)
-    _check_no_manifest(out_dir)
     negative = [k for k in _int_list(keep) or [] if k < 0]
-    if negative:
+    if negative:  # before --out is made: a refused command leaves no folder behind
         raise click.BadParameter(f"steps are counted from 0: {','.join(map(str, negative))}",
                                  param_hint="--keep")
+    check_out_dir(out_dir)
+    _check_no_manifest(out_dir)
     beyond = [k for k in _int_list(keep) or [] if k > steps]
     if beyond and click.get_current_context().get_parameter_source("keep").name != "DEFAULT":
         click.echo(f"note: --keep {','.join(map(str, beyond))} lies beyond --steps {steps} and is not "
@@ -142,11 +142,11 @@ def store_cmd(path, out_dir, storages, workers):
     from collapseguard.training_data_tools.manifest import read_manifest
     from collapseguard.training_data_tools.storage import parse_storages, store_chains
 
-    check_out_dir(out_dir)
-    try:
+    try:  # before --out is made: a refused command leaves no folder behind
         sts = parse_storages(storages)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--storages") from None
+    check_out_dir(out_dir)
     _check_no_manifest(out_dir)
     try:
         df = store_chains(read_manifest(path), sts, out_dir, workers=workers)

@@ -312,3 +312,15 @@ def test_make_names_each_source_image_it_cannot_decode(tmp_path):
     assert "skipped 2 source image(s) that could not be decoded" in res.output
     assert "junk.jpg: " in res.output and "s.tar:b.jpg: " in res.output
     assert sorted(load_chains(out).query("step == 0")["source_image"]) == ["good", "s/a"]
+
+
+def test_a_refused_make_or_store_leaves_no_out_folder(tmp_path):
+    """``--keep -1`` and a bad ``--storages`` are refused as usage errors; the ``--out`` folder
+    was made before they were checked and stayed behind, empty."""
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--keep", "0,-1",
+                                    "-o", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "counted from 0" in res.output, res.output
+    res = CliRunner().invoke(main, ["chains", "store", str(tmp_path), "--storages", "gif:3",
+                                    "-o", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "--storages" in res.output, res.output
+    assert not (tmp_path / "m").exists() and not (tmp_path / "s").exists()
