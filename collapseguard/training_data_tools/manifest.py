@@ -122,8 +122,9 @@ def validate_manifest(df: pd.DataFrame, *, check_files: bool = True, where: str 
     if len(df) == 0:
         raise ManifestError(f"{where}: no rows")
     for col in ("chain_id", "source_image", "family", "task", "path"):
-        if df[col].isna().any():
-            raise ManifestError(f"{where}: empty {col} in row(s) {list(df.index[df[col].isna()][:5])}")
+        empty = df[col].isna() | (df[col].astype(str).str.strip() == "")  # "" in a Parquet file too
+        if empty.any():
+            raise ManifestError(f"{where}: empty {col} in row(s) {list(df.index[empty][:5])}")
     steps, bad = bad_steps(df["step"])
     if bad.any():
         raise ManifestError(f"{where}: step must be an integer >= 0; bad rows {list(df.index[bad][:5])}")

@@ -352,3 +352,20 @@ def test_manifest_with_an_empty_family_or_task_cell_is_a_manifest_error(tmp_path
     res = CliRunner().invoke(main, ["evaluate", "--chains", str(tmp_path), "--detectors", "nss",
                                     "--out", str(tmp_path / "eval"), "-q"])
     assert res.exit_code == 1 and f"empty {column}" in res.output, res.output
+
+
+def test_a_parquet_manifest_with_an_empty_string_family_is_an_empty_family(tmp_path):
+    """A Parquet cell holds "" where a CSV cell reads as missing: one row of a chain with family ""
+    was reported as "more than one family", and a chain all "" went through with no family."""
+    import pandas as pd
+
+    for s in range(2):
+        _img(tmp_path / f"{s}.png", 10 + s)
+    rows = [{"chain_id": "c", "source_image": "s", "family": fam, "task": "t", "step": s,
+             "path": f"{s}.png"} for s, fam in ((0, "f"), (1, ""))]
+    pd.DataFrame(rows).to_parquet(tmp_path / "manifest.parquet")
+    with pytest.raises(ManifestError, match="empty family in row"):
+        load_chains(tmp_path)
+    pd.DataFrame([dict(r, family=" ") for r in rows]).to_parquet(tmp_path / "manifest.parquet")
+    with pytest.raises(ManifestError, match="empty family in row"):
+        load_chains(tmp_path)
