@@ -5,7 +5,7 @@
 
 A denoising autoencoder on random 48x48 patches of the bundled photos and procedural art (input:
 patch + Gaussian noise of random level, target: the clean patch), Adam, fixed seed, one thread.
-Takes a couple of minutes on one CPU core; prints the loss as it goes and the final PSNR of one
+Takes minutes on one CPU core; prints the loss as it goes and the final PSNR of one
 pass on held-out patches.
 """
 
