@@ -223,7 +223,10 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         rej_w = ShardWriter(staged["rejected"], gzip=gz) if write_rej else None
         done_since = 0
         if options.scores_from:
-            scored = read_marker(shard, options.scores_from) or {}
+            scored = read_marker(shard, options.scores_from)
+            if scored is None:  # every shard of the run was scored: no record means it was undone
+                raise ShardChangedError(f"{printable(shard)}: the scoring pass left no record of "
+                                        "it; run the same command again to score it anew")
             stream = precomputed_scores(reader, join(options.scores_from, names["scores"]),
                                         shard=shard, scored_digest=scored.get("input_digest"))
         else:
@@ -259,7 +262,11 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     except BaseException as exc:
         discard_all()
         if isinstance(exc, ShardChangedError):  # its scores are stale: the next run scores it anew
-            open_out_dir(options.scores_from).remove(names["marker"])
+            try:
+                check_still_owner(options)  # a stale worker of a killed run leaves them alone
+                open_out_dir(options.scores_from).remove(names["marker"])
+            except (OSError, RunLostError):
+                pass  # the run fails on this shard all the same; the error is the shard's
         raise
     if rej_w is not None:
         for i, key in rej_w.renamed.items():  # neighbours of one key: moved aside in rejected/
@@ -323,6 +330,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     }
     if reader.digest is not None:  # the bytes read: a second pass must read the same
         record["input_digest"] = reader.digest
+    if options.scores_from:  # split from a scoring pass's scores: a new cut may split it again
+        record["decided_from_scoring_pass"] = True
     if side_identity:
         record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
     tmp_marker = staged["marker"]

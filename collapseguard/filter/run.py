@@ -260,8 +260,9 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
             f"{shard_name(shard)} was completed in {out} from another shard "
             f"({marker.get('shard')}); use --overwrite or another --out")
     if marker.get("options") != options.fingerprint():
-        if options.scores_from and _threshold_alone_differs(marker.get("options"), options.fingerprint()):
-            return None  # a deciding pass splits again from the kept scores (no model runs)
+        if (options.scores_from and marker.get("decided_from_scoring_pass")
+                and _threshold_alone_differs(marker.get("options"), options.fingerprint())):
+            return None  # a --drop-fraction split, cut again: split again from the kept scores
         raise FilterError(
             f"{shard_name(shard)} was completed in {out} with other settings "
             f"({settings_diff(marker.get('options'), options.fingerprint())}); use --overwrite or "

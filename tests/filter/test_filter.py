@@ -211,6 +211,29 @@ def test_drop_fraction_drops_the_top_scores(tmp_path, photos):
     assert [h for h in hidden if f"`filtered/{h}`" not in reference] == []
 
 
+def test_drop_fraction_cuts_again_only_its_own_splits(tmp_path, photos):
+    """A repeated ``--drop-fraction`` run with another fraction splits its shards again from the
+    kept scores; a shard a plain ``--threshold`` run split in that ``--out`` is still refused,
+    naming the difference, and so is a scoring pass whose record is gone."""
+    from collapseguard.filter.pipeline import FilterOptions, ShardChangedError, process_shard
+
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos)
+    args = [shard, "-d", "nss", "-w", "1", "-q"]
+    run_cli(["filter", *args, "--out", tmp_path / "a", "--drop-fraction", "0.25"])
+    run_cli(["filter", *args, "--out", tmp_path / "a", "--drop-fraction", "0.5"])
+    scores = pd.read_parquet(tmp_path / "a/scores/s.parquet")
+    assert (scores.decision == "rejected").sum() == len(scores) // 2  # split by the new cut
+    run_cli(["filter", *args, "--out", tmp_path / "b", "--threshold", "0"])
+    res = run_cli(["filter", *args, "--out", tmp_path / "b", "--drop-fraction", "0.25"], expect=1)
+    assert "with other settings (threshold" in res.output
+    (tmp_path / "a/.prepass/.done/s.json").unlink()
+    opts = FilterOptions(out_dir=str(tmp_path / "c"), detector="nss", threshold=1.0,
+                         scores_from=str(tmp_path / "a/.prepass"))
+    with pytest.raises(ShardChangedError, match="the scoring pass left no record of it"):
+        process_shard(str(shard), opts)
+
+
 def _all_outputs(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for sub in ("kept", "rejected", "scores")
             for p in sorted((out / sub).glob("*")) if not p.name.endswith(".tmp")}
