@@ -16,6 +16,11 @@ from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
 from collapseguard.io.strict_json import json_ready
 
 
+#: distinct error texts listed per detector under "Scoring errors" (a judge's reasons can differ
+#: for every image; scores.csv holds them all)
+ERRORS_LISTED = 10
+
+
 def _one_line(text: str) -> str:
     """Text on one line: a line break (possible in a folder name) would end a table row or list
     item, so each becomes a visible ``↵``."""
@@ -220,8 +225,14 @@ def results_markdown(ev) -> str:
     errs = ev.scores[ev.scores["error"].astype(str) != ""]
     if len(errs):
         out += ["", "## Scoring errors", ""]
-        for (det, err), g in errs.groupby(["detector", "error"], sort=True):
-            out.append(f"- {_code(det)}: {len(g)} image(s): {_one_line(str(err))}")
+        for det, g in errs.groupby("detector", sort=True):
+            counts = g["error"].astype(str).value_counts(sort=True)  # most frequent first
+            for err, k in counts.head(ERRORS_LISTED).items():
+                out.append(f"- {_code(det)}: {k} image(s): {_code(err)}")
+            rest = counts.iloc[ERRORS_LISTED:]
+            if len(rest):
+                out.append(f"- {_code(det)}: {int(rest.sum())} image(s) with {len(rest)} other "
+                           "error text(s) (each image's is in scores.csv)")
     if ev.notes:
         out += ["", "## Notes", ""]
     for note in ev.notes:

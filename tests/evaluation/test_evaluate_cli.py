@@ -58,7 +58,24 @@ class Flaky(Tracking):
         return out
 
 
+class Chatty(Tracking):
+    """NaN for every odd-brightness image, each with a reason of its own (a judge quoting an
+    answer), with Markdown and HTML in it."""
+
+    name = "evaltest-chatty"
+
+    def score(self, images):
+        out = super().score(images)
+        self.last_nan_reasons = [""] * len(images)
+        for i, im in enumerate(images):
+            if int(im.mean() * 1000) % 2:
+                out[i] = np.nan
+                self.last_nan_reasons[i] = f"no rating in '<b>`{im.mean():.6f}`</b>'"
+        return out
+
+
 register("evaltest-track", Tracking)
+register("evaltest-chatty", Chatty)
 register("evaltest-anti", Anti)
 register("evaltest-flaky", Flaky)
 
@@ -151,6 +168,26 @@ def test_nan_and_errors_count_as_failures(tmp_path):
     assert s["scale"]["evaltest-flaky"]["method"] == "iqr"
     assert not (out / "mean_score_vs_step.png").exists()
     assert "NaN score at step(s)" in (out / "results.md").read_text()
+
+
+def test_results_md_lists_a_few_scoring_errors_per_detector_as_code(tmp_path):
+    """A detector that says why each NaN is one gives each image its own error text: results.md
+    listed every one (one line per image) as plain Markdown; it lists the most frequent few as
+    inline code and counts the rest, which scores.csv holds image by image."""
+    chains = _make_chains(tmp_path / "c", n_sources=6)
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors",
+                                    "evaltest-chatty", "--out", str(out), "--no-plot", "-q"])
+    assert res.exit_code == 0, res.output
+    errors = pd.read_csv(out / "scores.csv", keep_default_na=False)["error"]
+    distinct = errors[errors != ""].nunique()
+    assert distinct > 12, distinct
+    md = (out / "results.md").read_text()
+    section = md.split("## Scoring errors")[1].split("\n## ")[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("- ")]
+    assert len(lines) == 11, section  # ten texts and one line for the rest
+    assert f"{distinct - 10} other error text(s)" in lines[-1]
+    assert all("``no rating in '<b>`" in ln for ln in lines[:-1]), lines[:2]
 
 
 def test_score_manifest_records_decode_and_detector_errors(tmp_path):
