@@ -31,6 +31,11 @@ class ComparePanel(Detector):
         self.batch_size = min([main.batch_size or 16, *[o.batch_size or 16 for o in self.others.values()]])
         self.errors: list[str] = []
 
+    @property
+    def last_nan_reasons(self):
+        """The main detector's reasons for its last call (it scores first in ``score_detailed``)."""
+        return getattr(self.main, "last_nan_reasons", None)
+
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return self.main.score(images)
 

@@ -30,9 +30,10 @@ RATING_MIN, RATING_MAX = 1.0, 5.0
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 #: anything a number could be read from, decimal commas and exponents included (then refused)
-#: a number as a reader would take it, for counting and checking: a leading point (".5") and the
-#: Unicode minus signs belong to it, so neither turns a number outside [1, 5] into one inside
-_NUMERIC = re.compile(r"[-+\u2212\ufe63\uff0d]?(?:\d+(?:[.,]\d+)*|[.,]\d+)(?:[eE][-+]?\d+)?")
+#: a number as a reader would take it, for counting and checking: a leading point (".5") and any
+#: dash or plus sign before it belong to it, so neither turns a number outside [1, 5] into one inside
+_NUMERIC = re.compile(r"[-+\u2010-\u2015\u2212\u02d7\u2796\ufe58\ufe63\uff0b\uff0d]?"
+                      r"(?:\d+(?:[.,]\d+)*|[.,]\d+)(?:[eE][-+]?\d+)?")
 _PLAIN = re.compile(r"[-+]?\d+(?:\.\d+)?")
 #: text around the rating that holds numbers of its own: the scale ("1 to 5", "out of 5", "/5")
 #: and the image label Qwen's chat template adds ("Picture 1:")

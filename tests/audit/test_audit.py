@@ -664,3 +664,24 @@ def test_sources_of_one_basename_get_distinct_escaped_labels_in_the_terminal_tab
     head = next(i for i, x in enumerate(lines) if x.startswith("source "))
     labels = [x.rsplit(None, 3)[0].strip() for x in lines[head + 1: head + 5]]
     assert sorted(labels) == sorted(["a/shards", "b\\x1b]0;PWNED\\x07/shards", "c/000.tar", "d/000.tar"])
+
+
+def test_the_compare_panel_passes_on_the_main_detectors_nan_reasons(photos):
+    """``audit --compare`` in one worker scores through ComparePanel, which hid the main
+    detector's reason for a NaN ("could not score the image" instead of the judge's words)."""
+    from collapseguard.audit.panel import ComparePanel
+    from collapseguard.detectors import Detector, create
+    from collapseguard.images import encode_png
+    from collapseguard.scoring.records import score_records
+
+    class Picky(Detector):
+        name, version = "picky", "1"
+
+        def score(self, images):
+            self.last_nan_reasons = ["too dark to judge" if a.mean() < 100 else "" for a in images]
+            return np.array([np.nan if r else 1.0 for r in self.last_nan_reasons], np.float32)
+
+    dark = (photos[0][:64, :64] // 4).astype(np.uint8)
+    panel = ComparePanel(Picky(), {"nss": create("nss")})
+    [(_, res)] = list(score_records([[("d.png", encode_png(dark))]], panel))
+    assert np.isnan(res.score) and res.error == "too dark to judge"

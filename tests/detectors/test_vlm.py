@@ -93,7 +93,8 @@ def test_parse_well_formed(text, expected):
     "<answer>-2</answer>", "I would say 3.5", "<think>3.4</think>", "<answer>nan</answer>", "3.5 4.5",
     "<answer>3.45", None,
     "<answer>.5</answer>", "<answer>\u22123</answer>", "<answer>\uff0d3</answer>",
-    "<answer>\u22123.5</answer>",  # 0.5 and minus signs other than ASCII '-' are no rating in [1, 5]
+    "<answer>\u22123.5</answer>", "<answer>\u20133</answer>", "<answer>\u20103</answer>",
+    "<answer>\u02d73</answer>", "<answer>\ufe583</answer>",  # 0.5 and other dashes: no rating in [1, 5]
 ])
 def test_parse_malformed_is_none(text):
     assert parse_rating(text) is None

@@ -1,5 +1,7 @@
 """The learned replicator: shipped weights load safely, training is reproducible."""
 
+import os
+
 import numpy as np
 from safetensors import safe_open
 
@@ -22,7 +24,9 @@ def test_training_is_reproducible_and_loadable(tmp_path):
     from safetensors.torch import load_file
 
     ta, tb = load_file(str(a)), load_file(str(b))  # (header order may differ; tensors must not)
-    assert a.stat().st_mode & 0o044 == 0o044  # others can read the weights, as a shared folder needs
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert a.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes files, not safetensors' 0600
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     model = load_model(a)
     with torch.inference_mode():
