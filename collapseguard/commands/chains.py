@@ -122,9 +122,11 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
                          repeats=repeats)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
-    if skipped:  # undecodable source images are left out, but never without a word
-        click.echo(f"note: skipped {len(skipped)} source image(s) that could not be decoded: "
-                   f"{first_of(printable(x) for x in skipped)}", err=True)
+    finally:  # undecodable source images are left out, but never without a word (even when
+        # leaving them out leaves nothing to make)
+        if skipped:
+            click.echo(f"note: skipped {len(skipped)} source image(s) that could not be decoded: "
+                       f"{first_of(printable(x) for x in skipped)}", err=True)
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
                f"{sorted(df['family'].unique())} -> {os.path.join(out_dir, 'manifest.csv')}")
 

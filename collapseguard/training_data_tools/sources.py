@@ -424,12 +424,7 @@ def shard_images(paths: str | Iterable[str], skipped: list[str] | None = None) -
                     continue
                 base = _clean_name(f"{Path(f).stem}/{key}")
                 repeat = samples[key] - 1
-                name = base + (f"@repeat{repeat}" if repeat else "")
-                while name in given:
-                    repeat += 1
-                    name = f"{base}@repeat{repeat}"
-                given.add(name)
-                yield name, arr
+                yield _distinct(base + (f"@repeat{repeat}" if repeat else ""), given), arr
 
 
 def resolve_sources(spec: str, seed: int = 0, skipped: list[str] | None = None) -> Iterator[Source]:
@@ -439,9 +434,26 @@ def resolve_sources(spec: str, seed: int = 0, skipped: list[str] | None = None) 
     ``:dither=vary``; see ``procedural_art``) | ``pixel:N`` | ``screen:N`` (``drawn_kinds``) |
     ``folder:PATH`` | ``views:PATH`` (or
     ``views:PATH:SIDE``; ``photo_views`` of the image files under a folder) | ``shards:GLOB`` |
-    a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``. Image files
-    that cannot be decoded are skipped, each noted as ``where: reason`` in ``skipped`` when given.
+    a folder path | a ``.tar`` path or glob. Several specs can be joined with ``,``; a name one of
+    them gave already takes the first free ``@repeatN``. Image files that cannot be decoded are
+    skipped, each noted as ``where: reason`` in ``skipped`` when given.
     """
+    given: set[str] = set()
+    for name, arr in _resolve_parts(spec, seed, skipped):
+        yield _distinct(name, given), arr
+
+
+def _distinct(name: str, given: set[str]) -> str:
+    """``name``, or where it was given already ``name@repeatN`` with the first free N."""
+    out, n = name, 0
+    while out in given:
+        n += 1
+        out = f"{name}@repeat{n}"
+    given.add(out)
+    return out
+
+
+def _resolve_parts(spec: str, seed: int, skipped: list[str] | None) -> Iterator[Source]:
     for part in [s.strip() for s in spec.split(",") if s.strip()]:
         kind, _, arg = part.partition(":")
         if part == "bundled":

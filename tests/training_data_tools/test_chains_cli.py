@@ -324,3 +324,35 @@ def test_a_refused_make_or_store_leaves_no_out_folder(tmp_path):
                                     "-o", str(tmp_path / "s")])
     assert res.exit_code == 2 and "--storages" in res.output, res.output
     assert not (tmp_path / "m").exists() and not (tmp_path / "s").exists()
+
+
+def test_make_from_specs_whose_names_meet_makes_every_picture_and_names_what_it_skips(tmp_path):
+    """Names are distinct across the specs of one ``--sources`` (a folder ``s`` holding ``k.png``
+    and a shard ``s.tar`` with key ``k`` both give ``s/k``; two such shards in other folders as
+    well): the run was refused as "duplicate source name". And when every source image is
+    undecodable, the refusal ("no sources") comes with the note naming them."""
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_png
+
+    pic = np.tile(np.array((90, 140, 30), np.uint8), (40, 48, 1))
+    (tmp_path / "f" / "s").mkdir(parents=True)
+    (tmp_path / "f" / "s" / "k.png").write_bytes(encode_png(pic))
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        with tarfile.open(tmp_path / d / "s.tar", "w") as tar:
+            add_member(tar, "k.png", encode_png(pic))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["chains", "make", "--sources",
+                                    f"folder:{tmp_path}/f,shards:{tmp_path}/a/s.tar,shards:{tmp_path}/b/s.tar",
+                                    "--families", "codec", "--steps", "1", "--keep", "0,1",
+                                    "--out", str(out), "--workers", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    assert sorted(load_chains(out).query("step == 0")["source_image"]) == [
+        "s/k", "s/k@repeat1", "s/k@repeat2"]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{tmp_path}/bad",
+                                    "--out", str(tmp_path / "out2"), "-q"])
+    assert res.exit_code == 1
+    assert "skipped 1 source image(s) that could not be decoded" in res.output and "x.png" in res.output
