@@ -98,10 +98,11 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     """Make simulated replication chains: PNGs under OUT/<family>/<chain>/ plus OUT/manifest.csv."""
     import itertools
 
-    from collapseguard.training_data_tools.chains import make_chains
+    from collapseguard.training_data_tools.chains import check_families, make_chains
     from collapseguard.training_data_tools.sources import resolve_sources
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
+    check_families(fams)  # as --keep below: before --out is made
     negative = [k for k in _int_list(keep) or [] if k < 0]
     if negative:  # before --out is made: a refused command leaves no folder behind
         raise click.BadParameter(f"steps are counted from 0: {','.join(map(str, negative))}",

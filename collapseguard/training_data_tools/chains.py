@@ -96,6 +96,17 @@ def _chain_job(job: dict) -> list[dict]:
     return rows
 
 
+def check_families(families: Sequence[str] | None) -> list[str]:
+    """The families to run (every default one for None or empty); ReplicatorError naming the
+    unknown ones."""
+    families = list(families) if families else list_families()
+    known = list_families(opt_in=True)
+    bad = [f for f in families if f not in known]
+    if bad:
+        raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")
+    return families
+
+
 def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[str] | None = None,
                 steps: int = 100, keep: Sequence[int] = DEFAULT_KEEP, out_dir: str | Path = "chains",
                 seed: int = 0, workers: int = 2, progress: bool = True, repeats: int = 1,
@@ -106,11 +117,7 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
     ``workers`` > 1 runs chains in that many processes. Raises ValueError for unknown families,
     an empty source, or bad step settings.
     """
-    families = list(families) if families else list_families()
-    known = list_families(opt_in=True)
-    bad = [f for f in families if f not in known]
-    if bad:
-        raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")
+    families = check_families(families)
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     if repeats < 1:

@@ -323,7 +323,10 @@ def test_a_refused_make_or_store_leaves_no_out_folder(tmp_path):
     res = CliRunner().invoke(main, ["chains", "store", str(tmp_path), "--storages", "gif:3",
                                     "-o", str(tmp_path / "s")])
     assert res.exit_code == 2 and "--storages" in res.output, res.output
-    assert not (tmp_path / "m").exists() and not (tmp_path / "s").exists()
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--families", "nosuch",
+                                    "-o", str(tmp_path / "f")])
+    assert res.exit_code == 1 and "unknown family ['nosuch']" in res.output, res.output
+    assert not any((tmp_path / d).exists() for d in ("m", "s", "f"))
 
 
 def test_make_from_specs_whose_names_meet_makes_every_picture_and_names_what_it_skips(tmp_path):
