@@ -59,3 +59,49 @@ def test_no_package_of_the_shipped_recipes():
                                                                    "fresh_set.sh", "nightsky.sh"))
     used = {w for w in text.replace("\\", " ").split() if w in rec.PACKAGES}
     assert used == set(), used
+
+
+def _calibration_kinds():
+    spec = importlib.util.spec_from_file_location("calibration_kinds", ROOT / "recipes" / "calibration_kinds.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_calibration_kinds_stores_each_picture_as_png_and_jpeg_420_as_one_source(tmp_path, photos, monkeypatch):
+    from collapseguard.calibration.scoring import _variant_source
+
+    rec = _calibration_kinds()
+    pkg = tmp_path / "debs" / "x" / "somepkg" / "usr" / "share" / "pics"
+    pkg.mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(photos[i]).save(pkg / f"p{i}.png")
+    monkeypatch.setattr(rec, "RULES", (("photo", "somepkg", "*/pics/*.png", 2, "centre"),))
+    sources = rec.package_images.pick_sources(tmp_path / "debs" / "x", tmp_path / "win", tmp_path / "s.csv",
+                                              rec.RULES, rec.SIDE, rec.MIN_SIDE)
+    assert len(sources) == 2 and {k for _, k in sources} == {"photo"}
+    assert rec.write_stored(tmp_path / "win", sources, tmp_path / "out", seed=1) == 4
+    files = sorted((tmp_path / "out" / "photo").iterdir())
+    pngs = [f for f in files if f.suffix == ".png"]
+    jpgs = [f for f in files if f.suffix == ".jpg"]
+    assert len(pngs) == len(jpgs) == 2
+    for name, _ in sources:
+        png = next(f for f in pngs if f.name.startswith(name + "__"))
+        jpg = next(f for f in jpgs if f.name.startswith(name + "__"))
+        assert _variant_source(png.name) == _variant_source(jpg.name) == name  # one source in the split
+        assert np.array_equal(np.asarray(Image.open(png)), np.asarray(Image.open(tmp_path / "win" / f"{name}.png")))
+        with Image.open(jpg) as im:
+            from PIL import JpegImagePlugin
+
+            assert JpegImagePlugin.get_sampling(im) == 2  # 4:2:0, as web-scale sets store JPEG
+        q = int(jpg.stem.rsplit("__q", 1)[1])
+        assert 60 <= q <= 95
+
+
+def test_calibration_kinds_reads_no_package_of_training_evaluation_or_fresh_set():
+    kinds, ev = _calibration_kinds(), _recipe()
+    assert not set(kinds.PACKAGES) & set(ev.PACKAGES)
+    text = " ".join((ROOT / "recipes" / n).read_text() for n in ("train_cnn.sh", "fresh_set.sh", "nightsky.sh",
+                                                                   "textures.py", "lxqt_photos.sh"))
+    used = {w for w in text.replace("\\", " ").split() if w in kinds.PACKAGES}
+    assert used == set(), used
