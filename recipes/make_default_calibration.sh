@@ -4,8 +4,8 @@
 #   CG_CALIB_WORK=DIR bash recipes/make_default_calibration.sh        # cnn and nss
 #   CG_CALIB_WORK=DIR bash recipes/make_default_calibration.sh nss    # only nss
 #
-# What it does (all offline except `apt-get download` of Debian packages: two of wallpapers,
-# stellarium-data, and the four of step 3d):
+# What it does (all offline except `apt-get download` of two Debian wallpaper packages,
+# stellarium-data, and with CG_CALIB_KINDS=1 the four packages of step 3d):
 #   1. clean photos: Debian's ukui-wallpapers and plasma-workspace-wallpapers (one picture per
 #      wallpaper, at its largest size). NOT gnome/mate-backgrounds: those are the cnn detector's
 #      training negatives, and calibrating on training images would make the threshold optimistic.
@@ -18,17 +18,19 @@
 #      calibration quarter of Debian's stellarium-data night-sky photos (recipes/nightsky.sh), and
 #      $DRAWN drawn pixel-art and $DRAWN drawn screen pictures (training_data_tools.drawn_kinds, seed
 #      41; training draws seed 31), each as PNG and as JPEG 4:2:0 at a quality drawn in 60-95.
-#  3d. real kinds (recipes/calibration_kinds.py, into $WORK/kinds): about 270 pictures from four
-#      Debian packages no training, evaluation or fresh-set recipe reads (scratch, gnumeric-doc,
-#      crawl-tiles-data, freedink-data): photos and drawn scenes, illustrations, screenshots, game
-#      textures and pixel art, each as PNG and as JPEG 4:2:0 at a quality drawn in 60-95, passed
-#      to calibrate by kind (--clean KIND=...), so its report gives each kind's drop rate.
+#  3d. only with CG_CALIB_KINDS=1 (a measured variant, not the shipped calibration: see
+#      docs/history/model_history.md): real kinds (recipes/calibration_kinds.py, into $WORK/kinds),
+#      about 270 pictures from four Debian packages no training, evaluation or fresh-set recipe
+#      reads (scratch, gnumeric-doc, crawl-tiles-data, freedink-data): photos and drawn scenes,
+#      illustrations, screenshots, game textures and pixel art, each as PNG and as JPEG 4:2:0 at a
+#      quality drawn in 60-95, passed to calibrate by kind (--clean KIND=...). The calibration is
+#      then written to $WORK/<detector>.kinds.json, and the shipped file is left alone.
 #   4. `collapseguard calibrate` with alpha = 1 %, confidence 95 %, 30 % of sources held out for the
 #      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
 #
 # Environment: CG_CALIB_WORK (required: the work folder), CG_CALIB_SEED (20261130),
 # CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG),
-# CG_CALIB_DRAWN (60; 0 leaves the drawn kinds out).
+# CG_CALIB_DRAWN (60; 0 leaves the drawn kinds out), CG_CALIB_KINDS (0; 1 adds step 3d).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${CG_CALIB_WORK:?set CG_CALIB_WORK to a work folder (images, chains and scores go there)}
@@ -37,6 +39,7 @@ WORKERS=${CG_CALIB_WORKERS:-2}
 ART_CHAINS=${CG_CALIB_ART_CHAINS:-60}
 ART_CLEAN=${CG_CALIB_ART_CLEAN:-400}
 DRAWN=${CG_CALIB_DRAWN:-60}
+KINDS=${CG_CALIB_KINDS:-0}
 OUTDIR=collapseguard/calibration/defaults
 DETECTORS=("$@")
 [ ${#DETECTORS[@]} -eq 0 ] && DETECTORS=(cnn nss)
@@ -70,19 +73,20 @@ if [ "$DRAWN" -gt 0 ] && [ ! -f "$WORK/clean/drawn/.done" ]; then
   rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
 fi
 
-# 3d. real kinds: photos, illustrations, screenshots, game textures, pixel art (PNG + JPEG 4:2:0)
-if [ ! -f "$WORK/kinds/.done" ]; then
-  python recipes/calibration_kinds.py "$WORK/kinds"
-  rm -f "$WORK"/scores_*.csv  # cached scores do not cover them
+# 3d. real kinds (CG_CALIB_KINDS=1): photos, illustrations, screenshots, game textures, pixel art
+kinds=() kinds_text=() suffix=""
+if [ "$KINDS" = 1 ]; then
+  [ -f "$WORK/kinds/.done" ] || python recipes/calibration_kinds.py "$WORK/kinds"
+  for d in "$WORK"/kinds/*/; do kinds+=(--clean "$(basename "$d")=$d"); done
+  kinds_text=(--describe-clean "real kinds: $(ls "$WORK"/kinds/*/*__png.png | wc -l) pictures from Debian's scratch, gnumeric-doc, crawl-tiles-data and freedink-data (photos and drawn scenes, illustrations, screenshots, game textures, pixel art; recipes/calibration_kinds.py), each as PNG and as JPEG 4:2:0 q60-95")
+  suffix=".kinds"
 fi
-kinds=()
-for d in "$WORK"/kinds/*/; do kinds+=(--clean "$(basename "$d")=$d"); done
 
 # 4. calibrate ----------------------------------------------------------------------------------
 for det in "${DETECTORS[@]}"; do
   safe=$(echo "$det" | tr -c 'A-Za-z0-9_.\n-' '_')
   ver=$(python -c "from collapseguard.detectors import create; print(create('$det').version)")
-  scores="$WORK/scores_${safe}_${ver}.csv"  # reused only for the same detector version
+  scores="$WORK/scores_${safe}_${ver}${suffix}.csv"  # reused only for the same detector version and set
   if [ -f "$scores" ]; then
     src=(--from-scores "$scores")
   else
@@ -91,6 +95,5 @@ for det in "${DETECTORS[@]}"; do
   collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
     --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
     --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, recipes/nightsky.sh); $DRAWN drawn pixel-art and $DRAWN drawn screen pictures (seed 41), each as PNG and as JPEG 4:2:0 q60-95" \
-    --describe-clean "real kinds: $(($(ls "$WORK"/kinds/*/*__png.png | wc -l))) pictures from Debian's scratch, gnumeric-doc, crawl-tiles-data and freedink-data (photos and drawn scenes, illustrations, screenshots, game textures, pixel art; recipes/calibration_kinds.py), each as PNG and as JPEG 4:2:0 q60-95" \
-    --out "$OUTDIR/$safe.json"
+    "${kinds_text[@]}" --out "$([ "$KINDS" = 1 ] && echo "$WORK/$safe.kinds.json" || echo "$OUTDIR/$safe.json")"
 done
