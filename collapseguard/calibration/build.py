@@ -117,12 +117,13 @@ def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) 
     """Fraction of images dropped (score > threshold) per family and step, plus family "all".
 
     Each row: family, step, n, dropped, fraction, ci_low, ci_high (Clopper–Pearson at
-    ``confidence``). Step-0 images shared by several chains are counted once for "all".
+    ``confidence``). A step-0 image shared by several chains (of one family or of several) is
+    counted once. NaN scores (not scored) are left out; +-inf are scores.
     """
-    t = table[np.isfinite(table["score"].to_numpy(dtype=np.float64))]
+    t = table[~np.isnan(table["score"].to_numpy(dtype=np.float64))]
     rows = []
     chains = t[t["kind"] == "chain"]
-    groups = [(fam, g) for fam, g in chains.groupby("family", sort=True)]
+    groups = [(fam, _dedupe_clean(g)) for fam, g in chains.groupby("family", sort=True)]
     groups.append(("all", _dedupe_clean(chains)))
     extra = t[t["kind"] == "clean"]
     if len(extra):
@@ -147,9 +148,9 @@ def breakdown(part: pd.DataFrame, threshold: float, confidence: float = 0.95) ->
     the share of clean images dropped (score > threshold; originals counted once per source and
     storage), ``steps`` rows the share of degraded chain images dropped per step, every family
     together; each with n, dropped, fraction and a Clopper-Pearson interval. The kind part is left
-    out when no row has a kind."""
+    out when no row has a kind. NaN scores (not scored) are left out; +-inf are scores."""
     out = {}
-    t = part[np.isfinite(part["score"].to_numpy(dtype=np.float64))]
+    t = part[~np.isnan(part["score"].to_numpy(dtype=np.float64))]
     for col, empty in BREAKDOWN.items():
         if col not in t.columns or (col == "source_kind" and not (t[col].fillna("") != "").any()):
             continue
@@ -258,8 +259,17 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     if chains["step"].nunique() >= 2:
         step_map = step_knots(chains)
 
-    # distinct pictures, as the split counts them: views of one photo (``<name>@<view>``) are one
-    n_src = int(clean_thr["source_image"].map(source_group).nunique())
+    # distinct pictures, as the split counts them: views of one photo (``<name>@<view>``) are one;
+    # per kind, those of the kind whose n and k the file states
+    groups = clean_thr["source_image"].map(source_group).to_numpy()
+    if kind_bounds:
+        labels = clean_kinds(clean_thr)
+        binding = max(kind_bounds, key=lambda kb: kb.bound.threshold).kind
+        n_src = len(set(groups[labels == binding]))
+        repeated = [kb.kind for kb in kind_bounds if len(set(groups[labels == kb.kind])) < kb.bound.n]
+    else:
+        n_src = len(set(groups))
+        repeated = ["all"] if n_src < bound.n else []
     notes = [
         "Decision rule: drop when score > threshold.",
         ("P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
@@ -268,11 +278,16 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "from the sources whose clean scores set the threshold." if holdout > 0 else
         "holdout=0: the drop curve is measured on the same images that set the threshold (in-sample).",
     ]
-    if n_src < bound.n:
+    if repeated and not kind_bounds:
         notes.append(
             f"The {bound.n} clean scores come from {n_src} distinct sources (views, crops "
             "or several clean steps per source): they are not independent, and the guarantee assumes "
             "they are; treat it as approximate.")
+    elif repeated:
+        notes.append(
+            f"The clean scores of kind(s) {', '.join(repeated)} come from fewer distinct sources than "
+            "scores (views, crops or several clean steps per source): they are not independent, and "
+            "the guarantee assumes they are; treat it as approximate.")
     if n_unscored:
         notes.append(f"{n_unscored} image(s) could not be scored (NaN) and were left out.")
     if kind_bounds:

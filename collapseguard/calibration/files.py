@@ -32,7 +32,6 @@ from collapseguard.io.calibration_file import (
     save_calibration,
 )
 
-
 #: what ``filter`` and ``score`` users pass when no calibration applies
 NO_THRESHOLD_HOW = ("pass --threshold T, --calibration FILE (made with `collapseguard calibrate`), or "
                     "--drop-fraction F (an uncalibrated percentile cut)")
@@ -95,17 +94,18 @@ def resolve_threshold(
 def threshold_for_drop_fraction(scores: Sequence[float] | np.ndarray, fraction: float) -> float:
     """The threshold that drops the top ``fraction`` of ``scores`` (uncalibrated percentile cut).
 
-    With the rule ``score > threshold``, the threshold is the (m+1)-th largest finite score, where
+    With the rule ``score > threshold``, the threshold is the (m+1)-th largest score, where
     m = round(fraction * n); ties at the threshold are kept, so at most m scores are dropped.
-    NaN scores are ignored. No guarantee about clean images comes with this cut.
+    NaN scores are ignored; +-inf are scores (ranked, counted in n). No guarantee about clean
+    images comes with this cut.
     """
     f = float(fraction)
     if not 0.0 <= f < 1.0:
         raise ValueError(f"drop fraction must be in [0, 1), got {fraction!r}")
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    s = s[np.isfinite(s)]
+    s = s[~np.isnan(s)]
     if len(s) == 0:
-        raise ValueError("no finite scores to take a drop-fraction cut from")
+        raise ValueError("no scores (all NaN) to take a drop-fraction cut from")
     m = round(f * len(s))
     m = min(m, len(s) - 1)
     desc = np.sort(s)[::-1]

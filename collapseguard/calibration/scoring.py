@@ -16,6 +16,7 @@ example crops) of one source ``<name>``, so they stay on one side of the split b
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -84,6 +85,7 @@ def full_reference(ref: np.ndarray, img: np.ndarray, measure: str) -> float:
     """SSIM (grayscale, 7x7 window, data range 255) or PSNR (RGB, dB) of ``img`` against ``ref``.
 
     When sizes differ (aspect-ratio drift) ``img`` is resized to ``ref``'s size for this measure only.
+    SSIM is NaN for an image under 3 pixels a side (no 3 x 3 window fits).
     """
     if img.shape[:2] != ref.shape[:2]:
         from PIL import Image
@@ -93,6 +95,8 @@ def full_reference(ref: np.ndarray, img: np.ndarray, measure: str) -> float:
         from skimage.metrics import structural_similarity
 
         a, b = _gray(ref), _gray(img)
+        if min(*a.shape, *b.shape) < 3:  # SSIM needs a 3 x 3 window at least
+            return float("nan")
         win = min(7, min(a.shape) // 2 * 2 - 1) if min(a.shape) < 7 else 7
         return float(structural_similarity(a, b, data_range=255.0, win_size=max(win, 3)))
     if measure == "psnr":
@@ -201,9 +205,11 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
 
     An image reached through two locations (``DIR`` and ``DIR/sub``, one folder named twice, a
     link to a file of another location) is taken once, under its first name, so that it cannot
-    fall on both sides of the split by source. ValueError naming what a folder holds and cannot
-    be read (``_unread``), and for a location holding no image file: either would leave out of
-    the calibration clean images it was named for.
+    fall on both sides of the split by source; its kind is the one a location names (``--clean
+    DIR --clean shots=DIR/sub`` makes DIR/sub's images ``shots``). ValueError naming what a folder
+    holds and cannot be read (``_unread``), for a location holding no image file, and for an image
+    two locations give different kinds: each would leave out of the calibration, or out of a
+    kind's guarantee, clean images it was named for.
     """
     listed, unread = [], []
     for loc in clean:
@@ -212,16 +218,23 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
     if unread:
         raise ValueError(unread_text(unread, "the clean images there would be left out of the "
                                              "calibration: fix or remove it, or name the folders to read with --clean"))
-    items, kinds, seen = [], [], set()
+    items, kinds, at = [], [], {}
     for clean_kind, loc, found in listed:
         if not found:
             raise ValueError(f"clean location {printable(loc)} holds no image file (read: "
                              f"{', '.join(IMAGE_EXTENSIONS)}, in folders and shards)")
         for identity, *item in found:
-            if identity not in seen:
-                seen.add(identity)
+            if identity not in at:
+                at[identity] = len(items)
                 items.append(tuple(item))
                 kinds.append(clean_kind)
+                continue
+            i = at[identity]
+            if clean_kind and kinds[i] and clean_kind != kinds[i]:
+                raise ValueError(f"clean image {printable(items[i][1])} is named as two kinds, "
+                                 f"{printable(kinds[i])} and {printable(clean_kind)} (through "
+                                 f"{printable(loc)}): give each image one kind")
+            kinds[i] = kinds[i] or clean_kind
     return items, kinds
 
 
@@ -268,6 +281,8 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     ``source_kind`` column (as a chains manifest's ``kind`` does for its sources). The clean
     images are listed first (``clean_items``: each image once; a folder holding what cannot be
     read, or a location holding no image file, is refused with a ValueError before any scoring).
+    A ``clean`` image that is also one of the manifest's files is scored once, as its chain row;
+    ``table.attrs["clean_in_chains"]`` counts them.
 
     With an ``fr:`` target, also computes each chain image's full-reference similarity to its
     chain's step-0 image (column ``fr``). Rows whose image cannot be read, decoded or scored keep
@@ -276,6 +291,15 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     kind, measure, _ = parse_target(target)
     bs = int(batch_size or getattr(detector, "batch_size", 16) or 16)
     items, item_kinds = clean_items(clean)  # listed, and refused if need be, before any scoring
+    n_in_chains = 0
+    if manifest is not None and len(manifest) and items:
+        # a chain's own image also named under --clean (the originals' folder, say) is the chain
+        # row only: scored twice it would count twice and fall on both sides of the split
+        in_chains = {os.path.realpath(p) for p in manifest["path"].astype(str)}
+        keep = [not is_remote(p) and os.path.realpath(p) in in_chains for _, p, _ in items]
+        n_in_chains = sum(keep)
+        items = [it for it, drop in zip(items, keep) if not drop]
+        item_kinds = [k for k, drop in zip(item_kinds, keep) if not drop]
     parts = []
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
@@ -300,6 +324,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     if not parts:
         raise ValueError("nothing to score: give chains and/or clean folders")
     table = pd.concat(parts, ignore_index=True)
+    table.attrs["clean_in_chains"] = n_in_chains
     table.attrs["detector"] = getattr(detector, "name", "")
     table.attrs["detector_version"] = str(getattr(detector, "version", ""))
     return table

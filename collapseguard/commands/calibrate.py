@@ -180,6 +180,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
             raise click.ClickException(str(exc)) from None
         finally:
             progress.close()
+        if table.attrs.get("clean_in_chains"):
+            click.echo(f"note: {table.attrs['clean_in_chains']} --clean image(s) are also chain images of "
+                       "--chains and were scored once, as chain images", err=True)
         if scores_out is not None:
             save_scores(table, scores_out, det_name, det_version)
             click.echo(f"scores written to {scores_out}", err=True)

@@ -133,3 +133,46 @@ def test_python_m_calibration_prints_the_per_kind_rows(tmp_path):
     text = show(out)
     for r in load_calibration(out).per_kind:
         assert f"kind {r['kind']}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']})" in text
+
+
+def test_a_sub_folder_named_as_a_kind_takes_that_kind_and_one_image_cannot_be_two_kinds(tmp_path):
+    """``--clean DIR --clean shots=DIR/sub``: DIR/sub's images are ``shots`` (each still scored
+    once), so the kind is covered by ``--per-kind``; one folder under two kinds is refused."""
+    clean = _folder(tmp_path / "clean", 10)
+    _folder(clean / "sub", 5, seed=1, suffix="jpg")
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", clean, "--clean", f"shots={clean / 'sub'}",
+                     "--out", tmp_path / "cal.json", "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    assert len(t) == 15 and t["path"].is_unique
+    assert (t["source_kind"] == "shots").sum() == 5
+    assert set(t.loc[t["source_kind"] == "shots", "path"].str[-4:]) == {".jpg"}
+    res = _calibrate("--clean", f"a={clean}", "--clean", f"b={clean}", "--out", tmp_path / "c2.json", *LOOSE)
+    assert res.exit_code != 0 and "named as two kinds, a and b" in res.output
+    assert not (tmp_path / "c2.json").exists()
+
+
+def test_chain_originals_also_named_as_clean_are_scored_once_as_chain_images(tmp_path):
+    """A manifest whose step-0 rows are the originals' own files, with the originals' folder also
+    passed as ``--clean``: each file is one row (the chain's), so it cannot count twice or sit on
+    both sides of the split, and the run says so."""
+    originals = _folder(tmp_path / "originals", 8)
+    later = _folder(tmp_path / "later", 8, seed=2)
+    rows = []
+    for i in range(8):
+        rows.append({"chain_id": f"c{i}", "source_image": f"p{i}", "family": "f", "task": "replicate",
+                     "step": 0, "path": str(originals / f"p{i}.png")})
+        rows.append({"chain_id": f"c{i}", "source_image": f"p{i}", "family": "f", "task": "replicate",
+                     "step": 5, "path": str(later / f"p{i}.png")})
+    pd.DataFrame(rows).to_csv(tmp_path / "manifest.csv", index=False)
+    _folder(tmp_path / "originals" / "more", 4, seed=5)  # clean images no chain holds: kept
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--chains", tmp_path / "manifest.csv", "--clean", originals, "--out", tmp_path / "cal.json",
+                     "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    assert "8 --clean image(s) are also chain images" in res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    assert len(t) == 20 and t["path"].map(os.path.realpath).is_unique
+    assert (t["kind"] == "clean").sum() == 4
+    assert load_calibration(tmp_path / "cal.json").n_clean == 12

@@ -18,6 +18,7 @@ from collapseguard.calibration.bounds import (
     thresholds_batch,
 )
 from collapseguard.calibration.build import (
+    breakdown,
     build_calibration,
     drop_curve,
     first_steps,
@@ -35,6 +36,7 @@ from collapseguard.calibration.files import (
     save_calibration,
     threshold_for_drop_fraction,
 )
+from collapseguard.calibration.scoring import CLEAN_FAMILY
 from collapseguard.io import calibration_file
 from collapseguard.training_data_tools.manifest import split_by_source
 
@@ -540,3 +542,64 @@ def test_show_says_in_sample_when_nothing_was_held_out(tmp_path, capsys):
         assert show_main([str(p)]) == 0
         line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("k="))
         assert said in line and unsaid not in line, line
+
+
+def test_per_kind_counts_the_sources_of_the_kind_that_sets_the_threshold():
+    """With ``per_kind``, n_clean is the binding kind's; the source count is that kind's too, and a
+    kind made of several crops per picture gets the not-independent note even when the pooled
+    source count is larger than that kind's n."""
+    rng = np.random.default_rng(2)
+    rows = [{"source_image": f"crop{i // 4}", "family": "clean-extra", "step": 0, "kind": "clean",
+             "path": f"crops/{i}.png", "score": rng.normal(2.0), "chain_id": "", "source_kind": "crops"}
+            for i in range(480)]  # 4 crops per picture, scoring higher: it sets the threshold
+    rows += [{"source_image": f"photo{i}", "family": "clean-extra", "step": 0, "kind": "clean",
+              "path": f"photos/{i}.png", "score": rng.normal(), "chain_id": "", "source_kind": "photos"}
+             for i in range(480)]
+    cal = build_calibration(pd.DataFrame(rows), "synthetic", "v1", alpha=0.05, confidence=0.9, holdout=0,
+                            per_kind=True)
+    binding = max(cal.per_kind, key=lambda r: r["threshold"])
+    assert binding["kind"] == "crops" and cal.n_clean == 480
+    assert cal.split["n_clean_threshold_sources"] == 120  # the crops' pictures, not both kinds' 600
+    assert any("not independent" in n and "crops" in n and "photos" not in n for n in cal.notes)
+
+
+def test_drop_curve_counts_a_shared_original_once_per_family_and_infinite_scores_as_drops():
+    """Three chains of one family from each original: the family's step-0 row counts each original
+    once, as the "all" row does; a +inf clean score is a drop in the curve and the breakdown, as in
+    the held-out rate (only NaN means not scored)."""
+    rows = []
+    for s in range(10):
+        for c in range(3):
+            rows.append({"source_image": f"src{s}", "family": "f", "step": 0, "kind": "chain",
+                         "path": f"src{s}.png", "score": float(s), "chain_id": f"c{s}-{c}", "storage": "png"})
+            rows.append({"source_image": f"src{s}", "family": "f", "step": 5, "kind": "chain",
+                         "path": f"c{s}-{c}/5.png", "score": 20.0 + s, "chain_id": f"c{s}-{c}", "storage": "png"})
+    rows += [{"source_image": f"x{i}", "family": CLEAN_FAMILY, "step": 0, "kind": "clean", "path": f"x{i}.png",
+              "score": np.inf if i < 2 else -1.0, "chain_id": "", "storage": "png"} for i in range(10)]
+    table = pd.DataFrame(rows)
+    curve = drop_curve(table, threshold=7.5)
+    f0 = next(r for r in curve if r["family"] == "f" and r["step"] == 0)
+    assert (f0["n"], f0["dropped"]) == (10, 2)
+    extra = next(r for r in curve if r["family"] == CLEAN_FAMILY)
+    assert (extra["n"], extra["dropped"]) == (10, 2)
+    table["clean"] = table["step"] == 0
+    clean_row = breakdown(table, threshold=7.5)["storage"]["clean"][0]
+    assert (clean_row["n"], clean_row["dropped"]) == (20, 4)
+
+
+def test_drop_fraction_counts_infinite_scores():
+    """``score > threshold`` drops at most round(fraction * n) scores, +-inf counted and ranked."""
+    s = np.concatenate([np.arange(90.0), [np.inf] * 10])
+    t = threshold_for_drop_fraction(s, 0.05)
+    assert np.sum(s > t) <= 5
+    s = np.concatenate([np.arange(50.0), [-np.inf] * 50])
+    t = threshold_for_drop_fraction(s, 0.1)
+    assert np.sum(s > t) == 10
+
+
+def test_ssim_target_of_an_image_too_small_for_a_window_is_nan_not_a_crash():
+    from collapseguard.calibration.scoring import full_reference
+
+    tiny = np.full((2, 2, 3), 128, np.uint8)
+    assert np.isnan(full_reference(tiny, tiny, "ssim"))
+    assert full_reference(np.full((3, 3, 3), 9, np.uint8), np.full((3, 3, 3), 9, np.uint8), "ssim") == 1.0
