@@ -139,7 +139,8 @@ def kind_oracle(scores: pd.DataFrame, detector: str, alpha: float) -> list[str]:
         per_kind = {}
         for kind, gk in clean.groupby("source_kind", sort=True):
             desc = np.sort(gk["score"].to_numpy(np.float64))[::-1]
-            per_kind[kind] = float(desc[min(math.floor(alpha * len(desc)), len(desc) - 1)])
+            allowed = math.floor(alpha * len(desc) + 1e-9)  # 0.29 * 100 is 28.999...: allow 29
+            per_kind[kind] = float(desc[min(allowed, len(desc) - 1)])
         kind, t = max(per_kind.items(), key=lambda kv: kv[1])
         dr = drop_rates(g, {detector: t})
         dr = dr[dr["step"] == 10]

@@ -144,3 +144,21 @@ def test_without_a_threshold_the_python_stages_say_which_arguments_to_pass():
             make("ens:cnn+nss")
         assert "--" not in str(err.value)  # no command-line options in a Python error
     assert wds_filter("ens:cnn+nss", threshold=0.5).threshold == 0.5
+
+
+def test_wds_stage_passes_samples_without_an_image_on_as_they_come():
+    """A stream of caption-only samples: the stage decides each within ``batch_size`` samples, so
+    an endless stream of them yields at once instead of being held in memory."""
+    from collapseguard.inline import wds_filter
+
+    pulled = 0
+
+    def stream():
+        nonlocal pulled
+        for i in range(10_000):
+            pulled += 1
+            yield {"__key__": f"k{i}", "txt": b"a caption"}
+
+    stage = wds_filter("nss", threshold=1e9, batch_size=4)
+    first = next(iter(stage(stream())))
+    assert first["__key__"] == "k0" and pulled <= 4

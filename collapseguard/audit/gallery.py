@@ -21,7 +21,7 @@ from PIL import Image
 from collapseguard.images import DecodeError, decode_image, encode_png
 from collapseguard.io.inputs import is_shard
 from collapseguard.io.tar import ShardReader, valid_text
-from collapseguard.io.urls import is_remote, join, read_bytes
+from collapseguard.io.urls import is_remote, join, read_bytes, scheme
 from collapseguard.scoring.records import image_members
 
 #: member extensions read as captions (shown as text, escaped)
@@ -117,7 +117,8 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
-        if is_shard(source) and (is_remote(source) or os.path.isfile(source)):
+        # a pipe: source is a shard whatever its command ends in, as scoring reads it
+        if scheme(source) == "pipe" or (is_shard(source) and (is_remote(source) or os.path.isfile(source))):
             left = dict(keys)
             seen: dict[str, int] = {}
             try:
@@ -145,7 +146,7 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]
                     continue
                 try:
                     out[(source, key, n)] = _prepared(Fetched(decode_image(read_bytes(path))), prepare)
-                except (OSError, DecodeError) as exc:
+                except (OSError, DecodeError, ValueError) as exc:  # ValueError: a refused URL
                     out[(source, key, n)] = Fetched(error=str(exc))
     return out
 

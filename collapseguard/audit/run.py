@@ -123,6 +123,27 @@ def occurrence(df: pd.DataFrame) -> np.ndarray:
     return df.groupby(["source", "key"], sort=False).cumcount().to_numpy()
 
 
+def shard_positions(df: pd.DataFrame, select=None) -> np.ndarray:
+    """For each row, which sample of its (source, key) in the shard it is (0 for the first): the
+    ``occurrence`` among the rows, or with ``select`` (``audit --sample``), among the samples the
+    predicate takes, whose positions it alone decides: the j-th row of a key is the j-th ``n``
+    with ``select(source, key, n)`` true, whatever copies of that key the sample skipped."""
+    occ = occurrence(df)
+    if select is None:
+        return occ
+    out = occ.copy()
+    for i, (source, key, j) in enumerate(zip(df["source"], df["key"], occ)):
+        taken, n = -1, 0
+        while n <= j + 100_000:  # the j-th selected copy lies within this many (bounded search)
+            if select(source, key, n):
+                taken += 1
+                if taken == j:
+                    out[i] = n
+                    break
+            n += 1
+    return out
+
+
 def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
     """``other``'s scores in ``base``'s row order, matched by (source, key, occurrence); NaN where
     missing."""
@@ -169,10 +190,12 @@ def _pick_galleries(df: pd.DataFrame, threshold: float, comparisons, options: Au
     return out
 
 
-def _items(df: pd.DataFrame, picks: dict, options: AuditOptions) -> dict:
-    """Gallery items (dicts for the report) with thumbnails and native crops."""
+def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) -> dict:
+    """Gallery items (dicts for the report) with thumbnails and native crops; ``select`` is the
+    ``--sample`` predicate the rows were scored under (it decides which copy of a repeated key
+    each row is)."""
     wanted = {int(i) for rows in picks.values() for i in rows}
-    nth = occurrence(df)
+    nth = shard_positions(df, select)
 
     def prepare(img):  # thumbnail and crop made as each image is read: the image is not kept
         crop, (y, x) = gallery.detail_crop(img, options.crop_size)
@@ -309,7 +332,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
 
     _log("building the report", quiet)
     picks = _pick_galleries(df, threshold, comparisons, options)
-    cards = _items(df, picks, options)
+    cards = _items(df, picks, options, select)
     figures = {"scores": gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")}
     if has_step:
         figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl), "image/png")

@@ -45,7 +45,7 @@ def chains():
 @click.option("--one-based/--no-one-based", default=None,
               help="Chains numbered from 1 with no original: renumber (default: yes, with a note) or drop.")
 @click.option("--manifest-out", type=click.Path(), default=None,
-              help="Also write what was found as a manifest (.csv or .parquet), in a folder that "
+              help="Also write what was found as a manifest (.csv, .tsv or .parquet), in a folder that "
                    "holds every chain image (e.g. inside PATH): a manifest may only name files under "
                    "its own folder.")
 def ls_cmd(path, extract_dir, one_based, manifest_out):
@@ -57,6 +57,8 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
     from collapseguard.training_data_tools.loaders import discover_chains
     from collapseguard.training_data_tools.manifest import write_manifest
 
+    if manifest_out and not manifest_out.endswith((".csv", ".tsv", ".parquet")):  # before any work
+        raise click.UsageError(f"--manifest-out {manifest_out}: a manifest is .csv, .tsv or .parquet")
     d = discover_chains(path, extract_dir=extract_dir, one_based=one_based)
     # folder, file and family names come from the data: control characters printed escaped
     click.echo("\n".join(printable(line) for line in d.summary().split("\n")))

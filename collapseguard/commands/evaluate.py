@@ -169,8 +169,12 @@ def _from_scores(path, calibration: str = "none", **kw):
     from collapseguard.evaluation.report import csv_uncell
 
     try:
-        df = pd.read_csv(path, dtype={"chain_id": str, "family": str, "detector": str, "detector_version": str,
-                                     "version": str, "error": str})
+        # names are text, whatever they spell: a chain, family or kind called "NA" or "null" is no
+        # missing value (pandas' default reading would make it NaN and drop or break its rows)
+        text = ("chain_id", "source_image", "family", "task", "path", "storage", "source_kind", "detector",
+                "detector_version", "version", "error")
+        df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False,
+                         na_values={c: [""] for c in ("step", "score")})
         for c in [c for c in df.columns if pd.api.types.is_string_dtype(df[c])]:
             quoted = df[c].str.startswith("'", na=False)  # report.csv_cell's leading '
             df.loc[quoted, c] = df.loc[quoted, c].map(csv_uncell)

@@ -67,9 +67,18 @@ def auroc_by(scores: pd.DataFrame, column: str, ks: Sequence[int] = metrics.AURO
 
 
 def chain_groups(scores: pd.DataFrame, column: str) -> pd.Series:
-    """chain_id -> the group its images share (``mixed`` when they differ)."""
+    """chain_id -> the group its images share (``mixed`` when they differ). An image whose group
+    is unknown (a file too damaged to read its header) takes its chain's group: the chain stays
+    in its storage's row, where its NaN score fails it."""
     s = with_groups(scores)
-    return s.groupby("chain_id")[column].agg(lambda v: v.iloc[0] if v.nunique() == 1 else "mixed")
+    empty = EMPTY_LABEL.get(column, "(none)")
+
+    def shared(v: pd.Series) -> str:
+        known = v[v != empty]
+        values = (known if len(known) else v).unique()
+        return values[0] if len(values) == 1 else "mixed"
+
+    return s.groupby("chain_id")[column].agg(shared)
 
 
 def failures_by(per_chain: pd.DataFrame, scores: pd.DataFrame, column: str) -> pd.DataFrame:

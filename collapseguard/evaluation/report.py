@@ -15,7 +15,6 @@ import pandas as pd
 from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
 from collapseguard.io.strict_json import json_ready
 
-
 #: distinct error texts listed per detector under "Scoring errors" (a judge's reasons can differ
 #: for every image; scores.csv holds them all)
 ERRORS_LISTED = 10
@@ -275,8 +274,10 @@ def breakdown_markdown(ev) -> list[str]:
         d = ev.drops
         steps = [k for k in sorted(d["step"].unique()) if k > 0] if len(d) else []
         if steps:
+            # dropna=False and the reindex keep a family or step none of whose images were scored
             wide = d[d["step"] > 0].pivot_table(index=["detector", "storage", "family"], columns="step",
-                                                values="fraction", aggfunc="first").reset_index()
+                                                values="fraction", aggfunc="first", dropna=False)
+            wide = wide.reindex(columns=steps).reset_index()
             wide.columns = [c if isinstance(c, str) else f"s{c}" for c in wide.columns]
             out += ["", "### Share of step-k images dropped, per storage and family", ""]
             out.append(markdown_table(wide, ["detector", "storage", "family", *[f"s{k}" for k in steps]],

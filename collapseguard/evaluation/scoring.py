@@ -145,12 +145,14 @@ def score_manifest(
             else:
                 decoded, errs = records.decode_members([(str(rows.at[i, "path"]), data)])
                 why = errs[0] if errs else ""
+                # from the header, also for a file that does not decode (a truncated PNG is still
+                # a PNG): its chain stays in its storage's tables instead of counting as "mixed"
+                storage[i] = storage_label(data)
             if why:
                 for d in detectors:
                     results[d.name][1][i] = f"decode_error: {why}"[:300]
                 continue
             images.append(decoded[0][1])
-            storage[i] = storage_label(data)
             ok_idx.append(i)
         decode_s += time.perf_counter() - t0
         if images:

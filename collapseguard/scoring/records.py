@@ -154,7 +154,9 @@ def score_records(
     ``members_of(record)`` returns the record's files as ``[(name, bytes or array), ...]``; only
     image files are decoded (every member with ``images_only=False``, for callers whose records
     are images whatever their name). ``batch_size`` defaults to the detector's own. ``transform``
-    and the pixel caps are ``decode_members``'; ``retry`` is ``score_batch``'s.
+    and the pixel caps are ``decode_members``'; ``retry`` is ``score_batch``'s. At most
+    ``batch_size`` records wait for a decision, those without an image to score included: a
+    stream of caption-only or undecodable samples is passed on as it comes, not held.
     """
     batch_size = batch_size or detector.batch_size or 16
     pending: list[tuple[Any, Scored, list[int]]] = []  # record, result, indices into images
@@ -213,7 +215,7 @@ def score_records(
                 storages.append(storage)
                 pixels += arr.shape[0] * arr.shape[1]
         pending.append((rec, res, idx))
-        if len(images) >= batch_size or pixels >= max_pixels:
+        if len(images) >= batch_size or pixels >= max_pixels or len(pending) >= batch_size:
             yield from flush()
     yield from flush()
 

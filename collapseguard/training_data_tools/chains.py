@@ -74,12 +74,22 @@ def _save_png(arr: np.ndarray, path: Path) -> None:
 
 
 def _chain_job(job: dict) -> list[dict]:
-    """Worker: make one chain and write its PNGs; returns its manifest rows."""
+    """Worker: make one chain and write its PNGs; returns its manifest rows. torch runs one
+    thread a chain while it makes it (in a worker process or, with one worker, in the caller,
+    whose thread count is given back afterwards)."""
     try:
         import torch
-        torch.set_num_threads(1)
     except ImportError:  # pragma: no cover
-        pass
+        return _chain_rows(job)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _chain_rows(job)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _chain_rows(job: dict) -> list[dict]:
     params, kept = run_chain(job["image"], job["family"], job["steps"], job["keep"], job["seed_seq"])
     folder = Path(job["out_dir"]) / job["family"] / job["chain_id"]
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,6 +114,10 @@ def check_families(families: Sequence[str] | None) -> list[str]:
     bad = [f for f in families if f not in known]
     if bad:
         raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")
+    twice = sorted({f for f in families if families.count(f) > 1})
+    if twice:  # the same chains twice would write the same files and ids
+        raise ReplicatorError(f"famil{'y' if len(twice) == 1 else 'ies'} {twice} named more than once "
+                              "(--repeats makes more chains of one family)")
     return families
 
 
@@ -123,6 +137,8 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     keep = sorted({0} | {int(k) for k in keep if 0 <= int(k) <= steps})
+    if steps > 0 and keep == [0]:  # every step computed and thrown away: chains of one image
+        raise ValueError(f"no kept step between 1 and --steps {steps}: keep at least one (e.g. --keep {steps})")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs, seen = [], set()

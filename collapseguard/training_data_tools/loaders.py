@@ -415,7 +415,7 @@ def _from_metadata(root: Path, metas: list[Path], one_based: bool | None) -> Dis
     rows, notes, unplaced = [], [], []
     for meta in metas:
         if meta.suffix == ".csv":
-            t = pd.read_csv(meta, dtype=str)
+            t = pd.read_csv(meta, dtype=str, keep_default_na=False, na_values=[""])  # "NA" is a name
         else:
             t = pd.DataFrame([json.loads(line) for line in meta.read_text().splitlines() if line.strip()])
         if "file_name" not in t.columns:

@@ -59,8 +59,11 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
         df = pd.read_parquet(path)
     elif path.suffix in (".csv", ".tsv"):
         try:
+            # a name is text whatever it spells ("NA", "null", "None" are sources too): only an
+            # empty cell is missing
             df = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",", dtype={"chain_id": str,
-                             "source_image": str, "family": str, "task": str, "path": str})
+                             "source_image": str, "family": str, "task": str, "path": str, "kind": str,
+                             "storage": str}, keep_default_na=False, na_values=[""])
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise ManifestError(f"{path}: not a readable manifest ({exc})") from None
     else:
@@ -81,8 +84,11 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
 
 
 def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write a manifest as CSV or Parquet (by suffix); paths under its folder become relative."""
+    """Write a manifest as CSV, TSV or Parquet (by suffix, as ``read_manifest`` reads them); paths
+    under its folder become relative."""
     path = Path(path)
+    if path.suffix not in (".csv", ".tsv", ".parquet"):
+        raise ManifestError(f"manifest must be .csv, .tsv or .parquet, got {path.name}")
     validate_manifest(df, check_files=False, where=str(path))
     root = path.parent.resolve()
     out = df.copy()
@@ -100,7 +106,7 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     if path.suffix == ".parquet":
         out.to_parquet(path, index=False)
     else:
-        out.to_csv(path, index=False)
+        out.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
     return path
 
 

@@ -42,6 +42,7 @@ from collapseguard.images import (
     resize_by,
 )
 from collapseguard.io.tar import CappedTarInfo, open_regular_file, split_key
+from collapseguard.io.urls import is_shard_name
 
 Source = tuple[str, np.ndarray]
 
@@ -296,10 +297,16 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
 # ---------------------------------------------------------------------------------------------
 
 def _clean_name(name: str) -> str:
-    """A source name safe for file and chain names: no separators, '..', or odd characters."""
-    name = re.sub(r"[^A-Za-z0-9._/@-]+", "_", name).strip("/")
-    parts = [p for p in name.split("/") if p not in ("", ".", "..")]
-    return "/".join(parts) or "image"
+    """A source name safe for file and chain names: no separators, '..', or odd characters. A
+    name whose characters cleaning replaced gets a short hash of the original (``_-3f2a9c``), so
+    names that clean alike (``猫``, ``犬``) stay distinct pictures, named the same whatever other
+    files are there."""
+    cleaned = re.sub(r"[^A-Za-z0-9._/@-]+", "_", name)
+    parts = [p for p in cleaned.strip("/").split("/") if p not in ("", ".", "..")]
+    out = "/".join(parts) or "image"
+    if cleaned != name:
+        out += "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return out
 
 
 def _note(skipped: list[str] | None, where, exc: BaseException) -> None:
@@ -400,31 +407,43 @@ def shard_images(paths: str | Iterable[str], skipped: list[str] | None = None) -
     files = sorted(glob.glob(paths)) if isinstance(paths, str) else list(paths)
     if not files:
         raise SourceError(f"no shards match {paths!r}")
+    not_shards = [str(f) for f in files if not is_shard_name(os.path.basename(str(f)))]
+    if not_shards:  # a glob of image files is a folder's work
+        raise SourceError(f"not tar shards: {', '.join(map(repr, not_shards[:3]))}"
+                          f"{' and more' if len(not_shards) > 3 else ''} (give image files as a folder)")
     given: set[str] = set()
     for f in files:
-        samples: dict[str, int] = {}  # key -> samples with that key so far
-        current, taken = None, False  # key of the sample being read; its image already used?
-        # only regular files (a FIFO would wait for a writer forever); no header bombs
-        with open_regular_file(f) as raw, tarfile.open(fileobj=raw, mode="r:*", tarinfo=CappedTarInfo) as tar:
-            for m in tar:
-                if m.isdir():  # as io.tar: a folder is no member; a link still ends a sample
-                    continue
-                key = split_key(m.name)[0]
-                if key != current:  # a new sample
-                    current, taken = key, False
-                    samples[key] = samples.get(key, 0) + 1
-                if taken or not m.isfile() or not is_image_name(m.name):
-                    continue
-                taken = True
-                data = tar.extractfile(m).read()
-                try:
-                    arr = decode_image(data)
-                except DecodeError as exc:
-                    _note(skipped, f"{f}:{m.name}", exc)
-                    continue
-                base = _clean_name(f"{Path(f).stem}/{key}")
-                repeat = samples[key] - 1
-                yield _distinct(base + (f"@repeat{repeat}" if repeat else ""), given), arr
+        try:
+            yield from _shard_sources(f, given, skipped)
+        except (tarfile.TarError, EOFError) as exc:  # a damaged shard is named, not a traceback
+            raise SourceError(f"cannot read shard {f!r}: {exc}") from None
+
+
+def _shard_sources(f, given: set[str], skipped: list[str] | None) -> Iterator[Source]:
+    """``shard_images`` for one shard."""
+    samples: dict[str, int] = {}  # key -> samples with that key so far
+    current, taken = None, False  # key of the sample being read; its image already used?
+    # only regular files (a FIFO would wait for a writer forever); no header bombs
+    with open_regular_file(f) as raw, tarfile.open(fileobj=raw, mode="r:*", tarinfo=CappedTarInfo) as tar:
+        for m in tar:
+            if m.isdir():  # as io.tar: a folder is no member; a link still ends a sample
+                continue
+            key = split_key(m.name)[0]
+            if key != current:  # a new sample
+                current, taken = key, False
+                samples[key] = samples.get(key, 0) + 1
+            if taken or not m.isfile() or not is_image_name(m.name):
+                continue
+            taken = True
+            data = tar.extractfile(m).read()
+            try:
+                arr = decode_image(data)
+            except DecodeError as exc:
+                _note(skipped, f"{f}:{m.name}", exc)
+                continue
+            base = _clean_name(f"{Path(f).stem}/{key}")
+            repeat = samples[key] - 1
+            yield _distinct(base + (f"@repeat{repeat}" if repeat else ""), given), arr
 
 
 def resolve_sources(spec: str, seed: int = 0, skipped: list[str] | None = None) -> Iterator[Source]:

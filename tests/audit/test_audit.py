@@ -685,3 +685,46 @@ def test_the_compare_panel_passes_on_the_main_detectors_nan_reasons(photos):
     panel = ComparePanel(Picky(), {"nss": create("nss")})
     [(_, res)] = list(score_records([[("d.png", encode_png(dark))]], panel))
     assert np.isnan(res.score) and res.error == "too dark to judge"
+
+
+def test_a_sampled_second_copy_of_a_repeated_key_shows_its_own_picture(tmp_path):
+    """``--sample`` that takes only the second of two samples keyed ``dup``: its card must show
+    that (blue) picture, the one it scored, not the first (red) copy the sample skipped."""
+    shard = tmp_path / "s.tar"
+    red, blue = np.zeros((48, 48, 3), np.uint8), np.zeros((48, 48, 3), np.uint8)
+    red[..., 0], blue[..., 2] = 230, 230
+    grey = np.full((48, 48, 3), 120, np.uint8)
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "dup.png", encode_png(red))
+        for i in range(6):
+            add_member(tf, f"k{i}.png", encode_png(grey))
+        add_member(tf, "dup.png", encode_png(blue))
+    seed = next(s for s in range(1000) if (lambda sel: sel(str(shard), "dup", 1) and not sel(str(shard), "dup", 0))(
+        choose_sample([str(shard)], 4, s)[0]))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["audit", str(shard), "--out", str(out), "-d", "nss", "--threshold", "-1e9",
+                                    "--sample", "4", "--seed", str(seed), "-q"])
+    assert res.exit_code == 0, res.output
+    html = (out / "report.html").read_text()
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    thumbs = re.findall(r'src="data:image/jpeg;base64,([^"]+)" alt="thumbnail of dup"', html)
+    assert thumbs
+    for t in thumbs:
+        mean = np.asarray(Image.open(io.BytesIO(base64.b64decode(t))).convert("RGB"), float).reshape(-1, 3).mean(0)
+        assert mean[2] > 150 and mean[0] < 80, mean  # blue, the copy that was scored
+
+
+def test_audit_of_a_pipe_source_not_ending_in_tar_shows_its_pictures(tmp_path, dataset):
+    """A ``pipe:`` command is a shard whatever it ends in, for the gallery as for scoring."""
+    src = dataset[0] / "clean-000.tar"
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["audit", f"pipe:cat {src} | cat -", "--out", str(out), "-d", "nss",
+                                    "--threshold", "0", "-q"])
+    assert res.exit_code == 0, res.output
+    html = (out / "report.html").read_text()
+    assert 'alt="thumbnail of' in html and "accepted on the command line only" not in html

@@ -194,3 +194,15 @@ def test_eval_set_figures_top_clean_lists_each_kinds_highest_pictures(evaluated,
         assert [float(x.rsplit(" ", 1)[1]) for x in listed] == pytest.approx(list(want["score"]), abs=5e-3)
     mod.main([str(evaluated), "--top-clean", "1"])
     assert "the 1 highest-scoring clean pictures (step 0) of each kind" in capsys.readouterr().out
+
+
+def test_eval_set_figures_kind_oracle_allows_exactly_alpha_of_a_kind(benchmark_script):
+    """100 clean scores 0..99 and A = 0.29: 29 may be dropped (0.29 * 100 is 28.999... in floating
+    point), so the lowest threshold is 70, not 71."""
+    mod = benchmark_script("eval_set_figures.py")
+    rows = [{"chain_id": f"c{i}", "source_image": f"s{i}", "family": "noise_tint", "step": 0, "storage": "png",
+             "source_kind": "photo", "detector": "cnn", "score": float(i)} for i in range(100)]
+    rows += [{"chain_id": f"c{i}", "source_image": f"s{i}", "family": "noise_tint", "step": 10, "storage": "png",
+              "source_kind": "photo", "detector": "cnn", "score": float(i) + 0.5} for i in range(100)]
+    line = mod.kind_oracle(pd.DataFrame(rows), "cnn", 0.29)[0]
+    assert float(line.split("threshold ")[1].split()[0]) == 70.0

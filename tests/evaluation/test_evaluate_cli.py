@@ -443,3 +443,53 @@ def test_a_calibration_made_for_another_detector_is_refused_with_what_evaluate_t
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
     assert "was made for detector nss@x, not evaltest-track@t1" in res.output
     assert "--calibration default or none" in res.output and "--threshold" not in res.output
+
+
+def test_a_step_none_of_whose_images_could_be_scored_keeps_its_column(tmp_path):
+    """Every step-20 file truncated: the drop table keeps its step-20 column (empty), every family
+    keeps its row, and results.md and summary.json are written."""
+    root = _make_chains(tmp_path / "chains")
+    for p in root.rglob("20.png"):
+        p.write_bytes(p.read_bytes()[:60])
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(root), "-d", "nss", "--out", str(out),
+                                    "--no-plot", "-q"])
+    assert res.exit_code == 0, res.output
+    md = (out / "results.md").read_text()
+    table = md.split("### Share of step-k images dropped, per storage and family")[1]
+    assert "step 20" in table.splitlines()[2]
+    assert all(f"| {fam} |" in table for fam in ("grain", "speckle"))
+    assert (out / "summary.json").is_file()
+
+
+def test_names_that_spell_missing_values_stay_names_through_from_scores(tmp_path):
+    """A chain called "null", a family "NA" and a source "None" are names: the CSV manifest, the
+    first run and --from-scores on its scores.csv all keep every chain."""
+    root = _make_chains(tmp_path / "chains")
+    m = read_manifest(root / "manifest.csv")
+    m["family"] = m["family"].replace({"speckle": "NA"})
+    m["chain_id"] = m["chain_id"].replace({"grain-0": "null"})
+    m["source_image"] = m["source_image"].replace({"src1": "None"})
+    write_manifest(m, root / "manifest.csv")
+    assert read_manifest(root / "manifest.csv")["family"].eq("NA").any()
+    out1, out2 = tmp_path / "e1", tmp_path / "e2"
+    for args, out in ((["--chains", str(root), "-d", "nss"], out1), (["--from-scores", str(out1 / "scores.csv")], out2)):
+        res = CliRunner().invoke(main, ["evaluate", *args, "--out", str(out), "--no-plot", "-q", "--calibration", "none"])
+        assert res.exit_code == 0, res.output
+    a = pd.read_csv(out1 / "chains.csv", keep_default_na=False)
+    b = pd.read_csv(out2 / "chains.csv", keep_default_na=False)
+    assert len(a) == len(b) == 6 and "null" in set(b["chain_id"]) and "NA" in set(b["family"])
+
+
+def test_an_image_that_cannot_be_decoded_keeps_its_chain_in_its_storage_row(tmp_path):
+    root = _make_chains(tmp_path / "chains")
+    bad = next(root.rglob("grain-0/10.png"))
+    bad.write_bytes(bad.read_bytes()[:40])
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(root), "-d", "nss", "--out", str(out),
+                                    "--no-plot", "-q", "--calibration", "none"])
+    assert res.exit_code == 0, res.output
+    f = pd.read_csv(out / "failures_by_storage.csv", keep_default_na=False)
+    assert set(f["storage"]) == {"png"}
+    row = f[(f["family"] == "all")].iloc[0]
+    assert row["evaluated"] == 6 and row["failed"] >= 1

@@ -97,3 +97,15 @@ def test_too_small_source_is_named_before_any_chain_is_made(tmp_path, sources):
         make_chains(list(sources) + [tiny], ["codec"], steps=1, out_dir=tmp_path, workers=1,
                     progress=False)
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_make_chains_in_the_callers_process_gives_its_torch_threads_back(tmp_path, sources):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        make_chains(sources[:1], ["codec"], steps=1, keep=[1], out_dir=tmp_path, workers=1, progress=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

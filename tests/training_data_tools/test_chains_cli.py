@@ -160,12 +160,11 @@ def test_export_refuses_to_mix_with_an_earlier_export(chains_dir, tmp_path):
     assert res.exit_code == 1 and "a file of that name exists" in res.output
 
 
-def test_make_with_an_empty_keep_writes_the_originals(tmp_path):
+def test_make_with_an_empty_keep_says_no_step_would_be_kept(tmp_path):
     res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--families", "codec",
                                     "--steps", "2", "--keep", "", "--out", str(tmp_path),
                                     "--no-progress"])
-    assert res.exit_code == 0, res.output  # was a TypeError
-    assert "1 chains, 1 images" in res.output
+    assert res.exit_code == 1 and "no kept step between 1 and --steps 2" in res.output  # no TypeError
 
 
 def test_export_keeps_chains_with_non_ascii_names_apart(tmp_path):
@@ -359,3 +358,57 @@ def test_make_from_specs_whose_names_meet_makes_every_picture_and_names_what_it_
                                     "--out", str(tmp_path / "out2"), "-q"])
     assert res.exit_code == 1
     assert "skipped 1 source image(s) that could not be decoded" in res.output and "x.png" in res.output
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--families", "codec,codec"], "named more than once"),
+    (["--families", "codec", "--keep", "7"], "no kept step between 1 and --steps 2"),
+    (["--families", "codec", "--keep", "0"], "no kept step between 1 and --steps 2"),
+])
+def test_make_refuses_what_would_write_duplicate_or_one_image_chains(tmp_path, args, said):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", "art:1:64-64", "--steps", "2", *args,
+                                    "--out", str(out), "--no-progress", "-w", "1"])
+    assert res.exit_code != 0 and said in res.output, res.output
+    assert not (out / "manifest.csv").exists() and not list(out.rglob("*.png"))
+
+
+def test_make_names_a_damaged_shard_and_refuses_a_glob_of_images(tmp_path):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"this is not a tar archive" * 40)
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"shards:{bad}", "--families", "codec",
+                                    "--steps", "1", "--out", str(tmp_path / "o1"), "--no-progress", "-w", "1"])
+    assert res.exit_code == 1 and "cannot read shard" in res.output and "Traceback" not in res.output
+    Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(tmp_path / "a.png")
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", str(tmp_path / "*.png"), "--families", "codec",
+                                    "--steps", "1", "--out", str(tmp_path / "o2"), "--no-progress", "-w", "1"])
+    assert res.exit_code == 1 and "not tar shards" in res.output
+
+
+def test_ls_writes_a_tsv_manifest_its_readers_read_and_refuses_other_suffixes(chains_dir, tmp_path):
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    out = Path(chains_dir) / "again.tsv"
+    try:
+        res = CliRunner().invoke(main, ["chains", "ls", str(chains_dir), "--manifest-out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert "\t" in out.read_text().splitlines()[0]
+        assert len(read_manifest(out)) == len(read_manifest(chains_dir))
+    finally:
+        out.unlink(missing_ok=True)
+    res = CliRunner().invoke(main, ["chains", "ls", str(chains_dir), "--manifest-out", str(tmp_path / "m.txt")])
+    assert res.exit_code != 0 and ".csv, .tsv or .parquet" in res.output
+
+
+def test_a_source_named_like_a_missing_value_makes_a_readable_manifest(tmp_path):
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("NA", "null", "None"):
+        Image.fromarray(np.random.default_rng(len(name)).integers(0, 255, (48, 48, 3), dtype=np.uint8)).save(
+            src / f"{name}.png")
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{src}", "--families", "codec",
+                                    "--steps", "1", "--out", str(tmp_path / "out"), "--no-progress", "-w", "1"])
+    assert res.exit_code == 0, res.output
+    assert set(read_manifest(tmp_path / "out")["source_image"]) == {"NA", "null", "None"}

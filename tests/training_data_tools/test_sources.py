@@ -1,6 +1,8 @@
 """Clean image sources: bundled photos, procedural art, folders, shards, CLI specs."""
 
+import hashlib
 import io
+import re
 import tarfile
 
 import numpy as np
@@ -84,15 +86,16 @@ def test_folder_images_skips_junk_and_cleans_names(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not an image")
     (tmp_path / "notes.txt").write_text("x")
     got = dict(folder_images(tmp_path))
-    assert set(got) == {"g", "sub/a_b"}
-    assert got["sub/a_b"].shape == (10, 20, 3) and got["g"].shape == (8, 8, 3)
+    ab = "sub/a_b-" + hashlib.sha256(b"sub/a b").hexdigest()[:6]  # cleaned, so told apart by a hash
+    assert set(got) == {"g", ab}
+    assert got[ab].shape == (10, 20, 3) and got["g"].shape == (8, 8, 3)
     with pytest.raises(SourceError, match="not a folder"):
         list(folder_images(tmp_path / "missing"))
     # one picture name in two formats: both kept, told apart by their format (no duplicate name)
     Image.new("RGB", (8, 8), (0, 0, 255)).save(tmp_path / "sub" / "x.bmp")
     Image.new("RGB", (8, 8), (0, 255, 0)).save(tmp_path / "sub" / "x.tiff")
     got = dict(folder_images(tmp_path))
-    assert set(got) == {"g", "sub/a_b", "sub/x_bmp", "sub/x_tiff"}
+    assert set(got) == {"g", ab, "sub/x_bmp", "sub/x_tiff"}
     assert got["sub/x_bmp"][0, 0, 2] == 255 and got["sub/x_tiff"][0, 0, 1] == 255
 
 
@@ -263,3 +266,19 @@ def test_shard_images_names_are_unique_when_keys_or_shard_stems_collide(tmp_path
     names = [n for n, _ in got]
     assert len(got) == 7 and len(set(names)) == 7, names
     assert names[:3] == ["s/k", "s/j", "s/k@repeat1"]
+
+
+def test_names_that_clean_alike_stay_distinct_pictures_whatever_else_is_there(tmp_path):
+    """``猫.png`` and ``犬.png`` both clean to ``_``: each gets a hash of its own name, so they are
+    two pictures in a split by source and keep their names (and chain seeds) when a file is added."""
+    from collapseguard.training_data_tools.manifest import source_group
+    from collapseguard.training_data_tools.sources import folder_images
+
+    rng = np.random.default_rng(0)
+    for name in ("猫", "犬"):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(tmp_path / f"{name}.png")
+    before = [n for n, _ in folder_images(tmp_path)]
+    Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "鳥.png")
+    after = [n for n, _ in folder_images(tmp_path)]
+    assert len(set(map(source_group, before))) == 2 and set(before) < set(after)
+    assert all(re.fullmatch(r"[A-Za-z0-9._/@-]+", n) for n in after)
