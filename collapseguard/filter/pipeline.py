@@ -28,6 +28,7 @@ from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
+from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
 from collapseguard.io.terminal import printable
@@ -238,8 +239,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
                                       refused=bool(sample.refused), repeated=sample.repeat > 0,
                                       reject_no_image=options.reject_no_image)
             writer = kept_w if decision == "kept" else rej_w
-            if writer is not None:  # only a sample set aside for its names may change key there
-                writer.write(sample, movable=reason in ("unsafe_name", "repeated_key"),
+            if writer is not None:  # only a sample set aside for its names or its repeated key
+                # (whatever reason comes first) may change key there
+                writer.write(sample, movable=bool(sample.unsafe_names) or sample.repeat > 0,
                              tag=len(rows["key"]))
             reasons[reason] += 1
             n_images += scored.n_images
@@ -378,7 +380,7 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
                              error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
                              width=row["width"], height=row["height"],
                              storage=row.get("storage") or "",  # scores files written before storage was recorded lack it
-                             n_images=0 if row["reason"] == "no_image" else 1)
+                             n_images=sum(is_image_name(m.name) for m in sample.members))
     if next(it, None) is not None:
         raise ShardChangedError(f"{where}: fewer samples than the scoring pass read (the shard "
                                 f"changed since): {redo}")

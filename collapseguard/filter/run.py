@@ -44,6 +44,7 @@ from collapseguard.io.inputs import (
     expand_shards,
     unread_text,
 )
+from collapseguard.io.outdir import digest_stream
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
@@ -277,11 +278,25 @@ def completed_marker(shard: str, options: FilterOptions, out: Path,
     if seen is not None:
         now = input_identity(shard)
         now.pop("path")
-        if seen != now:
+        if seen != now and not _same_bytes(shard, seen, now, marker.get("input_digest")):
             return None  # the shard changed since: its outputs are stale, filter it again
     if not outputs_match(marker, options.out_dir):
         return None  # outputs missing, cut short or changed since the marker: filter it again
     return marker
+
+
+def _same_bytes(shard: str, seen: dict, now: dict, digest: dict | None) -> bool:
+    """Is a local shard whose size and mtime are the marker's, but whose inode or change time are
+    not (copied with ``cp -p``, ``rsync -a``, moved, or replaced by a file of that size and mtime),
+    the shard the marker was made from? Only if its SHA-256 is the one the marker recorded."""
+    def stable(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in ("ino", "ctime_ns")}
+
+    path = local_path(shard)
+    if path is None or not isinstance(digest, dict) or stable(seen) != stable(now):
+        return False
+    with open(path, "rb") as f:
+        return digest_stream(f) == {"size": digest.get("size"), "sha256": digest.get("sha256")}
 
 
 def clear_shard_outputs(shard: str, out_dir: str) -> None:

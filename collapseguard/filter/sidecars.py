@@ -39,7 +39,6 @@ from collapseguard.errors import CollapseguardError
 from collapseguard.io.urls import SHARD_SUFFIXES, strip_shard_suffix
 
 
-
 class SidecarError(CollapseguardError, ValueError):
     """A sidecar file cannot be carried (unreadable parquet or stats, stats JSON nested too deeply,
     no key column)."""
@@ -120,10 +119,13 @@ def row_outputs(row_keys: list, decisions: list[tuple[str, str, str]]) -> list[s
     A key that names several samples (``k, j, k``: the later ones are rejected as
     ``repeated_key``) has its rows matched to its samples in order, the n-th row to the n-th
     sample, so each row goes to exactly one output; rows beyond the key's samples follow its first
-    sample."""
+    sample. Samples set aside for their names (``unsafe_name``: ``/k.jpg`` cleaned to key ``k``)
+    come after the key's samples with safe names: img2dataset wrote its row for the real ``k``."""
     by_key: dict[str, list[str]] = {}
-    for key, decision, _ in decisions:
-        by_key.setdefault(key, []).append(decision)
+    for unsafe in (False, True):
+        for key, decision, reason in decisions:
+            if (reason == "unsafe_name") == unsafe:
+                by_key.setdefault(key, []).append(decision)
     seen: Counter = Counter()
     out: list[str | None] = []
     for raw in row_keys:

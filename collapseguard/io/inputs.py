@@ -90,7 +90,10 @@ class ImageFile:
 
 
 def expand_pattern(pattern: str) -> list[str]:
-    """Expand braces (``{000..009}``, ``{a,b}``) then globs; keeps order, drops duplicates."""
+    """Expand braces (``{000..009}``, ``{a,b}``) then globs; keeps order, drops duplicates. A path
+    that exists as written (``part[1].tar``, ``a{b}.tar``) is that path, not a pattern."""
+    if os.path.lexists(pattern):
+        return [pattern]
     out: list[str] = []
     for p in braceexpand.braceexpand(pattern):
         if any(ch in p for ch in "*?["):

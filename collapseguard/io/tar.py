@@ -637,14 +637,33 @@ class ShardReader:
         dups: dict[str, int] = {}  # next .dupN to try per repeated name identity
         size = 0  # bytes read into ``current``
         keys: dict[str, int] = {}  # safe samples seen per key
+        held: list[Sample] = []  # keyless members met inside ``current``, yielded after it
         while (info := self._next(tf)) is not None:
             if info.isdir():
                 continue
             clean, key = member_key(info.name)
+            if visible_key(info.name) is None:
+                # webdataset skips a member it finds no key in (macOS's ._NAME, a LICENSE) and
+                # goes on with the sample around it: so does this reader, which keeps the member
+                # as a sample of its own, set aside (nothing is lost), after that sample
+                alone = Sample(key=key, unsafe_names=[info.name])
+                why = _refusal(info, min(self.max_member_bytes, self.max_sample_bytes))
+                if why:
+                    self.skipped.append(f"{clean} ({why})")
+                    alone.refused.append((clean, why))
+                else:
+                    alone.members.append(Member(clean, self._read(tf, info), _mtime(info)))
+                if current is None:
+                    yield alone
+                else:
+                    held.append(alone)
+                continue
             raw_key = split_key(info.name)[0]
             if current is None or raw_key != group:
                 if current is not None:
                     yield _counted(current, keys)
+                    yield from held
+                    held = []
                 current, group, names, dups, size = Sample(key=key), raw_key, set(), {}, 0
             why = _refusal(info, self.max_member_bytes)
             if not why and size + info.size > self.max_sample_bytes:
@@ -653,13 +672,7 @@ class ShardReader:
                 self.skipped.append(f"{clean} ({why})")
                 current.refused.append((clean, why))
                 continue
-            try:
-                f = tf.extractfile(info)
-                data = f.read() if f is not None else b""
-            except Exception as exc:  # a damaged member: one clear error
-                if isinstance(exc, OSError) and exc.errno is not None:
-                    raise
-                raise self._unreadable(exc, info.offset) from None
+            data = self._read(tf, info)
             size += len(data)
             # a name repeated inside one sample would be lost on extraction; keep both, renamed
             ident = _name_id(clean)
@@ -679,6 +692,17 @@ class ShardReader:
         self._end = tf.offset
         if current is not None:
             yield _counted(current, keys)
+        yield from held
+
+    def _read(self, tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+        """A regular member's bytes; a damaged member is one clear error."""
+        try:
+            f = tf.extractfile(info)
+            return f.read() if f is not None else b""
+        except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise
+            raise self._unreadable(exc, info.offset) from None
 
 
 def _name_id(clean: str) -> str:
@@ -726,13 +750,16 @@ class _HashingFile:
         self._f.close()
 
 
+#: webdataset's ``base_plus_ext``: the key is everything before the first dot that follows the
+#: last ``/`` reached by ``.*/``, and ``[^.]+`` may itself cross a ``/`` (``a/.x.png`` is key ``a/``)
+_WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
 def visible_key(name: str) -> str | None:
-    """The key webdataset groups ``name`` under, None for a name it skips (no dot in the file name,
-    or a leading dot): skipped members do not separate its samples."""
-    base = posixpath.basename(name)
-    if "." not in base or base.startswith("."):
-        return None
-    return split_key(name)[0]
+    """The key webdataset groups ``name`` under (its own pattern), None for a name it skips (no
+    dot in the file name, or a leading dot): skipped members do not separate its samples."""
+    m = _WDS_KEY.match(name)
+    return m.group(1) if m else None
 
 
 def _end_keys(sample: Sample) -> tuple:

@@ -476,14 +476,16 @@ def _read_capped(name: str, f, size) -> bytes:
 def identity(name: str) -> dict:
     """What a filter completion marker records of an input, to tell on resume whether it changed.
 
-    Local files: size and mtime. fsspec URLs: size and whichever of ETag and last-modified time the
+    Local files: size, mtime, inode and change time (a file replaced by one of the same size and
+    mtime, as ``cp -p`` or ``rsync -a`` leave it, still differs; ``filter``'s resume then compares
+    the bytes with the SHA-256 its marker recorded). fsspec URLs: size and whichever of ETag and last-modified time the
     store reports. ``pipe:`` cannot be checked: ``{"pipe": CMD, "checked": False}``; a marker made
     from the same command is trusted (``--overwrite`` redoes it).
     """
     path = local_path(name)
     if path is not None:
         st = os.stat(path)
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
     if scheme(name) == "pipe":
         return {"pipe": name[len("pipe:"):], "checked": False}
     fs, p = filesystem(name)

@@ -483,3 +483,57 @@ def test_drop_fraction_reports_a_speed_only_for_images_scored_in_the_run(tmp_pat
     assert summary["per_shard"][0]["status"] == "done" and summary["rejected"] == 2
     assert summary["images_this_run"] == 0 and summary["images_per_second"] is None
     assert "speed:" not in res.output
+
+
+def test_a_shard_replaced_with_the_same_size_and_mtime_is_filtered_again_and_a_copy_is_not(tmp_path, photos):
+    """Resume compares more than size and mtime: another shard of the same size written with the
+    first one's mtime (``cp -p`` of a regenerated shard) is filtered anew; a copy of the same
+    bytes (another inode) resumes, its bytes checked against the marker's SHA-256."""
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos[:2], degraded=False)
+    args = ["--out", tmp_path / "o", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(["filter", shard, *args])
+    st = shard.stat()
+    (tmp_path / "new").mkdir()
+    other = tmp_path / "new" / "s.tar"
+    members = make_shard(other, photos[:2], degraded=False, start=5)  # other keys, same lengths
+    assert other.stat().st_size == st.st_size  # tar sizes come in 10 KiB steps
+    os.replace(other, shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    run_cli(["filter", shard, *args])
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["per_shard"][0]["status"] == "done"
+    assert sorted(read_members(tmp_path / "o/kept/s.tar")) == sorted(members)
+    copy = tmp_path / "copy.tar"
+    copy.write_bytes(shard.read_bytes())
+    os.replace(copy, shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    run_cli(["filter", shard, *args])
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["per_shard"][0]["status"] == "resumed"
+
+
+def test_drop_fraction_counts_every_image_of_a_sample(tmp_path, photos):
+    import tarfile
+
+    from cg_testutil import add_member
+
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for s in range(4):
+            for j in range(3):
+                add_member(tf, f"k{s}.{j}.png", encode_png(photos[(s + j) % len(photos)][:64, :64]))
+    for how in (["--threshold", "1e9"], ["--drop-fraction", "0.25"]):
+        out = tmp_path / ("o" + how[0])
+        run_cli(["filter", tmp_path / "s.tar", "--out", out, "-d", "nss", *how, "-w", "1", "-q"])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["per_shard"][0]["images"] == 12, how
+
+
+def test_a_shard_whose_name_looks_like_a_pattern_is_that_shard(tmp_path, photos):
+    """``part[1].tar`` exists: it is filtered, not ``part1.tar`` (which the glob would match)."""
+    a = make_shard(tmp_path / "part[1].tar", photos[:1], degraded=False)
+    make_shard(tmp_path / "part1.tar", photos[1:2], degraded=False)
+    assert expand_pattern(str(tmp_path / "part[1].tar")) == [str(tmp_path / "part[1].tar")]
+    run_cli(["filter", tmp_path / "part[1].tar", "--out", tmp_path / "o", "-d", "nss", "--threshold", "1e9",
+             "-w", "1", "-q"])
+    assert sorted(read_members(next((tmp_path / "o/kept").glob("*.tar")))) == sorted(a)

@@ -228,3 +228,46 @@ def test_a_png_whose_image_data_ends_early_is_a_decode_error_not_black_rows(tmp_
         assert s.loc[f"{tag}-whole", "reason"] == s.loc[f"{tag}-dark", "reason"] == "kept"
     with tarfile.open(tmp_path / "out" / "rejected" / "s.tar") as tf:  # set aside, not lost
         assert {"plain-short.png", "adam7-short.png"} <= set(tf.getnames())
+
+
+def _wds_samples(path):
+    import webdataset as wds
+
+    return [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
+            for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False)]
+
+
+def test_macos_appledouble_members_do_not_split_their_sample(tmp_path, photos):
+    """macOS tar writes ``._NAME`` before each file. webdataset skips such members and keeps
+    ``000001.jpg`` with its ``.json``; the filter must too: the sample is kept whole, and each
+    ``._`` member is set aside in rejected/ (no byte lost)."""
+    members = []
+    for i, key in enumerate(("000001", "000002")):
+        members += [(f"._{key}.jpg", b"\x00\x05\x16\x07 mac"), (f"{key}.jpg", png(photos, i)),
+                    (f"._{key}.json", b"\x00\x05\x16\x07 mac"), (f"{key}.json", b'{"caption": "%d"}' % i)]
+    shard = write_tar(tmp_path / "mac.tar", members)
+    out = tmp_path / "out"
+    run_cli(["filter", shard, "-o", out, *FILTER])
+    scores = pd.read_parquet(out / "scores" / "mac.parquet")
+    assert scores.loc[scores["decision"] == "kept", "key"].tolist() == ["000001", "000002"]
+    assert set(scores.loc[scores["decision"] == "rejected", "reason"]) == {"unsafe_name"}
+    kept = _wds_samples(out / "kept" / "mac.tar")
+    assert [(s["__key__"], sorted(k for k in s if k != "__key__")) for s in kept] == [
+        ("000001", ["jpg", "json"]), ("000002", ["jpg", "json"])]
+    written = read_members(out / "kept" / "mac.tar") + read_members(out / "rejected" / "mac.tar")
+    assert sorted(b for _, b in written) == sorted(b for _, b in members)
+
+
+def test_a_refused_sample_whose_key_repeats_stays_apart_in_rejected(tmp_path, photos):
+    """``k`` (rejected as degraded), ``j``, then ``k`` again with a link member (refused_member,
+    and a repeated key): read back from rejected/, the two ``k`` samples stay two."""
+    link = tarfile.TarInfo("k.lnk")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    shard = write_tar(tmp_path / "s.tar", [("k.png", png(photos, 0)), ("j.txt", b"j"),
+                                           ("k.txt", b"caption of the second k"), (link, None)])
+    out = tmp_path / "out"
+    run_cli(["filter", shard, "-o", out, "-d", "nss", "--threshold", "-1e9", "-w", "1", "-q"])
+    scores = pd.read_parquet(out / "scores" / "s.parquet")
+    assert scores["reason"].tolist()[2] == "refused_member"
+    back = [s.key for s in ShardReader(str(out / "rejected" / "s.tar"))]
+    assert len(back) == 2 and len(set(back)) == 2

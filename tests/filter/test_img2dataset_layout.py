@@ -201,3 +201,27 @@ def test_an_upper_case_shard_suffix_keeps_its_sidecars(shard_set, tmp_path):
         assert pd.read_parquet(out / o / "00000.parquet")["key"].tolist() == held[o]
         assert json.loads((out / o / "00000_stats.json").read_text())["successes"] == len(held[o])
         assert not (out / o / "00000.TAR.parquet").exists()
+
+
+def test_the_row_of_a_key_goes_to_its_safely_named_sample_not_an_unsafe_one(tmp_path, photos):
+    """``/000001.jpg`` (set aside, cleaned to key 000001) before the real ``000001``: the key's one
+    parquet row follows the real sample into kept/, not the unsafe one into rejected/."""
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg
+
+    d = tmp_path / "in"
+    d.mkdir()
+    with tarfile.open(d / "00000.tar", "w") as tf:
+        add_member(tf, "/000001.jpg", encode_jpeg(photos[0], 92))
+        add_member(tf, "000002.jpg", encode_jpeg(photos[1], 92))
+        add_member(tf, "000001.jpg", encode_jpeg(photos[2], 92))
+    pd.DataFrame({"key": ["000001", "000002"], "url": ["u1", "u2"]}).to_parquet(d / "00000.parquet", index=False)
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
+    scores = pd.read_parquet(out / "scores" / "00000.parquet")
+    assert scores["reason"].tolist() == ["unsafe_name", "kept", "kept"]
+    kept, rejected = (pd.read_parquet(out / o / "00000.parquet") for o in ("kept", "rejected"))
+    assert sorted(kept["url"]) == ["u1", "u2"] and rejected.empty
