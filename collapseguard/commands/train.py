@@ -8,6 +8,11 @@ import click
 
 from collapseguard.commands._common import check_out_file
 
+#: options of chain training that distillation (``--teacher``) does not read, by parameter name
+_CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clean_variants": "--clean-variants",
+                        "hard_clean": "--hard-clean", "generic_ladders": "--generic-ladders",
+                        "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean"}
+
 
 @click.command()
 @click.option("--chains", "chains", multiple=True, type=click.Path(exists=True),
@@ -145,8 +150,10 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
                           hard_clean=hard_clean, colour_permute=colour_permute, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency, net=net)
-    except (ValueError, RuntimeError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--device") from None
+    except (ValueError, RuntimeError) as exc:  # the device, or a combination of settings
+        if "device" in str(exc).lower() or "cuda" in str(exc).lower():
+            raise click.BadParameter(str(exc), param_hint="--device") from None
+        raise click.UsageError(str(exc)) from None
     if iterations is not None:
         cfg.iterations = iterations
     if teacher or images:
@@ -154,6 +161,11 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
             raise click.UsageError("--teacher and --images go together")
         if epochs is not None:
             raise click.UsageError("use --steps with --teacher")
+        ctx = click.get_current_context()
+        unused = [opt for p, opt in _CHAIN_TRAINING_ONLY.items() if ctx.get_parameter_source(p).name != "DEFAULT"]
+        if unused:  # distillation reads none of them: refused, never silently dropped
+            raise click.UsageError(f"{', '.join(unused)}: not used with --teacher (distillation trains on "
+                                   "the teacher's scores of --images, and on --chains if given)")
         from collapseguard.detectors import DetectorError, create
         from collapseguard.training.distill import run_distillation
 

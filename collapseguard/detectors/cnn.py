@@ -30,19 +30,32 @@ from collapseguard.detectors.cnn_family import (  # noqa: F401 (names this modul
     default_weights_bytes,
 )
 from collapseguard.detectors.cnn_model import DegradationNet, load_net
-from collapseguard.detectors.crops import image_crops
+from collapseguard.detectors.crops import CROP_LAYOUT, image_crops
 
 
 def weights_version(net: DegradationNet, n_crops: int) -> str:
     """A hash of what decides the scores: the architecture config, the crops per image and every
-    tensor (name, dtype, shape, values) in sorted order. Unlike a hash of the file bytes it does
+    tensor (name, dtype, shape, values) in sorted order, and the crop layout's revision. Unlike a hash of the file bytes it does
     not change when the same weights are saved again (safetensors writes its metadata keys in an
     arbitrary order per process)."""
-    parts: list[object] = ["cnn", json.dumps(net.config.to_dict(), sort_keys=True), int(n_crops)]
+    parts: list[object] = ["cnn", json.dumps(net.config.to_dict(), sort_keys=True), int(n_crops),
+                           CROP_LAYOUT]
     for name, t in sorted(net.state_dict().items()):
         t = t.detach().cpu().contiguous()
         parts += [name, str(t.dtype), tuple(t.shape), t.numpy().tobytes()]
     return params_version(*parts)
+
+
+def crops_for(net: DegradationNet, n_crops: int | None) -> int:
+    """The crops per image to score with: ``n_crops``, or the weights' own when None. A
+    DetectorError for fewer than one, or for fewer than two where the weights' context term
+    reads the spread over the crops (one crop would make every score NaN)."""
+    k = net.config.n_crops if n_crops is None else int(n_crops)
+    if k < 1:
+        raise DetectorError(f"n_crops must be >= 1, got {k}")
+    if net.config.context and k < 2:
+        raise DetectorError(f"n_crops {k}: these weights' context term needs at least 2 crops per image")
+    return k
 
 
 @contextmanager
@@ -87,10 +100,8 @@ class CNNDetector(Detector):
             raise DetectorError(f"cannot load cnn weights: {exc}") from None
         self.metadata = meta
         self.net: DegradationNet = net
-        self.n_crops = int(n_crops or net.config.n_crops)
+        self.n_crops = crops_for(net, n_crops)
         self.version = weights_version(net, self.n_crops)
-        if self.n_crops < 1:
-            raise DetectorError("n_crops must be >= 1")
         self.device = torch.device(resolve_device(device))
         self.net.to(self.device).eval()
 

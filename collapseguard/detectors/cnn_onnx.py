@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from collapseguard.detectors.base import Detector, DetectorError
-from collapseguard.detectors.crops import image_crops
+from collapseguard.detectors.crops import CROP_LAYOUT, image_crops
 
 #: largest absolute difference from the torch network's score allowed (checked at every export
 #: and by tests/detectors/test_cnn_onnx.py; measured differences are around 1e-5)
@@ -60,7 +60,7 @@ def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
         raise ExportUnavailable(f"cannot export the cnn to ONNX here ({exc})") from None
     from safetensors import SafetensorError
 
-    from collapseguard.detectors.cnn import weights_version
+    from collapseguard.detectors.cnn import crops_for, weights_version
     from collapseguard.detectors.cnn_export import export_onnx
     from collapseguard.detectors.cnn_model import load_net
 
@@ -68,15 +68,14 @@ def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
         net, _ = load_net(data)
     except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
         raise DetectorError(f"cannot load cnn weights: {exc}") from None
-    k = int(n_crops or net.config.n_crops)
-    if k < 1:
-        raise DetectorError("n_crops must be >= 1")
+    k = crops_for(net, n_crops)
     try:
         graph = export_onnx(net, k, SCORE_TOLERANCE)
     except RuntimeError as exc:
         raise ExportUnavailable(str(exc)) from None
     meta = {"format": EXPORT_FORMAT, "weights_sha256": hashlib.sha256(data).hexdigest(),
-            "version": weights_version(net, k), "crop_size": net.config.crop_size, "n_crops": k}
+            "version": weights_version(net, k), "crop_size": net.config.crop_size, "n_crops": k,
+            "crop_layout": CROP_LAYOUT}  # the version holds it: an export of another layout is redone
     return graph, meta
 
 
@@ -96,7 +95,7 @@ def load_export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
         meta = json.loads(meta_p.read_text())
         graph = graph_p.read_bytes()
         if (isinstance(meta, dict) and meta.get("weights_sha256") == sha
-                and meta.get("format") == EXPORT_FORMAT
+                and meta.get("format") == EXPORT_FORMAT and meta.get("crop_layout") == CROP_LAYOUT
                 and meta.get("graph_sha256") == hashlib.sha256(graph).hexdigest()):
             return graph, meta
     except (OSError, ValueError):
@@ -138,8 +137,8 @@ class OnnxCNNDetector(Detector):
             if not p.is_file():
                 raise DetectorError(f"cnn weights not found: {p}")
             data = p.read_bytes()
-        if n_crops is not None and int(n_crops) < 1:
-            raise DetectorError("n_crops must be >= 1")
+        if n_crops is not None and int(n_crops) < 1:  # before any export (crops_for checks the rest)
+            raise DetectorError(f"n_crops must be >= 1, got {int(n_crops)}")
         graph, meta = load_export(data, n_crops)
         self.version = str(meta["version"])
         self.n_crops = int(meta["n_crops"])

@@ -237,8 +237,13 @@ class EnsembleDetector(Detector):
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         cols: dict[str, np.ndarray] = {}
         mapped = []
+        why: list[list[str]] = [[] for _ in images]  # per image: each member's reason for a NaN
         for n, det, fmap in zip(self.member_names, self.members, self._maps):
             s = np.asarray(det.score(images), dtype=np.float64)
+            reasons = getattr(det, "last_nan_reasons", None) or []
+            for i in np.flatnonzero(~np.isfinite(s)):
+                said = reasons[i] if i < len(reasons) and reasons[i] else "could not score the image"
+                why[i].append(said if said.startswith(f"{n}:") else f"{n}: {said}")
             cols[n] = s.astype(np.float32)
             m = np.asarray(fmap(s), dtype=np.float64)
             cols[f"{n}:{'p' if self.mode == 'probability' else 'q'}"] = m.astype(np.float32)
@@ -253,6 +258,8 @@ class EnsembleDetector(Detector):
             with np.errstate(invalid="ignore", divide="ignore"):
                 score = np.where(wsum > 0, (np.where(ok, M, 0) * W).sum(axis=1) / wsum, np.nan)
         cols["score"] = score.astype(np.float32)
+        # why a NaN score is NaN: the members' own reasons (the scoring table's error)
+        self.last_nan_reasons = ["; ".join(w) if not np.isfinite(v) else "" for w, v in zip(why, score)]
         return cols
 
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 from scipy import ndimage
 
 from collapseguard.detectors.base import Detector, params_version
-from collapseguard.detectors.crops import crop_grid
+from collapseguard.detectors.crops import CROP_LAYOUT, crop_grid
 
 _IMMERKAER = np.array([[1, -2, 1], [-2, 4, -2], [1, -2, 1]], dtype=np.float32)
 
@@ -102,7 +102,7 @@ class NSSDetector(Detector):
     def __init__(self, crop: int = 192, n_crops: int = 3):
         self.crop, self.n_crops = int(crop), int(n_crops)
         self.name = "nss"
-        self.version = params_version("nss-3", self.crop, self.n_crops, sorted(_WEIGHTS.items()))
+        self.version = params_version("nss-3", CROP_LAYOUT, self.crop, self.n_crops, sorted(_WEIGHTS.items()))
 
     def features(self, images: Sequence[np.ndarray]) -> list[dict[str, float]]:
         return [image_features(np.asarray(im), self.crop, self.n_crops) for im in images]

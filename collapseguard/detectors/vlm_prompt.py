@@ -37,7 +37,8 @@ _NUMERIC = re.compile(r"[-+\u2010-\u2015\u2212\u02d7\u2796\ufe58\ufe63\uff0b\uff
 _PLAIN = re.compile(r"[-+]?\d+(?:\.\d+)?")
 #: text around the rating that holds numbers of its own: the scale ("1 to 5", "out of 5", "/5")
 #: and the image label Qwen's chat template adds ("Picture 1:")
-_SCALE = re.compile(r"(?:\bfrom\s+)?\b1(?:\.0+)?\s*(?:to|-|–)\s*5(?:\.0+)?\b|(?:\bout\s+of|/)\s*5(?:\.0+)?\b"
+#: (the scale's "1" follows no digit, point or comma: "2.1 to 5" is no scale)
+_SCALE = re.compile(r"(?:\bfrom\s+)?(?<![\d.,])\b1(?:\.0+)?\s*(?:to|-|–)\s*5(?:\.0+)?\b|(?:\bout\s+of|/)\s*5(?:\.0+)?\b"
                     r"|\bpicture\s+\d+\s*:", re.IGNORECASE)
 _BARE_NUMBER = re.compile(r"\s*[-+]?\d+(?:\.\d+)?\s*")
 

@@ -9,7 +9,8 @@ capped and batched as ``score`` and ``filter`` do.
 
 Rows record a status: ``ok`` (finite score), ``nan`` (the detector could not score it, e.g. an
 unparseable VLM answer — kept so a deterministic failure is not retried; pass ``retry_nan=True``
-to try again), ``decode_error`` or ``missing`` (file not found). Only ``ok`` rows carry a score.
+to try again), ``decode_error``, ``missing`` (file not found) or ``unreadable`` (the file could
+not be read: permissions, an I/O error). Only ``ok`` rows carry a score.
 
 A cache file belongs to one detector name + version; using it with another raises
 :class:`~collapseguard.detectors.base.DetectorError` instead of mixing labels.
@@ -55,10 +56,10 @@ def _read_item(item) -> tuple[str, bytes | None, str]:
         try:
             with open(p, "rb") as fh:
                 return p, fh.read(), "ok"
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return p, None, "missing"
-        except IsADirectoryError:
-            return p, None, "missing"
+        except OSError:  # permissions, an I/O error: a row of its own, never the whole run
+            return p, None, "unreadable"
     raise DetectorError(f"cannot label a {type(item).__name__}: pass paths, bytes or {{'path'|'data'}} records")
 
 
@@ -108,8 +109,10 @@ def _check_owner(cache: pd.DataFrame, cache_path: Path, name: str, version: str)
 def _write_cache(df: pd.DataFrame, cache_path: Path) -> None:
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     with replaced_when_done(cache_path) as tmp:
-        if cache_path.suffix.lower() == ".csv":
-            df.to_csv(tmp, index=False)
+        if cache_path.suffix.lower() == ".csv":  # a path starting like a formula is made inert
+            from collapseguard.scoring.run import csv_text
+
+            df.assign(path=df["path"].map(csv_text)).to_csv(tmp, index=False)
         else:
             df.to_parquet(tmp, index=False)
 
@@ -189,22 +192,24 @@ def label_images(
                 progress(1)
 
     # the one scoring loop: decoding (pixel caps), batches, NaN and a detector's wrong count
-    for (key, path, _), res in score_records(to_label(), detector, batch_size=bs,
-                                             members_of=lambda r: [(r[1] or "image", r[2])],
-                                             images_only=False):
-        if res.status == "ok":
-            rec = row(key, path, res.score, res.extra.get("raw", res.score), "ok")
-        else:
-            rec = row(key, path, np.nan, np.nan, "decode_error" if res.status == "decode_error" else "nan")
-        known[key] = rec
-        new_rows.append(rec)
-        mine.add(key)
-        if res.status != "decode_error":
-            since_flush += 1
-        if since_flush >= flush_every:
+    try:
+        for (key, path, _), res in score_records(to_label(), detector, batch_size=bs,
+                                                 members_of=lambda r: [(r[1] or "image", r[2])],
+                                                 images_only=False):
+            if res.status == "ok":
+                rec = row(key, path, res.score, res.extra.get("raw", res.score), "ok")
+            else:
+                rec = row(key, path, np.nan, np.nan, "decode_error" if res.status == "decode_error" else "nan")
+            known[key] = rec
+            new_rows.append(rec)
+            mine.add(key)
+            if res.status != "decode_error":
+                since_flush += 1
+            if since_flush >= flush_every:
+                save()
+    finally:  # labels already made are kept, whatever stops the run (a slow teacher's hours)
+        if new_rows or not cache_path.is_file():
             save()
-    if new_rows or not cache_path.is_file():
-        save()
 
     result = []
     for key, path, status in order:

@@ -187,6 +187,7 @@ def score_records(
                     j = int(np.nanargmax(np.where(finite, vals, -np.inf)))
                     res.score = float(vals[j])
                     res.image = names[idx[j]]
+                    res.height, res.width = images[idx[j]].shape[:2]  # the size of the image named
                     res.storage = storages[idx[j]]
                     for k, arr in detail.items():
                         if k != "score":

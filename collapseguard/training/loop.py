@@ -99,6 +99,9 @@ class TrainConfig:
             raise ValueError(f"colour_permute must be in [0, 1], got {self.colour_permute!r}")
         if self.storage_consistency < 0:
             raise ValueError(f"storage_consistency must be >= 0, got {self.storage_consistency!r}")
+        if self.storage_consistency > 0 and self.delivery_jpeg >= 1.0 and self.delivery_kind == "jpeg":
+            raise ValueError("storage consistency copies chain images kept as PNG into JPEG; with JPEG "
+                             "delivery for every chain (delivery_jpeg 1) there are none: lower delivery_jpeg")
         if not 0.0 <= self.average_from < 1.0:
             raise ValueError(f"average_from must be in [0, 1), got {self.average_from!r}")
         if self.init not in ("", "imagenet"):

@@ -8,6 +8,7 @@ detector; write ``<out>.json`` (summary) and ``<out>.md`` (model card) next to t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,9 +103,9 @@ def sources_among_clean(chains: pd.DataFrame, clean_files: Sequence[Path]) -> li
     their chains' AUROC is not that of unseen sources; training chain sources among the
     *held-out* clean files make the held-out clean false-positive rate one of seen pictures."""
     from collapseguard.training_data_tools.manifest import source_group
-    from collapseguard.training_data_tools.sources import _clean_name
+    from collapseguard.training_data_tools.sources import picture_name
 
-    stems = {_clean_name(Path(p).stem) for p in clean_files}
+    stems = {picture_name(Path(p).stem) for p in clean_files}
     return sorted(s for s in set(chains["source_image"])
                   if source_group(s).rsplit("/", 1)[-1] in stems)
 
@@ -112,10 +113,10 @@ def sources_among_clean(chains: pd.DataFrame, clean_files: Sequence[Path]) -> li
 def clean_files_of_sources(chains: pd.DataFrame, clean_files: Sequence[Path]) -> list[Path]:
     """The ``clean_files`` that ``sources_among_clean`` matches to a source of ``chains``."""
     from collapseguard.training_data_tools.manifest import source_group
-    from collapseguard.training_data_tools.sources import _clean_name
+    from collapseguard.training_data_tools.sources import picture_name
 
     pictures = {source_group(s).rsplit("/", 1)[-1] for s in set(chains["source_image"])}
-    return [p for p in clean_files if _clean_name(Path(p).stem) in pictures]
+    return [p for p in clean_files if picture_name(Path(p).stem) in pictures]
 
 
 def without_pictures_of(chains: pd.DataFrame, clean_files: Sequence[Path]) -> tuple[list[Path], int]:
@@ -185,7 +186,12 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     web = cfg.delivery_kind == "web"
     if cfg.delivery_jpeg and web:
         chain_settings["delivery_kind"] = cfg.delivery_kind
-    ckey = cache_key(sorted(train_df["path"]), kind="chains", **chain_settings)
+    # the manifest's labels too: a manifest corrected over the same images must not reuse the
+    # bank of the old labels (steps, families, chains)
+    labels = train_df[["path", "chain_id", "step", "family", "source_image"]].astype(str).sort_values(
+        ["path", "chain_id"]).to_csv(index=False)
+    ckey = cache_key(sorted(train_df["path"]), kind="chains",
+                     manifest=hashlib.sha256(labels.encode()).hexdigest()[:16], **chain_settings)
     cb = cached(cache_dir, ckey, lambda: chain_bank(train_df, size, crops_per_bank_image, seed=cfg.seed,
                                                     progress=prog, delivery_jpeg=cfg.delivery_jpeg,
                                                     delivery_per=cfg.delivery_per,
@@ -195,6 +201,9 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
         gb = cached(cache_dir, gkey, lambda: ladder_bank(
             damage_ladders(ladder_sources(clean_files, seed=cfg.seed + 3), cfg.generic_ladders,
                            seed=cfg.seed + 4), size, crops_per_bank_image, seed=cfg.seed + 5))
+        if not len(gb.meta):
+            raise ValueError(f"--generic-ladders: none of the {len(clean_files)} clean files could be decoded "
+                             "to make damage ladders from")
         log(f"  {gb.meta['chain_id'].nunique()} damage ladders from {len(clean_files)} clean files")
         cb = CropBank.concat([cb, gb])
     clean_bank = None

@@ -296,17 +296,22 @@ def procedural_art(n: int, seed: int = 0, min_side: int = 320, max_side: int = 1
 # folders and shards
 # ---------------------------------------------------------------------------------------------
 
-def _clean_name(name: str) -> str:
-    """A source name safe for file and chain names: no separators, '..', or odd characters. A
-    name whose characters cleaning replaced gets a short hash of the original (``_-3f2a9c``), so
-    names that clean alike (``猫``, ``犬``) stay distinct pictures, named the same whatever other
-    files are there."""
-    cleaned = re.sub(r"[^A-Za-z0-9._/@-]+", "_", name)
-    parts = [p for p in cleaned.strip("/").split("/") if p not in ("", ".", "..")]
-    out = "/".join(parts) or "image"
-    if cleaned != name:
-        out += "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:6]
-    return out
+def picture_name(name: str) -> str:
+    """A picture's name safe for file and chain names: each ``/``-separated part keeps
+    ``A-Z a-z 0-9 . _ -``; a part with other characters (a space, non-ASCII, ``@``, which marks a
+    view of a picture) has them replaced by ``_`` and gets a short hash of the part as it was
+    (``a b`` is ``a_b-<hash>``), so names that clean alike stay distinct pictures, named the same
+    whatever other files are there. Empty, ``.`` and ``..`` parts are dropped. ``train`` matches
+    chain sources to clean files through this name."""
+    out = []
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            continue
+        cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", part)
+        if cleaned != part:
+            cleaned += "-" + hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+        out.append(cleaned)
+    return "/".join(out) or "image"
 
 
 def _note(skipped: list[str] | None, where, exc: BaseException) -> None:
@@ -336,7 +341,7 @@ def folder_images(path: str | os.PathLike, recursive: bool = True,
         except (OSError, DecodeError) as exc:
             _note(skipped, p, exc)
             continue
-        yield _clean_name(stem + ("_" + p.suffix.lstrip(".").lower() if stem in shared else "")), arr
+        yield picture_name(stem + ("_" + p.suffix.lstrip(".").lower() if stem in shared else "")), arr
 
 
 def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int = 0,
@@ -357,10 +362,10 @@ def photo_views(paths: Iterable[str | os.PathLike], side: int = 512, seed: int =
             _note(skipped, p, exc)
             continue
         if both or i % 2 == 0:
-            yield _clean_name(f"{p.stem}@native"), np.ascontiguousarray(random_window(img, side, rng))
+            yield f"{picture_name(p.stem)}@native", np.ascontiguousarray(random_window(img, side, rng))
         if both or i % 2 == 1:
             scale = min(1.0, 1.5 * side / max(img.shape[:2]))
-            yield _clean_name(f"{p.stem}@web"), img if scale == 1.0 else resize_by(img, scale)
+            yield f"{picture_name(p.stem)}@web", img if scale == 1.0 else resize_by(img, scale)
 
 
 def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: int = 2,
@@ -390,7 +395,7 @@ def photo_windows(paths: Iterable[str | os.PathLike], side: int = 512, count: in
         name_key = int.from_bytes(hashlib.sha256(p.name.encode()).digest()[:8], "little")
         rng = np.random.default_rng([seed, name_key])
         for j in range(count):
-            yield _clean_name(f"{p.stem}@native{j + 2}"), np.ascontiguousarray(random_window(img, side, rng))
+            yield f"{picture_name(p.stem)}@native{j + 2}", np.ascontiguousarray(random_window(img, side, rng))
 
 
 def shard_images(paths: str | Iterable[str], skipped: list[str] | None = None) -> Iterator[Source]:
@@ -441,7 +446,7 @@ def _shard_sources(f, given: set[str], skipped: list[str] | None) -> Iterator[So
             except DecodeError as exc:
                 _note(skipped, f"{f}:{m.name}", exc)
                 continue
-            base = _clean_name(f"{Path(f).stem}/{key}")
+            base = picture_name(f"{Path(f).stem}/{key}")
             repeat = samples[key] - 1
             yield _distinct(base + (f"@repeat{repeat}" if repeat else ""), given), arr
 

@@ -247,3 +247,14 @@ def test_cuda_scores_match_cpu(det, photos):
     np.testing.assert_allclose(gpu, cpu, atol=1e-4, rtol=0)  # 1.9e-6 measured (gpu_check.py)
     np.testing.assert_array_equal(cuda_det.score(images), gpu)  # repeatable on the GPU
     assert np.argsort(gpu).tolist() == np.argsort(cpu).tolist()
+
+
+def test_one_crop_is_refused_for_weights_whose_context_term_needs_two(tmp_path):
+    """The shipped weights read the spread over the crops: one crop would score NaN everywhere."""
+    from collapseguard.detectors import DetectorError, create
+
+    with pytest.raises(DetectorError, match="at least 2 crops"):
+        create("cnn", n_crops=1)
+    with pytest.raises(DetectorError, match=">= 1"):
+        create("cnn", n_crops=0)
+    assert create("cnn", n_crops=2).n_crops == 2

@@ -131,3 +131,23 @@ def test_a_plus_inside_a_member_name_or_path_does_not_split_it(tmp_path):
     ens = create(f"ens:cnn:{w}+nss")
     assert [m.name for m in ens.members] == [f"cnn:{w}", "nss"]
     assert ens.members[0].version == create("cnn").version
+
+
+def test_an_ensemble_nan_says_which_member_could_not_score_and_why(reference):
+    from collapseguard.detectors import Detector, register
+    from collapseguard.scoring.records import score_records
+
+    class Refuses(Detector):
+        """The mean pixel, NaN (with a reason) for an image under 64 px a side."""
+        name, version, batch_size = "enstest-refuses", "1", 4
+
+        def score(self, images):
+            small = [min(im.shape[:2]) < 64 for im in images]
+            self.last_nan_reasons = ["too small to judge" if s else "" for s in small]
+            return np.array([np.nan if s else float(im.mean()) for s, im in zip(small, images)], np.float32)
+
+    register("enstest-refuses", Refuses)
+    ens = create("ens:nss+enstest-refuses", reference=reference)
+    tiny = _imgs(1)[0][:48, :48]
+    (_, res), = list(score_records([[("a.png", tiny)]], ens, images_only=False))
+    assert res.status == "score_error" and "enstest-refuses: too small to judge" in res.error

@@ -95,6 +95,8 @@ def test_parse_well_formed(text, expected):
     "<answer>.5</answer>", "<answer>\u22123</answer>", "<answer>\uff0d3</answer>",
     "<answer>\u22123.5</answer>", "<answer>\u20133</answer>", "<answer>\u20103</answer>",
     "<answer>\u02d73</answer>", "<answer>\ufe583</answer>",  # 0.5 and other dashes: no rating in [1, 5]
+    "<answer>2.1 to 5</answer>", "<answer>3.1-5</answer>", "<answer>4.1 - 5.0</answer>",
+    "<answer>2,1 to 5</answer>",  # a range or a decimal comma, not the scale beside a rating
 ])
 def test_parse_malformed_is_none(text):
     assert parse_rating(text) is None

@@ -147,3 +147,18 @@ def test_the_progress_count_reads_an_upper_case_tar_as_it_reads_a_lower_case_one
     make_shard(tmp_path / "a.tar", photos[:3], degraded=False)
     (tmp_path / "b.TAR").write_bytes((tmp_path / "a.tar").read_bytes())
     assert count_samples(str(tmp_path / "a.tar")) == count_samples(str(tmp_path / "b.TAR")) == 3
+
+
+def test_a_rows_size_is_that_of_the_image_it_names():
+    """A sample of a flat 300 x 100 image and a noisy 480 x 640 one: the noisy one scores higher
+    and is named, and the row's width and height are its own."""
+    import numpy as np
+
+    from collapseguard.detectors import create
+    from collapseguard.images import encode_png
+    from collapseguard.scoring.records import score_records
+
+    flat = np.full((100, 300, 3), 120, np.uint8)
+    noisy = np.random.default_rng(0).integers(0, 255, (640, 480, 3), dtype=np.uint8)
+    (_, res), = list(score_records([[("a.png", encode_png(flat)), ("b.png", encode_png(noisy))]], create("nss")))
+    assert res.image == "b.png" and (res.width, res.height) == (480, 640)

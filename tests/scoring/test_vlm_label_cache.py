@@ -189,3 +189,20 @@ def test_a_failed_cache_write_leaves_the_old_cache_and_no_temporary_file(tmp_pat
         open(tmp, "wb").write(b"half")
         raise RuntimeError("killed mid-write")
     assert dest.read_bytes() == b"old" and list(tmp_path.iterdir()) == [dest]
+
+
+def test_a_crash_keeps_every_label_made_and_an_unreadable_path_is_a_row(tmp_path, monkeypatch):
+    """A teacher that stops after 3 images keeps those 3 labels (not only flushed ones); a path
+    that cannot be read (through a file) is a row with its status, not the end of the run; a path
+    that starts like a spreadsheet formula is written inert in a CSV cache."""
+    paths = _files(tmp_path, 5, seed=6)
+    cache = tmp_path / "labels.csv"
+    with pytest.raises(RuntimeError, match="crashed"):
+        label_images(Counting(fail_after=3), paths, cache, flush_every=100, batch_size=1)
+    assert len(read_cache(cache)) == 3
+    monkeypatch.chdir(tmp_path)
+    formula = "=HYPERLINK(1).png"  # a relative path, as a listing gives it
+    (tmp_path / formula).write_bytes(_files(tmp_path, 1, seed=7)[0].read_bytes())  # new content
+    df = label_images(Counting(), [*paths, paths[0] / "x.png", formula], cache, batch_size=1)
+    assert list(df["status"]) == ["ok"] * 5 + ["missing", "ok"]
+    assert "'=HYPERLINK" in cache.read_text() and ",=HYPERLINK" not in cache.read_text()

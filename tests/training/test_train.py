@@ -593,3 +593,70 @@ def test_colour_permute_reorders_whole_chains_and_each_clean_image():
     assert 0 < orders(half).count((0, 1, 2)) < len(half)
     with pytest.raises(ValueError, match="colour_permute"):
         TrainConfig(colour_permute=1.5)
+
+
+def test_shared_clean_drop_finds_chain_pictures_whose_names_were_cleaned(tmp_path):
+    """Chain sources made from ``IMG 0001.jpg``, ``café.jpg`` and ``logo@2x.jpg`` (views named
+    ``<picture>@native``/``@web``) are matched to those very clean files, so ``--shared-clean
+    drop`` leaves none of them among the negatives."""
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    from collapseguard.training.run import sources_among_clean, without_pictures_of
+    from collapseguard.training_data_tools.sources import photo_views
+
+    names = ["IMG 0001.jpg", "café.jpg", "logo@2x.jpg", "plain.jpg"]
+    files = []
+    for i, n in enumerate(names):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (96, 96, 3), dtype=np.uint8)).save(tmp_path / n)
+        files.append(tmp_path / n)
+    views = [name for name, _ in photo_views(files, side=32, both=True)]
+    chains = pd.DataFrame({"source_image": views})
+    kept, gone = without_pictures_of(chains, files)
+    assert kept == [] and gone == len(files)
+    assert len(sources_among_clean(chains, files)) == len(views)
+    other = tmp_path / "IMG_0001.jpg"  # another picture, whose name "IMG 0001" cleans close to
+    Image.fromarray(np.zeros((96, 96, 3), np.uint8)).save(other)
+    assert without_pictures_of(chains, [other]) == ([other], 0)
+
+
+def test_a_corrected_manifest_over_the_same_images_does_not_reuse_the_cached_bank(tmp_path, monkeypatch):
+    """``--cache`` keys the chain bank by the manifest's labels too: the same manifest again reuses
+    the bank, a family renamed over the same images builds it anew."""
+    import collapseguard.training.run as run_mod
+    from collapseguard.training_data_tools.manifest import read_manifest, write_manifest
+
+    built = []
+    real = run_mod.chain_bank
+    monkeypatch.setattr(run_mod, "chain_bank", lambda df, *a, **k: built.append(sorted(set(df["family"])))
+                        or real(df, *a, **k))
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=10)
+    cache = tmp_path / "cache"
+    args = ["train", "--chains", str(chains), "--steps", "2", "--threads", "1", "--width", "6",
+            "--crop-size", "32", "--no-eval", "--cache", str(cache)]
+    for name in ("a", "b"):
+        res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / f"{name}.safetensors")])
+        assert res.exit_code == 0, res.output
+    assert len(built) == 1  # the same manifest: the cached bank
+    m = read_manifest(chains)
+    m["family"] = m["family"].replace({"grain2": "grain3"})
+    write_manifest(m, chains / "manifest.csv")
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "c.safetensors")])
+    assert res.exit_code == 0, res.output
+    assert len(built) == 2 and "grain3" in built[-1]
+
+
+def test_settings_that_cannot_work_together_are_refused_before_training(tmp_path):
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=4)
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(tmp_path / "w.safetensors"),
+                                    "--storage-consistency", "0.5", "--delivery-jpeg", "1", "--steps", "1"])
+    assert res.exit_code == 2 and "delivery_jpeg" in res.output and "--device" not in res.output
+    empty = tmp_path / "broken"
+    empty.mkdir()
+    (empty / "a.png").write_bytes(b"not a png")
+    (empty / "b.png").write_bytes(b"not a png either")
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(empty), "--generic-ladders", "2",
+                                    "--out", str(tmp_path / "w2.safetensors"), "--steps", "1", "--no-eval",
+                                    "--threads", "1", "--width", "6", "--crop-size", "32"])
+    assert res.exit_code == 1 and "could be decoded" in res.output and "Traceback" not in res.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
@@ -104,3 +105,18 @@ def test_too_few_held_out_images_give_null_agreement_not_bare_nan(tmp_path):
     summary = json.loads(out.with_suffix(".json").read_text(), parse_constant=_refuse)
     assert summary["n_heldout"] == 1 and summary["heldout_spearman_vs_teacher"] is None
     assert "n/a (fewer than 3 held-out images" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--exclude-family", "codec"], "--exclude-family"), (["--no-eval"], "--no-eval"),
+    (["--hard-clean", "0.5"], "--hard-clean"), (["--cache", "CACHE"], "--cache"),
+])
+def test_teacher_refuses_chain_training_options_it_would_not_read(tmp_path, extra, named):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(folder / "a.png")
+    extra = [str(tmp_path / "c") if e == "CACHE" else e for e in extra]
+    res = CliRunner().invoke(main, ["train", "--teacher", "nss", "--images", str(folder), "--steps", "2",
+                                    "--out", str(tmp_path / "w.safetensors"), *extra])
+    assert res.exit_code == 2 and named in res.output and "not used with --teacher" in res.output
+    assert not (tmp_path / "w.safetensors").exists()
