@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from collapseguard.io.terminal import printable
 from collapseguard.io.urls import filesystem, is_fsspec, join, local_path
 
 
@@ -166,7 +167,8 @@ class ObjectOutDir:
         remove it at the end if it still holds this run's id."""
         before = (self.read_text(".lock") or "").strip()
         if before and not quiet:
-            print(f"note: {self.url('.lock')} held run {before} (killed, or still running); this run "
+            # the lock object is data from a shared store: escaped, and cut short
+            print(f"note: {printable(self.url('.lock'))} held run {printable(before[:64])} (killed, or still running); this run "
                   "takes over and that run commits nothing more", file=sys.stderr)
         self.write_text(".lock", run_id + "\n")
         try:

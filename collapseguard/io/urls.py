@@ -517,6 +517,49 @@ def _below(child: str, folder: str) -> bool:
     return posixpath.normpath("/" + decoded).startswith(base)
 
 
+#: how deep an http(s) folder's index pages are followed: deeper is taken for a link loop
+MAX_HTTP_DEPTH = 32
+
+
+def _http_find(fs, path: str) -> list[str]:
+    """The files below the http(s) folder ``path`` (ending in ``/``), read from its index pages
+    breadth-first: each folder once; only links that lie below ``path`` (``_below``); a folder
+    whose page lists the same names as an enclosing folder's (a link loop on the server, such as
+    ``loop -> .``) is not read again. A page that cannot be read (404, a reset, a timeout) raises,
+    naming that folder; so do folders nested deeper than ``MAX_HTTP_DEPTH``."""
+    files: list[str] = []
+    seen: set[str] = set()
+    queue: list[tuple[str, tuple[frozenset, ...]]] = [(path, ())]
+    while queue:
+        folder, ancestors = queue.pop(0)
+        if folder in seen:
+            continue
+        seen.add(folder)
+        if len(ancestors) > MAX_HTTP_DEPTH:
+            raise URLError(f"{printable(folder)}: folders nested more than {MAX_HTTP_DEPTH} deep "
+                           "below the folder given (a link loop on the server?)")
+        try:
+            entries = fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            if folder == path:
+                raise
+            raise URLError(f"{printable(folder)}: a folder its index page links to cannot be listed "
+                           "(not found): what it holds would be left out") from None
+        except _network_errors() as exc:
+            raise _open_failed(folder, exc, URLError) from None
+        inside = [e for e in entries if e["name"].startswith(path) and _below(e["name"], path)]
+        names = frozenset(e["name"][len(folder):] for e in inside if e["name"].startswith(folder))
+        if names in ancestors:  # this page repeats an enclosing folder's: a loop, read already
+            continue
+        for e in inside:
+            if e.get("type") == "directory":
+                name = e["name"] if e["name"].endswith("/") else e["name"] + "/"
+                queue.append((name, (*ancestors, names)))
+            else:
+                files.append(e["name"])
+    return sorted(set(files))
+
+
 def list_url(url: str) -> list[tuple[str, str | None]]:
     """The objects an fsspec URL names: ``[(url, None)]`` for one object, ``[(url, key), ...]``
     (key: the path below the folder) for a folder or prefix, searched recursively, and every match
@@ -525,7 +568,8 @@ def list_url(url: str) -> list[tuple[str, str | None]]:
     server answers with an error status or cannot be reached.
 
     An http(s) folder is its index page's links that lie below it, judged on the decoded and
-    normalised path (a link ``sub/%2e%2e/%2e%2e/up.tar`` is outside)."""
+    normalised path (a link ``sub/%2e%2e/%2e%2e/up.tar`` is outside), and its subfolders' the same
+    way (``_http_find``). A subfolder that cannot be listed raises, there as in any store."""
     fs, path = filesystem(url)
     web = scheme(url) in ("http", "https")
     try:
@@ -535,11 +579,8 @@ def list_url(url: str) -> list[tuple[str, str | None]]:
         folder = path.endswith("/") if web else fs.isdir(path)
         if folder:
             root = path.rstrip("/")
-            found = sorted(fs.find(root if not web else path))
-            if web:  # an index page may link anywhere: only what lies below the folder is in it
-                found = [p for p in found if p.startswith(path) and _below(p, path)]
-                if not found:  # fsspec's walk passes over a page it could not read: say why
-                    fs.info(path)
+            # a subfolder that cannot be listed is an error, never a quiet gap in the input
+            found = _http_find(fs, path) if web else sorted(fs.find(root, on_error="raise"))
             return [(p if web else fs.unstrip_protocol(p),
                      (p[len(path):] if web else p[len(root) + 1:]).lstrip("/")) for p in found]
         fs.info(path)  # FileNotFoundError when nothing is there; the store's own error otherwise

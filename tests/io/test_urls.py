@@ -381,3 +381,39 @@ def test_any_fsspec_protocol_and_file_urls(tmp_path, shards, threshold, local_re
     except ImportError:
         with pytest.raises(InputError, match="gcsfs"):
             expand_inputs(["gs://bucket/shard-0.tar"])
+
+
+def test_an_http_folder_is_listed_whole_or_refused(tmp_path, shards):
+    """A real loopback server: a symlink loop (``loop -> .``) lists each shard once and ends; a
+    subfolder the index links to but that cannot be listed stops the run naming it, instead of
+    leaving its shards out of an exit-0 run."""
+    served = tmp_path / "served"
+    (served / "d" / "sub").mkdir(parents=True)
+    one = sorted(Path(shards).glob("*.tar"))[0]
+    (served / "d" / "a.tar").write_bytes(one.read_bytes())
+    (served / "d" / "sub" / "b.tar").write_bytes(one.read_bytes())
+    (served / "d" / "loop").symlink_to(".")
+    (served / "d" / "sub" / "up").symlink_to("..")
+
+    class Gated(QuietHandler):
+        def do_GET(self):
+            if self.path.startswith("/d/sub/") and self.server.gated:
+                self.send_error(404)
+                return
+            super().do_GET()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Gated, directory=str(served)))
+    srv.gated = False
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/d/"
+        got, _ = expand_inputs([url])
+        assert sorted(g.rsplit("/d/", 1)[1] for g in got) == ["a.tar", "sub/b.tar"]
+        srv.gated = True
+        with pytest.raises(InputError, match="/d/sub/.*cannot be listed"):
+            expand_inputs([url])
+        res = run_cli(["score", url, "-d", "nss", "-w", "1", "-o", tmp_path / "s.csv"], expect=1)
+        assert "/d/sub/" in res.output and not (tmp_path / "s.csv").exists()
+    finally:
+        srv.shutdown()
+        srv.server_close()
