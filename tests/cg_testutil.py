@@ -66,6 +66,8 @@ def echo_or_die(task, detector, progress=None):
     import signal
     if task == "die":
         os.kill(os.getpid(), signal.SIGKILL)
+    if task == "exit":  # a detector or library calling sys.exit
+        raise SystemExit(3)
     return task
 
 

@@ -141,8 +141,8 @@ def _worker_run(fn: TaskFn, task, detector: str, kwargs: tuple):
         return res, None
     except WorkerStopped as stop:  # the task has cleaned up; this worker ends, as signalled
         os._exit(128 + stop.args[0])
-    except Exception as exc:  # reported per task; the run goes on with the others
-        return None, task_error(exc)
+    except (Exception, SystemExit) as exc:  # reported per task (a sys.exit in a detector too);
+        return None, task_error(exc)             # the run goes on with the others
     finally:
         _IN_TASK = False
 
@@ -165,9 +165,11 @@ class InlineEngine:
         det = self.detector if self.detector is not None else get_detector(detector, kwargs)
         for i, task in enumerate(tasks):
             try:
-                on_done(i, fn(task, det, on_progress), None)
-            except Exception as exc:
+                result = fn(task, det, on_progress)
+            except (Exception, SystemExit) as exc:  # one task's failure, never the run's
                 on_done(i, None, task_error(exc))
+            else:
+                on_done(i, result, None)
 
 
 class EngineError(CollapseguardError, RuntimeError):

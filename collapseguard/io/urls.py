@@ -36,7 +36,7 @@ import io
 import os
 import posixpath
 import subprocess
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit
 from urllib.request import url2pathname
 
 from collapseguard.errors import CollapseguardError
@@ -131,8 +131,14 @@ def is_fsspec(name: str) -> bool:
 
 
 def url_path(name: str) -> str:
-    """The path part of a URL (no query or fragment); the name itself for local paths."""
-    return urlparse(name).path if is_fsspec(name) else name
+    """The path of a URL, to judge a name by: for http(s) without query or fragment (``;`` stays:
+    ``shard;v2.tar`` is a shard), for other stores everything after ``scheme://`` (an object key
+    may hold ``#`` or ``?``); the name itself for local paths."""
+    if not is_fsspec(name):
+        return name
+    if scheme(name) in ("http", "https"):
+        return urlsplit(name).path
+    return name.split("://", 1)[1]
 
 
 def is_shard_name(name: str) -> bool:

@@ -417,3 +417,26 @@ def test_an_http_folder_is_listed_whole_or_refused(tmp_path, shards):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_object_keys_holding_hash_question_or_semicolon_are_inputs_too(photos):
+    """An object store's keys may hold ``#``, ``?`` or ``;``: a folder input lists them as the
+    shards and images they are, and each reads back (the memory store takes s3's code path)."""
+    import fsspec
+
+    from collapseguard.images import decode_image, encode_png
+    from collapseguard.io.urls import read_bytes
+
+    m = fsspec.filesystem("memory")
+    png = encode_png(photos[0][:64, :64])
+    for key in ("img#1.png", "what?.png", "semi;colon.png"):
+        m.pipe_file(f"/cgtest-keys/data/{key}", png)
+    m.pipe_file("/cgtest-keys/data/shard;v2.tar", b"")
+    try:
+        shards, files = expand_inputs(["memory://cgtest-keys/data/"])
+        assert [s.rsplit("/", 1)[1] for s in shards] == ["shard;v2.tar"]
+        assert sorted(f.key for f in files) == ["img#1.png", "semi;colon.png", "what?.png"]
+        for f in files:
+            assert decode_image(read_bytes(f.path)).shape == (64, 64, 3)
+    finally:
+        m.rm("/cgtest-keys", recursive=True)
