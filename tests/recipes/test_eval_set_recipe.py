@@ -10,8 +10,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _recipe():
-    spec = importlib.util.spec_from_file_location("eval_set", ROOT / "recipes" / "eval_set.py")
+def _recipe(name: str = "eval_set"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -61,17 +61,10 @@ def test_no_package_of_the_shipped_recipes():
     assert used == set(), used
 
 
-def _calibration_kinds():
-    spec = importlib.util.spec_from_file_location("calibration_kinds", ROOT / "recipes" / "calibration_kinds.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_calibration_kinds_stores_each_picture_as_png_and_jpeg_420_as_one_source(tmp_path, photos, monkeypatch):
     from collapseguard.calibration.scoring import _variant_source
 
-    rec = _calibration_kinds()
+    rec = _recipe("calibration_kinds")
     pkg = tmp_path / "debs" / "x" / "somepkg" / "usr" / "share" / "pics"
     pkg.mkdir(parents=True)
     for i in range(3):
@@ -99,7 +92,7 @@ def test_calibration_kinds_stores_each_picture_as_png_and_jpeg_420_as_one_source
 
 
 def test_calibration_kinds_reads_no_package_of_training_evaluation_or_fresh_set():
-    kinds, ev = _calibration_kinds(), _recipe()
+    kinds, ev = _recipe("calibration_kinds"), _recipe()
     assert not set(kinds.PACKAGES) & set(ev.PACKAGES)
     text = " ".join((ROOT / "recipes" / n).read_text() for n in ("train_cnn.sh", "fresh_set.sh", "nightsky.sh",
                                                                    "textures.py", "lxqt_photos.sh"))
