@@ -566,6 +566,18 @@ def _http_find(fs, path: str) -> list[str]:
     return sorted(set(files))
 
 
+def _find_all(fs, root: str) -> list[str]:
+    """Every object below ``root``, sorted; a folder that cannot be listed raises. fsspec's own
+    walk passes over such folders unless told (``on_error``); a store whose ``find`` is one
+    listing call (s3, gcs) takes no such option and raises anyway."""
+    try:
+        return sorted(fs.find(root, on_error="raise"))
+    except TypeError as exc:
+        if "on_error" not in str(exc):
+            raise
+        return sorted(fs.find(root))
+
+
 def list_url(url: str) -> list[tuple[str, str | None]]:
     """The objects an fsspec URL names: ``[(url, None)]`` for one object, ``[(url, key), ...]``
     (key: the path below the folder) for a folder or prefix, searched recursively, and every match
@@ -586,7 +598,7 @@ def list_url(url: str) -> list[tuple[str, str | None]]:
         if folder:
             root = path.rstrip("/")
             # a subfolder that cannot be listed is an error, never a quiet gap in the input
-            found = _http_find(fs, path) if web else sorted(fs.find(root, on_error="raise"))
+            found = _http_find(fs, path) if web else _find_all(fs, root)
             return [(p if web else fs.unstrip_protocol(p),
                      (p[len(path):] if web else p[len(root) + 1:]).lstrip("/")) for p in found]
         fs.info(path)  # FileNotFoundError when nothing is there; the store's own error otherwise
