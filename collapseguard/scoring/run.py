@@ -168,14 +168,18 @@ def check_table_suffix(path: str | Path) -> None:
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     """Write CSV or Parquet by the file's suffix. In CSV/TSV, text that a spreadsheet would run as
     a formula (a key such as ``=HYPERLINK(...)``) gets a leading ``'`` (``csv_text``); Parquet keeps
-    every value as it is."""
+    every value as it is. The table appears whole or not at all (written beside it, then renamed):
+    a run killed while writing leaves no half table that reads as complete."""
+    from collapseguard.io.atomic import replaced_when_done
+
     path = Path(path)
     check_table_suffix(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        df.to_parquet(path, index=False)
-    else:
-        text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
-        df = df.assign(**{c: df[c].map(csv_text) for c in text})
-        df.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
+    with replaced_when_done(path) as tmp:
+        if path.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
+            df = df.assign(**{c: df[c].map(csv_text) for c in text})
+            df.to_csv(tmp, index=False, sep="\t" if path.suffix == ".tsv" else ",")
     return path

@@ -162,3 +162,26 @@ def test_a_rows_size_is_that_of_the_image_it_names():
     noisy = np.random.default_rng(0).integers(0, 255, (640, 480, 3), dtype=np.uint8)
     (_, res), = list(score_records([[("a.png", encode_png(flat)), ("b.png", encode_png(noisy))]], create("nss")))
     assert res.image == "b.png" and (res.width, res.height) == (480, 640)
+
+
+def test_a_table_that_fails_while_being_written_leaves_the_earlier_one_whole(tmp_path):
+    """``score -o``'s writer: an error half way (here a cell that cannot be written) leaves the
+    table that was there untouched and no half-written file under its name."""
+    import pandas as pd
+    import pytest
+
+    from collapseguard.scoring.run import write_table
+
+    class Unwritable:
+        def __str__(self):
+            raise RuntimeError("cannot be written")
+
+    out = tmp_path / "scores.csv"
+    write_table(pd.DataFrame({"key": ["a", "b"], "score": [1.0, 2.0]}), out)
+    before = out.read_bytes()
+    rows = 120_000  # more than one of pandas' write chunks
+    bad = pd.DataFrame({"key": [f"k{i}" for i in range(rows)], "note": ["x"] * (rows - 1) + [Unwritable()]})
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        write_table(bad, out)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.csv"]
