@@ -262,14 +262,10 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     # distinct pictures, as the split counts them: views of one photo (``<name>@<view>``) are one;
     # per kind, those of the kind whose n and k the file states
     groups = clean_thr["source_image"].map(source_group).to_numpy()
-    if kind_bounds:
-        labels = clean_kinds(clean_thr)
-        binding = max(kind_bounds, key=lambda kb: kb.bound.threshold).kind
-        n_src = len(set(groups[labels == binding]))
-        repeated = [kb.kind for kb in kind_bounds if len(set(groups[labels == kb.kind])) < kb.bound.n]
-    else:
-        n_src = len(set(groups))
-        repeated = ["all"] if n_src < bound.n else []
+    labels = clean_kinds(clean_thr)
+    binding = max(kind_bounds, key=lambda kb: kb.bound.threshold).kind if kind_bounds else None
+    n_src = len(set(groups[labels == binding])) if kind_bounds else len(set(groups))
+    repeated = [kb.kind for kb in kind_bounds if len(set(groups[labels == kb.kind])) < kb.bound.n]
     notes = [
         "Decision rule: drop when score > threshold.",
         ("P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
@@ -278,7 +274,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "from the sources whose clean scores set the threshold." if holdout > 0 else
         "holdout=0: the drop curve is measured on the same images that set the threshold (in-sample).",
     ]
-    if repeated and not kind_bounds:
+    if not kind_bounds and n_src < bound.n:
         notes.append(
             f"The {bound.n} clean scores come from {n_src} distinct sources (views, crops "
             "or several clean steps per source): they are not independent, and the guarantee assumes "

@@ -29,6 +29,7 @@ from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
 from collapseguard.filter.pipeline import (
     FilterOptions,
+    file_digest,
     filter_task,
     input_identity,
     lock_owner,
@@ -44,7 +45,6 @@ from collapseguard.io.inputs import (
     expand_shards,
     unread_text,
 )
-from collapseguard.io.outdir import digest_stream
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
@@ -295,8 +295,7 @@ def _same_bytes(shard: str, seen: dict, now: dict, digest: dict | None) -> bool:
     path = local_path(shard)
     if path is None or not isinstance(digest, dict) or stable(seen) != stable(now):
         return False
-    with open(path, "rb") as f:
-        return digest_stream(f) == {"size": digest.get("size"), "sha256": digest.get("sha256")}
+    return file_digest(Path(path)) == {"size": digest.get("size"), "sha256": digest.get("sha256")}
 
 
 def clear_shard_outputs(shard: str, out_dir: str) -> None:

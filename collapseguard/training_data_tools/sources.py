@@ -412,7 +412,7 @@ def shard_images(paths: str | Iterable[str], skipped: list[str] | None = None) -
     files = sorted(glob.glob(paths)) if isinstance(paths, str) else list(paths)
     if not files:
         raise SourceError(f"no shards match {paths!r}")
-    not_shards = [str(f) for f in files if not is_shard_name(os.path.basename(str(f)))]
+    not_shards = [str(f) for f in files if not is_shard_name(str(f))]
     if not_shards:  # a glob of image files is a folder's work
         raise SourceError(f"not tar shards: {', '.join(map(repr, not_shards[:3]))}"
                           f"{' and more' if len(not_shards) > 3 else ''} (give image files as a folder)")
