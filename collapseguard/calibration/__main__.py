@@ -14,7 +14,12 @@ from __future__ import annotations
 import os
 import sys
 
-from collapseguard.calibration.build import curve_table, per_kind_text, top_clean_text
+from collapseguard.calibration.build import (
+    BOUND_UNIT,
+    curve_table,
+    per_kind_text,
+    top_clean_text,
+)
 from collapseguard.calibration.files import (
     DEFAULTS_DIR,
     CalibrationError,
@@ -28,13 +33,15 @@ def show(path) -> str:
     split = cal.split or {}
     # --holdout 0: the clean false-drop rate is measured on the images that set the threshold
     in_sample = split.get("holdout") == 0
+    counted = (f"k={cal.k} of n={cal.n_clean} clean pictures ({split.get('n_clean_threshold_images')} images)"
+               if split.get("bound_unit") == BOUND_UNIT else
+               f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources)")
     lines = [f"== {path}", cal.describe(),
              f"bound: {cal.method}",
-             (f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources); "
-             f"guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence {cal.confidence}; "
-             f"{'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
-             f"{split.get('heldout_false_drop')} "
-             f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"),
+             (f"{counted}; guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence "
+              f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
+              f"{split.get('heldout_false_drop')} "
+              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"),
              curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
     if cal.per_kind:
         lines.insert(-1, per_kind_text(cal))

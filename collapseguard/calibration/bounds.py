@@ -15,6 +15,9 @@ rule is strict), so the bound stays valid. A k >= 1 exists only when ``(1 - alph
 i.e. ``n >= log(delta) / log(1 - alpha)`` (299 for alpha = 1 %, delta = 5 %); with fewer clean
 scores we refuse and say how many are needed. The rate actually guaranteed at confidence 1 - delta
 is the (1 - delta) quantile of Beta(k, n - k + 1), which is <= alpha.
+
+The scores must be exchangeable, so ``calibration.build`` passes one score per clean picture (its
+highest: ``build.source_maxima``), never several near-identical copies of one picture.
 """
 
 from __future__ import annotations
@@ -43,16 +46,17 @@ PER_KIND_NAME = ("binomial order statistic (conformal) per clean kind, Bonferron
 class NotEnoughCleanSamples(CalibrationError):
     """Too few clean scores for the alpha / confidence asked for; ``needed`` says how many."""
 
-    def __init__(self, n: int, needed: int, alpha: float, confidence: float, detail: str = ""):
+    def __init__(self, n: int, needed: int, alpha: float, confidence: float, detail: str = "",
+                 unit: str = "clean scores"):
         self.n, self.needed, self.alpha, self.confidence = n, needed, alpha, confidence
-        self.detail = detail
+        self.detail, self.unit = detail, unit
         super().__init__(
-            f"{n} clean scores cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
-            f"confidence: at least {needed} clean scores are needed{detail} (add clean images with "
+            f"{n} {unit} cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
+            f"confidence: at least {needed} {unit} are needed{detail} (add clean images with "
             f"--clean, more chains, or relax --max-false-drop / --confidence)")
 
     def __reduce__(self):  # pickles with its own arguments (it crosses worker processes)
-        return type(self), (self.n, self.needed, self.alpha, self.confidence, self.detail)
+        return type(self), (self.n, self.needed, self.alpha, self.confidence, self.detail, self.unit)
 
 
 def order_statistic_rank(n: int, alpha: float, confidence: float) -> int:

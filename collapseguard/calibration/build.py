@@ -31,7 +31,12 @@ from collapseguard.calibration.bounds import (
     order_statistic_threshold,
     per_kind_threshold,
 )
-from collapseguard.calibration.files import Calibration, CalibrationError, is_dropped
+from collapseguard.calibration.files import (
+    BOUND_UNIT,
+    Calibration,
+    CalibrationError,
+    is_dropped,
+)
 from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
 from collapseguard.io.terminal import printable
 from collapseguard.training_data_tools.manifest import source_group, split_by_source
@@ -58,11 +63,13 @@ def step_knots(chains: pd.DataFrame) -> dict:
 
 
 def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
-    """Lines naming the clean images with the highest scores, i.e. those the threshold rests on."""
+    """Lines naming the clean images with the highest scores, i.e. those the threshold rests on
+    (one per picture in a file whose bound counts pictures)."""
     rows = cal.top_clean[:n]
     if not rows:
         return ""
-    lines = ["  highest clean scores (the threshold rests on these; check that they are clean):"]
+    each = ", each picture's highest" if (cal.split or {}).get("bound_unit") == BOUND_UNIT else ""
+    lines = [f"  highest clean scores{each} (the threshold rests on these; check that they are clean):"]
     for r in rows:
         mark = "dropped" if r["score"] > cal.threshold else "kept"
         name = str(r.get("path") or r.get("source_image"))
@@ -111,6 +118,20 @@ def _dedupe_clean(t: pd.DataFrame) -> pd.DataFrame:
     a = t[step0].drop_duplicates(["source_image", "storage"] if "storage" in t.columns else "source_image")
     b = t[~step0].drop_duplicates("path")
     return pd.concat([a, b]).sort_index()
+
+
+def source_maxima(clean: pd.DataFrame) -> pd.DataFrame:
+    """One row per clean picture and kind: the row of its highest clean score.
+
+    Images of one picture (its views ``<name>@<view>``, crops and stored copies ``<name>__<x>``,
+    and its clean steps) score alike, so counting them as independent clean scores makes the
+    order-statistic bound optimistic: four crops of each of 75 photos look like 300 scores where
+    there are 75 pictures. The bound is taken over the pictures' maxima instead. If pictures are
+    drawn independently, at most alpha of them score above the threshold anywhere (with the
+    stated confidence), and the share of their images above it is no larger."""
+    t = clean.assign(_group=clean["source_image"].map(source_group).to_numpy(), _kind=clean_kinds(clean))
+    top = t.sort_values("score", ascending=False, kind="stable").drop_duplicates(["_kind", "_group"])
+    return top.drop(columns=["_group", "_kind"]).sort_index()
 
 
 def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) -> list[dict]:
@@ -218,28 +239,36 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     else:
         thr_part, hold_part = t, t
     clean_thr = _dedupe_clean(thr_part[thr_part["clean"]])
+    pictures = source_maxima(clean_thr)  # the bound counts pictures, not images (see source_maxima)
     kind_bounds = []
     try:
         if per_kind:
-            bound, kind_bounds = per_kind_threshold(clean_thr["score"].to_numpy(), clean_kinds(clean_thr),
+            bound, kind_bounds = per_kind_threshold(pictures["score"].to_numpy(), clean_kinds(pictures),
                                                     alpha, confidence, required=kinds_named)
         else:
-            bound = order_statistic_threshold(clean_thr["score"].to_numpy(), alpha, confidence)
+            bound = order_statistic_threshold(pictures["score"].to_numpy(), alpha, confidence)
     except NotEnoughCleanSamples as exc:  # say what the count was taken from, and what to bring
-        n_all = len(_dedupe_clean(t[t["clean"]]))
+        n_all = len(source_maxima(_dedupe_clean(t[t["clean"]])))
+        unit = "distinct clean pictures"
+        views = (" (views, crops and stored copies of one picture, named <name>@<view> or "
+                 "<name>__<variant>, count once)")
         if per_kind:  # exc.detail names the kinds and their counts in the threshold part
-            detail = (f", counted in the threshold part (--holdout {holdout:g} keeps the other sources "
-                      f"for the drop curve: bring about {math.ceil(exc.needed / (1 - holdout))} clean "
-                      "images of each kind named, or pass --holdout 0)" if holdout > 0 else "")
+            detail = views + (f", counted in the threshold part (--holdout {holdout:g} keeps the other "
+                              f"sources for the drop curve: bring about {math.ceil(exc.needed / (1 - holdout))} "
+                              "clean pictures of each kind named, or pass --holdout 0)" if holdout > 0 else "")
         else:
-            detail = (f" in the threshold part, which holds {exc.n} of the {n_all} scored clean images "
-                      f"(--holdout {holdout:g} keeps the other sources for the drop curve: bring about "
-                      f"{math.ceil(exc.needed / (1 - holdout))} clean images in all, or pass --holdout 0)"
-                      if holdout > 0 else "")
+            detail = views + (f" in the threshold part, which holds {exc.n} of the {n_all} scored clean "
+                              f"pictures (--holdout {holdout:g} keeps the other sources for the drop curve: "
+                              f"bring about {math.ceil(exc.needed / (1 - holdout))} clean pictures in all, or "
+                              "pass --holdout 0)" if holdout > 0 else "")
         if n_unscored:
             detail += f"; {n_unscored} image(s) could not be scored and were left out"
-        raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, exc.detail + detail) from None
-    top = clean_thr.sort_values("score", ascending=False, kind="stable").head(max(TOP_CLEAN, (bound.k or 0) + 3))
+        raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, exc.detail + detail,
+                                    unit=unit) from None
+    # the share of the threshold part's clean *images* above the threshold (the bound's own
+    # empirical figure counts pictures with any image above it)
+    bound.empirical_false_drop = float(is_dropped(clean_thr["score"].to_numpy(), bound.threshold).mean())
+    top = pictures.sort_values("score", ascending=False, kind="stable").head(max(TOP_CLEAN, (bound.k or 0) + 3))
     top_clean = [{"source_image": str(r.source_image), "path": str(getattr(r, "path", "")),
                   "score": float(r.score)} for r in top.itertuples(index=False)]
 
@@ -259,13 +288,10 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     if chains["step"].nunique() >= 2:
         step_map = step_knots(chains)
 
-    # distinct pictures, as the split counts them: views of one photo (``<name>@<view>``) are one;
-    # per kind, those of the kind whose n and k the file states
-    groups = clean_thr["source_image"].map(source_group).to_numpy()
+    # the images behind the bound's pictures; per kind, those of the kind whose n and k the file states
     labels = clean_kinds(clean_thr)
     binding = max(kind_bounds, key=lambda kb: kb.bound.threshold).kind if kind_bounds else None
-    n_src = len(set(groups[labels == binding])) if kind_bounds else len(set(groups))
-    repeated = [kb.kind for kb in kind_bounds if len(set(groups[labels == kb.kind])) < kb.bound.n]
+    n_images = int((labels == binding).sum()) if kind_bounds else len(clean_thr)
     notes = [
         "Decision rule: drop when score > threshold.",
         ("P(degraded) is relative to this calibration's mix of clean and degraded images (the chains' "
@@ -274,16 +300,11 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "from the sources whose clean scores set the threshold." if holdout > 0 else
         "holdout=0: the drop curve is measured on the same images that set the threshold (in-sample).",
     ]
-    if not kind_bounds and n_src < bound.n:
-        notes.append(
-            f"The {bound.n} clean scores come from {n_src} distinct sources (views, crops "
-            "or several clean steps per source): they are not independent, and the guarantee assumes "
-            "they are; treat it as approximate.")
-    elif repeated:
-        notes.append(
-            f"The clean scores of kind(s) {', '.join(repeated)} come from fewer distinct sources than "
-            "scores (views, crops or several clean steps per source): they are not independent, and "
-            "the guarantee assumes they are; treat it as approximate.")
+    notes.append(
+        f"n_clean counts distinct clean pictures ({bound.n}, from {n_images} clean images): a picture's "
+        "views, crops, stored copies and clean steps give one score, its highest, so images of one "
+        "picture never count as independent evidence. With pictures drawn independently, at most "
+        "alpha of them have any image above the threshold, so at most alpha of their images are.")
     if n_unscored:
         notes.append(f"{n_unscored} image(s) could not be scored (NaN) and were left out.")
     if kind_bounds:
@@ -297,7 +318,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "by": "source_image", "salt": salt, "holdout": holdout,
         "threshold_sources": int(thr_part["source_image"].nunique()),
         "holdout_sources": int(hold_part["source_image"].nunique()) if holdout > 0 else 0,
-        "n_clean_threshold": bound.n, "n_clean_threshold_sources": n_src,
+        "bound_unit": BOUND_UNIT, "n_clean_threshold": bound.n, "n_clean_threshold_sources": bound.n,
+        "n_clean_threshold_images": n_images,
         "n_clean_holdout": len(hold_clean),
         "heldout_false_drop": held_fd,
         "heldout_false_drop_ci": list(clopper_pearson(round((held_fd or 0) * len(hold_clean)),
@@ -314,8 +336,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         probability_map=prob_map, step_map=step_map, breakdown=by,
         per_kind=[{"kind": kb.kind, "n": kb.bound.n, "k": kb.bound.k, "threshold": kb.bound.threshold,
                    "confidence": kb.bound.confidence, "guaranteed_false_drop": kb.bound.guaranteed_false_drop,
-                   "dropped_at_threshold": int(is_dropped(
-                       clean_thr["score"].to_numpy()[clean_kinds(clean_thr) == kb.kind], bound.threshold).sum())}
+                   "dropped_at_threshold": int(is_dropped(  # pictures, as n and k count
+                       pictures["score"].to_numpy()[clean_kinds(pictures) == kb.kind], bound.threshold).sum())}
                   for kb in kind_bounds],
         created=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=command, notes=notes)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from collapseguard.io.calibration_file import (
+    BOUND_UNIT,
     DEFAULTS_DIR,
     SCOPE_NOTE,
     Calibration,
@@ -122,6 +123,7 @@ def drop_fraction_calibration(detector, scores, fraction: float) -> Calibration:
 
 
 __all__ = [
+    "BOUND_UNIT",
     "DEFAULTS_DIR",
     "SCOPE_NOTE",
     "Calibration",

@@ -62,7 +62,8 @@ def _steps(text: str) -> list[int]:
 @click.option("--clean", "clean_dirs", multiple=True, callback=lambda c, p, v: _locations(v),
               help="Extra clean images: a folder (recursive), a shard or a URL of either; repeat for more. "
                    "KIND=LOCATION names their kind (e.g. screenshots=shots/), reported per kind and "
-                   "used by --per-kind. Files named NAME__x.png count as variants of one source NAME.")
+                   "used by --per-kind. Files named NAME__x.png are variants of one picture NAME: "
+                   "they stay on one side of the split and give the bound one score, their highest.")
 @click.option("--per-kind", is_flag=True,
               help="Guarantee --max-false-drop for each clean kind (the chains manifest's `kind` "
                    "column and --clean KIND=...), jointly at --confidence, instead of for the pooled "

@@ -496,8 +496,8 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                 scores += [v for v in pq.read_table(f, columns=["score"]).column("score").to_pylist()
                            if v is not None]
         t = threshold_for_drop_fraction(scores, drop_fraction)
-        n_cut = sum(1 for v in scores if math.isfinite(v))  # the scores the cut is taken from
-        unscored = f", {len(scores) - n_cut} sample(s) without a finite score left out" if n_cut < len(scores) else ""
+        n_cut = sum(1 for v in scores if not math.isnan(v))  # the cut ranks every score, +-inf too
+        unscored = f", {len(scores) - n_cut} sample(s) without a score left out" if n_cut < len(scores) else ""
         source = (f"uncalibrated: --drop-fraction {drop_fraction:g} of this data (threshold {t:.6g} "
                   f"from {n_cut} scores{unscored}; no guarantee about clean images)")
         second = FilterOptions(threshold=t, scores_from=prepass, **base)

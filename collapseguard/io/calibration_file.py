@@ -33,6 +33,10 @@ FORMAT_VERSION = 1
 #: folder of the calibrations shipped inside the package
 DEFAULTS_DIR = Path(__file__).resolve().parent.parent / "calibration" / "defaults"
 
+#: what ``n_clean`` counts in files whose ``split["bound_unit"]`` says so: distinct clean pictures
+#: (each picture's highest clean score), not images (``calibration.build.source_maxima``)
+BOUND_UNIT = "pictures"
+
 #: the caveat every calibration carries
 SCOPE_NOTE = (
     "The false-drop guarantee holds for clean images drawn from the same distribution as this "
@@ -194,13 +198,14 @@ class Calibration:
         rate = self.alpha if self.alpha is not None else self.guaranteed_false_drop
         if not self.is_calibrated or rate is None or self.confidence is None:
             return self.label
+        unit = f" {BOUND_UNIT}" if (self.split or {}).get("bound_unit") == BOUND_UNIT else ""
         if self.per_kind:
             return (f"at most {_pct(rate)} false drops in each of {len(self.per_kind)} clean kinds, "
                     f"jointly with {_pct(self.confidence)} confidence (smallest kind "
-                    f"n_clean={min(int(r['n']) for r in self.per_kind)}; for clean images like each "
+                    f"n_clean={min(int(r['n']) for r in self.per_kind)}{unit}; for clean images like each "
                     "kind of the calibration's clean set)")
         return (f"at most {_pct(rate)} false drops with {_pct(self.confidence)} confidence "
-                f"(n_clean={self.n_clean}; for clean images like the calibration's clean set)")
+                f"(n_clean={self.n_clean}{unit}; for clean images like the calibration's clean set)")
 
     def describe(self) -> str:
         """One line for logs and reports."""

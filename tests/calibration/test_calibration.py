@@ -38,7 +38,7 @@ from collapseguard.calibration.files import (
 )
 from collapseguard.calibration.scoring import CLEAN_FAMILY
 from collapseguard.io import calibration_file
-from collapseguard.training_data_tools.manifest import split_by_source
+from collapseguard.training_data_tools.manifest import source_group, split_by_source
 
 # ---------------------------------------------------------------------------------------------
 # The bound
@@ -228,7 +228,7 @@ def test_build_refuses_too_few_clean_with_number():
     assert ei.value.needed == 299
     # the message says the count is after the holdout, and how many to bring in all
     n_all = int(table[table["step"] == 0]["source_image"].nunique())
-    assert f"of the {n_all} scored clean images" in str(ei.value) and "about 428 clean images" in str(ei.value)
+    assert f"of the {n_all} scored clean pictures" in str(ei.value) and "about 428 clean pictures" in str(ei.value)
 
 
 def test_clean_steps_and_fr_target_labels():
@@ -509,17 +509,39 @@ def test_file_stating_a_guarantee_the_bound_cannot_give_is_refused(tmp_path):
 
 def test_views_of_one_picture_count_as_one_source():
     """Two views ``p@a``/``p@b`` of one photo stay on one side of the split (source_group) and are
-    not independent clean scores: the source count and the note must say so."""
-    table = _synthetic_table(n_sources=350, families=("noise",))
+    one clean picture for the bound: n_clean counts pictures, the images are counted beside it."""
+    table = _synthetic_table(n_sources=500, families=("noise",))
     views = table.copy()
     views["source_image"] = views["source_image"] + "@b"
     views["path"] = "b/" + views["path"]
     views["chain_id"] = views["chain_id"] + "b"
     table["source_image"] = table["source_image"] + "@a"
     cal = build_calibration(pd.concat([table, views], ignore_index=True), "synthetic", "v1")
-    pictures = cal.split["n_clean_threshold_sources"]
-    assert cal.n_clean == 2 * pictures
-    assert any("not independent" in n for n in cal.notes)
+    assert cal.n_clean == cal.split["n_clean_threshold_sources"] == cal.split["threshold_sources"] // 2
+    assert cal.split["n_clean_threshold_images"] == 2 * cal.n_clean
+    assert cal.split["bound_unit"] == "pictures" and "pictures" in cal.guarantee_text()
+    assert cal.threshold == max(r["score"] for r in cal.top_clean[cal.k - 1:cal.k])
+    assert len({source_group(r["source_image"]) for r in cal.top_clean}) == len(cal.top_clean)
+
+
+def test_the_guarantee_holds_for_pictures_with_several_images():
+    """Three stored copies of each of 400 pictures score almost alike. Counted as 1,200 independent
+    scores, the bound's threshold would break its 1% / 95% promise in about one draw in six; counted
+    as 400 pictures, it keeps it. The true false-drop rate of a N(0, 1) clean score is known."""
+    rng = np.random.default_rng(0)
+    broken = 0
+    draws = 60
+    for _ in range(draws):
+        shared = rng.normal(size=400)
+        score = 0.995 * np.repeat(shared, 3) + np.sqrt(1 - 0.995 ** 2) * rng.normal(size=1200)
+        table = pd.DataFrame({"source_image": np.repeat([f"pic{i}" for i in range(400)], 3),
+                              "family": "clean-extra", "step": 0, "kind": "clean",
+                              "path": [f"clean/pic{i // 3}__{i % 3}.png" for i in range(1200)],
+                              "score": score, "chain_id": ""})
+        cal = build_calibration(table, "synthetic", "v1", alpha=0.01, confidence=0.95, holdout=0)
+        assert cal.n_clean == 400 and cal.split["n_clean_threshold_images"] == 1200
+        broken += stats.norm.sf(cal.threshold) > 0.01
+    assert broken <= 0.05 * draws, broken
 
 
 def test_the_drop_curve_title_says_in_sample_when_nothing_was_held_out():
@@ -545,9 +567,8 @@ def test_show_says_in_sample_when_nothing_was_held_out(tmp_path, capsys):
 
 
 def test_per_kind_counts_the_sources_of_the_kind_that_sets_the_threshold():
-    """With ``per_kind``, n_clean is the binding kind's; the source count is that kind's too, and a
-    kind made of several crops per picture gets the not-independent note even when the pooled
-    source count is larger than that kind's n."""
+    """With ``per_kind``, n_clean is the binding kind's, counted in pictures: a kind made of four
+    crops per picture has a quarter as many clean scores as images."""
     rng = np.random.default_rng(2)
     rows = [{"source_image": f"crop{i // 4}", "family": "clean-extra", "step": 0, "kind": "clean",
              "path": f"crops/{i}.png", "score": rng.normal(2.0), "chain_id": "", "source_kind": "crops"}
@@ -558,9 +579,9 @@ def test_per_kind_counts_the_sources_of_the_kind_that_sets_the_threshold():
     cal = build_calibration(pd.DataFrame(rows), "synthetic", "v1", alpha=0.05, confidence=0.9, holdout=0,
                             per_kind=True)
     binding = max(cal.per_kind, key=lambda r: r["threshold"])
-    assert binding["kind"] == "crops" and cal.n_clean == 480
-    assert cal.split["n_clean_threshold_sources"] == 120  # the crops' pictures, not both kinds' 600
-    assert any("not independent" in n and "crops" in n and "photos" not in n for n in cal.notes)
+    assert binding["kind"] == "crops" and cal.n_clean == binding["n"] == 120  # the crops' pictures
+    assert cal.split["n_clean_threshold_images"] == 480  # the crops' images, not both kinds' 960
+    assert {r["kind"]: r["n"] for r in cal.per_kind} == {"crops": 120, "photos": 480}
 
 
 def test_drop_curve_counts_a_shared_original_once_per_family_and_infinite_scores_as_drops():

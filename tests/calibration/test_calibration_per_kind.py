@@ -181,7 +181,7 @@ def test_a_kind_whose_sources_all_went_to_the_holdout_is_not_left_uncovered():
     rows = [{"source_image": name, "family": "clean-extra", "step": 0, "kind": "clean", "path": name,
              "score": rng.normal(), "chain_id": "", "storage": "png", "source_kind": k}
             for k, srcs in (("photos", [f"p{i}" for i in range(30)]), ("shots", shots)) for name in srcs]
-    with pytest.raises(NotEnoughCleanSamples, match=r"'shots' has 0.*clean images of each kind named"):
+    with pytest.raises(NotEnoughCleanSamples, match=r"'shots' has 0.*clean pictures of each kind named"):
         build_calibration(pd.DataFrame(rows), "nss", "v", alpha=0.3, confidence=0.7, per_kind=True)
     cal = build_calibration(pd.DataFrame(rows), "nss", "v", alpha=0.3, confidence=0.7, holdout=0.0)
     assert cal.per_kind == []  # pooled: no kinds required
