@@ -49,6 +49,7 @@ def show(path) -> str:
         lines.insert(-1, top_clean_text(cal))
     for fam, lv in cal.first_step_dropped.items():
         lines.append(f"  {fam}: first step >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
+    lines += [f"  note: {note}" for note in cal.notes]
     # a calibration file may come from elsewhere: its names are printed with control characters escaped
     return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
 

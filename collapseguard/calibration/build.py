@@ -138,8 +138,11 @@ def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) 
     """Fraction of images dropped (score > threshold) per family and step, plus family "all".
 
     Each row: family, step, n, dropped, fraction, ci_low, ci_high (Clopper–Pearson at
-    ``confidence``). A step-0 image shared by several chains (of one family or of several) is
-    counted once. NaN scores (not scored) are left out; +-inf are scores.
+    ``confidence``) and pictures (the distinct source pictures behind the n images). A step-0
+    image shared by several chains (of one family or of several) is counted once. NaN scores (not
+    scored) are left out; +-inf are scores. The interval treats the n images as independent: where
+    they come from fewer pictures (the "all" row pools every family's chains of the same
+    sources), it is narrower than the evidence, which ``curve_table`` says.
     """
     t = table[~np.isnan(table["score"].to_numpy(dtype=np.float64))]
     rows = []
@@ -155,7 +158,8 @@ def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) 
             d = int(is_dropped(gs["score"].to_numpy(), threshold).sum())
             lo, hi = clopper_pearson(d, n, confidence)
             rows.append({"family": str(fam), "step": int(step), "n": n, "dropped": d,
-                         "fraction": d / n, "ci_low": lo, "ci_high": hi})
+                         "fraction": d / n, "ci_low": lo, "ci_high": hi,
+                         "pictures": int(gs["source_image"].map(source_group).nunique())})
     return rows
 
 
@@ -376,4 +380,11 @@ def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:
             cells.append(f"{'-':>20}" if r is None else
                          f"{r['fraction']:>7.1%} [{r['ci_low']:.0%},{r['ci_high']:.0%}] n={r['n']:<3}".rjust(20))
         lines.append(f"{printable(fam):<22}" + "".join(cells))
+    shared = [r for r in cal.drop_curve if r["step"] in steps and isinstance(r.get("pictures"), int)
+              and 0 < r["pictures"] < r["n"]]
+    if shared:  # the intervals count images as independent; say where they are not
+        r = max(shared, key=lambda r: r["n"] / r["pictures"])
+        lines.append(f"  intervals treat images as independent; {len(shared)} cell(s) hold images of fewer "
+                     f"pictures (e.g. {printable(r['family'])} step {r['step']}: {r['n']} images of "
+                     f"{r['pictures']} pictures), where they are narrower than the evidence")
     return "\n".join(lines)

@@ -624,3 +624,18 @@ def test_ssim_target_of_an_image_too_small_for_a_window_is_nan_not_a_crash():
     tiny = np.full((2, 2, 3), 128, np.uint8)
     assert np.isnan(full_reference(tiny, tiny, "ssim"))
     assert full_reference(np.full((3, 3, 3), 9, np.uint8), np.full((3, 3, 3), 9, np.uint8), "ssim") == 1.0
+
+
+def test_show_prints_the_notes_and_where_curve_intervals_pool_pictures(tmp_path):
+    """Every family's chains come from the same sources, so the "all" row's images are several
+    per picture: its row records the pictures, and the printed table says the interval is
+    narrower than the evidence. The file's notes (the picture count among them) are printed."""
+    from collapseguard.calibration.__main__ import show
+
+    cal = build_calibration(_synthetic_table(n_extra=200), "synthetic", "v1", holdout=0.3)
+    rows = {(r["family"], r["step"]): r for r in cal.drop_curve}
+    assert rows[("all", 5)]["n"] == 2 * rows[("all", 5)]["pictures"]  # two families per source
+    assert rows[("noise", 5)]["n"] == rows[("noise", 5)]["pictures"]
+    text = show(save_calibration(cal, tmp_path / "c.json"))
+    assert "intervals treat images as independent" in text and "(e.g. all step 1: 174 images of 87 pictures)" in text
+    assert "note: n_clean counts distinct clean pictures" in text
