@@ -13,6 +13,12 @@ Any clean folders work. With ``--heldout-split`` only the files that ``collapseg
 out of its ``--clean`` folders (``training.negatives.split_clean``) are scored: e.g. the training
 folders of recipes/train_cnn.sh, giving clean photos, night skies and art that training never
 saw, a second check of the shipped guarantee on images unlike the calibration's.
+
+    python benchmarks/clean_check.py [WEIGHTS ...] --thumbnails 48,64,100,128,192,256
+
+scores instead the top-left square crop of scikit-image's astronaut, coffee and chelsea photos at
+each size (nothing downloaded): whether a thumbnail scores like the same content at full size. A
+crop under the 48 px crop window is reflect-padded, and a few windows give little to average.
 """
 
 from __future__ import annotations
@@ -32,11 +38,16 @@ from collapseguard.training.negatives import list_images, split_clean
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", nargs="*", help="cnn weights files (default: the packaged weights)")
-    ap.add_argument("--folder", nargs="+", required=True, help="folders of clean images")
+    ap.add_argument("--folder", nargs="+", help="folders of clean images")
+    ap.add_argument("--thumbnails", help="comma-separated sizes: score crops of bundled photos instead")
     ap.add_argument("--heldout-split", action="store_true",
                     help="score only the files collapseguard train holds out of these folders")
     ap.add_argument("--threshold", type=float, nargs="*", default=[])
     args = ap.parse_args(argv)
+    if args.thumbnails:
+        return thumbnails(args.weights, [int(v) for v in args.thumbnails.split(",")])
+    if not args.folder:
+        ap.error("give --folder DIR ... or --thumbnails SIZES")
     paths = list_images([Path(f) for f in args.folder])
     if args.heldout_split:
         paths = split_clean(paths)[1]
@@ -59,6 +70,22 @@ def main(argv=None) -> int:
             row[f"above {t:g}"] = float(np.mean(s > t))
         rows.append(row)
     print(pd.DataFrame(rows).set_index("weights").T.to_string())
+    return 0
+
+
+def thumbnails(weights, sizes) -> int:
+    """Scores of the top-left ``size`` px square of three bundled photos, per weights file."""
+    from skimage import data
+
+    for w in weights or [None]:
+        det = CNNDetector(weights=w, device="cpu")
+        cal = default_calibration("cnn", det.version)
+        shipped = f", shipped threshold {cal.threshold:.4g}" if cal is not None else ""
+        print(f"{Path(w).name if w else 'packaged'} ({det.version}{shipped})")
+        print(f"{'photo':<10}" + "".join(f"{s:>8}" for s in sizes))
+        for name in ("astronaut", "coffee", "chelsea"):
+            img = getattr(data, name)()
+            print(f"{name:<10}" + "".join(f"{float(v):>8.2f}" for v in det.score([img[:s, :s] for s in sizes])))
     return 0
 
 

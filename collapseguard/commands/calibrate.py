@@ -156,7 +156,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         sources.append(f"scores table {from_scores}")
     else:
         if chains_dir is None and not clean_dirs:
-            raise click.UsageError("give --chains DIR (and optionally --clean DIR ...) or --from-scores")
+            raise click.UsageError("give --chains DIR, --clean DIR (repeatable) or both, or --from-scores")
         from collapseguard.detectors import DEFAULT_DETECTOR, create
         from collapseguard.training_data_tools.manifest import read_manifest
 

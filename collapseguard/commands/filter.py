@@ -15,6 +15,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
+from collapseguard.io.terminal import printable
 
 
 @click.command("filter")
@@ -72,6 +73,10 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         raise click.ClickException(str(exc)) from None
     if not quiet:
         click.echo(format_summary(summary, out), err=True)
+    if summary.get("loose_files_not_filtered"):  # said even with -q: these images are in no output
+        click.echo(f"note: {summary['loose_files_not_filtered']} loose image file(s) beside the shards "
+                   f"were not filtered (e.g. {printable(summary['loose_file_example'])}); filter reads "
+                   ".tar shards: `collapseguard score` reads loose files", err=True)
     if summary["shards_failed"]:
         raise click.ClickException("failed shard(s): " + ", ".join(summary["shards_failed"]))
     if reshard is not None:

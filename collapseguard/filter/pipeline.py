@@ -273,8 +273,9 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     if rej_w is not None:
         for i, key in rej_w.renamed.items():  # neighbours of one key: moved aside in rejected/
             rows["error"][i] = "; ".join(x for x in (
-                rows["error"][i], f"written to rejected/ under the key {key!r}, beside another "
-                f"sample of the key {rows['key'][i]!r}") if x)
+                rows["error"][i], f"written to rejected/ under the key {key!r}, so that a reader "
+                f"cannot merge it with a neighbour (a sample of the key {rows['key'][i]!r}, or one "
+                "whose name gives webdataset no key)") if x)
     table = pa.table({
         "key": pa.array(rows["key"], pa.string()),
         "score": pa.array(rows["score"], pa.float64()),

@@ -102,20 +102,25 @@ def _file_identity(name: str):
         return ("path", os.path.realpath(name))
 
 
-def _input_shards(inputs: Sequence[str]) -> list[str]:
+def _input_shards(inputs: Sequence[str], loose: list[str] | None = None) -> list[str]:
     """The shards ``inputs`` name; FilterError naming what an input folder holds and cannot be
     read (a broken link to a folder, a subfolder that cannot be listed): the shards there would
-    be in no output and no summary."""
+    be in no output and no summary. ``loose`` (optional) receives the loose image files beside
+    the shards, which filter does not read (the summary counts them)."""
     unread: list[tuple[str, str]] = []
-    shards, _ = expand_inputs(inputs, unread)
+    shards, files = expand_inputs(inputs, unread)
     if unread:
         raise FilterError(unread_text(unread, "the shards there would not be filtered: fix or remove "
                                               "it, or name the shards to filter"))
+    if loose is not None and shards:
+        loose.extend(f.path for f in files)
     return shards if shards else expand_shards(inputs)  # none: expand_shards says why
 
 
-def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
-    """Expand inputs to shards, once per file however often or however spelled it was given.
+def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
+                loose: list[str] | None = None) -> list[str]:
+    """Expand inputs to shards, once per file however often or however spelled it was given;
+    ``loose`` (optional) receives the loose image files found beside them, which are not filtered.
 
     Refuses what an input folder holds and cannot be read, two different shards that would write
     to the same output name, and (given ``out_dir``) a shard lying in ``out_dir``'s kept/ or
@@ -123,7 +128,7 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None) -> list[str]:
     """
     shards: list[str] = []
     seen: set = set()
-    for s in _input_shards(inputs):
+    for s in _input_shards(inputs, loose):
         ident = _file_identity(s)
         if ident not in seen:
             seen.add(ident)
@@ -321,7 +326,8 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     t0 = time.perf_counter()
     options = replace(options, out_dir=local_path(options.out_dir) or options.out_dir)  # file:
     refuse_out_inside_inputs(inputs, options.out_dir)
-    shards = plan_shards(inputs, options.out_dir)
+    loose: list[str] = []
+    shards = plan_shards(inputs, options.out_dir, loose)
     out = make_out_dir(options.out_dir)
     if detector_version is None and detector is not None:
         detector_version = detector.version
@@ -329,12 +335,12 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
         options = replace(options, run_id=run_id)
         return _run_locked(shards, options, out, t0, workers=workers, engine=engine,
                            resume=resume, quiet=quiet, threshold_source=threshold_source,
-                           detector=detector, detector_version=detector_version)
+                           detector=detector, detector_version=detector_version, loose=loose)
 
 
 def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float, *, workers: int,
                 engine: str, resume: bool, quiet: bool, threshold_source: str, detector,
-                detector_version: str | None) -> dict:
+                detector_version: str | None, loose: Sequence[str] = ()) -> dict:
     records: dict[str, dict] = {}
     todo: list[str] = []
     for s in shards:
@@ -385,6 +391,9 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
     run_seconds = time.perf_counter() - t_run
     summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
+    # loose image files in the input folders are not filtered: counted, one named, never silent
+    summary["loose_files_not_filtered"] = len(loose)
+    summary["loose_file_example"] = loose[0] if loose else None
     write_summary(options.out_dir, summary, options.run_id)
     return summary
 

@@ -178,8 +178,13 @@ def valid_text(name: str) -> str:
 
 
 def member_key(name: str) -> tuple[str, str]:
-    """The clean name and the sample key of a raw tar member name (``ShardReader``'s rule)."""
+    """The clean name and the sample key of a raw tar member name (``ShardReader``'s rule). A
+    name that is clean but for a leading ``./`` (``tar cf shard.tar .`` writes such names) keeps
+    it: webdataset's key keeps it too (``./000`` for ``./000.jpg``), and a key joined on
+    elsewhere must come out as it went in."""
     clean = clean_member_name(name) or "unnamed"
+    if name.startswith("./") and name[2:] == clean:
+        clean = name
     return clean, split_key(clean)[0]
 
 
@@ -396,7 +401,7 @@ class _Decompressed:
     def cut_short(self) -> TruncatedShardError:
         return TruncatedShardError(
             f"{self._where}: the {self.kind} stream ends before its end marker (after {self.count} "
-            "bytes of tar data): the file was cut short (its samples up to there were read)")
+            "bytes of tar data): the file was cut short")
 
     def read(self, n: int = -1) -> bytes:
         if self.truncated:
@@ -595,7 +600,7 @@ class ShardReader:
         if total - end < tarfile.BLOCKSIZE:
             raise TruncatedShardError(
                 f"{printable(self.path)}: no end-of-archive marker after byte {end}: the file was "
-                "cut short (its samples up to there were read)")
+                "cut short")
         if rest_nonzero or (consumed is not None and consumed.count(0) != len(consumed)) or (
                 stream.nonzero_drained):
             raise CorruptShardError(
@@ -684,8 +689,7 @@ class ShardReader:
                 dups[ident] = n + 1
                 clean = f"{clean}.dup{n}"
                 ident = _name_id(clean)
-            if (clean != info.name and not (info.name.startswith("./") and info.name[2:] == clean)
-                    or posixpath.basename(clean).startswith(".")):  # hidden: set aside for a look
+            if clean != info.name or posixpath.basename(clean).startswith("."):  # hidden: set aside
                 current.unsafe_names.append(info.name)
             names.add(ident)
             current.members.append(Member(clean, data, _mtime(info)))

@@ -203,7 +203,7 @@ def test_drop_fraction_drops_the_top_scores(tmp_path, photos):
     summary = json.loads((tmp_path / "out/summary.json").read_text())
     assert summary["threshold_source"].startswith("uncalibrated")
     # the label counts the scores the cut was taken from, not the undecodable sample
-    assert "from 8 scores, 1 sample(s) without a finite score left out" in summary["threshold_source"]
+    assert "from 8 scores, 1 sample(s) without a score left out" in summary["threshold_source"]
     # every bookkeeping entry the run leaves in --out (.prepass/ among them) is in the reference
     reference = (Path(__file__).resolve().parents[2] / "docs" / "REFERENCE.md").read_text(encoding="utf-8")
     hidden = sorted(p.name + ("/" if p.is_dir() else "") for p in (tmp_path / "out").glob(".*"))

@@ -271,3 +271,27 @@ def test_a_refused_sample_whose_key_repeats_stays_apart_in_rejected(tmp_path, ph
     assert scores["reason"].tolist()[2] == "refused_member"
     back = [s.key for s in ShardReader(str(out / "rejected" / "s.tar"))]
     assert len(back) == 2 and len(set(back)) == 2
+
+
+def test_names_tar_wrote_from_dot_keep_their_keys(tmp_path, photos):
+    """``tar cf shard.tar .`` names every member ``./NAME``, and webdataset's key keeps the ``./``:
+    the kept shard, the rejected one and the scores must carry the same keys and bytes, never
+    ``000`` for ``./000``."""
+    import webdataset as wds
+
+    members = [("./000.png", png(photos, 0)), ("./000.txt", b"caption"),
+               ("./001.png", png(photos, 1))]
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for name, data in members:
+            add_member(tf, name, data)
+    run_cli(["filter", tmp_path / "s.tar", "--out", tmp_path / "o", "--threshold", "0", "-d", "nss",
+             "-w", "1", "-q"])
+    out = {}
+    for part in ("kept", "rejected"):
+        with tarfile.open(tmp_path / "o" / part / "s.tar") as tf:
+            out.update({m.name: tf.extractfile(m).read() for m in tf.getmembers()})
+    assert out == dict(members)
+    keys = {s["__key__"] for part in ("kept", "rejected")
+            for s in wds.WebDataset(str(tmp_path / "o" / part / "s.tar"), shardshuffle=False, empty_check=False)}
+    assert keys == {"./000", "./001"}
+    assert set(pd.read_parquet(tmp_path / "o/scores/s.parquet")["key"]) == {"./000", "./001"}

@@ -128,3 +128,18 @@ def test_a_folder_the_input_holds_and_cannot_be_read_is_refused_not_skipped(tmp_
     res = run_cli(["filter", data, "--out", tmp_path / "o", "--threshold", "1e9", *ARGS], expect=1)
     assert "part2" in res.output and "broken link" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "o/summary.json").exists() and not (tmp_path / "o/kept").exists()
+
+
+def test_loose_images_beside_the_shards_are_counted_and_named_not_skipped_silently(tmp_path, photos):
+    """filter reads shards: a loose image in the input folder is in no output, so the summary
+    counts it and the run says so, even with -q."""
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    make_shard(tmp_path / "in/s.tar", photos[:1], degraded=False)
+    Image.fromarray(photos[1]).save(tmp_path / "in/photo.jpg")
+    res = run_cli(["filter", tmp_path / "in", "--out", tmp_path / "o", "--threshold", "1e9", *ARGS])
+    assert "1 loose image file(s)" in res.output and "photo.jpg" in res.output
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["loose_files_not_filtered"] == 1 and summary["loose_file_example"].endswith("photo.jpg")
+    assert summary["samples"] == 1
