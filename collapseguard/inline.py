@@ -117,7 +117,7 @@ class _Decider:
             if track_keys:
                 if sample.get("__url__") != url:
                     url, seen = sample.get("__url__"), set()
-                key = str(sample.get("__key__", "")).removeprefix("./")
+                key = str(sample.get("__key__", ""))  # io.tar keeps a leading ./ in keys too
                 if not unsafe:  # as in io.tar, only samples with safe names claim a key
                     repeated = key in seen
                     seen.add(key)

@@ -15,7 +15,7 @@ import os
 import sys
 
 from collapseguard.calibration.build import (
-    BOUND_UNIT,
+    bound_count_text,
     curve_table,
     per_kind_text,
     top_clean_text,
@@ -33,9 +33,7 @@ def show(path) -> str:
     split = cal.split or {}
     # --holdout 0: the clean false-drop rate is measured on the images that set the threshold
     in_sample = split.get("holdout") == 0
-    counted = (f"k={cal.k} of n={cal.n_clean} clean pictures ({split.get('n_clean_threshold_images')} images)"
-               if split.get("bound_unit") == BOUND_UNIT else
-               f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources)")
+    counted = bound_count_text(cal)
     lines = [f"== {path}", cal.describe(),
              f"bound: {cal.method}",
              (f"{counted}; guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence "

@@ -78,14 +78,24 @@ def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
     return "\n".join(lines)
 
 
+def bound_count_text(cal: Calibration) -> str:
+    """``k=2 of n=539 clean pictures (669 images)``: what the bound was taken over (files made
+    before the bound counted pictures say ``clean scores (N sources)``)."""
+    split = cal.split or {}
+    if split.get("bound_unit") == BOUND_UNIT:
+        return f"k={cal.k} of n={cal.n_clean} clean pictures ({split.get('n_clean_threshold_images')} images)"
+    return f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources)"
+
+
 def per_kind_text(cal: Calibration) -> str:
     """Lines giving each clean kind's own threshold (``--per-kind``) and how many of its clean
     scores the final threshold drops; ``""`` for a pooled calibration."""
     lines = []
+    unit = "pictures" if (cal.split or {}).get("bound_unit") == BOUND_UNIT else "scores"
     for r in cal.per_kind:
         name = r["kind"] if str(r["kind"]).isprintable() else ascii(r["kind"])
         lines.append(f"  kind {name}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']}), "
-                     f"{r['dropped_at_threshold']} of its {r['n']} clean scores above the final threshold")
+                     f"{r['dropped_at_threshold']} of its {r['n']} clean {unit} above the final threshold")
     return "\n".join(lines)
 
 
@@ -120,16 +130,19 @@ def _dedupe_clean(t: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([a, b]).sort_index()
 
 
-def source_maxima(clean: pd.DataFrame) -> pd.DataFrame:
-    """One row per clean picture and kind: the row of its highest clean score.
+def source_maxima(clean: pd.DataFrame, by_kind: bool = False) -> pd.DataFrame:
+    """One row per clean picture (per picture and kind with ``by_kind``, for a per-kind bound):
+    the row of its highest clean score.
 
     Images of one picture (its views ``<name>@<view>``, crops and stored copies ``<name>__<x>``,
     and its clean steps) score alike, so counting them as independent clean scores makes the
     order-statistic bound optimistic: four crops of each of 75 photos look like 300 scores where
-    there are 75 pictures. The bound is taken over the pictures' maxima instead. If pictures are
-    drawn independently, at most alpha of them score above the threshold anywhere (with the
-    stated confidence), and the share of their images above it is no larger."""
-    t = clean.assign(_group=clean["source_image"].map(source_group).to_numpy(), _kind=clean_kinds(clean))
+    there are 75 pictures. The bound is taken over the pictures' maxima instead: if pictures are
+    drawn independently, at most alpha of clean pictures have any image above the threshold (with
+    the stated confidence). For data of distinct pictures, one image each, that is at most alpha
+    of its images; where some pictures have many images, the share of images can differ."""
+    t = clean.assign(_group=clean["source_image"].map(source_group).to_numpy(),
+                     _kind=clean_kinds(clean) if by_kind else "")
     top = t.sort_values("score", ascending=False, kind="stable").drop_duplicates(["_kind", "_group"])
     return top.drop(columns=["_group", "_kind"]).sort_index()
 
@@ -243,7 +256,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     else:
         thr_part, hold_part = t, t
     clean_thr = _dedupe_clean(thr_part[thr_part["clean"]])
-    pictures = source_maxima(clean_thr)  # the bound counts pictures, not images (see source_maxima)
+    pictures = source_maxima(clean_thr, by_kind=per_kind)  # the bound counts pictures (source_maxima)
     kind_bounds = []
     try:
         if per_kind:
@@ -252,7 +265,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         else:
             bound = order_statistic_threshold(pictures["score"].to_numpy(), alpha, confidence)
     except NotEnoughCleanSamples as exc:  # say what the count was taken from, and what to bring
-        n_all = len(source_maxima(_dedupe_clean(t[t["clean"]])))
+        n_all = len(source_maxima(_dedupe_clean(t[t["clean"]]), by_kind=per_kind))
         unit = "distinct clean pictures"
         views = (" (views, crops and stored copies of one picture, named <name>@<view> or "
                  "<name>__<variant>, count once)")
@@ -308,7 +321,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         f"n_clean counts distinct clean pictures ({bound.n}, from {n_images} clean images): a picture's "
         "views, crops, stored copies and clean steps give one score, its highest, so images of one "
         "picture never count as independent evidence. With pictures drawn independently, at most "
-        "alpha of them have any image above the threshold, so at most alpha of their images are.")
+        "alpha of clean pictures have any image above the threshold: for data of distinct pictures, "
+        "one image each, at most alpha of its images.")
     if n_unscored:
         notes.append(f"{n_unscored} image(s) could not be scored (NaN) and were left out.")
     if kind_bounds:

@@ -154,7 +154,9 @@ def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None)
         files = sorted((seen, real) for seen, real in walked.files if seen.is_file())
     for f, real in files:
         if is_shard_name(f.name):
-            yield from _iter_tar(local_name(f), str(real))  # pipe:s.tar in a folder is a file
+            parent = "" if loc.is_file() else posixpath.dirname(f.relative_to(loc).as_posix())
+            where = "" if loc.is_file() else f"{_no_at(loc.name)}/{_no_at(parent) + '/' if parent else ''}"
+            yield from _iter_tar(local_name(f), str(real), where)  # pipe:s.tar in a folder is a file
         elif is_image_name(f.name):
             rel = f.name if loc.is_file() else f.relative_to(loc).as_posix()
             parent = str(Path(rel).parent)
@@ -171,17 +173,20 @@ def _unread(root: Path, walked) -> list[tuple[str, str]]:
         if p.exists() and not p.is_file() and (is_image_name(p.name) or is_shard_name(p.name))]
 
 
-def _iter_tar(path: Path | str, identity: str | None = None):
-    """Image members of a shard, read once through the filter's reader (member names cleaned)."""
+def _iter_tar(path: Path | str, identity: str | None = None, where: str = ""):
+    """Image members of a shard, read once through the filter's reader (member names cleaned).
+    A member's source id names the shard's folder below the location (``where``), the shard and
+    the member's folder, so two shards of one name in two folders, or two class folders of one
+    shard, never make one picture of different images."""
     name = shard_basename(str(path))
     position = 0
     for sample in ShardReader(str(path)):
         for m in sample.members:
             position += 1
             if is_image_name(m.name):
-                key = m.name.rsplit(".", 1)[0]
-                yield ((identity or str(path), position), f"{_no_at(name)}:{_variant_source(key)}",
-                       f"{path}:{m.name}", (lambda d=m.data: d))
+                folder = posixpath.dirname(m.name.removeprefix("./"))
+                src = f"{where}{_no_at(name)}:{_no_at(folder) + '/' if folder else ''}{_variant_source(m.name)}"
+                yield (identity or str(path), position), src, f"{path}:{m.name}", (lambda d=m.data: d)
 
 
 def _iter_url(url: str):
@@ -189,8 +194,12 @@ def _iter_url(url: str):
     ids as the same files in a local folder would get."""
     from collapseguard.io.inputs import expand_inputs
     shards, files = expand_inputs([url])
+    root = url.rstrip("/")
     for shard in shards:
-        yield from _iter_tar(shard)
+        rel = shard[len(root) + 1:] if shard.startswith(root + "/") else ""
+        parent = posixpath.dirname(rel)
+        where = f"{_no_at(posixpath.basename(url_path(root)))}/{_no_at(parent) + '/' if parent else ''}" if rel else ""
+        yield from _iter_tar(shard, where=where)
     for f in files:
         folder = posixpath.dirname(f.key)
         root = posixpath.basename(url_path(f.source).rstrip("/"))

@@ -107,6 +107,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     largest is used), at the price of a higher threshold.
     """
     from collapseguard.calibration.build import (
+        bound_count_text,
         breakdown_text,
         build_calibration,
         curve_table,
@@ -202,8 +203,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     save_calibration(cal, out)
     click.echo(f"wrote {out}")
     click.echo(printable(cal.describe()))  # the detector named by a --from-scores table
-    click.echo(f"  bound: k={cal.k} of n={cal.n_clean} clean scores "
-               f"({cal.split['n_clean_threshold_sources']} sources); "
+    click.echo(f"  bound: {bound_count_text(cal)}; "
                f"{'held-out' if holdout > 0 else 'in-sample (--holdout 0)'} false-drop "
                f"{cal.split['heldout_false_drop']}")
     if cal.per_kind:

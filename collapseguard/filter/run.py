@@ -43,6 +43,7 @@ from collapseguard.io.inputs import (
     expand_inputs,
     expand_pattern,
     expand_shards,
+    unique_inputs,
     unread_text,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
@@ -113,7 +114,7 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None) -> list
         raise FilterError(unread_text(unread, "the shards there would not be filtered: fix or remove "
                                               "it, or name the shards to filter"))
     if loose is not None and shards:
-        loose.extend(f.path for f in files)
+        loose.extend(f.path for f in unique_inputs([], files)[1])  # a file named twice counts once
     return shards if shards else expand_shards(inputs)  # none: expand_shards says why
 
 

@@ -120,16 +120,17 @@ def row_outputs(row_keys: list, decisions: list[tuple[str, str, str]]) -> list[s
     ``repeated_key``) has its rows matched to its samples in order, the n-th row to the n-th
     sample, so each row goes to exactly one output; rows beyond the key's samples follow its first
     sample. Samples set aside for their names (``unsafe_name``: ``/k.jpg`` cleaned to key ``k``)
-    come after the key's samples with safe names: img2dataset wrote its row for the real ``k``."""
+    come after the key's samples with safe names: img2dataset wrote its row for the real ``k``.
+    A shard re-packed with ``tar cf shard.tar .`` names its samples ``./k``: they match row ``k``."""
     by_key: dict[str, list[str]] = {}
     for unsafe in (False, True):
         for key, decision, reason in decisions:
             if (reason == "unsafe_name") == unsafe:
-                by_key.setdefault(key, []).append(decision)
+                by_key.setdefault(key.removeprefix("./"), []).append(decision)
     seen: Counter = Counter()
     out: list[str | None] = []
     for raw in row_keys:
-        key = None if raw is None else str(raw)
+        key = None if raw is None else str(raw).removeprefix("./")
         outs = by_key.get(key)
         if not outs:
             out.append(None)

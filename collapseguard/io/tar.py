@@ -179,12 +179,12 @@ def valid_text(name: str) -> str:
 
 def member_key(name: str) -> tuple[str, str]:
     """The clean name and the sample key of a raw tar member name (``ShardReader``'s rule). A
-    name that is clean but for a leading ``./`` (``tar cf shard.tar .`` writes such names) keeps
-    it: webdataset's key keeps it too (``./000`` for ``./000.jpg``), and a key joined on
-    elsewhere must come out as it went in."""
-    clean = clean_member_name(name) or "unnamed"
-    if name.startswith("./") and name[2:] == clean:
-        clean = name
+    name's leading ``./`` (``tar cf shard.tar .`` writes such names) is kept before the cleaned
+    rest: webdataset's key keeps it too (``./000`` for ``./000.jpg``), a key joined on elsewhere
+    must come out as it went in, and the members of one sample keep one key (``./000.png`` and
+    ``.//000.txt`` are ``./000``)."""
+    rest = clean_member_name(name[2:]) if name.startswith("./") else ""
+    clean = f"./{rest}" if rest else clean_member_name(name) or "unnamed"
     return clean, split_key(clean)[0]
 
 

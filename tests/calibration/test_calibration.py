@@ -639,3 +639,18 @@ def test_show_prints_the_notes_and_where_curve_intervals_pool_pictures(tmp_path)
     text = show(save_calibration(cal, tmp_path / "c.json"))
     assert "intervals treat images as independent" in text and "(e.g. all step 1: 174 images of 87 pictures)" in text
     assert "note: n_clean counts distinct clean pictures" in text
+
+
+def test_a_picture_under_two_kinds_counts_once_in_a_pooled_bound():
+    """The same 400 pictures named as two kinds (``--clean photos=a --clean jpegs=b``): the pooled
+    bound counts 400 pictures, the per-kind one each kind's 400."""
+    rng = np.random.default_rng(5)
+    score = rng.normal(size=400)
+    rows = [{"source_image": f"imgs/p{i}", "family": "clean-extra", "step": 0, "kind": "clean",
+             "path": f"{kind}/p{i}.png", "score": score[i] + 0.01 * j, "chain_id": "", "source_kind": kind}
+            for j, kind in enumerate(("photos", "jpegs")) for i in range(400)]
+    pooled = build_calibration(pd.DataFrame(rows), "synthetic", "v1", holdout=0)
+    assert pooled.n_clean == 400 and len({r["source_image"] for r in pooled.top_clean}) == len(pooled.top_clean)
+    per_kind = build_calibration(pd.DataFrame(rows), "synthetic", "v1", holdout=0, alpha=0.05, confidence=0.9,
+                                 per_kind=True)
+    assert {r["kind"]: r["n"] for r in per_kind.per_kind} == {"photos": 400, "jpegs": 400}

@@ -202,6 +202,27 @@ def test_clean_images_from_tar_shard(tmp_path):
     assert items[0][2]() == _png_bytes()
 
 
+def test_shards_of_one_name_in_two_folders_hold_different_pictures(tmp_path):
+    """Shards named alike in two folders, with class folders inside: every member is its own
+    picture (the bound counts pictures), named by folder, shard and member folder."""
+    import io
+    import tarfile
+
+    from collapseguard.calibration.scoring import iter_clean_images
+
+    for folder in ("x", "y"):
+        (tmp_path / "clean" / folder).mkdir(parents=True)
+        with tarfile.open(tmp_path / "clean" / folder / "part.tar", "w") as tf:
+            for cls in ("cls0", "cls1"):
+                data = _png_bytes()
+                info = tarfile.TarInfo(f"{cls}/000.png")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    ids = [s for s, _, _ in iter_clean_images([tmp_path / "clean"])]
+    assert ids == ["clean/x/part.tar:cls0/000", "clean/x/part.tar:cls1/000",
+                   "clean/y/part.tar:cls0/000", "clean/y/part.tar:cls1/000"]
+
+
 def _png_bytes():
     import io
 

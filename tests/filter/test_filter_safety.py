@@ -143,3 +143,14 @@ def test_loose_images_beside_the_shards_are_counted_and_named_not_skipped_silent
     summary = json.loads((tmp_path / "o/summary.json").read_text())
     assert summary["loose_files_not_filtered"] == 1 and summary["loose_file_example"].endswith("photo.jpg")
     assert summary["samples"] == 1
+
+
+def test_a_loose_image_named_twice_is_counted_once(tmp_path, photos):
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    make_shard(tmp_path / "in/s.tar", photos[:1], degraded=False)
+    Image.fromarray(photos[1]).save(tmp_path / "in/photo.jpg")
+    run_cli(["filter", tmp_path / "in", tmp_path / "in/photo.jpg", "--out", tmp_path / "o",
+             "--threshold", "1e9", *ARGS])
+    assert json.loads((tmp_path / "o/summary.json").read_text())["loose_files_not_filtered"] == 1

@@ -225,3 +225,25 @@ def test_the_row_of_a_key_goes_to_its_safely_named_sample_not_an_unsafe_one(tmp_
     assert scores["reason"].tolist() == ["unsafe_name", "kept", "kept"]
     kept, rejected = (pd.read_parquet(out / o / "00000.parquet") for o in ("kept", "rejected"))
     assert sorted(kept["url"]) == ["u1", "u2"] and rejected.empty
+
+
+def test_a_shard_repacked_from_dot_keeps_its_parquet_rows(tmp_path, photos):
+    """img2dataset's 00000.tar repacked with ``tar cf 00000.tar .`` names its samples ``./000001``;
+    the parquet beside it says ``000001``: the rows follow their samples, none is dropped."""
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg
+
+    d = tmp_path / "in"
+    d.mkdir()
+    with tarfile.open(d / "00000.tar", "w") as tf:
+        add_member(tf, "./000001.jpg", encode_jpeg(photos[0], 92))
+        add_member(tf, "./000002.jpg", encode_jpeg(photos[1], 92))
+    pd.DataFrame({"key": ["000001", "000002", "000003"], "url": ["u1", "u2", "u3"]}).to_parquet(
+        d / "00000.parquet", index=False)
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
+    assert pd.read_parquet(out / "scores" / "00000.parquet")["key"].tolist() == ["./000001", "./000002"]
+    assert pd.read_parquet(out / "kept" / "00000.parquet")["url"].tolist() == ["u1", "u2"]

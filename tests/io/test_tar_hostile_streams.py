@@ -455,3 +455,18 @@ def test_a_header_bomb_read_by_a_chain_source_is_one_readable_error(tmp_path):
                                                  rf"over the {MAX_HEADER_BYTES}-byte limit"):
         list(shard_images([str(bomb)]))
 
+
+
+def test_a_sample_whose_members_spell_dot_slash_differently_keeps_one_key(tmp_path):
+    """``./000.png`` then ``.//000.txt``: one sample for webdataset (key ``./000``), so one sample
+    here, every member under ``./000`` (the second set aside for its cleaned name)."""
+    from collapseguard.io.tar import ShardReader
+
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for name in ("./000.png", ".//000.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            tf.addfile(info, io.BytesIO(b"abc"))
+    (sample,) = list(ShardReader(str(tmp_path / "s.tar")))
+    assert sample.key == "./000" and [m.name for m in sample.members] == ["./000.png", "./000.txt"]
+    assert sample.unsafe_names == [".//000.txt"]
