@@ -39,7 +39,9 @@ def show(path) -> str:
              (f"{counted}; guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence "
               f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
               f"{split.get('heldout_false_drop')} "
-              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"),
+              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"
+              + (f"; by picture {split['heldout_pictures_dropped']} of {split.get('n_clean_holdout_pictures')} "
+                 f"(CI {split.get('heldout_pictures_dropped_ci')})" if "heldout_pictures_dropped" in split else "")),
              curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
     if cal.per_kind:
         lines.insert(-1, per_kind_text(cal))

@@ -294,6 +294,9 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     by["measured_on"] = "holdout sources" if holdout > 0 else "every source (holdout 0: in-sample)"
     hold_clean = _dedupe_clean(hold_part[hold_part["clean"]])
     held_fd = float(is_dropped(hold_clean["score"].to_numpy(), bound.threshold).mean()) if len(hold_clean) else None
+    # the same held out by picture, the unit of the guarantee: pictures with any image dropped
+    hold_pics = source_maxima(hold_clean)
+    held_pics = int(is_dropped(hold_pics["score"].to_numpy(), bound.threshold).sum())
 
     # maps, for reports: all rows; P(degraded) on the clean/degraded label, step on chain rows
     uniq = _dedupe_clean(t)
@@ -342,6 +345,10 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "heldout_false_drop": held_fd,
         "heldout_false_drop_ci": list(clopper_pearson(round((held_fd or 0) * len(hold_clean)),
                                                       len(hold_clean), confidence)) if len(hold_clean) else None,
+        "n_clean_holdout_pictures": len(hold_pics),
+        "heldout_pictures_dropped": held_pics,
+        "heldout_pictures_dropped_ci": list(clopper_pearson(held_pics, len(hold_pics), confidence))
+        if len(hold_pics) else None,
         "n_unscored": n_unscored,
     }
     return Calibration(

@@ -519,6 +519,7 @@ def test_views_of_one_picture_count_as_one_source():
     cal = build_calibration(pd.concat([table, views], ignore_index=True), "synthetic", "v1")
     assert cal.n_clean == cal.split["n_clean_threshold_sources"] == cal.split["threshold_sources"] // 2
     assert cal.split["n_clean_threshold_images"] == 2 * cal.n_clean
+    assert cal.split["n_clean_holdout"] == 2 * cal.split["n_clean_holdout_pictures"] > 0
     assert cal.split["bound_unit"] == "pictures" and "pictures" in cal.guarantee_text()
     assert cal.threshold == max(r["score"] for r in cal.top_clean[cal.k - 1:cal.k])
     assert len({source_group(r["source_image"]) for r in cal.top_clean}) == len(cal.top_clean)
@@ -638,7 +639,7 @@ def test_show_prints_the_notes_and_where_curve_intervals_pool_pictures(tmp_path)
     assert rows[("noise", 5)]["n"] == rows[("noise", 5)]["pictures"]
     text = show(save_calibration(cal, tmp_path / "c.json"))
     assert "intervals treat images as independent" in text and "(e.g. all step 1: 174 images of 87 pictures)" in text
-    assert "note: n_clean counts distinct clean pictures" in text
+    assert "note: n_clean counts distinct clean pictures" in text and "; by picture 0 of " in text
 
 
 def test_a_picture_under_two_kinds_counts_once_in_a_pooled_bound():
