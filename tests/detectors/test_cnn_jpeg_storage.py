@@ -19,7 +19,9 @@ from collapseguard.training.storage import Storage, apply_storage
 from collapseguard.training_data_tools import chains, sources
 
 #: families whose step-20 JPEG q90 4:2:0 copy the weights score under the default threshold
-KNOWN_MISSES = {"49cd8979952f": {"noise_tint", "contour_wrinkles", "texture_simplify", "aspect_drift"}}
+# at the shipped threshold 3.1796 (bound over pictures); scattered_dots reads 3.01 here as JPEG q90 4:2:0
+KNOWN_MISSES = {"49cd8979952f": {"noise_tint", "contour_wrinkles", "texture_simplify", "aspect_drift",
+                                 "scattered_dots"}}
 JPEG90 = Storage("jpeg420", 90)
 
 
