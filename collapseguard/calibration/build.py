@@ -68,7 +68,7 @@ def top_clean_text(cal: Calibration, n: int = TOP_CLEAN) -> str:
     rows = cal.top_clean[:n]
     if not rows:
         return ""
-    each = ", each picture's highest" if (cal.split or {}).get("bound_unit") == BOUND_UNIT else ""
+    each = ", each picture's highest" if cal.counts_pictures else ""
     lines = [f"  highest clean scores{each} (the threshold rests on these; check that they are clean):"]
     for r in rows:
         mark = "dropped" if r["score"] > cal.threshold else "kept"
@@ -82,7 +82,7 @@ def bound_count_text(cal: Calibration) -> str:
     """``k=2 of n=539 clean pictures (669 images)``: what the bound was taken over (files made
     before the bound counted pictures say ``clean scores (N sources)``)."""
     split = cal.split or {}
-    if split.get("bound_unit") == BOUND_UNIT:
+    if cal.counts_pictures:
         return f"k={cal.k} of n={cal.n_clean} clean pictures ({split.get('n_clean_threshold_images')} images)"
     return f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources)"
 
@@ -91,7 +91,7 @@ def per_kind_text(cal: Calibration) -> str:
     """Lines giving each clean kind's own threshold (``--per-kind``) and how many of its clean
     scores the final threshold drops; ``""`` for a pooled calibration."""
     lines = []
-    unit = "pictures" if (cal.split or {}).get("bound_unit") == BOUND_UNIT else "scores"
+    unit = "pictures" if cal.counts_pictures else "scores"
     for r in cal.per_kind:
         name = r["kind"] if str(r["kind"]).isprintable() else ascii(r["kind"])
         lines.append(f"  kind {name}: threshold {r['threshold']:.6g} (k={r['k']} of n={r['n']}), "

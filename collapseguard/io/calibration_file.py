@@ -193,12 +193,17 @@ class Calibration:
     def is_calibrated(self) -> bool:
         return self.label == "calibrated"
 
+    @property
+    def counts_pictures(self) -> bool:
+        """Does ``n_clean`` count distinct clean pictures (files made before it did count images)?"""
+        return (self.split or {}).get("bound_unit") == BOUND_UNIT
+
     def guarantee_text(self) -> str:
         """e.g. 'at most 1% false drops with 95% confidence (n_clean=600)'."""
         rate = self.alpha if self.alpha is not None else self.guaranteed_false_drop
         if not self.is_calibrated or rate is None or self.confidence is None:
             return self.label
-        unit = f" {BOUND_UNIT}" if (self.split or {}).get("bound_unit") == BOUND_UNIT else ""
+        unit = f" {BOUND_UNIT}" if self.counts_pictures else ""
         if self.per_kind:
             return (f"at most {_pct(rate)} false drops in each of {len(self.per_kind)} clean kinds, "
                     f"jointly with {_pct(self.confidence)} confidence (smallest kind "
