@@ -77,6 +77,13 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         click.echo(f"note: {summary['loose_files_not_filtered']} loose image file(s) beside the shards "
                    f"were not filtered (e.g. {printable(summary['loose_file_example'])}); filter reads "
                    ".tar shards: `collapseguard score` reads loose files", err=True)
+    if summary.get("orphan_rows_not_failed"):  # rows claiming samples the shards do not hold
+        named = [f"{printable(o['file'])} ({o['not_failed']}: {', '.join(map(printable, o['not_failed_keys']))}"
+                 f"{', ...' if o['not_failed'] > len(o['not_failed_keys']) else ''})"
+                 for r in summary["per_shard"] for o in r.get("orphan_rows") or () if o["not_failed"]]
+        click.echo(f"note: {summary['orphan_rows_not_failed']} sidecar parquet row(s) not marked as "
+                   f"failed match no sample of their shard; written to {printable(os.path.join(out, 'orphan_rows'))}: "
+                   + "; ".join(named[:5]), err=True)
     if summary["shards_failed"]:
         raise click.ClickException("failed shard(s): " + ", ".join(summary["shards_failed"]))
     if reshard is not None:

@@ -192,6 +192,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     identity = input_identity(shard)  # before reading: a shard changed meanwhile is redone on resume
     side_identity = sidecars.input_identity(sidecars.find_sidecars(shard))
     side: list[tuple[str, str]] = []  # (staged, name) of img2dataset's NNNNN.parquet, ...
+    orphans: list[dict] = []  # parquet rows that match no sample (sidecars.ORPHAN_FOLDER)
     out = open_out_dir(options.out_dir)
     names = output_names(shard)
     write_kept = not options.dry_run
@@ -299,7 +300,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             if w is not None:
                 outputs[key] = {"size": w.size, "sha256": w.sha256}
         side = sidecars.write_sidecars(
-            shard, list(zip(rows["key"], rows["decision"], rows["reason"])),
+            shard, list(zip(rows["key"], rows["decision"], rows["reason"])), orphans=orphans,
             outputs=tuple(k for k in ("kept", "rejected") if written[k]),
             summary={"detector": detector.name, "detector_version": detector.version,
                      "threshold": options.threshold, "kept": rows["decision"].count("kept"),
@@ -337,6 +338,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         record["decided_from_scoring_pass"] = True
     if side_identity:
         record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
+    if orphans:
+        record["orphan_rows"] = orphans
     tmp_marker = staged["marker"]
     try:
         Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))

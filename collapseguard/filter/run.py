@@ -439,7 +439,8 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
         reasons.update(rec["reasons"])
         per_shard.append({"shard": s, "status": "resumed" if s not in todo else "done",
                           **{k: rec[k] for k in ("samples", "images", "kept", "rejected",
-                                                 "reasons", "skipped_members", "seconds")}})
+                                                 "reasons", "skipped_members", "seconds")},
+                          **({"orphan_rows": rec["orphan_rows"]} if rec.get("orphan_rows") else {})})
     ran = [records[s] for s in todo if s in records]
     # images scored by this run: none when it decides from an earlier pass's scores (scores_from)
     images_run = 0 if options.scores_from else sum(r["images"] for r in ran)
@@ -457,6 +458,10 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
         "kept": sum(r["kept"] for r in records.values()),
         "rejected": sum(r["rejected"] for r in records.values()),
         "reasons": dict(sorted(reasons.items())),
+        # sidecar parquet rows that match no sample: in <out>/orphan_rows/, per shard in per_shard
+        "orphan_rows": sum(o["rows"] for r in records.values() for o in r.get("orphan_rows") or ()),
+        "orphan_rows_not_failed": sum(o["not_failed"] for r in records.values()
+                                      for o in r.get("orphan_rows") or ()),
         "images_this_run": images_run,
         "images_per_second": round(images_run / run_seconds, 3) if run_seconds > 0 and images_run else None,
         "per_shard": per_shard,

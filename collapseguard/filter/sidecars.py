@@ -12,6 +12,11 @@ Each output shard gets its own copy:
   schema and row order); a key naming several samples has its rows matched to them in order
   (``row_outputs``), so every row lands in one output. A parquet without a ``key`` column cannot
   be split and is refused.
+- the rows whose ``key`` names no sample of the shard (img2dataset's ``failed_to_download`` rows,
+  or rows of samples missing from the tar) go to ``orphan_rows/<name>.parquet`` beside kept/ and
+  rejected/ (same schema and row order; written only when there are such rows), so every row of
+  the input parquet is in exactly one of kept/, rejected/ and orphan_rows/. ``summary.json``
+  counts them per shard and names the first keys of those whose ``status`` is not a failure.
 - ``<stem>_stats.json`` follows img2dataset's fields: ``count``, ``failed_to_download``,
   ``failed_to_resize``, ``duration`` and the rest stay as the input has them (they describe the
   download); ``successes`` is the number of samples in this output shard; ``status_dict`` keeps
@@ -141,7 +146,13 @@ def row_outputs(row_keys: list, decisions: list[tuple[str, str, str]]) -> list[s
     return out
 
 
-def _parquet(src: Path, decisions: list[tuple[str, str, str]], output: str, tmp: Path) -> None:
+#: the folder of ``--out`` holding the parquet rows that match no sample of their shard
+ORPHAN_FOLDER = "orphan_rows"
+#: keys of unmatched rows named in the summary, per shard
+ORPHAN_KEYS_NAMED = 5
+
+
+def _read_parquet(src: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -151,8 +162,29 @@ def _parquet(src: Path, decisions: list[tuple[str, str, str]], output: str, tmp:
     if "key" not in table.column_names:
         raise SidecarError(f"{src}: a shard's parquet needs a 'key' column (img2dataset's) to be "
                            f"split between kept/ and rejected/; columns: {table.column_names}")
-    goes = row_outputs(table.column("key").to_pylist(), decisions)
+    return table
+
+
+def _write_rows(table, goes: list[str | None], output: str | None, tmp: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     pq.write_table(table.filter(pa.array([g == output for g in goes], pa.bool_())), tmp)
+
+
+def _orphan_record(table, goes: list[str | None], name: str) -> dict:
+    """What the summary says of a parquet's rows that match no sample: how many, by ``status``
+    (img2dataset's column, when there is one), and the first keys of those whose status is not a
+    failure (rows that claim a sample the shard does not hold)."""
+    keys = table.column("key").to_pylist()
+    status = (table.column("status").to_pylist() if "status" in table.column_names
+              else [None] * len(keys))
+    lost = [(k, s) for k, s, g in zip(keys, status, goes) if g is None]
+    by_status = Counter("(none)" if s is None else str(s) for _, s in lost)
+    unexpected = [k for k, s in lost if not (isinstance(s, str) and s.startswith("failed"))]
+    return {"file": f"{ORPHAN_FOLDER}/{name}", "rows": len(lost),
+            "by_status": dict(sorted(by_status.items())),
+            "not_failed": len(unexpected),
+            "not_failed_keys": [str(k) for k in unexpected[:ORPHAN_KEYS_NAMED]]}
 
 
 def _check_inside(src: Path, folder: Path) -> None:
@@ -164,13 +196,16 @@ def _check_inside(src: Path, folder: Path) -> None:
 
 
 def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
-                   outputs: tuple[str, ...], summary: dict, stage) -> list[tuple[str, str]]:
+                   outputs: tuple[str, ...], summary: dict, stage,
+                   orphans: list[dict] | None = None) -> list[tuple[str, str]]:
     """Write each output's sidecars under staged names; returns ``(staged, name)`` pairs (name
     relative to ``--out``) for the caller to commit with the shard.
 
     ``decisions`` is ``(key, decision, reason)`` per sample of the shard; ``outputs`` the outputs
     written (``"kept"``, and ``"rejected"`` unless it is not); ``stage(name)`` the local path to
-    write an output to before it is committed (``io.outdir``).
+    write an output to before it is committed (``io.outdir``). ``orphans`` (optional) receives,
+    per parquet with rows that match no sample, what ``_orphan_record`` says of them; those rows
+    are written to ``orphan_rows/<name>`` when any output is.
     """
     sidecars = find_sidecars(shard)
     if not sidecars:
@@ -180,7 +215,20 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
     held = Counter(d for _, d, _ in decisions)  # samples per output (a repeated key counts each time)
     reasons = {o: Counter(r for _, d, r in decisions if d == o) for o in ("kept", "rejected")}
     pairs: list[tuple[str, str]] = []
+    tables = {}
     try:
+        for src in sidecars:
+            if src.name.endswith(".parquet") and outputs:
+                table = _read_parquet(src)
+                goes = row_outputs(table.column("key").to_pylist(), decisions)
+                tables[src.name] = (table, goes)
+                if None in goes:
+                    name = f"{ORPHAN_FOLDER}/{src.name}"
+                    staged = stage(name)
+                    pairs.append((staged, name))
+                    _write_rows(table, goes, None, Path(staged))
+                    if orphans is not None:
+                        orphans.append(_orphan_record(table, goes, src.name))
         for output in outputs:
             other = "rejected" if output == "kept" else "kept"
             for src in sidecars:
@@ -188,7 +236,7 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
                 staged = stage(name)
                 pairs.append((staged, name))
                 if src.name.endswith(".parquet"):
-                    _parquet(src, decisions, output, Path(staged))
+                    _write_rows(*tables[src.name], output, Path(staged))
                 elif src.name == f"{stem_of(shard)}_stats.json":
                     Path(staged).write_bytes(_stats(src, output, held[output], reasons[other],
                                                     reasons[output], summary))
@@ -203,7 +251,9 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
 
 def output_names(shard: str) -> list[str]:
     """The names (relative to ``--out``) a shard's sidecars can have among the outputs."""
-    return [f"{o}/{src.name}" for src in find_sidecars(shard) for o in ("kept", "rejected")]
+    found = find_sidecars(shard)
+    return [f"{o}/{src.name}" for src in found for o in ("kept", "rejected")] + [
+        f"{ORPHAN_FOLDER}/{src.name}" for src in found if src.name.endswith(".parquet")]
 
 
 def still_valid(marker: dict, shard: str, out) -> bool:

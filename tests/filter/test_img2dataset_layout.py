@@ -247,3 +247,44 @@ def test_a_shard_repacked_from_dot_keeps_its_parquet_rows(tmp_path, photos):
     run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"])
     assert pd.read_parquet(out / "scores" / "00000.parquet")["key"].tolist() == ["./000001", "./000002"]
     assert pd.read_parquet(out / "kept" / "00000.parquet")["url"].tolist() == ["u1", "u2"]
+
+
+def test_every_parquet_row_lands_in_one_output_orphans_included(shard_set, tmp_path):
+    """Rows whose key names no sample (img2dataset's failed downloads, and rows whose samples are
+    missing from the tar) go to orphan_rows/, so kept + rejected + orphan_rows hold every row of
+    the input parquet exactly once; summary.json counts them and names the unexpected ones."""
+    d, sets, t = shard_set
+    src = pd.read_parquet(d / "00001.parquet")
+    extra = pd.DataFrame([{**src.iloc[0].to_dict(), "key": f"lost{i}", "url": f"https://e/{i}"}
+                          for i in range(3)])  # status "success", but no such sample in the tar
+    pd.concat([src, extra], ignore_index=True).to_parquet(d / "00001.parquet", index=False)
+    out = tmp_path / "out"
+    res = run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    assert "3 sidecar parquet row(s)" in res.output and "lost0" in res.output
+    for stem in ("00000", "00001"):
+        original = pd.read_parquet(d / f"{stem}.parquet")
+        parts = [pd.read_parquet(p) for p in (out / "kept" / f"{stem}.parquet",
+                                              out / "rejected" / f"{stem}.parquet",
+                                              out / "orphan_rows" / f"{stem}.parquet")]
+        together = pd.concat(parts, ignore_index=True)
+        assert len(together) == len(original)  # none lost, none twice
+        assert sorted(together["url"]) == sorted(original["url"])
+        orphans = parts[2]
+        assert (orphans["status"] == "failed_to_download").sum() == 2
+        pd.testing.assert_frame_equal(  # the input's rows, schema and order
+            orphans.reset_index(drop=True),
+            original[~original["key"].isin(pd.concat(parts[:2])["key"])].reset_index(drop=True))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["orphan_rows"] == 2 + 5 and summary["orphan_rows_not_failed"] == 3
+    rec = {r["shard"].rsplit("/", 1)[-1]: r for r in summary["per_shard"]}
+    (o1,) = rec["00001.tar"]["orphan_rows"]
+    assert o1 == {"file": "orphan_rows/00001.parquet", "rows": 5,
+                  "by_status": {"failed_to_download": 2, "success": 3},
+                  "not_failed": 3, "not_failed_keys": ["lost0", "lost1", "lost2"]}
+    # a resume reuses them; a changed parquet redoes its shard and its orphan file
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    assert [r["status"] for r in json.loads((out / "summary.json").read_text())["per_shard"]] == [
+        "resumed", "resumed"]
+    src.to_parquet(d / "00001.parquet", index=False)
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    assert len(pd.read_parquet(out / "orphan_rows" / "00001.parquet")) == 2
