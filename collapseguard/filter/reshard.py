@@ -12,7 +12,9 @@ Members are copied byte for byte (names, bytes and mtimes). Beside them:
 
 A key must be unique over the kept samples (two samples of one key in a shard would read back as
 one); a repeat is refused before anything is written. The folder is written under a temporary
-name and put in place when complete, replacing an earlier ``resharded/``.
+name and put in place when complete, replacing an earlier ``resharded/``. The temporary folders
+a killed run left (``.resharded.<id>.tmp/``, ``.resharded.old.<id>/``) are removed by the next
+one; it holds ``<out>/.lock`` meanwhile, so no other run's folder is taken for a leftover.
 """
 
 from __future__ import annotations
@@ -65,14 +67,31 @@ def _metadata(kept: list[Path]):
 def reshard(out_dir: str | os.PathLike, shard_names: Sequence[str], n: int) -> dict:
     """Write ``<out_dir>/resharded/`` from ``<out_dir>/kept/<name>`` for each of ``shard_names``
     (the kept shards' file names, in input order). Returns ``{"shards", "samples"}``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     if n < 1:
         raise ReshardError(f"--reshard needs a positive number of samples per shard, got {n}")
     from collapseguard.io.urls import is_remote, local_path
     if is_remote(str(out_dir)):
         raise ReshardError(f"--reshard needs a local --out; {out_dir} is not one")
     out_dir = Path(local_path(str(out_dir)) or out_dir)
+    from collapseguard.filter.run import out_lock
+    with out_lock(out_dir):
+        _remove_leftovers(out_dir)
+        return _reshard(out_dir, shard_names, n)
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    """Remove the temporary folders of a reshard that was killed (the caller holds the lock)."""
+    for pattern in (f".{FOLDER}.*.tmp", f".{FOLDER}.old.*"):
+        for p in out_dir.glob(pattern):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+def _reshard(out_dir: Path, shard_names: Sequence[str], n: int) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     kept = _kept_shards(out_dir, shard_names)
     seen: dict[str, str] = {}
     total = 0

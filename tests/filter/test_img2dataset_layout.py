@@ -288,3 +288,42 @@ def test_every_parquet_row_lands_in_one_output_orphans_included(shard_set, tmp_p
     src.to_parquet(d / "00001.parquet", index=False)
     run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
     assert len(pd.read_parquet(out / "orphan_rows" / "00001.parquet")) == 2
+
+
+def test_the_temporary_folders_of_a_killed_reshard_are_removed_by_the_next_run(shard_set, tmp_path):
+    """A reshard killed while writing leaves ``.resharded.<id>.tmp/`` (cut-short tars) or, killed
+    while replacing, ``.resharded.old.<id>/``: the next run removes them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d, _, t = shard_set
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q", "--reshard", 1])
+    # a reshard killed (SIGKILL) while it writes its temporary folder, held there by a
+    # sitecustomize that sleeps after each shard it writes
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import time\nimport collapseguard.io.tar as t\n_c = t.ShardWriter.close\n"
+        "def close(self):\n    _c(self)\n    time.sleep(30)\nt.ShardWriter.close = close\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    code = ("import sys; from collapseguard.filter.reshard import reshard; "
+            "reshard(sys.argv[1], ['00000.tar', '00001.tar'], 1)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".resharded.*.tmp/00000.tar")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(out.glob(".resharded.*.tmp/00000.tar"))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (out / ".resharded.old.0123abcd").mkdir()  # killed between its two renames
+    (out / ".resharded.old.0123abcd" / "00000.tar").write_bytes(b"old")
+    before = sorted(p.name for p in (out / "resharded").iterdir())
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q", "--reshard", 1])
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".resharded")) == []
+    assert sorted(p.name for p in (out / "resharded").iterdir()) == before
