@@ -47,6 +47,7 @@ from collapseguard.io.inputs import (
     unread_text,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.outdir import wrong_entries
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
 from collapseguard.scoring.progress import progress_bar
@@ -235,7 +236,18 @@ def make_out_dir(out_dir: str) -> Path | str:
         probe.unlink()
     except OSError as exc:
         raise FilterError(f"cannot write to --out {out_dir}: {exc.strerror or exc}") from None
+    wrong = wrong_entries(str(out), OUT_FOLDERS, OUT_FILES)
+    if wrong:
+        raise FilterError(f"--out {out_dir} holds entries of the wrong type ({'; '.join(wrong)}): "
+                          "filter writes folders there under those names; move them away or "
+                          "choose another --out")
     return out
+
+
+#: the folders and files a run writes in a local --out: an entry of another type under one of
+#: these names is refused before any work
+OUT_FOLDERS = ("kept", "rejected", "scores", ".done", sidecars.ORPHAN_FOLDER, ".prepass")
+OUT_FILES = ("summary.json", ".lock")
 
 
 def settings_diff(before, now: dict) -> str:

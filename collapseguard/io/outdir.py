@@ -97,6 +97,40 @@ class LocalOutDir:
         return open(self.url(name), "rb")
 
 
+def _kind(path: str) -> str:
+    """What a path that is not what it should be is, in words."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken link" if os.path.islink(path) else "unreadable"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a folder"
+
+
+def wrong_entries(root: str, folders: tuple[str, ...], files: tuple[str, ...]) -> list[str]:
+    """``NAME is KIND`` for each entry of the local folder ``root`` that exists with the wrong
+    type: one of ``folders`` that is not a folder (links to folders are folders), one of
+    ``files`` that is a folder."""
+    out = []
+    for name in folders:
+        p = os.path.join(root, name)
+        if os.path.lexists(p) and not os.path.isdir(p):
+            out.append(f"{name} is {_kind(p)}")
+    for name in files:
+        p = os.path.join(root, name)
+        if os.path.isdir(p):
+            out.append(f"{name} is a folder")
+    return out
+
+
 class ObjectOutDir:
     """An --out prefix on an fsspec object store (see the module's notes for the rules)."""
 

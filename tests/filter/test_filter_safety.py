@@ -101,6 +101,31 @@ def test_an_out_that_cannot_be_created_is_a_one_line_error(tmp_path, photos):
     assert "cannot write to --out" in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("entry", ["kept", "rejected", ".done", "summary.json", "orphan_rows"])
+def test_out_entries_of_the_wrong_type_are_one_line_before_any_work(tmp_path, photos, entry):
+    """``kept`` a regular file inside --out (or ``.done`` a broken link, ``summary.json`` a folder):
+    one line naming it and what it is, before any shard is read; the entry is left as it was."""
+    make_shard(tmp_path / "s.tar", photos[:1])
+    out = tmp_path / "out"
+    out.mkdir()
+    if entry == "summary.json":
+        (out / entry).mkdir()
+        what = "is a folder"
+    elif entry == ".done":
+        (out / entry).symlink_to(tmp_path / "gone")
+        what = "is a broken link"
+    else:
+        (out / entry).write_text("a file the user keeps here\n")
+        what = "is a regular file"
+    res = run_cli(["filter", tmp_path / "s.tar", "--out", out, "--threshold", "1", *ARGS], expect=1)
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and f"{entry} {what}" in lines[0], res.output
+    assert "Traceback" not in res.output and "NotADirectoryError" not in res.output
+    assert not (out / "scores").exists() and not (out / "summary.json").is_file()
+    if what == "is a regular file":
+        assert (out / entry).read_text() == "a file the user keeps here\n"
+
+
 @pytest.mark.parametrize("tasks", [["a", "die", "b", "c", "d"], ["die", "die", "a"]])
 def test_a_dead_worker_fails_only_its_own_task(tasks):
     got = {}
