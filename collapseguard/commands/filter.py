@@ -15,6 +15,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
+from collapseguard.io.tar import MAX_SAMPLE_BYTES, MAX_SHARD_BYTES
 from collapseguard.io.terminal import printable
 
 
@@ -43,11 +44,20 @@ from collapseguard.io.terminal import printable
 @click.option("--reshard", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also write the kept samples into even shards of N samples: <out>/resharded/ "
                    "with key_map.parquet (key -> shard) and the img2dataset parquet rows per shard.")
+@click.option("--max-sample-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
+              help="Members that would take one sample past BYTES are refused unread and the sample "
+                   f"rejected as refused_member; a worker holds one sample at a time, so its memory "
+                   f"is the detector's plus about twice this. [default: {MAX_SAMPLE_BYTES} (512 MiB)]")
+@click.option("--max-shard-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
+              help="A shard of which more than BYTES are read (as stored, or its tar stream "
+                   "decompressed) fails, named: a source that never ends stops there. A read that "
+                   "waits longer than COLLAPSEGUARD_READ_TIMEOUT seconds (default 60) for the next "
+                   f"bytes fails its shard too. [default: {MAX_SHARD_BYTES} (64 GiB)]")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
-               trust_pickle, quiet):
+               max_sample_bytes, max_shard_bytes, trust_pickle, quiet):
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
     through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), folders of shards, or brace
     patterns such as 'data/shard-{000..099}.tar', as paths or URLs ('pipe:CMD', http(s)://,
@@ -68,7 +78,10 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                  calibration=calibration, drop_fraction=drop_fraction,
                                  workers=workers, engine=engine, resume=resume,
                                  write_rejected=not no_rejected, reject_no_image=reject_no_image,
-                                 dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet)
+                                 dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet,
+                                 limits={k: v for k, v in (("max_sample_bytes", max_sample_bytes),
+                                                           ("max_shard_bytes", max_shard_bytes))
+                                         if v is not None})
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:
@@ -84,8 +97,11 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         click.echo(f"note: {summary['orphan_rows_not_failed']} sidecar parquet row(s) not marked as "
                    f"failed match no sample of their shard; written to {printable(os.path.join(out, 'orphan_rows'))}: "
                    + "; ".join(named[:5]), err=True)
-    if summary["shards_failed"]:
-        raise click.ClickException("failed shard(s): " + ", ".join(summary["shards_failed"]))
+    failed_inputs = [printable(f["input"]) for f in summary.get("inputs_failed") or ()]
+    if summary["shards_failed"] or failed_inputs:
+        raise click.ClickException("; ".join(
+            ([f"failed input(s) (cannot be listed): {', '.join(failed_inputs)}"] if failed_inputs else [])
+            + (["failed shard(s): " + ", ".join(summary["shards_failed"])] if summary["shards_failed"] else [])))
     if reshard is not None:
         from collapseguard.filter.pipeline import shard_name
         from collapseguard.filter.reshard import reshard as write_resharded

@@ -148,10 +148,13 @@ def _worker_run(fn: TaskFn, task, detector: str, kwargs: tuple):
 
 
 def task_error(exc: BaseException) -> str:
-    """How a failed task is recorded: ``Type: message``, plus a short traceback only for an
-    unexpected error (a collapseguard error, such as a damaged shard, is the whole story)."""
+    """How a failed task is recorded: ``Type: message``, on one line, for a collapseguard error
+    (a damaged shard) or an ``OSError`` (a full disk, a file or URL that is gone): the message is
+    the whole story. An unexpected error (a bug) gets a short traceback after that line."""
     head = f"{type(exc).__name__}: {exc}"
-    return head if isinstance(exc, CollapseguardError) else f"{head}\n{traceback.format_exc(limit=4)}"
+    if isinstance(exc, (CollapseguardError, OSError)):
+        return " ".join(head.splitlines())  # one line whatever the message holds
+    return f"{head}\n{traceback.format_exc(limit=4)}"
 
 
 class InlineEngine:

@@ -30,7 +30,7 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
-from collapseguard.io.tar import ShardReader, ShardWriter
+from collapseguard.io.tar import MAX_SAMPLE_BYTES, MAX_SHARD_BYTES, ShardReader, ShardWriter
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
     identity,
@@ -64,6 +64,11 @@ class FilterOptions:
     scores_from: str = ""
     #: the id the run holding ``<out>/.lock`` wrote into it; checked before every commit
     run_id: str = ""
+    #: a sample's members past this many bytes are refused unread (``refused_member``): the data
+    #: a worker holds at once (``io.tar.MAX_SAMPLE_BYTES``)
+    max_sample_bytes: int = MAX_SAMPLE_BYTES
+    #: a shard read past this many bytes fails (``io.tar.MAX_SHARD_BYTES``)
+    max_shard_bytes: int = MAX_SHARD_BYTES
 
     def fingerprint(self) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal."""
@@ -72,6 +77,9 @@ class FilterOptions:
         d.pop("batch_size")
         d.pop("scores_from")
         d.pop("run_id")
+        d.pop("max_shard_bytes")  # a shard over it fails: no output to compare
+        if d["max_sample_bytes"] == MAX_SAMPLE_BYTES:  # as markers written without it read
+            d.pop("max_sample_bytes")
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -204,7 +212,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     rows = {c: [] for c in SCORE_COLUMNS}
     reasons: Counter = Counter()
     n_images = 0
-    reader = ShardReader(shard)
+    reader = ShardReader(shard, max_sample_bytes=options.max_sample_bytes,
+                         max_shard_bytes=options.max_shard_bytes)
 
     def discard_all() -> None:  # a failed shard leaves no partial files, whatever failed
         for w in (kept_w, rej_w):

@@ -30,6 +30,8 @@ from collapseguard.filter.sidecars import stem_of
 from collapseguard.io.tar import ShardReader, ShardWriter
 
 FOLDER = "resharded"
+#: kept/ holds what the filter run let through (its --max-sample-bytes may be above the default)
+_KEPT = 2**62
 KEY_MAP = "key_map.parquet"
 
 
@@ -96,7 +98,7 @@ def _reshard(out_dir: Path, shard_names: Sequence[str], n: int) -> dict:
     seen: dict[str, str] = {}
     total = 0
     for p in kept:  # a first pass over the keys: refuse before writing anything
-        for sample in ShardReader(str(p)):
+        for sample in ShardReader(str(p), max_sample_bytes=_KEPT):
             if sample.key in seen:
                 raise ReshardError(f"key {sample.key!r} is in both kept/{seen[sample.key]} and "
                                    f"kept/{p.name}: resharded, the two samples would read back as "
@@ -125,7 +127,7 @@ def _reshard(out_dir: Path, shard_names: Sequence[str], n: int) -> dict:
             writer = None
 
         for p in kept:
-            for sample in ShardReader(str(p)):
+            for sample in ShardReader(str(p), max_sample_bytes=_KEPT):
                 if writer is None:
                     writer = ShardWriter(str(tmp / f"{i:0{width}d}.tar"))
                     shard_keys, count = [], 0

@@ -104,13 +104,18 @@ def _file_identity(name: str):
         return ("path", os.path.realpath(name))
 
 
-def _input_shards(inputs: Sequence[str], loose: list[str] | None = None) -> list[str]:
+def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
+                  failed: list[tuple[str, str]] | None = None) -> list[str]:
     """The shards ``inputs`` name; FilterError naming what an input folder holds and cannot be
     read (a broken link to a folder, a subfolder that cannot be listed): the shards there would
     be in no output and no summary. ``loose`` (optional) receives the loose image files beside
-    the shards, which filter does not read (the summary counts them)."""
+    the shards, which filter does not read (the summary counts them). ``failed`` (optional)
+    receives ``(url, why)`` for each URL input that cannot be listed (``io.inputs``): it fails,
+    the others are filtered; FilterError when no shard is left."""
     unread: list[tuple[str, str]] = []
-    shards, files = expand_inputs(inputs, unread)
+    shards, files = expand_inputs(inputs, unread, failed)
+    if failed and not shards:
+        raise FilterError(unread_text(failed, "no shard is left to filter"))
     if unread:
         raise FilterError(unread_text(unread, "the shards there would not be filtered: fix or remove "
                                               "it, or name the shards to filter"))
@@ -120,7 +125,8 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None) -> list
 
 
 def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
-                loose: list[str] | None = None) -> list[str]:
+                loose: list[str] | None = None,
+                failed: list[tuple[str, str]] | None = None) -> list[str]:
     """Expand inputs to shards, once per file however often or however spelled it was given;
     ``loose`` (optional) receives the loose image files found beside them, which are not filtered.
 
@@ -130,7 +136,7 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
     """
     shards: list[str] = []
     seen: set = set()
-    for s in _input_shards(inputs, loose):
+    for s in _input_shards(inputs, loose, failed):
         ident = _file_identity(s)
         if ident not in seen:
             seen.add(ident)
@@ -340,20 +346,26 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     options = replace(options, out_dir=local_path(options.out_dir) or options.out_dir)  # file:
     refuse_out_inside_inputs(inputs, options.out_dir)
     loose: list[str] = []
-    shards = plan_shards(inputs, options.out_dir, loose)
+    failed_inputs: list[tuple[str, str]] = []  # URL folders that cannot be listed: failed, named
+    shards = plan_shards(inputs, options.out_dir, loose, failed_inputs)
     out = make_out_dir(options.out_dir)
+    for url, why in failed_inputs:
+        if not quiet:
+            print(f"FAILED input {printable(url)}: {printable(why)}", file=sys.stderr)
     if detector_version is None and detector is not None:
         detector_version = detector.version
     with out_lock(out) as run_id:
         options = replace(options, run_id=run_id)
         return _run_locked(shards, options, out, t0, workers=workers, engine=engine,
                            resume=resume, quiet=quiet, threshold_source=threshold_source,
-                           detector=detector, detector_version=detector_version, loose=loose)
+                           detector=detector, detector_version=detector_version, loose=loose,
+                           failed_inputs=failed_inputs)
 
 
 def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float, *, workers: int,
                 engine: str, resume: bool, quiet: bool, threshold_source: str, detector,
-                detector_version: str | None, loose: Sequence[str] = ()) -> dict:
+                detector_version: str | None, loose: Sequence[str] = (),
+                failed_inputs: Sequence[tuple[str, str]] = ()) -> dict:
     records: dict[str, dict] = {}
     todo: list[str] = []
     for s in shards:
@@ -407,6 +419,8 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
     # loose image files in the input folders are not filtered: counted, one named, never silent
     summary["loose_files_not_filtered"] = len(loose)
     summary["loose_file_example"] = loose[0] if loose else None
+    # inputs that could not be listed (a URL folder answering 404/500, a redirect loop): failed
+    summary["inputs_failed"] = [{"input": url, "error": why} for url, why in failed_inputs]
     write_summary(options.out_dir, summary, options.run_id)
     return summary
 
@@ -484,9 +498,11 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                    threshold: float | None = None, calibration: str | None = None,
                    drop_fraction: float | None = None, workers: int = 2, engine: str = "local",
                    resume: bool = True, write_rejected: bool = True, reject_no_image: bool = False,
-                   dry_run: bool = False, batch_size: int = 0, quiet: bool = False) -> dict:
+                   dry_run: bool = False, batch_size: int = 0, quiet: bool = False,
+                   limits: dict | None = None) -> dict:
     """Resolve the threshold (explicit, calibration file, packaged default, or a drop-fraction
-    cut over this data) and run the filter. ``detector`` is a created detector."""
+    cut over this data) and run the filter. ``detector`` is a created detector. ``limits``: the
+    ``max_sample_bytes`` and ``max_shard_bytes`` of ``FilterOptions`` to set."""
     from collapseguard.calibration.files import (
         resolve_threshold,
         threshold_for_drop_fraction,
@@ -495,7 +511,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     out = local_path(str(out)) or str(out)  # a file: URL is its local path
     base = dict(out_dir=str(out), detector=detector.name, detector_kwargs=tuple(kwargs),
                 batch_size=batch_size, reject_no_image=reject_no_image,
-                write_rejected=write_rejected, dry_run=dry_run)
+                write_rejected=write_rejected, dry_run=dry_run, **(limits or {}))
     inline = detector if workers <= 1 else None
     common = dict(workers=workers, engine=engine, resume=resume, quiet=quiet, detector=inline,
                   detector_version=detector.version)
@@ -505,7 +521,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                           **common)
     t0 = time.perf_counter()
     refuse_out_inside_inputs(inputs, str(out))
-    shards = plan_shards(inputs, str(out))
+    shards = plan_shards(inputs, str(out), failed=[])  # run_filter records the failed inputs
     with out_lock(make_out_dir(str(out))) as run_id:  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
         prepass = join(str(out), ".prepass")

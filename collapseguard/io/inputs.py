@@ -108,21 +108,29 @@ def is_shard(path: str) -> bool:
     return is_shard_name(path)
 
 
-def _expand_url(raw: str, shards: list[str], files: list[ImageFile]) -> None:
-    """Shards and image files named by a ``pipe:`` or fsspec URL (braces expanded)."""
+def _expand_url(raw: str, shards: list[str], files: list[ImageFile],
+                failed: list[tuple[str, str]] | None = None) -> None:
+    """Shards and image files named by a ``pipe:`` or fsspec URL (braces expanded). A URL that
+    cannot be listed raises InputError, or, given ``failed``, is appended there as ``(url, why)``
+    and the other inputs go on."""
     for url in braceexpand.braceexpand(raw):
         if scheme(url) == "pipe":
             shards.append(url)
             continue
         try:
             entries = list_url(url)
-        except FileNotFoundError:
-            # a server that cannot be reached is a URLError from list_url, named as such
-            raise InputError(f"{url}: no such object or folder") from None
-        except URLError as exc:
-            raise InputError(str(exc)) from None
-        except OSError as exc:
-            raise InputError(f"{url}: cannot be read: {type(exc).__name__}: {exc}") from None
+        except (URLError, OSError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                # a server that cannot be reached is a URLError from list_url, named as such
+                why = f"{printable(url)}: no such object or folder"
+            elif isinstance(exc, URLError):
+                why = str(exc)
+            else:
+                why = f"{printable(url)}: cannot be read: {type(exc).__name__}: {printable(exc)}"
+            if failed is None:
+                raise InputError(why) from None
+            failed.append((url, why))
+            continue
         if not entries:
             raise InputError(f"{url!r} matched nothing")
         for u, key in entries:
@@ -142,14 +150,18 @@ def local_name(path) -> str:
     return name if scheme(name) == "" else os.path.join(os.curdir, name)
 
 
-def expand_inputs(inputs: Iterable[str],
-                  unread: list[tuple[str, str]] | None = None) -> tuple[list[str], list[ImageFile]]:
+def expand_inputs(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
+                  failed: list[tuple[str, str]] | None = None) -> tuple[list[str], list[ImageFile]]:
     """Shards and image files named by ``inputs``, each in a stable order.
 
     ``unread`` (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a
     subfolder that cannot be listed, an entry that cannot be examined, a broken link that is not
     named like an image or shard (it may have pointed to a folder). A link loop or a second link
     to a folder already read loses nothing (the folder is read once) and is not listed.
+
+    ``failed`` (optional) receives ``(url, why)`` for a URL that cannot be listed (a 404, an error
+    status, a redirect loop, a subfolder whose page cannot be read): that input fails and the
+    others are expanded; without it, such a URL raises InputError.
 
     Raises InputError for a path that does not exist or is neither a shard, an image nor a folder.
     """
@@ -158,7 +170,7 @@ def expand_inputs(inputs: Iterable[str],
     for raw in inputs:
         raw = str(raw)
         if is_remote(raw):
-            _expand_url(raw, shards, files)
+            _expand_url(raw, shards, files, failed)
             continue
         paths = expand_pattern(local_path(raw) or raw)
         if not paths:

@@ -91,8 +91,15 @@ class Sample:
 
 #: members larger than this are refused unread (``ShardReader(max_member_bytes=)``)
 MAX_MEMBER_BYTES = 512 * 2**20
-#: members that would take one sample's bytes past this are refused unread: memory stays bounded
-MAX_SAMPLE_BYTES = 2 * 2**30
+#: members that would take one sample's bytes past this are refused unread, so a reader holds at
+#: most this much of a shard's data at once (``filter --max-sample-bytes``): a worker's memory is
+#: the detector's, plus about twice this while the largest member is read
+MAX_SAMPLE_BYTES = 512 * 2**20
+#: the most bytes read of one shard, counted both as they come (file, ``pipe:``, URL) and as the
+#: tar stream inside a compressed shard (``filter --max-shard-bytes``): a source that never ends
+#: (endless zeros after the archive, ``pipe:cat /dev/zero``, a small gzip bomb) fails its shard
+#: with ``ShardTooLargeError`` instead of being read for as long as it sends
+MAX_SHARD_BYTES = 64 * 2**30
 
 
 class ShardError(CollapseguardError, tarfile.ReadError):
@@ -108,6 +115,17 @@ class CorruptShardError(ShardError):
     """A shard holds a header that cannot be parsed or whose records are over
     ``MAX_HEADER_BYTES``, data after its members that is not an end of archive, or compressed data
     that is damaged (for gzip: a CRC or length that does not match)."""
+
+
+class ShardTooLargeError(ShardError):
+    """More bytes than the limit on one shard (``MAX_SHARD_BYTES``) were read from it."""
+
+
+def _check_shard_bytes(count: int, limit: int | None, where: str, what: str) -> None:
+    if limit is not None and count > limit:
+        raise ShardTooLargeError(f"{where}: more than {limit} bytes {what}, over the limit on one "
+                                 "shard (--max-shard-bytes): a source that does not end? the "
+                                 "shard is refused")
 
 
 class NotRegularFileError(ShardError):
@@ -220,15 +238,17 @@ class _CountingReader:
     #: bytes kept of the end of what was read: tarfile reads ahead in 10 KiB records
     TAIL = 1 << 16
 
-    def __init__(self, f):
+    def __init__(self, f, limit: int | None = None, where: str = ""):
         self._f = f
         self.count = 0
         self.tail = bytearray()
         self.nonzero_drained = False
+        self._limit, self._where = limit, where
 
     def read(self, n: int = -1) -> bytes:
         b = self._f.read(n)
         self.count += len(b)
+        _check_shard_bytes(self.count, self._limit, self._where, "of tar data")
         self.tail += b
         if len(self.tail) > 2 * self.TAIL:
             del self.tail[: -self.TAIL]
@@ -252,16 +272,18 @@ class _Digesting:
     """The shard's raw bytes as read, counted and hashed (SHA-256): what ``ShardReader.digest``
     reports once the shard has been read whole."""
 
-    def __init__(self, f):
+    def __init__(self, f, limit: int | None = None, where: str = ""):
         import hashlib
         self._f = f
         self._h = hashlib.sha256()
         self.size = 0
+        self._limit, self._where = limit, where
 
     def read(self, n: int = -1) -> bytes:
         b = self._f.read(n)
         self._h.update(b)
         self.size += len(b)
+        _check_shard_bytes(self.size, self._limit, self._where, "read")
         return b
 
     def finish(self) -> dict:
@@ -528,10 +550,12 @@ class ShardReader:
     or not), set once the shard has been read whole and found complete (None before)."""
 
     def __init__(self, path: str, max_member_bytes: int = MAX_MEMBER_BYTES,
-                 max_sample_bytes: int = MAX_SAMPLE_BYTES):
+                 max_sample_bytes: int = MAX_SAMPLE_BYTES,
+                 max_shard_bytes: int | None = MAX_SHARD_BYTES):
         self.path = path
         self.max_member_bytes = max_member_bytes
         self.max_sample_bytes = max_sample_bytes
+        self.max_shard_bytes = max_shard_bytes
         self.skipped: list[str] = []
         self.digest: dict | None = None
         self._unpacked: _Decompressed | None = None
@@ -572,15 +596,16 @@ class ShardReader:
         if kind == "zstd":
             raise ShardError(f"{printable(self.path)}: a zstd-compressed stream: shards are read as "
                              "plain tars or gzip, bzip2 or xz-compressed ones")
+        where = printable(self.path)
         if kind is None:
-            return _CountingReader(source)
-        self._unpacked = _Decompressed(source, kind, printable(self.path))
-        return _CountingReader(self._unpacked)
+            return _CountingReader(source, self.max_shard_bytes, where)
+        self._unpacked = _Decompressed(source, kind, where)
+        return _CountingReader(self._unpacked, self.max_shard_bytes, where)
 
     def __iter__(self) -> Iterator[Sample]:
         self.digest = None
         with self._open() as opened:
-            raw = _Digesting(opened)
+            raw = _Digesting(opened, self.max_shard_bytes, printable(self.path))
             stream = self._tar_stream(raw)
             try:
                 tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=CappedTarInfo)

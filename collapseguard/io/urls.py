@@ -46,10 +46,22 @@ SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
 
 
-#: seconds an http(s) read may wait for the next bytes before it fails (no limit on the whole)
+#: seconds a read of an http(s) body or a ``pipe:`` command's output may wait for the next bytes
+#: before it fails (the environment variable ``COLLAPSEGUARD_READ_TIMEOUT`` overrides it; the
+#: size of a whole shard is bounded by ``io.tar.MAX_SHARD_BYTES``)
 HTTP_READ_TIMEOUT = 60.0
 #: seconds to connect to an http(s) server
 HTTP_CONNECT_TIMEOUT = 30.0
+
+
+def read_timeout() -> float:
+    """The read-progress timeout in seconds: ``COLLAPSEGUARD_READ_TIMEOUT`` when it is a positive
+    number, else ``HTTP_READ_TIMEOUT``."""
+    try:
+        value = float(os.environ.get("COLLAPSEGUARD_READ_TIMEOUT", ""))
+    except ValueError:
+        return HTTP_READ_TIMEOUT
+    return value if value > 0 and value == value else HTTP_READ_TIMEOUT
 
 
 class URLError(CollapseguardError, ValueError):
@@ -183,7 +195,7 @@ def _storage_options(url: str) -> dict:
         return {}
     import aiohttp
     return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(
-        total=None, sock_connect=HTTP_CONNECT_TIMEOUT, sock_read=HTTP_READ_TIMEOUT)}}
+        total=None, sock_connect=HTTP_CONNECT_TIMEOUT, sock_read=read_timeout())}}
 
 
 def filesystem(url: str):
@@ -216,23 +228,35 @@ def inside(child: str, parent: str) -> bool:
 class PipeStream(io.RawIOBase):
     """The standard output of ``sh -c CMD`` as a readable stream; the exit status is checked at
     the end of the stream and on close (0 and SIGPIPE's 141 are fine; any other is a
-    ``PipeError``, which closing does not raise again once a read has)."""
+    ``PipeError``, which closing does not raise again once a read has). A read that waits more
+    than ``read_timeout()`` seconds for the next bytes is a ``PipeError`` too, and the command is
+    stopped."""
 
     OK = (0, 141, -13)  # -13: the shell itself was ended by SIGPIPE
 
     def __init__(self, command: str):
         super().__init__()
         self.command = command
-        self.proc = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL,
+        # unbuffered: select() below must see every byte not yet handed out
+        self.proc = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, bufsize=0,
                                      stdout=subprocess.PIPE)  # noqa: S602 - the user's own pipe: URL
         self._eof = False
         self._reported = False
+        self._count = 0  # bytes handed out
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
+        import select
+        wait = read_timeout()
+        if len(b) and not select.select([self.proc.stdout], [], [], wait)[0]:
+            self._reported = True
+            self.proc.kill()
+            raise PipeError(f"{printable('pipe:' + self.command)}: the command sent nothing for "
+                            f"{wait:g} s (after {self._count} bytes); it was stopped")
         n = self.proc.stdout.readinto(b)
+        self._count += n or 0
         if not n and len(b):
             self._eof = True
             self._check(self.proc.wait())
@@ -302,7 +326,7 @@ def failure_reason(exc: BaseException) -> tuple[int, str] | None:
                     f"the server cannot be reached ({printable(cause)})")
         if isinstance(e, TimeoutError):
             return errno.ETIMEDOUT, (f"network timeout: no answer from the server in time ("
-                                     f"{HTTP_CONNECT_TIMEOUT:g} s to connect, {HTTP_READ_TIMEOUT:g} s "
+                                     f"{HTTP_CONNECT_TIMEOUT:g} s to connect, {read_timeout():g} s "
                                      "to answer)")
     return None
 
@@ -354,7 +378,7 @@ class _NetworkStream:
         received = self._count if not isinstance(received, int) else max(received, self._count)
         if any(isinstance(e, TimeoutError) for e in _causes(exc)):
             return NetworkError(errno.ETIMEDOUT, f"{printable(self._name)}: network timeout: the "
-                                f"server sent nothing for {HTTP_READ_TIMEOUT:g} s (after "
+                                f"server sent nothing for {read_timeout():g} s (after "
                                 f"{received} bytes)")
         if any(type(e).__name__ in ("ClientPayloadError", "ContentLengthError")
                for e in _causes(exc)):

@@ -1,0 +1,183 @@
+"""Bounds on what one input may cost, read for real: URL folders whose listing fails (404, 500, a
+redirect loop) on a loopback http server, sources that never end (endless zeros after the archive
+over http, ``pipe:`` commands that send forever or stop sending), a sample too large for a worker's
+memory, and a shard whose body is gone (404) after its listing: each fails its own input or shard,
+in one line, and the rest is filtered."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import http.server
+import io
+import json
+import os
+import tarfile
+import threading
+import time
+import tracemalloc
+
+import pytest
+from cg_testutil import add_member, make_shard, read_members, run_cli
+
+pytest.importorskip("aiohttp")
+
+ARGS = ["-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
+
+
+class Hostile(http.server.SimpleHTTPRequestHandler):
+    """Serves its folder, except: ``/err500/`` answers 500, ``/loop/`` redirects to itself,
+    ``/endless.tar`` is a shard followed by zeros that never end, ``/gone.tar`` exists for HEAD
+    and is 404 for GET (removed between the listing and the read)."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        if self.path == "/gone.tar":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.server.shard)))
+            self.end_headers()
+            return
+        super().do_HEAD()
+
+    def do_GET(self):
+        if self.path.startswith("/err500/"):
+            self.send_error(500)
+        elif self.path.startswith("/loop/"):
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.end_headers()
+        elif self.path == "/gone.tar":
+            self.send_error(404)
+        elif self.path == "/endless.tar":
+            self.send_response(200)
+            self.end_headers()
+            try:
+                self.wfile.write(self.server.shard)
+                zeros = bytes(1 << 16)
+                while not self.server.stopping:
+                    self.wfile.write(zeros)
+                    self.server.sent += len(zeros)
+            except OSError:
+                pass
+        else:
+            super().do_GET()
+
+
+@pytest.fixture()
+def server(tmp_path, photos):
+    served = tmp_path / "served"
+    (served / "ok").mkdir(parents=True)
+    make_shard(served / "ok" / "a.tar", photos[:2], degraded=False)
+    make_shard(served / "b.tar", photos[2:4], degraded=False)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                          functools.partial(Hostile, directory=str(served)))
+    srv.shard, srv.sent, srv.stopping = (served / "b.tar").read_bytes(), 0, False
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv
+    srv.stopping = True
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_url_folder_whose_listing_fails_fails_that_input_not_the_run(server, tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["filter", f"{server.url}/ok/", f"{server.url}/err500/", f"{server.url}/missing/",
+                   f"{server.url}/loop/", "-o", out, *ARGS], expect=1)
+    assert read_members(out / "kept" / "a.tar")  # the folder that lists is filtered whole
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["shards_failed"] == [] and summary["samples"] == 2
+    failed = {f["input"].rsplit("/", 2)[1]: f["error"] for f in summary["inputs_failed"]}
+    assert sorted(failed) == ["err500", "loop", "missing"]
+    assert "HTTP 500" in failed["err500"] and "no such object" in failed["missing"]
+    assert "redirect" in failed["loop"]
+    assert all("\n" not in e for e in failed.values())
+    assert "failed input(s)" in res.output and "/err500/" in res.output
+    # nothing left to filter: refused in one line naming them
+    res = run_cli(["filter", f"{server.url}/err500/", f"{server.url}/missing/", "-o",
+                   tmp_path / "out2", *ARGS], expect=1)
+    assert "no shard is left to filter" in res.output and "/missing/" in res.output
+
+
+def test_a_source_that_never_ends_fails_its_shard_at_max_shard_bytes(server, tmp_path):
+    """Endless zeros after a whole archive, over http and from ``pipe:cat /dev/zero``: each shard
+    fails with one line naming the limit, well before the source would end; the shard beside
+    them is filtered."""
+    out = tmp_path / "out"
+    local, piped = tmp_path / "c.tar", tmp_path / "d.tar"
+    local.write_bytes(server.shard)
+    piped.write_bytes(server.shard)
+    endless_pipe = f"pipe:cat {piped} - < /dev/zero"
+    t0 = time.monotonic()
+    run_cli(["filter", f"{server.url}/endless.tar", endless_pipe, local,
+             "-o", out, "--max-shard-bytes", 4_000_000, *ARGS], expect=1)
+    assert time.monotonic() - t0 < 60
+    summary = json.loads((out / "summary.json").read_text())
+    errors = {r["shard"]: r.get("error") for r in summary["per_shard"]}
+    assert errors[str(local)] is None and read_members(out / "kept" / "c.tar")
+    for shard in (f"{server.url}/endless.tar", endless_pipe):
+        assert "ShardTooLargeError" in errors[shard] and "4000000" in errors[shard]
+        assert "\n" not in errors[shard]
+    assert server.sent < 64 << 20  # the reader stopped: the server did not send on for long
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_a_pipe_that_stops_sending_fails_after_the_read_timeout(tmp_path, photos, monkeypatch):
+    local = tmp_path / "c.tar"
+    make_shard(local, photos[:2], degraded=False)
+    monkeypatch.setenv("COLLAPSEGUARD_READ_TIMEOUT", "1")
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    run_cli(["filter", f"pipe:cat {local} && sleep 120", "-o", out, *ARGS], expect=1)
+    assert time.monotonic() - t0 < 60
+    (rec,) = json.loads((out / "summary.json").read_text())["per_shard"]
+    assert "PipeError" in rec["error"] and "sent nothing for 1 s" in rec["error"]
+
+
+def test_a_sample_over_max_sample_bytes_is_refused_and_memory_stays_under_it(tmp_path, photos):
+    """A .tar.gz whose sample ``big`` holds three members of 3 MB each (compressing to little),
+    with --max-sample-bytes 4 MB: the second and third are refused unread, the sample rejected as
+    refused_member; the images beside it are kept; the memory traced stays under twice the cap
+    (the three members together are 9 MB)."""
+    from collapseguard.images import encode_jpeg
+    shard = tmp_path / "s.tar.gz"
+    with gzip.open(shard, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tf:
+        add_member(tf, "a.jpg", encode_jpeg(photos[0], 90))
+        for i in range(3):
+            add_member(tf, f"big.part{i}", bytes([i]) * 3_000_000)
+        add_member(tf, "c.jpg", encode_jpeg(photos[1], 90))
+    assert shard.stat().st_size < 500_000
+    out = tmp_path / "out"
+    run_cli(["filter", shard, "-o", out, *ARGS, "--max-sample-bytes", 4_000_000])  # loads the detector
+    tracemalloc.start()
+    try:
+        run_cli(["filter", shard, "-o", out, *ARGS, "--max-sample-bytes", 4_000_000, "--overwrite"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8_000_000, peak
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reasons"] == {"kept": 2, "refused_member": 1}
+    (rec,) = summary["per_shard"]
+    assert [s.split(" ")[0] for s in rec["skipped_members"]] == ["big.part1", "big.part2"]
+    assert "4000000-byte limit" in rec["skipped_members"][0]
+    with gzip.open(out / "rejected" / "s.tar.gz") as f:
+        assert [m.name for m in tarfile.open(fileobj=io.BytesIO(f.read()))] == ["big.part0"]
+
+
+def test_a_plain_os_error_is_one_line_in_summary(server, tmp_path):
+    """A shard listed and then gone (HEAD 200, GET 404): a FileNotFoundError, recorded as one line
+    without a traceback; the other shard is filtered."""
+    out = tmp_path / "out"
+    run_cli(["filter", f"{server.url}/gone.tar", f"{server.url}/b.tar", "-o", out, *ARGS], expect=1)
+    summary = json.loads((out / "summary.json").read_text())
+    (failed,) = [r for r in summary["per_shard"] if r["status"] == "failed"]
+    assert failed["shard"].endswith("/gone.tar")
+    assert failed["error"].startswith("FileNotFoundError: ") and "no such object" in failed["error"]
+    assert "\n" not in failed["error"] and "Traceback" not in failed["error"]
+    assert read_members(out / "kept" / "b.tar")
