@@ -30,7 +30,12 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
-from collapseguard.io.tar import MAX_SAMPLE_BYTES, MAX_SHARD_BYTES, ShardReader, ShardWriter
+from collapseguard.io.tar import (
+    MAX_SAMPLE_BYTES,
+    MAX_SHARD_BYTES,
+    ShardReader,
+    ShardWriter,
+)
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
     identity,

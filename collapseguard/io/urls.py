@@ -61,7 +61,7 @@ def read_timeout() -> float:
         value = float(os.environ.get("COLLAPSEGUARD_READ_TIMEOUT", ""))
     except ValueError:
         return HTTP_READ_TIMEOUT
-    return value if value > 0 and value == value else HTTP_READ_TIMEOUT
+    return value if 0 < value < float("inf") else HTTP_READ_TIMEOUT
 
 
 class URLError(CollapseguardError, ValueError):

@@ -253,7 +253,7 @@ def test_every_parquet_row_lands_in_one_output_orphans_included(shard_set, tmp_p
     """Rows whose key names no sample (img2dataset's failed downloads, and rows whose samples are
     missing from the tar) go to orphan_rows/, so kept + rejected + orphan_rows hold every row of
     the input parquet exactly once; summary.json counts them and names the unexpected ones."""
-    d, sets, t = shard_set
+    d, _, t = shard_set
     src = pd.read_parquet(d / "00001.parquet")
     extra = pd.DataFrame([{**src.iloc[0].to_dict(), "key": f"lost{i}", "url": f"https://e/{i}"}
                           for i in range(3)])  # status "success", but no such sample in the tar
