@@ -20,8 +20,10 @@ way that could block) and only up to ``io.tar.MAX_MEMBER_BYTES``, the cap on a t
 link or URL body over it is refused with ``UnreadableFileError``, an ``OSError`` the callers record
 against that one file.
 
-http(s) reads have no limit on a whole transfer, however slow, but fail when the server sends
-nothing for ``HTTP_READ_TIMEOUT`` seconds (``HTTP_CONNECT_TIMEOUT`` to connect). Opening or reading
+http(s) and ``pipe:`` reads have no time limit on a whole transfer, however slow, but fail when the
+server or command sends nothing for ``read_timeout()`` seconds (``HTTP_READ_TIMEOUT`` unless
+``COLLAPSEGUARD_READ_TIMEOUT`` says otherwise; ``HTTP_CONNECT_TIMEOUT`` to connect); a shard's size
+is bounded where it is read (``io.tar.MAX_SHARD_BYTES``). Opening or reading
 a URL that fails for the network's or the server's reasons (an error status such as 500 or 403, a
 server that cannot be reached, a timeout, a connection that closes before the body it announced is
 whole) raises ``NetworkError``, an ``OSError`` with an errno whose message names the URL and what
