@@ -30,6 +30,7 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.parse import Input, strip_suffix
 from collapseguard.io.tar import ShardReader, ShardWriter
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
@@ -39,7 +40,6 @@ from collapseguard.io.urls import (
     join,
     open_stream,
     shard_basename,
-    strip_shard_suffix,
 )
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
@@ -64,6 +64,8 @@ class FilterOptions:
     scores_from: str = ""
     #: the id the run holding ``<out>/.lock`` wrote into it; checked before every commit
     run_id: str = ""
+    #: Parquet inputs: the column holding the images ("" = found by type and name)
+    image_column: str = ""
 
     def fingerprint(self) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal."""
@@ -72,6 +74,8 @@ class FilterOptions:
         d.pop("batch_size")
         d.pop("scores_from")
         d.pop("run_id")
+        if not d["image_column"]:  # unset: markers made without the option still match
+            d.pop("image_column")
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -82,7 +86,8 @@ def shard_name(path: str) -> str:
 
 
 def shard_stem(path: str) -> str:
-    return strip_shard_suffix(shard_name(path))
+    """``shard_name`` without its shard or Parquet suffix: scores and markers are named by it."""
+    return strip_suffix(shard_name(path))
 
 
 def output_names(shard: str) -> dict[str, str]:
@@ -393,7 +398,13 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
                                 f"{read['sha256'][:12]}... now): {redo}")
 
 
-def filter_task(task: tuple[str, FilterOptions], detector, progress=None) -> dict:
-    """Engine task function for ``filter``: ``task`` is ``(shard, options)``."""
+def filter_task(task: tuple[Input | str, FilterOptions], detector, progress=None) -> dict:
+    """Engine task function for ``filter``: ``task`` is ``(input, options)``, the input an
+    ``io.parse.Input`` (a tar shard or a Parquet file) or a shard's name."""
     shard, options = task
+    if isinstance(shard, Input):
+        if shard.kind == "parquet":
+            from collapseguard.filter.parquet import process_parquet
+            return process_parquet(shard, options, detector, progress)
+        shard = shard.name
     return process_shard(shard, options, detector, progress)

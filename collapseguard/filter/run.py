@@ -37,10 +37,10 @@ from collapseguard.filter.pipeline import (
     outputs_match,
     read_marker,
     shard_name,
-    shard_stem,
 )
 from collapseguard.io.inputs import (
-    expand_inputs,
+    Input,
+    expand,
     expand_pattern,
     expand_shards,
     unique_inputs,
@@ -103,13 +103,14 @@ def _file_identity(name: str):
         return ("path", os.path.realpath(name))
 
 
-def _input_shards(inputs: Sequence[str], loose: list[str] | None = None) -> list[str]:
-    """The shards ``inputs`` name; FilterError naming what an input folder holds and cannot be
-    read (a broken link to a folder, a subfolder that cannot be listed): the shards there would
-    be in no output and no summary. ``loose`` (optional) receives the loose image files beside
-    the shards, which filter does not read (the summary counts them)."""
+def _input_shards(inputs: Sequence[str], loose: list[str] | None = None, *,
+                  allow_pipe: bool = True) -> list[Input]:
+    """The shards and Parquet files ``inputs`` name; FilterError naming what an input folder
+    holds and cannot be read (a broken link to a folder, a subfolder that cannot be listed): the
+    shards there would be in no output and no summary. ``loose`` (optional) receives the loose
+    image files beside the shards, which filter does not read (the summary counts them)."""
     unread: list[tuple[str, str]] = []
-    shards, files = expand_inputs(inputs, unread)
+    shards, files = expand(inputs, unread, allow_pipe=allow_pipe)
     if unread:
         raise FilterError(unread_text(unread, "the shards there would not be filtered: fix or remove "
                                               "it, or name the shards to filter"))
@@ -119,49 +120,51 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None) -> list
 
 
 def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
-                loose: list[str] | None = None) -> list[str]:
-    """Expand inputs to shards, once per file however often or however spelled it was given;
-    ``loose`` (optional) receives the loose image files found beside them, which are not filtered.
+                loose: list[str] | None = None, *, allow_pipe: bool = True) -> list[Input]:
+    """Expand inputs to shards and Parquet files (``io.parse.Input``), once per file however
+    often or however spelled it was given; ``loose`` (optional) receives the loose image files
+    found beside them, which are not filtered; ``allow_pipe=False`` refuses ``pipe:`` commands.
 
     Refuses what an input folder holds and cannot be read, two different shards that would write
     to the same output name, and (given ``out_dir``) a shard lying in ``out_dir``'s kept/ or
     rejected/ folder, which this run would overwrite with its own output.
     """
-    shards: list[str] = []
+    shards: list[Input] = []
     seen: set = set()
-    for s in _input_shards(inputs, loose):
-        ident = _file_identity(s)
+    for s in _input_shards(inputs, loose, allow_pipe=allow_pipe):
+        ident = _file_identity(s.name)
         if ident not in seen:
             seen.add(ident)
             shards.append(s)
     if out_dir is not None and is_fsspec(out_dir):
         for s in shards:
             for sub in ("kept", "rejected"):
-                if inside(s, join(out_dir, sub)):
+                if inside(s.name, join(out_dir, sub)):
                     raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run "
                                       "writes its outputs; filter it into another --out")
     elif out_dir is not None:
         out = Path(out_dir).resolve()
         for s in shards:
-            if is_remote(s):
+            if s.path is None:
                 continue
-            real = Path(s).resolve()
+            real = Path(s.path).resolve()
             for sub in ("kept", "rejected"):
                 if real.is_relative_to(out / sub):
                     raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run writes "
                                       "its outputs; filter it into another --out")
-    by_name: dict[str, str] = {}
-    by_stem: dict[str, str] = {}
+    by_name: dict[str, Input] = {}
+    by_stem: dict[str, Input] = {}
     for s in shards:
-        other = by_name.setdefault(shard_name(s), s)
+        other = by_name.setdefault(s.basename, s)
         if other != s:
-            raise FilterError(f"two input shards share the name {shard_name(s)!r} ({other} and {s}); "
+            raise FilterError(f"two input shards share the name {s.basename!r} ({other} and {s}); "
                               "their outputs would collide: filter them into different --out folders")
         # scores/<stem>.parquet, .done/<stem>.json and the img2dataset sidecars are named by the
-        # stem: x.tar and x.tar.gz in one run would overwrite each other's scores and marker
-        other = by_stem.setdefault(shard_stem(s), s)
+        # stem: x.tar and x.tar.gz (or x.parquet) in one run would overwrite each other's scores
+        # and marker
+        other = by_stem.setdefault(s.stem, s)
         if other != s:
-            raise FilterError(f"two input shards share the stem {shard_stem(s)!r} ({other} and {s}); their "
+            raise FilterError(f"two input shards share the stem {s.stem!r} ({other} and {s}); their "
                               "scores, completion markers and sidecars would collide: filter them into "
                               "different --out folders")
     return shards
@@ -304,19 +307,20 @@ def _same_bytes(shard: str, seen: dict, now: dict, digest: dict | None) -> bool:
     return file_digest(Path(path)) == {"size": digest.get("size"), "sha256": digest.get("sha256")}
 
 
-def clear_shard_outputs(shard: str, out_dir: str) -> None:
-    """Remove a shard's outputs, marker first, and any temporary files a killed run left."""
+def clear_shard_outputs(shard: str, out_dir: str, *, parquet: bool = False) -> None:
+    """Remove a shard's (or Parquet file's) outputs, marker first, and any temporary files a
+    killed run left."""
     out, names = open_out_dir(out_dir), output_names(shard)
     for key in ("marker", "kept", "rejected", "scores"):
         out.remove(names[key])
-    for name in sidecars.output_names(shard):  # img2dataset's NNNNN.parquet, NNNNN_stats.json
+    for name in () if parquet else sidecars.output_names(shard):  # img2dataset's NNNNN.parquet, ...
         out.remove(name)
 
 
 def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 2,
                engine: str = "local", resume: bool = True, quiet: bool = False,
                threshold_source: str = "", detector=None,
-               detector_version: str | None = None) -> dict:
+               detector_version: str | None = None, allow_pipe: bool = True) -> dict:
     """Filter ``inputs`` and write ``summary.json`` into ``options.out_dir``; returns the summary.
 
     ``detector`` (optional) is an already-created detector to reuse when running inline.
@@ -328,7 +332,7 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     options = replace(options, out_dir=local_path(options.out_dir) or options.out_dir)  # file:
     refuse_out_inside_inputs(inputs, options.out_dir)
     loose: list[str] = []
-    shards = plan_shards(inputs, options.out_dir, loose)
+    shards = plan_shards(inputs, options.out_dir, loose, allow_pipe=allow_pipe)
     out = make_out_dir(options.out_dir)
     if detector_version is None and detector is not None:
         detector_version = detector.version
@@ -339,17 +343,18 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
                            detector=detector, detector_version=detector_version, loose=loose)
 
 
-def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float, *, workers: int,
+def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: float, *, workers: int,
                 engine: str, resume: bool, quiet: bool, threshold_source: str, detector,
                 detector_version: str | None, loose: Sequence[str] = ()) -> dict:
     records: dict[str, dict] = {}
-    todo: list[str] = []
-    for s in shards:
-        marker = completed_marker(s, options, out, detector_version) if resume else None
+    todo: list[Input] = []
+    shards = [s.name for s in inputs]  # the names markers, summaries and messages use
+    for s in inputs:
+        marker = completed_marker(s.name, options, out, detector_version) if resume else None
         if marker is not None:
-            records[s] = {**marker, "shard": s}
+            records[s.name] = {**marker, "shard": s.name}
         else:
-            clear_shard_outputs(s, options.out_dir)
+            clear_shard_outputs(s.name, options.out_dir, parquet=s.kind == "parquet")
             todo.append(s)
     errors: dict[str, str] = {}
     bar = progress_bar(len(shards), initial=len(records), unit="shard", quiet=quiet, desc="filter")
@@ -363,7 +368,7 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
         bar.set_postfix_str(f"{samples_done} samples, {rate:.1f}/s", refresh=True)
 
     def on_done(i: int, rec: dict | None, err: str | None) -> None:
-        shard = todo[i]
+        shard = todo[i].name
         if err is not None:
             errors[shard] = err
             bar.write(f"FAILED {printable(shard)}: {printable(err.splitlines()[0])}",
@@ -380,7 +385,8 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
                            scores_from=options.scores_from and _absolute(options.scores_from))
         try:
             make_engine(engine, workers, detector).run(
-                filter_task, [(_absolute(s), absolute) for s in todo], options.detector,
+                filter_task, [(s.with_name(_absolute(s.name)), absolute) for s in todo],
+                options.detector,
                 options.detector_kwargs, on_progress if not quiet else None, on_done)
         except KeyboardInterrupt:
             bar.close()
@@ -390,7 +396,8 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
             raise
     bar.close()
     run_seconds = time.perf_counter() - t_run
-    summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)
+    summary = summarize(shards, records, errors, options, [s.name for s in todo], run_seconds,
+                        threshold_source)
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
     # loose image files in the input folders are not filtered: counted, one named, never silent
     summary["loose_files_not_filtered"] = len(loose)
@@ -467,7 +474,8 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                    threshold: float | None = None, calibration: str | None = None,
                    drop_fraction: float | None = None, workers: int = 2, engine: str = "local",
                    resume: bool = True, write_rejected: bool = True, reject_no_image: bool = False,
-                   dry_run: bool = False, batch_size: int = 0, quiet: bool = False) -> dict:
+                   dry_run: bool = False, batch_size: int = 0, quiet: bool = False,
+                   allow_pipe: bool = True, image_column: str = "") -> dict:
     """Resolve the threshold (explicit, calibration file, packaged default, or a drop-fraction
     cut over this data) and run the filter. ``detector`` is a created detector."""
     from collapseguard.calibration.files import (
@@ -478,17 +486,17 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     out = local_path(str(out)) or str(out)  # a file: URL is its local path
     base = dict(out_dir=str(out), detector=detector.name, detector_kwargs=tuple(kwargs),
                 batch_size=batch_size, reject_no_image=reject_no_image,
-                write_rejected=write_rejected, dry_run=dry_run)
+                write_rejected=write_rejected, dry_run=dry_run, image_column=image_column)
     inline = detector if workers <= 1 else None
     common = dict(workers=workers, engine=engine, resume=resume, quiet=quiet, detector=inline,
-                  detector_version=detector.version)
+                  detector_version=detector.version, allow_pipe=allow_pipe)
     if drop_fraction is None:
         t, source, _ = resolve_threshold(detector, threshold, calibration)
         return run_filter(inputs, FilterOptions(threshold=t, **base), threshold_source=source,
                           **common)
     t0 = time.perf_counter()
     refuse_out_inside_inputs(inputs, str(out))
-    shards = plan_shards(inputs, str(out))
+    shards = plan_shards(inputs, str(out), allow_pipe=allow_pipe)
     with out_lock(make_out_dir(str(out))) as run_id:  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
         prepass = join(str(out), ".prepass")
@@ -502,7 +510,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         pre = open_out_dir(prepass)
         scores = []
         for s in shards:
-            with pre.open_read(output_names(s)["scores"]) as f:
+            with pre.open_read(output_names(s.name)["scores"]) as f:
                 scores += [v for v in pq.read_table(f, columns=["score"]).column("score").to_pylist()
                            if v is not None]
         t = threshold_for_drop_fraction(scores, drop_fraction)
