@@ -103,6 +103,15 @@ def _prepared(f: Fetched, prepare) -> Fetched:
     return f
 
 
+def _decode_row(row) -> Fetched:
+    if row.data is None:
+        return Fetched(error=row.missing)
+    try:
+        return Fetched(decode_image(row.data))
+    except DecodeError as exc:
+        return Fetched(error=str(exc))
+
+
 def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> dict[tuple, Fetched]:
     """The wanted rows of a Parquet input, read once in order (only its image and key columns)."""
     from collapseguard.io.parquet import find_image_column, open_parquet, read_rows
@@ -117,7 +126,7 @@ def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> d
             seen[row.key] = nth + 1
             if (row.key, nth) in left:
                 left.pop((row.key, nth))
-                out[(source, row.key, nth)] = _prepared(_decode_member(row.members, row.column), prepare)
+                out[(source, row.key, nth)] = _prepared(_decode_row(row), prepare)
                 if not left:
                     break
     except Exception as exc:  # a file that broke since scoring: say so per row

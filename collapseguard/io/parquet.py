@@ -203,13 +203,14 @@ class RowGroupWriter:
         self.rows_written = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
-        self._parts.append(batch)
-        self._rows += batch.num_rows
-        self._bytes += batch.nbytes
-        if self._rows >= ROW_GROUP_ROWS or self._bytes >= ROW_GROUP_BYTES:
-            self._flush()
+        while batch.num_rows:
+            part = batch.slice(0, ROW_GROUP_ROWS - self._rows)
+            batch = batch.slice(part.num_rows)
+            self._parts.append(part)
+            self._rows += part.num_rows
+            self._bytes += part.nbytes  # the bytes of the rows sliced, not the whole batch's
+            if self._rows >= ROW_GROUP_ROWS or self._bytes >= ROW_GROUP_BYTES:
+                self._flush()
 
     def _flush(self) -> None:
         if not self._parts:
