@@ -30,7 +30,7 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
-from collapseguard.io.parse import Input, strip_suffix
+from collapseguard.io.parse import Input, basename_of, strip_suffix
 from collapseguard.io.tar import ShardReader, ShardWriter
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
@@ -39,7 +39,6 @@ from collapseguard.io.urls import (
     is_remote,
     join,
     open_stream,
-    shard_basename,
 )
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
@@ -80,9 +79,9 @@ class FilterOptions:
 
 
 def shard_name(path: str) -> str:
-    """The file name of a shard's kept/ and rejected/ outputs (a URL's or ``pipe:`` command's
-    shard name: ``io.urls.shard_basename``)."""
-    return shard_basename(path)
+    """The file name of a shard's (or Parquet file's) kept/ and rejected/ outputs (a URL's or
+    ``pipe:`` command's: ``io.parse.basename_of``)."""
+    return basename_of(path)
 
 
 def shard_stem(path: str) -> str:

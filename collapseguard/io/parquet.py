@@ -10,8 +10,9 @@ or ``id`` column as text when the table has one, else its row index.
 
 Files are read in record batches of ``BATCH_ROWS`` rows, every column as stored: nothing is
 decoded or re-encoded here. A local file must be a regular file; an fsspec URL is opened with
-random access (Parquet keeps its schema at the end); ``pipe:`` gives no random access and is
-refused. Writers (``RowGroupWriter``) keep the input's Arrow schema, its metadata included, and
+random access (Parquet keeps its schema at the end); a ``pipe:`` command's output, or a file
+from an http(s) server that answers no range requests, is copied once into an anonymous
+temporary file and read from there. Writers (``RowGroupWriter``) keep the input's Arrow schema, its metadata included, and
 write row groups of at most ``ROW_GROUP_ROWS`` rows or ``ROW_GROUP_BYTES`` bytes.
 """
 
@@ -111,23 +112,53 @@ def find_id_column(schema: pa.Schema) -> str | None:
     return None
 
 
-def open_parquet(name: str) -> pq.ParquetFile:
-    """A Parquet file by name: a local regular file or an fsspec URL (random access)."""
-    from collapseguard.io.tar import open_regular_file
-    if scheme(name) == "pipe":
-        raise ParquetInputError(f"{printable(name)}: a Parquet file needs random access (its schema "
-                                "is at its end); pipe: reads tar shards: name the file or its URL")
-    path = local_path(name)
-    if path is not None:
-        f = open_regular_file(path)
-    else:
-        fs, p = filesystem(name)
-        f = fs.open(p, "rb")
+def _spooled(name: str):
+    """The whole body of ``name`` (a ``pipe:`` command, or a server that answers no range
+    requests) in an anonymous temporary file, read once front to back."""
+    import shutil
+    import tempfile
+
+    from collapseguard.io.urls import open_stream
+    tmp = tempfile.TemporaryFile()
+    try:
+        with open_stream(name) as src:
+            shutil.copyfileobj(src, tmp, 1 << 20)
+        tmp.seek(0)
+    except BaseException:
+        tmp.close()
+        raise
+    return tmp
+
+
+def _parquet_file(name: str, f) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(f)
     except pa.ArrowInvalid as exc:
         f.close()
         raise ParquetInputError(f"{printable(name)}: not a readable Parquet file ({exc})") from None
+    except BaseException:
+        f.close()
+        raise
+
+
+def open_parquet(name: str) -> pq.ParquetFile:
+    """A Parquet file by name: a local regular file, an fsspec URL read with random access, or
+    (a ``pipe:`` command the user gave, or an http(s) server that answers no range requests) the
+    whole body copied once into an anonymous temporary file."""
+    from collapseguard.io.tar import open_regular_file
+    path = local_path(name)
+    if path is not None:
+        return _parquet_file(name, open_regular_file(path))
+    if scheme(name) == "pipe":
+        return _parquet_file(name, _spooled(name))
+    fs, p = filesystem(name)
+    f = fs.open(p, "rb")
+    try:
+        return _parquet_file(name, f)
+    except ValueError as exc:  # fsspec's http: "doesn't appear to support range requests"
+        if "range requests" not in str(exc):
+            raise
+    return _parquet_file(name, _spooled(name))
 
 
 @dataclass

@@ -88,6 +88,16 @@ def _pipe_basename(command: str) -> str:
                    ".parquet, so its outputs cannot be named; end the command with the shard's name")
 
 
+def basename_of(name: str) -> str:
+    """The output file name of a name as readers open it (``Input.name``): a local path's or
+    URL's last component, a ``pipe:`` command's last word that ends like a shard or Parquet file
+    (URLError if none does)."""
+    if scheme(name) == "pipe":
+        return _pipe_basename(name[len("pipe:"):])
+    path = local_path(name)
+    return os.path.basename(path) if path is not None else posixpath.basename(url_path(name))
+
+
 @dataclass(frozen=True)
 class Input:
     """One input, parsed once. ``name`` is what its reader opens: a local path written so that no
@@ -119,11 +129,7 @@ class Input:
     def basename(self) -> str:
         """The file name its outputs are named after (a command's: its last word that ends like a
         shard or Parquet file)."""
-        if self.via == "pipe":
-            return _pipe_basename(self.name[len("pipe:"):])
-        if self.via == "local":
-            return os.path.basename(self.name)
-        return posixpath.basename(url_path(self.name))
+        return basename_of(self.name)
 
     @property
     def stem(self) -> str:

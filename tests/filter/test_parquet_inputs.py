@@ -233,3 +233,64 @@ def test_killed_run_resumes_to_identical_outputs(tmp_path, writer):
     assert statuses["part-0.parquet"] == "resumed" and statuses["part-2.parquet"] == "done"
     for s in range(3):
         _check_conserved(d / f"part-{s}.parquet", out)
+
+
+def _serve(folder: Path, ranges: bool):
+    """An http server on loopback serving ``folder``, answering single range requests (as object
+    stores and the Hugging Face Hub do) or not (python's own server)."""
+    import functools
+    import http.server
+    import threading
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            spec = self.headers.get("Range", "")
+            if not (ranges and spec.startswith("bytes=")):
+                return super().do_GET()
+            path = Path(self.translate_path(self.path))
+            data = path.read_bytes()
+            a, _, b = spec[len("bytes="):].partition("-")
+            start = int(a) if a else len(data) - int(b)
+            end = min(int(b), len(data) - 1) if a and b else len(data) - 1
+            body = data[start:end + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            self.wfile.write(body)
+            self.server.ranges_served += 1
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
+    srv.ranges_served = 0
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("ranges", [True, False])
+def test_parquet_by_url_and_pipe_filters_like_the_file(tmp_path, photos, ranges, monkeypatch):
+    d = tmp_path / "d"
+    d.mkdir()
+    hf_parquet(d / "h.parquet", _images(photos))
+    t = _threshold(photos)
+    args = ["-d", "nss", "--threshold", t, "-w", "1", "-q"]
+    run_cli(["filter", d / "h.parquet", "-o", tmp_path / "local", *args])
+    srv = _serve(d, ranges)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/h.parquet"
+        run_cli(["filter", url, "-o", tmp_path / "url", *args])
+        run_cli(["score", url, "-d", "nss", "-o", tmp_path / "s.csv", "-q"])
+        assert (srv.ranges_served > 0) == ranges  # random access where the server offers it
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    local = {k: v for k, v in _all_outputs(tmp_path / "local").items()}
+    assert local and _all_outputs(tmp_path / "url") == local
+    assert len(pd.read_csv(tmp_path / "s.csv")) == len(_images(photos))
+    if ranges:  # a pipe: command the user gave: its output read once into a temporary file
+        monkeypatch.chdir(d)
+        run_cli(["filter", "pipe:cat h.parquet", "-o", tmp_path / "pipe", *args])
+        assert _all_outputs(tmp_path / "pipe") == local
