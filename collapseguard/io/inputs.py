@@ -21,6 +21,7 @@ from pathlib import Path
 from collapseguard.images import is_image_name
 from collapseguard.io.tar import valid_text
 from collapseguard.io.terminal import first_of, printable
+from collapseguard.io.parquet import may_hold_images
 from collapseguard.io.parse import (
     OTHER_TAR_SUFFIXES,
     OTHER_TAR_WHY,
@@ -117,7 +118,8 @@ def _expand_url(url: str, data: list[Input], files: list[ImageFile]) -> None:
         elif found.kind == "image":
             files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
                                    valid_text(url if key else u)))
-        elif found.kind != "parquet" or key is None or not _is_sidecar_url(u, entries):
+        elif found.kind != "parquet" or key is None or (not _is_sidecar_url(u, entries)
+                                                         and may_hold_images(u)):
             data.append(found)
 
 
@@ -158,7 +160,7 @@ def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
         if found.kind == "image":
             files.append(ImageFile(found.name, valid_text(full.relative_to(root).as_posix()),
                                    valid_text(str(root))))
-        elif found.kind != "parquet" or not _is_sidecar(full):
+        elif found.kind != "parquet" or (not _is_sidecar(full) and may_hold_images(found.name)):
             data.append(found)
 
 
@@ -168,8 +170,12 @@ def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None, *
     files named by ``inputs`` (command-line arguments, parsed by ``io.parse.parse_argument``),
     each in a stable order.
 
-    A folder is searched recursively: its shards, Parquet files (not an img2dataset sidecar beside
-    its shard) and image files; an fsspec URL location is listed the same way. ``unread``
+    A folder is searched recursively: its shards, Parquet files and image files; an fsspec URL
+    location is listed the same way. A Parquet file found there is an input unless it is an
+    img2dataset sidecar (beside a shard whose stem starts its name, ``00000.parquet`` beside
+    ``00000.tar``: it travels with its shard) or a table with no column that could hold image
+    bytes (``io.parquet.may_hold_images``: a scores table, say); a Parquet file named on the
+    command line is always an input. ``unread``
     (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a subfolder
     that cannot be listed, an entry that cannot be examined, a broken link that is not named like
     an image or shard (it may have pointed to a folder). A link loop or a second link to a folder

@@ -213,6 +213,21 @@ def read_rows(pf: pq.ParquetFile, image_column: str, *, all_columns: bool = True
         start += batch.num_rows
 
 
+def may_hold_images(name: str) -> bool:
+    """Could the Parquet file ``name`` hold images: has it a binary column or a struct with a
+    binary ``bytes`` field? False only for a file whose schema reads and has none (a scores or
+    metadata table found in a folder); a file that cannot be read counts as one that may, so its
+    reader says what is wrong with it."""
+    try:
+        pf = open_parquet(name)
+    except Exception:  # noqa: BLE001 - judged by the reader, which names the error
+        return True
+    try:
+        return any(_is_binary(f.type) or _is_image_struct(f.type) for f in pf.schema_arrow)
+    finally:
+        pf.close()
+
+
 def count_rows(name: str) -> int | None:
     """The number of rows from the file's footer; None when it cannot be read."""
     try:

@@ -177,9 +177,15 @@ def test_a_folder_reads_parquet_files_but_not_img2dataset_sidecars(tmp_path, pho
     with tarfile.open(d / "00000.tar", "w") as tf:
         add_member(tf, "a.jpg", images[0][1])
     pq.write_table(pa.table({"key": ["a"], "caption": ["x"]}), d / "00000.parquet")
+    (d / "scores").mkdir()  # a table with no bytes column (a filter's scores) holds no images
+    pq.write_table(pa.table({"key": ["a"], "score": [1.0]}), d / "scores" / "data.parquet")
+    (d / "broken.parquet").write_bytes(b"PAR1 not really")  # unreadable: an input, fails loudly
     data, _ = expand([str(d)])
-    assert sorted((Path(i.name).name, i.kind) for i in data) == [("00000.tar", "tar"),
-                                                                  ("data.parquet", "parquet")]
+    assert sorted((Path(i.name).name, i.kind) for i in data) == [
+        ("00000.tar", "tar"), ("broken.parquet", "parquet"), ("data.parquet", "parquet")]
+    res = run_cli(["score", d, "-d", "nss", "-o", tmp_path / "s.csv"], expect=1)
+    assert "broken.parquet: not a readable Parquet file" in res.output
+    assert len(pd.read_csv(tmp_path / "s.csv")) == 1 + len(images)  # the shard's sample, the rows
 
 
 def test_audit_reads_parquet(tmp_path, photos):
@@ -294,3 +300,17 @@ def test_parquet_by_url_and_pipe_filters_like_the_file(tmp_path, photos, ranges,
         monkeypatch.chdir(d)
         run_cli(["filter", "pipe:cat h.parquet", "-o", tmp_path / "pipe", *args])
         assert _all_outputs(tmp_path / "pipe") == local
+
+
+def test_drop_fraction_dry_run_and_no_rejected_on_parquet(tmp_path, photos):
+    src = tmp_path / "j.parquet"
+    images = _images(photos)
+    jpg_parquet(src, images)
+    run_cli(["filter", src, "-o", tmp_path / "df", "-d", "nss", "--drop-fraction", "0.5", "-w", "1", "-q"])
+    scores = _check_conserved(src, tmp_path / "df")
+    assert (scores["decision"] == "rejected").sum() == len(images) // 2
+    assert set(scores.loc[scores["decision"] == "rejected", "key"]) == {k for k, _ in images if k.startswith("d")}
+    run_cli(["filter", src, "-o", tmp_path / "dry", "-d", "nss", "--threshold", "3", "--dry-run", "-w", "1", "-q"])
+    assert not (tmp_path / "dry/kept").exists() and len(pd.read_parquet(tmp_path / "dry/scores/j.parquet")) == len(images)
+    run_cli(["filter", src, "-o", tmp_path / "nr", "-d", "nss", "--threshold", "3", "--no-rejected", "-w", "1", "-q"])
+    assert not (tmp_path / "nr/rejected").exists() and (tmp_path / "nr/kept/j.parquet").exists()
