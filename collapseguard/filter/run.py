@@ -41,12 +41,12 @@ from collapseguard.filter.pipeline import (
 from collapseguard.io.inputs import (
     Input,
     expand,
-    expand_pattern,
     expand_shards,
     unique_inputs,
     unread_text,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.parse import parse_argument
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
 from collapseguard.scoring.progress import progress_bar
@@ -63,19 +63,19 @@ class FilterError(CollapseguardError, RuntimeError):
 def refuse_out_inside_inputs(inputs: Sequence[str], out_dir: str) -> None:
     """Refuse an ``--out`` inside an input folder: its kept/ and rejected/ shards would be read as
     inputs by the next run (and by ``score`` or ``audit`` of that folder)."""
+    parsed = [i for raw in inputs for i in parse_argument(raw)]  # nothing runs or is listed here
     if is_fsspec(out_dir):
-        for raw in inputs:
-            if is_fsspec(str(raw)) and inside(out_dir, str(raw)):
-                raise FilterError(f"--out {out_dir} is inside the input {raw}: its kept/ and "
+        for i in parsed:
+            if i.via == "url" and inside(out_dir, i.name):
+                raise FilterError(f"--out {out_dir} is inside the input {i.display}: its kept/ and "
                                   "rejected/ shards would be read as input next time; choose an "
                                   "--out outside the inputs")
         return
     out = Path(out_dir).resolve()
-    for raw in inputs:
-        if is_remote(str(raw)):
-            continue
-        for p in expand_pattern(str(raw)):
-            if os.path.isdir(p) and out.is_relative_to(Path(p).resolve()):
+    for i in parsed:
+        if i.kind == "folder":
+            p = i.display
+            if out.is_relative_to(Path(p).resolve()):
                 raise FilterError(f"--out {out_dir} is inside the input folder {p}: its kept/ and "
                                   "rejected/ shards would be read as input next time; choose an "
                                   "--out outside the inputs")
