@@ -80,7 +80,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     name = inp.name
     identity = input_identity(name)  # before reading: a file changed meanwhile is redone on resume
     out = open_out_dir(options.out_dir)
-    names = output_names(name)
+    names = output_names(inp)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
     written = {"kept": write_kept, "rejected": write_rej}
@@ -110,7 +110,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
                 writers[key] = RowGroupWriter(staged[key], schema)
         source = read_rows(pf, column)
         if options.scores_from:
-            if read_marker(name, options.scores_from) is None:
+            if read_marker(inp, options.scores_from) is None:
                 raise ShardChangedError(f"{printable(name)}: the scoring pass left no record of it; "
                                         "run the same command again to score it anew")
             stream = _precomputed(source, join(options.scores_from, names["scores"]), name)

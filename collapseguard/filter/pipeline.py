@@ -78,19 +78,20 @@ class FilterOptions:
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
-def shard_name(path: str) -> str:
-    """The file name of a shard's (or Parquet file's) kept/ and rejected/ outputs (a URL's or
-    ``pipe:`` command's: ``io.parse.basename_of``)."""
-    return basename_of(path)
+def shard_name(path: Input | str) -> str:
+    """The file name of a shard's (or Parquet file's) kept/ and rejected/ outputs: the input's
+    ``basename`` (for a name read back from a marker, ``io.parse.basename_of``)."""
+    return path.basename if isinstance(path, Input) else basename_of(path)
 
 
-def shard_stem(path: str) -> str:
+def shard_stem(path: Input | str) -> str:
     """``shard_name`` without its shard or Parquet suffix: scores and markers are named by it."""
-    return strip_suffix(shard_name(path))
+    return path.stem if isinstance(path, Input) else strip_suffix(shard_name(path))
 
 
-def output_names(shard: str) -> dict[str, str]:
-    """The outputs of a shard, relative to ``--out``."""
+def output_names(shard: Input | str) -> dict[str, str]:
+    """The outputs of a shard (an ``io.parse.Input``, or a name read back from a marker),
+    relative to ``--out``."""
     return {
         "kept": f"kept/{shard_name(shard)}",
         "rejected": f"rejected/{shard_name(shard)}",
@@ -104,7 +105,7 @@ def output_paths(shard: str, out_dir: str) -> dict[str, Path]:
     return {k: Path(out_dir, v) for k, v in output_names(shard).items()}
 
 
-def read_marker(shard: str, out_dir: str) -> dict | None:
+def read_marker(shard: Input | str, out_dir: str) -> dict | None:
     """The completion marker of a shard, or None when the shard is not complete."""
     text = open_out_dir(out_dir).read_text(output_names(shard)["marker"])
     try:
@@ -182,13 +183,15 @@ def outputs_match(marker: dict, out_dir: str) -> bool:
     return sidecars.still_valid(marker, str(marker.get("shard", "")), out)
 
 
-def process_shard(shard: str, options: FilterOptions, detector=None,
+def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                   progress: Callable[[int], None] | None = None) -> dict:
-    """Filter one shard; returns the completion record (also written as the marker).
+    """Filter one shard (an ``io.parse.Input``, or the name its reader opens); returns the
+    completion record (also written as the marker).
 
     ``detector`` is the already-loaded detector named by ``options.detector`` (workers keep one
     per process); ``progress(n)`` is called with the number of samples done since the last call.
     """
+    inp, shard = (shard, shard.name) if isinstance(shard, Input) else (shard, shard)
     if detector is None:
         from collapseguard.engines import get_detector
         detector = get_detector(options.detector, options.detector_kwargs)
@@ -197,7 +200,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     side_identity = sidecars.input_identity(sidecars.find_sidecars(shard))
     side: list[tuple[str, str]] = []  # (staged, name) of img2dataset's NNNNN.parquet, ...
     out = open_out_dir(options.out_dir)
-    names = output_names(shard)
+    names = output_names(inp)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
     written = {"kept": write_kept, "rejected": write_rej}  # no empty folders for outputs not written
@@ -223,12 +226,12 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             Path(tmp).unlink(missing_ok=True)
 
     try:
-        gz = is_gzip_name(shard_name(shard))  # a .tar.gz/.tgz shard's outputs are gzipped too
+        gz = is_gzip_name(shard_name(inp))  # a .tar.gz/.tgz shard's outputs are gzipped too
         kept_w = ShardWriter(staged["kept"], gzip=gz) if write_kept else None
         rej_w = ShardWriter(staged["rejected"], gzip=gz) if write_rej else None
         done_since = 0
         if options.scores_from:
-            scored = read_marker(shard, options.scores_from)
+            scored = read_marker(inp, options.scores_from)
             if scored is None:  # every shard of the run was scored: no record means it was undone
                 raise ShardChangedError(f"{printable(shard)}: the scoring pass left no record of "
                                         "it; run the same command again to score it anew")
@@ -294,7 +297,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "error": pa.array(rows["error"], pa.string()),
         # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
         # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
-        "shard": pa.array([shard_stem(shard)] * len(rows["key"]), pa.string()),
+        "shard": pa.array([shard_stem(inp)] * len(rows["key"]), pa.string()),
     })
     try:
         pq.write_table(table, staged["scores"])
@@ -401,9 +404,7 @@ def filter_task(task: tuple[Input | str, FilterOptions], detector, progress=None
     """Engine task function for ``filter``: ``task`` is ``(input, options)``, the input an
     ``io.parse.Input`` (a tar shard or a Parquet file) or a shard's name."""
     shard, options = task
-    if isinstance(shard, Input):
-        if shard.kind == "parquet":
-            from collapseguard.filter.parquet import process_parquet
-            return process_parquet(shard, options, detector, progress)
-        shard = shard.name
+    if isinstance(shard, Input) and shard.kind == "parquet":
+        from collapseguard.filter.parquet import process_parquet
+        return process_parquet(shard, options, detector, progress)
     return process_shard(shard, options, detector, progress)

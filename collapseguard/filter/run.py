@@ -258,29 +258,30 @@ def _threshold_alone_differs(before, now: dict) -> bool:
     return isinstance(before, dict) and {**before, "threshold": now.get("threshold")} == now
 
 
-def completed_marker(shard: str, options: FilterOptions, out: Path,
+def completed_marker(inp: Input | str, options: FilterOptions, out: Path,
                      detector_version: str | None) -> dict | None:
-    """The marker of ``shard``'s earlier completion in ``out`` if it can be reused; None when the
+    """The marker of the input's earlier completion in ``out`` if it can be reused; None when the
     shard must be (re)done; FilterError when reusing or redoing it would be wrong."""
-    marker = read_marker(shard, options.out_dir)
+    marker = read_marker(inp, options.out_dir)
+    shard = str(inp)
     if marker is None:
         return None
     if not same_shard(str(marker.get("shard", "")), shard):
         raise FilterError(
-            f"{shard_name(shard)} was completed in {out} from another shard "
+            f"{shard_name(inp)} was completed in {out} from another shard "
             f"({marker.get('shard')}); use --overwrite or another --out")
     if marker.get("options") != options.fingerprint():
         if (options.scores_from and marker.get("decided_from_scoring_pass")
                 and _threshold_alone_differs(marker.get("options"), options.fingerprint())):
             return None  # a --drop-fraction split, cut again: split again from the kept scores
         raise FilterError(
-            f"{shard_name(shard)} was completed in {out} with other settings "
+            f"{shard_name(inp)} was completed in {out} with other settings "
             f"({settings_diff(marker.get('options'), options.fingerprint())}); use --overwrite or "
             "another --out")
     done_with = marker.get("detector_version")
     if detector_version is not None and done_with is not None and done_with != detector_version:
         raise FilterError(
-            f"{shard_name(shard)} was completed in {out} by detector version {done_with}; "
+            f"{shard_name(inp)} was completed in {out} by detector version {done_with}; "
             f"{options.detector} is now version {detector_version} (other weights or code): "
             "use --overwrite or another --out")
     seen = marker.get("input")
@@ -307,13 +308,14 @@ def _same_bytes(shard: str, seen: dict, now: dict, digest: dict | None) -> bool:
     return file_digest(Path(path)) == {"size": digest.get("size"), "sha256": digest.get("sha256")}
 
 
-def clear_shard_outputs(shard: str, out_dir: str, *, parquet: bool = False) -> None:
+def clear_shard_outputs(shard: Input | str, out_dir: str) -> None:
     """Remove a shard's (or Parquet file's) outputs, marker first, and any temporary files a
     killed run left."""
     out, names = open_out_dir(out_dir), output_names(shard)
     for key in ("marker", "kept", "rejected", "scores"):
         out.remove(names[key])
-    for name in () if parquet else sidecars.output_names(shard):  # img2dataset's NNNNN.parquet, ...
+    parquet = isinstance(shard, Input) and shard.kind == "parquet"
+    for name in () if parquet else sidecars.output_names(str(shard)):  # img2dataset's sidecars
         out.remove(name)
 
 
@@ -350,11 +352,11 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     todo: list[Input] = []
     shards = [s.name for s in inputs]  # the names markers, summaries and messages use
     for s in inputs:
-        marker = completed_marker(s.name, options, out, detector_version) if resume else None
+        marker = completed_marker(s, options, out, detector_version) if resume else None
         if marker is not None:
             records[s.name] = {**marker, "shard": s.name}
         else:
-            clear_shard_outputs(s.name, options.out_dir, parquet=s.kind == "parquet")
+            clear_shard_outputs(s, options.out_dir)
             todo.append(s)
     errors: dict[str, str] = {}
     bar = progress_bar(len(shards), initial=len(records), unit="shard", quiet=quiet, desc="filter")
@@ -510,7 +512,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         pre = open_out_dir(prepass)
         scores = []
         for s in shards:
-            with pre.open_read(output_names(s.name)["scores"]) as f:
+            with pre.open_read(output_names(s)["scores"]) as f:
                 scores += [v for v in pq.read_table(f, columns=["score"]).column("score").to_pylist()
                            if v is not None]
         t = threshold_for_drop_fraction(scores, drop_fraction)
