@@ -114,22 +114,22 @@ def _decode_row(row) -> Fetched:
 
 def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> dict[tuple, Fetched]:
     """The wanted rows of a Parquet input, read once in order (only its image and key columns)."""
-    from collapseguard.io.parquet import find_image_column, open_parquet, read_rows
+    from collapseguard.io.parquet import find_image_column, parquet_file, read_rows
     out: dict[tuple, Fetched] = {}
     left = dict(keys)
     seen: dict[str, int] = {}
     try:
-        pf = open_parquet(source)
-        for row in read_rows(pf, find_image_column(pf.schema_arrow, image_column, source),
-                             all_columns=False):
-            nth = seen.get(row.key, 0)
-            seen[row.key] = nth + 1
-            if (row.key, nth) in left:
-                left.pop((row.key, nth))
-                out[(source, row.key, nth)] = _prepared(_decode_row(row), prepare)
-                if not left:
-                    break
-    except Exception as exc:  # a file that broke since scoring: say so per row
+        with parquet_file(source) as pf:
+            for row in read_rows(pf, find_image_column(pf.schema_arrow, image_column, source),
+                                 all_columns=False):
+                nth = seen.get(row.key, 0)
+                seen[row.key] = nth + 1
+                if (row.key, nth) in left:
+                    left.pop((row.key, nth))
+                    out[(source, row.key, nth)] = _prepared(_decode_row(row), prepare)
+                    if not left:
+                        break
+    except Exception as exc:  # noqa: BLE001 - a file that broke since scoring: said per row
         for k, n in left:
             out[(source, k, n)] = Fetched(error=f"cannot read {source}: {exc}")
         left = {}

@@ -65,18 +65,18 @@ def shard_keys(path: str) -> Iterator[str]:
 def parquet_keys(name: str, image_column: str | None = None) -> Iterator[str]:
     """The row keys of a Parquet input in order (its key column or row index; no image bytes are
     read). A file that cannot be read yields none: the audit reports it as a failed input."""
-    from collapseguard.io.parquet import find_id_column, open_parquet
+    from collapseguard.io.parquet import find_id_column, parquet_file
     try:
-        pf = open_parquet(name)
-        id_col = find_id_column(pf.schema_arrow)
-        if id_col is None:
-            yield from (str(i) for i in range(pf.metadata.num_rows))
-            return
-        start = 0
-        for batch in pf.iter_batches(columns=[id_col]):
-            for i, v in enumerate(batch.column(0).to_pylist()):
-                yield str(v if v is not None else start + i)
-            start += batch.num_rows
+        with parquet_file(name) as pf:
+            id_col = find_id_column(pf.schema_arrow)
+            if id_col is None:
+                yield from (str(i) for i in range(pf.metadata.num_rows))
+                return
+            start = 0
+            for batch in pf.iter_batches(columns=[id_col]):
+                for i, v in enumerate(batch.column(0).to_pylist()):
+                    yield str(v if v is not None else start + i)
+                start += batch.num_rows
     except (OSError, ValueError, CollapseguardError):
         return
 

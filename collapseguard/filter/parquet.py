@@ -37,7 +37,12 @@ from collapseguard.filter.pipeline import (
     read_marker,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
-from collapseguard.io.parquet import RowGroupWriter, find_image_column, open_parquet, read_rows
+from collapseguard.io.parquet import (
+    RowGroupWriter,
+    find_image_column,
+    open_parquet,
+    read_rows,
+)
 from collapseguard.io.parse import Input
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import join, open_stream
@@ -90,6 +95,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     rows = {c: [] for c in (*SCORE_COLUMNS, "row")}
     reasons: Counter = Counter()
     n_images = 0
+    pf = None
 
     def discard_all() -> None:  # a failed file leaves no partial outputs, whatever failed
         for w in writers.values():
@@ -160,6 +166,9 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     except BaseException:
         discard_all()
         raise
+    finally:
+        if pf is not None:
+            pf.close(force=True)
     table = pa.table({
         "key": pa.array(rows["key"], pa.string()),
         "score": pa.array(rows["score"], pa.float64()),

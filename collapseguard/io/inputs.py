@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collapseguard.images import is_image_name
-from collapseguard.io.tar import valid_text
-from collapseguard.io.terminal import first_of, printable
-from collapseguard.io.parquet import may_hold_images
 from collapseguard.io.parse import (
     OTHER_TAR_SUFFIXES,
     OTHER_TAR_WHY,
@@ -34,6 +31,8 @@ from collapseguard.io.parse import (
     parse_url,
     strip_suffix,
 )
+from collapseguard.io.tar import valid_text
+from collapseguard.io.terminal import first_of, printable
 from collapseguard.io.urls import (
     SHARD_SUFFIXES,
     URLError,
@@ -45,9 +44,21 @@ from collapseguard.io.urls import (
 )
 from collapseguard.io.walk import Walk, walk
 
-__all__ = ["OTHER_TAR_SUFFIXES", "OTHER_TAR_WHY", "SHARD_SUFFIXES", "ImageFile", "Input",
-           "InputError", "expand", "expand_inputs", "expand_shards", "expand_pattern", "is_shard",
-           "local_name", "unique_inputs"]
+__all__ = [
+    "OTHER_TAR_SUFFIXES",
+    "OTHER_TAR_WHY",
+    "SHARD_SUFFIXES",
+    "ImageFile",
+    "Input",
+    "InputError",
+    "expand",
+    "expand_inputs",
+    "expand_pattern",
+    "expand_shards",
+    "is_shard",
+    "local_name",
+    "unique_inputs",
+]
 
 
 
@@ -121,6 +132,12 @@ def _expand_url(url: str, data: list[Input], files: list[ImageFile]) -> None:
         elif found.kind != "parquet" or key is None or (not _is_sidecar_url(u, entries)
                                                          and may_hold_images(u)):
             data.append(found)
+
+
+def may_hold_images(name: str) -> bool:
+    """``io.parquet.may_hold_images``, imported when a Parquet file is found (pyarrow loads then)."""
+    from collapseguard.io.parquet import may_hold_images as check
+    return check(name)
 
 
 def _is_sidecar_url(u: str, entries) -> bool:

@@ -18,6 +18,7 @@ write row groups of at most ``ROW_GROUP_ROWS`` rows or ``ROW_GROUP_BYTES`` bytes
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ def _spooled(name: str):
     import tempfile
 
     from collapseguard.io.urls import open_stream
-    tmp = tempfile.TemporaryFile()
+    tmp = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the caller, closed with the reader
     try:
         with open_stream(name) as src:
             shutil.copyfileobj(src, tmp, 1 << 20)
@@ -159,6 +160,16 @@ def open_parquet(name: str) -> pq.ParquetFile:
         if "range requests" not in str(exc):
             raise
     return _parquet_file(name, _spooled(name))
+
+
+@contextlib.contextmanager
+def parquet_file(name: str) -> Iterator[pq.ParquetFile]:
+    """``open_parquet`` as a context: the file (or temporary copy) is closed on leaving."""
+    pf = open_parquet(name)
+    try:
+        yield pf
+    finally:
+        pf.close(force=True)
 
 
 @dataclass
@@ -219,19 +230,17 @@ def may_hold_images(name: str) -> bool:
     metadata table found in a folder); a file that cannot be read counts as one that may, so its
     reader says what is wrong with it."""
     try:
-        pf = open_parquet(name)
+        with parquet_file(name) as pf:
+            return any(_is_binary(f.type) or _is_image_struct(f.type) for f in pf.schema_arrow)
     except Exception:  # noqa: BLE001 - judged by the reader, which names the error
         return True
-    try:
-        return any(_is_binary(f.type) or _is_image_struct(f.type) for f in pf.schema_arrow)
-    finally:
-        pf.close()
 
 
 def count_rows(name: str) -> int | None:
     """The number of rows from the file's footer; None when it cannot be read."""
     try:
-        return open_parquet(name).metadata.num_rows
+        with parquet_file(name) as pf:
+            return pf.metadata.num_rows
     except Exception:  # noqa: BLE001 - a count for a progress bar; the read says what is wrong
         return None
 
@@ -272,7 +281,5 @@ class RowGroupWriter:
 
     def abort(self) -> None:
         self._parts = []
-        try:
+        with contextlib.suppress(Exception):  # the file is discarded anyway
             self._writer.close()
-        except Exception:  # noqa: BLE001 - the file is discarded anyway
-            pass

@@ -50,13 +50,21 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
 
     A shard or Parquet task may carry a third element, ``select(source, key, nth) -> bool``:
     samples (rows) it rejects are skipped before anything is decoded (used by ``audit --sample``)."""
+    kind = task[0]
+    if kind != "parquet":
+        return _score_task(task, detector, progress)
+    from collapseguard.io.parquet import parquet_file
+    with parquet_file(task[1][0]) as pf:  # closed once its rows are scored
+        return _score_task(task, detector, progress, pf)
+
+
+def _score_task(task: tuple, detector, progress=None, pf=None) -> list[dict]:
     kind, payload = task[0], task[1]
     select = task[2] if len(task) > 2 else None
     rows: list[dict] = []
     if kind == "parquet":
-        from collapseguard.io.parquet import find_image_column, open_parquet, read_rows
+        from collapseguard.io.parquet import find_image_column, read_rows
         name, column = payload
-        pf = open_parquet(name)
         records = read_rows(pf, find_image_column(pf.schema_arrow, column, name), all_columns=False)
         if select is not None:
             records = _selected(records, name, select)
