@@ -23,7 +23,12 @@ def test_a_file_named_like_a_pipe_command_on_the_command_line_is_that_file(tmp_p
     assert not (d / "PWNED_A").exists() and not (tmp_path / "PWNED_A").exists()
     assert read_members(tmp_path / "o" / "kept" / EVIL) == members  # named after the file
     run_cli(["score", EVIL, "-d", "nss", "-o", tmp_path / "s.csv", "-q"])
+    run_cli(["audit", EVIL, "-d", "nss", "--threshold", "1e9", "-o", tmp_path / "a", "-q"])
+    run_cli(["calibrate", "--clean", EVIL, "-d", "nss", "--max-false-drop", "0.5", "--confidence", "0.5",
+             "--holdout", "0", "--no-plot", "-o", tmp_path / "c.json", "--scores-out", tmp_path / "c.csv"])
     assert not (d / "PWNED_A").exists()
+    import pandas as pd
+    assert len(pd.read_csv(tmp_path / "s.csv")) == len(pd.read_csv(tmp_path / "c.csv")) == 2
 
 
 def test_the_parse_rule(tmp_path, photos, monkeypatch):
