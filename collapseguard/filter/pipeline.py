@@ -66,14 +66,15 @@ class FilterOptions:
     #: Parquet inputs: the column holding the images ("" = found by type and name)
     image_column: str = ""
 
-    def fingerprint(self) -> dict:
-        """Settings that change a shard's outputs; a completed shard is reused only if equal."""
+    def fingerprint(self, parquet: bool = True) -> dict:
+        """Settings that change a shard's outputs; a completed shard is reused only if equal.
+        ``image_column`` counts only for Parquet inputs (``parquet``) and only when set."""
         d = asdict(self)
         d.pop("out_dir")
         d.pop("batch_size")
         d.pop("scores_from")
         d.pop("run_id")
-        if not d["image_column"]:  # unset: markers made without the option still match
+        if not (parquet and d["image_column"]):  # unset, or a tar shard: markers still match
             d.pop("image_column")
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
@@ -333,7 +334,7 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         "reasons": dict(sorted(reasons.items())),
         "skipped_members": reader.skipped,
         "seconds": round(time.perf_counter() - t0, 3),
-        "options": options.fingerprint(),
+        "options": options.fingerprint(parquet=False),
         "detector_version": detector.version,
         "input": {k: v for k, v in identity.items() if k != "path"},
         "outputs": outputs,

@@ -264,19 +264,20 @@ def completed_marker(inp: Input | str, options: FilterOptions, out: Path,
     shard must be (re)done; FilterError when reusing or redoing it would be wrong."""
     marker = read_marker(inp, options.out_dir)
     shard = str(inp)
+    now = options.fingerprint(parquet=isinstance(inp, Input) and inp.kind == "parquet")
     if marker is None:
         return None
     if not same_shard(str(marker.get("shard", "")), shard):
         raise FilterError(
             f"{shard_name(inp)} was completed in {out} from another shard "
             f"({marker.get('shard')}); use --overwrite or another --out")
-    if marker.get("options") != options.fingerprint():
+    if marker.get("options") != now:
         if (options.scores_from and marker.get("decided_from_scoring_pass")
-                and _threshold_alone_differs(marker.get("options"), options.fingerprint())):
+                and _threshold_alone_differs(marker.get("options"), now)):
             return None  # a --drop-fraction split, cut again: split again from the kept scores
         raise FilterError(
             f"{shard_name(inp)} was completed in {out} with other settings "
-            f"({settings_diff(marker.get('options'), options.fingerprint())}); use --overwrite or "
+            f"({settings_diff(marker.get('options'), now)}); use --overwrite or "
             "another --out")
     done_with = marker.get("detector_version")
     if detector_version is not None and done_with is not None and done_with != detector_version:

@@ -119,6 +119,23 @@ def test_filter_conserves_every_row_in_order(tmp_path, photos, writer):
     assert json.loads((tmp_path / "out/summary.json").read_text())["per_shard"][0]["status"] == "resumed"
 
 
+def test_image_column_is_a_setting_of_parquet_inputs_only(tmp_path, photos):
+    """Naming the image column on a rerun redoes nothing for tar shards; for a Parquet file it is
+    a setting like the threshold (another value: refused, as other settings are)."""
+    import tarfile
+    images = _images(photos[:1])
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for k, b in images:
+            add_member(tf, f"{k}.jpg", b)
+    jpg_parquet(tmp_path / "j.parquet", images)
+    base = ["-o", tmp_path / "o", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(["filter", tmp_path / "s.tar", *base])
+    run_cli(["filter", tmp_path / "s.tar", *base, "--image-column", "jpg"])  # resumed, no refusal
+    run_cli(["filter", tmp_path / "j.parquet", *base, "--image-column", "jpg"])
+    res = run_cli(["filter", tmp_path / "j.parquet", *base, "--image-column", "key"], expect=1)
+    assert "image_column 'jpg' there, 'key' now" in res.output
+
+
 def test_row_groups_are_bounded(tmp_path, photos, monkeypatch):
     from collapseguard.io import parquet as pqio
     monkeypatch.setattr(pqio, "ROW_GROUP_ROWS", 3)
