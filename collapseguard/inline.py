@@ -1,4 +1,5 @@
-"""Filtering inside a data loader: a webdataset stage and a Ray Data scorer.
+"""Filtering inside a data loader: a webdataset stage, a Ray Data scorer and a batched function
+for Hugging Face ``datasets``.
 
 Both decide exactly as ``collapseguard filter`` does: the same decoding and scoring loop
 (``scoring.records.score_records``), the same threshold resolution (an explicit threshold, else a
@@ -27,6 +28,17 @@ Ray Data::
 
 ``RayScorer`` adds ``score``, ``decision`` and ``reason`` columns; image columns must hold the
 encoded bytes (``decoder=None``), because decoding them is part of what is decided.
+
+Hugging Face ``datasets`` (Parquet files with an ``Image`` feature, or a binary ``jpg`` column)::
+
+    import datasets
+    from collapseguard.inline import hf_scorer
+
+    ds = datasets.Dataset.from_parquet("data/*.parquet")
+    ds = ds.cast_column("image", datasets.Image(decode=False))  # bytes: decoding is judged too
+    scorer = hf_scorer()
+    kept = ds.filter(scorer.keep, batched=True)          # the rows `filter` writes to kept/
+    scored = ds.map(scorer, batched=True)                # + score, decision, reason, score_error
 
 What the loader shows the stage is all it can judge: webdataset drops link and device members of a
 tar before any stage sees them, so a sample that ``filter`` sets aside as ``refused_member`` reaches
@@ -240,4 +252,94 @@ class RayScorer:
         return out
 
 
-__all__ = ["RayScorer", "WdsFilter", "wds_filter"]
+def _row_image(value, column: str, i: int) -> tuple[list[tuple[str, bytes]], str]:
+    """A Hugging Face batch value as the scoring loop's members (``[(column, bytes)]``, or none)
+    and why there is none."""
+    if value is None:
+        return [], "the image is null"
+    if isinstance(value, dict):  # Image(decode=False): {"bytes": ..., "path": ...}
+        data = value.get("bytes")
+        if data is None:
+            path = value.get("path")
+            return [], (f"the image holds no bytes (only the path {path!r})" if path
+                        else "the image holds no bytes")
+        return [(column, bytes(data))], ""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return [(column, bytes(value))], ""
+    raise TypeError(f"row {i}: column {column!r} holds {type(value).__name__}, not encoded bytes; "
+                    f"cast it with ds.cast_column({column!r}, datasets.Image(decode=False)): "
+                    "decoding is part of what is judged")
+
+
+class HFScorer:
+    """A batched function for Hugging Face ``datasets`` (``batched=True``) that decides each row as
+    ``collapseguard filter`` decides a row of a Parquet input.
+
+    ``ds.map(scorer, batched=True)`` adds ``score``, ``decision`` and ``reason`` columns (and
+    ``score_error``, the reason a row has no score); ``ds.filter(scorer.keep, batched=True)`` keeps
+    the rows ``filter`` writes to kept/. The image column (``image_column``, else the first of
+    ``image``, ``img``, ``jpg``, ``jpeg``, ``png``, ``webp`` in the batch) must hold encoded bytes:
+    an ``Image`` feature cast with ``decode=False`` (``{"bytes", "path"}``) or a binary column.
+    A row without image bytes is ``no_image`` (kept unless ``reject_no_image``); bytes that do not
+    decode are ``decode_error`` (rejected).
+    """
+
+    def __init__(self, detector="cnn", calibration=None, threshold: float | None = None, *,
+                 image_column: str | None = None, batch_size: int | None = None,
+                 reject_no_image: bool = False, detector_kwargs: dict | None = None):
+        self._decider = _Decider(detector, calibration, threshold, batch_size=batch_size,
+                                 reject_no_image=reject_no_image, detector_kwargs=detector_kwargs)
+        self.image_column = image_column
+
+    @property
+    def threshold(self) -> float:
+        return self._decider.threshold
+
+    def _column(self, names) -> str:
+        from collapseguard.io.parquet import IMAGE_COLUMN_NAMES
+        if self.image_column is not None:
+            if self.image_column not in names:
+                raise KeyError(f"image column {self.image_column!r} not in the batch (columns: "
+                               f"{list(names)})")
+            return self.image_column
+        for want in IMAGE_COLUMN_NAMES:
+            for name in names:
+                if name.lower() == want:
+                    return name
+        raise KeyError(f"no image column in the batch (columns: {list(names)}); pass image_column=")
+
+    def _decisions(self, batch) -> list[tuple[Scored, str, str, str]]:
+        column = self._column(list(batch))
+        rows = [(i, *_row_image(v, column, i)) for i, v in enumerate(batch[column])]
+        out = []
+        d = self._decider
+        for (_, _, missing), scored in score_records(rows, d.detector, members_of=lambda r: r[1],
+                                                     batch_size=d.batch_size, images_only=False):
+            decision, reason = decide(scored, d.threshold, reject_no_image=d.reject_no_image)
+            out.append((scored, decision, reason, missing or scored.error))
+        return out
+
+    def __call__(self, batch) -> dict:
+        """For ``ds.map(scorer, batched=True)``: the new columns of a batch."""
+        got = self._decisions(batch)
+        return {"score": [s.score for s, *_ in got], "decision": [d for _, d, _, _ in got],
+                "reason": [r for _, _, r, _ in got], "score_error": [e for *_, e in got]}
+
+    def keep(self, batch) -> list[bool]:
+        """For ``ds.filter(scorer.keep, batched=True)``: which rows ``filter`` keeps."""
+        return [d == "kept" for _, d, _, _ in self._decisions(batch)]
+
+
+def hf_scorer(detector="cnn", calibration=None, threshold: float | None = None, *,
+              image_column: str | None = None, batch_size: int | None = None,
+              reject_no_image: bool = False, detector_kwargs: dict | None = None) -> HFScorer:
+    """An ``HFScorer`` for ``datasets.Dataset.map``/``.filter`` with ``batched=True``.
+
+    ``detector``, ``calibration`` and ``threshold`` are as for ``wds_filter``: without a threshold
+    or calibration, the calibration shipped for the detector is used, as in ``filter``."""
+    return HFScorer(detector, calibration, threshold, image_column=image_column,
+                    batch_size=batch_size, reject_no_image=reject_no_image,
+                    detector_kwargs=detector_kwargs)
+
+
+__all__ = ["HFScorer", "RayScorer", "WdsFilter", "hf_scorer", "wds_filter"]

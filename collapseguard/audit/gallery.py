@@ -20,6 +20,7 @@ from PIL import Image
 
 from collapseguard.images import DecodeError, decode_image, encode_png
 from collapseguard.io.inputs import is_shard
+from collapseguard.io.parse import kind_of
 from collapseguard.io.tar import ShardReader, valid_text
 from collapseguard.io.urls import is_remote, join, read_bytes, scheme
 from collapseguard.scoring.records import image_members
@@ -102,7 +103,43 @@ def _prepared(f: Fetched, prepare) -> Fetched:
     return f
 
 
-def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]:
+def _decode_row(row) -> Fetched:
+    if row.data is None:
+        return Fetched(error=row.missing)
+    try:
+        return Fetched(decode_image(row.data))
+    except DecodeError as exc:
+        return Fetched(error=str(exc))
+
+
+def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> dict[tuple, Fetched]:
+    """The wanted rows of a Parquet input, read once in order (only its image and key columns)."""
+    from collapseguard.io.parquet import find_image_column, parquet_file, read_rows
+    out: dict[tuple, Fetched] = {}
+    left = dict(keys)
+    seen: dict[str, int] = {}
+    try:
+        with parquet_file(source) as pf:
+            for row in read_rows(pf, find_image_column(pf.schema_arrow, image_column, source),
+                                 all_columns=False):
+                nth = seen.get(row.key, 0)
+                seen[row.key] = nth + 1
+                if (row.key, nth) in left:
+                    left.pop((row.key, nth))
+                    out[(source, row.key, nth)] = _prepared(_decode_row(row), prepare)
+                    if not left:
+                        break
+    except Exception as exc:  # noqa: BLE001 - a file that broke since scoring: said per row
+        for k, n in left:
+            out[(source, k, n)] = Fetched(error=f"cannot read {source}: {exc}")
+        left = {}
+    for k, n in left:
+        out[(source, k, n)] = Fetched(error="row not found on second read")
+    return out
+
+
+def fetch_samples(wanted: Iterable[tuple], prepare=None,
+                  image_column: str | None = None) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
     Fetched}``. ``nth`` (default 0) is which of the samples with that key in that shard: a key can
     repeat in a shard, and each repeat is a sample of its own.
@@ -117,6 +154,9 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None) -> dict[tuple, Fetched]
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
+        if kind_of(source) == "parquet" and scheme(source) != "pipe":
+            out.update(_fetch_rows(source, keys, image_column, prepare))
+            continue
         # a pipe: source is a shard whatever its command ends in, as scoring reads it
         if scheme(source) == "pipe" or (is_shard(source) and (is_remote(source) or os.path.isfile(source))):
             left = dict(keys)

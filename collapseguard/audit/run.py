@@ -94,6 +94,8 @@ class AuditOptions:
     gallery_size: int = 12
     crop_size: int = 256
     confidence: float = stats.CONFIDENCE
+    #: Parquet inputs: the column holding the images (None: found by type and name)
+    image_column: str | None = None
 
 
 def _version() -> str:
@@ -159,7 +161,8 @@ def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quie
     """Score through the filter's ``run_score`` (one detector, the same reading and engines)."""
     obj = det if options.workers <= 1 else None
     df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
-                             detector_kwargs=kwargs, select=select)
+                             detector_kwargs=kwargs, select=select,
+                             image_column=options.image_column)
     df["score"] = pd.to_numeric(df["score"], errors="coerce").astype(np.float64)
     return df, failures
 
@@ -204,7 +207,7 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) ->
 
     fetched = gallery.fetch_samples(
         ((df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted)),
-        prepare=prepare)
+        prepare=prepare, image_column=options.image_column)
     cards: dict[int, dict] = {}
     compared = [c[len("score:"):] for c in df.columns if c.startswith("score:")]
     for i in sorted(wanted):
@@ -247,7 +250,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from the inputs' "
              "listing (tar headers for shards: nothing is decoded)",
              quiet)
-        select, population = choose_sample(inputs, options.sample, options.seed)
+        select, population = choose_sample(inputs, options.sample, options.seed,
+                                           image_column=options.image_column)
     # one process: the compared detectors score the same decoded images (one read, one decode)
     panel = ComparePanel(det, others) if others and options.workers <= 1 else None
     _log(f"scoring with {det.name}" + (f" and {', '.join(others)} (--compare)" if panel else ""), quiet)

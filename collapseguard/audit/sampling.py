@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapseguard.errors import CollapseguardError
-from collapseguard.io.inputs import expand_inputs, unique_inputs
+from collapseguard.io.inputs import expand, unique_inputs
 from collapseguard.io.tar import CappedTarInfo, member_key, open_shard, split_key
 from collapseguard.io.urls import local_path
 
@@ -62,14 +62,36 @@ def shard_keys(path: str) -> Iterator[str]:
         return
 
 
-def list_samples(inputs: Sequence[str]) -> Iterator[tuple[str, str, int]]:
-    """``(source, key, nth)`` of every sample named by ``inputs`` (shards first, then image
-    files; each file once, as ``score`` reads them). ``nth`` counts earlier samples of the same key
-    in the shard."""
-    shards, files = unique_inputs(*expand_inputs(inputs))
-    for s in shards:
+def parquet_keys(name: str, image_column: str | None = None) -> Iterator[str]:
+    """The row keys of a Parquet input in order (its key column or row index; no image bytes are
+    read). A file that cannot be read yields none: the audit reports it as a failed input."""
+    from collapseguard.io.parquet import find_id_column, parquet_file
+    try:
+        with parquet_file(name) as pf:
+            id_col = find_id_column(pf.schema_arrow)
+            if id_col is None:
+                yield from (str(i) for i in range(pf.metadata.num_rows))
+                return
+            start = 0
+            for batch in pf.iter_batches(columns=[id_col]):
+                for i, v in enumerate(batch.column(0).to_pylist()):
+                    yield str(v if v is not None else start + i)
+                start += batch.num_rows
+    except (OSError, ValueError, CollapseguardError):
+        return
+
+
+def list_samples(inputs: Sequence[str], image_column: str | None = None) -> Iterator[tuple[str, str, int]]:
+    """``(source, key, nth)`` of every sample named by ``inputs`` (shards and Parquet rows first,
+    then image files; each file once, as ``score`` reads them). ``nth`` counts earlier samples of
+    the same key in the shard."""
+    data, files = expand(inputs)
+    shards, files = unique_inputs(data, files)
+    for inp in shards:
+        s = inp.name
         seen: dict[str, int] = {}
-        for key in shard_keys(s):
+        keys = parquet_keys(s, image_column) if inp.kind == "parquet" else shard_keys(s)
+        for key in keys:
             nth = seen.get(key, 0)
             seen[key] = nth + 1
             yield s, key, nth
@@ -77,14 +99,15 @@ def list_samples(inputs: Sequence[str]) -> Iterator[tuple[str, str, int]]:
         yield f.source, f.key, 0
 
 
-def choose_sample(inputs: Sequence[str], n: int, seed: int = 0) -> tuple[HashSelect | None, int]:
+def choose_sample(inputs: Sequence[str], n: int, seed: int = 0,
+                  image_column: str | None = None) -> tuple[HashSelect | None, int]:
     """A predicate selecting ``n`` random samples of ``inputs``, and the number of samples there are.
 
     Returns ``(None, total)`` when ``n >= total`` (everything is audited).
     """
     if n < 1:
         raise ValueError(f"sample size must be at least 1, got {n}")
-    ranks = np.fromiter((sample_rank(seed, *sample) for sample in list_samples(inputs)),
+    ranks = np.fromiter((sample_rank(seed, *sample) for sample in list_samples(inputs, image_column)),
                         dtype=np.uint64)
     total = len(ranks)
     if n >= total:

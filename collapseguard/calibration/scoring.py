@@ -139,7 +139,7 @@ def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None)
     """``(identity, source_id, path_id, read_bytes)`` for every image of one location. ``identity``
     is the same however the image was reached: the file's real path (a shard member: the shard's
     real path and the member's position), or its URL."""
-    if is_remote(str(loc)):
+    if is_remote(str(loc)) and not os.path.lexists(str(loc)):  # an existing file is that file
         yield from _iter_url(str(loc))
         return
     loc = Path(loc)

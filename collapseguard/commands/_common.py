@@ -22,6 +22,19 @@ def workers_option(default: int | None = None):
                         help="Worker processes (each loads the detector once).")
 
 
+def no_pipe_option():
+    return click.option("--no-pipe", is_flag=True, default=False,
+                        help="Refuse pipe:CMD inputs: no argument runs as a shell command (a file "
+                             "that exists is read as that file either way).")
+
+
+def refuse_pipes(inputs, no_pipe: bool) -> None:
+    """With ``--no-pipe``, one line naming the first argument that would run as a command."""
+    if no_pipe:
+        from collapseguard.io.parse import refuse_pipes as refuse
+        refuse(inputs)
+
+
 def trust_pickle_option():
     return click.option("--trust-pickle", is_flag=True, default=False,
                         help="Allow loading pickled checkpoints (RALI's pca.pkl/ckpt.pt). Only for "

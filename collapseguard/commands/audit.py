@@ -8,6 +8,8 @@ from collapseguard.commands._common import (
     detector_kwargs,
     detector_option,
     load_detector,
+    no_pipe_option,
+    refuse_pipes,
     threshold_options,
     trust_pickle_option,
     workers_option,
@@ -35,10 +37,14 @@ def _names(text: str | None) -> tuple[str, ...]:
 @workers_option(default=1)
 @click.option("--gallery-size", type=click.IntRange(min=1, max=100), default=12, show_default=True,
               help="Images per gallery.")
+@click.option("--image-column", default=None, metavar="NAME",
+              help="Parquet inputs: the column holding the images (default: found by type and "
+                   "name).")
+@no_pipe_option()
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, workers,
-          gallery_size, trust_pickle, quiet):
+          gallery_size, image_column, no_pipe, trust_pickle, quiet):
     """Audit a dataset: score INPUTS (shards, folders, image files, brace patterns such as
     'data/shard-{000..099}.tar'; paths or URLs such as 'pipe:CMD', http(s)://, s3://) and write a self-contained report.html with the flagged
     fraction and its confidence interval, the score histogram, the estimated replication step,
@@ -47,6 +53,7 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
     failed."""
     from collapseguard.audit.run import AuditOptions, format_summary, run_audit
 
+    refuse_pipes(inputs, no_pipe)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)
     names = _names(compare)
@@ -54,7 +61,8 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
                            compare=names,
                            compare_kwargs={n: detector_kwargs(n, trust_pickle) for n in names},
                            sample=sample, seed=seed, workers=workers,
-                           detector_kwargs=kwargs, gallery_size=gallery_size)
+                           detector_kwargs=kwargs, gallery_size=gallery_size,
+                           image_column=image_column)
     try:
         summary = run_audit(inputs, out, options, quiet=quiet, detector_obj=det)
     except ValueError as exc:  # plain ValueErrors of argument checks

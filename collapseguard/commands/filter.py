@@ -11,6 +11,8 @@ from collapseguard.commands._common import (
     detector_kwargs,
     detector_option,
     load_detector,
+    no_pipe_option,
+    refuse_pipes,
     threshold_options,
     trust_pickle_option,
     workers_option,
@@ -53,17 +55,24 @@ from collapseguard.io.terminal import printable
                    "decompressed) fails, named: a source that never ends stops there. A read that "
                    "waits longer than COLLAPSEGUARD_READ_TIMEOUT seconds (default 60) for the next "
                    f"bytes fails its shard too. [default: {MAX_SHARD_BYTES} (64 GiB)]")
+@click.option("--image-column", default=None, metavar="NAME",
+              help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
+                   "encoded bytes); default: found by type and name (image, jpg, png, webp).")
+@no_pipe_option()
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
-               max_sample_bytes, max_shard_bytes, trust_pickle, quiet):
-    """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
-    through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), folders of shards, or brace
-    patterns such as 'data/shard-{000..099}.tar', as paths or URLs ('pipe:CMD', http(s)://,
-    s3://, any fsspec protocol). Exits non-zero if any shard failed, naming it."""
+               max_sample_bytes, max_shard_bytes, image_column, no_pipe, trust_pickle, quiet):
+    """Filter WebDataset shards and Parquet files: score every image, drop degraded samples, copy
+    everything else through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), Parquet files
+    with images as bytes (kept/NAME.parquet and rejected/NAME.parquet keep every row and column),
+    folders of them, or brace patterns such as 'data/shard-{000..099}.tar', as paths or URLs
+    ('pipe:CMD', http(s)://, s3://, any fsspec protocol). Exits non-zero if any shard failed,
+    naming it."""
     from collapseguard.filter.run import run_filter_cli
 
+    refuse_pipes(inputs, no_pipe)
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
     if reshard is not None and dry_run:
@@ -81,7 +90,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                  dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet,
                                  limits={k: v for k, v in (("max_sample_bytes", max_sample_bytes),
                                                            ("max_shard_bytes", max_shard_bytes))
-                                         if v is not None})
+                                         if v is not None},
+                                 allow_pipe=not no_pipe, image_column=image_column or "")
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:
@@ -105,7 +115,10 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
     if reshard is not None:
         from collapseguard.filter.pipeline import shard_name
         from collapseguard.filter.reshard import reshard as write_resharded
-        done = write_resharded(out, [shard_name(r["shard"]) for r in summary["per_shard"]], reshard)
+        from collapseguard.io.parse import kind_of
+        names = [shard_name(r["shard"]) for r in summary["per_shard"]]
+        # Parquet outputs keep their rows in kept/NAME.parquet: resharding is for tar shards
+        done = write_resharded(out, [n for n in names if kind_of(n) != "parquet"], reshard)
         if not quiet:
             click.echo(f"resharded: {done['samples']} kept samples into {done['shards']} shard(s) "
                        f"of {reshard} in {os.path.join(out, 'resharded')}", err=True)

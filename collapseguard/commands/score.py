@@ -9,6 +9,8 @@ from collapseguard.commands._common import (
     detector_kwargs,
     detector_option,
     load_detector,
+    no_pipe_option,
+    refuse_pipes,
     trust_pickle_option,
     workers_option,
 )
@@ -21,12 +23,17 @@ from collapseguard.io.terminal import printable
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
               help="Output table: .csv, .tsv or .parquet (by suffix).")
 @workers_option(default=1)
+@click.option("--image-column", default=None, metavar="NAME",
+              help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
+                   "encoded bytes); default: found by type and name (image, jpg, png, webp).")
+@no_pipe_option()
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def score(paths, detector, out, workers, trust_pickle, quiet):
-    """Score images in PATHS: image files, folders (recursive), shards (.tar, .tar.gz), or brace
-    patterns such as 'data/shard-{000..009}.tar', as paths or URLs ('pipe:CMD', http(s)://,
-    s3://, any fsspec protocol). Higher score = more degraded; an image that cannot be
+def score(paths, detector, out, workers, image_column, no_pipe, trust_pickle, quiet):
+    """Score images in PATHS: image files, folders (recursive), shards (.tar, .tar.gz), Parquet
+    files with images as bytes (Hugging Face datasets, img2dataset), or brace patterns such as
+    'data/shard-{000..009}.tar', as paths or URLs ('pipe:CMD', http(s)://, s3://, any fsspec
+    protocol). Higher score = more degraded; an image that cannot be
     decoded gets an empty score and its error text."""
     from collapseguard.detectors.base import check_spec
     from collapseguard.scoring.run import (
@@ -41,9 +48,10 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     check_out_file(out)
+    refuse_pipes(paths, no_pipe)
     check_spec(detector)  # an unknown name fails at once; a missing input before a model loads
     unread: list[tuple[str, str]] = []
-    tasks = plan_score_tasks(paths, None, unread)
+    tasks = plan_score_tasks(paths, None, unread, image_column=image_column)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)  # a model that cannot be built fails here, in one line,
     # not in every worker

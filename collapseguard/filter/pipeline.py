@@ -30,6 +30,7 @@ from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import decide
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.parse import Input, basename_of, strip_suffix
 from collapseguard.io.tar import (
     MAX_SAMPLE_BYTES,
     MAX_SHARD_BYTES,
@@ -43,8 +44,6 @@ from collapseguard.io.urls import (
     is_remote,
     join,
     open_stream,
-    shard_basename,
-    strip_shard_suffix,
 )
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
@@ -74,9 +73,12 @@ class FilterOptions:
     max_sample_bytes: int = MAX_SAMPLE_BYTES
     #: a shard read past this many bytes fails (``io.tar.MAX_SHARD_BYTES``)
     max_shard_bytes: int = MAX_SHARD_BYTES
+    #: Parquet inputs: the column holding the images ("" = found by type and name)
+    image_column: str = ""
 
-    def fingerprint(self) -> dict:
-        """Settings that change a shard's outputs; a completed shard is reused only if equal."""
+    def fingerprint(self, parquet: bool = True) -> dict:
+        """Settings that change a shard's outputs; a completed shard is reused only if equal.
+        ``image_column`` counts only for Parquet inputs (``parquet``) and only when set."""
         d = asdict(self)
         d.pop("out_dir")
         d.pop("batch_size")
@@ -85,21 +87,25 @@ class FilterOptions:
         d.pop("max_shard_bytes")  # a shard over it fails: no output to compare
         if d["max_sample_bytes"] == MAX_SAMPLE_BYTES:  # as markers written without it read
             d.pop("max_sample_bytes")
+        if not (parquet and d["image_column"]):  # unset, or a tar shard: markers still match
+            d.pop("image_column")
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
-def shard_name(path: str) -> str:
-    """The file name of a shard's kept/ and rejected/ outputs (a URL's or ``pipe:`` command's
-    shard name: ``io.urls.shard_basename``)."""
-    return shard_basename(path)
+def shard_name(path: Input | str) -> str:
+    """The file name of a shard's (or Parquet file's) kept/ and rejected/ outputs: the input's
+    ``basename`` (for a name read back from a marker, ``io.parse.basename_of``)."""
+    return path.basename if isinstance(path, Input) else basename_of(path)
 
 
-def shard_stem(path: str) -> str:
-    return strip_shard_suffix(shard_name(path))
+def shard_stem(path: Input | str) -> str:
+    """``shard_name`` without its shard or Parquet suffix: scores and markers are named by it."""
+    return path.stem if isinstance(path, Input) else strip_suffix(shard_name(path))
 
 
-def output_names(shard: str) -> dict[str, str]:
-    """The outputs of a shard, relative to ``--out``."""
+def output_names(shard: Input | str) -> dict[str, str]:
+    """The outputs of a shard (an ``io.parse.Input``, or a name read back from a marker),
+    relative to ``--out``."""
     return {
         "kept": f"kept/{shard_name(shard)}",
         "rejected": f"rejected/{shard_name(shard)}",
@@ -113,7 +119,7 @@ def output_paths(shard: str, out_dir: str) -> dict[str, Path]:
     return {k: Path(out_dir, v) for k, v in output_names(shard).items()}
 
 
-def read_marker(shard: str, out_dir: str) -> dict | None:
+def read_marker(shard: Input | str, out_dir: str) -> dict | None:
     """The completion marker of a shard, or None when the shard is not complete."""
     text = open_out_dir(out_dir).read_text(output_names(shard)["marker"])
     try:
@@ -191,13 +197,15 @@ def outputs_match(marker: dict, out_dir: str) -> bool:
     return sidecars.still_valid(marker, str(marker.get("shard", "")), out)
 
 
-def process_shard(shard: str, options: FilterOptions, detector=None,
+def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                   progress: Callable[[int], None] | None = None) -> dict:
-    """Filter one shard; returns the completion record (also written as the marker).
+    """Filter one shard (an ``io.parse.Input``, or the name its reader opens); returns the
+    completion record (also written as the marker).
 
     ``detector`` is the already-loaded detector named by ``options.detector`` (workers keep one
     per process); ``progress(n)`` is called with the number of samples done since the last call.
     """
+    inp, shard = (shard, shard.name) if isinstance(shard, Input) else (shard, shard)
     if detector is None:
         from collapseguard.engines import get_detector
         detector = get_detector(options.detector, options.detector_kwargs)
@@ -207,7 +215,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
     side: list[tuple[str, str]] = []  # (staged, name) of img2dataset's NNNNN.parquet, ...
     orphans: list[dict] = []  # parquet rows that match no sample (sidecars.ORPHAN_FOLDER)
     out = open_out_dir(options.out_dir)
-    names = output_names(shard)
+    names = output_names(inp)
     write_kept = not options.dry_run
     write_rej = write_kept and options.write_rejected
     written = {"kept": write_kept, "rejected": write_rej}  # no empty folders for outputs not written
@@ -234,12 +242,12 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             Path(tmp).unlink(missing_ok=True)
 
     try:
-        gz = is_gzip_name(shard_name(shard))  # a .tar.gz/.tgz shard's outputs are gzipped too
+        gz = is_gzip_name(shard_name(inp))  # a .tar.gz/.tgz shard's outputs are gzipped too
         kept_w = ShardWriter(staged["kept"], gzip=gz) if write_kept else None
         rej_w = ShardWriter(staged["rejected"], gzip=gz) if write_rej else None
         done_since = 0
         if options.scores_from:
-            scored = read_marker(shard, options.scores_from)
+            scored = read_marker(inp, options.scores_from)
             if scored is None:  # every shard of the run was scored: no record means it was undone
                 raise ShardChangedError(f"{printable(shard)}: the scoring pass left no record of "
                                         "it; run the same command again to score it anew")
@@ -305,7 +313,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "error": pa.array(rows["error"], pa.string()),
         # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
         # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
-        "shard": pa.array([shard_stem(shard)] * len(rows["key"]), pa.string()),
+        "shard": pa.array([shard_stem(inp)] * len(rows["key"]), pa.string()),
     })
     try:
         pq.write_table(table, staged["scores"])
@@ -341,7 +349,7 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         "reasons": dict(sorted(reasons.items())),
         "skipped_members": reader.skipped,
         "seconds": round(time.perf_counter() - t0, 3),
-        "options": options.fingerprint(),
+        "options": options.fingerprint(parquet=False),
         "detector_version": detector.version,
         "input": {k: v for k, v in identity.items() if k != "path"},
         "outputs": outputs,
@@ -410,7 +418,11 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
                                 f"{read['sha256'][:12]}... now): {redo}")
 
 
-def filter_task(task: tuple[str, FilterOptions], detector, progress=None) -> dict:
-    """Engine task function for ``filter``: ``task`` is ``(shard, options)``."""
+def filter_task(task: tuple[Input | str, FilterOptions], detector, progress=None) -> dict:
+    """Engine task function for ``filter``: ``task`` is ``(input, options)``, the input an
+    ``io.parse.Input`` (a tar shard or a Parquet file) or a shard's name."""
     shard, options = task
+    if isinstance(shard, Input) and shard.kind == "parquet":
+        from collapseguard.filter.parquet import process_parquet
+        return process_parquet(shard, options, detector, progress)
     return process_shard(shard, options, detector, progress)

@@ -37,17 +37,17 @@ from collapseguard.filter.pipeline import (
     outputs_match,
     read_marker,
     shard_name,
-    shard_stem,
 )
 from collapseguard.io.inputs import (
-    expand_inputs,
-    expand_pattern,
+    Input,
+    expand,
     expand_shards,
     unique_inputs,
     unread_text,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.outdir import wrong_entries
+from collapseguard.io.parse import parse_argument
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import inside, is_fsspec, is_remote, join, local_path
 from collapseguard.scoring.progress import progress_bar
@@ -64,19 +64,19 @@ class FilterError(CollapseguardError, RuntimeError):
 def refuse_out_inside_inputs(inputs: Sequence[str], out_dir: str) -> None:
     """Refuse an ``--out`` inside an input folder: its kept/ and rejected/ shards would be read as
     inputs by the next run (and by ``score`` or ``audit`` of that folder)."""
+    parsed = [i for raw in inputs for i in parse_argument(raw)]  # nothing runs or is listed here
     if is_fsspec(out_dir):
-        for raw in inputs:
-            if is_fsspec(str(raw)) and inside(out_dir, str(raw)):
-                raise FilterError(f"--out {out_dir} is inside the input {raw}: its kept/ and "
+        for i in parsed:
+            if i.via == "url" and inside(out_dir, i.name):
+                raise FilterError(f"--out {out_dir} is inside the input {i.display}: its kept/ and "
                                   "rejected/ shards would be read as input next time; choose an "
                                   "--out outside the inputs")
         return
     out = Path(out_dir).resolve()
-    for raw in inputs:
-        if is_remote(str(raw)):
-            continue
-        for p in expand_pattern(str(raw)):
-            if os.path.isdir(p) and out.is_relative_to(Path(p).resolve()):
+    for i in parsed:
+        if i.kind == "folder":
+            p = i.display
+            if out.is_relative_to(Path(p).resolve()):
                 raise FilterError(f"--out {out_dir} is inside the input folder {p}: its kept/ and "
                                   "rejected/ shards would be read as input next time; choose an "
                                   "--out outside the inputs")
@@ -105,15 +105,16 @@ def _file_identity(name: str):
 
 
 def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
-                  failed: list[tuple[str, str]] | None = None) -> list[str]:
-    """The shards ``inputs`` name; FilterError naming what an input folder holds and cannot be
-    read (a broken link to a folder, a subfolder that cannot be listed): the shards there would
-    be in no output and no summary. ``loose`` (optional) receives the loose image files beside
-    the shards, which filter does not read (the summary counts them). ``failed`` (optional)
-    receives ``(url, why)`` for each URL input that cannot be listed (``io.inputs``): it fails,
-    the others are filtered; FilterError when no shard is left."""
+                  failed: list[tuple[str, str]] | None = None, *,
+                  allow_pipe: bool = True) -> list[Input]:
+    """The shards and Parquet files ``inputs`` name; FilterError naming what an input folder
+    holds and cannot be read (a broken link to a folder, a subfolder that cannot be listed): the
+    shards there would be in no output and no summary. ``loose`` (optional) receives the loose
+    image files beside the shards, which filter does not read (the summary counts them).
+    ``failed`` (optional) receives ``(url, why)`` for each URL input that cannot be listed
+    (``io.inputs``): it fails, the others are filtered; FilterError when no shard is left."""
     unread: list[tuple[str, str]] = []
-    shards, files = expand_inputs(inputs, unread, failed)
+    shards, files = expand(inputs, unread, failed, allow_pipe=allow_pipe)
     if failed and not shards:
         raise FilterError(unread_text(failed, "no shard is left to filter"))
     if unread:
@@ -126,49 +127,53 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
 
 def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
                 loose: list[str] | None = None,
-                failed: list[tuple[str, str]] | None = None) -> list[str]:
-    """Expand inputs to shards, once per file however often or however spelled it was given;
-    ``loose`` (optional) receives the loose image files found beside them, which are not filtered.
+                failed: list[tuple[str, str]] | None = None, *,
+                allow_pipe: bool = True) -> list[Input]:
+    """Expand inputs to shards and Parquet files (``io.parse.Input``), once per file however
+    often or however spelled it was given; ``loose`` (optional) receives the loose image files
+    found beside them, which are not filtered; ``failed`` (optional) receives the URL inputs that
+    cannot be listed; ``allow_pipe=False`` refuses ``pipe:`` commands.
 
     Refuses what an input folder holds and cannot be read, two different shards that would write
     to the same output name, and (given ``out_dir``) a shard lying in ``out_dir``'s kept/ or
     rejected/ folder, which this run would overwrite with its own output.
     """
-    shards: list[str] = []
+    shards: list[Input] = []
     seen: set = set()
-    for s in _input_shards(inputs, loose, failed):
-        ident = _file_identity(s)
+    for s in _input_shards(inputs, loose, failed, allow_pipe=allow_pipe):
+        ident = _file_identity(s.name)
         if ident not in seen:
             seen.add(ident)
             shards.append(s)
     if out_dir is not None and is_fsspec(out_dir):
         for s in shards:
             for sub in ("kept", "rejected"):
-                if inside(s, join(out_dir, sub)):
+                if inside(s.name, join(out_dir, sub)):
                     raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run "
                                       "writes its outputs; filter it into another --out")
     elif out_dir is not None:
         out = Path(out_dir).resolve()
         for s in shards:
-            if is_remote(s):
+            if s.path is None:
                 continue
-            real = Path(s).resolve()
+            real = Path(s.path).resolve()
             for sub in ("kept", "rejected"):
                 if real.is_relative_to(out / sub):
                     raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run writes "
                                       "its outputs; filter it into another --out")
-    by_name: dict[str, str] = {}
-    by_stem: dict[str, str] = {}
+    by_name: dict[str, Input] = {}
+    by_stem: dict[str, Input] = {}
     for s in shards:
-        other = by_name.setdefault(shard_name(s), s)
+        other = by_name.setdefault(s.basename, s)
         if other != s:
-            raise FilterError(f"two input shards share the name {shard_name(s)!r} ({other} and {s}); "
+            raise FilterError(f"two input shards share the name {s.basename!r} ({other} and {s}); "
                               "their outputs would collide: filter them into different --out folders")
         # scores/<stem>.parquet, .done/<stem>.json and the img2dataset sidecars are named by the
-        # stem: x.tar and x.tar.gz in one run would overwrite each other's scores and marker
-        other = by_stem.setdefault(shard_stem(s), s)
+        # stem: x.tar and x.tar.gz (or x.parquet) in one run would overwrite each other's scores
+        # and marker
+        other = by_stem.setdefault(s.stem, s)
         if other != s:
-            raise FilterError(f"two input shards share the stem {shard_stem(s)!r} ({other} and {s}); their "
+            raise FilterError(f"two input shards share the stem {s.stem!r} ({other} and {s}); their "
                               "scores, completion markers and sidecars would collide: filter them into "
                               "different --out folders")
     return shards
@@ -273,29 +278,31 @@ def _threshold_alone_differs(before, now: dict) -> bool:
     return isinstance(before, dict) and {**before, "threshold": now.get("threshold")} == now
 
 
-def completed_marker(shard: str, options: FilterOptions, out: Path,
+def completed_marker(inp: Input | str, options: FilterOptions, out: Path,
                      detector_version: str | None) -> dict | None:
-    """The marker of ``shard``'s earlier completion in ``out`` if it can be reused; None when the
+    """The marker of the input's earlier completion in ``out`` if it can be reused; None when the
     shard must be (re)done; FilterError when reusing or redoing it would be wrong."""
-    marker = read_marker(shard, options.out_dir)
+    marker = read_marker(inp, options.out_dir)
+    shard = str(inp)
+    now = options.fingerprint(parquet=isinstance(inp, Input) and inp.kind == "parquet")
     if marker is None:
         return None
     if not same_shard(str(marker.get("shard", "")), shard):
         raise FilterError(
-            f"{shard_name(shard)} was completed in {out} from another shard "
+            f"{shard_name(inp)} was completed in {out} from another shard "
             f"({marker.get('shard')}); use --overwrite or another --out")
-    if marker.get("options") != options.fingerprint():
+    if marker.get("options") != now:
         if (options.scores_from and marker.get("decided_from_scoring_pass")
-                and _threshold_alone_differs(marker.get("options"), options.fingerprint())):
+                and _threshold_alone_differs(marker.get("options"), now)):
             return None  # a --drop-fraction split, cut again: split again from the kept scores
         raise FilterError(
-            f"{shard_name(shard)} was completed in {out} with other settings "
-            f"({settings_diff(marker.get('options'), options.fingerprint())}); use --overwrite or "
+            f"{shard_name(inp)} was completed in {out} with other settings "
+            f"({settings_diff(marker.get('options'), now)}); use --overwrite or "
             "another --out")
     done_with = marker.get("detector_version")
     if detector_version is not None and done_with is not None and done_with != detector_version:
         raise FilterError(
-            f"{shard_name(shard)} was completed in {out} by detector version {done_with}; "
+            f"{shard_name(inp)} was completed in {out} by detector version {done_with}; "
             f"{options.detector} is now version {detector_version} (other weights or code): "
             "use --overwrite or another --out")
     seen = marker.get("input")
@@ -322,19 +329,21 @@ def _same_bytes(shard: str, seen: dict, now: dict, digest: dict | None) -> bool:
     return file_digest(Path(path)) == {"size": digest.get("size"), "sha256": digest.get("sha256")}
 
 
-def clear_shard_outputs(shard: str, out_dir: str) -> None:
-    """Remove a shard's outputs, marker first, and any temporary files a killed run left."""
+def clear_shard_outputs(shard: Input | str, out_dir: str) -> None:
+    """Remove a shard's (or Parquet file's) outputs, marker first, and any temporary files a
+    killed run left."""
     out, names = open_out_dir(out_dir), output_names(shard)
     for key in ("marker", "kept", "rejected", "scores"):
         out.remove(names[key])
-    for name in sidecars.output_names(shard):  # img2dataset's NNNNN.parquet, NNNNN_stats.json
+    parquet = isinstance(shard, Input) and shard.kind == "parquet"
+    for name in () if parquet else sidecars.output_names(str(shard)):  # img2dataset's sidecars
         out.remove(name)
 
 
 def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 2,
                engine: str = "local", resume: bool = True, quiet: bool = False,
                threshold_source: str = "", detector=None,
-               detector_version: str | None = None) -> dict:
+               detector_version: str | None = None, allow_pipe: bool = True) -> dict:
     """Filter ``inputs`` and write ``summary.json`` into ``options.out_dir``; returns the summary.
 
     ``detector`` (optional) is an already-created detector to reuse when running inline.
@@ -347,7 +356,7 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     refuse_out_inside_inputs(inputs, options.out_dir)
     loose: list[str] = []
     failed_inputs: list[tuple[str, str]] = []  # URL folders that cannot be listed: failed, named
-    shards = plan_shards(inputs, options.out_dir, loose, failed_inputs)
+    shards = plan_shards(inputs, options.out_dir, loose, failed_inputs, allow_pipe=allow_pipe)
     out = make_out_dir(options.out_dir)
     for url, why in failed_inputs:
         if not quiet:
@@ -362,16 +371,17 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
                            failed_inputs=failed_inputs)
 
 
-def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float, *, workers: int,
+def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: float, *, workers: int,
                 engine: str, resume: bool, quiet: bool, threshold_source: str, detector,
                 detector_version: str | None, loose: Sequence[str] = (),
                 failed_inputs: Sequence[tuple[str, str]] = ()) -> dict:
     records: dict[str, dict] = {}
-    todo: list[str] = []
-    for s in shards:
+    todo: list[Input] = []
+    shards = [s.name for s in inputs]  # the names markers, summaries and messages use
+    for s in inputs:
         marker = completed_marker(s, options, out, detector_version) if resume else None
         if marker is not None:
-            records[s] = {**marker, "shard": s}
+            records[s.name] = {**marker, "shard": s.name}
         else:
             clear_shard_outputs(s, options.out_dir)
             todo.append(s)
@@ -387,7 +397,7 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
         bar.set_postfix_str(f"{samples_done} samples, {rate:.1f}/s", refresh=True)
 
     def on_done(i: int, rec: dict | None, err: str | None) -> None:
-        shard = todo[i]
+        shard = todo[i].name
         if err is not None:
             errors[shard] = err
             bar.write(f"FAILED {printable(shard)}: {printable(err.splitlines()[0])}",
@@ -404,7 +414,8 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
                            scores_from=options.scores_from and _absolute(options.scores_from))
         try:
             make_engine(engine, workers, detector).run(
-                filter_task, [(_absolute(s), absolute) for s in todo], options.detector,
+                filter_task, [(s.with_name(_absolute(s.name)), absolute) for s in todo],
+                options.detector,
                 options.detector_kwargs, on_progress if not quiet else None, on_done)
         except KeyboardInterrupt:
             bar.close()
@@ -414,7 +425,8 @@ def _run_locked(shards: list[str], options: FilterOptions, out: Path, t0: float,
             raise
     bar.close()
     run_seconds = time.perf_counter() - t_run
-    summary = summarize(shards, records, errors, options, todo, run_seconds, threshold_source)
+    summary = summarize(shards, records, errors, options, [s.name for s in todo], run_seconds,
+                        threshold_source)
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
     # loose image files in the input folders are not filtered: counted, one named, never silent
     summary["loose_files_not_filtered"] = len(loose)
@@ -499,7 +511,8 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                    drop_fraction: float | None = None, workers: int = 2, engine: str = "local",
                    resume: bool = True, write_rejected: bool = True, reject_no_image: bool = False,
                    dry_run: bool = False, batch_size: int = 0, quiet: bool = False,
-                   limits: dict | None = None) -> dict:
+                   limits: dict | None = None, allow_pipe: bool = True,
+                   image_column: str = "") -> dict:
     """Resolve the threshold (explicit, calibration file, packaged default, or a drop-fraction
     cut over this data) and run the filter. ``detector`` is a created detector. ``limits``: the
     ``max_sample_bytes`` and ``max_shard_bytes`` of ``FilterOptions`` to set."""
@@ -511,17 +524,19 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     out = local_path(str(out)) or str(out)  # a file: URL is its local path
     base = dict(out_dir=str(out), detector=detector.name, detector_kwargs=tuple(kwargs),
                 batch_size=batch_size, reject_no_image=reject_no_image,
-                write_rejected=write_rejected, dry_run=dry_run, **(limits or {}))
+                write_rejected=write_rejected, dry_run=dry_run, image_column=image_column,
+                **(limits or {}))
     inline = detector if workers <= 1 else None
     common = dict(workers=workers, engine=engine, resume=resume, quiet=quiet, detector=inline,
-                  detector_version=detector.version)
+                  detector_version=detector.version, allow_pipe=allow_pipe)
     if drop_fraction is None:
         t, source, _ = resolve_threshold(detector, threshold, calibration)
         return run_filter(inputs, FilterOptions(threshold=t, **base), threshold_source=source,
                           **common)
     t0 = time.perf_counter()
     refuse_out_inside_inputs(inputs, str(out))
-    shards = plan_shards(inputs, str(out), failed=[])  # run_filter records the failed inputs
+    # run_filter records the failed inputs
+    shards = plan_shards(inputs, str(out), failed=[], allow_pipe=allow_pipe)
     with out_lock(make_out_dir(str(out))) as run_id:  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
         prepass = join(str(out), ".prepass")

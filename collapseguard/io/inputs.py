@@ -1,25 +1,36 @@
-"""Turning command-line inputs into shards and image files.
+"""Turning command-line inputs into shards, Parquet files and image files.
 
-An input is an image file, a folder (searched recursively for images and shards), a shard
-(``.tar``, ``.tar.gz``, ``.tgz``), or a brace pattern such as ``data/shard-{000..009}.tar``
-(expanded like the shell and webdataset do, including zero-padded ranges). Glob characters
-(``*``, ``?``) are expanded too. Each may also be a URL (``io.urls``): ``file:``, ``pipe:CMD``
-(a shard), or an fsspec URL naming an object, a folder/prefix or a glob.
+An input is an image file, a folder (searched recursively for images, shards and Parquet files),
+a shard (``.tar``, ``.tar.gz``, ``.tgz``), a Parquet file (``.parquet``: images as bytes in a
+column, ``io.parquet``), or a brace pattern such as ``data/shard-{000..009}.tar`` (expanded like
+the shell and webdataset do, including zero-padded ranges). Glob characters (``*``, ``?``) are
+expanded too. Each may also be a URL (``io.urls``): ``file:``, ``pipe:CMD`` (a shard), or an
+fsspec URL naming an object, a folder/prefix or a glob. Each argument is parsed once
+(``io.parse``, where the rule for ``pipe:`` lives) and each shard or Parquet file comes out as an
+``io.parse.Input``.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import braceexpand
-
-from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
+from collapseguard.io.parse import (
+    OTHER_TAR_SUFFIXES,
+    OTHER_TAR_WHY,
+    Input,
+    InputError,
+    expand_pattern,
+    local_name,
+    parse_argument,
+    parse_found,
+    parse_url,
+    strip_suffix,
+)
 from collapseguard.io.tar import valid_text
 from collapseguard.io.terminal import first_of, printable
 from collapseguard.io.urls import (
@@ -29,20 +40,27 @@ from collapseguard.io.urls import (
     is_shard_name,
     list_url,
     local_path,
-    scheme,
     url_path,
 )
 from collapseguard.io.walk import Walk, walk
 
-__all__ = ["SHARD_SUFFIXES", "ImageFile", "InputError", "expand_inputs", "expand_shards",
-           "expand_pattern", "is_shard", "local_name", "unique_inputs"]
+__all__ = [
+    "OTHER_TAR_SUFFIXES",
+    "OTHER_TAR_WHY",
+    "SHARD_SUFFIXES",
+    "ImageFile",
+    "Input",
+    "InputError",
+    "expand",
+    "expand_inputs",
+    "expand_pattern",
+    "expand_shards",
+    "is_shard",
+    "local_name",
+    "unique_inputs",
+]
 
 
-#: tars compressed otherwise than with gzip: not taken for shards (their outputs could not be
-#: written in kind), so a folder holding one names it rather than passing over its samples
-OTHER_TAR_SUFFIXES = (".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz", ".tar.zst", ".tzst", ".tar.lz4")
-OTHER_TAR_WHY = ("a tar compressed other than with gzip: shards are .tar, .tar.gz or .tgz "
-                 "(decompress it, or recompress it with gzip)")
 
 #: why io.walk skipped something that is read anyway (a loop, a folder reached twice)
 LOSSLESS_SKIPS = ("a link loop", "a link to a folder already read")
@@ -72,10 +90,6 @@ def unread_text(unread: list[tuple[str, str]], consequence: str, shown: int = 5)
     return f"not read: {named}; {consequence}"
 
 
-class InputError(CollapseguardError, ValueError):
-    """An input path or pattern does not name anything usable."""
-
-
 @dataclass(frozen=True)
 class ImageFile:
     """An image file and the key it is reported under (path relative to the folder given).
@@ -89,143 +103,162 @@ class ImageFile:
     source: str
 
 
-def expand_pattern(pattern: str) -> list[str]:
-    """Expand braces (``{000..009}``, ``{a,b}``) then globs; keeps order, drops duplicates. A path
-    that exists as written (``part[1].tar``, ``a{b}.tar``) is that path, not a pattern."""
-    if os.path.lexists(pattern):
-        return [pattern]
-    out: list[str] = []
-    for p in braceexpand.braceexpand(pattern):
-        if any(ch in p for ch in "*?["):
-            out.extend(sorted(glob.glob(p)))
-        else:
-            out.append(p)
-    seen: set[str] = set()
-    return [p for p in out if not (p in seen or seen.add(p))]
-
-
 def is_shard(path: str) -> bool:
     return is_shard_name(path)
 
 
-def _expand_url(raw: str, shards: list[str], files: list[ImageFile],
+def _expand_url(url: str, data: list[Input], files: list[ImageFile],
                 failed: list[tuple[str, str]] | None = None) -> None:
-    """Shards and image files named by a ``pipe:`` or fsspec URL (braces expanded). A URL that
-    cannot be listed raises InputError, or, given ``failed``, is appended there as ``(url, why)``
-    and the other inputs go on."""
-    for url in braceexpand.braceexpand(raw):
-        if scheme(url) == "pipe":
-            shards.append(url)
+    """Shards, Parquet files and image files named by an fsspec URL location (an object, a
+    folder/prefix, a glob). Nothing a listing returns is ever a command. A URL that cannot be
+    listed raises InputError, or, given ``failed``, is appended there as ``(url, why)`` and the
+    other inputs go on."""
+    try:
+        entries = list_url(url)
+    except (URLError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            # a server that cannot be reached is a URLError from list_url, named as such
+            why = f"{printable(url)}: no such object or folder"
+        elif isinstance(exc, URLError):
+            why = str(exc)
+        else:
+            why = f"{printable(url)}: cannot be read: {type(exc).__name__}: {printable(exc)}"
+        if failed is None:
+            raise InputError(why) from None
+        failed.append((url, why))
+        return
+    if not entries:
+        raise InputError(f"{url!r} matched nothing")
+    for u, key in entries:
+        found = parse_url(u)
+        if found is None:
+            if key is None:
+                raise InputError(f"{u}: not a .tar shard, a Parquet file or an image file")
+        elif found.kind == "image":
+            files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
+                                   valid_text(url if key else u)))
+        elif found.kind != "parquet" or key is None or (not _is_sidecar_url(u, entries)
+                                                         and may_hold_images(u)):
+            data.append(found)
+
+
+def may_hold_images(name: str) -> bool:
+    """``io.parquet.may_hold_images``, imported when a Parquet file is found (pyarrow loads then)."""
+    from collapseguard.io.parquet import may_hold_images as check
+    return check(name)
+
+
+def _is_sidecar_url(u: str, entries) -> bool:
+    """Is the listed Parquet object ``u`` an img2dataset sidecar of a shard listed beside it?"""
+    folder, name = u.rsplit("/", 1)
+    stems = {strip_suffix(e.rsplit("/", 1)[1]) for e, _ in entries
+             if e.startswith(folder + "/") and "/" not in e[len(folder) + 1:] and is_shard_name(e)}
+    return any(name.startswith(st + ".") for st in stems)
+
+
+def _is_sidecar(path: Path) -> bool:
+    """Is the Parquet file ``path``, found in a folder, an img2dataset sidecar (a shard beside it
+    whose stem starts its name: ``00000.parquet`` beside ``00000.tar``)? A sidecar travels with
+    its shard (``filter.sidecars``) and is no input of its own."""
+    try:
+        names = [e.name for e in os.scandir(path.parent)]
+    except OSError:
+        return False
+    return any(path.name.startswith(strip_suffix(n) + ".") for n in names if is_shard(n))
+
+
+def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
+                   unread: list[tuple[str, str]] | None) -> None:
+    root = Path(p)
+    try:
+        os.scandir(p).close()
+    except OSError as exc:
+        raise InputError(f"{p}: cannot list the folder ({exc.strerror or exc})") from None
+    # folder links followed once, loops skipped; file links read (io.walk's rule)
+    walked = walk(root, file_links="anywhere")
+    if unread is not None:
+        unread.extend(unread_in(p, walked))
+    for full in walked.paths:
+        found = parse_found(full)
+        if found is None:
             continue
-        try:
-            entries = list_url(url)
-        except (URLError, OSError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                # a server that cannot be reached is a URLError from list_url, named as such
-                why = f"{printable(url)}: no such object or folder"
-            elif isinstance(exc, URLError):
-                why = str(exc)
-            else:
-                why = f"{printable(url)}: cannot be read: {type(exc).__name__}: {printable(exc)}"
-            if failed is None:
-                raise InputError(why) from None
-            failed.append((url, why))
-            continue
-        if not entries:
-            raise InputError(f"{url!r} matched nothing")
-        for u, key in entries:
-            if is_shard_name(u):
-                shards.append(u)
-            elif is_image_name(url_path(u)):
-                files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
-                                       valid_text(url if key else u)))
-            elif key is None:
-                raise InputError(f"{u}: not a .tar shard or an image file")
+        if found.kind == "image":
+            files.append(ImageFile(found.name, valid_text(full.relative_to(root).as_posix()),
+                                   valid_text(str(root))))
+        elif found.kind != "parquet" or (not _is_sidecar(full) and may_hold_images(found.name)):
+            data.append(found)
 
 
-def local_name(path) -> str:
-    """A local path as a name no reader takes for a URL: ``pipe:x.png`` found in the current
-    folder (or given as ``file:pipe:x.png``) becomes ``./pipe:x.png``."""
-    name = str(path)
-    return name if scheme(name) == "" else os.path.join(os.curdir, name)
+def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
+           failed: list[tuple[str, str]] | None = None, *,
+           allow_pipe: bool = True) -> tuple[list[Input], list[ImageFile]]:
+    """The data inputs (tar shards and Parquet files, each an ``io.parse.Input``) and the image
+    files named by ``inputs`` (command-line arguments, parsed by ``io.parse.parse_argument``),
+    each in a stable order.
 
-
-def expand_inputs(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
-                  failed: list[tuple[str, str]] | None = None) -> tuple[list[str], list[ImageFile]]:
-    """Shards and image files named by ``inputs``, each in a stable order.
-
-    ``unread`` (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a
-    subfolder that cannot be listed, an entry that cannot be examined, a broken link that is not
-    named like an image or shard (it may have pointed to a folder). A link loop or a second link
-    to a folder already read loses nothing (the folder is read once) and is not listed.
+    A folder is searched recursively: its shards, Parquet files and image files; an fsspec URL
+    location is listed the same way. A Parquet file found there is an input unless it is an
+    img2dataset sidecar (beside a shard whose stem starts its name, ``00000.parquet`` beside
+    ``00000.tar``: it travels with its shard) or a table with no column that could hold image
+    bytes (``io.parquet.may_hold_images``: a scores table, say); a Parquet file named on the
+    command line is always an input. ``unread``
+    (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a subfolder
+    that cannot be listed, an entry that cannot be examined, a broken link that is not named like
+    an image or shard (it may have pointed to a folder). A link loop or a second link to a folder
+    already read loses nothing (the folder is read once) and is not listed. ``allow_pipe=False``
+    refuses ``pipe:`` commands (``--no-pipe``).
 
     ``failed`` (optional) receives ``(url, why)`` for a URL that cannot be listed (a 404, an error
     status, a redirect loop, a subfolder whose page cannot be read): that input fails and the
     others are expanded; without it, such a URL raises InputError.
 
-    Raises InputError for a path that does not exist or is neither a shard, an image nor a folder.
+    Raises InputError for a path that does not exist or is neither a shard, a Parquet file, an
+    image nor a folder.
     """
-    shards: list[str] = []
+    data: list[Input] = []
     files: list[ImageFile] = []
     for raw in inputs:
-        raw = str(raw)
-        if is_remote(raw):
-            _expand_url(raw, shards, files, failed)
-            continue
-        paths = expand_pattern(local_path(raw) or raw)
-        if not paths:
-            raise InputError(f"{raw!r} matched nothing")
-        for p in paths:
-            if os.path.isdir(p):
-                root = Path(p)
-                try:
-                    os.scandir(p).close()
-                except OSError as exc:
-                    raise InputError(f"{p}: cannot list the folder ({exc.strerror or exc})") from None
-                # folder links followed once, loops skipped; file links read (io.walk's rule)
-                walked = walk(root, file_links="anywhere")
-                if unread is not None:
-                    unread.extend(unread_in(p, walked))
-                for full in walked.paths:
-                    name = full.name
-                    if is_shard(name):
-                        shards.append(local_name(full))
-                    elif is_image_name(name):
-                        files.append(ImageFile(local_name(full), valid_text(full.relative_to(root).as_posix()),
-                                           valid_text(str(root))))
-            elif os.path.isfile(p):
-                if is_shard(p):
-                    shards.append(local_name(p))
-                elif is_image_name(p):
-                    files.append(ImageFile(local_name(p), valid_text(os.path.basename(p)), valid_text(p)))
-                elif p.lower().endswith(OTHER_TAR_SUFFIXES):
-                    raise InputError(f"{p}: {OTHER_TAR_WHY}")
-                else:
-                    raise InputError(f"{p}: not a shard (.tar, .tar.gz, .tgz) or an image file")
-            elif os.path.exists(p):
-                raise InputError(f"{p}: not a regular file or folder (a FIFO, socket or device)")
+        for item in parse_argument(raw, allow_pipe=allow_pipe):
+            if item.kind == "url":
+                _expand_url(item.name, data, files, failed)
+            elif item.kind == "folder":
+                _expand_folder(item.display, data, files, unread)
+            elif item.kind == "image":
+                files.append(ImageFile(item.name, valid_text(os.path.basename(item.display)),
+                                       valid_text(item.display)))
             else:
-                raise InputError(f"{p}: no such file or folder")
-    return shards, files
+                data.append(item)
+    return data, files
 
 
-def expand_shards(inputs: Iterable[str]) -> list[str]:
-    """Only the shards named by ``inputs`` (folders searched for ``*.tar``); errors if none."""
-    shards, files = expand_inputs(inputs)
+def expand_inputs(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
+                  failed: list[tuple[str, str]] | None = None) -> tuple[list[str], list[ImageFile]]:
+    """``expand`` with the tar shards as the names their readers open (Parquet files left out):
+    for readers of shards alone."""
+    data, files = expand(inputs, unread, failed)
+    return [d.name for d in data if d.kind != "parquet"], files
+
+
+def expand_shards(inputs: Iterable[str]) -> list[Input]:
+    """Only the shards and Parquet files named by ``inputs`` (folders searched); errors if none."""
+    shards, files = expand(inputs)
     if files and not shards:
-        raise InputError("no .tar shards among the inputs (filter works on WebDataset shards; "
-                         "use `collapseguard score` for loose image files)")
+        raise InputError("no .tar shards or Parquet files among the inputs (filter works on "
+                         "WebDataset shards and Parquet files; use `collapseguard score` for loose "
+                         "image files)")
     if not shards:
-        raise InputError("no .tar shards found in the inputs")
+        raise InputError("no .tar shards found in the inputs (and no Parquet files)")
     return shards
 
 
-def unique_inputs(shards: list[str], files: list[ImageFile]) -> tuple[list[str], list[ImageFile]]:
-    """``shards`` and ``files`` with each file kept once, under its first name: a file named twice,
-    under two spellings, or also found inside a folder given (``score``, ``audit``)."""
+def unique_inputs(shards: list, files: list[ImageFile]) -> tuple[list, list[ImageFile]]:
+    """``shards`` (names or ``io.parse.Input``) and ``files`` with each file kept once, under its
+    first name: a file named twice, under two spellings, or also found inside a folder given
+    (``score``, ``audit``)."""
     seen: set[str] = set()
 
     def first(path: str) -> bool:
+        path = str(path)
         real = path if is_remote(path) else os.path.realpath(local_path(path) or path)
         return not (real in seen or seen.add(real))
     return [s for s in shards if first(s)], [f for f in files if first(f.path)]

@@ -11,7 +11,8 @@ A name is one of:
   environment (``AWS_ENDPOINT_URL``, ``~/.aws``, ...).
 
 Every reader here streams: a shard is read front to back once, and nothing is downloaded whole.
-``pipe:`` commands come from the command line only; names read from files (tables, manifests)
+``pipe:`` commands come from the command line only (``io.parse.parse_argument`` decides which
+argument is one: never a name that exists as a file); names read from files (tables, manifests)
 are never opened as ``pipe:``.
 
 A loose file read whole (``read_bytes``: an image given by name or found in a folder) is read only

@@ -13,7 +13,7 @@ import pandas as pd
 
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
-from collapseguard.io.inputs import ImageFile, InputError, expand_inputs, unique_inputs
+from collapseguard.io.inputs import ImageFile, InputError, expand, unique_inputs
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar
@@ -45,14 +45,32 @@ def _selected(samples, source: str, select):
 
 
 def score_task(task: tuple, detector, progress=None) -> list[dict]:
-    """Engine task: ``("shard", path)`` or ``("files", [ImageFile, ...])`` -> list of rows.
+    """Engine task: ``("shard", path)``, ``("parquet", (path, image column or None))`` or
+    ``("files", [ImageFile, ...])`` -> list of rows.
 
-    A shard task may carry a third element, ``select(source, key, nth) -> bool``: samples it rejects
-    are skipped before anything is decoded (used by ``audit --sample``)."""
+    A shard or Parquet task may carry a third element, ``select(source, key, nth) -> bool``:
+    samples (rows) it rejects are skipped before anything is decoded (used by ``audit --sample``)."""
+    kind = task[0]
+    if kind != "parquet":
+        return _score_task(task, detector, progress)
+    from collapseguard.io.parquet import parquet_file
+    with parquet_file(task[1][0]) as pf:  # closed once its rows are scored
+        return _score_task(task, detector, progress, pf)
+
+
+def _score_task(task: tuple, detector, progress=None, pf=None) -> list[dict]:
     kind, payload = task[0], task[1]
     select = task[2] if len(task) > 2 else None
     rows: list[dict] = []
-    if kind == "shard":
+    if kind == "parquet":
+        from collapseguard.io.parquet import find_image_column, read_rows
+        name, column = payload
+        records = read_rows(pf, find_image_column(pf.schema_arrow, column, name), all_columns=False)
+        if select is not None:
+            records = _selected(records, name, select)
+        members_of = lambda r: r.members
+        ident = lambda r: (name, r.key)
+    elif kind == "shard":
         records = ShardReader(str(payload))
         if select is not None:
             records = _selected(records, str(payload), select)
@@ -64,14 +82,19 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
         members_of = lambda f: _file_members(f, read_errors)
         ident = lambda f: (f.source, f.key)
     n = 0
-    for rec, res in score_records(records, detector, members_of=members_of):
+    for rec, res in score_records(records, detector, members_of=members_of,
+                                  images_only=kind != "parquet"):
         source, key = ident(rec)
+        if kind == "shard":
+            error = sample_error(rec, res.error)
+        elif kind == "parquet":
+            error = res.error if rec.data is not None else rec.missing
+        else:
+            error = read_errors.get(rec.path, res.error)
         row = {"source": source, "key": key, "score": res.score, "detector": detector.name,
                "detector_version": detector.version,
-               "image": res.image if kind == "shard" else "", "width": res.width,
-               "height": res.height, "storage": res.storage,
-               "error": (sample_error(rec, res.error) if kind == "shard"
-                         else read_errors.get(rec.path, res.error))}
+               "image": res.image if kind != "files" else "", "width": res.width,
+               "height": res.height, "storage": res.storage, "error": error}
         row.update({f"{k}": v for k, v in res.extra.items()})
         rows.append(row)
         n += 1
@@ -82,18 +105,30 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
     return rows
 
 
+def data_task(inp, image_column: str | None = None) -> tuple:
+    """The score task of a shard or Parquet input (an ``io.parse.Input``)."""
+    if inp.kind == "parquet":
+        return ("parquet", (inp.name, image_column or None))
+    return ("shard", inp.name)
+
+
 def plan_score_tasks(inputs: Sequence[str], select=None,
-                     unread: list[tuple[str, str]] | None = None) -> list[tuple]:
-    """One task per shard and per chunk of image files. ``select(source, key, nth=0) -> bool``
-    (optional, picklable for worker processes) limits scoring to the samples it accepts;
-    ``unread`` receives what the folders hold and cannot be read (``expand_inputs``)."""
+                     unread: list[tuple[str, str]] | None = None, *,
+                     image_column: str | None = None) -> list[tuple]:
+    """One task per shard, per Parquet file and per chunk of image files.
+    ``select(source, key, nth=0) -> bool`` (optional, picklable for worker processes) limits
+    scoring to the samples it accepts; ``unread`` receives what the folders hold and cannot be
+    read (``io.inputs.expand``); ``image_column`` names the image column of Parquet inputs."""
     # a file named twice (or under two spellings, or also inside a folder given) is scored once,
     # under its first name: one row per image, no repeated (source, key)
-    shards, files = unique_inputs(*expand_inputs(inputs, unread))
+    data, files = expand(inputs, unread)
+    shards, files = unique_inputs(data, files)
     if not shards and not files:
-        raise InputError(f"no image files or .tar shards in {', '.join(map(str, inputs))} (images: "
-                         f"{', '.join(IMAGE_EXTENSIONS)}; shards: .tar, .tar.gz, .tgz)")
-    tasks: list[tuple] = [("shard", s) if select is None else ("shard", s, select) for s in shards]
+        raise InputError(f"no image files or .tar shards (nor Parquet files) in "
+                         f"{', '.join(map(str, inputs))} (images: {', '.join(IMAGE_EXTENSIONS)}; "
+                         "shards: .tar, .tar.gz, .tgz; .parquet)")
+    tasks: list[tuple] = [data_task(s, image_column) + ((select,) if select is not None else ())
+                          for s in shards]
     if select is not None:
         files = [f for f in files if select(f.source, f.key)]
     for i in range(0, len(files), FILES_PER_TASK):
@@ -104,8 +139,10 @@ def plan_score_tasks(inputs: Sequence[str], select=None,
 def _total(tasks: list[tuple]) -> int | None:
     """Samples and files the tasks will score, when every shard can be counted cheaply."""
     total = 0
+    from collapseguard.io.parquet import count_rows
     for t in tasks:
-        n = count_samples(t[1]) if t[0] == "shard" else len(t[1])
+        n = (count_samples(t[1]) if t[0] == "shard" else count_rows(t[1][0]) if t[0] == "parquet"
+             else len(t[1]))
         if n is None:
             return None
         total += n
@@ -114,7 +151,8 @@ def _total(tasks: list[tuple]) -> int | None:
 
 def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
               detector_obj=None, detector_kwargs: tuple = (),
-              select=None, planned: tuple[list, list] | None = None) -> tuple[pd.DataFrame, list[str]]:
+              select=None, planned: tuple[list, list] | None = None,
+              image_column: str | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Score every image named by ``inputs``; returns (table, errors of tasks that failed).
 
     ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
@@ -124,7 +162,7 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     (a caller that checks its inputs before loading a detector), instead of planning here."""
     if planned is None:
         unread: list[tuple[str, str]] = []
-        tasks = plan_score_tasks(inputs, select, unread)
+        tasks = plan_score_tasks(inputs, select, unread, image_column=image_column)
     else:
         tasks, unread = planned
     results: list[list[dict] | None] = [None] * len(tasks)
@@ -134,7 +172,8 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
 
     def on_done(i, rows, err):
         if err is not None:
-            failures.append(f"{tasks[i][1] if tasks[i][0] == 'shard' else 'image files'}: {err}")
+            what = {"shard": tasks[i][1], "parquet": tasks[i][1][0]}.get(tasks[i][0], "image files")
+            failures.append(f"{what}: {err}")
         results[i] = rows or []
 
     make_engine("local", workers, detector_obj).run(

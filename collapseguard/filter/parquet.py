@@ -1,0 +1,230 @@
+"""The per-file work for a Parquet input: one function of (input, options) -> outputs.
+
+``process_parquet`` reads the file's rows in order (``io.parquet``), scores each row's image,
+decides as for a shard sample (``filter.decisions``) and writes ``kept/<name>.parquet`` and
+``rejected/<name>.parquet``: every input row lands in exactly one of them, in input order, every
+column as it was (image bytes identical; the Arrow schema and its metadata, Hugging Face features
+included, kept). ``scores/<stem>.parquet`` has one row per input row (``key``: the id column or
+the row index; ``row``: the row index). Outputs are staged and committed, and the completion
+marker ``.done/<stem>.json`` written last, exactly as ``filter.pipeline.process_shard`` does for
+a shard, so resume, ``--overwrite`` and the conservation check treat both alike. A row without
+image bytes is ``no_image`` (kept unless ``--reject-no-image``), one whose bytes do not decode
+``decode_error`` (rejected), each with its reason in the scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from collapseguard.filter.decisions import decide
+from collapseguard.filter.pipeline import (
+    SCORE_COLUMNS,
+    FilterOptions,
+    ShardChangedError,
+    check_still_owner,
+    file_digest,
+    input_identity,
+    output_names,
+    read_marker,
+)
+from collapseguard.io.outdir import out_dir as open_out_dir
+from collapseguard.io.parquet import (
+    RowGroupWriter,
+    find_image_column,
+    open_parquet,
+    read_rows,
+)
+from collapseguard.io.parse import Input
+from collapseguard.io.terminal import printable
+from collapseguard.io.urls import join, open_stream
+from collapseguard.scoring.records import Scored, score_records
+
+_STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
+                     "score_error": "score_error"}
+
+
+def _precomputed(rows, scores_path: str, where: str):
+    """Pair rows with an earlier scoring pass's scores (``--drop-fraction``), checking that the
+    file still has the rows (keys, count) that were scored."""
+    with open_stream(scores_path, allow_pipe=False) as f:
+        table = pq.read_table(f).to_pylist()
+    redo = ("the scores of the scoring pass are not this file's; run the same command again to "
+            "score it anew")
+    it = iter(table)
+    for row in rows:
+        prev = next(it, None)
+        if prev is None or prev["key"] != row.key:
+            raise ShardChangedError(f"{printable(where)}: row {row.index} is not the one the scoring "
+                                    f"pass read (the file changed since): {redo}")
+        score = prev["score"]
+        yield row, Scored(score=float("nan") if score is None else score, image=prev["image"],
+                          error=prev["error"], status=_STATUS_OF_REASON.get(prev["reason"], "ok"),
+                          width=prev["width"], height=prev["height"], storage=prev["storage"] or "",
+                          n_images=1 if row.data is not None else 0)
+    if next(it, None) is not None:
+        raise ShardChangedError(f"{printable(where)}: fewer rows than the scoring pass read (the "
+                                f"file changed since): {redo}")
+
+
+def process_parquet(inp: Input, options: FilterOptions, detector=None,
+                    progress: Callable[[int], None] | None = None) -> dict:
+    """Filter one Parquet file; returns the completion record (also written as the marker)."""
+    if detector is None:
+        from collapseguard.engines import get_detector
+        detector = get_detector(options.detector, options.detector_kwargs)
+    t0 = time.perf_counter()
+    name = inp.name
+    identity = input_identity(name)  # before reading: a file changed meanwhile is redone on resume
+    out = open_out_dir(options.out_dir)
+    names = output_names(inp)
+    write_kept = not options.dry_run
+    write_rej = write_kept and options.write_rejected
+    written = {"kept": write_kept, "rejected": write_rej}
+    rid = options.run_id
+    staged = {k: out.stage(n, rid) for k, n in names.items() if written.get(k, True)}
+    writers: dict[str, RowGroupWriter] = {}
+    rows = {c: [] for c in (*SCORE_COLUMNS, "row")}
+    reasons: Counter = Counter()
+    n_images = 0
+    pf = None
+
+    def discard_all() -> None:  # a failed file leaves no partial outputs, whatever failed
+        for w in writers.values():
+            w.abort()
+        for key in ("kept", "rejected", "scores", "marker"):
+            if key in staged:
+                try:
+                    out.discard(staged[key])
+                except OSError:
+                    pass
+
+    try:
+        pf = open_parquet(name)
+        column = find_image_column(pf.schema_arrow, options.image_column or None, name)
+        schema = pf.schema_arrow
+        for key in ("kept", "rejected"):
+            if written[key]:
+                writers[key] = RowGroupWriter(staged[key], schema)
+        source = read_rows(pf, column)
+        if options.scores_from:
+            if read_marker(inp, options.scores_from) is None:
+                raise ShardChangedError(f"{printable(name)}: the scoring pass left no record of it; "
+                                        "run the same command again to score it anew")
+            stream = _precomputed(source, join(options.scores_from, names["scores"]), name)
+        else:
+            stream = score_records(source, detector, members_of=lambda r: r.members,
+                                   batch_size=options.batch_size or None, images_only=False)
+        batch, keep = None, []
+        done_since = 0
+
+        def write_batch() -> None:
+            mask = pa.array(keep, pa.bool_())
+            for key, m in (("kept", mask), ("rejected", pc.invert(mask))):
+                if key in writers:
+                    writers[key].write(batch.filter(m))
+
+        for row, scored in stream:
+            if row.batch is not batch:
+                if batch is not None:
+                    write_batch()
+                batch, keep = row.batch, []
+            decision, reason = decide(scored, options.threshold,
+                                      reject_no_image=options.reject_no_image)
+            keep.append(decision == "kept")
+            reasons[reason] += 1
+            n_images += scored.n_images
+            error = scored.error if row.data is not None else row.missing
+            for col, val in (("key", row.key), ("score", scored.score), ("decision", decision),
+                             ("reason", reason), ("detector", detector.name),
+                             ("detector_version", detector.version), ("image", scored.image),
+                             ("width", scored.width), ("height", scored.height),
+                             ("storage", scored.storage), ("error", error), ("row", row.index)):
+                rows[col].append(val)
+            done_since += 1
+            if progress is not None and done_since >= 16:
+                progress(done_since)
+                done_since = 0
+        if batch is not None:
+            write_batch()
+        if progress is not None and done_since:
+            progress(done_since)
+        for w in writers.values():
+            w.close()
+        n = len(rows["key"])
+        if n != pf.metadata.num_rows:  # never a row short: each is in kept/ or rejected/
+            raise ShardChangedError(f"{printable(name)}: read {n} rows, its footer says "
+                                    f"{pf.metadata.num_rows}")
+    except BaseException:
+        discard_all()
+        raise
+    finally:
+        if pf is not None:
+            pf.close(force=True)
+    table = pa.table({
+        "key": pa.array(rows["key"], pa.string()),
+        "score": pa.array(rows["score"], pa.float64()),
+        "decision": pa.array(rows["decision"], pa.string()),
+        "reason": pa.array(rows["reason"], pa.string()),
+        "detector": pa.array(rows["detector"], pa.string()),
+        "detector_version": pa.array(rows["detector_version"], pa.string()),
+        "image": pa.array(rows["image"], pa.string()),
+        "width": pa.array(rows["width"], pa.int32()),
+        "height": pa.array(rows["height"], pa.int32()),
+        "storage": pa.array(rows["storage"], pa.string()),
+        "error": pa.array(rows["error"], pa.string()),
+        "shard": pa.array([inp.stem] * n, pa.string()),
+        "row": pa.array(rows["row"], pa.int64()),
+    })
+    try:
+        pq.write_table(table, staged["scores"])
+        outputs = {"scores": file_digest(Path(staged["scores"]))}
+        for key in ("kept", "rejected"):
+            if key in writers:
+                outputs[key] = file_digest(Path(staged[key]))
+        check_still_owner(options)
+        for key in ("kept", "rejected", "scores"):
+            if key in outputs:
+                out.commit(staged[key], names[key])
+    except BaseException:
+        writers = {}
+        discard_all()
+        raise
+    kept = int(np.sum([d == "kept" for d in rows["decision"]])) if n else 0
+    record = {
+        "shard": name,
+        "samples": n,
+        "images": n_images,
+        "kept": kept,
+        "rejected": n - kept,
+        "reasons": dict(sorted(reasons.items())),
+        "skipped_members": [],
+        "seconds": round(time.perf_counter() - t0, 3),
+        "options": options.fingerprint(),
+        "detector_version": detector.version,
+        "input": {k: v for k, v in identity.items() if k != "path"},
+        "outputs": outputs,
+        "image_column": column,
+    }
+    if options.scores_from:
+        record["decided_from_scoring_pass"] = True
+    tmp_marker = staged["marker"]
+    try:
+        Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))
+        check_still_owner(options)
+        out.commit(tmp_marker, names["marker"])
+    except BaseException:
+        try:
+            out.discard(tmp_marker)
+        except OSError:
+            pass
+        raise
+    return record

@@ -1,0 +1,285 @@
+"""Parquet files whose rows hold images as bytes: Hugging Face datasets, img2dataset, LAION-style
+tables.
+
+The image column is either a Hugging Face ``Image`` feature (a struct of ``bytes`` and ``path``)
+or a binary column of encoded images. It is named by the caller (``--image-column``) or found:
+a column the file's Hugging Face metadata (``huggingface`` schema key) declares an ``Image``,
+else a struct with a binary ``bytes`` field, else a binary column named ``image``, ``img``,
+``jpg``, ``jpeg``, ``png`` or ``webp`` (in that order). A row's key is its ``key``, ``__key__``
+or ``id`` column as text when the table has one, else its row index.
+
+Files are read in record batches of ``BATCH_ROWS`` rows, every column as stored: nothing is
+decoded or re-encoded here. A local file must be a regular file; an fsspec URL is opened with
+random access (Parquet keeps its schema at the end); a ``pipe:`` command's output, or a file
+from an http(s) server that answers no range requests, is copied once into an anonymous
+temporary file and read from there. Writers (``RowGroupWriter``) keep the input's Arrow schema, its metadata included, and
+write row groups of at most ``ROW_GROUP_ROWS`` rows or ``ROW_GROUP_BYTES`` bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collapseguard.errors import CollapseguardError
+from collapseguard.io.terminal import printable
+from collapseguard.io.urls import filesystem, local_path, scheme
+
+#: binary columns taken for images when no other says so, in this order
+IMAGE_COLUMN_NAMES = ("image", "img", "jpg", "jpeg", "png", "webp")
+#: columns taken for a row's key, in this order (else the row index)
+ID_COLUMN_NAMES = ("key", "__key__", "id")
+#: rows read at a time
+BATCH_ROWS = 64
+#: a written row group holds at most this many rows ...
+ROW_GROUP_ROWS = 1024
+#: ... or about this many bytes (images are large: a group of a few thousand can be gigabytes)
+ROW_GROUP_BYTES = 128 << 20
+
+
+class ParquetInputError(CollapseguardError, ValueError):
+    """A Parquet input that cannot be read as images: not Parquet, no image column, a ``pipe:``."""
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return True
+    view = getattr(pa.types, "is_binary_view", None)
+    return bool(view and view(t))
+
+
+def _is_image_struct(t: pa.DataType) -> bool:
+    """A Hugging Face ``Image`` struct: a struct with a binary ``bytes`` field."""
+    if not pa.types.is_struct(t):
+        return False
+    idx = t.get_field_index("bytes")
+    return idx >= 0 and _is_binary(t.field(idx).type)
+
+
+def _hf_image_columns(schema: pa.Schema) -> list[str]:
+    """Columns the Hugging Face metadata declares ``Image`` features."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if not raw:
+        return []
+    try:
+        features = json.loads(raw).get("info", {}).get("features", {})
+    except (ValueError, AttributeError):
+        return []
+    if not isinstance(features, dict):
+        return []
+    return [name for name, f in features.items() if isinstance(f, dict) and f.get("_type") == "Image"]
+
+
+def find_image_column(schema: pa.Schema, requested: str | None = None, where: str = "") -> str:
+    """The column holding the images (see the module docstring); ParquetInputError if none."""
+    prefix = f"{printable(where)}: " if where else ""
+    usable = {f.name for f in schema if _is_binary(f.type) or _is_image_struct(f.type)}
+    if requested:
+        if requested not in schema.names:
+            raise ParquetInputError(f"{prefix}no column {requested!r} (--image-column); columns: "
+                                    f"{', '.join(map(printable, schema.names))}")
+        if requested not in usable:
+            raise ParquetInputError(f"{prefix}column {requested!r} holds "
+                                    f"{schema.field(requested).type}, not image bytes (binary, or a "
+                                    "struct with a binary 'bytes' field)")
+        return requested
+    for name in _hf_image_columns(schema):
+        if name in usable:
+            return name
+    structs = [f.name for f in schema if _is_image_struct(f.type)]
+    if structs:
+        return structs[0]
+    for name in IMAGE_COLUMN_NAMES:
+        for f in schema:
+            if f.name.lower() == name and f.name in usable:
+                return f.name
+    raise ParquetInputError(f"{prefix}no image column (a Hugging Face Image struct, or binary "
+                            f"{', '.join(IMAGE_COLUMN_NAMES)}); name it with --image-column; "
+                            f"columns: {', '.join(map(printable, schema.names))}")
+
+
+def find_id_column(schema: pa.Schema) -> str | None:
+    """The column a row's key is read from (text or integers), None when the row index is used."""
+    for name in ID_COLUMN_NAMES:
+        if name in schema.names:
+            t = schema.field(name).type
+            if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t):
+                return name
+    return None
+
+
+def _spooled(name: str):
+    """The whole body of ``name`` (a ``pipe:`` command, or a server that answers no range
+    requests) in an anonymous temporary file, read once front to back."""
+    import shutil
+    import tempfile
+
+    from collapseguard.io.urls import open_stream
+    tmp = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the caller, closed with the reader
+    try:
+        with open_stream(name) as src:
+            shutil.copyfileobj(src, tmp, 1 << 20)
+        tmp.seek(0)
+    except BaseException:
+        tmp.close()
+        raise
+    return tmp
+
+
+def _parquet_file(name: str, f) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(f)
+    except pa.ArrowInvalid as exc:
+        f.close()
+        raise ParquetInputError(f"{printable(name)}: not a readable Parquet file ({exc})") from None
+    except BaseException:
+        f.close()
+        raise
+
+
+def open_parquet(name: str) -> pq.ParquetFile:
+    """A Parquet file by name: a local regular file, an fsspec URL read with random access, or
+    (a ``pipe:`` command the user gave, or an http(s) server that answers no range requests) the
+    whole body copied once into an anonymous temporary file."""
+    from collapseguard.io.tar import open_regular_file
+    path = local_path(name)
+    if path is not None:
+        return _parquet_file(name, open_regular_file(path))
+    if scheme(name) == "pipe":
+        return _parquet_file(name, _spooled(name))
+    fs, p = filesystem(name)
+    f = fs.open(p, "rb")
+    try:
+        return _parquet_file(name, f)
+    except ValueError as exc:  # fsspec's http: "doesn't appear to support range requests"
+        if "range requests" not in str(exc):
+            raise
+    return _parquet_file(name, _spooled(name))
+
+
+@contextlib.contextmanager
+def parquet_file(name: str) -> Iterator[pq.ParquetFile]:
+    """``open_parquet`` as a context: the file (or temporary copy) is closed on leaving."""
+    pf = open_parquet(name)
+    try:
+        yield pf
+    finally:
+        pf.close(force=True)
+
+
+@dataclass
+class Row:
+    """One row of a Parquet input: its index, key and image bytes (None when the row has none),
+    and the record batch it came from with its place there (for writing the row back as it is)."""
+
+    index: int
+    key: str
+    data: bytes | None
+    column: str
+    batch: pa.RecordBatch
+    pos: int
+    #: why the row has no image ("" when it has one)
+    missing: str = ""
+
+    @property
+    def members(self) -> list[tuple[str, bytes]]:
+        """The row's image as the scoring loop takes it: ``[(column, bytes)]``, or none."""
+        return [(self.column, self.data)] if self.data is not None else []
+
+
+def _image_bytes(value, struct: bool) -> tuple[bytes | None, str]:
+    if struct:
+        if value is None:
+            return None, "the image is null"
+        data = value.get("bytes")
+        if data is None:
+            path = value.get("path")
+            return None, ("the image holds no bytes (only the path " f"{printable(str(path))!r})"
+                          if path else "the image holds no bytes")
+        return data, ""
+    return (value, "") if value is not None else (None, "the image is null")
+
+
+def read_rows(pf: pq.ParquetFile, image_column: str, *, all_columns: bool = True,
+              batch_rows: int = BATCH_ROWS) -> Iterator[Row]:
+    """Every row of ``pf`` in order, with its image bytes. ``all_columns=False`` reads only the
+    image and key columns (scoring); the batches then hold just those."""
+    schema = pf.schema_arrow
+    id_col = find_id_column(schema)
+    struct = _is_image_struct(schema.field(image_column).type)
+    columns = None if all_columns else [c for c in (image_column, id_col) if c]
+    start = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False):
+        images = batch.column(batch.schema.get_field_index(image_column)).to_pylist()
+        ids = batch.column(batch.schema.get_field_index(id_col)).to_pylist() if id_col else None
+        for i, value in enumerate(images):
+            data, missing = _image_bytes(value, struct)
+            key = ids[i] if ids is not None and ids[i] is not None else start + i
+            yield Row(start + i, str(key), data, image_column, batch, i, missing)
+        start += batch.num_rows
+
+
+def may_hold_images(name: str) -> bool:
+    """Could the Parquet file ``name`` hold images: has it a binary column or a struct with a
+    binary ``bytes`` field? False only for a file whose schema reads and has none (a scores or
+    metadata table found in a folder); a file that cannot be read counts as one that may, so its
+    reader says what is wrong with it."""
+    try:
+        with parquet_file(name) as pf:
+            return any(_is_binary(f.type) or _is_image_struct(f.type) for f in pf.schema_arrow)
+    except Exception:  # noqa: BLE001 - judged by the reader, which names the error
+        return True
+
+
+def count_rows(name: str) -> int | None:
+    """The number of rows from the file's footer; None when it cannot be read."""
+    try:
+        with parquet_file(name) as pf:
+            return pf.metadata.num_rows
+    except Exception:  # noqa: BLE001 - a count for a progress bar; the read says what is wrong
+        return None
+
+
+class RowGroupWriter:
+    """Rows written to a Parquet file in order, with the input's schema (metadata included), in
+    row groups of at most ``ROW_GROUP_ROWS`` rows or about ``ROW_GROUP_BYTES`` bytes."""
+
+    def __init__(self, path: str, schema: pa.Schema):
+        self._writer = pq.ParquetWriter(path, schema)
+        self._schema = schema
+        self._parts: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._bytes = 0
+        self.rows_written = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        while batch.num_rows:
+            part = batch.slice(0, ROW_GROUP_ROWS - self._rows)
+            batch = batch.slice(part.num_rows)
+            self._parts.append(part)
+            self._rows += part.num_rows
+            self._bytes += part.nbytes  # the bytes of the rows sliced, not the whole batch's
+            if self._rows >= ROW_GROUP_ROWS or self._bytes >= ROW_GROUP_BYTES:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self._parts:
+            return
+        table = pa.Table.from_batches(self._parts, schema=self._schema)
+        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.rows_written += table.num_rows
+        self._parts, self._rows, self._bytes = [], 0, 0
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+    def abort(self) -> None:
+        self._parts = []
+        with contextlib.suppress(Exception):  # the file is discarded anyway
+            self._writer.close()

@@ -1,0 +1,69 @@
+"""The batched function for Hugging Face ``datasets``: on a real ``datasets.Dataset`` built
+offline from Parquet files, ``.filter`` keeps exactly the rows ``collapseguard filter`` keeps and
+``.map`` adds the scores filter writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from cg_testutil import degrade, run_cli
+
+from collapseguard.images import encode_jpeg
+
+
+@pytest.fixture(scope="module")
+def parquet_files(tmp_path_factory, photos):
+    import datasets
+    d = tmp_path_factory.mktemp("hf")
+    files = []
+    for part, chunk in enumerate((photos[:2], photos[2:])):
+        imgs = []
+        for i, p in enumerate(chunk):
+            imgs += [encode_jpeg(p, 92), encode_jpeg(degrade(p, seed=i), 92)]
+        imgs.append(b"not an image")
+        ds = datasets.Dataset.from_dict({
+            "image": [{"bytes": b, "path": f"{part}-{i}.jpg"} for i, b in enumerate(imgs)],
+            "n": [part * 100 + i for i in range(len(imgs))]})
+        path = d / f"part-{part}.parquet"
+        ds.cast_column("image", datasets.Image()).to_parquet(str(path))
+        files.append(path)
+    return files
+
+
+def test_dataset_filter_and_map_decide_as_filter_does(parquet_files, tmp_path):
+    import datasets
+
+    from collapseguard.inline import hf_scorer
+    threshold = 5.0
+    run_cli(["filter", *parquet_files, "-o", tmp_path / "out", "-d", "nss", "--threshold", threshold,
+             "-w", "1", "-q"])
+    want_kept = [n for f in parquet_files for n in pq.read_table(tmp_path / "out/kept" / f.name)["n"].to_pylist()]
+    scores = pd.concat([pd.read_parquet(tmp_path / "out/scores" / f"{f.stem}.parquet") for f in parquet_files])
+    assert 0 < len(want_kept) < len(scores)
+
+    ds = datasets.Dataset.from_parquet([str(f) for f in parquet_files])
+    assert len(ds) == len(scores)
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    scorer = hf_scorer("nss", threshold=threshold)
+    kept = ds.filter(scorer.keep, batched=True, batch_size=3)
+    assert kept["n"] == want_kept
+    scored = ds.map(scorer, batched=True, batch_size=4)
+    np.testing.assert_allclose(np.array(scored["score"], dtype=float), scores["score"].to_numpy(),
+                               equal_nan=True)
+    assert scored["decision"] == scores["decision"].tolist()
+    assert scored["reason"] == scores["reason"].tolist()
+    assert "decode_error" in scored["reason"] and all(scored["score_error"][i] for i, r in
+                                                      enumerate(scored["reason"]) if r == "decode_error")
+
+
+def test_decoded_images_are_refused_with_the_cast_to_use(tmp_path, photos):
+    import datasets
+
+    from collapseguard.inline import hf_scorer
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": encode_jpeg(photos[0]), "path": "a.jpg"}]})
+    ds.cast_column("image", datasets.Image()).to_parquet(str(tmp_path / "a.parquet"))
+    ds = datasets.Dataset.from_parquet(str(tmp_path / "a.parquet"))  # decode=True: PIL images
+    with pytest.raises(TypeError, match=r"decode=False"):
+        ds.filter(hf_scorer("nss", threshold=1.0).keep, batched=True)
