@@ -169,6 +169,17 @@ def _gallery(cards: list[dict], main: str, empty: str) -> str:
     return '<div class="grid">' + "".join(card(c, main) for c in cards) + "</div>"
 
 
+#: shown where a figure would be when matplotlib (the ``[plots]`` extra) is not installed
+NO_PLOTS = "Figures need matplotlib: pip install 'collapseguard[plots]'."
+
+
+def _plot(figures: dict, key: str, alt: str) -> str:
+    """The figure ``key`` as an image (``alt`` is plain text), or a note when none was drawn."""
+    if key not in figures:
+        return f'<p class="note">{e(NO_PLOTS)}</p>'
+    return f'<img class="plot" src="{figures[key]}" alt="{e(alt)}">'
+
+
 def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, comparisons) -> str:
     """The whole report page as a string."""
     s = summary
@@ -194,7 +205,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
 
     out.append(f'<section id="scores"><h2>Score distribution</h2><p class="note">Higher = more '
                f'degraded. Images to the right of the dashed line ({e(_num(s["threshold"]))}) are '
-               f'flagged.</p><img class="plot" src="{figures["scores"]}" alt="histogram of scores"></section>')
+               f'flagged.</p>{_plot(figures, "scores", "histogram of scores")}</section>')
     if has_step:
         q = s["equivalent_step"].get("flagged") or {}
         med = (f" Median for flagged images: {stats.format_step(q['p50'], s['equivalent_step'].get('max_step'))}."
@@ -203,7 +214,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 f"(from the calibration's chains: 0 = scores like a typical original; the last "
                 f"calibrated step, e.g. 20, means at least as damaged as a typical image of that "
                 f"step).{e(med)}</p>"
-                f'<img class="plot" src="{figures["steps"]}" alt="histogram of estimated replication steps">')
+                + _plot(figures, "steps", "histogram of estimated replication steps"))
     else:
         body = f'<p class="note">Unavailable: {e(s["equivalent_step"]["reason"])}.</p>'
     out.append(f'<section id="steps"><h2>Estimated replication step</h2>{body}</section>')
@@ -249,9 +260,8 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 f"{e(_pct(c.agreement))}, Cohen's κ {e(_num(c.cohen_kappa, '.2f'))}, Spearman ρ "
                 f"{e(_num(c.spearman, '.2f'))}; {d['main_flags_other_calls_fine']} flagged only by "
                 f"{e(main)}, {d['other_flags_main_calls_fine']} only by {e(c.name)}.</p>"
-                f'<img class="plot" src="{figures[f"compare:{c.name}"]}" alt="scores of {e(main)} '
-                f'against {e(c.name)}">'
-                f"<h3>{e(main)} flags, {e(c.name)} calls fine</h3>"
+                + _plot(figures, f"compare:{c.name}", f"scores of {main} against {c.name}")
+                +                 f"<h3>{e(main)} flags, {e(c.name)} calls fine</h3>"
                 + _gallery(cards.get(f"main_only:{c.name}", []), main, "None.")
                 + f"<h3>{e(c.name)} flags, {e(main)} calls fine</h3>"
                 + _gallery(cards.get(f"other_only:{c.name}", []), main, "None."))

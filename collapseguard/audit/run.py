@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.audit import gallery, plots, stats
+from collapseguard.audit import gallery, stats
 from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
 from collapseguard.calibration.files import (
@@ -40,7 +40,7 @@ from collapseguard.calibration.files import (
     is_dropped,
     resolve_threshold,
 )
-from collapseguard.errors import CollapseguardError
+from collapseguard.errors import CollapseguardError, missing_extra
 from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import printable
 from collapseguard.scoring.run import csv_text, run_score
@@ -333,12 +333,20 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     _log("building the report", quiet)
     picks = _pick_galleries(df, threshold, comparisons, options)
     cards = _items(df, picks, options, select)
-    figures = {"scores": gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")}
-    if has_step:
-        figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl), "image/png")
-    for c in comparisons:
-        figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
-            s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
+    figures: dict[str, str] = {}
+    try:
+        from collapseguard.audit import plots
+    except ImportError as exc:  # the core install: the report says which extra draws them
+        if missing_extra(exc) is None:
+            raise
+    else:
+        figures["scores"] = gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")
+        if has_step:
+            figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl),
+                                                "image/png")
+        for c in comparisons:
+            figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
+                s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
 
