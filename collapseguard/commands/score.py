@@ -9,6 +9,7 @@ from collapseguard.commands._common import (
     detector_kwargs,
     detector_option,
     load_detector,
+    threshold_options,
     trust_pickle_option,
     workers_option,
 )
@@ -21,13 +22,19 @@ from collapseguard.io.terminal import printable
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
               help="Output table: .csv, .tsv or .parquet (by suffix).")
 @workers_option(default=1)
+@threshold_options("Flag")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def score(paths, detector, out, workers, trust_pickle, quiet):
+def score(paths, detector, out, workers, threshold, calibration, trust_pickle, quiet):
     """Score images in PATHS: image files, folders (recursive), shards (.tar, .tar.gz), or brace
     patterns such as 'data/shard-{000..009}.tar', as paths or URLs ('pipe:CMD', http(s)://,
     s3://, any fsspec protocol). Higher score = more degraded; an image that cannot be
-    decoded gets an empty score and its error text."""
+    decoded gets an empty score and its error text.
+
+    Each row is flagged (column `flagged`: score > `threshold`, empty where the score is) at the
+    threshold of --threshold, --calibration or the detector's shipped calibration, as `filter`
+    decides; a detector without one gets empty `flagged` and `threshold` columns."""
+    from collapseguard.calibration.files import NoThresholdError, flag_columns, resolve_threshold
     from collapseguard.detectors.base import check_spec
     from collapseguard.scoring.run import (
         check_table_suffix,
@@ -47,17 +54,23 @@ def score(paths, detector, out, workers, trust_pickle, quiet):
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)  # a model that cannot be built fails here, in one line,
     # not in every worker
+    try:  # a calibration made for another detector fails before any scoring
+        t, t_source, _ = resolve_threshold(det, threshold, calibration)
+    except NoThresholdError:  # no shipped calibration (nss, pyiqa:...): scores without flags
+        t, t_source = None, f"no threshold for {detector}: flagged left empty (pass --threshold or --calibration)"
     if workers > 1:
         det = None  # each worker loads its own; do not hold a third copy meanwhile
     try:
         df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
                                  detector_kwargs=kwargs, planned=(tasks, unread))
+        df = flag_columns(df, t)
         write_table(df, out)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc}") from None
-    click.echo(f"{count_line(df)} -> {out}", err=True)
+    click.echo(f"{count_line(df)}{flag_count(df)} -> {out}", err=True)
+    click.echo(f"threshold: {printable(t_source)}", err=True)
     for f in failures:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if failures:
@@ -76,3 +89,10 @@ def count_line(df) -> str:
     partial = f" ({int((scored & err).sum())} with an error beside the score)" if (scored & err).any() else ""
     return f"scored {int(scored.sum())} row(s){partial}, {int((~scored).sum())} without a score"
 
+
+
+def flag_count(df) -> str:
+    """", N flagged" for a table with a threshold, "" without one."""
+    if not len(df) or df["threshold"].isna().all():
+        return ""
+    return f", {int(df['flagged'].fillna(False).sum())} flagged"
