@@ -16,6 +16,7 @@ import os
 import pandas as pd
 
 from collapseguard.audit import stats
+from collapseguard.images import ALPHA_BACKGROUND
 
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'")
@@ -52,6 +53,8 @@ figcaption{font-size:12.5px;margin-top:6px}
 .cap{color:#3c4450;font-style:italic;overflow-wrap:anywhere}
 .err{color:#8c1d13;overflow-wrap:anywhere}
 img.plot{max-width:100%;height:auto}
+img.alpha{background-color:#fff;background-image:linear-gradient(45deg,#c8ccd2 25%,transparent 25%,transparent 75%,#c8ccd2 75%),linear-gradient(45deg,#c8ccd2 25%,transparent 25%,transparent 75%,#c8ccd2 75%);background-size:16px 16px;background-position:0 0,8px 8px}
+.tag.a{background:#e4e7ec;color:#3c4450}
 """
 
 
@@ -136,6 +139,11 @@ def _sources_table(per_source: pd.DataFrame, has_step: bool) -> str:
     return f'<div style="max-height:480px;overflow:auto"><table>{head}{"".join(rows)}</table></div>{more}'
 
 
+#: what a card of an image with transparent pixels says
+ALPHA_NOTE = ("has transparent pixels: shown on a checkerboard, scored composited over mid-grey "
+              "(RGB {}, {}, {})".format(*ALPHA_BACKGROUND))
+
+
 def card(c: dict, main: str) -> str:
     """One gallery card: thumbnail, native crop, key, scores, caption — all text escaped."""
     tag = '<span class="tag f">flagged</span>' if c["flagged"] else '<span class="tag k">kept</span>'
@@ -146,11 +154,14 @@ def card(c: dict, main: str) -> str:
         meta.append(f"{e(name)} {e(_num(score))}{' (flags)' if flagged else ''}")
     if c["width"]:
         meta.append(f"{c['width']}×{c['height']}px")
+    if c.get("alpha"):
+        tag += f' <span class="tag a" title="{e(ALPHA_NOTE)}">transparent</span>'
     if "thumb" in c:
         (y, x), (cw, ch) = c["crop_at"], c["crop_size"]
-        imgs = (f'<div><img class="thumb" src="{c["thumb"]}" alt="thumbnail of {e(c["key"])}">'
+        a = " alpha" if c.get("alpha") else ""
+        imgs = (f'<div><img class="thumb{a}" src="{c["thumb"]}" alt="thumbnail of {e(c["key"])}">'
                 f'<div class="lbl">whole image (reduced)</div></div>'
-                f'<div><img class="crop" src="{c["crop"]}" width="{cw}" height="{ch}" '
+                f'<div><img class="crop{a}" src="{c["crop"]}" width="{cw}" height="{ch}" '
                 f'alt="native-resolution crop of {e(c["key"])}">'
                 f'<div class="lbl">1:1 crop at x={x}, y={y}</div></div>')
     else:
@@ -225,6 +236,9 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
         rows = "".join(f'<tr><td class=l>{e(r["storage"])}</td><td>{r["samples"]}</td><td>{r["scored"]}</td>'
                        f'<td>{r["flagged"]}</td><td>{e(_pct(r["fraction"]))}</td></tr>' for r in s["storage"])
         note = f'<p class="estimate">{e(s["storage_note"])}</p>' if s.get("storage_note") else ""
+        if s.get("transparent"):
+            note += (f'<p class="note">{s["transparent"]} scored image(s) have transparent pixels '
+                     f'(column has_alpha): {e(ALPHA_NOTE.partition(": ")[2])}.</p>')
         out.append('<section id="storage"><h2>How the images are stored</h2><p class="note">File '
                    "format, and for JPEG the chroma subsampling, read from each scored image's header."
                    f'</p>{note}<table><tr><th class=l>storage</th><th>samples</th><th>scored</th>'

@@ -199,8 +199,9 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) ->
 
     def prepare(img):  # thumbnail and crop made as each image is read: the image is not kept
         crop, (y, x) = gallery.detail_crop(img, options.crop_size)
-        return {"thumb": gallery.jpeg_uri(gallery.thumbnail(img)), "crop": gallery.png_uri(crop),
-                "crop_at": (y, x), "crop_size": (crop.shape[1], crop.shape[0])}
+        return {"thumb": gallery.thumb_uri(gallery.thumbnail(img)), "crop": gallery.png_uri(crop),
+                "crop_at": (y, x), "crop_size": (crop.shape[1], crop.shape[0]),
+                "alpha": bool(img.ndim == 3 and img.shape[2] == 4)}  # shown on a checkerboard
 
     fetched = gallery.fetch_samples(
         ((df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted)),
@@ -326,6 +327,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     summary["per_source"] = [{k: stats._num(v) for k, v in r.items()}
                              for r in per_source.to_dict(orient="records")]
     summary["storage"] = stats.storage_table(df)
+    summary["transparent"] = int(df["has_alpha"].fillna(False).astype(bool).sum()) if "has_alpha" in df else 0
     summary["storage_note"] = stats.storage_note(summary["storage"], det.name)
     summary["compare"] = [c.as_dict() for c in comparisons]
     summary["failures"] = failures

@@ -21,7 +21,7 @@ from collapseguard.scoring.records import sample_error, score_records
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
-           "storage", "error"]
+           "storage", "has_alpha", "error"]
 
 
 def _file_members(f: ImageFile, read_errors: dict[str, str] | None = None) -> list[tuple[str, bytes]]:
@@ -69,7 +69,7 @@ def score_task(task: tuple, detector, progress=None) -> list[dict]:
         row = {"source": source, "key": key, "score": res.score, "detector": detector.name,
                "detector_version": detector.version,
                "image": res.image if kind == "shard" else "", "width": res.width,
-               "height": res.height, "storage": res.storage,
+               "height": res.height, "storage": res.storage, "has_alpha": res.has_alpha,
                "error": (sample_error(rec, res.error) if kind == "shard"
                          else read_errors.get(rec.path, res.error))}
         row.update({f"{k}": v for k, v in res.extra.items()})
