@@ -86,17 +86,25 @@ def test_the_core_install_leaves_torch_out(light):
                                 "core install leaves out: pip install 'collapseguard[train]'")
 
 
-def test_demo_score_filter_and_audit_run_without_torch_and_score_as_the_full_install(light, monkeypatch):
+@pytest.fixture(scope="module")
+def demo_shards(light):
+    """The shards `collapseguard demo` builds (and filters) in the core install."""
+    demo = light.base / "demo"
+    r = light.run("demo", demo, "--quiet", "--workers", "1")
+    assert "truth vs decision" in r.stdout and '"clean": {"kept": 17}' in r.stdout
+    shards = sorted((demo / "shards").glob("*.tar"))
+    assert len(shards) == 3
+    return shards
+
+
+def test_demo_score_filter_and_audit_run_without_torch_and_score_as_the_full_install(
+        light, demo_shards, monkeypatch):
     pytest.importorskip("torch")  # the full install's reference scores
     from click.testing import CliRunner
 
     from collapseguard.cli import main
 
-    demo = light.base / "demo"
-    r = light.run("demo", demo, "--quiet", "--workers", "1")
-    assert "truth vs decision" in r.stdout and '"clean": {"kept"' in r.stdout
-    shards = sorted((demo / "shards").glob("*.tar"))
-    assert len(shards) == 3
+    shards = demo_shards
 
     light.run("score", *shards, "--out", light.base / "light.parquet", "--quiet")
     got = pd.read_parquet(light.base / "light.parquet")
@@ -125,3 +133,32 @@ def test_demo_score_filter_and_audit_run_without_torch_and_score_as_the_full_ins
     np.testing.assert_allclose(a["score"], [by_key[k] for k in a["key"]], rtol=0, atol=SCORE_TOLERANCE)
     html = (light.base / "audit" / "report.html").read_text()
     assert "Most degraded" in html and "pip install &#x27;collapseguard[plots]&#x27;" in html
+
+
+def test_calibrate_and_evaluate_run_without_torch(light, demo_shards, monkeypatch):
+    pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+
+    chains = light.base / "chains"
+    light.run("chains", "make", "--sources", "bundled", "--max-sources", "3", "--families",
+              "noise_tint,scattered_dots", "--steps", "5", "--keep", "0,1,5", "--out", chains)
+    args = ["--chains", chains, "--clean", demo_shards[0].parent, "--max-false-drop", "0.3",
+            "--confidence", "0.8", "--holdout", "0"]
+    r = light.run("calibrate", *args, "--out", light.base / "light_cal.json")
+    assert "pip install 'collapseguard[plots]'" in r.stderr  # no figure, and why
+    monkeypatch.setenv("COLLAPSEGUARD_CNN_RUNTIME", "torch")
+    res = CliRunner().invoke(main, ["calibrate", *map(str, args), "--no-plot", "--out",
+                                    str(light.base / "full_cal.json")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    from collapseguard.io.calibration_file import load_calibration
+
+    a, b = load_calibration(light.base / "light_cal.json"), load_calibration(light.base / "full_cal.json")
+    assert (a.detector, a.detector_version, a.n_clean) == (b.detector, b.detector_version, b.n_clean)
+    assert abs(a.threshold - b.threshold) <= SCORE_TOLERANCE
+
+    light.run("evaluate", "--chains", chains, "-d", "cnn,nss", "--steps", "5", "--out", light.base / "ev")
+    light.run("evaluate", "--from-scores", light.base / "ev" / "scores.csv", "--steps", "5",
+              "--out", light.base / "ev2")
+    assert "cnn" in (light.base / "ev2" / "results.md").read_text()

@@ -98,7 +98,9 @@ def create_cnn(weights: str | Path | None = None, device: str | None = None,
                 raise DetectorError(f"the onnx runtime scores on the CPU only, not {device!r}; "
                                     "use runtime torch for a GPU")
             return cnn_onnx.OnnxCNNDetector(weights, n_crops=n_crops)
-        if _cpu_only(device) and cnn_onnx.available():
+        # without torch an unset device is the CPU, whatever GPU the machine has
+        unset = device is None or not str(device).strip()
+        if (_cpu_only(device) or (unset and not torch_installed())) and cnn_onnx.available():
             try:
                 return cnn_onnx.OnnxCNNDetector(weights, n_crops=n_crops)
             except cnn_onnx.ExportUnavailable:
