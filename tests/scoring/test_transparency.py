@@ -118,6 +118,12 @@ def test_has_alpha_in_score_filter_and_audit_and_a_checkerboard_in_the_gallery(t
     f = pd.read_parquet(tmp_path / "f" / "scores" / "s-000.parquet")
     assert dict(zip(f["key"], f["has_alpha"])) == want
     np.testing.assert_allclose(f["score"], s["score"], atol=1e-4)
+    # a --drop-fraction run splits from its scoring pass's table: the column is carried over
+    res = CliRunner().invoke(main, ["filter", str(shard), "--out", str(tmp_path / "d"), "-q",
+                                    "--workers", "1", "--drop-fraction", "0.3"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    d = pd.read_parquet(tmp_path / "d" / "scores" / "s-000.parquet")
+    assert dict(zip(d["key"], d["has_alpha"])) == want
 
     # every image in a gallery: a threshold in the middle, all kept/flagged/borderline shown
     t = float(np.median(s["score"]))
