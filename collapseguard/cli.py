@@ -4,8 +4,9 @@ Each command lives in ``collapseguard/commands/<name>.py`` as a thin wrapper ove
 and is imported only when used, so ``collapseguard --help`` stays fast and optional extras are
 never imported by accident.
 
-Errors: a :class:`~collapseguard.errors.CollapseguardError` from any command, and a command's own
-one-line failure, print one line ``collapseguard: error: <message>`` on stderr and exit with 1;
+Errors: a :class:`~collapseguard.errors.CollapseguardError` from any command, a command's own
+one-line failure, and a missing optional extra (``errors.EXTRA_OF``: which extra to install) print
+one line ``collapseguard: error: <message>`` on stderr and exit with 1;
 wrong usage (a bad option value, a missing argument) is click's usage message and exit 2.
 """
 
@@ -16,7 +17,7 @@ import importlib.util
 
 import click
 
-from collapseguard.errors import CollapseguardError
+from collapseguard.errors import CollapseguardError, missing_extra
 
 #: command name -> "module:attribute" of a click command
 COMMANDS = {
@@ -50,6 +51,12 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except CollapseguardError as exc:
             raise CommandError(str(exc)) from None
+        except ImportError as exc:  # an optional extra this command needs is not installed
+            missing = missing_extra(exc, f"`collapseguard {ctx.invoked_subcommand}`"
+                                   if ctx.invoked_subcommand else "this command")
+            if missing is None:
+                raise
+            raise CommandError(str(missing)) from None
         except click.ClickException as exc:
             if type(exc) is click.ClickException:  # a command's own one-line failure
                 raise CommandError(exc.format_message()) from None

@@ -1,7 +1,7 @@
 """The built-in demo: a small WebDataset of clean photos and model-degraded copies, filtered.
 
-Everything comes from packages already installed (scikit-image, scikit-learn and matplotlib ship
-sample photos), so it runs offline. Degraded copies are made by running a simulated replicator
+Everything comes from packages every install has (scikit-image and scikit-learn ship sample
+photos), so it runs offline and builds the same shards with or without extras. Degraded copies are made by running a simulated replicator
 (``training_data_tools.replicators``) for a number of re-renderings, as an editing model would when
 fed its own output. Each sample's json records the truth, so the demo can say how the filter did.
 """
@@ -17,6 +17,8 @@ import numpy as np
 
 from collapseguard.images import encode_jpeg
 
+#: the packages whose sample photos the demo uses: both core dependencies
+DEMO_PACKAGES = ("skimage", "sklearn")
 DEMO_FAMILIES = ("noise_tint", "scattered_dots", "contour_wrinkles", "texture_simplify", "codec")
 MAX_SIDE = 640
 
@@ -41,7 +43,7 @@ def demo_pairs(steps: int, rng: np.random.Generator, quiet: bool = True):
     from collapseguard.training_data_tools.sources import bundled_photos
 
     families = [f for f in DEMO_FAMILIES if f in list_families()]
-    photos = list(bundled_photos(min_side=256))
+    photos = list(bundled_photos(min_side=256, packages=DEMO_PACKAGES))
     bar = progress_bar(len(photos), desc="demo: build shards", unit="photo", quiet=quiet)
     for i, (name, img) in enumerate(photos):
         img = _fit(img)

@@ -26,6 +26,13 @@ MAX_PIXELS = 128_000_000
 #: itself Pillow picks a plugin from the content, and some (EPS) run external programs on the data.
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "PPM", "GIF")
 
+#: the colour transparent pixels are composited over before anything sees them (scoring,
+#: galleries): mid-grey, on which neither light nor dark content vanishes. Over white, a white
+#: watermark or a light overlay on a transparent canvas becomes a flat white field, and every such
+#: image scores as that field does; mid-grey keeps its edges. Scores carry ``has_alpha`` so such
+#: images can be told apart (a mostly transparent image holds little picture to judge).
+ALPHA_BACKGROUND = (128, 128, 128)
+
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
 
 
@@ -42,7 +49,8 @@ def is_image_name(name: str) -> bool:
 def to_rgb_array(img: Image.Image) -> np.ndarray:
     """Convert a PIL image of any mode to an (H, W, 3) uint8 array.
 
-    Alpha is composited over white; 16-bit and float images are scaled to 8 bits. A 16-bit image
+    Transparency (an alpha channel, or a palette's or tRNS transparent colour) is composited over
+    ``ALPHA_BACKGROUND``; 16-bit and float images are scaled to 8 bits. A 16-bit image
     is scaled by its format's full range (65535), never by its own values: a dark 16-bit
     photograph stays dark. Only a 32-bit integer image (mode ``I`` from TIFF), whose range the
     mode does not say, is read as 8-bit when no value exceeds 255.
@@ -57,18 +65,32 @@ def to_rgb_array(img: Image.Image) -> np.ndarray:
         arr = np.asarray(img, dtype=np.float64)
         arr = np.clip(arr * (255.0 if arr.max() <= 1.0 else 1.0) + 0.5, 0, 255).astype(np.uint8)
         return np.repeat(arr[..., None], 3, axis=2)
-    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+    if _transparent_mode(img):
         rgba = img.convert("RGBA")
-        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        bg = Image.new("RGBA", rgba.size, (*ALPHA_BACKGROUND, 255))
         img = Image.alpha_composite(bg, rgba)
     if img.mode != "RGB":
         img = img.convert("RGB")
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
 
 
-def rgba_over_white(arr: np.ndarray) -> np.ndarray:
-    """An (H, W, 4) uint8 RGBA array composited over white, as a decoded RGBA file is
-    (``to_rgb_array``): the same picture scores the same from a file and from an array."""
+def _transparent_mode(img: Image.Image) -> bool:
+    """Can ``img`` hold transparent pixels (an alpha channel or a transparent colour)?"""
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        img.mode in ("P", "L", "RGB") and "transparency" in img.info)
+
+
+def has_alpha(img: Image.Image) -> bool:
+    """Is some pixel of ``img`` not fully opaque? (An alpha channel that is opaque everywhere
+    changes nothing and does not count.)"""
+    if not _transparent_mode(img):
+        return False
+    return img.convert("RGBA").getchannel("A").getextrema()[0] < 255
+
+
+def rgba_composite(arr: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 RGBA array composited over ``ALPHA_BACKGROUND``, as a decoded RGBA file
+    is (``to_rgb_array``): the same picture scores the same from a file and from an array."""
     return to_rgb_array(Image.fromarray(np.ascontiguousarray(arr), "RGBA"))
 
 
@@ -81,7 +103,15 @@ def decode_image(data: bytes) -> np.ndarray:
 
 
 def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
-    """``decode_image`` and ``image_storage`` from one opening of the bytes (what scoring uses)."""
+    """``decode_image`` and ``image_storage`` from one opening of the bytes."""
+    arr, storage, _ = decode_detailed(data)
+    return arr, storage
+
+
+def decode_detailed(data: bytes, keep_alpha: bool = False) -> tuple[np.ndarray, str, bool]:
+    """``decode_image``, ``image_storage`` and ``has_alpha`` from one opening of the bytes (what
+    scoring uses). With ``keep_alpha``, an image with transparent pixels comes as an (H, W, 4)
+    RGBA array instead of its composite (what a gallery shows on a checkerboard)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -95,7 +125,10 @@ def decode_with_storage(data: bytes) -> tuple[np.ndarray, str]:
                     short = png_data_short(data)
                     if short:
                         raise DecodeError(short)
-                return _apply_orientation(to_rgb_array(img), _orientation(img)), storage
+                alpha = has_alpha(img)
+                arr = (np.asarray(img.convert("RGBA"), dtype=np.uint8) if keep_alpha and alpha
+                       else to_rgb_array(img))
+                return _apply_orientation(arr, _orientation(img)), storage, alpha
     except DecodeError:
         raise
     except Image.DecompressionBombError as exc:

@@ -79,3 +79,15 @@ def test_benchmarks_are_few_and_each_is_listed():
     listed = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
     missing = [s for s in scripts if f"`{s}`" not in listed and f"benchmarks/{s}" not in listed]
     assert not missing, f"benchmarks/ scripts not listed in BENCHMARKS.md: {missing}"
+
+
+def test_ci_runs_the_readme_install_and_test_commands():
+    """The README's install and test commands are the two that `.ci/run` runs, as it says."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    said = readme.index("`.ci/run` runs these two commands")
+    block = readme[readme.index("```bash", said) + len("```bash"): readme.index("```", readme.index("```bash", said) + 7)]
+    commands = [line.strip() for line in block.splitlines() if line.strip()]
+    assert len(commands) == 2, commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    assert [c for c in ci if c in commands] == commands, (commands, ci)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from collapseguard.images import DecodeError, decode_image, encode_png
+from collapseguard.images import DecodeError, decode_detailed, encode_png, rgba_composite
 from collapseguard.io.inputs import is_shard
 from collapseguard.io.parse import kind_of
 from collapseguard.io.tar import ShardReader, valid_text
@@ -50,6 +50,11 @@ def _caption(members: list[tuple[str, bytes]], key: str) -> str:
     return ""
 
 
+def _decode_shown(data: bytes) -> np.ndarray:
+    """The image as a gallery shows it: RGB, or RGBA (H, W, 4) when some pixel is transparent."""
+    return decode_detailed(data, keep_alpha=True)[0]
+
+
 def _decode_member(members: list[tuple[str, bytes]], image: str) -> Fetched:
     imgs = image_members(members)
     chosen = next((d for n, d in imgs if n == image), None) if image else None
@@ -58,7 +63,7 @@ def _decode_member(members: list[tuple[str, bytes]], image: str) -> Fetched:
     if chosen is None:
         return Fetched(error="no image file in the sample")
     try:
-        return Fetched(decode_image(chosen))
+        return Fetched(_decode_shown(chosen))
     except DecodeError as exc:
         return Fetched(error=str(exc))
 
@@ -107,7 +112,7 @@ def _decode_row(row) -> Fetched:
     if row.data is None:
         return Fetched(error=row.missing)
     try:
-        return Fetched(decode_image(row.data))
+        return Fetched(_decode_shown(row.data))
     except DecodeError as exc:
         return Fetched(error=str(exc))
 
@@ -185,7 +190,7 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None,
                     out[(source, key, n)] = Fetched(error="path outside its input folder")
                     continue
                 try:
-                    out[(source, key, n)] = _prepared(Fetched(decode_image(read_bytes(path))), prepare)
+                    out[(source, key, n)] = _prepared(Fetched(_decode_shown(read_bytes(path))), prepare)
                 except (OSError, DecodeError, ValueError) as exc:  # ValueError: a refused URL
                     out[(source, key, n)] = Fetched(error=str(exc))
     return out
@@ -203,7 +208,10 @@ def thumbnail(img: np.ndarray, max_side: int = 200) -> np.ndarray:
 
 def detail_window(img: np.ndarray, size: int = 256) -> tuple[int, int, int, int]:
     """``(y, x, h, w)`` of a ``size`` x ``size`` window (smaller if the image is) in the most
-    textured part of the image, with a mild preference for the centre."""
+    textured part of the image, with a mild preference for the centre. An RGBA image is judged
+    as it was scored, composited (``images.rgba_composite``)."""
+    if img.ndim == 3 and img.shape[2] == 4:
+        img = rgba_composite(img)
     h, w = img.shape[:2]
     ch, cw = min(size, h), min(size, w)
     if ch == h and cw == w:
@@ -249,3 +257,8 @@ def png_uri(img: np.ndarray) -> str:
 
 def jpeg_uri(img: np.ndarray, quality: int = 85) -> str:
     return data_uri(jpeg_bytes(img, quality), "image/jpeg")
+
+
+def thumb_uri(img: np.ndarray) -> str:
+    """The overview image: JPEG, or PNG for an RGBA image (JPEG has no transparency)."""
+    return png_uri(img) if img.ndim == 3 and img.shape[2] == 4 else jpeg_uri(img)

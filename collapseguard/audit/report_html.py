@@ -16,6 +16,7 @@ import os
 import pandas as pd
 
 from collapseguard.audit import stats
+from collapseguard.images import ALPHA_BACKGROUND
 
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'")
@@ -52,6 +53,8 @@ figcaption{font-size:12.5px;margin-top:6px}
 .cap{color:#3c4450;font-style:italic;overflow-wrap:anywhere}
 .err{color:#8c1d13;overflow-wrap:anywhere}
 img.plot{max-width:100%;height:auto}
+img.alpha{background-color:#fff;background-image:linear-gradient(45deg,#c8ccd2 25%,transparent 25%,transparent 75%,#c8ccd2 75%),linear-gradient(45deg,#c8ccd2 25%,transparent 25%,transparent 75%,#c8ccd2 75%);background-size:16px 16px;background-position:0 0,8px 8px}
+.tag.a{background:#e4e7ec;color:#3c4450}
 """
 
 
@@ -136,6 +139,11 @@ def _sources_table(per_source: pd.DataFrame, has_step: bool) -> str:
     return f'<div style="max-height:480px;overflow:auto"><table>{head}{"".join(rows)}</table></div>{more}'
 
 
+#: what a card of an image with transparent pixels says
+ALPHA_NOTE = ("has transparent pixels: shown on a checkerboard, scored composited over mid-grey "
+              "(RGB {}, {}, {})".format(*ALPHA_BACKGROUND))
+
+
 def card(c: dict, main: str) -> str:
     """One gallery card: thumbnail, native crop, key, scores, caption — all text escaped."""
     tag = '<span class="tag f">flagged</span>' if c["flagged"] else '<span class="tag k">kept</span>'
@@ -146,11 +154,14 @@ def card(c: dict, main: str) -> str:
         meta.append(f"{e(name)} {e(_num(score))}{' (flags)' if flagged else ''}")
     if c["width"]:
         meta.append(f"{c['width']}×{c['height']}px")
+    if c.get("alpha"):
+        tag += f' <span class="tag a" title="{e(ALPHA_NOTE)}">transparent</span>'
     if "thumb" in c:
         (y, x), (cw, ch) = c["crop_at"], c["crop_size"]
-        imgs = (f'<div><img class="thumb" src="{c["thumb"]}" alt="thumbnail of {e(c["key"])}">'
+        a = " alpha" if c.get("alpha") else ""
+        imgs = (f'<div><img class="thumb{a}" src="{c["thumb"]}" alt="thumbnail of {e(c["key"])}">'
                 f'<div class="lbl">whole image (reduced)</div></div>'
-                f'<div><img class="crop" src="{c["crop"]}" width="{cw}" height="{ch}" '
+                f'<div><img class="crop{a}" src="{c["crop"]}" width="{cw}" height="{ch}" '
                 f'alt="native-resolution crop of {e(c["key"])}">'
                 f'<div class="lbl">1:1 crop at x={x}, y={y}</div></div>')
     else:
@@ -167,6 +178,17 @@ def _gallery(cards: list[dict], main: str, empty: str) -> str:
     if not cards:
         return f'<p class="note">{e(empty)}</p>'
     return '<div class="grid">' + "".join(card(c, main) for c in cards) + "</div>"
+
+
+#: shown where a figure would be when matplotlib (the ``[plots]`` extra) is not installed
+NO_PLOTS = "Figures need matplotlib: pip install 'collapseguard[plots]'."
+
+
+def _plot(figures: dict, key: str, alt: str) -> str:
+    """The figure ``key`` as an image (``alt`` is plain text), or a note when none was drawn."""
+    if key not in figures:
+        return f'<p class="note">{e(NO_PLOTS)}</p>'
+    return f'<img class="plot" src="{figures[key]}" alt="{e(alt)}">'
 
 
 def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, comparisons) -> str:
@@ -194,7 +216,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
 
     out.append(f'<section id="scores"><h2>Score distribution</h2><p class="note">Higher = more '
                f'degraded. Images to the right of the dashed line ({e(_num(s["threshold"]))}) are '
-               f'flagged.</p><img class="plot" src="{figures["scores"]}" alt="histogram of scores"></section>')
+               f'flagged.</p>{_plot(figures, "scores", "histogram of scores")}</section>')
     if has_step:
         q = s["equivalent_step"].get("flagged") or {}
         med = (f" Median for flagged images: {stats.format_step(q['p50'], s['equivalent_step'].get('max_step'))}."
@@ -203,7 +225,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 f"(from the calibration's chains: 0 = scores like a typical original; the last "
                 f"calibrated step, e.g. 20, means at least as damaged as a typical image of that "
                 f"step).{e(med)}</p>"
-                f'<img class="plot" src="{figures["steps"]}" alt="histogram of estimated replication steps">')
+                + _plot(figures, "steps", "histogram of estimated replication steps"))
     else:
         body = f'<p class="note">Unavailable: {e(s["equivalent_step"]["reason"])}.</p>'
     out.append(f'<section id="steps"><h2>Estimated replication step</h2>{body}</section>')
@@ -214,6 +236,9 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
         rows = "".join(f'<tr><td class=l>{e(r["storage"])}</td><td>{r["samples"]}</td><td>{r["scored"]}</td>'
                        f'<td>{r["flagged"]}</td><td>{e(_pct(r["fraction"]))}</td></tr>' for r in s["storage"])
         note = f'<p class="estimate">{e(s["storage_note"])}</p>' if s.get("storage_note") else ""
+        if s.get("transparent"):
+            note += (f'<p class="note">{s["transparent"]} scored image(s) have transparent pixels '
+                     f'(column has_alpha): {e(ALPHA_NOTE.partition(": ")[2])}.</p>')
         out.append('<section id="storage"><h2>How the images are stored</h2><p class="note">File '
                    "format, and for JPEG the chroma subsampling, read from each scored image's header."
                    f'</p>{note}<table><tr><th class=l>storage</th><th>samples</th><th>scored</th>'
@@ -249,9 +274,8 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 f"{e(_pct(c.agreement))}, Cohen's κ {e(_num(c.cohen_kappa, '.2f'))}, Spearman ρ "
                 f"{e(_num(c.spearman, '.2f'))}; {d['main_flags_other_calls_fine']} flagged only by "
                 f"{e(main)}, {d['other_flags_main_calls_fine']} only by {e(c.name)}.</p>"
-                f'<img class="plot" src="{figures[f"compare:{c.name}"]}" alt="scores of {e(main)} '
-                f'against {e(c.name)}">'
-                f"<h3>{e(main)} flags, {e(c.name)} calls fine</h3>"
+                + _plot(figures, f"compare:{c.name}", f"scores of {main} against {c.name}")
+                +                 f"<h3>{e(main)} flags, {e(c.name)} calls fine</h3>"
                 + _gallery(cards.get(f"main_only:{c.name}", []), main, "None.")
                 + f"<h3>{e(c.name)} flags, {e(main)} calls fine</h3>"
                 + _gallery(cards.get(f"other_only:{c.name}", []), main, "None."))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.audit import gallery, plots, stats
+from collapseguard.audit import gallery, stats
 from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
 from collapseguard.calibration.files import (
@@ -40,7 +40,7 @@ from collapseguard.calibration.files import (
     is_dropped,
     resolve_threshold,
 )
-from collapseguard.errors import CollapseguardError
+from collapseguard.errors import CollapseguardError, missing_extra
 from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import printable
 from collapseguard.scoring.run import csv_text, run_score
@@ -202,8 +202,9 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) ->
 
     def prepare(img):  # thumbnail and crop made as each image is read: the image is not kept
         crop, (y, x) = gallery.detail_crop(img, options.crop_size)
-        return {"thumb": gallery.jpeg_uri(gallery.thumbnail(img)), "crop": gallery.png_uri(crop),
-                "crop_at": (y, x), "crop_size": (crop.shape[1], crop.shape[0])}
+        return {"thumb": gallery.thumb_uri(gallery.thumbnail(img)), "crop": gallery.png_uri(crop),
+                "crop_at": (y, x), "crop_size": (crop.shape[1], crop.shape[0]),
+                "alpha": bool(img.ndim == 3 and img.shape[2] == 4)}  # shown on a checkerboard
 
     fetched = gallery.fetch_samples(
         ((df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted)),
@@ -330,6 +331,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     summary["per_source"] = [{k: stats._num(v) for k, v in r.items()}
                              for r in per_source.to_dict(orient="records")]
     summary["storage"] = stats.storage_table(df)
+    summary["transparent"] = int(df["has_alpha"].fillna(False).astype(bool).sum()) if "has_alpha" in df else 0
     summary["storage_note"] = stats.storage_note(summary["storage"], det.name)
     summary["compare"] = [c.as_dict() for c in comparisons]
     summary["failures"] = failures
@@ -337,12 +339,20 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     _log("building the report", quiet)
     picks = _pick_galleries(df, threshold, comparisons, options)
     cards = _items(df, picks, options, select)
-    figures = {"scores": gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")}
-    if has_step:
-        figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl), "image/png")
-    for c in comparisons:
-        figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
-            s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
+    figures: dict[str, str] = {}
+    try:
+        from collapseguard.audit import plots
+    except ImportError as exc:  # the core install: the report says which extra draws them
+        if missing_extra(exc) is None:
+            raise
+    else:
+        figures["scores"] = gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")
+        if has_step:
+            figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl),
+                                                "image/png")
+        for c in comparisons:
+            figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
+                s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
 

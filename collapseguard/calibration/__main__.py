@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from collapseguard.calibration.build import (
     bound_count_text,
@@ -28,13 +29,20 @@ from collapseguard.calibration.files import (
 from collapseguard.io.terminal import printable
 
 
+def _title(path) -> str:
+    """A shipped file by its name (where the package is installed says nothing about it), any
+    other by the path given."""
+    p = Path(path)
+    return f"{p.name} (shipped with the package)" if p.parent.resolve() == DEFAULTS_DIR.resolve() else str(path)
+
+
 def show(path) -> str:
     cal = load_calibration(path)
     split = cal.split or {}
     # --holdout 0: the clean false-drop rate is measured on the images that set the threshold
     in_sample = split.get("holdout") == 0
     counted = bound_count_text(cal)
-    lines = [f"== {path}", cal.describe(),
+    lines = [f"== {_title(path)}", cal.describe(),
              f"bound: {cal.method}",
              (f"{counted}; guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence "
               f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "

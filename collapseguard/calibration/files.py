@@ -92,6 +92,28 @@ def resolve_threshold(
 # Decisions and uncalibrated cuts
 # ---------------------------------------------------------------------------------------------
 
+def flag_columns(df, threshold: float | None):
+    """``df`` (a scores table with a ``score`` column) with ``flagged`` (``score > threshold``, as
+    ``is_dropped``; empty where the score is) and ``threshold`` columns placed after ``score``;
+    both empty everywhere when ``threshold`` is None (no threshold applies)."""
+    import pandas as pd
+
+    s = pd.to_numeric(df["score"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    scored = np.isfinite(s)
+    if threshold is None:
+        flagged = pd.array([pd.NA] * len(df), dtype="boolean")
+        t = np.full(len(df), np.nan)
+    else:
+        flagged = pd.array(is_dropped(s, threshold), dtype="boolean")
+        flagged[~scored] = pd.NA
+        t = np.full(len(df), float(threshold))
+    out = df.drop(columns=[c for c in ("flagged", "threshold") if c in df.columns])
+    at = list(out.columns).index("score") + 1
+    out.insert(at, "flagged", flagged)
+    out.insert(at + 1, "threshold", t)
+    return out
+
+
 def threshold_for_drop_fraction(scores: Sequence[float] | np.ndarray, fraction: float) -> float:
     """The threshold that drops the top ``fraction`` of ``scores`` (uncalibrated percentile cut).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 import sys
@@ -222,7 +223,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                            "gives each kind its own", err=True)
     for fam, lv in cal.first_step_dropped.items():
         click.echo(f"  {printable(fam)}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
-    if not no_plot:
+    if not no_plot and importlib.util.find_spec("matplotlib") is None:
+        click.echo("no plot: drawing it needs matplotlib: pip install 'collapseguard[plots]'", err=True)
+    elif not no_plot:
         from collapseguard.calibration.plot import plot_calibration
 
         png = plot_calibration(cal, table.assign(clean=label_clean(table, target, steps)),

@@ -11,6 +11,7 @@ from collapseguard.commands._common import (
     load_detector,
     no_pipe_option,
     refuse_pipes,
+    threshold_options,
     trust_pickle_option,
     workers_option,
 )
@@ -27,14 +28,21 @@ from collapseguard.io.terminal import printable
               help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
                    "encoded bytes); default: found by type and name (image, jpg, png, webp).")
 @no_pipe_option()
+@threshold_options("Flag")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def score(paths, detector, out, workers, image_column, no_pipe, trust_pickle, quiet):
+def score(paths, detector, out, workers, image_column, no_pipe, threshold, calibration,
+          trust_pickle, quiet):
     """Score images in PATHS: image files, folders (recursive), shards (.tar, .tar.gz), Parquet
     files with images as bytes (Hugging Face datasets, img2dataset), or brace patterns such as
     'data/shard-{000..009}.tar', as paths or URLs ('pipe:CMD', http(s)://, s3://, any fsspec
-    protocol). Higher score = more degraded; an image that cannot be
-    decoded gets an empty score and its error text."""
+    protocol). Higher score = more degraded; an image that cannot be decoded gets an empty score
+    and its error text.
+
+    Each row is flagged (column `flagged`: score > `threshold`, empty where the score is) at the
+    threshold of --threshold, --calibration or the detector's shipped calibration, as `filter`
+    decides; a detector without one gets empty `flagged` and `threshold` columns."""
+    from collapseguard.calibration.files import NoThresholdError, flag_columns, resolve_threshold
     from collapseguard.detectors.base import check_spec
     from collapseguard.scoring.run import (
         check_table_suffix,
@@ -55,17 +63,23 @@ def score(paths, detector, out, workers, image_column, no_pipe, trust_pickle, qu
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)  # a model that cannot be built fails here, in one line,
     # not in every worker
+    try:  # a calibration made for another detector fails before any scoring
+        t, t_source, _ = resolve_threshold(det, threshold, calibration)
+    except NoThresholdError:  # no shipped calibration (nss, pyiqa:...): scores without flags
+        t, t_source = None, f"no threshold for {detector}: flagged left empty (pass --threshold or --calibration)"
     if workers > 1:
         det = None  # each worker loads its own; do not hold a third copy meanwhile
     try:
         df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
                                  detector_kwargs=kwargs, planned=(tasks, unread))
+        df = flag_columns(df, t)
         write_table(df, out)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc}") from None
-    click.echo(f"{count_line(df)} -> {out}", err=True)
+    click.echo(f"{count_line(df)}{flag_count(df)} -> {out}", err=True)
+    click.echo(f"threshold: {printable(t_source)}", err=True)
     for f in failures:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if failures:
@@ -84,3 +98,10 @@ def count_line(df) -> str:
     partial = f" ({int((scored & err).sum())} with an error beside the score)" if (scored & err).any() else ""
     return f"scored {int(scored.sum())} row(s){partial}, {int((~scored).sum())} without a score"
 
+
+
+def flag_count(df) -> str:
+    """", N flagged" for a table with a threshold, "" without one."""
+    if not len(df) or df["threshold"].isna().all():
+        return ""
+    return f", {int(df['flagged'].fillna(False).sum())} flagged"

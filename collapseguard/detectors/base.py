@@ -34,8 +34,9 @@ def as_batch(images) -> list:
     """``images`` as every detector's ``score`` takes them: a sequence of (H, W, 3) arrays.
 
     One image passed on its own (an (H, W, 3) or (H, W) array) is refused: iterated, it would be
-    scored row by row as a batch of H narrow images. RGBA uint8 arrays are composited over white,
-    as a decoded RGBA file is, so one picture gets one score whichever way it arrives.
+    scored row by row as a batch of H narrow images. RGBA uint8 arrays are composited over
+    ``images.ALPHA_BACKGROUND``, as a decoded RGBA file is, so one picture gets one score whichever
+    way it arrives.
     """
     if isinstance(images, np.ndarray) and images.ndim in (2, 3):
         raise TypeError(f"score() takes a batch of images (a list, or an (N, H, W, 3) array); got one "
@@ -43,9 +44,9 @@ def as_batch(images) -> list:
     out = list(images)
     for i, img in enumerate(out):
         if isinstance(img, np.ndarray) and img.ndim == 3 and img.shape[2] == 4 and img.dtype == np.uint8:
-            from collapseguard.images import rgba_over_white
+            from collapseguard.images import rgba_composite
 
-            out[i] = rgba_over_white(img)
+            out[i] = rgba_composite(img)
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -102,3 +103,40 @@ def export_onnx(net: DegradationNet, n_crops: int, tolerance: float, seed: int =
         raise RuntimeError(f"the ONNX export does not reproduce the network (max score difference "
                            f"{diff:.3g} > {tolerance:g})")
     return data
+
+
+def write_shipped_graph(folder: str | Path | None = None) -> tuple[Path, Path]:
+    """Export the packaged weights (``collapseguard/weights/cnn.safetensors``) with their own crop
+    count and write the graph and its metadata (``cnn_onnx.SHIPPED_GRAPH``, ``SHIPPED_META``)
+    into ``folder`` (default: the package's weights folder, beside the weights). Returns the two
+    paths. Run it whenever the weights change: ``python -m collapseguard.detectors.cnn_export``."""
+    from collapseguard.detectors import cnn_onnx
+    from collapseguard.detectors.cnn_family import default_weights_bytes
+
+    out = Path(folder) if folder is not None else Path(__file__).resolve().parent.parent / "weights"
+    graph, meta = cnn_onnx._export(default_weights_bytes(), None)
+    out.mkdir(parents=True, exist_ok=True)
+    graph_p, meta_p = out / cnn_onnx.SHIPPED_GRAPH, out / cnn_onnx.SHIPPED_META
+    graph_p.write_bytes(graph)
+    meta_p.write_text(cnn_onnx.export_metadata(graph, meta))
+    return graph_p, meta_p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m collapseguard.detectors.cnn_export",
+        description="Write the ONNX graph of the packaged cnn weights beside them, for scoring "
+                    "without torch (needs torch and onnx).")
+    ap.add_argument("--out", default=None,
+                    help="folder to write cnn.onnx and cnn.onnx.json into (default: the package's "
+                         "weights folder)")
+    args = ap.parse_args(argv)
+    for p in write_shipped_graph(args.out):
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

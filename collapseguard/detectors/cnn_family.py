@@ -12,12 +12,14 @@ importing torch unless it is the one that runs.
   unset on a machine without an NVIDIA driver) and the export can be made or is cached; torch
   otherwise. ``collapseguard filter`` scores this way by default (``--runtime``).
 
-A detector created without ``runtime`` takes ``$COLLAPSEGUARD_CNN_RUNTIME`` (default torch); the
-filter sets it for its run, so the worker processes it spawns inherit it.
+A detector created without ``runtime`` takes ``$COLLAPSEGUARD_CNN_RUNTIME``, else torch where torch
+is installed and onnx where it is not (the core install: torch comes with the ``[train]`` extra);
+the filter sets the variable for its run, so the worker processes it spawns inherit it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from importlib import resources
@@ -46,9 +48,15 @@ def is_cnn_family(name: str) -> bool:
     return name == "cnn" or name.startswith("cnn:")
 
 
+def torch_installed() -> bool:
+    """Can torch be imported here (found without importing it)?"""
+    return importlib.util.find_spec("torch") is not None
+
+
 def default_runtime() -> str:
-    """The runtime of a cnn detector created without one: ``$COLLAPSEGUARD_CNN_RUNTIME`` or torch."""
-    return os.environ.get(RUNTIME_ENV, "").strip() or "torch"
+    """The runtime of a cnn detector created without one: ``$COLLAPSEGUARD_CNN_RUNTIME``, else
+    torch where it is installed, else onnx."""
+    return os.environ.get(RUNTIME_ENV, "").strip() or ("torch" if torch_installed() else "onnx")
 
 
 def set_default_runtime(runtime: str) -> Callable[[], None]:
@@ -86,15 +94,22 @@ def create_cnn(weights: str | Path | None = None, device: str | None = None,
         from collapseguard.detectors import cnn_onnx
 
         if runtime == "onnx":
-            if not _cpu_only(device):
+            if device is not None and str(device).strip() and not _cpu_only(device):
                 raise DetectorError(f"the onnx runtime scores on the CPU only, not {device!r}; "
                                     "use runtime torch for a GPU")
             return cnn_onnx.OnnxCNNDetector(weights, n_crops=n_crops)
-        if _cpu_only(device) and cnn_onnx.available():
+        # without torch an unset device is the CPU, whatever GPU the machine has
+        unset = device is None or not str(device).strip()
+        if (_cpu_only(device) or (unset and not torch_installed())) and cnn_onnx.available():
             try:
                 return cnn_onnx.OnnxCNNDetector(weights, n_crops=n_crops)
             except cnn_onnx.ExportUnavailable:
-                pass  # no exporter here and nothing cached: the network as trained
+                if not torch_installed():
+                    raise
+                # no exporter here and nothing cached: the network as trained
+    if not torch_installed():
+        raise DetectorError("the cnn's torch runtime needs torch: pip install 'collapseguard[train]' "
+                            "(or score with runtime onnx, on the CPU)")
     from collapseguard.detectors.cnn import CNNDetector
 
     return CNNDetector(weights, device=device, n_crops=n_crops)

@@ -1,9 +1,13 @@
 """The ``cnn`` detector run by onnxruntime on the CPU, without torch in the process.
 
-The network of a weights file is exported once (``cnn_export``, which needs torch and onnx) and
-cached under ``$COLLAPSEGUARD_CACHE/cnn-onnx/`` (default ``~/.cache/collapseguard``), keyed by the
-SHA-256 of the weights file, the crops per image and the export format; a process that finds the
-export cached imports neither torch nor onnx. The detector reads the same native-resolution crops
+The shipped weights come with their exported graph inside the package
+(``collapseguard/weights/cnn.onnx`` and ``cnn.onnx.json``, written by
+``python -m collapseguard.detectors.cnn_export``); its metadata names the SHA-256 of the weights
+file it was exported from, so a graph left stale by new weights is never used. Other weights (or
+another crop count) are exported once (``cnn_export``, which needs torch and onnx: the ``[train]``
+extra) and cached under ``$COLLAPSEGUARD_CACHE/cnn-onnx/`` (default ``~/.cache/collapseguard``),
+keyed by the SHA-256 of the weights file, the crops per image and the export format; a process that
+finds the export shipped or cached imports neither torch nor onnx. The detector reads the same native-resolution crops
 as ``cnn.CNNDetector`` (``crops.image_crops``), batched across images, and its scores equal that
 detector's within ``SCORE_TOLERANCE``; it carries the same name and version, so calibrations of
 the weights apply to it.
@@ -15,6 +19,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +35,9 @@ SCORE_TOLERANCE = 1e-4
 RUN_IMAGES = 4
 #: bump when ExportNet changes what it writes: older cached exports are then not used
 EXPORT_FORMAT = 1
+#: the shipped weights' graph and its metadata, beside ``cnn_family.WEIGHTS_NAME`` in the package
+SHIPPED_GRAPH = "cnn.onnx"
+SHIPPED_META = "cnn.onnx.json"
 
 
 class ExportUnavailable(DetectorError):
@@ -57,7 +65,9 @@ def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
         import onnx  # noqa: F401  (torch's exporter needs it)
         import torch  # noqa: F401
     except ImportError as exc:
-        raise ExportUnavailable(f"cannot export the cnn to ONNX here ({exc})") from None
+        raise ExportUnavailable(
+            f"these cnn weights have no exported ONNX graph here, and making one needs torch and onnx "
+            f"({exc}): pip install 'collapseguard[train]'") from None
     from safetensors import SafetensorError
 
     from collapseguard.detectors.cnn import crops_for, weights_version
@@ -85,18 +95,43 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _valid(graph: bytes, meta: object, sha: str) -> bool:
+    """Is ``graph`` with ``meta`` an export of the weights whose SHA-256 is ``sha``, in this
+    module's format and crop layout, unchanged since it was written?"""
+    return (isinstance(meta, dict) and meta.get("weights_sha256") == sha
+            and meta.get("format") == EXPORT_FORMAT and meta.get("crop_layout") == CROP_LAYOUT
+            and meta.get("graph_sha256") == hashlib.sha256(graph).hexdigest())
+
+
+def shipped_export() -> tuple[bytes, dict] | None:
+    """The graph and metadata shipped beside the packaged weights, or None when missing."""
+    folder = resources.files("collapseguard") / "weights"
+    try:
+        return (folder / SHIPPED_GRAPH).read_bytes(), json.loads((folder / SHIPPED_META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def export_metadata(graph: bytes, meta: dict) -> str:
+    """``meta`` with the graph's SHA-256, as the JSON text written beside a graph."""
+    return json.dumps({**meta, "graph_sha256": hashlib.sha256(graph).hexdigest()}, indent=1,
+                      sort_keys=True) + "\n"
+
+
 def load_export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
-    """The ONNX graph and metadata for weights ``data``: from the cache, else exported (and
-    cached when the cache folder is writable)."""
+    """The ONNX graph and metadata for weights ``data``: the shipped graph when it was exported
+    from these weights with these crops, else from the cache, else exported (and cached when the
+    cache folder is writable)."""
     sha = hashlib.sha256(data).hexdigest()
+    shipped = shipped_export()
+    if shipped is not None and _valid(*shipped, sha) and n_crops in (None, shipped[1].get("n_crops")):
+        return shipped
     stem = f"{sha[:32]}-k{int(n_crops) if n_crops else 'default'}-f{EXPORT_FORMAT}"
     graph_p, meta_p = cache_dir() / f"{stem}.onnx", cache_dir() / f"{stem}.json"
     try:
         meta = json.loads(meta_p.read_text())
         graph = graph_p.read_bytes()
-        if (isinstance(meta, dict) and meta.get("weights_sha256") == sha
-                and meta.get("format") == EXPORT_FORMAT and meta.get("crop_layout") == CROP_LAYOUT
-                and meta.get("graph_sha256") == hashlib.sha256(graph).hexdigest()):
+        if _valid(graph, meta, sha):
             return graph, meta
     except (OSError, ValueError):
         pass

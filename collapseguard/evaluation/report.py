@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -285,6 +286,11 @@ def breakdown_markdown(ev) -> list[str]:
     return out
 
 
+def plots_available() -> bool:
+    """Is matplotlib (the ``[plots]`` extra) installed? Without it the figure is left out."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_outputs(ev, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
     """Write every output file of an Evaluation into ``out_dir``; returns name -> path."""
     out = Path(out_dir)
@@ -305,7 +311,7 @@ def write_outputs(ev, out_dir: str | Path, plot: bool = True) -> dict[str, Path]
             _to_csv(table, paths[name])
         else:  # an earlier run's table would sit beside results that do not show it
             (out / f"{name}.csv").unlink(missing_ok=True)
-    if plot:
+    if plot and plots_available():
         paths["plot"] = plot_mean_score_vs_step(ev.scores, out / "mean_score_vs_step.png")
     else:  # an earlier run's plot would sit beside tables it does not show
         (out / "mean_score_vs_step.png").unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,9 +204,12 @@ def run_evaluation(
     ``threshold_of(detector)`` -> (threshold, description) or None gives the thresholds of the
     drop tables (``evaluate --calibration``)."""
     if threads is not None:
-        import torch
-
-        torch.set_num_threads(int(threads))
+        try:
+            import torch
+        except ImportError:  # the core install: onnxruntime sessions take their threads from here
+            os.environ["OMP_NUM_THREADS"] = str(int(threads))
+        else:
+            torch.set_num_threads(int(threads))
     manifest = chains if isinstance(chains, pd.DataFrame) else load_chain_manifest(chains)
     manifest = select_chains(manifest, families, max_chains_per_family)
     dets = []

@@ -69,6 +69,7 @@ def _precomputed(rows, scores_path: str, where: str):
         yield row, Scored(score=float("nan") if score is None else score, image=prev["image"],
                           error=prev["error"], status=_STATUS_OF_REASON.get(prev["reason"], "ok"),
                           width=prev["width"], height=prev["height"], storage=prev["storage"] or "",
+                          has_alpha=bool(prev.get("has_alpha")),
                           n_images=1 if row.data is not None else 0)
     if next(it, None) is not None:
         raise ShardChangedError(f"{printable(where)}: fewer rows than the scoring pass read (the "
@@ -147,7 +148,8 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
                              ("reason", reason), ("detector", detector.name),
                              ("detector_version", detector.version), ("image", scored.image),
                              ("width", scored.width), ("height", scored.height),
-                             ("storage", scored.storage), ("error", error), ("row", row.index)):
+                             ("storage", scored.storage), ("has_alpha", scored.has_alpha),
+                             ("error", error), ("row", row.index)):
                 rows[col].append(val)
             done_since += 1
             if progress is not None and done_since >= 16:
@@ -180,6 +182,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         "width": pa.array(rows["width"], pa.int32()),
         "height": pa.array(rows["height"], pa.int32()),
         "storage": pa.array(rows["storage"], pa.string()),
+        "has_alpha": pa.array(rows["has_alpha"], pa.bool_()),
         "error": pa.array(rows["error"], pa.string()),
         "shard": pa.array([inp.stem] * n, pa.string()),
         "row": pa.array(rows["row"], pa.int64()),

@@ -48,7 +48,7 @@ from collapseguard.io.urls import (
 from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
-                 "width", "height", "storage", "error")
+                 "width", "height", "storage", "has_alpha", "error")
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,8 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                              ("reason", reason), ("detector", detector.name),
                              ("detector_version", detector.version), ("image", scored.image),
                              ("width", scored.width), ("height", scored.height),
-                             ("storage", scored.storage), ("error", error)):
+                             ("storage", scored.storage), ("has_alpha", scored.has_alpha),
+                             ("error", error)):
                 rows[col].append(val)
             done_since += 1
             if progress is not None and done_since >= 16:
@@ -310,6 +311,7 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         "width": pa.array(rows["width"], pa.int32()),
         "height": pa.array(rows["height"], pa.int32()),
         "storage": pa.array(rows["storage"], pa.string()),
+        "has_alpha": pa.array(rows["has_alpha"], pa.bool_()),
         "error": pa.array(rows["error"], pa.string()),
         # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
         # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
@@ -406,6 +408,7 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
                              error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
                              width=row["width"], height=row["height"],
                              storage=row.get("storage") or "",  # scores files written before storage was recorded lack it
+                             has_alpha=bool(row.get("has_alpha")),
                              n_images=sum(is_image_name(m.name) for m in sample.members))
     if next(it, None) is not None:
         raise ShardChangedError(f"{where}: fewer samples than the scoring pass read (the shard "

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from collapseguard.detectors.base import Detector, DetectorError
-from collapseguard.images import DecodeError, decode_with_storage, is_image_name
+from collapseguard.images import DecodeError, decode_detailed, is_image_name
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ class Scored:
     height: int = 0
     #: how the scored image is stored (``images.image_storage``: "png", "jpeg 4:2:0", ...)
     storage: str = ""
+    #: does the scored image have transparent pixels (scored composited over
+    #: ``images.ALPHA_BACKGROUND``)?
+    has_alpha: bool = False
 
 
 def image_members(members: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
@@ -61,10 +64,11 @@ def decode_members(
     max_record_pixels: int = MAX_RECORD_PIXELS,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[list[tuple[str, np.ndarray, str]], list[str]]:
-    """Decode one record's images: ``([(name, array, storage), ...], errors)``.
+    """Decode one record's images: ``([(name, array, storage, has_alpha), ...], errors)``.
 
-    Bytes are decoded by content (``images.decode_with_storage``: allowed formats, the per-image
-    pixel cap, cut-short PNGs); an array is taken as already decoded (storage ``""``). Decoding
+    Bytes are decoded by content (``images.decode_detailed``: allowed formats, the per-image
+    pixel cap, cut-short PNGs, transparency composited); an array is taken as already decoded
+    (storage ``""``; an RGBA array has alpha when some pixel is not opaque). Decoding
     stops once the record's images hold over ``max_record_pixels`` together. ``transform`` (e.g. a
     JPEG re-encoding) is applied to each decoded image. Each error reads ``"<name>: <reason>"``.
     """
@@ -72,9 +76,10 @@ def decode_members(
     for name, data in members:
         if isinstance(data, np.ndarray):
             arr, storage = data, ""
+            alpha = bool(arr.ndim == 3 and arr.shape[2] == 4 and arr[..., 3].min() < 255)
         else:
             try:
-                arr, storage = decode_with_storage(data)
+                arr, storage, alpha = decode_detailed(data)
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
                 continue
@@ -83,7 +88,7 @@ def decode_members(
             errors.append(f"{name}: the sample's images hold over {max_record_pixels} pixels "
                           "together; the rest were not decoded")
             break
-        decoded.append((name, transform(arr) if transform is not None else arr, storage))
+        decoded.append((name, transform(arr) if transform is not None else arr, storage, alpha))
     return decoded, errors
 
 
@@ -163,10 +168,11 @@ def score_records(
     images: list[np.ndarray] = []
     names: list[str] = []
     storages: list[str] = []
+    alphas: list[bool] = []
     pixels = 0
 
     def flush():
-        nonlocal images, names, storages, pixels, pending
+        nonlocal images, names, storages, alphas, pixels, pending
         if images:
             detail, failed = score_batch(detector, images, retry=retry)
             scores = detail["score"]
@@ -189,11 +195,12 @@ def score_records(
                     res.image = names[idx[j]]
                     res.height, res.width = images[idx[j]].shape[:2]  # the size of the image named
                     res.storage = storages[idx[j]]
+                    res.has_alpha = alphas[idx[j]]
                     for k, arr in detail.items():
                         if k != "score":
                             res.extra[k] = float(arr[idx[j]])
             yield rec, res
-        pending, images, names, storages, pixels = [], [], [], [], 0
+        pending, images, names, storages, alphas, pixels = [], [], [], [], [], 0
 
     for rec in records:
         members = members_of(rec)
@@ -207,13 +214,14 @@ def score_records(
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored
             res.status, res.error = "decode_error", "; ".join(errors)
         else:
-            for name, arr, storage in decoded:
+            for name, arr, storage, alpha in decoded:
                 if not res.width:
                     res.height, res.width = arr.shape[:2]
                 idx.append(len(images))
                 images.append(arr)
                 names.append(name)
                 storages.append(storage)
+                alphas.append(alpha)
                 pixels += arr.shape[0] * arr.shape[1]
         pending.append((rec, res, idx))
         if len(images) >= batch_size or pixels >= max_pixels or len(pending) >= batch_size:

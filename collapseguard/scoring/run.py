@@ -21,7 +21,7 @@ from collapseguard.scoring.records import sample_error, score_records
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
-           "storage", "error"]
+           "storage", "has_alpha", "error"]
 
 
 def _file_members(f: ImageFile, read_errors: dict[str, str] | None = None) -> list[tuple[str, bytes]]:
@@ -94,7 +94,8 @@ def _score_task(task: tuple, detector, progress=None, pf=None) -> list[dict]:
         row = {"source": source, "key": key, "score": res.score, "detector": detector.name,
                "detector_version": detector.version,
                "image": res.image if kind != "files" else "", "width": res.width,
-               "height": res.height, "storage": res.storage, "error": error}
+               "height": res.height, "storage": res.storage, "has_alpha": res.has_alpha,
+               "error": error}
         row.update({f"{k}": v for k, v in res.extra.items()})
         rows.append(row)
         n += 1

@@ -56,37 +56,43 @@ class SourceError(CollapseguardError, ValueError):
     """A source spec or folder that yields no usable images."""
 
 
-def _bundled_paths() -> list[tuple[str, Path]]:
-    out = []
-    try:
-        import skimage
-        d = Path(skimage.__file__).parent / "data"
-        out += [(f"skimage/{Path(n).stem}", d / n) for n in _SKIMAGE_FILES if (d / n).is_file()]
-    except ImportError:  # pragma: no cover - scikit-image is a core dependency
-        pass
-    try:
-        import sklearn.datasets
-        d = Path(sklearn.datasets.__file__).parent / "images"
-        out += [(f"sklearn/{p.stem}", p) for p in sorted(d.glob("*.jpg"))]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        import matplotlib
-        p = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
-        if p.is_file():
-            out.append(("matplotlib/grace_hopper", p))
-    except ImportError:  # pragma: no cover
-        pass
-    return out
+#: the packages whose photos ``bundled_photos`` reads: scikit-image and scikit-learn come with
+#: every install, matplotlib with the ``[plots]`` extra
+BUNDLED_PACKAGES = ("skimage", "sklearn", "matplotlib")
 
 
-def bundled_photos(min_side: int = 64) -> list[Source]:
-    """Photos shipped inside installed packages (no network), as RGB uint8 arrays.
+def _package_photos(package: str) -> list[tuple[str, Path]]:
+    """(name, path) of the sample photos inside ``package`` ([] when it is not installed)."""
+    try:
+        if package == "skimage":
+            import skimage
+            d = Path(skimage.__file__).parent / "data"
+            return [(f"skimage/{Path(n).stem}", d / n) for n in _SKIMAGE_FILES if (d / n).is_file()]
+        if package == "sklearn":
+            import sklearn.datasets
+            d = Path(sklearn.datasets.__file__).parent / "images"
+            return [(f"sklearn/{p.stem}", p) for p in sorted(d.glob("*.jpg"))]
+        if package == "matplotlib":
+            import matplotlib
+            p = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+            return [("matplotlib/grace_hopper", p)] if p.is_file() else []
+    except ImportError:
+        return []
+    raise ValueError(f"no bundled photos known in {package!r}; known: {', '.join(BUNDLED_PACKAGES)}")
+
+
+def _bundled_paths(packages: tuple[str, ...] = BUNDLED_PACKAGES) -> list[tuple[str, Path]]:
+    return [item for package in packages for item in _package_photos(package)]
+
+
+def bundled_photos(min_side: int = 64, packages: tuple[str, ...] = BUNDLED_PACKAGES) -> list[Source]:
+    """Photos shipped inside installed packages (no network), as RGB uint8 arrays: those of
+    ``packages`` (of ``BUNDLED_PACKAGES``) that are installed.
 
     Grey images are repeated into three channels. Images smaller than ``min_side`` are skipped.
     """
     out = []
-    for name, path in _bundled_paths():
+    for name, path in _bundled_paths(packages):
         try:
             arr = load_image(path)
         except (OSError, DecodeError):

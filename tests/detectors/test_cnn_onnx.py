@@ -51,6 +51,42 @@ def test_shipped_weights_score_the_same_on_both_runtimes(photos):
     np.testing.assert_allclose(onnx.score(odd), ref.score(odd), rtol=0, atol=SCORE_TOLERANCE)
 
 
+def test_the_shipped_graph_is_the_export_of_the_shipped_weights(photos):
+    """The graph in the package was made from the weights beside it (rerun
+    ``python -m collapseguard.detectors.cnn_export`` after changing them), it is what the onnx
+    runtime uses without exporting, and it scores as torch does within SCORE_TOLERANCE."""
+    import hashlib
+
+    from collapseguard.detectors.cnn_family import default_weights_bytes
+    from collapseguard.detectors.cnn_onnx import shipped_export
+
+    shipped = shipped_export()
+    assert shipped is not None, "collapseguard/weights/cnn.onnx(.json) missing"
+    graph, meta = shipped
+    ref = create("cnn", device="cpu", runtime="torch")
+    assert meta["weights_sha256"] == hashlib.sha256(default_weights_bytes()).hexdigest(), \
+        "stale graph: run python -m collapseguard.detectors.cnn_export"
+    assert (meta["version"], meta["n_crops"]) == (ref.version, ref.n_crops)
+    assert meta["graph_sha256"] == hashlib.sha256(graph).hexdigest()
+    onnx = create("cnn", device="cpu", runtime="onnx")
+    assert not list(cache_dir().glob(f"{meta['weights_sha256'][:32]}-kdefault-*"))  # not exported
+    np.testing.assert_allclose(onnx.score(photos), ref.score(photos), rtol=0, atol=SCORE_TOLERANCE)
+
+
+def test_a_stale_shipped_graph_is_not_used(monkeypatch, photos):
+    from collapseguard.detectors import cnn_onnx
+    from collapseguard.detectors.cnn_family import default_weights_bytes
+
+    graph, meta = cnn_onnx.shipped_export()
+    # the graph of other weights, say: its metadata names another weights file
+    monkeypatch.setattr(cnn_onnx, "shipped_export",
+                        lambda: (graph, {**meta, "weights_sha256": "0" * 64}))
+    got, got_meta = cnn_onnx.load_export(default_weights_bytes(), None)
+    assert got_meta["weights_sha256"] == meta["weights_sha256"]  # exported from the real weights
+    # and cached, not taken from the package
+    assert list(cache_dir().glob(f"{meta['weights_sha256'][:32]}-kdefault-*.onnx"))
+
+
 def _random_weights(path: Path, **options) -> Path:
     torch.manual_seed(0)
     cfg = {"width": 6, "crop_size": 32, "n_crops": 4, **options}
@@ -109,11 +145,12 @@ def test_a_network_the_export_gets_wrong_is_scored_by_torch(tmp_path, photos, mo
 
 
 def test_a_cached_export_is_used_without_torch_and_a_damaged_one_is_redone(photos):
-    create("cnn", device="cpu", runtime="onnx")  # makes the export (in this session's cache)
+    # another crop count than the shipped graph's: exported once, then cached
+    create("cnn", device="cpu", runtime="onnx", n_crops=12)
     graphs = sorted(cache_dir().glob("*.onnx"))
     assert graphs
     code = ("import sys; from collapseguard.detectors import create; import numpy as np; "
-            "d = create('cnn', device='cpu', runtime='auto'); "
+            "d = create('cnn', device='cpu', runtime='auto', n_crops=12); "
             "s = d.score([np.full((200, 300, 3), 128, np.uint8)]); "
             "print(type(d).__name__, 'torch' in sys.modules, 'onnx' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

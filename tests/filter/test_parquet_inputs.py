@@ -331,3 +331,19 @@ def test_drop_fraction_dry_run_and_no_rejected_on_parquet(tmp_path, photos):
     assert not (tmp_path / "dry/kept").exists() and len(pd.read_parquet(tmp_path / "dry/scores/j.parquet")) == len(images)
     run_cli(["filter", src, "-o", tmp_path / "nr", "-d", "nss", "--threshold", "3", "--no-rejected", "-w", "1", "-q"])
     assert not (tmp_path / "nr/rejected").exists() and (tmp_path / "nr/kept/j.parquet").exists()
+
+
+@pytest.mark.parametrize("mode", ["threshold", "drop_fraction"])
+def test_parquet_scores_note_transparency(tmp_path, photos, mode):
+    """A transparent PNG row carries has_alpha in the Parquet filter's scores, on both the plain
+    run and --drop-fraction's two passes, as a tar shard's does."""
+    rgba = np.zeros((96, 128, 4), np.uint8)
+    rgba[..., :3] = photos[0][:96, :128]
+    rgba[..., 3] = np.linspace(0, 255, 128, dtype=np.uint8)[None]
+    images = [("t", encode_png(rgba)), ("o", encode_jpeg(photos[1], 92))]
+    src = tmp_path / "a.parquet"
+    jpg_parquet(src, images)
+    how = (["--threshold", "1e9"] if mode == "threshold" else ["--drop-fraction", "0.5"])
+    run_cli(["filter", src, "-o", tmp_path / "o", "-d", "nss", "-w", "1", "-q", *how])
+    scores = pd.read_parquet(tmp_path / "o" / "scores" / "a.parquet")
+    assert dict(zip(scores["key"], scores["has_alpha"])) == {"t": True, "o": False}
