@@ -96,4 +96,16 @@ for det in "${DETECTORS[@]}"; do
     --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
     --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, recipes/nightsky.sh); $DRAWN drawn pixel-art and $DRAWN drawn screen pictures (seed 41), each as PNG and as JPEG 4:2:0 q60-95" \
     "${kinds_text[@]}" --out "$([ "$KINDS" = 1 ] && echo "$WORK/$safe.kinds.json" || echo "$OUTDIR/$safe.json")"
+  # the file names the work folder as $CG_CALIB_WORK, never as this machine's absolute path
+  # (tests/test_shipped_files.py checks the shipped ones)
+  python - "$([ "$KINDS" = 1 ] && echo "$WORK/$safe.kinds.json" || echo "$OUTDIR/$safe.json")" "$WORK" <<'PY'
+import json, os, sys
+path, work = sys.argv[1], os.path.abspath(sys.argv[2])
+with open(path, encoding="utf-8") as f:
+    text = f.read()
+text = text.replace(json.dumps(work + "/")[1:-1], "$CG_CALIB_WORK/")
+json.loads(text)
+with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+PY
 done

@@ -28,6 +28,7 @@
 #    sets store images (JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, web-size downscales).
 #    Writes the weights, <out>.json and the model card <out>.md with held-out metrics. INIT=""
 #    N_CROPS=48 trains the from-scratch network instead.
+# 4. for the shipped weights, their ONNX graph: python -m collapseguard.detectors.cnn_export.
 # About an hour on 2 cores from an empty $WORK: the chain stage 40 minutes with one worker (about
 # 20 with two), training about 35 (MODEL_CARD.md, "How to reproduce").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
@@ -147,4 +148,9 @@ if [ -n "$INIT" ]; then init=(--init "$INIT"); fi
 collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
   --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" "${init[@]}" --n-crops "$N_CROPS" \
   --delivery-kind web --delivery-jpeg 1 --threads 2 --shared-clean "$SHARED_CLEAN" $EXTRA
+# 4. the shipped weights' ONNX graph (weights/cnn.onnx + cnn.onnx.json), what the core install
+#    scores with: rewritten whenever the shipped weights are
+if [ "$OUT" = collapseguard/weights/cnn.safetensors ]; then
+  python -m collapseguard.detectors.cnn_export
+fi
 echo "total wall time: $(( $(date +%s) - start )) s"
