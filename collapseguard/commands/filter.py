@@ -43,11 +43,18 @@ from collapseguard.io.terminal import printable
 @click.option("--reshard", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also write the kept samples into even shards of N samples: <out>/resharded/ "
                    "with key_map.parquet (key -> shard) and the img2dataset parquet rows per shard.")
+@click.option("--groups", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="groups.parquet from `collapseguard dedup`: also reject each copy its group "
+                   "marks degraded_copy (reason degraded_copy; the scores table gets a group "
+                   "column). Other copies are kept unless --drop-duplicates.")
+@click.option("--drop-duplicates", is_flag=True,
+              help="With --groups: keep one copy per group (the least degraded), reject the "
+                   "others as duplicate (classic deduplication).")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
-               trust_pickle, quiet):
+               groups, drop_duplicates, trust_pickle, quiet):
     """Filter WebDataset shards: score every image, drop degraded samples, copy everything else
     through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), folders of shards, or brace
     patterns such as 'data/shard-{000..099}.tar', as paths or URLs ('pipe:CMD', http(s)://,
@@ -56,6 +63,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
 
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
+    if drop_duplicates and not groups:
+        raise click.UsageError("--drop-duplicates needs --groups (a dedup groups.parquet)")
     if reshard is not None and dry_run:
         raise click.UsageError("--reshard writes kept samples; it cannot be combined with --dry-run")
     from collapseguard.detectors.cnn_family import set_default_runtime
@@ -68,7 +77,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                  calibration=calibration, drop_fraction=drop_fraction,
                                  workers=workers, engine=engine, resume=resume,
                                  write_rejected=not no_rejected, reject_no_image=reject_no_image,
-                                 dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet)
+                                 dry_run=dry_run, batch_size=batch_size or 0, quiet=quiet,
+                                 groups=groups, drop_duplicates=drop_duplicates)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
-from collapseguard.filter.decisions import decide
+from collapseguard.filter.decisions import apply_group, decide, read_groups
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.tar import ShardReader, ShardWriter
@@ -64,6 +64,11 @@ class FilterOptions:
     scores_from: str = ""
     #: the id the run holding ``<out>/.lock`` wrote into it; checked before every commit
     run_id: str = ""
+    #: ``dedup``'s groups.parquet to apply (``apply_group``), its SHA-256, and whether to drop
+    #: every copy a group does not keep
+    groups: str = ""
+    groups_digest: str = ""
+    drop_duplicates: bool = False
 
     def fingerprint(self) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal."""
@@ -72,6 +77,10 @@ class FilterOptions:
         d.pop("batch_size")
         d.pop("scores_from")
         d.pop("run_id")
+        d.pop("groups")  # where the table lies does not matter; its digest does
+        for k in ("groups_digest", "drop_duplicates"):
+            if not d[k]:
+                d.pop(k)  # runs without --groups keep the settings they always had
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -234,10 +243,15 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
+        groups = read_groups(options.groups, shard_stem(shard)) if options.groups else None
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
                                       refused=bool(sample.refused), repeated=sample.repeat > 0,
                                       reject_no_image=options.reject_no_image)
+            if groups is not None:
+                group_row = groups.get(sample.key) if sample.repeat == 0 else None
+                decision, reason = apply_group(decision, reason, group_row, options.drop_duplicates)
+                rows.setdefault("group", []).append((group_row or {}).get("group", ""))
             writer = kept_w if decision == "kept" else rej_w
             if writer is not None:  # only a sample set aside for its names or its repeated key
                 # (whatever reason comes first) may change key there
@@ -292,6 +306,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
         # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
         "shard": pa.array([shard_stem(shard)] * len(rows["key"]), pa.string()),
     })
+    if groups is not None:  # the dedup group of each sample ("" for none)
+        table = table.append_column("group", pa.array(rows.get("group", []), pa.string()))
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}
