@@ -16,6 +16,8 @@ from itertools import combinations
 
 import numpy as np
 
+from collapseguard.detectors.fingerprint import popcount
+
 BLOCKS = ((0, 21), (21, 42), (42, 64))  # bit ranges, least significant first
 MAX_DISTANCE = 3 * (2 + 1) - 1
 
@@ -62,10 +64,10 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int = MAX_DISTANCE,
                 keep = i < j
                 i, j = i[keep], j[keep]
                 for e in range(b):  # found by an earlier block already: reported there
-                    de = np.bitwise_count(keys[e][i] ^ keys[e][j])
+                    de = popcount(keys[e][i] ^ keys[e][j])
                     keep = de > radius
                     i, j = i[keep], j[keep]
-                d = np.bitwise_count(hashes[i] ^ hashes[j])
+                d = popcount(hashes[i] ^ hashes[j])
                 keep = d <= max_distance
                 found_i.append(i[keep])
                 found_j.append(j[keep])

@@ -57,6 +57,18 @@ def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a16 * b16).sum(axis=-1) / (THUMB_SCALE * THUMB_SCALE)
 
 
+_BYTE_BITS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def popcount(x: np.ndarray) -> np.ndarray:
+    """Set bits of each unsigned integer (``np.bitwise_count`` on numpy 2, a byte table before)."""
+    x = np.asarray(x)
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x)
+    b = np.ascontiguousarray(x).view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
+    return _BYTE_BITS[b].sum(axis=-1, dtype=np.uint8)
+
+
 def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Bitwise Hamming distance of uint64 hashes (elementwise)."""
-    return np.bitwise_count(np.bitwise_xor(np.asarray(a, np.uint64), np.asarray(b, np.uint64)))
+    return popcount(np.bitwise_xor(np.asarray(a, np.uint64), np.asarray(b, np.uint64)))

@@ -8,7 +8,7 @@ import pytest
 
 from collapseguard.dedup.groups import GroupingParams, group_ids
 from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs
-from collapseguard.detectors.fingerprint import THUMB_SCALE
+from collapseguard.detectors.fingerprint import THUMB_SCALE, popcount
 
 
 def _hashes(n: int, rng) -> np.ndarray:
@@ -34,7 +34,7 @@ def test_multi_index_hashing_finds_what_brute_force_finds(max_distance):
     for k in range(0, 1500, 6):  # copies at 0..10 bits: some inside, some outside the radius
         for t in range(1, 3):
             h[k + t] = _flip(h[k], rng.choice(64, rng.integers(0, 11), replace=False))
-    d = np.bitwise_count(h[:, None] ^ h[None, :])
+    d = popcount(h[:, None] ^ h[None, :])
     iu = np.triu_indices(len(h), 1)
     want = {(int(a), int(b)) for a, b in zip(*iu) if d[a, b] <= max_distance}
     i, j, dist = candidate_pairs(h, max_distance)
