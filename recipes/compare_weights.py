@@ -11,7 +11,9 @@
    pairs carry every storage and size on either side.
 2. Chains are split by source picture (``manifest.source_bucket``): 60% fit, 40% held out.
    Pairs are every two descriptions of one chain at different steps, both orders; the label says
-   which is the later step. ``dedup.fit.fit_logistic`` fits the weights on the fit part.
+   which is the later step. Beside them, each image and its harmless copy make a pair labelled
+   0.5 (nothing to tell apart), weighted ``--invariance-weight`` against the ordered pairs.
+   ``dedup.fit.fit_logistic`` fits the weights on the fit part.
 3. Held-out figures: per family, how often step 0 is ranked below a step >= 3 copy, and step 1
    below step 5 (every description pair of the held-out chains).
 4. The level: clean-only groups (the original PNG plus five harmless copies) of the ``--clean``
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--invariance-weight", type=float, default=1.0,
+                    help="weight of the same-step pairs (label 0.5) against the ordered pairs")
     args = ap.parse_args(argv)
 
     from safetensors.numpy import save_file
@@ -130,7 +134,16 @@ def main(argv=None) -> int:
     x = np.array(xs)
     y = np.array(ys)
     hold = np.array([i[0] for i in info])
-    w, s = fit_logistic(x[~hold], y[~hold])
+    # invariance pairs: an image as made and its harmless copy (same step) are told apart by
+    # nothing that matters, label 0.5; weighted to count as much as the ordered pairs
+    same = [(a, a + 1) for a in range(0, len(chain_rows) - 1, 2) if chain_rows[a] == chain_rows[a + 1]
+            and not held[a]]
+    xi = np.array([pair_inputs(chain_descs[a], chain_descs[b]) for a, b in same]).reshape(-1, x.shape[1])
+    fit_x = np.concatenate([x[~hold], xi])
+    fit_y = np.concatenate([y[~hold], np.full(len(xi), 0.5)])
+    fit_w = np.concatenate([np.ones(int((~hold).sum())),
+                            np.full(len(xi), args.invariance_weight * (~hold).sum() / max(1, len(xi)))])
+    w, s = fit_logistic(fit_x, fit_y, weight=fit_w)
     w, s = (v.astype(np.float32).astype(np.float64) for v in (w, s))  # as shipped
     comp.w, comp.s = w, s
     p = 1.0 / (1.0 + np.exp(-(x / s) @ w))  # P(later step worse than earlier)
@@ -157,6 +170,9 @@ def main(argv=None) -> int:
                         "alpha": bound.alpha, "confidence": bound.confidence,
                         "guaranteed_groups_losing_a_member": round(bound.guaranteed_false_drop, 4),
                         "empirical_groups_losing_a_member": round(bound.empirical_false_drop, 4)}
+    m5 = hold & np.array([i[2] == 0 and i[3] >= 5 for i in info])
+    figures["held_out_step0_vs_ge5_above_level"] = round(float((p[m5] > bound.threshold).mean()), 4)
+    figures["invariance_pairs_fit"] = len(xi)
     figures["weights"] = dict(zip(INPUTS, np.round(w, 4).tolist()))
     meta = {"inputs": ",".join(INPUTS), "level": repr(bound.threshold), "alpha": repr(bound.alpha),
             "confidence": repr(bound.confidence), "clean_groups": str(bound.n),

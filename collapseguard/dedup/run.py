@@ -90,7 +90,7 @@ def describe_task(task: tuple, detector, progress=None) -> dict:
 
 def task_name(task: tuple, version: str) -> str:
     """The name of a task's part: its inputs, their identity (size, modification time) and the
-    describing detector's version."""
+    version of the descriptions (``Comparator.description_version``)."""
     if task[0] == "shard":
         ident = [[str(task[1]), _ident(str(task[1]))]]
     else:
@@ -135,7 +135,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     unread: list[tuple[str, str]] = []
     tasks = plan_score_tasks(inputs, None, unread)
     det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
-    version = det.version
+    version = det.description_version
     if workers > 1:
         det = None  # each worker loads its own
     parts_dir = Path(out_dir, ".parts")

@@ -102,6 +102,10 @@ class Comparator(Detector):
         self.name = "compare"
         self.fingerprints = bool(fingerprints)
         self.cnn = cnn if cnn is not None else create("cnn")
+        #: what the descriptions depend on (the cnn, the features, the fingerprints), not the
+        #: weights: descriptions kept by a ``dedup`` run stay valid when only the weights change
+        self.description_version = params_version("describe-v1", self.cnn.version, SCALES, FEATURES,
+                                                  THUMB_SIDE, self.fingerprints)
         if untrained:  # descriptions only (for fitting the weights)
             self.w = np.zeros(len(INPUTS))
             self.s = np.ones(len(INPUTS))
