@@ -27,6 +27,9 @@ and its harmless copies belong together. Prints:
   of another picture (a wrong group);
 - per family, how often the comparator ranks step 0 above a step >= 3 image and step 1 above
   step 5, inside a group, and the share of step >= 5 images marked ``degraded_copy``;
+- per family, the share of step >= 5 images the filter rejects with the cnn at its shipped
+  threshold alone and with ``--groups`` (a degraded copy is rejected too), and the same for
+  the clean images (step 0, harmless copies, unrelated pictures);
 - the share of step-0 images and of harmless copies marked ``degraded_copy``.
 """
 
@@ -226,6 +229,18 @@ def chains_main(args) -> None:
         print(f"  {f:18s} {np.mean(order0[f]) if order0[f] else float('nan'):.3f} ({len(order0[f])}) | "
               f"{np.mean(order15[f]) if order15[f] else float('nan'):.3f} ({len(order15[f])}) | "
               f"{np.mean(drop5[f]) if drop5[f] else float('nan'):.3f} ({len(drop5[f])})")
+    # the filter's decisions: the cnn at its shipped threshold alone, and with --groups
+    from collapseguard.calibration.files import resolve_threshold
+    from collapseguard.detectors import create
+    threshold = resolve_threshold(create("cnn"))[0]
+    print(f"rejected, cnn at its shipped threshold {threshold:.4f} | the same with --groups:")
+    for label, pick in [(f, lambda r, f=f: r["kind"] == "chain" and r["family"] == f and r["step"] >= 5)
+                        for f in fams] + [("clean (step 0, copies, unrelated)",
+                                           lambda r: r["step"] == 0)]:
+        sel = [r for r in rows if pick(r)]
+        noref = [r["cnn"] > threshold for r in sel]
+        both = [r["cnn"] > threshold or r["decision"] == "degraded_copy" for r in sel]
+        print(f"  {label:18s} {np.mean(noref):.3f} | {np.mean(both):.3f} ({len(sel)})")
     s0 = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "chain" and r["step"] == 0]
     cp = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "copy"]
     print(f"marked degraded_copy: step-0 images {np.mean(s0):.4f} of {len(s0)}; harmless copies "

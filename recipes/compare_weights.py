@@ -4,7 +4,8 @@
         --keep 0,1,2,3,5,10 --families noise_tint,contour_wrinkles,scattered_dots,texture_simplify,aspect_drift,codec,learned,mixed \\
         --seed 0 --out CHAINS
     python recipes/compare_weights.py CHAINS/manifest.csv --work WORK \\
-        --clean art:240:256-640,pixel:40,screen:40 --out collapseguard/weights/compare.safetensors
+        --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
+        --out collapseguard/weights/compare.safetensors
 
 1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
    harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
@@ -16,17 +17,20 @@
    ``dedup.fit.fit_logistic`` fits the weights on the fit part.
 3. Held-out figures: per family, how often step 0 is ranked below a step >= 3 copy, and step 1
    below step 5 (every description pair of the held-out chains).
-4. The level: clean-only groups (the original PNG plus five harmless copies) of the ``--clean``
+4. The level: clean-only groups (the picture as made plus ``--clean-copies`` harmless copies,
+   each with a 60% chance of a resize and 40% of a crop) of the ``--clean``
    pictures and of the held-out chains' step-0 pictures, one group per picture; ``dedup.fit.
    calibrate_level`` at ``--alpha`` and ``--confidence``. The level goes into the weights file's
    metadata beside the figures.
 
-Descriptions are cached in WORK (``descriptions.npz``), so a rerun only refits.
+Descriptions are cached in WORK (``descriptions.npz`` for the chains, ``clean-*.npz`` per clean
+set), so a rerun only refits.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -54,8 +58,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("manifest")
     ap.add_argument("--work", required=True)
-    ap.add_argument("--clean", default="art:240:256-640,pixel:40,screen:40")
+    ap.add_argument("--clean", default="art:1000:256-512,pixel:150,screen:150")
     ap.add_argument("--clean-seed", type=int, default=7)
+    ap.add_argument("--clean-copies", type=int, default=2,
+                    help="harmless copies beside each clean picture in its calibration group")
     ap.add_argument("--alpha", type=float, default=0.01)
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--out", required=True)
@@ -79,14 +85,12 @@ def main(argv=None) -> int:
     df = read_manifest(args.manifest).reset_index(drop=True)
     df["held_out"] = [source_bucket(s) >= 0.6 for s in df["source_image"]]
     comp = Comparator(untrained=True)
-    cache = work / "descriptions.npz"
+    cache = work / "descriptions.npz"  # the chain images' descriptions
     t0 = time.time()
     if cache.exists():
         z = np.load(cache, allow_pickle=False)
         chain_descs = unpack(z["chain_cnn"], z["chain_lad"])
         chain_rows = z["chain_rows"]
-        clean_descs = unpack(z["clean_cnn"], z["clean_lad"])
-        clean_group = z["clean_group"]
     else:
         imgs, rows = [], []
         for r, path in enumerate(df["path"]):
@@ -98,7 +102,17 @@ def main(argv=None) -> int:
         chain_descs = describe_all(comp, imgs)
         chain_rows = np.array(rows)
         del imgs
+        cc, cl = pack(chain_descs)
+        np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=chain_rows)
         print(f"described {len(chain_descs)} chain images in {time.time() - t0:.0f} s", file=sys.stderr)
+    key = hashlib.sha256(repr((args.clean, args.clean_seed, args.clean_copies, args.seed)).encode())
+    clean_cache = work / f"clean-{key.hexdigest()[:12]}.npz"
+    if clean_cache.exists():
+        z = np.load(clean_cache, allow_pickle=False)
+        clean_descs = unpack(z["clean_cnn"], z["clean_lad"])
+        clean_group = z["clean_group"]
+    else:
+        crng = np.random.default_rng([args.seed, 1])
         pictures = [arr for _, arr in resolve_sources(args.clean, seed=args.clean_seed)]
         held0 = df[df["held_out"] & (df["step"] == 0)].drop_duplicates("source_image")
         pictures += [load_image(p) for p in held0["path"]]
@@ -106,15 +120,13 @@ def main(argv=None) -> int:
         for g, pic in enumerate(pictures):
             cimgs.append(pic)
             cgroup.append(g)
-            for _ in range(5):
-                cimgs.append(random_copy(pic, rng, p_resize=0.6, p_crop=0.4)[2])
+            for _ in range(args.clean_copies):
+                cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
                 cgroup.append(g)
         clean_descs = describe_all(comp, cimgs)
         clean_group = np.array(cgroup)
-        cc, cl = pack(chain_descs)
         kc, kl = pack(clean_descs)
-        np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=chain_rows, clean_cnn=kc,
-                 clean_lad=kl, clean_group=clean_group)
+        np.savez(clean_cache, clean_cnn=kc, clean_lad=kl, clean_group=clean_group)
         print(f"described {len(clean_descs)} clean copies in {time.time() - t0:.0f} s", file=sys.stderr)
 
     # pairs within chains
@@ -177,8 +189,8 @@ def main(argv=None) -> int:
     meta = {"inputs": ",".join(INPUTS), "level": repr(bound.threshold), "alpha": repr(bound.alpha),
             "confidence": repr(bound.confidence), "clean_groups": str(bound.n),
             "guarantee": (f"at most {bound.alpha:g} of clean-only groups lose a member, with "
-                          f"confidence {bound.confidence:g} ({bound.n} clean groups; binomial "
-                          "order statistic)"),
+                          f"confidence {bound.confidence:g} ({bound.n} clean groups of a picture "
+                          f"and {args.clean_copies} harmless copies; binomial order statistic)"),
             "recipe": "recipes/compare_weights.py"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     save_file({"w": w.astype(np.float32), "s": s.astype(np.float32)}, args.out, metadata=meta)

@@ -25,8 +25,10 @@ from collapseguard.io.terminal import printable
               help="Least thumbnail correlation of every member with its group's medoid.")
 @click.option("--fresh", is_flag=True, help="Describe every image again (ignore .parts/ of an earlier run).")
 @workers_option(default=1)
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Who describes the images: local worker processes, or a Ray cluster (extra [ray]).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, fresh, workers, quiet):
+def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, fresh, workers, engine, quiet):
     """Find copies of one picture in PATHS (image files, folders, .tar shards, brace patterns and
     URLs, as `score` reads them) and keep the least degraded copy of each.
 
@@ -50,7 +52,8 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, fresh, wor
     params = GroupingParams(max_distance=max_distance, min_corr=min_corr,
                             min_medoid_corr=min_medoid_corr)
     try:
-        summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params)
+        summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params,
+                            engine=engine)
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
     d = summary["decisions"]

@@ -127,16 +127,17 @@ def _load_part(path: Path) -> dict | None:
 
 
 def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1,
-                    quiet: bool = False, detector_obj=None) -> tuple[dict, list[str], int]:
-    """Pass 1: every image described, parts kept under ``out_dir/.parts``; returns (the parts
-    concatenated in input order, failures, parts reused)."""
+                    quiet: bool = False, detector_obj=None, engine: str = "local"
+                    ) -> tuple[dict, list[str], int]:
+    """Pass 1: every image described (on ``engine``: ``"local"`` or ``"ray"``), parts kept under
+    ``out_dir/.parts``; returns (the parts concatenated in input order, failures, parts reused)."""
     from collapseguard.detectors.compare import Comparator
 
     unread: list[tuple[str, str]] = []
     tasks = plan_score_tasks(inputs, None, unread)
     det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
     version = det.description_version
-    if workers > 1:
+    if workers > 1 or engine != "local":
         det = None  # each worker loads its own
     parts_dir = Path(out_dir, ".parts")
     parts_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
         parts[i] = part
 
     if todo:
-        make_engine("local", workers, det).run(
+        make_engine(engine, workers, det).run(
             describe_task, [tasks[i] for i in todo], DETECTOR, DETECTOR_KWARGS,
             (bar.update if not quiet else None), on_done)
     bar.close()
@@ -206,7 +207,7 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
 
 def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,
               level: float | None = None, params: GroupingParams = GroupingParams(),
-              weights: str | None = None, detector_obj=None) -> dict:
+              weights: str | None = None, detector_obj=None, engine: str = "local") -> dict:
     """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +215,7 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
     shipped_level = float(t["meta"].get("level", "nan"))
     level = shipped_level if level is None else float(level)
     desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
-                                             detector_obj=detector_obj)
+                                             detector_obj=detector_obj, engine=engine)
     ok = desc["ok"]
     idx = np.flatnonzero(ok)
     sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)

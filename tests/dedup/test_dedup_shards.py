@@ -155,3 +155,14 @@ def test_filter_groups_resumes_to_the_same_bytes_and_plain_runs_have_no_group_co
 def test_drop_duplicates_needs_groups(dedup_shards, tmp_path):
     res = run_cli(["filter", *dedup_shards, "--out", tmp_path / "o", "--drop-duplicates"], expect=2)
     assert "--groups" in res.output
+
+
+def test_a_ray_run_gives_the_same_groups_as_the_local_engine(deduped, dedup_shards, tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray engine needs the [ray] extra")
+    out = tmp_path / "ray"
+    try:
+        run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--engine", "ray", "-w", "2"])
+    finally:
+        ray.shutdown()
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
