@@ -43,7 +43,7 @@ from collapseguard.detectors.compare import (
     group_utilities,
     load_weights,
 )
-from collapseguard.detectors.pair_features import SCALES
+from collapseguard.detectors.pair_features import FEATURES, SCALES
 from collapseguard.engines import make_engine
 from collapseguard.io.atomic import replaced_when_done
 from collapseguard.io.urls import identity, shard_basename, strip_shard_suffix
@@ -185,7 +185,7 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
     p_worse = np.full(n, np.nan)
     decision = ["single"] * n
     reason = ["single" if ok else "not_fingerprinted" for ok in desc["ok"]]
-    feats = desc["features"].astype(np.float64).reshape(n, len(SCALES), -1)
+    feats = desc["features"].astype(np.float64).reshape(n, len(SCALES), len(FEATURES))
     grouped = np.flatnonzero(labels >= 0)
     order = grouped[np.argsort(labels[grouped], kind="stable")]
     bounds = np.flatnonzero(np.diff(labels[order])) + 1

@@ -166,3 +166,26 @@ def test_a_ray_run_gives_the_same_groups_as_the_local_engine(deduped, dedup_shar
         ray.shutdown()
     for name in ("groups.parquet", "summary.json"):
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def test_worker_processes_give_the_same_groups(deduped, dedup_shards, tmp_path):
+    out = tmp_path / "w2"
+    res = run_cli(["dedup", *dedup_shards, "--out", out, "-q", "-w", "2"])
+    assert "FAILED" not in res.output
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
+    from cg_testutil import add_member
+    import tarfile
+    shard = tmp_path / "bad.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "a.jpg", b"not a jpeg")
+        add_member(tf, "b.txt", b"caption only")
+    out = tmp_path / "out"
+    run_cli(["dedup", shard, "--out", out, "-q"])
+    rows = pq.read_table(out / "groups.parquet").to_pylist()
+    assert [(r["key"], r["decision"], r["reason"]) for r in rows] == [
+        ("a", "single", "not_fingerprinted"), ("b", "single", "not_fingerprinted")]
+    assert rows[0]["error"] and rows[1]["error"]
