@@ -9,6 +9,13 @@ thumbnails). Prints the seconds of the candidate search, verification and groupi
 resident memory of the process (generation included), the share of planted copies found in their
 group, and how many unrelated fingerprints joined any group.
 
+With ``--throughput IMAGES``: ``dedup`` end to end (``run_dedup``, one process) against the floor,
+plain PIL decoding of the same shards in one process (``throughput.floor_task``), alternating,
+in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 photos in shards (``throughput.make_shards``).
+Prints images/s of each (median) and the ratio:
+
+    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3]
+
 With ``--chains MANIFEST``: ``dedup`` end to end on replication chains mixed with unrelated
 pictures and harmless copies, and its grouping and ranking figures:
 
@@ -80,6 +87,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--groups", type=int, default=50_000)
     ap.add_argument("--chains", metavar="MANIFEST", default=None)
+    ap.add_argument("--throughput", type=int, metavar="IMAGES", default=None)
     ap.add_argument("--work")
     ap.add_argument("--max-step", type=int, default=10)
     ap.add_argument("--max-sources", type=int, default=None)
@@ -90,7 +98,10 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.throughput:
+        return throughput_main(args)
     if args.chains:
         if not args.work:
             ap.error("--chains needs --work")
@@ -120,6 +131,36 @@ def main() -> None:
     print(f"planted copies found in their group: {found / planted:.4f}; unrelated fingerprints "
           f"in a group: {wrong} of {args.n - planted}")
 
+
+
+def throughput_main(args) -> None:
+    import shutil
+    import statistics
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from throughput import floor_task, make_shards
+
+    from collapseguard.dedup.run import run_dedup
+    from collapseguard.detectors.compare import Comparator
+
+    det = Comparator(fingerprints=True)  # loaded once, outside the timing
+    floor, dedup = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            n = sum(floor_task(s) for s in shards)
+            floor.append(n / (time.perf_counter() - t))
+            out = Path(tmp, "out")
+            shutil.rmtree(out, ignore_errors=True)
+            t = time.perf_counter()
+            summary = run_dedup(shards, out, quiet=True, detector_obj=det)
+            dedup.append(summary["images"] / (time.perf_counter() - t))
+    f, d = statistics.median(floor), statistics.median(dedup)
+    print(f"{args.throughput} images 1024x768 JPEG, one process, {args.rounds} rounds (medians): "
+          f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x")
 
 
 def chains_main(args) -> None:
