@@ -23,12 +23,16 @@ from collapseguard.io.terminal import printable
               help="Least thumbnail correlation that confirms a pair.")
 @click.option("--min-medoid-corr", type=click.FloatRange(-1.0, 1.0), default=0.70, show_default=True,
               help="Least thumbnail correlation of every member with its group's medoid.")
+@click.option("--gallery", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Also write OUT/groups.html: up to N groups (those with a degraded copy "
+                   "first), each copy beside the kept one, with 1:1 crops.")
 @click.option("--fresh", is_flag=True, help="Describe every image again (ignore .parts/ of an earlier run).")
 @workers_option(default=1)
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Who describes the images: local worker processes, or a Ray cluster (extra [ray]).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, fresh, workers, engine, quiet):
+def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, fresh, workers,
+          engine, quiet):
     """Find copies of one picture in PATHS (image files, folders, .tar shards, brace patterns and
     URLs, as `score` reads them) and keep the least degraded copy of each.
 
@@ -56,6 +60,9 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, fresh, wor
                             engine=engine)
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+    if gallery:
+        from collapseguard.dedup.gallery import write_gallery
+        write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery)
     d = summary["decisions"]
     click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
                f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "

@@ -53,7 +53,7 @@ from collapseguard.scoring.run import plan_score_tasks, score_task
 DETECTOR = "compare"
 DETECTOR_KWARGS = (("fingerprints", True),)
 OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "shard",
-                  "cnn", "width", "height", "storage", "error")
+                  "cnn", "width", "height", "storage", "image", "error")
 
 
 def describe_task(task: tuple, detector, progress=None) -> dict:
@@ -66,6 +66,7 @@ def describe_task(task: tuple, detector, progress=None) -> dict:
         "key": [str(r["key"]) for r in rows],
         "error": [str(r.get("error") or "") for r in rows],
         "storage": [str(r.get("storage") or "") for r in rows],
+        "image": [str(r.get("image") or "") for r in rows],
         "width": np.array([r.get("width") or 0 for r in rows], np.int32),
         "height": np.array([r.get("height") or 0 for r in rows], np.int32),
         "cnn": np.array([r.get("cnn", np.nan) for r in rows], np.float64),
@@ -112,6 +113,7 @@ def _save_part(path: Path, part: dict) -> None:
         with open(tmp, "wb") as fh:
             np.savez(fh, source=np.array(part["source"], dtype=str), key=np.array(part["key"], dtype=str),
                      error=np.array(part["error"], dtype=str), storage=np.array(part["storage"], dtype=str),
+                     image=np.array(part["image"], dtype=str),
                      **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "thumb", "features")})
 
 
@@ -121,7 +123,9 @@ def _load_part(path: Path) -> dict | None:
             part = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError):
         return None
-    for k in ("source", "key", "error", "storage"):
+    for k in ("source", "key", "error", "storage", "image"):
+        if k not in part:
+            return None  # a part of another layout: described again
         part[k] = [str(x) for x in part[k]]
     return part
 
@@ -164,7 +168,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     bar.close()
     done = [p for p in parts if p is not None]
     merged: dict = {}
-    for k in ("source", "key", "error", "storage"):
+    for k in ("source", "key", "error", "storage", "image"):
         merged[k] = [x for p in done for x in p[k]]
     for k, shape, dt in (("width", (), np.int32), ("height", (), np.int32), ("cnn", (), np.float64),
                          ("hash", (), np.uint64), ("ok", (), bool),
@@ -237,6 +241,7 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
         "width": pa.array(desc["width"], pa.int32()),
         "height": pa.array(desc["height"], pa.int32()),
         "storage": pa.array(desc["storage"], pa.string()),
+        "image": pa.array(desc["image"], pa.string()),
         "error": pa.array(desc["error"], pa.string()),
     })
     with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:

@@ -189,3 +189,23 @@ def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
     assert [(r["key"], r["decision"], r["reason"]) for r in rows] == [
         ("a", "single", "not_fingerprinted"), ("b", "single", "not_fingerprinted")]
     assert rows[0]["error"] and rows[1]["error"]
+
+
+def test_the_gallery_shows_the_chain_kept_copy_first_and_escapes_keys(dedup_shards, tmp_path):
+    import tarfile
+
+    from cg_testutil import add_member
+    # a key that is markup: it must arrive as text
+    hostile = tmp_path / "hostile.tar"
+    with tarfile.open(dedup_shards[1]) as src, tarfile.open(hostile, "w") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            add_member(dst, m.name.replace("chain_s5", "<b>s5</b>"), data)
+    out = tmp_path / "out"
+    run_cli(["dedup", dedup_shards[0], hostile, dedup_shards[2], "--out", out, "-q", "--gallery", "5"])
+    page = (out / "groups.html").read_text()
+    assert "<b>s5</b>" not in page and "&lt;b&gt;s5&lt;/b&gt;" in page
+    first = page.index("<h2>")
+    chain = page[first: page.index("<h2>", first + 1)]  # groups with a degraded copy come first
+    assert chain.index("chain_s0") < chain.index("chain_s10")
+    assert chain.count("data:image/png;base64,") == 5 and "degraded_copy" in chain
