@@ -65,9 +65,11 @@ def load_weights(path: str | Path | None = None) -> dict[str, np.ndarray]:
     w, s = tensors.get("w"), tensors.get("s")
     if w is None or s is None or w.shape != (len(INPUTS),) or s.shape != (len(INPUTS),):
         raise DetectorError(f"comparator weights must hold w and s of shape ({len(INPUTS)},)")
-    return {"w": w.astype(np.float64), "s": s.astype(np.float64), "_bytes": data,
-            "meta": {str(k): str(v) for k, v in meta.items()},
-            "version": params_version(data)}
+    meta = {str(k): str(v) for k, v in meta.items()}
+    # from the values, not the file's bytes: safetensors writes its metadata in no fixed order
+    version = params_version(w.astype("<f4").tobytes(), s.astype("<f4").tobytes(), sorted(meta.items()))
+    return {"w": w.astype(np.float64), "s": s.astype(np.float64), "_bytes": data, "meta": meta,
+            "version": version}
 
 
 def pair_inputs(desc_a: dict, desc_b: dict) -> np.ndarray:
@@ -113,7 +115,7 @@ class Comparator(Detector):
         else:
             t = load_weights(weights)
             self.w, self.s = t["w"], t["s"]
-            self.version = params_version(t["_bytes"], self.cnn.version)
+            self.version = params_version(t["version"], self.cnn.version)
 
     # -- descriptions ---------------------------------------------------------------------------
 
