@@ -64,15 +64,32 @@ def apply_group(decision: str, reason: str, group_row: dict | None,
     return decision, reason
 
 
-def read_groups(path: str, shard_stem: str) -> dict[str, dict]:
+_GROUPS_CACHE: dict[str, object] = {}
+
+
+def read_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
     """``key -> {"group", "decision", "rank"}`` of one shard's rows in a groups.parquet (the first
-    row of a key that repeats)."""
+    row of a key that repeats). The table's grouped rows are read once per process and table
+    (``digest``: its SHA-256, with its path and modification time, names it); singles change
+    no decision and are left out."""
+    import os
+
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["shard", "key", "group", "decision", "rank"],
-                          filters=[("shard", "=", shard_stem)])
-    out: dict[str, dict] = {}
-    for key, group, dec, rank in zip(*(table.column(c).to_pylist()
-                                       for c in ("key", "group", "decision", "rank"))):
-        out.setdefault(key, {"group": group or "", "decision": dec, "rank": rank})
-    return out
+    ident = (path, digest, os.stat(path).st_mtime_ns)
+    if _GROUPS_CACHE.get("ident") != ident:
+        table = pq.read_table(path, columns=["shard", "key", "group", "decision", "rank"])
+        # a shard's keys that have a grouped row: their rows, the first of each key decides
+        grouped = table.filter(pc.not_equal(table.column("group"), ""))
+        wanted = set(zip(grouped.column("shard").to_pylist(), grouped.column("key").to_pylist()))
+        table = table.filter(pc.is_in(table.column("key"), grouped.column("key").unique()))
+        by_shard: dict[str, dict[str, dict]] = {}
+        for stem, key, group, dec, rank in zip(*(table.column(c).to_pylist() for c in
+                                                 ("shard", "key", "group", "decision", "rank"))):
+            if (stem, key) in wanted:
+                by_shard.setdefault(stem, {}).setdefault(key, {"group": group or "", "decision": dec,
+                                                               "rank": rank})
+        _GROUPS_CACHE.clear()
+        _GROUPS_CACHE.update(ident=ident, by_shard=by_shard)
+    return _GROUPS_CACHE["by_shard"].get(shard_stem, {})

@@ -243,7 +243,8 @@ def process_shard(shard: str, options: FilterOptions, detector=None,
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
-        groups = read_groups(options.groups, shard_stem(shard)) if options.groups else None
+        groups = (read_groups(options.groups, shard_stem(shard), options.groups_digest)
+                  if options.groups else None)
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
                                       refused=bool(sample.refused), repeated=sample.repeat > 0,
