@@ -123,9 +123,9 @@ def _load_part(path: Path) -> dict | None:
             part = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError):
         return None
+    if "image" not in part:  # kept before the member's name was: "" (the first image)
+        part["image"] = np.full(len(part["key"]), "", dtype=str)
     for k in ("source", "key", "error", "storage", "image"):
-        if k not in part:
-            return None  # a part of another layout: described again
         part[k] = [str(x) for x in part[k]]
     return part
 
