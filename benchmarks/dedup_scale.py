@@ -37,7 +37,10 @@ and its harmless copies belong together. Prints:
 - per family, the share of step >= 5 images the filter rejects with the cnn at its shipped
   threshold alone and with ``--groups`` (a degraded copy is rejected too), and the same for
   the clean images (step 0, harmless copies, unrelated pictures);
-- the share of step-0 images and of harmless copies marked ``degraded_copy``.
+- the share of step-0 images and of harmless copies marked ``degraded_copy``;
+- with ``--hashes``, for the pHash ``dedup`` uses, a difference hash and an average hash: the
+  share of chain images within 8 bits of their picture's step 0, and the share of pairs of
+  different pictures within 8 bits of each other.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hashes", action="store_true",
+                    help="with --chains: also compare the pHash with a difference and an average hash")
     args = ap.parse_args()
     if args.throughput:
         return throughput_main(args)
@@ -161,6 +166,45 @@ def throughput_main(args) -> None:
     f, d = statistics.median(floor), statistics.median(dedup)
     print(f"{args.throughput} images 1024x768 JPEG, one process, {args.rounds} rounds (medians): "
           f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x")
+
+
+def _hashes(img) -> dict:
+    """pHash (the one dedup uses), dHash (horizontal gradient signs at 9 x 8) and aHash (8 x 8
+    mean), each 64 bits, from the same luminance."""
+    from PIL import Image
+
+    from collapseguard.detectors.fingerprint import luminance, phash
+    grey = Image.fromarray(np.clip(luminance(img), 0, 255).astype(np.uint8))
+    d = np.asarray(grey.resize((9, 8), Image.Resampling.LANCZOS), np.float64)
+    a = np.asarray(grey.resize((8, 8), Image.Resampling.LANCZOS), np.float64)
+    pack = lambda bits: int(np.packbits(bits.ravel()).view(">u8")[0])  # noqa: E731
+    return {"phash": phash(img), "dhash": pack(d[:, 1:] > d[:, :-1]), "ahash": pack(a > a.mean())}
+
+
+def compare_hashes(images: Path, index: dict, max_distance: int = 8) -> None:
+    """Per hash: the share of chain images within ``max_distance`` bits of one of their picture's
+    step-0 images, and the share of pairs of different pictures' step-0 (or unrelated) images
+    within it (candidates the verification must turn away)."""
+    from collapseguard.detectors.fingerprint import hamming
+    from collapseguard.images import load_image
+
+    names = sorted(index)
+    hs = {n: _hashes(load_image(images / n)) for n in names}
+    print(f"hashes (within {max_distance} bits): chain images near their step 0 | "
+          "pairs of different pictures near each other")
+    for kind in ("phash", "dhash", "ahash"):
+        step0: dict[str, list[int]] = defaultdict(list)
+        for n in names:
+            if index[n]["kind"] in ("chain", "unrelated") and index[n]["step"] == 0:
+                step0[index[n]["picture"]].append(hs[n][kind])
+        near = [min(int(hamming(np.uint64(hs[n][kind]), np.uint64(h))) for h in step0[index[n]["picture"]])
+                <= max_distance for n in names if index[n]["kind"] == "chain" and index[n]["step"] > 0]
+        pics = sorted(step0)
+        first = np.array([step0[p][0] for p in pics], np.uint64)
+        d = hamming(first[:, None], first[None, :])
+        iu = np.triu_indices(len(pics), 1)
+        print(f"  {kind}: {np.mean(near):.4f} of {len(near)} | {np.mean(d[iu] <= max_distance):.5f} "
+              f"of {len(iu[0])}")
 
 
 def chains_main(args) -> None:
@@ -282,6 +326,8 @@ def chains_main(args) -> None:
         noref = [r["cnn"] > threshold for r in sel]
         both = [r["cnn"] > threshold or r["decision"] == "degraded_copy" for r in sel]
         print(f"  {label:18s} {np.mean(noref):.3f} | {np.mean(both):.3f} ({len(sel)})")
+    if args.hashes:
+        compare_hashes(images, index)
     s0 = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "chain" and r["step"] == 0]
     cp = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "copy"]
     print(f"marked degraded_copy: step-0 images {np.mean(s0):.4f} of {len(s0)}; harmless copies "
