@@ -465,7 +465,8 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
 
 def groups_options(groups: str, drop_duplicates: bool) -> dict:
     """The ``FilterOptions`` fields of ``--groups``: the table's absolute path and SHA-256 (a
-    changed table redoes the shards on resume), after checking that it is a groups table."""
+    setting like the others: resuming into an ``--out`` made with another table is refused,
+    naming the difference), after checking that it is a groups table."""
     import pyarrow.parquet as pq
 
     path = os.path.abspath(groups)

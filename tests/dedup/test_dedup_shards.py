@@ -209,3 +209,16 @@ def test_the_gallery_shows_the_chain_kept_copy_first_and_escapes_keys(dedup_shar
     chain = page[first: page.index("<h2>", first + 1)]  # groups with a degraded copy come first
     assert chain.index("chain_s0") < chain.index("chain_s10")
     assert chain.count("data:image/png;base64,") == 5 and "degraded_copy" in chain
+
+
+def test_filter_into_an_out_made_with_another_groups_table_is_refused(deduped, dedup_shards, tmp_path):
+    import pandas as pd
+    out = tmp_path / "filtered"
+    base = ["filter", *dedup_shards, "--out", out, "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(base + ["--groups", deduped / "groups.parquet"])
+    other = tmp_path / "other.parquet"
+    t = pd.read_parquet(deduped / "groups.parquet")
+    t.loc[t["key"] == "chain_s5", "decision"] = "degraded_copy"
+    t.to_parquet(other)
+    res = run_cli(base + ["--groups", other], expect=1)
+    assert "groups_digest" in res.output
