@@ -32,8 +32,9 @@ and its harmless copies belong together. Prints:
 - per family and step, the share of chain images in the group of their source's step-0 image;
 - the share of images (chain images, copies, unrelated pictures) whose group holds a majority
   of another picture (a wrong group);
-- per family, how often the comparator ranks step 0 above a step >= 3 image and step 1 above
-  step 5, inside a group, and the share of step >= 5 images marked ``degraded_copy``;
+- per family, how often the comparator ranks step 0 above a step >= 3 image (and how often the
+  cnn's score alone does) and step 1 above step 5, inside a group, and the share of step >= 5
+  images marked ``degraded_copy``;
 - per family, the share of step >= 5 images the filter rejects with the cnn at its shipped
   threshold alone and with ``--groups`` (a degraded copy is rejected too), and the same for
   the clean images (step 0, harmless copies, unrelated pictures);
@@ -284,6 +285,7 @@ def chains_main(args) -> None:
     wrong_unrel = [w for w, r in zip(wrong, rows) if r["kind"] == "unrelated"]
     # ranking inside groups: per family, step 0 vs >= 3 and step 1 vs 5 of one chain-set (picture)
     order0, order15, drop5 = defaultdict(list), defaultdict(list), defaultdict(list)
+    cnn0 = defaultdict(list)  # the same pairs ordered by the cnn's score alone
     for g, ms in by_group.items():
         for fam in {m["family"] for m in ms if m["kind"] == "chain"}:
             fm = [m for m in ms if m["family"] == fam and m["kind"] == "chain"]
@@ -291,6 +293,7 @@ def chains_main(args) -> None:
                 for b in fm:
                     if a["step"] == 0 and b["step"] >= 3:
                         order0[fam].append(a["rank"] < b["rank"])
+                        cnn0[fam].append(a["cnn"] < b["cnn"])
                     if a["step"] == 1 and b["step"] == 5:
                         order15[fam].append(a["rank"] < b["rank"])
     for r in rows:
@@ -309,9 +312,11 @@ def chains_main(args) -> None:
     print(f"chain images at steps <= {args.max_step} in their picture's group: {np.mean(allj):.4f} of {len(allj)}")
     print(f"images in a wrong group: {np.mean(wrong):.4f} of {len(rows)}; unrelated pictures in a "
           f"wrong group: {np.mean(wrong_unrel) if wrong_unrel else float('nan'):.4f} of {len(wrong_unrel)}")
-    print("inside groups, by family: step0<step>=3 ranked right | step1<step5 | step>=5 marked degraded_copy")
+    print("inside groups, by family: step0<step>=3 ranked right (by the cnn alone) | step1<step5 | "
+          "step>=5 marked degraded_copy")
     for f in fams:
-        print(f"  {f:18s} {np.mean(order0[f]) if order0[f] else float('nan'):.3f} ({len(order0[f])}) | "
+        print(f"  {f:18s} {np.mean(order0[f]) if order0[f] else float('nan'):.3f} "
+              f"({np.mean(cnn0[f]) if cnn0[f] else float('nan'):.3f}; {len(order0[f])}) | "
               f"{np.mean(order15[f]) if order15[f] else float('nan'):.3f} ({len(order15[f])}) | "
               f"{np.mean(drop5[f]) if drop5[f] else float('nan'):.3f} ({len(drop5[f])})")
     # the filter's decisions: the cnn at its shipped threshold alone, and with --groups
