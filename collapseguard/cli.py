@@ -30,6 +30,7 @@ COMMANDS = {
     "train": "collapseguard.commands.train:train",
     "chains": "collapseguard.commands.chains:chains",
     "detectors": "collapseguard.commands.detectors:detectors",
+    "dedup": "collapseguard.commands.dedup:dedup",
 }
 
 

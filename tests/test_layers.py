@@ -16,7 +16,7 @@ LAYERS = [
     {"detectors"},                                     # images in, floats out
     {"scoring", "engines"},                            # the one scoring loop, and who runs it
     {"training_data_tools"},                           # chains: sources, replicators, manifests
-    {"filter", "audit", "calibration", "evaluation", "training", "inline", "demo"},  # features
+    {"filter", "dedup", "audit", "calibration", "evaluation", "training", "inline", "demo"},  # features
     {"commands", "cli", "__main__"},                   # the face
 ]
 

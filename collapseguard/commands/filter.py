@@ -59,11 +59,19 @@ from collapseguard.io.terminal import printable
               help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
                    "encoded bytes); default: found by type and name (image, jpg, png, webp).")
 @no_pipe_option()
+@click.option("--groups", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="groups.parquet from `collapseguard dedup`: also reject each copy its group "
+                   "marks degraded_copy (reason degraded_copy; the scores table gets a group "
+                   "column). Other copies are kept unless --drop-duplicates.")
+@click.option("--drop-duplicates", is_flag=True,
+              help="With --groups: keep one copy per group (the least degraded), reject the "
+                   "others as duplicate (classic deduplication).")
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
-               max_sample_bytes, max_shard_bytes, image_column, no_pipe, trust_pickle, quiet):
+               max_sample_bytes, max_shard_bytes, image_column, no_pipe, groups, drop_duplicates,
+               trust_pickle, quiet):
     """Filter WebDataset shards and Parquet files: score every image, drop degraded samples, copy
     everything else through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), Parquet files
     with images as bytes (kept/NAME.parquet and rejected/NAME.parquet keep every row and column),
@@ -75,6 +83,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
     refuse_pipes(inputs, no_pipe)
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
+    if drop_duplicates and not groups:
+        raise click.UsageError("--drop-duplicates needs --groups (a dedup groups.parquet)")
     if reshard is not None and dry_run:
         raise click.UsageError("--reshard writes kept samples; it cannot be combined with --dry-run")
     from collapseguard.detectors.cnn_family import set_default_runtime
@@ -91,7 +101,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                  limits={k: v for k, v in (("max_sample_bytes", max_sample_bytes),
                                                            ("max_shard_bytes", max_shard_bytes))
                                          if v is not None},
-                                 allow_pipe=not no_pipe, image_column=image_column or "")
+                                 allow_pipe=not no_pipe, image_column=image_column or "",
+                                 groups=groups, drop_duplicates=drop_duplicates)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:

@@ -162,6 +162,7 @@ _REGISTRY: dict[str, str | Callable[..., Detector]] = {
     "vlm:": "collapseguard.detectors.vlm:VLMJudge",
     "rali:": "collapseguard.detectors.rali:RALIDetector",
     "ens:": "collapseguard.detectors.ensemble:EnsembleDetector",
+    "compare": "collapseguard.detectors.compare:create_comparator",
 }
 
 _HELP: dict[str, str] = {
@@ -174,6 +175,8 @@ _HELP: dict[str, str] = {
     "a hub id downloads weights unless HF_HUB_OFFLINE=1)",
     "rali:": "RALI scorer from a checkpoint folder, e.g. rali:/models/rali (extra [vlm])",
     "ens:": "ensemble on a common scale (calibrated P(degraded), else quantiles), e.g. ens:cnn+nss",
+    "compare": "pairwise comparator: P(one copy of a picture is more degraded than another); its "
+    "score ranks copies of one picture only (used by `collapseguard dedup`)",
 }
 
 DEFAULT_DETECTOR = "cnn"

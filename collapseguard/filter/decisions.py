@@ -12,7 +12,11 @@ Reasons:
 - ``refused_member`` a member was not read (a link, device, sparse or oversized member, see
   ``io.tar``): what the sample really holds is unknown, so it is set aside for a look;
 - ``repeated_key``  the sample's key already named an earlier sample of the shard (``k, j, k``):
-  the first is decided as usual, each later one is set aside (``io.tar``'s rule for repeated keys).
+  the first is decided as usual, each later one is set aside (``io.tar``'s rule for repeated keys);
+- ``degraded_copy`` ``filter --groups``: the sample is a copy of a picture that ``dedup`` found in a
+  less degraded copy elsewhere in the data (its group's decision ``degraded_copy``);
+- ``duplicate``     ``filter --groups --drop-duplicates``: another copy of a picture whose group
+  keeps a different copy (classic deduplication: one copy per group).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import math
 from collapseguard.scoring.records import Scored
 
 REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name",
-           "refused_member", "repeated_key")
+           "refused_member", "repeated_key", "degraded_copy", "duplicate")
 
 
 def decide(scored: Scored, threshold: float, *, unsafe: bool = False, refused: bool = False,
@@ -43,3 +47,49 @@ def decide(scored: Scored, threshold: float, *, unsafe: bool = False, refused: b
     if scored.score > threshold:
         return "rejected", "degraded"
     return "kept", "kept"
+
+
+def apply_group(decision: str, reason: str, group_row: dict | None,
+                drop_duplicates: bool = False) -> tuple[str, str]:
+    """A sample's ``(decision, reason)`` with its row of ``dedup``'s groups.parquet applied: a
+    sample this filter keeps is rejected as ``degraded_copy`` when its group says so, or as
+    ``duplicate`` (only with ``drop_duplicates``) when its group keeps another copy. A sample
+    rejected on its own, or without a group row, keeps its decision."""
+    if decision != "kept" or not group_row or not group_row.get("group"):
+        return decision, reason
+    if group_row.get("decision") == "degraded_copy":
+        return "rejected", "degraded_copy"
+    if drop_duplicates and int(group_row.get("rank") or 0) > 0:
+        return "rejected", "duplicate"
+    return decision, reason
+
+
+_GROUPS_CACHE: dict[str, object] = {}
+
+
+def read_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
+    """``key -> {"group", "decision", "rank"}`` of one shard's rows in a groups.parquet (the first
+    row of a key that repeats). The table's grouped rows are read once per process and table
+    (``digest``: its SHA-256, with its path and modification time, names it); singles change
+    no decision and are left out."""
+    import os
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ident = (path, digest, os.stat(path).st_mtime_ns)
+    if _GROUPS_CACHE.get("ident") != ident:
+        table = pq.read_table(path, columns=["shard", "key", "group", "decision", "rank"])
+        # a shard's keys that have a grouped row: their rows, the first of each key decides
+        grouped = table.filter(pc.not_equal(table.column("group"), ""))
+        wanted = set(zip(grouped.column("shard").to_pylist(), grouped.column("key").to_pylist()))
+        table = table.filter(pc.is_in(table.column("key"), grouped.column("key").unique()))
+        by_shard: dict[str, dict[str, dict]] = {}
+        for stem, key, group, dec, rank in zip(*(table.column(c).to_pylist() for c in
+                                                 ("shard", "key", "group", "decision", "rank"))):
+            if (stem, key) in wanted:
+                by_shard.setdefault(stem, {}).setdefault(key, {"group": group or "", "decision": dec,
+                                                               "rank": rank})
+        _GROUPS_CACHE.clear()
+        _GROUPS_CACHE.update(ident=ident, by_shard=by_shard)
+    return _GROUPS_CACHE["by_shard"].get(shard_stem, {})

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
-from collapseguard.filter.decisions import decide
+from collapseguard.filter.decisions import apply_group, decide, read_groups
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parse import Input, basename_of, strip_suffix
@@ -75,6 +75,11 @@ class FilterOptions:
     max_shard_bytes: int = MAX_SHARD_BYTES
     #: Parquet inputs: the column holding the images ("" = found by type and name)
     image_column: str = ""
+    #: ``dedup``'s groups.parquet to apply (``apply_group``), its SHA-256, and whether to drop
+    #: every copy a group does not keep
+    groups: str = ""
+    groups_digest: str = ""
+    drop_duplicates: bool = False
 
     def fingerprint(self, parquet: bool = True) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal.
@@ -89,6 +94,10 @@ class FilterOptions:
             d.pop("max_sample_bytes")
         if not (parquet and d["image_column"]):  # unset, or a tar shard: markers still match
             d.pop("image_column")
+        d.pop("groups")  # where the table lies does not matter; its digest does
+        for k in ("groups_digest", "drop_duplicates"):
+            if not d[k]:
+                d.pop(k)  # runs without --groups keep the settings they always had
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -257,10 +266,16 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
+        groups = (read_groups(options.groups, shard_stem(shard), options.groups_digest)
+                  if options.groups else None)
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
                                       refused=bool(sample.refused), repeated=sample.repeat > 0,
                                       reject_no_image=options.reject_no_image)
+            if groups is not None:
+                group_row = groups.get(sample.key) if sample.repeat == 0 else None
+                decision, reason = apply_group(decision, reason, group_row, options.drop_duplicates)
+                rows.setdefault("group", []).append((group_row or {}).get("group", ""))
             writer = kept_w if decision == "kept" else rej_w
             if writer is not None:  # only a sample set aside for its names or its repeated key
                 # (whatever reason comes first) may change key there
@@ -317,6 +332,8 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
         "shard": pa.array([shard_stem(inp)] * len(rows["key"]), pa.string()),
     })
+    if groups is not None:  # the dedup group of each sample ("" for none)
+        table = table.append_column("group", pa.array(rows.get("group", []), pa.string()))
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}

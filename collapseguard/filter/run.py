@@ -506,16 +506,37 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
     }
 
 
+def groups_options(groups: str, drop_duplicates: bool) -> dict:
+    """The ``FilterOptions`` fields of ``--groups``: the table's absolute path and SHA-256 (a
+    setting like the others: resuming into an ``--out`` made with another table is refused,
+    naming the difference), after checking that it is a groups table."""
+    import pyarrow.parquet as pq
+
+    path = os.path.abspath(groups)
+    try:
+        names = set(pq.read_schema(path).names)
+        digest = file_digest(Path(path))["sha256"]
+    except (OSError, ValueError) as exc:
+        raise FilterError(f"cannot read --groups {groups}: {exc}") from None
+    missing = {"shard", "key", "group", "decision", "rank"} - names
+    if missing:
+        raise FilterError(f"--groups {groups} is not a dedup groups.parquet (no column "
+                          f"{', '.join(sorted(missing))})")
+    return {"groups": path, "groups_digest": digest, "drop_duplicates": bool(drop_duplicates)}
+
+
 def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple = (),
                    threshold: float | None = None, calibration: str | None = None,
                    drop_fraction: float | None = None, workers: int = 2, engine: str = "local",
                    resume: bool = True, write_rejected: bool = True, reject_no_image: bool = False,
                    dry_run: bool = False, batch_size: int = 0, quiet: bool = False,
                    limits: dict | None = None, allow_pipe: bool = True,
-                   image_column: str = "") -> dict:
+                   image_column: str = "", groups: str | None = None,
+                   drop_duplicates: bool = False) -> dict:
     """Resolve the threshold (explicit, calibration file, packaged default, or a drop-fraction
     cut over this data) and run the filter. ``detector`` is a created detector. ``limits``: the
-    ``max_sample_bytes`` and ``max_shard_bytes`` of ``FilterOptions`` to set."""
+    ``max_sample_bytes`` and ``max_shard_bytes`` of ``FilterOptions`` to set. ``groups``: a
+    ``dedup`` groups.parquet whose decisions are applied (``decisions.apply_group``)."""
     from collapseguard.calibration.files import (
         resolve_threshold,
         threshold_for_drop_fraction,
@@ -526,6 +547,8 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                 batch_size=batch_size, reject_no_image=reject_no_image,
                 write_rejected=write_rejected, dry_run=dry_run, image_column=image_column,
                 **(limits or {}))
+    if groups:
+        base.update(groups_options(groups, drop_duplicates))
     inline = detector if workers <= 1 else None
     common = dict(workers=workers, engine=engine, resume=resume, quiet=quiet, detector=inline,
                   detector_version=detector.version, allow_pipe=allow_pipe)

@@ -57,6 +57,7 @@ BUILDERS = {
     "vlm:": _tiny_vlm,
     "rali:": _tiny_rali,
     "ens:": lambda tmp: create("ens:cnn+nss"),
+    "compare": lambda tmp: create("compare"),
 }
 
 #: entries whose test build makes no claim about direction, and why

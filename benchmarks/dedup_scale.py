@@ -1,0 +1,343 @@
+"""Grouping 1,000,000 fingerprints: time and peak memory of ``dedup.groups.group_ids``.
+
+    OMP_NUM_THREADS=2 taskset -c 0,1 python benchmarks/dedup_scale.py [--n 1000000] [--groups 50000]
+
+Synthetic fingerprints with planted near-duplicate groups: ``--groups`` groups of 2-8 copies each,
+every copy its group's original 64-bit hash with 0-8 bits flipped and the original's thumbnail
+plus noise (correlation with the original about 0.9), the rest unrelated (uniform random hashes and
+thumbnails). Prints the seconds of the candidate search, verification and grouping, the peak
+resident memory of the process (generation included), the share of planted copies found in their
+group, and how many unrelated fingerprints joined any group.
+
+With ``--throughput IMAGES``: ``dedup`` end to end (``run_dedup``, one process) against the floor,
+plain PIL decoding of the same shards in one process (``throughput.floor_task``), alternating,
+in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 photos in shards (``throughput.make_shards``).
+Prints images/s of each (median) and the ratio:
+
+    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3]
+
+With ``--chains MANIFEST``: ``dedup`` end to end on replication chains mixed with unrelated
+pictures and harmless copies, and its grouping and ranking figures:
+
+    python benchmarks/dedup_scale.py --chains MANIFEST --work WORK [--max-step 10]
+        [--max-sources N] [--held-out] [--unrelated art:60:256-640,pixel:20,screen:20] [--copies 2] [--workers 1]
+
+MANIFEST is a chain manifest (``chains make``, or ``chains store``'s with a ``storage`` column, as
+``recipes/eval_set.sh`` writes it). WORK receives the images (each chain image at step <=
+``--max-step`` as it is stored, ``--copies`` harmless copies of each source picture:
+``dedup.copies.random_copy``, and ``--unrelated`` clean pictures), shuffled under random names, and
+the ``dedup`` output. One source picture is one picture: its chains of every family and storage
+and its harmless copies belong together. Prints:
+
+- per family and step, the share of chain images in the group of their source's step-0 image;
+- the share of images (chain images, copies, unrelated pictures) whose group holds a majority
+  of another picture (a wrong group);
+- per family, how often the comparator ranks step 0 above a step >= 3 image (and how often the
+  cnn's score alone does) and step 1 above step 5, inside a group, and the share of step >= 5
+  images marked ``degraded_copy``;
+- per family, the share of step >= 5 images the filter rejects with the cnn at its shipped
+  threshold alone and with ``--groups`` (a degraded copy is rejected too), and the same for
+  the clean images (step 0, harmless copies, unrelated pictures);
+- the share of step-0 images and of harmless copies marked ``degraded_copy``;
+- with ``--hashes``, for the pHash ``dedup`` uses, a difference hash and an average hash: the
+  share of chain images within 8 bits of their picture's step 0, and the share of pairs of
+  different pictures within 8 bits of each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+def make(n: int, n_groups: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(2, 9, n_groups)
+    planted = int(sizes.sum())
+    if planted > n:
+        raise SystemExit(f"{planted} planted copies do not fit in {n}")
+    hashes = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+    hashes |= rng.integers(0, 2, n).astype(np.uint64)
+    thumbs = np.empty((n, 256), np.int8)
+    base = rng.standard_normal((n, 256), dtype=np.float32)  # unrelated rows stay as drawn
+    truth = np.full(n, -1, np.int64)
+    row = 0
+    for g, k in enumerate(sizes):
+        rows = np.arange(row, row + k)
+        truth[rows] = g
+        flips = rng.integers(0, 9, k)
+        flips[0] = 0  # the group's original
+        for r, f in zip(rows, flips):
+            bits = rng.choice(64, f, replace=False).astype(np.uint64)
+            mask = np.bitwise_or.reduce(np.uint64(1) << bits) if f else np.uint64(0)
+            hashes[r] = hashes[row] ^ mask
+        base[rows[1:]] = base[row] + 0.45 * rng.standard_normal((k - 1, 256), dtype=np.float32)
+        row += k
+    base -= base.mean(axis=1, keepdims=True)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    thumbs[:] = np.round(base * 127)
+    perm = rng.permutation(n)  # planted copies spread over the whole table
+    return hashes[perm], thumbs[perm], truth[perm], planted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--groups", type=int, default=50_000)
+    ap.add_argument("--chains", metavar="MANIFEST", default=None)
+    ap.add_argument("--throughput", type=int, metavar="IMAGES", default=None)
+    ap.add_argument("--work")
+    ap.add_argument("--max-step", type=int, default=10)
+    ap.add_argument("--max-sources", type=int, default=None)
+    ap.add_argument("--held-out", action="store_true",
+                    help="only the sources recipes/compare_weights.py holds out from fitting")
+    ap.add_argument("--unrelated", default="art:60:256-640,pixel:20,screen:20")
+    ap.add_argument("--unrelated-seed", type=int, default=11)
+    ap.add_argument("--copies", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hashes", action="store_true",
+                    help="with --chains: also compare the pHash with a difference and an average hash")
+    args = ap.parse_args()
+    if args.throughput:
+        return throughput_main(args)
+    if args.chains:
+        if not args.work:
+            ap.error("--chains needs --work")
+        return chains_main(args)
+    from collapseguard.dedup.groups import GroupingParams, group_ids
+
+    t0 = time.perf_counter()
+    hashes, thumbs, truth, planted = make(args.n, args.groups)
+    t1, c1 = time.perf_counter(), time.process_time()
+    labels, stats = group_ids(hashes, thumbs, GroupingParams())
+    t2, c2 = time.perf_counter(), time.process_time()
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    found = 0
+    for g in np.unique(truth[truth >= 0]):
+        rows = np.flatnonzero(truth == g)
+        lab = labels[rows]
+        # a copy is found when it shares a group with the most common group of its planted copies
+        vals, counts = np.unique(lab[lab >= 0], return_counts=True)
+        if vals.size:
+            found += int((lab == vals[np.argmax(counts)]).sum())
+    wrong = int(((truth < 0) & (labels >= 0)).sum())
+    print(f"fingerprints: {args.n}  planted copies: {planted} in {args.groups} groups")
+    print(f"made in {t1 - t0:.1f} s; grouped in {t2 - t1:.1f} s ({c2 - c1:.1f} s of CPU) "
+          f"(candidates {stats['candidate_pairs']}, verified {stats['verified_pairs']}, "
+          f"groups {stats['groups']})")
+    print(f"peak memory: {peak_gb:.2f} GB")
+    print(f"planted copies found in their group: {found / planted:.4f}; unrelated fingerprints "
+          f"in a group: {wrong} of {args.n - planted}")
+
+
+
+def throughput_main(args) -> None:
+    import shutil
+    import statistics
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from throughput import floor_task, make_shards
+
+    from collapseguard.dedup.run import run_dedup
+    from collapseguard.detectors.compare import Comparator
+
+    det = Comparator(fingerprints=True)  # loaded once, outside the timing
+    floor, dedup = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            n = sum(floor_task(s) for s in shards)
+            floor.append(n / (time.perf_counter() - t))
+            out = Path(tmp, "out")
+            shutil.rmtree(out, ignore_errors=True)
+            t = time.perf_counter()
+            summary = run_dedup(shards, out, quiet=True, detector_obj=det)
+            dedup.append(summary["images"] / (time.perf_counter() - t))
+    f, d = statistics.median(floor), statistics.median(dedup)
+    print(f"{args.throughput} images 1024x768 JPEG, one process, {args.rounds} rounds (medians): "
+          f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x")
+
+
+def _hashes(img) -> dict:
+    """pHash (the one dedup uses), dHash (horizontal gradient signs at 9 x 8) and aHash (8 x 8
+    mean), each 64 bits, from the same luminance."""
+    from PIL import Image
+
+    from collapseguard.detectors.fingerprint import luminance, phash
+    grey = Image.fromarray(np.clip(luminance(img), 0, 255).astype(np.uint8))
+    d = np.asarray(grey.resize((9, 8), Image.Resampling.LANCZOS), np.float64)
+    a = np.asarray(grey.resize((8, 8), Image.Resampling.LANCZOS), np.float64)
+    pack = lambda bits: int(np.packbits(bits.ravel()).view(">u8")[0])  # noqa: E731
+    return {"phash": phash(img), "dhash": pack(d[:, 1:] > d[:, :-1]), "ahash": pack(a > a.mean())}
+
+
+def compare_hashes(images: Path, index: dict, max_distance: int = 8) -> None:
+    """Per hash: the share of chain images within ``max_distance`` bits of one of their picture's
+    step-0 images, and the share of pairs of different pictures' step-0 (or unrelated) images
+    within it (candidates the verification must turn away)."""
+    from collapseguard.detectors.fingerprint import hamming
+    from collapseguard.images import load_image
+
+    names = sorted(index)
+    hs = {n: _hashes(load_image(images / n)) for n in names}
+    print(f"hashes (within {max_distance} bits): chain images near their step 0 | "
+          "pairs of different pictures near each other")
+    for kind in ("phash", "dhash", "ahash"):
+        step0: dict[str, list[int]] = defaultdict(list)
+        for n in names:
+            if index[n]["kind"] in ("chain", "unrelated") and index[n]["step"] == 0:
+                step0[index[n]["picture"]].append(hs[n][kind])
+        near = [min(int(hamming(np.uint64(hs[n][kind]), np.uint64(h))) for h in step0[index[n]["picture"]])
+                <= max_distance for n in names if index[n]["kind"] == "chain" and index[n]["step"] > 0]
+        pics = sorted(step0)
+        first = np.array([step0[p][0] for p in pics], np.uint64)
+        d = hamming(first[:, None], first[None, :])
+        iu = np.triu_indices(len(pics), 1)
+        print(f"  {kind}: {np.mean(near):.4f} of {len(near)} | {np.mean(d[iu] <= max_distance):.5f} "
+              f"of {len(iu[0])}")
+
+
+def chains_main(args) -> None:
+
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.copies import random_copy
+    from collapseguard.dedup.run import run_dedup
+    from collapseguard.images import load_image
+    from collapseguard.training_data_tools.manifest import read_manifest
+    from collapseguard.training_data_tools.sources import resolve_sources
+
+    rng = np.random.default_rng(args.seed)
+    work = Path(args.work)
+    images = work / "images"
+    index_path = work / "index.json"
+    df = read_manifest(args.chains)
+    df = df[df["step"] <= args.max_step]
+    if args.held_out:
+        from collapseguard.training_data_tools.manifest import source_bucket
+        df = df[[source_bucket(s) >= 0.6 for s in df["source_image"]]]
+    if args.max_sources:
+        keep = sorted(df["source_image"].unique())
+        keep = set(rng.permutation(keep)[: args.max_sources].tolist())
+        df = df[df["source_image"].isin(keep)]
+    if not index_path.exists():
+        images.mkdir(parents=True, exist_ok=True)
+        index = {}
+        names = rng.permutation(10 ** 7)
+        n = 0
+
+        def put(data: bytes, ext: str, info: dict) -> None:
+            nonlocal n
+            name = f"{names[n]:07d}.{ext}"
+            n += 1
+            (images / name).write_bytes(data)
+            index[name] = info
+
+        for r in df.itertuples():
+            p = Path(r.path)
+            put(p.read_bytes(), p.suffix.lstrip("."), {"picture": r.source_image, "family": r.family,
+                                                       "step": int(r.step), "kind": "chain"})
+        step0 = df[df["step"] == 0].drop_duplicates("source_image")
+        for r in step0.itertuples():
+            img = load_image(r.path)
+            for _ in range(args.copies):
+                label, data, _ = random_copy(img, rng)
+                ext = "png" if "png" in label else "jpg" if "jpeg" in label else "webp"
+                put(data, ext, {"picture": r.source_image, "family": "", "step": 0, "kind": "copy"})
+        from collapseguard.images import encode_png
+        for name, arr in resolve_sources(args.unrelated, seed=args.unrelated_seed) if args.unrelated else []:
+            put(encode_png(arr), "png", {"picture": f"unrelated/{name}", "family": "", "step": 0,
+                                          "kind": "unrelated"})
+        index_path.write_text(json.dumps(index))
+    index = json.loads(index_path.read_text())
+    t0 = time.perf_counter()
+    summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True)
+    seconds = time.perf_counter() - t0
+    rows = pq.read_table(work / "out" / "groups.parquet").to_pylist()
+    for r in rows:
+        r.update(index[Path(r["key"]).name if r["key"] not in index else r["key"]])
+    by_group = defaultdict(list)
+    for r in rows:
+        if r["group"]:
+            by_group[r["group"]].append(r)
+    majority = {g: Counter(m["picture"] for m in ms).most_common(1)[0][0] for g, ms in by_group.items()}
+    step0_group = {}
+    for r in rows:
+        if r["kind"] == "chain" and r["step"] == 0:
+            step0_group.setdefault(r["picture"], set()).add(r["group"])
+    joined = defaultdict(list)
+    for r in rows:
+        if r["kind"] == "chain":
+            g0 = step0_group.get(r["picture"], set())
+            joined[(r["family"], r["step"])].append(bool(r["group"]) and r["group"] in g0)
+    wrong = [bool(r["group"]) and majority[r["group"]] != r["picture"] for r in rows]
+    wrong_unrel = [w for w, r in zip(wrong, rows) if r["kind"] == "unrelated"]
+    # ranking inside groups: per family, step 0 vs >= 3 and step 1 vs 5 of one chain-set (picture)
+    order0, order15, drop5 = defaultdict(list), defaultdict(list), defaultdict(list)
+    cnn0 = defaultdict(list)  # the same pairs ordered by the cnn's score alone
+    for g, ms in by_group.items():
+        for fam in {m["family"] for m in ms if m["kind"] == "chain"}:
+            fm = [m for m in ms if m["family"] == fam and m["kind"] == "chain"]
+            for a in fm:
+                for b in fm:
+                    if a["step"] == 0 and b["step"] >= 3:
+                        order0[fam].append(a["rank"] < b["rank"])
+                        cnn0[fam].append(a["cnn"] < b["cnn"])
+                    if a["step"] == 1 and b["step"] == 5:
+                        order15[fam].append(a["rank"] < b["rank"])
+    for r in rows:
+        if r["kind"] == "chain" and r["step"] >= 5:
+            drop5[r["family"]].append(r["decision"] == "degraded_copy")
+    print(f"images: {len(rows)} ({sum(r['kind'] == 'chain' for r in rows)} chain, "
+          f"{sum(r['kind'] == 'copy' for r in rows)} harmless copies, "
+          f"{sum(r['kind'] == 'unrelated' for r in rows)} unrelated); dedup {seconds:.0f} s; "
+          f"groups {summary['groups']}; level {summary['level']:.4f}")
+    steps = sorted({k[1] for k in joined})
+    fams = sorted({k[0] for k in joined})
+    print("joined their picture's group, by family and step: " + " ".join(f"step{s}" for s in steps))
+    for f in fams:
+        print(f"  {f:18s} " + " ".join(f"{np.mean(joined[(f, s)]):.3f}" for s in steps))
+    allj = [v for vs in joined.values() for v in vs]
+    print(f"chain images at steps <= {args.max_step} in their picture's group: {np.mean(allj):.4f} of {len(allj)}")
+    print(f"images in a wrong group: {np.mean(wrong):.4f} of {len(rows)}; unrelated pictures in a "
+          f"wrong group: {np.mean(wrong_unrel) if wrong_unrel else float('nan'):.4f} of {len(wrong_unrel)}")
+    print("inside groups, by family: step0<step>=3 ranked right (by the cnn alone) | step1<step5 | "
+          "step>=5 marked degraded_copy")
+    for f in fams:
+        print(f"  {f:18s} {np.mean(order0[f]) if order0[f] else float('nan'):.3f} "
+              f"({np.mean(cnn0[f]) if cnn0[f] else float('nan'):.3f}; {len(order0[f])}) | "
+              f"{np.mean(order15[f]) if order15[f] else float('nan'):.3f} ({len(order15[f])}) | "
+              f"{np.mean(drop5[f]) if drop5[f] else float('nan'):.3f} ({len(drop5[f])})")
+    # the filter's decisions: the cnn at its shipped threshold alone, and with --groups
+    from collapseguard.calibration.files import resolve_threshold
+    from collapseguard.detectors import create
+    threshold = resolve_threshold(create("cnn"))[0]
+    print(f"rejected, cnn at its shipped threshold {threshold:.4f} | the same with --groups:")
+    for label, pick in [(f, lambda r, f=f: r["kind"] == "chain" and r["family"] == f and r["step"] >= 5)
+                        for f in fams] + [("clean (step 0, copies, unrelated)",
+                                           lambda r: r["step"] == 0)]:
+        sel = [r for r in rows if pick(r)]
+        noref = [r["cnn"] > threshold for r in sel]
+        both = [r["cnn"] > threshold or r["decision"] == "degraded_copy" for r in sel]
+        print(f"  {label:18s} {np.mean(noref):.3f} | {np.mean(both):.3f} ({len(sel)})")
+    if args.hashes:
+        compare_hashes(images, index)
+    s0 = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "chain" and r["step"] == 0]
+    cp = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "copy"]
+    print(f"marked degraded_copy: step-0 images {np.mean(s0):.4f} of {len(s0)}; harmless copies "
+          f"{np.mean(cp) if cp else float('nan'):.4f} of {len(cp)}")
+
+
+if __name__ == "__main__":
+    main()

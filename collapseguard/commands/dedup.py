@@ -1,0 +1,73 @@
+"""``collapseguard dedup``: near-duplicate groups, and in each the least degraded copy kept."""
+
+from __future__ import annotations
+
+import click
+
+from collapseguard.commands._common import workers_option
+from collapseguard.io.terminal import printable
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
+              help="Output folder: groups.parquet and summary.json (and .parts/, what a stopped "
+                   "run resumes from).")
+@click.option("--level", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Mark a copy degraded when P(it is more degraded than the kept copy) is above "
+                   "this. Default: the level calibrated with the comparator (summary.json states "
+                   "its guarantee); a level given here has none.")
+@click.option("--max-distance", type=click.IntRange(0, 8), default=8, show_default=True,
+              help="Most pHash bits two copies may differ in to be compared.")
+@click.option("--min-corr", type=click.FloatRange(-1.0, 1.0), default=0.80, show_default=True,
+              help="Least thumbnail correlation that confirms a pair.")
+@click.option("--min-medoid-corr", type=click.FloatRange(-1.0, 1.0), default=0.70, show_default=True,
+              help="Least thumbnail correlation of every member with its group's medoid.")
+@click.option("--gallery", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Also write OUT/groups.html: up to N groups (those with a degraded copy "
+                   "first), each copy beside the kept one, with 1:1 crops.")
+@click.option("--fresh", is_flag=True, help="Describe every image again (ignore .parts/ of an earlier run).")
+@workers_option(default=1)
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Who describes the images: local worker processes, or a Ray cluster (extra [ray]).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, fresh, workers,
+          engine, quiet):
+    """Find copies of one picture in PATHS (image files, folders, .tar shards, brace patterns and
+    URLs, as `score` reads them) and keep the least degraded copy of each.
+
+    Copies are found by a 64-bit perceptual hash (multi-index hashing: no all-pairs comparison),
+    confirmed by a thumbnail correlation, and joined into groups whose members all stay close to
+    the group's medoid. Inside a group the pairwise comparator (detector `compare`) ranks the
+    copies: rank 0 is kept; a copy is a `degraded_copy` when it is more degraded than the kept
+    one with probability above the level; other copies are duplicates that `filter` keeps unless
+    told --drop-duplicates. Writes OUT/groups.parquet (source, key, group, rank, decision,
+    p_worse, reason, ...) and OUT/summary.json. Apply with `collapseguard filter --groups
+    OUT/groups.parquet`. A stopped run, run again with the same OUT, resumes."""
+    from collapseguard.dedup.groups import GroupingParams
+    from collapseguard.dedup.run import clear_parts, run_dedup
+    from collapseguard.detectors.compare import load_weights
+    from collapseguard.scoring.run import plan_score_tasks
+
+    load_weights()  # missing weights fail before any work
+    plan_score_tasks(paths, None, [])  # inputs that name nothing fail at once
+    if fresh:
+        clear_parts(out)
+    params = GroupingParams(max_distance=max_distance, min_corr=min_corr,
+                            min_medoid_corr=min_medoid_corr)
+    try:
+        summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params,
+                            engine=engine)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
+    if gallery:
+        from collapseguard.dedup.gallery import write_gallery
+        write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery)
+    d = summary["decisions"]
+    click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
+               f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "
+               f"duplicates, {d['single']} singles -> {out}/groups.parquet", err=True)
+    for f in summary["failures"]:
+        click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
+    if summary["failures"]:
+        raise SystemExit(1)

@@ -1,0 +1,66 @@
+"""Fitting the comparator and calibrating its level.
+
+- ``fit_logistic``: the comparator's weights from pair inputs ``x(b) - x(a)`` and labels
+  (1 = ``b`` is the later, more degraded step; 0.5 = two harmless copies of one step, which the
+  comparator must not tell apart). Both orders of every pair are used, the inputs are divided by
+  their spread ``s``, and the model has no intercept, so swapping a pair swaps the probability
+  (``P(a, b) = 1 - P(b, a)``). Newton's method with a small L2 penalty; ``weight`` weighs pairs.
+- ``calibrate_level``: the level ``p_worse`` must exceed for a copy to be marked a degraded copy,
+  from groups made only of harmless copies of one clean picture (``copies.random_copy``). Each
+  group contributes one number, the highest ``p_worse`` of its members against the copy kept;
+  the group loses a member when that number exceeds the level. The level is the binomial order
+  statistic of ``calibration.bounds``: with n independent clean groups, the probability that more
+  than ``alpha`` of new clean groups lose a member is at most ``1 - confidence``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collapseguard.calibration.bounds import BoundResult, order_statistic_threshold
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, iters: int = 50,
+                 weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(w, s)`` for P(y = 1) = sigmoid(w . x / s), fitted on both orders of each pair (``y`` may
+    be fractional: soft labels)."""
+    x = np.nan_to_num(np.asarray(x, np.float64))
+    y = np.asarray(y, np.float64)
+    wt = np.ones(len(y)) if weight is None else np.asarray(weight, np.float64)
+    xs = np.concatenate([x, -x])
+    ys = np.concatenate([y, 1.0 - y])
+    ws = np.concatenate([wt, wt])
+    ws = ws / ws.mean()
+    s = xs.std(axis=0)
+    s[s < 1e-9] = 1.0
+    z = xs / s
+    w = np.zeros(z.shape[1])
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -60, 60)))
+        grad = z.T @ (ws * (p - ys)) / len(ys) + l2 * w
+        hess = (z * (ws * p * (1 - p))[:, None]).T @ z / len(ys) + l2 * np.eye(z.shape[1])
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w, s
+
+
+def group_p_worse(utilities: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(kept, rank, p_worse)`` for one group from its members' utilities: the kept member has the
+    lowest utility (ties: the first), ``rank`` orders members from least to most degraded, and
+    ``p_worse[m]`` = P(member m is more degraded than the kept one) (NaN for the kept one)."""
+    u = np.asarray(utilities, np.float64)
+    order = np.argsort(u, kind="stable")
+    rank = np.empty(len(u), np.int64)
+    rank[order] = np.arange(len(u))
+    kept = int(order[0])
+    p = 1.0 / (1.0 + np.exp(-np.clip(u - u[kept], -60, 60)))
+    p[kept] = np.nan
+    return kept, rank, p
+
+
+def calibrate_level(group_maxima, alpha: float = 0.01, confidence: float = 0.95) -> BoundResult:
+    """The level from clean-only groups' highest ``p_worse`` (one number per group); a copy is a
+    degraded copy when its ``p_worse`` is above the level."""
+    return order_statistic_threshold(group_maxima, alpha, confidence)

@@ -1,0 +1,89 @@
+"""``groups.html``: the groups ``dedup`` found, each copy beside the kept one.
+
+One self-contained HTML file (images embedded as ``data:`` URIs, every text from the data escaped).
+Groups with a degraded copy come first, then the largest. Each group is a row: the kept copy,
+then the others by rank, each with a thumbnail and a 1:1 crop (not resampled, stored as PNG) of
+the same part of the picture (the kept copy's most textured window, at the same relative place in
+each copy), its key, decision, rank and P(more degraded than the kept copy). Only the images
+shown are read back (``audit.gallery.fetch_samples``: each shard streamed once).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from collapseguard.audit.gallery import detail_window, fetch_samples, jpeg_uri, png_uri, thumbnail
+from collapseguard.io.atomic import replaced_when_done
+
+CROP = 192
+MAX_MEMBERS = 8
+
+
+def e(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _crop_at(img: np.ndarray, fy: float, fx: float, size: int) -> np.ndarray:
+    """The ``size`` x ``size`` native-resolution window of ``img`` centred at the relative place."""
+    h, w = img.shape[:2]
+    ch, cw = min(size, h), min(size, w)
+    y = int(np.clip(round(fy * h - ch / 2), 0, h - ch))
+    x = int(np.clip(round(fx * w - cw / 2), 0, w - cw))
+    return img[y: y + ch, x: x + cw]
+
+
+def pick_groups(rows: list[dict], max_groups: int) -> list[list[dict]]:
+    """Groups to show: those with a degraded copy first, then by size; members by rank."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["group"]:
+            groups.setdefault(r["group"], []).append(r)
+    ordered = sorted(groups.values(), key=lambda ms: (
+        not any(m["decision"] == "degraded_copy" for m in ms), -len(ms), ms[0]["group"]))
+    return [sorted(ms, key=lambda m: m["rank"])[:MAX_MEMBERS] for ms in ordered[:max_groups]]
+
+
+def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: int = 30) -> int:
+    """Write the gallery; returns the number of groups shown."""
+    cols = ["source", "key", "group", "rank", "decision", "p_worse", "reason", "image"]
+    rows = pq.read_table(groups_parquet, columns=cols).to_pylist()
+    shown = pick_groups(rows, max_groups)
+    fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms])
+    parts = []
+    for ms in shown:
+        kept = fetched.get((ms[0]["source"], ms[0]["key"], 0))
+        fy = fx = 0.5
+        if kept is not None and kept.image is not None:
+            y, x, ch, cw = detail_window(kept.image, CROP)
+            h, w = kept.image.shape[:2]
+            fy, fx = (y + ch / 2) / h, (x + cw / 2) / w
+        tiles = []
+        for m in ms:
+            f = fetched.get((m["source"], m["key"], 0))
+            p = m["p_worse"]
+            label = (f"{e(m['key'])}<br>{e(m['decision'])} · rank {e(m['rank'])}"
+                     + ("" if p is None or p != p else f" · P(worse) {p:.3f}"))
+            if f is None or f.image is None:
+                body = f"<div class=err>{e(f.error if f is not None else 'not read')}</div>"
+            else:
+                h, w = f.image.shape[:2]
+                body = (f"<img src='{jpeg_uri(thumbnail(f.image, 160))}' alt=''>"
+                        f"<img class=crop src='{png_uri(_crop_at(f.image, fy, fx, CROP))}' alt=''>"
+                        f"<div>{w}x{h}</div>")
+            tiles.append(f"<div class='tile {e(m['decision'])}'>{body}<div>{label}</div></div>")
+        parts.append(f"<h2>{e(ms[0]['group'])}</h2><div class=row>{''.join(tiles)}</div>")
+    page = ("<!doctype html><meta charset=utf-8><title>dedup groups</title><style>"
+            "body{font:13px sans-serif;margin:1em}.row{display:flex;gap:8px;overflow-x:auto}"
+            ".tile{border:2px solid #8a8;padding:4px}.tile.degraded_copy{border-color:#c44}"
+            ".crop{display:block;image-rendering:pixelated}.err{color:#c44}</style>"
+            f"<h1>dedup groups</h1><p>{len(shown)} group(s): the kept copy first, then the others "
+            "by rank; thumbnails, then 1:1 crops of the same part of the picture. Red: marked "
+            "degraded_copy.</p>" + "".join(parts))
+    out_html = Path(out_html)
+    with replaced_when_done(out_html, suffix=".html") as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
+    return len(shown)

@@ -1,0 +1,279 @@
+"""``run_dedup``: near-duplicate groups over files, folders and shards, each ranked by the comparator.
+
+Two passes:
+
+1. Describe (resumable): every image is read and decoded as ``score`` reads it (the same input
+   expansion and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``), and the ``compare``
+   detector with ``fingerprints=True`` gives its pHash, thumbnail, cnn score and comparison
+   features. A task's rows are kept under ``DIR/.parts/`` as soon as it completes, named by the
+   task and its inputs' identity, so a run that was stopped picks up where it was.
+2. Group and decide (in memory, from the parts): ``groups.group_ids``; in each group the comparator
+   ranks the copies (``fit.group_p_worse``); the least degraded is kept and another copy is a
+   ``degraded_copy`` when P(it is more degraded than the kept one) is above the level.
+
+Outputs: ``DIR/groups.parquet``, one row per image (per sample of a shard) in input order, and
+``DIR/summary.json``, each written whole or not at all. Their bytes depend only on the inputs and
+the settings, so a resumed run writes the same files as an uninterrupted one.
+
+``decision``/``reason`` of a row:
+- ``keep``/``least_degraded``: the copy the group keeps (``rank`` 0);
+- ``keep``/``duplicate``: another copy, not shown to be worse (``filter --drop-duplicates`` drops it);
+- ``degraded_copy``/``degraded_copy``: a copy more degraded than the kept one (``p_worse`` > level);
+- ``single``/``single``: no near-duplicate found (the no-reference filter decides);
+- ``single``/``not_fingerprinted``: no image could be decoded (``error`` says why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collapseguard.dedup.fit import group_p_worse
+from collapseguard.dedup.groups import GroupingParams, group_ids
+from collapseguard.detectors.compare import (
+    FEATURE_COLUMNS,
+    HASH_COLUMNS,
+    THUMB_COLUMNS,
+    group_utilities,
+    load_weights,
+)
+from collapseguard.detectors.pair_features import FEATURES, SCALES
+from collapseguard.engines import make_engine
+from collapseguard.io.atomic import replaced_when_done
+from collapseguard.io.urls import identity, shard_basename, strip_shard_suffix
+from collapseguard.scoring.progress import progress_bar
+from collapseguard.scoring.run import plan_score_tasks, score_task
+
+DETECTOR = "compare"
+DETECTOR_KWARGS = (("fingerprints", True),)
+OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "shard",
+                  "cnn", "width", "height", "storage", "image", "error")
+
+
+def describe_task(task: tuple, detector, progress=None) -> dict:
+    """Engine task: ``score_task`` with the ``compare`` detector, its rows packed into arrays
+    (the hash as uint64, the thumbnail as int8, the features as float32)."""
+    rows = score_task(task, detector, progress)
+    n = len(rows)
+    out = {
+        "source": [str(r["source"]) for r in rows],
+        "key": [str(r["key"]) for r in rows],
+        "error": [str(r.get("error") or "") for r in rows],
+        "storage": [str(r.get("storage") or "") for r in rows],
+        "image": [str(r.get("image") or "") for r in rows],
+        "width": np.array([r.get("width") or 0 for r in rows], np.int32),
+        "height": np.array([r.get("height") or 0 for r in rows], np.int32),
+        "cnn": np.array([r.get("cnn", np.nan) for r in rows], np.float64),
+        "hash": np.zeros(n, np.uint64),
+        "ok": np.zeros(n, bool),
+        "thumb": np.zeros((n, len(THUMB_COLUMNS)), np.int8),
+        "features": np.full((n, len(FEATURE_COLUMNS)), np.nan, np.float32),
+    }
+    for i, r in enumerate(rows):
+        parts = [r.get(c) for c in HASH_COLUMNS]
+        if any(p is None or not np.isfinite(p) for p in parts) or not np.isfinite(r.get("score", np.nan)):
+            continue
+        h = 0
+        for p in parts:
+            h = (h << 16) | int(p)
+        out["hash"][i] = h
+        out["ok"][i] = True
+        out["thumb"][i] = [int(r[c]) for c in THUMB_COLUMNS]
+        out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
+    return out
+
+
+def task_name(task: tuple, version: str) -> str:
+    """The name of a task's part: its inputs, their identity (size, modification time) and the
+    version of the descriptions (``Comparator.description_version``)."""
+    if task[0] == "shard":
+        ident = [[str(task[1]), _ident(str(task[1]))]]
+    else:
+        ident = [[f.path, f.source, f.key, _ident(f.path)] for f in task[1]]
+    blob = json.dumps([task[0], ident, version], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _ident(path: str) -> dict:
+    try:
+        d = identity(path)
+    except (OSError, ValueError):
+        return {}
+    return {k: d[k] for k in ("size", "mtime_ns", "etag", "last_modified", "pipe") if k in d}
+
+
+def _save_part(path: Path, part: dict) -> None:
+    with replaced_when_done(path, suffix=".npz") as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, source=np.array(part["source"], dtype=str), key=np.array(part["key"], dtype=str),
+                     error=np.array(part["error"], dtype=str), storage=np.array(part["storage"], dtype=str),
+                     image=np.array(part["image"], dtype=str),
+                     **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "thumb", "features")})
+
+
+def _load_part(path: Path) -> dict | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            part = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError):
+        return None
+    if "image" not in part:  # kept before the member's name was: "" (the first image)
+        part["image"] = np.full(len(part["key"]), "", dtype=str)
+    for k in ("source", "key", "error", "storage", "image"):
+        part[k] = [str(x) for x in part[k]]
+    return part
+
+
+def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1,
+                    quiet: bool = False, detector_obj=None, engine: str = "local"
+                    ) -> tuple[dict, list[str], int]:
+    """Pass 1: every image described (on ``engine``: ``"local"`` or ``"ray"``), parts kept under
+    ``out_dir/.parts``; returns (the parts concatenated in input order, failures, parts reused)."""
+    from collapseguard.detectors.compare import Comparator
+
+    unread: list[tuple[str, str]] = []
+    tasks = plan_score_tasks(inputs, None, unread)
+    det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
+    version = det.description_version
+    if workers > 1 or engine != "local":
+        det = None  # each worker loads its own
+    parts_dir = Path(out_dir, ".parts")
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    names = [task_name(t, version) for t in tasks]
+    parts: list[dict | None] = [_load_part(parts_dir / f"{n}.npz") if (parts_dir / f"{n}.npz").exists() else None
+                                for n in names]
+    reused = sum(p is not None for p in parts)
+    todo = [i for i, p in enumerate(parts) if p is None]
+    failures = [f"{path}: not read: {why}" for path, why in unread]
+    bar = progress_bar(None, desc="describe", unit="img", quiet=quiet)
+
+    def on_done(k, part, err):
+        i = todo[k]
+        if err is not None:
+            failures.append(f"{tasks[i][1] if tasks[i][0] == 'shard' else 'image files'}: {err}")
+            return
+        _save_part(parts_dir / f"{names[i]}.npz", part)
+        parts[i] = part
+
+    if todo:
+        make_engine(engine, workers, det).run(
+            describe_task, [tasks[i] for i in todo], DETECTOR, DETECTOR_KWARGS,
+            (bar.update if not quiet else None), on_done)
+    bar.close()
+    done = [p for p in parts if p is not None]
+    merged: dict = {}
+    for k in ("source", "key", "error", "storage", "image"):
+        merged[k] = [x for p in done for x in p[k]]
+    for k, shape, dt in (("width", (), np.int32), ("height", (), np.int32), ("cnn", (), np.float64),
+                         ("hash", (), np.uint64), ("ok", (), bool),
+                         ("thumb", (len(THUMB_COLUMNS),), np.int8),
+                         ("features", (len(FEATURE_COLUMNS),), np.float32)):
+        arrs = [p[k] for p in done]
+        merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
+    merged["shard"] = [strip_shard_suffix(shard_basename(s)) if t[0] == "shard" else ""
+                       for p, t in zip(parts, tasks) if p is not None for s in p["source"]]
+    return merged, failures, reused
+
+
+def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
+                  ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """Pass 2's decisions: ``(rank, p_worse, decision, reason)`` per row."""
+    n = len(labels)
+    rank = np.zeros(n, np.int32)
+    p_worse = np.full(n, np.nan)
+    decision = ["single"] * n
+    reason = ["single" if ok else "not_fingerprinted" for ok in desc["ok"]]
+    feats = desc["features"].astype(np.float64).reshape(n, len(SCALES), len(FEATURES))
+    grouped = np.flatnonzero(labels >= 0)
+    order = grouped[np.argsort(labels[grouped], kind="stable")]
+    bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    for members in np.split(order, bounds) if order.size else []:
+        descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
+        kept, r, p = group_p_worse(group_utilities(descs, w, s))
+        for j, m in enumerate(members):
+            rank[m] = r[j]
+            if j == kept:
+                decision[m], reason[m] = "keep", "least_degraded"
+            else:
+                p_worse[m] = p[j]
+                if p[j] > level:
+                    decision[m], reason[m] = "degraded_copy", "degraded_copy"
+                else:
+                    decision[m], reason[m] = "keep", "duplicate"
+    return rank, p_worse, decision, reason
+
+
+def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,
+              level: float | None = None, params: GroupingParams = GroupingParams(),
+              weights: str | None = None, detector_obj=None, engine: str = "local") -> dict:
+    """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t = load_weights(weights)
+    shipped_level = float(t["meta"].get("level", "nan"))
+    level = shipped_level if level is None else float(level)
+    desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
+                                             detector_obj=detector_obj, engine=engine)
+    ok = desc["ok"]
+    idx = np.flatnonzero(ok)
+    sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
+    labels = np.full(len(ok), -1, np.int64)
+    labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
+    rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
+    width = max(6, len(str(len(ok))))
+    group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
+    table = pa.table({
+        "source": pa.array(desc["source"], pa.string()),
+        "key": pa.array(desc["key"], pa.string()),
+        "group": pa.array(group, pa.string()),
+        "rank": pa.array(rank, pa.int32()),
+        "decision": pa.array(decision, pa.string()),
+        "p_worse": pa.array(p_worse, pa.float64()),
+        "reason": pa.array(reason, pa.string()),
+        "shard": pa.array(desc["shard"], pa.string()),
+        "cnn": pa.array(desc["cnn"], pa.float64()),
+        "width": pa.array(desc["width"], pa.int32()),
+        "height": pa.array(desc["height"], pa.int32()),
+        "storage": pa.array(desc["storage"], pa.string()),
+        "image": pa.array(desc["image"], pa.string()),
+        "error": pa.array(desc["error"], pa.string()),
+    })
+    with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:
+        pq.write_table(table, tmp)
+    counts = {d: decision.count(d) for d in ("keep", "degraded_copy", "single")}
+    summary = {
+        "images": len(ok),
+        "fingerprinted": int(ok.sum()),
+        "groups": stats["groups"],
+        "grouped": stats["grouped"],
+        "decisions": counts,
+        "reasons": {r: reason.count(r) for r in sorted(set(reason))},
+        "level": level,
+        "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
+        "a level given by hand: no calibrated guarantee",
+        "comparator_weights_version": t["version"],
+        "grouping": params.as_dict(),
+        "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
+        "failures": failures,
+    }
+    with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:
+        Path(tmp).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    summary["parts_reused"] = reused
+    return summary
+
+
+def clear_parts(out_dir: str | Path) -> None:
+    """Remove the kept parts (``--fresh``)."""
+    parts = Path(out_dir, ".parts")
+    if parts.is_dir():
+        for p in parts.glob("*.npz"):
+            p.unlink()
+
+
+__all__ = ["run_dedup", "describe_inputs", "decide_groups", "clear_parts", "OUTPUT_COLUMNS"]

@@ -1,0 +1,177 @@
+"""``compare``: which of two copies of one picture is more degraded.
+
+``Comparator.compare(a, b)`` returns P(``b`` is more degraded than ``a``) for two RGB images of
+the same picture (different sizes, crops, storages and re-renderings allowed). Each image is
+described once (``describe``): the shipped ``cnn`` score at native resolution and the
+``pair_features`` ladder at common scales. A pair is compared at the largest scale both images
+reach, so both are aligned to one size before their features are set against each other. The
+model is logistic in the difference of the two descriptions:
+
+    P(b worse than a) = sigmoid(w . (x(b) - x(a)) / s),    x = (features at the common scale, cnn)
+
+with no intercept, so ``compare(a, b) + compare(b, a) == 1`` and ``compare(a, a) == 0.5``. The
+weights ``w`` and scales ``s`` ship as ``weights/compare.safetensors`` (``recipes/compare_weights.py``
+fits them on pairs from replication chains; MODEL_CARD.md, "Pairwise comparator").
+
+As a registry entry (``create("compare")``) it is also a detector: ``score`` is the image's own
+utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
+copies of the same picture. ``score_detailed`` returns the description as extra columns (``cnn``,
+``f<scale>_<feature>``) and, with ``fingerprints=True``, the dedup fingerprints (``ph0..ph3``: the
+64-bit pHash as four 16-bit parts; ``th0..th255``: the int8 thumbnail), so one scoring pass over a
+dataset gathers all that grouping and ranking need.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.fingerprint import THUMB_SIDE, phash, thumbnail
+from collapseguard.detectors.pair_features import FEATURES, SCALES, common_scale, ladder
+
+WEIGHTS_NAME = "compare.safetensors"
+#: the inputs of the logistic model, in order
+INPUTS = (*FEATURES, "cnn")
+FEATURE_COLUMNS = tuple(f"f{s}_{n}" for s in SCALES for n in FEATURES)
+HASH_COLUMNS = tuple(f"ph{i}" for i in range(4))
+THUMB_COLUMNS = tuple(f"th{i}" for i in range(THUMB_SIDE * THUMB_SIDE))
+
+
+def sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+
+
+def load_weights(path: str | Path | None = None) -> dict[str, np.ndarray]:
+    """``{"w": ..., "s": ...}`` from a safetensors file (default: the packaged one)."""
+    from safetensors.numpy import load
+
+    try:
+        data = Path(path).read_bytes() if path else (
+            resources.files("collapseguard") / "weights" / WEIGHTS_NAME).read_bytes()
+    except (FileNotFoundError, OSError) as exc:
+        raise DetectorError(f"comparator weights missing ({exc}); fit them with "
+                            "recipes/compare_weights.py") from None
+    try:
+        tensors = load(data)
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8: 8 + n]).get("__metadata__") or {}
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one error
+        raise DetectorError(f"comparator weights cannot be read: {exc}") from None
+    w, s = tensors.get("w"), tensors.get("s")
+    if w is None or s is None or w.shape != (len(INPUTS),) or s.shape != (len(INPUTS),):
+        raise DetectorError(f"comparator weights must hold w and s of shape ({len(INPUTS)},)")
+    meta = {str(k): str(v) for k, v in meta.items()}
+    # from the values, not the file's bytes: safetensors writes its metadata in no fixed order
+    version = params_version(w.astype("<f4").tobytes(), s.astype("<f4").tobytes(), sorted(meta.items()))
+    return {"w": w.astype(np.float64), "s": s.astype(np.float64), "_bytes": data, "meta": meta,
+            "version": version}
+
+
+def pair_inputs(desc_a: dict, desc_b: dict) -> np.ndarray:
+    """The model's input for one pair: ``x(b) - x(a)`` at their common scale."""
+    i = common_scale(desc_a["ladder"], desc_b["ladder"])
+    fa = np.append(desc_a["ladder"][i], desc_a["cnn"])
+    fb = np.append(desc_b["ladder"][i], desc_b["cnn"])
+    return np.nan_to_num(fb - fa)
+
+
+def group_utilities(descs: Sequence[dict], w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Utilities of several copies of one picture at the largest scale all of them reach:
+    ``sigmoid(u[j] - u[i])`` is P(copy j more degraded than copy i); for two copies it is
+    ``Comparator.prob``."""
+    lads = np.array([d["ladder"] for d in descs])  # (k, scales, features)
+    reached = ~np.isnan(lads[:, :, 0]).any(axis=0)
+    idx = np.flatnonzero(reached)
+    i = int(idx[-1]) if idx.size else 0
+    x = np.column_stack([lads[:, i, :], [d["cnn"] for d in descs]])
+    return np.nan_to_num(x / s) @ w
+
+
+class Comparator(Detector):
+    """P(b more degraded than a) for two copies of one picture; see the module text."""
+
+    batch_size = 8
+
+    def __init__(self, weights: str | Path | None = None, fingerprints: bool = False,
+                 cnn=None, untrained: bool = False):
+        from collapseguard.detectors.base import create
+
+        self.name = "compare"
+        self.fingerprints = bool(fingerprints)
+        self.cnn = cnn if cnn is not None else create("cnn")
+        #: what the descriptions depend on (the cnn, the features, the fingerprints), not the
+        #: weights: descriptions kept by a ``dedup`` run stay valid when only the weights change
+        self.description_version = params_version("describe-v1", self.cnn.version, SCALES, FEATURES,
+                                                  THUMB_SIDE, self.fingerprints)
+        if untrained:  # descriptions only (for fitting the weights)
+            self.w = np.zeros(len(INPUTS))
+            self.s = np.ones(len(INPUTS))
+            self.version = params_version("untrained", self.cnn.version)
+        else:
+            t = load_weights(weights)
+            self.w, self.s = t["w"], t["s"]
+            self.version = params_version(t["version"], self.cnn.version)
+
+    # -- descriptions ---------------------------------------------------------------------------
+
+    def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
+        """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``."""
+        cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
+        return [{"cnn": float(c), "ladder": ladder(img)} for c, img in zip(cnn, images)]
+
+    def utility(self, desc: dict) -> float:
+        """``w . x / s`` at the image's own largest scale (higher = more degraded)."""
+        rows = np.flatnonzero(~np.isnan(desc["ladder"][:, 0]))
+        x = np.append(desc["ladder"][rows[-1] if rows.size else 0], desc["cnn"])
+        return float(np.dot(self.w, np.nan_to_num(x) / self.s))
+
+    def group_utilities(self, descs: Sequence[dict]) -> np.ndarray:
+        """``group_utilities`` with this comparator's weights."""
+        return group_utilities(descs, self.w, self.s)
+
+    def prob(self, desc_a: dict, desc_b: dict) -> float:
+        """P(b more degraded than a) from two descriptions."""
+        return float(sigmoid(np.dot(self.w, pair_inputs(desc_a, desc_b) / self.s)))
+
+    def compare(self, a: np.ndarray, b: np.ndarray) -> float:
+        """P(``b`` is more degraded than ``a``), for two RGB uint8 images of one picture."""
+        da, db = self.describe([a, b])
+        return self.prob(da, db)
+
+    # -- as a detector --------------------------------------------------------------------------
+
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return self.score_detailed(images)["score"]
+
+    def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        descs = self.describe(images)
+        out: dict[str, np.ndarray] = {
+            "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
+            "cnn": np.array([d["cnn"] for d in descs]),
+        }
+        flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), -1)
+        for j, col in enumerate(FEATURE_COLUMNS):
+            out[col] = flat[:, j]
+        if self.fingerprints:
+            hashes = np.array([phash(img) for img in images], dtype=np.uint64)
+            for i, col in enumerate(HASH_COLUMNS):
+                out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
+            thumbs = np.array([thumbnail(img) for img in images]).reshape(len(images), -1)
+            for i, col in enumerate(THUMB_COLUMNS):
+                out[col] = thumbs[:, i].astype(np.float64)
+        return out
+
+
+def description_from_row(row) -> dict:
+    """A description rebuilt from a scores row (``score_detailed``'s extra columns)."""
+    lad = np.array([row[c] for c in FEATURE_COLUMNS], dtype=np.float64).reshape(len(SCALES), -1)
+    return {"cnn": float(row["cnn"]), "ladder": lad}
+
+
+def create_comparator(fingerprints: bool = False, weights: str | None = None) -> Comparator:
+    return Comparator(weights=weights, fingerprints=fingerprints)

@@ -1,0 +1,74 @@
+"""Perceptual fingerprints of a picture, for finding copies of it: ``phash`` and ``thumbnail``.
+
+- ``phash(img)``: a 64-bit DCT hash (the classic pHash): luminance reduced to 32 x 32 with an
+  antialiasing filter, a 2-D DCT, the 8 x 8 lowest frequencies compared with their median. Only
+  coarse luminance layout enters, so re-encoding, resizing, noise, fine texture changes and colour
+  casts move few bits; a small crop moves a few more.
+- ``thumbnail(img)``: the luminance at 16 x 16, zero mean and unit norm, as ``int8`` (x 127). The
+  dot product of two thumbnails is their correlation (x 127^2): the second, independent look
+  that confirms a pair the hash proposed, insensitive to brightness, contrast and colour.
+
+Both take RGB ``uint8`` arrays (H, W, 3) and need nothing beyond numpy, scipy and Pillow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+from scipy.fft import dctn
+
+HASH_BITS = 64
+THUMB_SIDE = 16
+THUMB_SCALE = 127.0
+
+
+def luminance(img: np.ndarray) -> np.ndarray:
+    """BT.601 luma of an RGB uint8 array, float32 in [0, 255]."""
+    rgb = img.astype(np.float32)
+    return 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
+
+
+def _reduced(img: np.ndarray, side: int) -> np.ndarray:
+    grey = Image.fromarray(np.clip(luminance(img), 0, 255).astype(np.uint8))
+    return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS), dtype=np.float64)
+
+
+def phash(img: np.ndarray) -> int:
+    """The 64-bit DCT perceptual hash of an RGB image, as a Python int (bit 63 = first coefficient)."""
+    coeffs = dctn(_reduced(img, 32), type=2, norm="ortho")[:8, :8].ravel()
+    bits = coeffs > np.median(coeffs)
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+def thumbnail(img: np.ndarray) -> np.ndarray:
+    """The 16 x 16 luminance thumbnail, zero mean, unit norm, scaled to int8 (flat: all zeros)."""
+    t = _reduced(img, THUMB_SIDE).ravel()
+    t = t - t.mean()
+    n = float(np.sqrt((t * t).sum()))
+    if n < 1e-6:
+        return np.zeros(THUMB_SIDE * THUMB_SIDE, np.int8)
+    return np.round(t / n * THUMB_SCALE).astype(np.int8)
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Correlation of int8 thumbnails (rows of ``a`` with rows of ``b``, or one with one), in [-1, 1]."""
+    a16 = np.asarray(a, dtype=np.int32)
+    b16 = np.asarray(b, dtype=np.int32)
+    return (a16 * b16).sum(axis=-1) / (THUMB_SCALE * THUMB_SCALE)
+
+
+_BYTE_BITS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def popcount(x: np.ndarray) -> np.ndarray:
+    """Set bits of each unsigned integer (``np.bitwise_count`` on numpy 2, a byte table before)."""
+    x = np.asarray(x)
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x)
+    b = np.ascontiguousarray(x).view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
+    return _BYTE_BITS[b].sum(axis=-1, dtype=np.uint8)
+
+
+def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Bitwise Hamming distance of uint64 hashes (elementwise)."""
+    return popcount(np.bitwise_xor(np.asarray(a, np.uint64), np.asarray(b, np.uint64)))

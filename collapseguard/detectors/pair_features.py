@@ -1,0 +1,94 @@
+"""Per-image features for comparing two copies of one picture at a common scale.
+
+Two copies of a picture rarely share a size (one was resized, or cropped a little), so each image
+is described at a ladder of common scales: its shorter side reduced to each ``SCALES`` entry it
+reaches (area-averaging, never enlarged). Two images are compared at the largest scale both reach
+(``common_scale``), where the same picture gives the same features unless one copy lost detail,
+gained noise, dots or a colour cast. Features per scale (``FEATURES``):
+
+- ``hf``       log Laplacian energy of the luminance (fine detail and noise);
+- ``grad``     log mean gradient magnitude (edges and texture);
+- ``noise``    log median absolute residual after a 3 x 3 median filter (grain);
+- ``impulse``  share of pixels far from their 3 x 3 median (isolated dots);
+- ``texture``  log mean local standard deviation over 5 x 5 windows (texture kept or flattened);
+- ``flat``     share of pixels whose 4-neighbour gradients are all zero (banding, posterised areas);
+- ``sat``      mean saturation (max - min over channels);
+- ``cast``     chroma of the mean colour (a growing cast);
+- ``block``    8 x 8 grid discontinuity over the image's other discontinuities (codec blocks).
+
+Values are NaN at scales the image does not reach.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+from scipy import ndimage
+
+SCALES = (64, 128, 256)
+FEATURES = ("hf", "grad", "noise", "impulse", "texture", "flat", "sat", "cast", "block")
+_EPS = 1e-4
+
+
+def reduce_to(img: np.ndarray, side: int) -> np.ndarray:
+    """``img`` with its shorter side reduced to ``side`` px (area filter), float32 in [0, 1]."""
+    h, w = img.shape[:2]
+    short = min(h, w)
+    if short != side:
+        size = (max(1, round(w * side / short)), max(1, round(h * side / short)))
+        img = np.asarray(Image.fromarray(img).resize(size, Image.Resampling.BOX))
+    return img.astype(np.float32) / 255.0
+
+
+def features_at(rgb: np.ndarray) -> np.ndarray:
+    """The ``FEATURES`` of one float RGB image in [0, 1] (already at its comparison scale)."""
+    y = 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
+    lap = ndimage.laplace(y)
+    gy, gx = np.gradient(y)
+    med = ndimage.median_filter(y, size=3)
+    resid = np.abs(y - med)
+    mu = ndimage.uniform_filter(y, 5)
+    var = np.maximum(ndimage.uniform_filter(y * y, 5) - mu * mu, 0)
+    dx = np.abs(np.diff(y, axis=1))
+    dy = np.abs(np.diff(y, axis=0))
+    flat = np.zeros_like(y, dtype=bool)
+    flat[1:-1, 1:-1] = ((dx[1:-1, :-1] < 1e-6) & (dx[1:-1, 1:] < 1e-6)
+                        & (dy[:-1, 1:-1] < 1e-6) & (dy[1:, 1:-1] < 1e-6))
+    mean_rgb = rgb.reshape(-1, 3).mean(axis=0)
+    chroma = mean_rgb - mean_rgb.mean()
+    cols = dx.mean(axis=0)
+    rows = dy.mean(axis=1)
+    grid = np.concatenate([cols[7::8], rows[7::8]])
+    other = np.concatenate([cols, rows])
+    block = float(grid.mean() / (other.mean() + _EPS)) if grid.size else 1.0
+    return np.array([
+        np.log(float((lap * lap).mean()) + _EPS),
+        np.log(float(np.hypot(gx, gy).mean()) + _EPS),
+        np.log(float(np.median(resid)) + _EPS),
+        float((resid > 0.08).mean()),
+        np.log(float(np.sqrt(var).mean()) + _EPS),
+        float(flat.mean()),
+        float((rgb.max(axis=2) - rgb.min(axis=2)).mean()),
+        float(np.sqrt((chroma * chroma).sum())),
+        block,
+    ], dtype=np.float64)
+
+
+def ladder(img: np.ndarray) -> np.ndarray:
+    """The features of ``img`` at every scale of ``SCALES``: shape (len(SCALES), len(FEATURES)),
+    NaN rows at scales its shorter side does not reach."""
+    out = np.full((len(SCALES), len(FEATURES)), np.nan)
+    short = min(img.shape[:2])
+    for i, side in enumerate(SCALES):
+        if short >= side:
+            out[i] = features_at(reduce_to(img, side))
+    if short < SCALES[0]:  # a tiny image is described at its own size, on the first rung
+        out[0] = features_at(img.astype(np.float32) / 255.0)
+    return out
+
+
+def common_scale(a: np.ndarray, b: np.ndarray) -> int:
+    """Index of the largest scale at which both ladders have features (0 at least)."""
+    both = ~np.isnan(a[:, 0]) & ~np.isnan(b[:, 0])
+    idx = np.flatnonzero(both)
+    return int(idx[-1]) if idx.size else 0

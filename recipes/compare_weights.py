@@ -1,0 +1,203 @@
+"""Fit the pairwise comparator (``compare``) and calibrate its level: collapseguard/weights/compare.safetensors.
+
+    collapseguard chains make --sources bundled,art:16,pixel:6,screen:6 --steps 10 \\
+        --keep 0,1,2,3,5,10 --families noise_tint,contour_wrinkles,scattered_dots,texture_simplify,aspect_drift,codec,learned,mixed \\
+        --seed 0 --out CHAINS
+    python recipes/compare_weights.py CHAINS/manifest.csv --work WORK \\
+        --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
+        --out collapseguard/weights/compare.safetensors
+
+1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
+   harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
+   pairs carry every storage and size on either side.
+2. Chains are split by source picture (``manifest.source_bucket``): 60% fit, 40% held out.
+   Pairs are every two descriptions of one chain at different steps, both orders; the label says
+   which is the later step. Beside them, each image and its harmless copy make a pair labelled
+   0.5 (nothing to tell apart), weighted ``--invariance-weight`` against the ordered pairs.
+   ``dedup.fit.fit_logistic`` fits the weights on the fit part.
+3. Held-out figures: per family, how often step 0 is ranked below a step >= 3 copy, and step 1
+   below step 5 (every description pair of the held-out chains).
+4. The level: clean-only groups (the picture as made plus ``--clean-copies`` harmless copies,
+   each with a 60% chance of a resize and 40% of a crop) of the ``--clean``
+   pictures and of the held-out chains' step-0 pictures, one group per picture; ``dedup.fit.
+   calibrate_level`` at ``--alpha`` and ``--confidence``. The level goes into the weights file's
+   metadata beside the figures.
+
+Descriptions are cached in WORK (``descriptions.npz`` for the chains, ``clean-*.npz`` per clean
+set), so a rerun only refits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def describe_all(comparator, images, batch=8):
+    out = []
+    for i in range(0, len(images), batch):
+        out += comparator.describe(images[i: i + batch])
+    return out
+
+
+def pack(descs):
+    return (np.array([d["cnn"] for d in descs]), np.array([d["ladder"] for d in descs]))
+
+
+def unpack(cnn, lad):
+    return [{"cnn": float(c), "ladder": l} for c, l in zip(cnn, lad)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("manifest")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--clean", default="art:1000:256-512,pixel:150,screen:150")
+    ap.add_argument("--clean-seed", type=int, default=7)
+    ap.add_argument("--clean-copies", type=int, default=2,
+                    help="harmless copies beside each clean picture in its calibration group")
+    ap.add_argument("--alpha", type=float, default=0.01)
+    ap.add_argument("--confidence", type=float, default=0.95)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--invariance-weight", type=float, default=1.0,
+                    help="weight of the same-step pairs (label 0.5) against the ordered pairs")
+    args = ap.parse_args(argv)
+
+    from safetensors.numpy import save_file
+
+    from collapseguard.dedup.copies import random_copy
+    from collapseguard.dedup.fit import calibrate_level, fit_logistic, group_p_worse
+    from collapseguard.detectors.compare import INPUTS, Comparator, pair_inputs
+    from collapseguard.images import load_image
+    from collapseguard.training_data_tools.manifest import read_manifest, source_bucket
+    from collapseguard.training_data_tools.sources import resolve_sources
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    df = read_manifest(args.manifest).reset_index(drop=True)
+    df["held_out"] = [source_bucket(s) >= 0.6 for s in df["source_image"]]
+    comp = Comparator(untrained=True)
+    cache = work / "descriptions.npz"  # the chain images' descriptions
+    t0 = time.time()
+    if cache.exists():
+        z = np.load(cache, allow_pickle=False)
+        chain_descs = unpack(z["chain_cnn"], z["chain_lad"])
+        chain_rows = z["chain_rows"]
+    else:
+        imgs, rows = [], []
+        for r, path in enumerate(df["path"]):
+            img = load_image(path)
+            imgs.append(img)
+            rows.append(r)
+            imgs.append(random_copy(img, rng)[2])
+            rows.append(r)
+        chain_descs = describe_all(comp, imgs)
+        chain_rows = np.array(rows)
+        del imgs
+        cc, cl = pack(chain_descs)
+        np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=chain_rows)
+        print(f"described {len(chain_descs)} chain images in {time.time() - t0:.0f} s", file=sys.stderr)
+    key = hashlib.sha256(repr((args.clean, args.clean_seed, args.clean_copies, args.seed)).encode())
+    clean_cache = work / f"clean-{key.hexdigest()[:12]}.npz"
+    if clean_cache.exists():
+        z = np.load(clean_cache, allow_pickle=False)
+        clean_descs = unpack(z["clean_cnn"], z["clean_lad"])
+        clean_group = z["clean_group"]
+    else:
+        crng = np.random.default_rng([args.seed, 1])
+        pictures = [arr for _, arr in resolve_sources(args.clean, seed=args.clean_seed)]
+        held0 = df[df["held_out"] & (df["step"] == 0)].drop_duplicates("source_image")
+        pictures += [load_image(p) for p in held0["path"]]
+        cimgs, cgroup = [], []
+        for g, pic in enumerate(pictures):
+            cimgs.append(pic)
+            cgroup.append(g)
+            for _ in range(args.clean_copies):
+                cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
+                cgroup.append(g)
+        clean_descs = describe_all(comp, cimgs)
+        clean_group = np.array(cgroup)
+        kc, kl = pack(clean_descs)
+        np.savez(clean_cache, clean_cnn=kc, clean_lad=kl, clean_group=clean_group)
+        print(f"described {len(clean_descs)} clean copies in {time.time() - t0:.0f} s", file=sys.stderr)
+
+    # pairs within chains
+    step = df["step"].to_numpy()[chain_rows]
+    chain = df["chain_id"].to_numpy()[chain_rows]
+    fam = df["family"].to_numpy()[chain_rows]
+    held = df["held_out"].to_numpy()[chain_rows]
+    xs, ys, info = [], [], []
+    for cid in np.unique(chain):
+        idx = np.flatnonzero(chain == cid)
+        for a in idx:
+            for b in idx:
+                if step[a] < step[b]:
+                    xs.append(pair_inputs(chain_descs[a], chain_descs[b]))
+                    ys.append(1.0)
+                    info.append((held[a], fam[a], step[a], step[b]))
+    x = np.array(xs)
+    y = np.array(ys)
+    hold = np.array([i[0] for i in info])
+    # invariance pairs: an image as made and its harmless copy (same step) are told apart by
+    # nothing that matters, label 0.5; weighted to count as much as the ordered pairs
+    same = [(a, a + 1) for a in range(0, len(chain_rows) - 1, 2) if chain_rows[a] == chain_rows[a + 1]
+            and not held[a]]
+    xi = np.array([pair_inputs(chain_descs[a], chain_descs[b]) for a, b in same]).reshape(-1, x.shape[1])
+    fit_x = np.concatenate([x[~hold], xi])
+    fit_y = np.concatenate([y[~hold], np.full(len(xi), 0.5)])
+    fit_w = np.concatenate([np.ones(int((~hold).sum())),
+                            np.full(len(xi), args.invariance_weight * (~hold).sum() / max(1, len(xi)))])
+    w, s = fit_logistic(fit_x, fit_y, weight=fit_w)
+    w, s = (v.astype(np.float32).astype(np.float64) for v in (w, s))  # as shipped
+    comp.w, comp.s = w, s
+    p = 1.0 / (1.0 + np.exp(-(x / s) @ w))  # P(later step worse than earlier)
+    figures: dict = {"pairs_fit": int((~hold).sum()), "pairs_held_out": int(hold.sum()),
+                     "held_out_step0_vs_ge3": {}, "held_out_step1_vs_5": {}}
+    for f in sorted(set(fam)):
+        m0 = hold & np.array([i[1] == f and i[2] == 0 and i[3] >= 3 for i in info])
+        m15 = hold & np.array([i[1] == f and i[2] == 1 and i[3] == 5 for i in info])
+        figures["held_out_step0_vs_ge3"][f] = [round(float((p[m0] > 0.5).mean()), 3), int(m0.sum())]
+        figures["held_out_step1_vs_5"][f] = [round(float((p[m15] > 0.5).mean()), 3), int(m15.sum())]
+    m0 = hold & np.array([i[2] == 0 and i[3] >= 3 for i in info])
+    m15 = hold & np.array([i[2] == 1 and i[3] == 5 for i in info])
+    figures["held_out_step0_vs_ge3_all"] = round(float((p[m0] > 0.5).mean()), 4)
+    figures["held_out_step1_vs_5_all"] = round(float((p[m15] > 0.5).mean()), 4)
+
+    # the level from clean-only groups
+    maxima = []
+    for g in np.unique(clean_group):
+        members = [clean_descs[i] for i in np.flatnonzero(clean_group == g)]
+        _, _, pw = group_p_worse(comp.group_utilities(members))
+        maxima.append(float(np.nanmax(pw)))
+    bound = calibrate_level(maxima, args.alpha, args.confidence)
+    figures["level"] = {"level": bound.threshold, "clean_groups": bound.n, "k": bound.k,
+                        "alpha": bound.alpha, "confidence": bound.confidence,
+                        "guaranteed_groups_losing_a_member": round(bound.guaranteed_false_drop, 4),
+                        "empirical_groups_losing_a_member": round(bound.empirical_false_drop, 4)}
+    m5 = hold & np.array([i[2] == 0 and i[3] >= 5 for i in info])
+    figures["held_out_step0_vs_ge5_above_level"] = round(float((p[m5] > bound.threshold).mean()), 4)
+    figures["invariance_pairs_fit"] = len(xi)
+    figures["weights"] = dict(zip(INPUTS, np.round(w, 4).tolist()))
+    meta = {"inputs": ",".join(INPUTS), "level": repr(bound.threshold), "alpha": repr(bound.alpha),
+            "confidence": repr(bound.confidence), "clean_groups": str(bound.n),
+            "guarantee": (f"at most {bound.alpha:g} of clean-only groups lose a member, with "
+                          f"confidence {bound.confidence:g} ({bound.n} clean groups of a picture "
+                          f"and {args.clean_copies} harmless copies; binomial order statistic)"),
+            "recipe": "recipes/compare_weights.py"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    save_file({"w": w.astype(np.float32), "s": s.astype(np.float32)}, args.out, metadata=meta)
+    (work / "figures.json").write_text(json.dumps(figures, indent=1))
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

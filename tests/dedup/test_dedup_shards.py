@@ -1,0 +1,224 @@
+"""``collapseguard dedup`` and ``filter --groups`` on real shards: a chain made by a real replicator
+and split across three shards is found and its least damaged step kept, a recompressed and
+resized clean copy is kept, unrelated photos stay singles, a stopped run resumes to the same
+bytes, and the filter conserves every member byte for byte."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from cg_testutil import read_members, run_cli
+
+
+@pytest.fixture(scope="module")
+def deduped(dedup_shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dedup_out")
+    run_cli(["dedup", *dedup_shards, "--out", out, "-q"])
+    return out
+
+
+def _rows(out: Path) -> dict:
+    t = pq.read_table(out / "groups.parquet").to_pylist()
+    return {r["key"]: r for r in t}
+
+
+def test_the_chain_across_three_shards_is_one_group_and_its_least_damaged_step_is_kept(deduped):
+    rows = _rows(deduped)
+    chain = {k: rows[f"chain_s{k}"] for k in (0, 1, 3, 5, 10)}
+    groups = {r["group"] for r in chain.values()}
+    assert len(groups) == 1 and "" not in groups, chain
+    assert len({r["shard"] for r in chain.values()}) == 3
+    assert chain[0]["decision"] == "keep" and chain[0]["rank"] == 0 and chain[0]["reason"] == "least_degraded"
+    # the comparator orders the steps as the replicator made them, and at the calibrated level
+    # the step-10 copy is a degraded copy
+    assert [chain[k]["rank"] for k in (0, 1, 3, 5, 10)] == [0, 1, 2, 3, 4]
+    assert all(chain[k]["p_worse"] > 0.5 for k in (1, 3, 5, 10))
+    assert chain[10]["decision"] == "degraded_copy" and chain[10]["reason"] == "degraded_copy"
+    assert chain[1]["decision"] == "keep" and chain[1]["reason"] == "duplicate"
+    # no member of another picture joined the chain's group
+    assert sum(r["group"] == chain[0]["group"] for r in rows.values()) == 5
+
+
+def test_a_recompressed_resized_clean_copy_is_kept(deduped):
+    rows = _rows(deduped)
+    a, b = rows["clean_png"], rows["clean_copy"]
+    assert a["group"] and a["group"] == b["group"]
+    assert {a["decision"], b["decision"]} == {"keep"}
+    assert sorted([a["reason"], b["reason"]]) == ["duplicate", "least_degraded"]
+
+
+def test_unrelated_photos_stay_single(deduped):
+    rows = _rows(deduped)
+    for k in ("other_a", "other_b"):
+        assert rows[k]["group"] == "" and rows[k]["decision"] == "single" and rows[k]["rank"] == 0
+
+
+def test_the_table_has_the_documented_columns_and_the_summary_counts_it(deduped):
+    import json
+    t = pq.read_table(deduped / "groups.parquet")
+    assert t.column_names[:7] == ["source", "key", "group", "rank", "decision", "p_worse", "reason"]
+    assert t.num_rows == 9
+    s = json.loads((deduped / "summary.json").read_text())
+    assert s["images"] == 9 and s["groups"] == 2 and s["grouped"] == 7
+    assert s["decisions"]["single"] == 2 and 0 < s["level"] < 1 and "clean-only groups" in s["level_guarantee"]
+
+
+def test_resume_and_fresh_runs_write_the_same_bytes(deduped, dedup_shards, tmp_path):
+    import shutil
+    out = tmp_path / "out"
+    shutil.copytree(deduped, out)
+    parts = sorted((out / ".parts").glob("*.npz"))
+    assert len(parts) == 3  # one per shard
+    parts[1].unlink()
+    (out / "groups.parquet").unlink()
+    res = run_cli(["dedup", *dedup_shards, "--out", out, "-q"])
+    assert "2 group(s)" in res.output
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
+    run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--fresh"])
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "dedup",
+           *map(str, dedup_shards), "--out", str(out), "-q"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if list((out / ".parts").glob("*.npz")):
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list((out / ".parts").glob("*.npz")))
+    assert done < 3 and not (out / "groups.parquet").exists(), "the run ended before it was killed"
+    subprocess.run(cmd, env=env, check=True, timeout=600)
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def _members(folder: Path) -> Counter:
+    return Counter(m for p in sorted(folder.glob("*.tar")) for m in read_members(p))
+
+
+@pytest.mark.parametrize("drop_duplicates", [False, True])
+def test_filter_groups_rejects_degraded_copies_and_conserves_every_member(
+        deduped, dedup_shards, tmp_path, drop_duplicates):
+    out = tmp_path / "filtered"
+    args = ["filter", *dedup_shards, "--out", out, "--groups", deduped / "groups.parquet",
+            "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(args + (["--drop-duplicates"] if drop_duplicates else []))
+    scores = pq.read_table(sorted((out / "scores").glob("*.parquet"))).to_pylist()
+    by_key = {r["key"]: r for r in scores}
+    groups = _rows(deduped)
+    for key, g in groups.items():
+        assert by_key[key]["group"] == g["group"]
+        if g["decision"] == "degraded_copy":
+            assert (by_key[key]["decision"], by_key[key]["reason"]) == ("rejected", "degraded_copy")
+        elif g["rank"] > 0 and drop_duplicates:
+            assert (by_key[key]["decision"], by_key[key]["reason"]) == ("rejected", "duplicate")
+        else:
+            assert by_key[key]["decision"] == "kept", by_key[key]
+    assert by_key["chain_s10"]["reason"] == "degraded_copy"
+    assert (by_key["clean_copy"]["decision"] == "rejected") is drop_duplicates or \
+        (by_key["clean_png"]["decision"] == "rejected") is drop_duplicates
+    # conservation: kept + rejected hold every input member, byte for byte
+    inputs = Counter(m for p in dedup_shards for m in read_members(p))
+    assert _members(out / "kept") + _members(out / "rejected") == inputs
+
+
+def test_filter_groups_resumes_to_the_same_bytes_and_plain_runs_have_no_group_column(deduped, dedup_shards, tmp_path):
+    out = tmp_path / "filtered"
+    base = ["filter", *dedup_shards, "--out", out, "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(base + ["--groups", deduped / "groups.parquet"])
+    kept = {p.name: p.read_bytes() for p in (out / "kept").glob("*.tar")}
+    run_cli(base + ["--groups", deduped / "groups.parquet"])  # resumed: nothing changes
+    assert {p.name: p.read_bytes() for p in (out / "kept").glob("*.tar")} == kept
+    plain = tmp_path / "plain"
+    run_cli(["filter", *dedup_shards, "--out", plain, "--threshold", "1e9", "-w", "1", "-q"])
+    assert "group" not in pq.read_table(sorted((plain / "scores").glob("*.parquet"))[0]).column_names
+
+
+def test_drop_duplicates_needs_groups(dedup_shards, tmp_path):
+    res = run_cli(["filter", *dedup_shards, "--out", tmp_path / "o", "--drop-duplicates"], expect=2)
+    assert "--groups" in res.output
+
+
+def test_a_ray_run_gives_the_same_groups_as_the_local_engine(deduped, dedup_shards, tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray engine needs the [ray] extra")
+    out = tmp_path / "ray"
+    try:
+        run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--engine", "ray", "-w", "2"])
+    finally:
+        ray.shutdown()
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def test_worker_processes_give_the_same_groups(deduped, dedup_shards, tmp_path):
+    out = tmp_path / "w2"
+    res = run_cli(["dedup", *dedup_shards, "--out", out, "-q", "-w", "2"])
+    assert "FAILED" not in res.output
+    for name in ("groups.parquet", "summary.json"):
+        assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
+    from cg_testutil import add_member
+    import tarfile
+    shard = tmp_path / "bad.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "a.jpg", b"not a jpeg")
+        add_member(tf, "b.txt", b"caption only")
+    out = tmp_path / "out"
+    run_cli(["dedup", shard, "--out", out, "-q"])
+    rows = pq.read_table(out / "groups.parquet").to_pylist()
+    assert [(r["key"], r["decision"], r["reason"]) for r in rows] == [
+        ("a", "single", "not_fingerprinted"), ("b", "single", "not_fingerprinted")]
+    assert rows[0]["error"] and rows[1]["error"]
+
+
+def test_the_gallery_shows_the_chain_kept_copy_first_and_escapes_keys(dedup_shards, tmp_path):
+    import tarfile
+
+    from cg_testutil import add_member
+    # a key that is markup: it must arrive as text
+    hostile = tmp_path / "hostile.tar"
+    with tarfile.open(dedup_shards[1]) as src, tarfile.open(hostile, "w") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            add_member(dst, m.name.replace("chain_s5", "<b>s5</b>"), data)
+    out = tmp_path / "out"
+    run_cli(["dedup", dedup_shards[0], hostile, dedup_shards[2], "--out", out, "-q", "--gallery", "5"])
+    page = (out / "groups.html").read_text()
+    assert "<b>s5</b>" not in page and "&lt;b&gt;s5&lt;/b&gt;" in page
+    first = page.index("<h2>")
+    chain = page[first: page.index("<h2>", first + 1)]  # groups with a degraded copy come first
+    assert chain.index("chain_s0") < chain.index("chain_s10")
+    assert chain.count("data:image/png;base64,") == 5 and "degraded_copy" in chain
+
+
+def test_filter_into_an_out_made_with_another_groups_table_is_refused(deduped, dedup_shards, tmp_path):
+    import pandas as pd
+    out = tmp_path / "filtered"
+    base = ["filter", *dedup_shards, "--out", out, "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(base + ["--groups", deduped / "groups.parquet"])
+    other = tmp_path / "other.parquet"
+    t = pd.read_parquet(deduped / "groups.parquet")
+    t.loc[t["key"] == "chain_s5", "decision"] = "degraded_copy"
+    t.to_parquet(other)
+    res = run_cli(base + ["--groups", other], expect=1)
+    assert "groups_digest" in res.output

@@ -1,0 +1,38 @@
+"""``filter --groups``' rule (``decisions.apply_group``) and its refusal of a table that is not a
+dedup groups table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from cg_testutil import run_cli
+
+from collapseguard.filter.decisions import apply_group
+
+KEPT = ("kept", "kept")
+
+
+@pytest.mark.parametrize("row, drop, want", [
+    (None, False, KEPT),  # no row: the no-reference decision stands
+    ({"group": "", "decision": "single", "rank": 0}, True, KEPT),
+    ({"group": "g1", "decision": "keep", "rank": 0}, True, KEPT),  # the copy a group keeps
+    ({"group": "g1", "decision": "keep", "rank": 2}, False, KEPT),  # a duplicate, kept by default
+    ({"group": "g1", "decision": "keep", "rank": 2}, True, ("rejected", "duplicate")),
+    ({"group": "g1", "decision": "degraded_copy", "rank": 3}, False, ("rejected", "degraded_copy")),
+])
+def test_apply_group(row, drop, want):
+    assert apply_group(*KEPT, row, drop) == want
+
+
+def test_a_sample_rejected_on_its_own_keeps_its_reason():
+    row = {"group": "g1", "decision": "keep", "rank": 0}
+    assert apply_group("rejected", "decode_error", row, True) == ("rejected", "decode_error")
+    assert apply_group("rejected", "degraded", {**row, "decision": "degraded_copy"}) == ("rejected", "degraded")
+
+
+def test_a_table_that_is_not_a_groups_table_is_refused_in_one_line(dedup_shards, tmp_path):
+    other = tmp_path / "scores.parquet"
+    pd.DataFrame({"key": ["a"], "score": [1.0]}).to_parquet(other)
+    res = run_cli(["filter", dedup_shards[0], "--out", tmp_path / "o", "--groups", other,
+                   "--threshold", "3", "-q"], expect=1)
+    assert "not a dedup groups.parquet" in res.output and len(res.output.strip().splitlines()) == 1
