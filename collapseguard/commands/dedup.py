@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from collapseguard.commands._common import workers_option
+from collapseguard.commands._common import no_pipe_option, refuse_pipes, workers_option
 from collapseguard.io.terminal import printable
 
 
@@ -30,11 +30,16 @@ from collapseguard.io.terminal import printable
 @workers_option(default=1)
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Who describes the images: local worker processes, or a Ray cluster (extra [ray]).")
+@click.option("--image-column", default=None, metavar="NAME",
+              help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
+                   "encoded bytes); default: found by type and name (image, jpg, png, webp).")
+@no_pipe_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, fresh, workers,
-          engine, quiet):
-    """Find copies of one picture in PATHS (image files, folders, .tar shards, brace patterns and
-    URLs, as `score` reads them) and keep the least degraded copy of each.
+          engine, image_column, no_pipe, quiet):
+    """Find copies of one picture in PATHS (image files, folders, .tar shards, Parquet files with
+    images as bytes, brace patterns and URLs, as `score` reads them) and keep the least degraded
+    copy of each.
 
     Copies are found by a 64-bit perceptual hash (multi-index hashing: no all-pairs comparison),
     confirmed by a thumbnail correlation, and joined into groups whose members all stay close to
@@ -49,15 +54,16 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     from collapseguard.detectors.compare import load_weights
     from collapseguard.scoring.run import plan_score_tasks
 
+    refuse_pipes(paths, no_pipe)
     load_weights()  # missing weights fail before any work
-    plan_score_tasks(paths, None, [])  # inputs that name nothing fail at once
+    plan_score_tasks(paths, None, [], image_column=image_column)  # inputs that name nothing fail at once
     if fresh:
         clear_parts(out)
     params = GroupingParams(max_distance=max_distance, min_corr=min_corr,
                             min_medoid_corr=min_medoid_corr)
     try:
         summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params,
-                            engine=engine)
+                            engine=engine, image_column=image_column)
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
     if gallery:

@@ -1,6 +1,7 @@
 """``run_dedup``: near-duplicate groups over files, folders and shards, each ranked by the comparator.
 
-Two passes:
+Inputs are what ``score`` reads: image files, folders, shards and Parquet files (a row's key is
+the one ``score`` gives it: its id column, else its row index). Two passes:
 
 1. Describe (resumable): every image is read and decoded as ``score`` reads it (the same input
    expansion and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``), and the ``compare``
@@ -46,7 +47,8 @@ from collapseguard.detectors.compare import (
 from collapseguard.detectors.pair_features import FEATURES, SCALES
 from collapseguard.engines import make_engine
 from collapseguard.io.atomic import replaced_when_done
-from collapseguard.io.urls import identity, shard_basename, strip_shard_suffix
+from collapseguard.io.parse import basename_of, strip_suffix
+from collapseguard.io.urls import identity
 from collapseguard.scoring.progress import progress_bar
 from collapseguard.scoring.run import plan_score_tasks, score_task
 
@@ -94,10 +96,28 @@ def task_name(task: tuple, version: str) -> str:
     version of the descriptions (``Comparator.description_version``)."""
     if task[0] == "shard":
         ident = [[str(task[1]), _ident(str(task[1]))]]
+    elif task[0] == "parquet":  # the file and the image column asked for (None: found)
+        name, column = task[1]
+        ident = [[str(name), column, _ident(str(name))]]
     else:
         ident = [[f.path, f.source, f.key, _ident(f.path)] for f in task[1]]
     blob = json.dumps([task[0], ident, version], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _task_input(task: tuple) -> str:
+    """The input a task reads, as its failure names it."""
+    if task[0] == "shard":
+        return str(task[1])
+    return str(task[1][0]) if task[0] == "parquet" else "image files"
+
+
+def _task_stem(task: tuple) -> str:
+    """The ``shard`` of a task's rows: a shard's or Parquet file's stem, as ``filter`` names its
+    outputs (and ``filter --groups`` finds its rows by); "" for image files."""
+    if task[0] in ("shard", "parquet"):
+        return strip_suffix(basename_of(_task_input(task)))
+    return ""
 
 
 def _ident(path: str) -> dict:
@@ -131,14 +151,15 @@ def _load_part(path: Path) -> dict | None:
 
 
 def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1,
-                    quiet: bool = False, detector_obj=None, engine: str = "local"
-                    ) -> tuple[dict, list[str], int]:
+                    quiet: bool = False, detector_obj=None, engine: str = "local",
+                    image_column: str | None = None) -> tuple[dict, list[str], int]:
     """Pass 1: every image described (on ``engine``: ``"local"`` or ``"ray"``), parts kept under
-    ``out_dir/.parts``; returns (the parts concatenated in input order, failures, parts reused)."""
+    ``out_dir/.parts``; returns (the parts concatenated in input order, failures, parts reused).
+    ``image_column`` names the image column of Parquet inputs (None: found as ``score`` finds it)."""
     from collapseguard.detectors.compare import Comparator
 
     unread: list[tuple[str, str]] = []
-    tasks = plan_score_tasks(inputs, None, unread)
+    tasks = plan_score_tasks(inputs, None, unread, image_column=image_column)
     det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
     version = det.description_version
     if workers > 1 or engine != "local":
@@ -156,7 +177,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     def on_done(k, part, err):
         i = todo[k]
         if err is not None:
-            failures.append(f"{tasks[i][1] if tasks[i][0] == 'shard' else 'image files'}: {err}")
+            failures.append(f"{_task_input(tasks[i])}: {err}")
             return
         _save_part(parts_dir / f"{names[i]}.npz", part)
         parts[i] = part
@@ -176,8 +197,8 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
                          ("features", (len(FEATURE_COLUMNS),), np.float32)):
         arrs = [p[k] for p in done]
         merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
-    merged["shard"] = [strip_shard_suffix(shard_basename(s)) if t[0] == "shard" else ""
-                       for p, t in zip(parts, tasks) if p is not None for s in p["source"]]
+    merged["shard"] = [_task_stem(t) for p, t in zip(parts, tasks) if p is not None
+                       for _ in p["source"]]
     return merged, failures, reused
 
 
@@ -211,7 +232,8 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
 
 def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,
               level: float | None = None, params: GroupingParams = GroupingParams(),
-              weights: str | None = None, detector_obj=None, engine: str = "local") -> dict:
+              weights: str | None = None, detector_obj=None, engine: str = "local",
+              image_column: str | None = None) -> dict:
     """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +241,8 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
     shipped_level = float(t["meta"].get("level", "nan"))
     level = shipped_level if level is None else float(level)
     desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
-                                             detector_obj=detector_obj, engine=engine)
+                                             detector_obj=detector_obj, engine=engine,
+                                             image_column=image_column)
     ok = desc["ok"]
     idx = np.flatnonzero(ok)
     sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)

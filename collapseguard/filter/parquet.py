@@ -9,7 +9,9 @@ the row index; ``row``: the row index). Outputs are staged and committed, and th
 marker ``.done/<stem>.json`` written last, exactly as ``filter.pipeline.process_shard`` does for
 a shard, so resume, ``--overwrite`` and the conservation check treat both alike. A row without
 image bytes is ``no_image`` (kept unless ``--reject-no-image``), one whose bytes do not decode
-``decode_error`` (rejected), each with its reason in the scores.
+``decode_error`` (rejected), each with its reason in the scores. With ``--groups`` (``dedup``'s
+groups.parquet) a row's decision is also its group's, matched by the file's stem and the row's
+key (the first row of a key that repeats), and the scores get a ``group`` column.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collapseguard.filter.decisions import decide
+from collapseguard.filter.decisions import apply_group, decide, read_groups
 from collapseguard.filter.pipeline import (
     SCORE_COLUMNS,
     FilterOptions,
@@ -124,6 +126,9 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         else:
             stream = score_records(source, detector, members_of=lambda r: r.members,
                                    batch_size=options.batch_size or None, images_only=False)
+        groups = (read_groups(options.groups, inp.stem, options.groups_digest)
+                  if options.groups else None)
+        seen_keys: set[str] = set()  # a key that repeats: its first row takes the group's decision
         batch, keep = None, []
         done_since = 0
 
@@ -140,6 +145,11 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
                 batch, keep = row.batch, []
             decision, reason = decide(scored, options.threshold,
                                       reject_no_image=options.reject_no_image)
+            if groups is not None:
+                group_row = groups.get(row.key) if row.key not in seen_keys else None
+                seen_keys.add(row.key)
+                decision, reason = apply_group(decision, reason, group_row, options.drop_duplicates)
+                rows.setdefault("group", []).append((group_row or {}).get("group", ""))
             keep.append(decision == "kept")
             reasons[reason] += 1
             n_images += scored.n_images
@@ -187,6 +197,8 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         "shard": pa.array([inp.stem] * n, pa.string()),
         "row": pa.array(rows["row"], pa.int64()),
     })
+    if groups is not None:  # the dedup group of each row ("" for none)
+        table = table.append_column("group", pa.array(rows.get("group", []), pa.string()))
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}

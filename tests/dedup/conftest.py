@@ -1,5 +1,6 @@
 """Shards made from real photos: one replication chain (a real replicator) split across three
-shards, a clean photo beside a recompressed and resized copy of it, and unrelated photos."""
+shards, a clean photo beside a recompressed and resized copy of it, and unrelated photos; and
+the same chain with an unrelated photo as rows of Parquet files."""
 
 from __future__ import annotations
 
@@ -31,12 +32,18 @@ def write_shard(path: Path, samples) -> None:
 
 
 @pytest.fixture(scope="session")
-def dedup_shards(tmp_path_factory, photos):
+def chain_steps(photos) -> dict:
+    """Step -> image of one replication chain of ``photos[0]`` (a real replicator)."""
     from collapseguard.training_data_tools.chains import run_chain
 
-    root = tmp_path_factory.mktemp("dedup_shards")
     _, steps = run_chain(photos[0], FAMILY, steps=max(CHAIN_STEPS), keep=CHAIN_STEPS, seed=5)
-    chain = {k: img for k, img, _ in steps}
+    return {k: img for k, img, _ in steps}
+
+
+@pytest.fixture(scope="session")
+def dedup_shards(tmp_path_factory, photos, chain_steps):
+    root = tmp_path_factory.mktemp("dedup_shards")
+    chain = chain_steps
     clean = photos[1]
     a = [("chain_s10", "png", encode_png(chain[10])), ("chain_s1", "png", encode_png(chain[1])),
          ("other_a", "jpg", encode_jpeg(photos[2], 90))]
@@ -57,3 +64,50 @@ def png_bytes(img) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="PNG")
     return buf.getvalue()
+
+
+#: the rows of the Parquet files: (key, step of the chain or None for the unrelated photo)
+PARQUET_ROWS = (("chain_s10", 10), ("other", None), ("chain_s1", 1), ("chain_s5", 5),
+                ("chain_s0", 0), ("chain_s3", 3))
+
+
+def _parquet_images(photos, chain_steps) -> list[tuple[str, bytes]]:
+    """Encoded as in the shards: the re-renderings as PNG, the clean step and the photo as JPEG."""
+    out = []
+    for key, step in PARQUET_ROWS:
+        if step is None:
+            out.append((key, encode_jpeg(photos[2], 90)))
+        elif step == 0:
+            out.append((key, encode_jpeg(chain_steps[0], 90)))
+        else:
+            out.append((key, encode_png(chain_steps[step])))
+    return out
+
+
+@pytest.fixture(scope="session")
+def parquet_rows() -> tuple:
+    """``PARQUET_ROWS``: the Parquet files' rows in order, (key, chain step or None)."""
+    return PARQUET_ROWS
+
+
+@pytest.fixture(scope="session")
+def dedup_parquets(tmp_path_factory, photos, chain_steps) -> dict[str, Path]:
+    """The chain's steps and an unrelated photo, shuffled, as rows of two Parquet files: one
+    written by pyarrow (``key``, ``jpg`` bytes, ``caption``; row groups of 2) and one written by
+    ``datasets`` (an ``Image`` feature; rows keyed by their index)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("dedup_parquet")
+    images = _parquet_images(photos, chain_steps)
+    arrow = root / "chain-arrow.parquet"
+    pq.write_table(pa.table({"key": [k for k, _ in images],
+                             "jpg": pa.array([b for _, b in images], pa.binary()),
+                             "caption": [f"caption of {k}" for k, _ in images]}),
+                   arrow, row_group_size=2)
+    hf = root / "chain-hf.parquet"
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": f"{k}.img"} for k, b in images],
+                                     "caption": [f"caption of {k}" for k, _ in images]})
+    ds.cast_column("image", datasets.Image()).to_parquet(str(hf))
+    return {"pyarrow": arrow, "datasets": hf}

@@ -1,0 +1,123 @@
+"""``collapseguard dedup`` and ``filter --groups`` on Parquet files (one written by pyarrow with a
+``jpg`` bytes column, one written by ``datasets`` with an ``Image`` feature): the chain's rows are
+one group whose least damaged step is kept, the groups name the rows as ``filter`` does (the
+file's stem, the row's key), and the filter rejects the degraded copies while every row lands
+once, in order, byte for byte, in kept/ or rejected/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from cg_testutil import run_cli
+
+WRITERS = ("pyarrow", "datasets")
+
+
+def _keys(writer: str, parquet_rows) -> list[str]:
+    """The row keys ``score`` gives: the ``key`` column, or the row index."""
+    return ([k for k, _ in parquet_rows] if writer == "pyarrow"
+            else [str(i) for i in range(len(parquet_rows))])
+
+
+@pytest.fixture(scope="module", params=WRITERS)
+def deduped(request, dedup_parquets, tmp_path_factory):
+    writer = request.param
+    src = dedup_parquets[writer]
+    out = tmp_path_factory.mktemp(f"dedup_{writer}")
+    # the datasets file names its column; the pyarrow file's jpg column is found
+    column = ["--image-column", "image"] if writer == "datasets" else []
+    run_cli(["dedup", src, "--out", out, "-q", "--no-pipe", *column])
+    return writer, src, out
+
+
+def _groups(out: Path) -> list[dict]:
+    return pq.read_table(out / "groups.parquet").to_pylist()
+
+
+def test_the_chain_is_one_group_and_its_least_damaged_row_is_kept(deduped, parquet_rows):
+    writer, src, out = deduped
+    rows = _groups(out)
+    assert [r["key"] for r in rows] == _keys(writer, parquet_rows)
+    assert {r["shard"] for r in rows} == {src.stem} and {r["source"] for r in rows} == {str(src)}
+    assert all(r["error"] == "" for r in rows)
+    by_step = {step: r for (_, step), r in zip(parquet_rows, rows)}
+    chain = [by_step[s] for s in (0, 1, 3, 5, 10)]
+    assert len({r["group"] for r in chain}) == 1 and chain[0]["group"]
+    assert [r["rank"] for r in chain] == [0, 1, 2, 3, 4]
+    assert (chain[0]["decision"], chain[0]["reason"]) == ("keep", "least_degraded")
+    assert by_step[10]["decision"] == "degraded_copy"
+    assert (by_step[None]["group"], by_step[None]["decision"]) == ("", "single")
+
+
+def test_a_second_run_reuses_the_part_and_writes_the_same_bytes(deduped, tmp_path):
+    import shutil
+    writer, src, out = deduped
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    (again / "groups.parquet").unlink()
+    assert len(list((again / ".parts").glob("*.npz"))) == 1  # one task per Parquet file
+    column = ["--image-column", "image"] if writer == "datasets" else []
+    run_cli(["dedup", src, "--out", again, "-q", *column])
+    for name in ("groups.parquet", "summary.json"):
+        assert (again / name).read_bytes() == (out / name).read_bytes()
+    assert len(list((again / ".parts").glob("*.npz"))) == 1
+
+
+def _check_conserved(src: Path, out: Path) -> list[dict]:
+    """Every input row in exactly one of kept/ and rejected/, in order, every value identical;
+    one scores row per input row."""
+    rows = pq.read_table(src).to_pylist()
+    kept = pq.read_table(out / "kept" / src.name).to_pylist()
+    rej = pq.read_table(out / "rejected" / src.name).to_pylist()
+    scores = pq.read_table(out / "scores" / f"{src.stem}.parquet").to_pylist()
+    assert [s["row"] for s in scores] == list(range(len(rows)))
+    is_kept = [s["decision"] == "kept" for s in scores]
+    assert kept == [r for r, k in zip(rows, is_kept) if k]
+    assert rej == [r for r, k in zip(rows, is_kept) if not k]
+    return scores
+
+
+def test_filter_groups_rejects_the_degraded_rows_and_conserves_every_row(deduped, tmp_path):
+    writer, src, out = deduped
+    filtered = tmp_path / "filtered"
+    run_cli(["filter", src, "--out", filtered, "--groups", out / "groups.parquet",
+             "--threshold", "1e9", "-w", "1", "-q"])
+    scores = _check_conserved(src, filtered)
+    groups = _groups(out)
+    assert [s["key"] for s in scores] == [g["key"] for g in groups]
+    assert [s["group"] for s in scores] == [g["group"] for g in groups]
+    assert any(g["decision"] == "degraded_copy" for g in groups)
+    for s, g in zip(scores, groups):
+        if g["decision"] == "degraded_copy":
+            assert (s["decision"], s["reason"]) == ("rejected", "degraded_copy")
+        else:
+            assert s["decision"] == "kept", s
+
+
+def test_the_first_row_of_a_repeated_key_takes_the_groups_decision(deduped, tmp_path):
+    writer, src, out = deduped
+    if writer != "pyarrow":
+        pytest.skip("keys repeat through a key column")
+    # the same file with one more row that repeats the key of the degraded step 10
+    t = pq.read_table(src)
+    extra = t.slice(1, 1).set_column(0, "key", pa.array(["chain_s10"]))
+    copy = tmp_path / "in" / src.name
+    copy.parent.mkdir()
+    pq.write_table(pa.concat_tables([t, extra]), copy)
+    filtered = tmp_path / "filtered"
+    run_cli(["filter", copy, "--out", filtered, "--groups", out / "groups.parquet",
+             "--threshold", "1e9", "-w", "1", "-q"])
+    scores = _check_conserved(copy, filtered)
+    first, repeat = scores[0], scores[-1]
+    assert first["key"] == repeat["key"] == "chain_s10"
+    assert (first["reason"], repeat["reason"]) == ("degraded_copy", "kept")
+    assert first["group"] and repeat["group"] == ""
+
+
+def test_no_pipe_refuses_a_command(dedup_parquets, tmp_path):
+    res = run_cli(["dedup", f"pipe:cat {dedup_parquets['pyarrow']}", "--out", tmp_path / "o",
+                   "--no-pipe"], expect=1)
+    assert "--no-pipe" in res.output and not (tmp_path / "o").exists()
