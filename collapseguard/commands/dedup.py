@@ -68,7 +68,7 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
     if gallery:
         from collapseguard.dedup.gallery import write_gallery
-        write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery)
+        write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery, image_column)
     d = summary["decisions"]
     click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
                f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "

@@ -47,12 +47,15 @@ def pick_groups(rows: list[dict], max_groups: int) -> list[list[dict]]:
     return [sorted(ms, key=lambda m: m["rank"])[:MAX_MEMBERS] for ms in ordered[:max_groups]]
 
 
-def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: int = 30) -> int:
-    """Write the gallery; returns the number of groups shown."""
+def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: int = 30,
+                  image_column: str | None = None) -> int:
+    """Write the gallery; returns the number of groups shown. ``image_column``: the image column
+    of Parquet sources (None: found as ``score`` finds it)."""
     cols = ["source", "key", "group", "rank", "decision", "p_worse", "reason", "image"]
     rows = pq.read_table(groups_parquet, columns=cols).to_pylist()
     shown = pick_groups(rows, max_groups)
-    fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms])
+    fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms],
+                            image_column=image_column)
     parts = []
     for ms in shown:
         kept = fetched.get((ms[0]["source"], ms[0]["key"], 0))

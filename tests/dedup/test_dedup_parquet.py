@@ -29,7 +29,7 @@ def deduped(request, dedup_parquets, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"dedup_{writer}")
     # the datasets file names its column; the pyarrow file's jpg column is found
     column = ["--image-column", "image"] if writer == "datasets" else []
-    run_cli(["dedup", src, "--out", out, "-q", "--no-pipe", *column])
+    run_cli(["dedup", src, "--out", out, "-q", "--no-pipe", "--gallery", "1", *column])
     return writer, src, out
 
 
@@ -50,6 +50,33 @@ def test_the_chain_is_one_group_and_its_least_damaged_row_is_kept(deduped, parqu
     assert (chain[0]["decision"], chain[0]["reason"]) == ("keep", "least_degraded")
     assert by_step[10]["decision"] == "degraded_copy"
     assert (by_step[None]["group"], by_step[None]["decision"]) == ("", "single")
+
+
+def test_the_gallery_shows_the_chain_read_back_from_the_parquet_file(deduped):
+    page = (deduped[2] / "groups.html").read_text()
+    assert "class=err" not in page and page.count("<h2>") == 1
+    assert page.count("data:image/png;base64,") >= 5 and "degraded_copy" in page
+
+
+@pytest.mark.parametrize("deduped", ["pyarrow"], indirect=True)
+def test_image_column_names_the_images_beside_a_binary_column_found_first(deduped, tmp_path):
+    writer, src, out = deduped
+    # a binary column named "image" is the one found; --image-column jpg names the photos
+    t = pq.read_table(src)
+    t = t.append_column("image", pa.array([b"not an image"] * t.num_rows, pa.binary()))
+    copy = tmp_path / "in" / src.name
+    copy.parent.mkdir()
+    pq.write_table(t, copy)
+    found = tmp_path / "found"
+    run_cli(["dedup", copy, "--out", found, "-q"])
+    assert {r["reason"] for r in _groups(found)} == {"not_fingerprinted"}
+    named = tmp_path / "named"
+    run_cli(["dedup", copy, "--out", named, "-q", "--image-column", "jpg", "--gallery", "1"])
+    cols = ["key", "group", "rank", "decision", "reason", "shard"]
+    assert pq.read_table(named / "groups.parquet", columns=cols) == pq.read_table(
+        out / "groups.parquet", columns=cols)
+    page = (named / "groups.html").read_text()  # the gallery reads the named column back
+    assert "class=err" not in page and page.count("<h2>") == 1
 
 
 def test_a_second_run_reuses_the_part_and_writes_the_same_bytes(deduped, tmp_path):
