@@ -35,6 +35,7 @@ from collapseguard.filter.pipeline import (
     input_identity,
     output_names,
     read_marker,
+    scores_table,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parquet import (
@@ -171,22 +172,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     finally:
         if pf is not None:
             pf.close(force=True)
-    table = pa.table({
-        "key": pa.array(rows["key"], pa.string()),
-        "score": pa.array(rows["score"], pa.float64()),
-        "decision": pa.array(rows["decision"], pa.string()),
-        "reason": pa.array(rows["reason"], pa.string()),
-        "detector": pa.array(rows["detector"], pa.string()),
-        "detector_version": pa.array(rows["detector_version"], pa.string()),
-        "image": pa.array(rows["image"], pa.string()),
-        "width": pa.array(rows["width"], pa.int32()),
-        "height": pa.array(rows["height"], pa.int32()),
-        "storage": pa.array(rows["storage"], pa.string()),
-        "has_alpha": pa.array(rows["has_alpha"], pa.bool_()),
-        "error": pa.array(rows["error"], pa.string()),
-        "shard": pa.array([inp.stem] * n, pa.string()),
-        "row": pa.array(rows["row"], pa.int64()),
-    })
+    table = scores_table(rows, inp.stem, rows["row"])
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}

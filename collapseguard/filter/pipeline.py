@@ -49,6 +49,21 @@ from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
                  "width", "height", "storage", "has_alpha", "error")
+#: the Arrow type of each column of a scores table (``scores/<stem>.parquet``)
+SCORE_TYPES = {"key": pa.string(), "score": pa.float64(), "decision": pa.string(),
+               "reason": pa.string(), "detector": pa.string(), "detector_version": pa.string(),
+               "image": pa.string(), "width": pa.int32(), "height": pa.int32(),
+               "storage": pa.string(), "has_alpha": pa.bool_(), "error": pa.string()}
+
+
+def scores_table(rows: dict[str, list], stem: str, row_index: list[int] | None = None) -> pa.Table:
+    """The scores table of one shard or Parquet file: ``rows`` (``SCORE_COLUMNS``, one list each),
+    then ``shard`` (``stem`` on every row) and, for a Parquet input, ``row`` (its row index)."""
+    columns = {c: pa.array(rows[c], SCORE_TYPES[c]) for c in SCORE_COLUMNS}
+    columns["shard"] = pa.array([stem] * len(rows["key"]), pa.string())
+    if row_index is not None:
+        columns["row"] = pa.array(row_index, pa.int64())
+    return pa.table(columns)
 
 
 @dataclass(frozen=True)
@@ -300,23 +315,9 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                 rows["error"][i], f"written to rejected/ under the key {key!r}, so that a reader "
                 f"cannot merge it with a neighbour (a sample of the key {rows['key'][i]!r}, or one "
                 "whose name gives webdataset no key)") if x)
-    table = pa.table({
-        "key": pa.array(rows["key"], pa.string()),
-        "score": pa.array(rows["score"], pa.float64()),
-        "decision": pa.array(rows["decision"], pa.string()),
-        "reason": pa.array(rows["reason"], pa.string()),
-        "detector": pa.array(rows["detector"], pa.string()),
-        "detector_version": pa.array(rows["detector_version"], pa.string()),
-        "image": pa.array(rows["image"], pa.string()),
-        "width": pa.array(rows["width"], pa.int32()),
-        "height": pa.array(rows["height"], pa.int32()),
-        "storage": pa.array(rows["storage"], pa.string()),
-        "has_alpha": pa.array(rows["has_alpha"], pa.bool_()),
-        "error": pa.array(rows["error"], pa.string()),
-        # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
-        # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
-        "shard": pa.array([shard_stem(inp)] * len(rows["key"]), pa.string()),
-    })
+    # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
+    # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
+    table = scores_table(rows, shard_stem(inp))
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}
