@@ -110,7 +110,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
                     pass
 
     try:
-        pf = open_parquet(name)
+        pf = open_parquet(name, options.max_shard_bytes)
         column = find_image_column(pf.schema_arrow, options.image_column or None, name)
         schema = pf.schema_arrow
         for key in ("kept", "rejected"):

@@ -347,3 +347,22 @@ def test_parquet_scores_note_transparency(tmp_path, photos, mode):
     run_cli(["filter", src, "-o", tmp_path / "o", "-d", "nss", "-w", "1", "-q", *how])
     scores = pd.read_parquet(tmp_path / "o" / "scores" / "a.parquet")
     assert dict(zip(scores["key"], scores["has_alpha"])) == {"t": True, "o": False}
+
+
+def test_a_piped_parquet_file_is_read_only_up_to_max_shard_bytes(tmp_path, photos):
+    """A ``pipe:`` Parquet input is copied aside before it is read (Parquet keeps its schema at the
+    end): the copy stops at --max-shard-bytes and the input fails in one line naming the limit
+    (a command that sends forever would otherwise fill the disk); the file beside it is filtered."""
+    src = tmp_path / "a.parquet"
+    jpg_parquet(src, _images(photos[:2]))
+    local = tmp_path / "b.parquet"
+    jpg_parquet(local, _images(photos[2:4]))
+    piped = f"pipe:head -c 40000000 /dev/zero; cat {src}"
+    out = tmp_path / "out"
+    run_cli(["filter", piped, local, "-o", out, "-d", "nss", "--threshold", "1e9", "-w", "1", "-q",
+             "--max-shard-bytes", 4_000_000], expect=1)
+    summary = json.loads((out / "summary.json").read_text())
+    errors = {r["shard"]: r.get("error") for r in summary["per_shard"]}
+    assert errors[str(local)] is None and len(_rows(out / "kept" / "b.parquet")) == 4
+    assert "ShardTooLargeError" in errors[piped] and "4000000" in errors[piped]
+    assert "\n" not in errors[piped]
