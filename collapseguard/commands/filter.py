@@ -47,9 +47,10 @@ from collapseguard.io.terminal import printable
               help="Also write the kept samples into even shards of N samples: <out>/resharded/ "
                    "with key_map.parquet (key -> shard) and the img2dataset parquet rows per shard.")
 @click.option("--max-sample-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
-              help="Members that would take one sample past BYTES are refused unread and the sample "
-                   f"rejected as refused_member; a worker holds one sample at a time, so its memory "
-                   f"is the detector's plus about twice this. [default: {MAX_SAMPLE_BYTES} (512 MiB)]")
+              help="Members that would take one sample of a tar shard past BYTES are refused unread "
+                   "and the sample rejected as refused_member; a worker holds one sample at a time, "
+                   "so its memory is the detector's plus about twice this (Parquet inputs are read "
+                   f"by record batch instead). [default: {MAX_SAMPLE_BYTES} (512 MiB)]")
 @click.option("--max-shard-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="A shard of which more than BYTES are read (as stored, or its tar stream "
                    "decompressed) fails, named: a source that never ends stops there. A read that "
