@@ -216,6 +216,19 @@ def test_audit_reads_parquet(tmp_path, photos):
     assert "data:image/jpeg;base64" in html and "not read" not in html
 
 
+def test_audit_shows_the_rows_of_a_piped_parquet_file(tmp_path, photos):
+    """A ``pipe:`` command ending in ``.parquet`` is a Parquet input for scoring, and for the
+    gallery's second read too: every card shows its image."""
+    src = tmp_path / "h.parquet"
+    hf_parquet(src, _images(photos))
+    run_cli(["audit", f"pipe:cat {src}", "-o", tmp_path / "a", "-d", "nss", "--threshold",
+             _threshold(photos), "-q", "--gallery-size", "2"])
+    summary = json.loads((tmp_path / "a/summary.json").read_text())
+    assert summary["failures"] == [] and summary["samples"] == 2 * len(photos)
+    html = (tmp_path / "a/report.html").read_text()
+    assert "data:image/jpeg;base64" in html and "image not shown" not in html
+
+
 def _all_outputs(out: Path) -> dict[str, bytes]:
     """Every output but the markers (which record how long the run took)."""
     return {str(p.relative_to(out)): p.read_bytes() for sub in ("kept", "rejected", "scores")
