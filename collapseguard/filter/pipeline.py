@@ -93,14 +93,16 @@ class FilterOptions:
 
     def fingerprint(self, parquet: bool = True) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal.
-        ``image_column`` counts only for Parquet inputs (``parquet``) and only when set."""
+        ``image_column`` counts only for Parquet inputs (``parquet``) and only when set;
+        ``max_sample_bytes`` only for tar shards (Parquet rows are not cut into members) and
+        only when not the default."""
         d = asdict(self)
         d.pop("out_dir")
         d.pop("batch_size")
         d.pop("scores_from")
         d.pop("run_id")
         d.pop("max_shard_bytes")  # a shard over it fails: no output to compare
-        if d["max_sample_bytes"] == MAX_SAMPLE_BYTES:  # as markers written without it read
+        if parquet or d["max_sample_bytes"] == MAX_SAMPLE_BYTES:  # as markers without it read
             d.pop("max_sample_bytes")
         if not (parquet and d["image_column"]):  # unset, or a tar shard: markers still match
             d.pop("image_column")

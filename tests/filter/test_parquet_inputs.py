@@ -379,3 +379,17 @@ def test_a_piped_parquet_file_is_read_only_up_to_max_shard_bytes(tmp_path, photo
     assert errors[str(local)] is None and len(_rows(out / "kept" / "b.parquet")) == 4
     assert "ShardTooLargeError" in errors[piped] and "4000000" in errors[piped]
     assert "\n" not in errors[piped]
+
+
+def test_a_completed_parquet_file_resumes_under_another_max_sample_bytes(tmp_path, photos):
+    """--max-sample-bytes bounds tar samples and changes nothing a Parquet input writes: a second
+    run with another value resumes the completed file."""
+    src = tmp_path / "a.parquet"
+    jpg_parquet(src, _images(photos[:2]))
+    args = ["filter", src, "-o", tmp_path / "out", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(args)
+    marker = (tmp_path / "out/.done/a.json").read_bytes()
+    run_cli([*args, "--max-sample-bytes", 1_000_000])
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert [r["status"] for r in summary["per_shard"]] == ["resumed"]
+    assert (tmp_path / "out/.done/a.json").read_bytes() == marker
