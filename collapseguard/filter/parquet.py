@@ -14,7 +14,6 @@ image bytes is ``no_image`` (kept unless ``--reject-no-image``), one whose bytes
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,9 +27,11 @@ import pyarrow.parquet as pq
 from collapseguard.filter.decisions import decide
 from collapseguard.filter.pipeline import (
     SCORE_COLUMNS,
+    STATUS_OF_REASON,
     FilterOptions,
     ShardChangedError,
     check_still_owner,
+    commit_marker,
     file_digest,
     input_identity,
     output_names,
@@ -49,9 +50,6 @@ from collapseguard.io.terminal import printable
 from collapseguard.io.urls import join, open_stream
 from collapseguard.scoring.records import Scored, score_records
 
-_STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
-                     "score_error": "score_error"}
-
 
 def _precomputed(rows, scores_path: str, where: str):
     """Pair rows with an earlier scoring pass's scores (``--drop-fraction``), checking that the
@@ -68,7 +66,7 @@ def _precomputed(rows, scores_path: str, where: str):
                                     f"pass read (the file changed since): {redo}")
         score = prev["score"]
         yield row, Scored(score=float("nan") if score is None else score, image=prev["image"],
-                          error=prev["error"], status=_STATUS_OF_REASON.get(prev["reason"], "ok"),
+                          error=prev["error"], status=STATUS_OF_REASON.get(prev["reason"], "ok"),
                           width=prev["width"], height=prev["height"], storage=prev["storage"] or "",
                           has_alpha=bool(prev.get("has_alpha")),
                           n_images=1 if row.data is not None else 0)
@@ -205,15 +203,4 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     }
     if options.scores_from:
         record["decided_from_scoring_pass"] = True
-    tmp_marker = staged["marker"]
-    try:
-        Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))
-        check_still_owner(options)
-        out.commit(tmp_marker, names["marker"])
-    except BaseException:
-        try:
-            out.discard(tmp_marker)
-        except OSError:
-            pass
-        raise
-    return record
+    return commit_marker(record, out, staged["marker"], names["marker"], options)

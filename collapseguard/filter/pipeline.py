@@ -214,6 +214,22 @@ def outputs_match(marker: dict, out_dir: str) -> bool:
     return sidecars.still_valid(marker, str(marker.get("shard", "")), out)
 
 
+def commit_marker(record: dict, out, staged: str, name: str, options: FilterOptions) -> dict:
+    """Write the completion ``record`` to ``staged`` and commit it as ``name`` (``.done/<stem>.json``)
+    in ``out``, last of an input's outputs; nothing is left staged if that fails. Returns it."""
+    try:
+        Path(staged).write_text(json.dumps(record, indent=1, sort_keys=True))
+        check_still_owner(options)
+        out.commit(staged, name)
+    except BaseException:
+        try:
+            out.discard(staged)
+        except OSError:
+            pass
+        raise
+    return record
+
+
 def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                   progress: Callable[[int], None] | None = None) -> dict:
     """Filter one shard (an ``io.parse.Input``, or the name its reader opens); returns the
@@ -367,21 +383,11 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
     if orphans:
         record["orphan_rows"] = orphans
-    tmp_marker = staged["marker"]
-    try:
-        Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))
-        check_still_owner(options)
-        out.commit(tmp_marker, names["marker"])
-    except BaseException:
-        try:
-            out.discard(tmp_marker)
-        except OSError:
-            pass
-        raise
-    return record
+    return commit_marker(record, out, staged["marker"], names["marker"], options)
 
 
-_STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
+#: the scoring status a scores row's reason stands for (a decision read back from a scoring pass)
+STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
                      "score_error": "score_error"}
 
 
@@ -408,7 +414,7 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
                                     f"the scoring pass read there (the shard changed since): {redo}")
         score = row["score"]
         yield sample, Scored(score=float("nan") if score is None else score, image=row["image"],
-                             error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
+                             error=row["error"], status=STATUS_OF_REASON.get(row["reason"], "ok"),
                              width=row["width"], height=row["height"],
                              storage=row.get("storage") or "",  # scores files written before storage was recorded lack it
                              has_alpha=bool(row.get("has_alpha")),
