@@ -13,7 +13,7 @@ import pandas as pd
 
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
-from collapseguard.io.inputs import ImageFile, InputError, expand, unique_inputs, unread_text
+from collapseguard.io.inputs import ImageFile, InputError, expand, failed_text, unique_inputs
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar
@@ -128,7 +128,7 @@ def plan_score_tasks(inputs: Sequence[str], select=None,
     data, files = expand(inputs, unread, failed)
     shards, files = unique_inputs(data, files)
     if failed and not shards and not files:
-        raise InputError(unread_text(failed, "nothing is left to score"))
+        raise InputError(failed_text(failed, "nothing is left to score"))
     if not shards and not files:
         raise InputError(f"no image files or .tar shards (nor Parquet files) in "
                          f"{', '.join(map(str, inputs))} (images: {', '.join(IMAGE_EXTENSIONS)}; "
