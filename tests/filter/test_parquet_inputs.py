@@ -163,9 +163,12 @@ def test_score_gives_the_scores_of_the_same_images_in_a_tar_shard(tmp_path, phot
     by = {src: g["score"].to_numpy() for src, g in df.groupby("source", sort=False)}
     tar_scores = by[str(shard)]
     assert len(tar_scores) == len(images) and np.isfinite(tar_scores).all()
+    flags = {src: g["flagged"].tolist() for src, g in df.groupby("source", sort=False)}
+    assert (df["threshold"] > 0).all() and any(flags[str(shard)])  # nss's shipped calibration
     for name in ("h.parquet", "j.parquet"):
         got = next(v for s, v in by.items() if s.endswith(name))
         np.testing.assert_array_equal(got, tar_scores)
+        assert next(v for s, v in flags.items() if s.endswith(name)) == flags[str(shard)]
     # the pyarrow file's rows are named by its key column, the datasets file's by row index
     assert df[df["source"].str.endswith("j.parquet")]["key"].tolist() == [k for k, _ in images]
 
