@@ -120,9 +120,14 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         names = [shard_name(r["shard"]) for r in summary["per_shard"]]
         # Parquet outputs keep their rows in kept/NAME.parquet: resharding is for tar shards
         done = write_resharded(out, [n for n in names if kind_of(n) != "parquet"], reshard)
+        tables = [n for n in names if kind_of(n) == "parquet"]
         if not quiet:
             click.echo(f"resharded: {done['samples']} kept samples into {done['shards']} shard(s) "
                        f"of {reshard} in {os.path.join(out, 'resharded')}", err=True)
+            if tables:
+                click.echo(f"note: {len(tables)} Parquet file(s) not resharded (--reshard is for tar "
+                           f"shards): their kept rows are in {printable(os.path.join(out, 'kept'))}"
+                           f" (e.g. {printable(tables[0])})", err=True)
 
 
 def format_summary(summary: dict, out: str) -> str:

@@ -396,3 +396,18 @@ def test_a_completed_parquet_file_resumes_under_another_max_sample_bytes(tmp_pat
     summary = json.loads((tmp_path / "out/summary.json").read_text())
     assert [r["status"] for r in summary["per_shard"]] == ["resumed"]
     assert (tmp_path / "out/.done/a.json").read_bytes() == marker
+
+
+def test_reshard_names_the_parquet_files_it_leaves_in_kept(tmp_path, photos):
+    import tarfile
+    src = tmp_path / "p.parquet"
+    jpg_parquet(src, _images(photos[:2]))
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tf:
+        for k, b in _images(photos[2:4]):
+            add_member(tf, f"{k}.jpg", b)
+    res = run_cli(["filter", src, shard, "-o", tmp_path / "out", "-d", "nss", "--threshold", "1e9",
+                   "-w", "1", "--reshard", 3])
+    assert "resharded: 4 kept samples into 2 shard(s)" in res.output
+    assert "1 Parquet file(s) not resharded" in res.output and "p.parquet" in res.output
+    assert len(_rows(tmp_path / "out/kept/p.parquet")) == 4
