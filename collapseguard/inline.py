@@ -38,7 +38,7 @@ Hugging Face ``datasets`` (Parquet files with an ``Image`` feature, or a binary 
     ds = ds.cast_column("image", datasets.Image(decode=False))  # bytes: decoding is judged too
     scorer = hf_scorer()
     kept = ds.filter(scorer.keep, batched=True)          # the rows `filter` writes to kept/
-    scored = ds.map(scorer, batched=True)                # + score, decision, reason, score_error
+    scored = ds.map(scorer, batched=True)  # + score, decision, reason, score_error, has_alpha
 
 What the loader shows the stage is all it can judge: webdataset drops link and device members of a
 tar before any stage sees them, so a sample that ``filter`` sets aside as ``refused_member`` reaches
@@ -276,8 +276,9 @@ class HFScorer:
     ``collapseguard filter`` decides a row of a Parquet input.
 
     ``ds.map(scorer, batched=True)`` adds ``score``, ``decision`` and ``reason`` columns (and
-    ``score_error``, the reason a row has no score); ``ds.filter(scorer.keep, batched=True)`` keeps
-    the rows ``filter`` writes to kept/. The image column (``image_column``, else the first of
+    ``score_error``, the reason a row has no score, and ``has_alpha``, as in filter's scores);
+    ``ds.filter(scorer.keep, batched=True)`` keeps the rows ``filter`` writes to kept/. The image
+    column (``image_column``, else the first holding ``Image`` structs, else the first of
     ``image``, ``img``, ``jpg``, ``jpeg``, ``png``, ``webp`` in the batch) must hold encoded bytes:
     an ``Image`` feature cast with ``decode=False`` (``{"bytes", "path"}``) or a binary column.
     A row without image bytes is ``no_image`` (kept unless ``reject_no_image``); bytes that do not
@@ -295,13 +296,20 @@ class HFScorer:
     def threshold(self) -> float:
         return self._decider.threshold
 
-    def _column(self, names) -> str:
+    def _column(self, batch) -> str:
+        """The image column, as ``filter`` finds it in a Parquet file (``io.parquet``): named,
+        else the first holding ``Image`` structs (``{"bytes", "path"}``), else by name."""
         from collapseguard.io.parquet import IMAGE_COLUMN_NAMES
+        names = list(batch)
         if self.image_column is not None:
             if self.image_column not in names:
                 raise KeyError(f"image column {self.image_column!r} not in the batch (columns: "
                                f"{list(names)})")
             return self.image_column
+        for name in names:
+            first = next((v for v in batch[name] if v is not None), None)
+            if isinstance(first, dict) and "bytes" in first:
+                return name
         for want in IMAGE_COLUMN_NAMES:
             for name in names:
                 if name.lower() == want:
@@ -309,7 +317,7 @@ class HFScorer:
         raise KeyError(f"no image column in the batch (columns: {list(names)}); pass image_column=")
 
     def _decisions(self, batch) -> list[tuple[Scored, str, str, str]]:
-        column = self._column(list(batch))
+        column = self._column(batch)
         rows = [(i, *_row_image(v, column, i)) for i, v in enumerate(batch[column])]
         out = []
         d = self._decider
@@ -323,7 +331,8 @@ class HFScorer:
         """For ``ds.map(scorer, batched=True)``: the new columns of a batch."""
         got = self._decisions(batch)
         return {"score": [s.score for s, *_ in got], "decision": [d for _, d, _, _ in got],
-                "reason": [r for _, _, r, _ in got], "score_error": [e for *_, e in got]}
+                "reason": [r for _, _, r, _ in got], "score_error": [e for *_, e in got],
+                "has_alpha": [s.has_alpha for s, *_ in got]}
 
     def keep(self, batch) -> list[bool]:
         """For ``ds.filter(scorer.keep, batched=True)``: which rows ``filter`` keeps."""

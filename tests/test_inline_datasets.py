@@ -67,3 +67,28 @@ def test_decoded_images_are_refused_with_the_cast_to_use(tmp_path, photos):
     ds = datasets.Dataset.from_parquet(str(tmp_path / "a.parquet"))  # decode=True: PIL images
     with pytest.raises(TypeError, match=r"decode=False"):
         ds.filter(hf_scorer("nss", threshold=1.0).keep, batched=True)
+
+
+def test_the_image_column_is_found_as_filter_finds_it_and_has_alpha_is_carried(tmp_path, photos):
+    """An ``Image`` feature under a name of its own (``picture``): ``filter`` finds it by type, and
+    so does the scorer; ``.map`` carries ``has_alpha`` as filter's scores do."""
+    import datasets
+
+    from collapseguard.images import encode_png
+    from collapseguard.inline import hf_scorer
+    rgba = np.dstack([photos[1][:96, :96], np.where(np.arange(96) < 48, 0, 255).astype(np.uint8)
+                      [None, :].repeat(96, 0)])
+    imgs = [encode_jpeg(photos[0], 92), encode_png(rgba), encode_png(photos[2][:96, :96])]
+    ds = datasets.Dataset.from_dict({"picture": [{"bytes": b, "path": f"{i}.img"} for i, b in enumerate(imgs)],
+                                     "n": list(range(len(imgs)))})
+    src = tmp_path / "p.parquet"
+    ds.cast_column("picture", datasets.Image()).to_parquet(str(src))
+    run_cli(["filter", src, "-o", tmp_path / "out", "-d", "nss", "--threshold", 5.0, "-w", "1", "-q"])
+    want = pd.read_parquet(tmp_path / "out/scores/p.parquet")
+    assert want["has_alpha"].tolist() == [False, True, False]
+
+    ds = datasets.Dataset.from_parquet(str(src)).cast_column("picture", datasets.Image(decode=False))
+    scored = ds.map(hf_scorer("nss", threshold=5.0), batched=True, batch_size=2)
+    np.testing.assert_allclose(scored["score"], want["score"].to_numpy())
+    assert scored["decision"] == want["decision"].tolist()
+    assert scored["has_alpha"] == want["has_alpha"].tolist()

@@ -20,9 +20,9 @@ from PIL import Image
 
 from collapseguard.images import DecodeError, decode_detailed, encode_png, rgba_composite
 from collapseguard.io.inputs import is_shard
-from collapseguard.io.parse import kind_of
+from collapseguard.io.parse import basename_of, kind_of
 from collapseguard.io.tar import ShardReader, valid_text
-from collapseguard.io.urls import is_remote, join, read_bytes, scheme
+from collapseguard.io.urls import URLError, is_remote, join, read_bytes, scheme
 from collapseguard.scoring.records import image_members
 
 #: member extensions read as captions (shown as text, escaped)
@@ -143,6 +143,15 @@ def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> d
     return out
 
 
+def _source_kind(source: str) -> str | None:
+    """The kind of a scored source as ``io.parse`` gave it: a ``pipe:`` command's by the last word
+    that ends like a shard or Parquet file (``pipe:cat x.parquet`` is Parquet, as it was scored)."""
+    try:
+        return kind_of(basename_of(source))
+    except URLError:  # a pipe: command naming no such word was never scored
+        return None
+
+
 def fetch_samples(wanted: Iterable[tuple], prepare=None,
                   image_column: str | None = None) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
@@ -159,10 +168,10 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None,
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
-        if kind_of(source) == "parquet" and scheme(source) != "pipe":
+        kind = _source_kind(source)
+        if kind == "parquet":
             out.update(_fetch_rows(source, keys, image_column, prepare))
             continue
-        # a pipe: source is a shard whatever its command ends in, as scoring reads it
         if scheme(source) == "pipe" or (is_shard(source) and (is_remote(source) or os.path.isfile(source))):
             left = dict(keys)
             seen: dict[str, int] = {}

@@ -257,6 +257,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     panel = ComparePanel(det, others) if others and options.workers <= 1 else None
     _log(f"scoring with {det.name}" + (f" and {', '.join(others)} (--compare)" if panel else ""), quiet)
     df, failures = _score(inputs, det.name, panel or det, options.detector_kwargs, options, select, quiet)
+    main_failures = set(failures)
     if panel is not None:
         failures += panel.errors
     if population is None:
@@ -280,7 +281,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
             _log(f"scoring with {name} (--compare)", quiet)
             odf, ofail = _score(inputs, name, other_det, tuple(options.compare_kwargs.get(name, ())),
                                 options, select, quiet)
-            failures += [f"[{name}] {f}" for f in ofail]
+            # an input that failed the main pass (a URL that cannot be listed) is named once
+            failures += [f"[{name}] {f}" for f in ofail if f not in main_failures]
             other = align_scores(df, odf)
         c = stats.compare(s, threshold, other, name, str(other_det.version))
         df[compare_column(name)] = other

@@ -84,8 +84,9 @@ def parquet_keys(name: str, image_column: str | None = None) -> Iterator[str]:
 def list_samples(inputs: Sequence[str], image_column: str | None = None) -> Iterator[tuple[str, str, int]]:
     """``(source, key, nth)`` of every sample named by ``inputs`` (shards and Parquet rows first,
     then image files; each file once, as ``score`` reads them). ``nth`` counts earlier samples of
-    the same key in the shard."""
-    data, files = expand(inputs)
+    the same key in the shard. A URL input that cannot be listed names no sample (``run_score``
+    reports it as a failed input)."""
+    data, files = expand(inputs, failed=[])
     shards, files = unique_inputs(data, files)
     for inp in shards:
         s = inp.name

@@ -27,6 +27,7 @@ import pandas as pd
 
 from collapseguard.images import IMAGE_EXTENSIONS, is_image_name, storage_label
 from collapseguard.io.inputs import local_name, unread_in, unread_text
+from collapseguard.io.parse import basename_of
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
@@ -34,7 +35,6 @@ from collapseguard.io.urls import (
     is_shard_name,
     read_bytes,
     read_local_bytes,
-    shard_basename,
     url_path,
 )
 from collapseguard.io.walk import walk
@@ -178,7 +178,7 @@ def _iter_tar(path: Path | str, identity: str | None = None, where: str = ""):
     A member's source id names the shard's folder below the location (``where``), the shard and
     the member's folder, so two shards of one name in two folders, or two class folders of one
     shard, never make one picture of different images."""
-    name = shard_basename(str(path))
+    name = basename_of(str(path))
     position = 0
     for sample in ShardReader(str(path)):
         for m in sample.members:

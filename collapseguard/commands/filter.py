@@ -47,9 +47,10 @@ from collapseguard.io.terminal import printable
               help="Also write the kept samples into even shards of N samples: <out>/resharded/ "
                    "with key_map.parquet (key -> shard) and the img2dataset parquet rows per shard.")
 @click.option("--max-sample-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
-              help="Members that would take one sample past BYTES are refused unread and the sample "
-                   f"rejected as refused_member; a worker holds one sample at a time, so its memory "
-                   f"is the detector's plus about twice this. [default: {MAX_SAMPLE_BYTES} (512 MiB)]")
+              help="Members that would take one sample of a tar shard past BYTES are refused unread "
+                   "and the sample rejected as refused_member; a worker holds one sample at a time, "
+                   "so its memory is the detector's plus about twice this (Parquet inputs are read "
+                   f"by record batch instead). [default: {MAX_SAMPLE_BYTES} (512 MiB)]")
 @click.option("--max-shard-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="A shard of which more than BYTES are read (as stored, or its tar stream "
                    "decompressed) fails, named: a source that never ends stops there. A read that "
@@ -130,9 +131,14 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         names = [shard_name(r["shard"]) for r in summary["per_shard"]]
         # Parquet outputs keep their rows in kept/NAME.parquet: resharding is for tar shards
         done = write_resharded(out, [n for n in names if kind_of(n) != "parquet"], reshard)
+        tables = [n for n in names if kind_of(n) == "parquet"]
         if not quiet:
             click.echo(f"resharded: {done['samples']} kept samples into {done['shards']} shard(s) "
                        f"of {reshard} in {os.path.join(out, 'resharded')}", err=True)
+            if tables:
+                click.echo(f"note: {len(tables)} Parquet file(s) not resharded (--reshard is for tar "
+                           f"shards): their kept rows are in {printable(os.path.join(out, 'kept'))}"
+                           f" (e.g. {printable(tables[0])})", err=True)
 
 
 def format_summary(summary: dict, out: str) -> str:

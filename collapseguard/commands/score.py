@@ -59,7 +59,8 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
     refuse_pipes(paths, no_pipe)
     check_spec(detector)  # an unknown name fails at once; a missing input before a model loads
     unread: list[tuple[str, str]] = []
-    tasks = plan_score_tasks(paths, None, unread, image_column=image_column)
+    failed: list[tuple[str, str]] = []  # URL inputs that cannot be listed: they fail, the rest is scored
+    tasks = plan_score_tasks(paths, None, unread, image_column=image_column, failed=failed)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)  # a model that cannot be built fails here, in one line,
     # not in every worker
@@ -71,7 +72,7 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
         det = None  # each worker loads its own; do not hold a third copy meanwhile
     try:
         df, failures = run_score(paths, detector, workers=workers, quiet=quiet, detector_obj=det,
-                                 detector_kwargs=kwargs, planned=(tasks, unread))
+                                 detector_kwargs=kwargs, planned=(tasks, unread, failed))
         df = flag_columns(df, t)
         write_table(df, out)
     except ValueError as exc:  # plain ValueErrors of argument checks

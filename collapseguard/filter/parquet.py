@@ -16,7 +16,6 @@ key (the first row of a key that repeats), and the scores get a ``group`` column
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,13 +29,16 @@ import pyarrow.parquet as pq
 from collapseguard.filter.decisions import apply_group, decide, read_groups
 from collapseguard.filter.pipeline import (
     SCORE_COLUMNS,
+    STATUS_OF_REASON,
     FilterOptions,
     ShardChangedError,
     check_still_owner,
+    commit_marker,
     file_digest,
     input_identity,
     output_names,
     read_marker,
+    scores_table,
 )
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parquet import (
@@ -49,9 +51,6 @@ from collapseguard.io.parse import Input
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import join, open_stream
 from collapseguard.scoring.records import Scored, score_records
-
-_STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
-                     "score_error": "score_error"}
 
 
 def _precomputed(rows, scores_path: str, where: str):
@@ -69,7 +68,7 @@ def _precomputed(rows, scores_path: str, where: str):
                                     f"pass read (the file changed since): {redo}")
         score = prev["score"]
         yield row, Scored(score=float("nan") if score is None else score, image=prev["image"],
-                          error=prev["error"], status=_STATUS_OF_REASON.get(prev["reason"], "ok"),
+                          error=prev["error"], status=STATUS_OF_REASON.get(prev["reason"], "ok"),
                           width=prev["width"], height=prev["height"], storage=prev["storage"] or "",
                           has_alpha=bool(prev.get("has_alpha")),
                           n_images=1 if row.data is not None else 0)
@@ -111,7 +110,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
                     pass
 
     try:
-        pf = open_parquet(name)
+        pf = open_parquet(name, options.max_shard_bytes)
         column = find_image_column(pf.schema_arrow, options.image_column or None, name)
         schema = pf.schema_arrow
         for key in ("kept", "rejected"):
@@ -181,24 +180,8 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     finally:
         if pf is not None:
             pf.close(force=True)
-    table = pa.table({
-        "key": pa.array(rows["key"], pa.string()),
-        "score": pa.array(rows["score"], pa.float64()),
-        "decision": pa.array(rows["decision"], pa.string()),
-        "reason": pa.array(rows["reason"], pa.string()),
-        "detector": pa.array(rows["detector"], pa.string()),
-        "detector_version": pa.array(rows["detector_version"], pa.string()),
-        "image": pa.array(rows["image"], pa.string()),
-        "width": pa.array(rows["width"], pa.int32()),
-        "height": pa.array(rows["height"], pa.int32()),
-        "storage": pa.array(rows["storage"], pa.string()),
-        "has_alpha": pa.array(rows["has_alpha"], pa.bool_()),
-        "error": pa.array(rows["error"], pa.string()),
-        "shard": pa.array([inp.stem] * n, pa.string()),
-        "row": pa.array(rows["row"], pa.int64()),
-    })
-    if groups is not None:  # the dedup group of each row ("" for none)
-        table = table.append_column("group", pa.array(rows.get("group", []), pa.string()))
+    table = scores_table(rows, inp.stem, rows["row"],
+                         group=rows.get("group", []) if groups is not None else None)
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}
@@ -231,15 +214,4 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     }
     if options.scores_from:
         record["decided_from_scoring_pass"] = True
-    tmp_marker = staged["marker"]
-    try:
-        Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))
-        check_still_owner(options)
-        out.commit(tmp_marker, names["marker"])
-    except BaseException:
-        try:
-            out.discard(tmp_marker)
-        except OSError:
-            pass
-        raise
-    return record
+    return commit_marker(record, out, staged["marker"], names["marker"], options)

@@ -49,6 +49,25 @@ from collapseguard.scoring.records import Scored, sample_error, score_records
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
                  "width", "height", "storage", "has_alpha", "error")
+#: the Arrow type of each column of a scores table (``scores/<stem>.parquet``)
+SCORE_TYPES = {"key": pa.string(), "score": pa.float64(), "decision": pa.string(),
+               "reason": pa.string(), "detector": pa.string(), "detector_version": pa.string(),
+               "image": pa.string(), "width": pa.int32(), "height": pa.int32(),
+               "storage": pa.string(), "has_alpha": pa.bool_(), "error": pa.string()}
+
+
+def scores_table(rows: dict[str, list], stem: str, row_index: list[int] | None = None,
+                 group: list[str] | None = None) -> pa.Table:
+    """The scores table of one shard or Parquet file: ``rows`` (``SCORE_COLUMNS``, one list each),
+    then ``shard`` (``stem`` on every row), for a Parquet input ``row`` (its row index), and with
+    ``filter --groups`` ``group`` (each sample's dedup group, "" for none)."""
+    columns = {c: pa.array(rows[c], SCORE_TYPES[c]) for c in SCORE_COLUMNS}
+    columns["shard"] = pa.array([stem] * len(rows["key"]), pa.string())
+    if row_index is not None:
+        columns["row"] = pa.array(row_index, pa.int64())
+    if group is not None:
+        columns["group"] = pa.array(group, pa.string())
+    return pa.table(columns)
 
 
 @dataclass(frozen=True)
@@ -83,14 +102,16 @@ class FilterOptions:
 
     def fingerprint(self, parquet: bool = True) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal.
-        ``image_column`` counts only for Parquet inputs (``parquet``) and only when set."""
+        ``image_column`` counts only for Parquet inputs (``parquet``) and only when set;
+        ``max_sample_bytes`` only for tar shards (Parquet rows are not cut into members) and
+        only when not the default."""
         d = asdict(self)
         d.pop("out_dir")
         d.pop("batch_size")
         d.pop("scores_from")
         d.pop("run_id")
         d.pop("max_shard_bytes")  # a shard over it fails: no output to compare
-        if d["max_sample_bytes"] == MAX_SAMPLE_BYTES:  # as markers written without it read
+        if parquet or d["max_sample_bytes"] == MAX_SAMPLE_BYTES:  # as markers without it read
             d.pop("max_sample_bytes")
         if not (parquet and d["image_column"]):  # unset, or a tar shard: markers still match
             d.pop("image_column")
@@ -206,6 +227,22 @@ def outputs_match(marker: dict, out_dir: str) -> bool:
     return sidecars.still_valid(marker, str(marker.get("shard", "")), out)
 
 
+def commit_marker(record: dict, out, staged: str, name: str, options: FilterOptions) -> dict:
+    """Write the completion ``record`` to ``staged`` and commit it as ``name`` (``.done/<stem>.json``)
+    in ``out``, last of an input's outputs; nothing is left staged if that fails. Returns it."""
+    try:
+        Path(staged).write_text(json.dumps(record, indent=1, sort_keys=True))
+        check_still_owner(options)
+        out.commit(staged, name)
+    except BaseException:
+        try:
+            out.discard(staged)
+        except OSError:
+            pass
+        raise
+    return record
+
+
 def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                   progress: Callable[[int], None] | None = None) -> dict:
     """Filter one shard (an ``io.parse.Input``, or the name its reader opens); returns the
@@ -315,25 +352,10 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                 rows["error"][i], f"written to rejected/ under the key {key!r}, so that a reader "
                 f"cannot merge it with a neighbour (a sample of the key {rows['key'][i]!r}, or one "
                 "whose name gives webdataset no key)") if x)
-    table = pa.table({
-        "key": pa.array(rows["key"], pa.string()),
-        "score": pa.array(rows["score"], pa.float64()),
-        "decision": pa.array(rows["decision"], pa.string()),
-        "reason": pa.array(rows["reason"], pa.string()),
-        "detector": pa.array(rows["detector"], pa.string()),
-        "detector_version": pa.array(rows["detector_version"], pa.string()),
-        "image": pa.array(rows["image"], pa.string()),
-        "width": pa.array(rows["width"], pa.int32()),
-        "height": pa.array(rows["height"], pa.int32()),
-        "storage": pa.array(rows["storage"], pa.string()),
-        "has_alpha": pa.array(rows["has_alpha"], pa.bool_()),
-        "error": pa.array(rows["error"], pa.string()),
-        # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
-        # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
-        "shard": pa.array([shard_stem(inp)] * len(rows["key"]), pa.string()),
-    })
-    if groups is not None:  # the dedup group of each sample ("" for none)
-        table = table.append_column("group", pa.array(rows.get("group", []), pa.string()))
+    # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
+    # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
+    table = scores_table(rows, shard_stem(inp),
+                         group=rows.get("group", []) if groups is not None else None)
     try:
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}
@@ -381,21 +403,11 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
     if orphans:
         record["orphan_rows"] = orphans
-    tmp_marker = staged["marker"]
-    try:
-        Path(tmp_marker).write_text(json.dumps(record, indent=1, sort_keys=True))
-        check_still_owner(options)
-        out.commit(tmp_marker, names["marker"])
-    except BaseException:
-        try:
-            out.discard(tmp_marker)
-        except OSError:
-            pass
-        raise
-    return record
+    return commit_marker(record, out, staged["marker"], names["marker"], options)
 
 
-_STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
+#: the scoring status a scores row's reason stands for (a decision read back from a scoring pass)
+STATUS_OF_REASON = {"decode_error": "decode_error", "no_image": "no_image",
                      "score_error": "score_error"}
 
 
@@ -422,7 +434,7 @@ def precomputed_scores(samples, scores_path: str, *, shard: str = "",
                                     f"the scoring pass read there (the shard changed since): {redo}")
         score = row["score"]
         yield sample, Scored(score=float("nan") if score is None else score, image=row["image"],
-                             error=row["error"], status=_STATUS_OF_REASON.get(row["reason"], "ok"),
+                             error=row["error"], status=STATUS_OF_REASON.get(row["reason"], "ok"),
                              width=row["width"], height=row["height"],
                              storage=row.get("storage") or "",  # scores files written before storage was recorded lack it
                              has_alpha=bool(row.get("has_alpha")),

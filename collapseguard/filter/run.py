@@ -42,6 +42,7 @@ from collapseguard.io.inputs import (
     Input,
     expand,
     expand_shards,
+    failed_text,
     unique_inputs,
     unread_text,
 )
@@ -116,7 +117,7 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
     unread: list[tuple[str, str]] = []
     shards, files = expand(inputs, unread, failed, allow_pipe=allow_pipe)
     if failed and not shards:
-        raise FilterError(unread_text(failed, "no shard is left to filter"))
+        raise FilterError(failed_text(failed, "no shard is left to filter"))
     if unread:
         raise FilterError(unread_text(unread, "the shards there would not be filtered: fix or remove "
                                               "it, or name the shards to filter"))

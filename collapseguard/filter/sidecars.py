@@ -41,7 +41,8 @@ from collections import Counter
 from pathlib import Path
 
 from collapseguard.errors import CollapseguardError
-from collapseguard.io.urls import SHARD_SUFFIXES, strip_shard_suffix
+from collapseguard.io.parse import strip_suffix
+from collapseguard.io.urls import SHARD_SUFFIXES
 
 
 class SidecarError(CollapseguardError, ValueError):
@@ -52,7 +53,8 @@ class SidecarError(CollapseguardError, ValueError):
 def stem_of(shard: str) -> str:
     """The shard's file name without its shard suffix, in any letter case (``00000.TAR``'s
     sidecars are ``00000.parquet`` and ``00000_stats.json``, as the reader takes it for a shard)."""
-    return strip_shard_suffix(os.path.basename(shard))
+    name = os.path.basename(shard)
+    return strip_suffix(name) if _is_tar(name) else name  # a Parquet input has no sidecars
 
 
 def _is_tar(name: str) -> bool:

@@ -55,6 +55,7 @@ __all__ = [
     "expand_inputs",
     "expand_pattern",
     "expand_shards",
+    "failed_text",
     "is_shard",
     "local_name",
     "unique_inputs",
@@ -88,6 +89,12 @@ def unread_text(unread: list[tuple[str, str]], consequence: str, shown: int = 5)
     what that would cost."""
     named = first_of([f"{printable(path)}: {why}" for path, why in unread], shown)
     return f"not read: {named}; {consequence}"
+
+
+def failed_text(failed: list[tuple[str, str]], consequence: str, shown: int = 5) -> str:
+    """One line naming the URL inputs that could not be listed (``expand``'s ``failed``: each
+    ``why`` names its URL) and what that costs."""
+    return f"cannot list: {first_of([printable(why) for _, why in failed], shown)}; {consequence}"
 
 
 @dataclass(frozen=True)

@@ -113,17 +113,24 @@ def find_id_column(schema: pa.Schema) -> str | None:
     return None
 
 
-def _spooled(name: str):
+def _spooled(name: str, max_bytes: int | None = None):
     """The whole body of ``name`` (a ``pipe:`` command, or a server that answers no range
-    requests) in an anonymous temporary file, read once front to back."""
-    import shutil
+    requests) in an anonymous temporary file, read once front to back. More than ``max_bytes``
+    (default ``io.tar.MAX_SHARD_BYTES``) is ``io.tar.ShardTooLargeError``: a source that never
+    ends does not fill the disk."""
     import tempfile
 
+    from collapseguard.io.tar import MAX_SHARD_BYTES, check_shard_bytes
     from collapseguard.io.urls import open_stream
+    limit = MAX_SHARD_BYTES if max_bytes is None else max_bytes
     tmp = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the caller, closed with the reader
     try:
         with open_stream(name) as src:
-            shutil.copyfileobj(src, tmp, 1 << 20)
+            size = 0
+            while chunk := src.read(1 << 20):
+                size += len(chunk)
+                check_shard_bytes(size, limit, printable(name), "read")
+                tmp.write(chunk)
         tmp.seek(0)
     except BaseException:
         tmp.close()
@@ -142,16 +149,16 @@ def _parquet_file(name: str, f) -> pq.ParquetFile:
         raise
 
 
-def open_parquet(name: str) -> pq.ParquetFile:
+def open_parquet(name: str, max_bytes: int | None = None) -> pq.ParquetFile:
     """A Parquet file by name: a local regular file, an fsspec URL read with random access, or
     (a ``pipe:`` command the user gave, or an http(s) server that answers no range requests) the
-    whole body copied once into an anonymous temporary file."""
+    whole body copied once into an anonymous temporary file, up to ``max_bytes`` (``_spooled``)."""
     from collapseguard.io.tar import open_regular_file
     path = local_path(name)
     if path is not None:
         return _parquet_file(name, open_regular_file(path))
     if scheme(name) == "pipe":
-        return _parquet_file(name, _spooled(name))
+        return _parquet_file(name, _spooled(name, max_bytes))
     fs, p = filesystem(name)
     f = fs.open(p, "rb")
     try:
@@ -159,13 +166,13 @@ def open_parquet(name: str) -> pq.ParquetFile:
     except ValueError as exc:  # fsspec's http: "doesn't appear to support range requests"
         if "range requests" not in str(exc):
             raise
-    return _parquet_file(name, _spooled(name))
+    return _parquet_file(name, _spooled(name, max_bytes))
 
 
 @contextlib.contextmanager
-def parquet_file(name: str) -> Iterator[pq.ParquetFile]:
+def parquet_file(name: str, max_bytes: int | None = None) -> Iterator[pq.ParquetFile]:
     """``open_parquet`` as a context: the file (or temporary copy) is closed on leaving."""
-    pf = open_parquet(name)
+    pf = open_parquet(name, max_bytes)
     try:
         yield pf
     finally:
@@ -237,7 +244,10 @@ def may_hold_images(name: str) -> bool:
 
 
 def count_rows(name: str) -> int | None:
-    """The number of rows from the file's footer; None when it cannot be read."""
+    """The number of rows from the file's footer; None when it cannot be read, and for a
+    ``pipe:`` command (counting would run it, and copy its output, once more)."""
+    if scheme(name) == "pipe":
+        return None
     try:
         with parquet_file(name) as pf:
             return pf.metadata.num_rows

@@ -101,24 +101,17 @@ def basename_of(name: str) -> str:
 @dataclass(frozen=True)
 class Input:
     """One input, parsed once. ``name`` is what its reader opens: a local path written so that no
-    reader takes it for a URL (``./pipe:x.tar``), an fsspec URL, or ``pipe:CMD``. ``key`` and
-    ``source`` are set for image files: the name they are reported under and the folder, file or
-    URL they were found through."""
+    reader takes it for a URL (``./pipe:x.tar``), an fsspec URL, or ``pipe:CMD``; ``display`` is
+    how the user or a walk named it."""
 
     kind: str
     name: str
     via: str
     display: str
-    key: str = ""
-    source: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS or self.via not in VIAS:
             raise ValueError(f"not an input kind and origin: {self.kind!r}, {self.via!r}")
-
-    @property
-    def is_pipe(self) -> bool:
-        return self.via == "pipe"
 
     @property
     def path(self) -> str | None:
@@ -138,7 +131,7 @@ class Input:
 
     def with_name(self, name: str) -> Input:
         """The same input under another spelling of its name (an absolute path for workers)."""
-        return Input(self.kind, name, self.via, self.display, self.key, self.source)
+        return Input(self.kind, name, self.via, self.display)
 
     def __str__(self) -> str:
         return self.name
@@ -151,20 +144,19 @@ def local_name(path) -> str:
     return name if scheme(name) == "" else os.path.join(os.curdir, name)
 
 
-def parse_found(path, *, display: str | None = None, key: str = "", source: str = "") -> Input | None:
+def parse_found(path) -> Input | None:
     """A local file found by a walk, a pattern or a listing: never a command, never a URL. None
     when its name says no kind (not a shard, Parquet file or image)."""
     kind = kind_of(os.path.basename(str(path)))
     if kind is None:
         return None
-    return Input(kind, local_name(path), "local", display if display is not None else str(path),
-                 key, source)
+    return Input(kind, local_name(path), "local", str(path))
 
 
-def parse_url(url: str, *, key: str = "", source: str = "") -> Input | None:
+def parse_url(url: str) -> Input | None:
     """An object a URL listing returned: never a command. None when its name says no kind."""
     kind = kind_of(url)
-    return None if kind is None else Input(kind, url, "url", url, key, source)
+    return None if kind is None else Input(kind, url, "url", url)
 
 
 def expand_pattern(pattern: str) -> list[str]:

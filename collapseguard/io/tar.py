@@ -121,7 +121,7 @@ class ShardTooLargeError(ShardError):
     """More bytes than the limit on one shard (``MAX_SHARD_BYTES``) were read from it."""
 
 
-def _check_shard_bytes(count: int, limit: int | None, where: str, what: str) -> None:
+def check_shard_bytes(count: int, limit: int | None, where: str, what: str) -> None:
     if limit is not None and count > limit:
         raise ShardTooLargeError(f"{where}: more than {limit} bytes {what}, over the limit on one "
                                  "shard (--max-shard-bytes): a source that does not end? the "
@@ -248,7 +248,7 @@ class _CountingReader:
     def read(self, n: int = -1) -> bytes:
         b = self._f.read(n)
         self.count += len(b)
-        _check_shard_bytes(self.count, self._limit, self._where, "of tar data")
+        check_shard_bytes(self.count, self._limit, self._where, "of tar data")
         self.tail += b
         if len(self.tail) > 2 * self.TAIL:
             del self.tail[: -self.TAIL]
@@ -283,7 +283,7 @@ class _Digesting:
         b = self._f.read(n)
         self._h.update(b)
         self.size += len(b)
-        _check_shard_bytes(self.size, self._limit, self._where, "read")
+        check_shard_bytes(self.size, self._limit, self._where, "read")
         return b
 
     def finish(self) -> dict:

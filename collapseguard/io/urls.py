@@ -165,31 +165,6 @@ def is_gzip_name(name: str) -> bool:
     return url_path(name).lower().endswith(GZIP_SUFFIXES)
 
 
-def shard_basename(name: str) -> str:
-    """The file name a shard's outputs are named after.
-
-    A path or URL: its last path component. ``pipe:CMD``: the last word of the command that ends
-    like a shard (``pipe:curl -s https://host/00007.tar`` -> ``00007.tar``); URLError if none does.
-    """
-    if scheme(name) == "pipe":
-        for word in reversed(name[len("pipe:"):].split()):
-            word = word.strip("'\"")
-            if is_shard_name(word):
-                return posixpath.basename(url_path(word))
-        raise URLError(f"{name}: no word of the command ends in .tar, .tar.gz or .tgz, so its "
-                       "outputs cannot be named; end the command with the shard's name")
-    path = local_path(name)
-    return os.path.basename(path) if path is not None else posixpath.basename(url_path(name))
-
-
-def strip_shard_suffix(name: str) -> str:
-    low = name.lower()
-    for suffix in SHARD_SUFFIXES:
-        if low.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def _storage_options(url: str) -> dict:
     """fsspec options for ``url``: http(s) gets ``HTTP_READ_TIMEOUT`` between reads and
     ``HTTP_CONNECT_TIMEOUT`` to connect, and no total limit (aiohttp's default ends any transfer

@@ -13,7 +13,7 @@ import pandas as pd
 
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
-from collapseguard.io.inputs import ImageFile, InputError, expand, unique_inputs
+from collapseguard.io.inputs import ImageFile, InputError, expand, failed_text, unique_inputs
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar
@@ -115,15 +115,20 @@ def data_task(inp, image_column: str | None = None) -> tuple:
 
 def plan_score_tasks(inputs: Sequence[str], select=None,
                      unread: list[tuple[str, str]] | None = None, *,
-                     image_column: str | None = None) -> list[tuple]:
+                     image_column: str | None = None,
+                     failed: list[tuple[str, str]] | None = None) -> list[tuple]:
     """One task per shard, per Parquet file and per chunk of image files.
     ``select(source, key, nth=0) -> bool`` (optional, picklable for worker processes) limits
     scoring to the samples it accepts; ``unread`` receives what the folders hold and cannot be
-    read (``io.inputs.expand``); ``image_column`` names the image column of Parquet inputs."""
+    read (``io.inputs.expand``); ``image_column`` names the image column of Parquet inputs;
+    ``failed`` (optional) receives ``(url, why)`` for each URL input that cannot be listed (it
+    fails, the others are scored; InputError naming them when nothing is left)."""
     # a file named twice (or under two spellings, or also inside a folder given) is scored once,
     # under its first name: one row per image, no repeated (source, key)
-    data, files = expand(inputs, unread)
+    data, files = expand(inputs, unread, failed)
     shards, files = unique_inputs(data, files)
+    if failed and not shards and not files:
+        raise InputError(failed_text(failed, "nothing is left to score"))
     if not shards and not files:
         raise InputError(f"no image files or .tar shards (nor Parquet files) in "
                          f"{', '.join(map(str, inputs))} (images: {', '.join(IMAGE_EXTENSIONS)}; "
@@ -159,15 +164,20 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
     read past without being decoded. What a folder holds and cannot be read (a subfolder that
     cannot be listed, a broken link) is among the errors, so nothing goes missing unsaid.
-    ``planned``: ``(tasks, unread)`` from an earlier ``plan_score_tasks(inputs, select, unread)``
-    (a caller that checks its inputs before loading a detector), instead of planning here."""
+    A URL input whose listing fails (a 404, an error status, a redirect loop) is one error line
+    (its ``why`` names the URL) and the other inputs are scored.
+    ``planned``: ``(tasks, unread, failed)`` from an earlier
+    ``plan_score_tasks(inputs, select, unread, failed=failed)`` (a caller that checks its inputs
+    before loading a detector), instead of planning here."""
     if planned is None:
         unread: list[tuple[str, str]] = []
-        tasks = plan_score_tasks(inputs, select, unread, image_column=image_column)
+        failed: list[tuple[str, str]] = []
+        tasks = plan_score_tasks(inputs, select, unread, image_column=image_column, failed=failed)
     else:
-        tasks, unread = planned
+        tasks, unread, failed = planned
     results: list[list[dict] | None] = [None] * len(tasks)
-    failures: list[str] = [f"{path}: not read: {why}" for path, why in unread]
+    failures: list[str] = [why for _url, why in failed]
+    failures += [f"{path}: not read: {why}" for path, why in unread]
     bar = progress_bar(_total(tasks) if select is None else None, desc="score", unit="img",
                        quiet=quiet)
 

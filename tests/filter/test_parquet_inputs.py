@@ -163,9 +163,12 @@ def test_score_gives_the_scores_of_the_same_images_in_a_tar_shard(tmp_path, phot
     by = {src: g["score"].to_numpy() for src, g in df.groupby("source", sort=False)}
     tar_scores = by[str(shard)]
     assert len(tar_scores) == len(images) and np.isfinite(tar_scores).all()
+    flags = {src: g["flagged"].tolist() for src, g in df.groupby("source", sort=False)}
+    assert (df["threshold"] > 0).all() and any(flags[str(shard)])  # nss's shipped calibration
     for name in ("h.parquet", "j.parquet"):
         got = next(v for s, v in by.items() if s.endswith(name))
         np.testing.assert_array_equal(got, tar_scores)
+        assert next(v for s, v in flags.items() if s.endswith(name)) == flags[str(shard)]
     # the pyarrow file's rows are named by its key column, the datasets file's by row index
     assert df[df["source"].str.endswith("j.parquet")]["key"].tolist() == [k for k, _ in images]
 
@@ -214,6 +217,19 @@ def test_audit_reads_parquet(tmp_path, photos):
     assert summary["failures"] == []
     html = (tmp_path / "a/report.html").read_text()
     assert "data:image/jpeg;base64" in html and "not read" not in html
+
+
+def test_audit_shows_the_rows_of_a_piped_parquet_file(tmp_path, photos):
+    """A ``pipe:`` command ending in ``.parquet`` is a Parquet input for scoring, and for the
+    gallery's second read too: every card shows its image."""
+    src = tmp_path / "h.parquet"
+    hf_parquet(src, _images(photos))
+    run_cli(["audit", f"pipe:cat {src}", "-o", tmp_path / "a", "-d", "nss", "--threshold",
+             _threshold(photos), "-q", "--gallery-size", "2"])
+    summary = json.loads((tmp_path / "a/summary.json").read_text())
+    assert summary["failures"] == [] and summary["samples"] == 2 * len(photos)
+    html = (tmp_path / "a/report.html").read_text()
+    assert "data:image/jpeg;base64" in html and "image not shown" not in html
 
 
 def _all_outputs(out: Path) -> dict[str, bytes]:
@@ -347,3 +363,51 @@ def test_parquet_scores_note_transparency(tmp_path, photos, mode):
     run_cli(["filter", src, "-o", tmp_path / "o", "-d", "nss", "-w", "1", "-q", *how])
     scores = pd.read_parquet(tmp_path / "o" / "scores" / "a.parquet")
     assert dict(zip(scores["key"], scores["has_alpha"])) == {"t": True, "o": False}
+
+
+def test_a_piped_parquet_file_is_read_only_up_to_max_shard_bytes(tmp_path, photos):
+    """A ``pipe:`` Parquet input is copied aside before it is read (Parquet keeps its schema at the
+    end): the copy stops at --max-shard-bytes and the input fails in one line naming the limit
+    (a command that sends forever would otherwise fill the disk); the file beside it is filtered."""
+    src = tmp_path / "a.parquet"
+    jpg_parquet(src, _images(photos[:2]))
+    local = tmp_path / "b.parquet"
+    jpg_parquet(local, _images(photos[2:4]))
+    piped = f"pipe:head -c 40000000 /dev/zero; cat {src}"
+    out = tmp_path / "out"
+    run_cli(["filter", piped, local, "-o", out, "-d", "nss", "--threshold", "1e9", "-w", "1", "-q",
+             "--max-shard-bytes", 4_000_000], expect=1)
+    summary = json.loads((out / "summary.json").read_text())
+    errors = {r["shard"]: r.get("error") for r in summary["per_shard"]}
+    assert errors[str(local)] is None and len(_rows(out / "kept" / "b.parquet")) == 4
+    assert "ShardTooLargeError" in errors[piped] and "4000000" in errors[piped]
+    assert "\n" not in errors[piped]
+
+
+def test_a_completed_parquet_file_resumes_under_another_max_sample_bytes(tmp_path, photos):
+    """--max-sample-bytes bounds tar samples and changes nothing a Parquet input writes: a second
+    run with another value resumes the completed file."""
+    src = tmp_path / "a.parquet"
+    jpg_parquet(src, _images(photos[:2]))
+    args = ["filter", src, "-o", tmp_path / "out", "-d", "nss", "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(args)
+    marker = (tmp_path / "out/.done/a.json").read_bytes()
+    run_cli([*args, "--max-sample-bytes", 1_000_000])
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert [r["status"] for r in summary["per_shard"]] == ["resumed"]
+    assert (tmp_path / "out/.done/a.json").read_bytes() == marker
+
+
+def test_reshard_names_the_parquet_files_it_leaves_in_kept(tmp_path, photos):
+    import tarfile
+    src = tmp_path / "p.parquet"
+    jpg_parquet(src, _images(photos[:2]))
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tf:
+        for k, b in _images(photos[2:4]):
+            add_member(tf, f"{k}.jpg", b)
+    res = run_cli(["filter", src, shard, "-o", tmp_path / "out", "-d", "nss", "--threshold", "1e9",
+                   "-w", "1", "--reshard", 3])
+    assert "resharded: 4 kept samples into 2 shard(s)" in res.output
+    assert "1 Parquet file(s) not resharded" in res.output and "p.parquet" in res.output
+    assert len(_rows(tmp_path / "out/kept/p.parquet")) == 4

@@ -101,7 +101,7 @@ def test_a_url_folder_whose_listing_fails_fails_that_input_not_the_run(server, t
     # nothing left to filter: refused in one line naming them
     res = run_cli(["filter", f"{server.url}/err500/", f"{server.url}/missing/", "-o",
                    tmp_path / "out2", *ARGS], expect=1)
-    assert "no shard is left to filter" in res.output and "/missing/" in res.output
+    assert "no shard is left to filter" in res.output and res.output.count(f"{server.url}/missing/") == 1
 
 
 def test_a_source_that_never_ends_fails_its_shard_at_max_shard_bytes(server, tmp_path):
@@ -232,3 +232,30 @@ def test_three_511_mib_members_of_one_sample_stay_under_the_default_cap(tmp_path
     summary = json.loads((tmp_path / "o2" / "summary.json").read_text())
     assert summary["reasons"] == {"kept": 2, "refused_member": 1}, p.stderr
     assert peak - base < 2.25 * MAX_SAMPLE_BYTES / 2**20, (peak, base)
+
+
+@pytest.mark.parametrize("sample", [None, 1])
+def test_score_and_audit_fail_a_url_folder_whose_listing_fails_not_the_run(server, tmp_path, sample):
+    """``score`` and ``audit`` as ``filter``: a URL folder whose listing fails (500, 404, a redirect
+    loop) is one failure line and exit 1; the folder that lists is scored whole."""
+    import pandas as pd
+    bad = [f"{server.url}/err500/", f"{server.url}/missing/", f"{server.url}/loop/"]
+    table = tmp_path / "s.csv"
+    res = run_cli(["score", f"{server.url}/ok/", *bad, "--out", table, *ARGS], expect=1)
+    df = pd.read_csv(table)
+    assert len(df) == 2 and df["score"].notna().all()
+    failed = [line for line in res.output.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 3 and all(any(b in line for line in failed) for b in bad)
+    assert "HTTP 500" in res.output and "no such object" in res.output and "redirect" in res.output
+    # nothing left to score: refused in one line naming each once
+    res = run_cli(["score", *bad[:2], "--out", tmp_path / "s2.csv", *ARGS], expect=1)
+    assert "nothing is left to score" in res.output and len(res.output.strip().splitlines()) == 1
+    assert all(res.output.count(b) == 1 for b in bad[:2]), res.output
+    out = tmp_path / "audit"
+    extra = ["--sample", sample] if sample else []
+    res = run_cli(["audit", f"{server.url}/ok/", *bad, "--out", out, *ARGS, *extra], expect=1)
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["failures"]) == 3 and all("\n" not in f for f in summary["failures"])
+    assert all(any(b in f for f in summary["failures"]) for b in bad)
+    assert (out / "report.html").exists() and "3 input(s) failed" in res.output
+    assert summary["samples"] == (sample or 2)

@@ -121,10 +121,12 @@ def test_names_and_pipe_streams(tmp_path):
     assert urls.scheme("data/x.tar") == "" and urls.scheme("s3://b/x.tar") == "s3"
     assert urls.local_path("file:///tmp/a.tar") == "/tmp/a.tar" and urls.local_path("file:a.tar") == "a.tar"
     assert urls.local_path("https://h/a.tar") is None and urls.local_path("pipe:cat a.tar") is None
-    assert urls.shard_basename("pipe:curl -s 'https://h/d/00007.tar.gz'") == "00007.tar.gz"
-    assert urls.shard_basename("https://h/d/00007.tar?sig=abc") == "00007.tar"
+    from collapseguard.io.parse import basename_of
+    assert basename_of("pipe:curl -s 'https://h/d/00007.tar.gz'") == "00007.tar.gz"
+    assert basename_of("https://h/d/00007.tar?sig=abc") == "00007.tar"
+    assert basename_of("pipe:curl -s https://h/d/train-00001.parquet") == "train-00001.parquet"
     with pytest.raises(urls.URLError, match="cannot be named"):
-        urls.shard_basename("pipe:cat")
+        basename_of("pipe:cat")
     assert urls.identity("pipe:cat x.tar") == {"pipe": "cat x.tar", "checked": False}
     (tmp_path / "a.bin").write_bytes(b"x" * 100_000)
     with urls.open_stream(f"pipe:cat {tmp_path}/a.bin") as f:
