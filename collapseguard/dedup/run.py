@@ -45,9 +45,9 @@ from collapseguard.dedup.fit import group_p_worse
 from collapseguard.dedup.groups import GroupingParams, group_ids
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
-    FingerprintOnly,
     HASH_COLUMNS,
     THUMB_COLUMNS,
+    FingerprintOnly,
     group_utilities,
     load_weights,
 )

@@ -179,8 +179,9 @@ def test_worker_processes_give_the_same_groups(deduped, dedup_shards, tmp_path):
 
 
 def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
-    from cg_testutil import add_member
     import tarfile
+
+    from cg_testutil import add_member
     shard = tmp_path / "bad.tar"
     with tarfile.open(shard, "w") as tf:
         add_member(tf, "a.jpg", b"not a jpeg")
@@ -269,8 +270,9 @@ def test_only_grouped_images_are_described_by_the_comparator(deduped):
 
 
 def test_a_sample_of_several_images_is_described_by_its_most_degraded_image(chain_steps, photos, tmp_path):
-    from cg_testutil import add_member
     import tarfile
+
+    from cg_testutil import add_member
 
     from collapseguard.images import encode_jpeg, encode_png
     shard = tmp_path / "multi.tar"
