@@ -14,7 +14,11 @@ plain PIL decoding of the same shards in one process (``throughput.floor_task``)
 in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 photos in shards (``throughput.make_shards``).
 Prints images/s of each (median) and the ratio:
 
-    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3]
+    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3] [--copy-share 0.1]
+
+``--copy-share F`` adds resized JPEG q75 copies of some of the images so that about F of all
+images are in a group of two (the images the comparator describes); it also prints how many
+images were grouped and described.
 
 With ``--chains MANIFEST``: ``dedup`` end to end on replication chains mixed with unrelated
 pictures and harmless copies, and its grouping and ranking figures:
@@ -103,6 +107,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--copy-share", type=float, default=0.0,
+                    help="with --throughput: add copies so that about this share of images is in a group")
     ap.add_argument("--hashes", action="store_true",
                     help="with --chains: also compare the pHash with a difference and an average hash")
     args = ap.parse_args()
@@ -155,6 +161,8 @@ def throughput_main(args) -> None:
     floor, dedup = [], []
     with tempfile.TemporaryDirectory() as tmp:
         shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
+        if args.copy_share:
+            shards = with_copies(shards, Path(tmp, "copies"), args.copy_share)
         for _ in range(args.rounds):
             t = time.perf_counter()
             n = sum(floor_task(s) for s in shards)
@@ -165,8 +173,46 @@ def throughput_main(args) -> None:
             summary = run_dedup(shards, out, quiet=True, detector_obj=det)
             dedup.append(summary["images"] / (time.perf_counter() - t))
     f, d = statistics.median(floor), statistics.median(dedup)
-    print(f"{args.throughput} images 1024x768 JPEG, one process, {args.rounds} rounds (medians): "
-          f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x")
+    print(f"{summary['images']} images 1024x768 JPEG, one process, {args.rounds} rounds (medians): "
+          f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x; "
+          f"{summary['grouped']} images in {summary['groups']} groups, {summary['described']} described "
+          "by the comparator")
+
+
+def with_copies(shards: list[str], root: Path, share: float, seed: int = 1) -> list[str]:
+    """The images of ``shards`` with copies added so that about ``share`` of all images are in a
+    group: each copy is an earlier image resized x0.8 and stored as JPEG q75 (an image and its
+    copy make a group of two). The copies go at random places; shards of 50 images."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for s in shards:
+        with tarfile.open(s) as tf:
+            images += [tf.extractfile(m).read() for m in tf if m.name.endswith(".jpg")]
+    n_copies = int(round(len(images) * share / (2 - share)))  # 2 * copies / (images + copies)
+    out = list(images)
+    for j in rng.choice(len(images), n_copies, replace=False):
+        im = Image.open(io.BytesIO(images[j])).convert("RGB")
+        im = im.resize((round(im.width * 0.8), round(im.height * 0.8)), Image.LANCZOS)
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=75)
+        out.insert(int(rng.integers(0, len(out) + 1)), buf.getvalue())
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k in range(0, len(out), 50):
+        p = root / f"copies-{k // 50:04d}.tar"
+        with tarfile.open(p, "w") as tf:
+            for i, data in enumerate(out[k: k + 50], start=k):
+                for name, blob in ((f"{i:06d}.jpg", data), (f"{i:06d}.txt", b"a caption")):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(blob)
+                    tf.addfile(info, io.BytesIO(blob))
+        paths.append(str(p))
+    return paths
 
 
 def _hashes(img) -> dict:

@@ -3,14 +3,20 @@
 Inputs are what ``score`` reads: image files, folders, shards and Parquet files (a row's key is
 the one ``score`` gives it: its id column, else its row index). Two passes:
 
-1. Describe (resumable): every image is read and decoded as ``score`` reads it (the same input
-   expansion and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``), and the ``compare``
-   detector with ``fingerprints=True`` gives its pHash, thumbnail, cnn score and comparison
-   features. A task's rows are kept under ``DIR/.parts/`` as soon as it completes, named by the
-   task and its inputs' identity, so a run that was stopped picks up where it was.
-2. Group and decide (in memory, from the parts): ``groups.group_ids``; in each group the comparator
-   ranks the copies (``fit.group_p_worse``); the least degraded is kept and another copy is a
-   ``degraded_copy`` when P(it is more degraded than the kept one) is above the level.
+1. Fingerprint (resumable): every image is read and decoded as ``score`` reads it (the same input
+   expansion and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``), and
+   ``FingerprintOnly`` gives its pHash and thumbnail. A shard with a sample of several images is
+   described in full here (the sample's image is its most degraded one, which only the full
+   description tells). A task's rows are kept under ``DIR/.parts/`` as soon as it completes,
+   named by the task and its inputs' identity, so a run that was stopped picks up where it was.
+2. Group (in memory): ``groups.group_ids`` over the fingerprints.
+3. Describe the grouped images (resumable): the images in a group, and only those, are read
+   again and described by the comparator (cnn score and comparison features), each task's rows
+   kept under ``DIR/.parts/full/``. An image the comparator cannot describe leaves the grouping,
+   which is made again (until every grouped image is described).
+4. Decide: in each group the comparator ranks the copies (``fit.group_p_worse``); the least
+   degraded is kept and another copy is a ``degraded_copy`` when P(it is more degraded than the
+   kept one) is above the level. Singles are never described: their ``cnn`` is empty (NaN).
 
 Outputs: ``DIR/groups.parquet``, one row per image (per sample of a shard) in input order, and
 ``DIR/summary.json``, each written whole or not at all. Their bytes depend only on the inputs and
@@ -41,6 +47,7 @@ from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
     THUMB_COLUMNS,
+    FingerprintOnly,
     group_utilities,
     load_weights,
 )
@@ -54,13 +61,15 @@ from collapseguard.scoring.run import plan_score_tasks, score_task
 
 DETECTOR = "compare"
 DETECTOR_KWARGS = (("fingerprints", True),)
+FINGERPRINT_KWARGS = (("fingerprints", "only"),)
 OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "shard",
                   "cnn", "width", "height", "storage", "image", "error")
 
 
 def describe_task(task: tuple, detector, progress=None) -> dict:
-    """Engine task: ``score_task`` with the ``compare`` detector, its rows packed into arrays
-    (the hash as uint64, the thumbnail as int8, the features as float32)."""
+    """Engine task: ``score_task`` with the ``compare`` detector (or ``FingerprintOnly``), its rows
+    packed into arrays (the hash as uint64, the thumbnail as int8, the features as float32;
+    ``full``: the row has the cnn score and the features)."""
     rows = score_task(task, detector, progress)
     n = len(rows)
     out = {
@@ -74,6 +83,7 @@ def describe_task(task: tuple, detector, progress=None) -> dict:
         "cnn": np.array([r.get("cnn", np.nan) for r in rows], np.float64),
         "hash": np.zeros(n, np.uint64),
         "ok": np.zeros(n, bool),
+        "full": np.zeros(n, bool),
         "thumb": np.zeros((n, len(THUMB_COLUMNS)), np.int8),
         "features": np.full((n, len(FEATURE_COLUMNS)), np.nan, np.float32),
     }
@@ -87,8 +97,53 @@ def describe_task(task: tuple, detector, progress=None) -> dict:
         out["hash"][i] = h
         out["ok"][i] = True
         out["thumb"][i] = [int(r[c]) for c in THUMB_COLUMNS]
-        out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
+        if FEATURE_COLUMNS[0] in r:
+            out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
+            out["full"][i] = True
     return out
+
+
+def _multi_image_samples(task: tuple) -> bool:
+    """Does a shard task hold a sample of more than one image? (Read only, nothing decoded; a shard
+    that cannot be read answers no, and its task reports why.)"""
+    if task[0] != "shard":
+        return False
+    from collapseguard.images import is_image_name
+    from collapseguard.io.tar import ShardReader
+    try:
+        return any(sum(is_image_name(m.name) for m in s.members) > 1 for s in ShardReader(str(task[1])))
+    except Exception:  # noqa: BLE001 - score_task reads it again and records the failure
+        return False
+
+
+def fingerprint_task(task: tuple, detector, progress=None) -> dict:
+    """Engine task of pass 1: ``describe_task`` with ``FingerprintOnly``, or with the full
+    comparator for a shard holding a sample of several images."""
+    if isinstance(detector, FingerprintOnly) and _multi_image_samples(task):
+        detector = detector.full()
+    return describe_task(task, detector, progress)
+
+
+class Wanted:
+    """``select(source, key, nth)`` of a shard or Parquet task: the samples named by (key, nth)."""
+
+    def __init__(self, wanted):
+        self.wanted = frozenset(wanted)
+
+    def __call__(self, source, key, nth=0) -> bool:
+        return (str(key), int(nth)) in self.wanted
+
+
+def _sub_task(task: tuple, part: dict, rows: np.ndarray) -> tuple:
+    """The task that reads again only the rows ``rows`` (indices into the task's part)."""
+    if task[0] == "files":
+        return ("files", [task[1][j] for j in rows])
+    seen: dict[str, int] = {}
+    nth = []
+    for k in part["key"]:
+        nth.append(seen.get(k, 0))
+        seen[k] = nth[-1] + 1
+    return (task[0], task[1], Wanted((part["key"][j], nth[j]) for j in rows))
 
 
 def task_name(task: tuple, version: str) -> str:
@@ -134,7 +189,8 @@ def _save_part(path: Path, part: dict) -> None:
             np.savez(fh, source=np.array(part["source"], dtype=str), key=np.array(part["key"], dtype=str),
                      error=np.array(part["error"], dtype=str), storage=np.array(part["storage"], dtype=str),
                      image=np.array(part["image"], dtype=str),
-                     **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "thumb", "features")})
+                     **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "full", "thumb",
+                                             "features")})
 
 
 def _load_part(path: Path) -> dict | None:
@@ -145,6 +201,8 @@ def _load_part(path: Path) -> dict | None:
         return None
     if "image" not in part:  # kept before the member's name was: "" (the first image)
         part["image"] = np.full(len(part["key"]), "", dtype=str)
+    if "full" not in part:  # kept when every image was described in full
+        part["full"] = np.ones(len(part["key"]), bool)
     for k in ("source", "key", "error", "storage", "image"):
         part[k] = [str(x) for x in part[k]]
     return part
@@ -153,14 +211,13 @@ def _load_part(path: Path) -> dict | None:
 def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1,
                     quiet: bool = False, detector_obj=None, engine: str = "local",
                     image_column: str | None = None) -> tuple[dict, list[str], int]:
-    """Pass 1: every image described (on ``engine``: ``"local"`` or ``"ray"``), parts kept under
+    """Pass 1: every image fingerprinted (on ``engine``: ``"local"`` or ``"ray"``), parts kept under
     ``out_dir/.parts``; returns (the parts concatenated in input order, failures, parts reused).
-    ``image_column`` names the image column of Parquet inputs (None: found as ``score`` finds it)."""
-    from collapseguard.detectors.compare import Comparator
-
+    ``image_column`` names the image column of Parquet inputs (None: found as ``score`` finds it);
+    ``detector_obj`` is the full comparator (with fingerprints) to reuse in this process."""
     unread: list[tuple[str, str]] = []
     tasks = plan_score_tasks(inputs, None, unread, image_column=image_column)
-    det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
+    det = FingerprintOnly(full=detector_obj)
     version = det.description_version
     if workers > 1 or engine != "local":
         det = None  # each worker loads its own
@@ -184,22 +241,93 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
 
     if todo:
         make_engine(engine, workers, det).run(
-            describe_task, [tasks[i] for i in todo], DETECTOR, DETECTOR_KWARGS,
+            fingerprint_task, [tasks[i] for i in todo], DETECTOR, FINGERPRINT_KWARGS,
             (bar.update if not quiet else None), on_done)
     bar.close()
     done = [p for p in parts if p is not None]
+    merged = _merged(done)
+    merged["shard"] = [_task_stem(t) for p, t in zip(parts, tasks) if p is not None
+                       for _ in p["source"]]
+    merged["tasks"] = [(t, n, p) for p, t, n in zip(parts, tasks, names) if p is not None]
+    return merged, failures, reused
+
+
+def _merged(done: list[dict]) -> dict:
     merged: dict = {}
     for k in ("source", "key", "error", "storage", "image"):
         merged[k] = [x for p in done for x in p[k]]
     for k, shape, dt in (("width", (), np.int32), ("height", (), np.int32), ("cnn", (), np.float64),
-                         ("hash", (), np.uint64), ("ok", (), bool),
+                         ("hash", (), np.uint64), ("ok", (), bool), ("full", (), bool),
                          ("thumb", (len(THUMB_COLUMNS),), np.int8),
                          ("features", (len(FEATURE_COLUMNS),), np.float32)):
         arrs = [p[k] for p in done]
         merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
-    merged["shard"] = [_task_stem(t) for p, t in zip(parts, tasks) if p is not None
-                       for _ in p["source"]]
-    return merged, failures, reused
+    return merged
+
+
+def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures: list[str], *,
+                     workers: int = 1, quiet: bool = False, detector_obj=None,
+                     engine: str = "local") -> None:
+    """Pass 3: the rows ``need`` (a mask over ``desc``) described by the comparator, in place
+    (``cnn``, ``features``, ``full``; a row it cannot describe loses ``ok`` and gets its
+    ``error``). Each task's rows are kept under ``out_dir/.parts/full/``."""
+    from collapseguard.detectors.compare import Comparator
+
+    det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
+    version = det.description_version
+    if workers > 1 or engine != "local":
+        det = None
+    full_dir = Path(out_dir, ".parts", "full")
+    full_dir.mkdir(parents=True, exist_ok=True)
+    jobs = []  # (sub task, part name, global rows)
+    start = 0
+    for task, name, part in desc["tasks"]:
+        n = len(part["key"])
+        rows = np.flatnonzero(need[start: start + n])
+        if rows.size:
+            blob = json.dumps([name, version, rows.tolist()])
+            jobs.append((_sub_task(task, part, rows), hashlib.sha256(blob.encode()).hexdigest()[:24],
+                         start + rows))
+        start += n
+
+    def apply(job, got: dict | None, err: str | None):
+        _, _, rows = job
+        if got is None or len(got["key"]) != rows.size or list(got["key"]) != [desc["key"][r] for r in rows]:
+            why = err or "the images read again are not the ones fingerprinted"
+            failures.append(f"{_task_input(job[0])}: not described: {why}")
+            desc["ok"][rows] = False
+            desc["full"][rows] = True
+            for r in rows:
+                desc["error"][r] = desc["error"][r] or f"not described: {why}"
+            return
+        desc["cnn"][rows] = got["cnn"]
+        desc["features"][rows] = got["features"]
+        desc["full"][rows] = True
+        bad = ~got["ok"]
+        desc["ok"][rows[bad]] = False
+        for r, e in zip(rows[bad], np.asarray(got["error"], dtype=object)[bad]):
+            desc["error"][r] = str(e)
+
+    todo = []
+    for job in jobs:
+        path = full_dir / f"{job[1]}.npz"
+        got = _load_part(path) if path.exists() else None
+        if got is None:
+            todo.append(job)
+        else:
+            apply(job, got, None)
+    if not todo:
+        return
+    bar = progress_bar(None, desc="describe groups", unit="img", quiet=quiet)
+
+    def on_done(k, got, err):
+        if err is None:
+            _save_part(full_dir / f"{todo[k][1]}.npz", got)
+        apply(todo[k], got, err)
+
+    make_engine(engine, workers, det).run(describe_task, [j[0] for j in todo], DETECTOR, DETECTOR_KWARGS,
+                                          (bar.update if not quiet else None), on_done)
+    bar.close()
 
 
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
@@ -244,10 +372,16 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
                                              detector_obj=detector_obj, engine=engine,
                                              image_column=image_column)
     ok = desc["ok"]
-    idx = np.flatnonzero(ok)
-    sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
-    labels = np.full(len(ok), -1, np.int64)
-    labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
+    while True:  # group; describe the grouped images not yet described; again if one could not be
+        idx = np.flatnonzero(ok)
+        sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
+        labels = np.full(len(ok), -1, np.int64)
+        labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
+        need = (labels >= 0) & ~desc["full"]
+        if not need.any():
+            break
+        describe_grouped(desc, need, out_dir, failures, workers=workers, quiet=quiet,
+                         detector_obj=detector_obj, engine=engine)
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
@@ -275,6 +409,7 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
         "fingerprinted": int(ok.sum()),
         "groups": stats["groups"],
         "grouped": stats["grouped"],
+        "described": int((desc["full"] & ok).sum()),
         "decisions": counts,
         "reasons": {r: reason.count(r) for r in sorted(set(reason))},
         "level": level,
@@ -294,9 +429,10 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
 def clear_parts(out_dir: str | Path) -> None:
     """Remove the kept parts (``--fresh``)."""
     parts = Path(out_dir, ".parts")
-    if parts.is_dir():
-        for p in parts.glob("*.npz"):
-            p.unlink()
+    for folder in (parts, parts / "full"):
+        if folder.is_dir():
+            for p in folder.glob("*.npz"):
+                p.unlink()
 
 
 __all__ = ["run_dedup", "describe_inputs", "decide_groups", "clear_parts", "OUTPUT_COLUMNS"]

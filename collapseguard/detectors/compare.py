@@ -17,8 +17,9 @@ As a registry entry (``create("compare")``) it is also a detector: ``score`` is 
 utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
 copies of the same picture. ``score_detailed`` returns the description as extra columns (``cnn``,
 ``f<scale>_<feature>``) and, with ``fingerprints=True``, the dedup fingerprints (``ph0..ph3``: the
-64-bit pHash as four 16-bit parts; ``th0..th255``: the int8 thumbnail), so one scoring pass over a
-dataset gathers all that grouping and ranking need.
+64-bit pHash as four 16-bit parts; ``th0..th255``: the int8 thumbnail). With ``fingerprints="only"``
+the registry gives ``FingerprintOnly``: the fingerprints without the cnn or the features, the cheap
+first pass of ``dedup``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from collapseguard.detectors.base import Detector, DetectorError, params_version
-from collapseguard.detectors.fingerprint import THUMB_SIDE, phash, thumbnail
+from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
 from collapseguard.detectors.pair_features import FEATURES, SCALES, common_scale, ladder
 
 WEIGHTS_NAME = "compare.safetensors"
@@ -158,13 +159,50 @@ class Comparator(Detector):
         for j, col in enumerate(FEATURE_COLUMNS):
             out[col] = flat[:, j]
         if self.fingerprints:
-            hashes = np.array([phash(img) for img in images], dtype=np.uint64)
-            for i, col in enumerate(HASH_COLUMNS):
-                out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
-            thumbs = np.array([thumbnail(img) for img in images]).reshape(len(images), -1)
-            for i, col in enumerate(THUMB_COLUMNS):
-                out[col] = thumbs[:, i].astype(np.float64)
+            out.update(fingerprint_columns(images))
         return out
+
+
+def fingerprint_columns(images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """``ph0..ph3`` (the 64-bit pHash as four 16-bit parts) and ``th0..th255`` (the int8
+    thumbnail) of each image, as float64 columns."""
+    prints = [fingerprint(img) for img in images]
+    hashes = np.array([h for h, _ in prints], dtype=np.uint64)
+    thumbs = np.array([t for _, t in prints], dtype=np.int8).reshape(len(images), -1)
+    out = {}
+    for i, col in enumerate(HASH_COLUMNS):
+        out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
+    for i, col in enumerate(THUMB_COLUMNS):
+        out[col] = thumbs[:, i].astype(np.float64)
+    return out
+
+
+class FingerprintOnly(Detector):
+    """The dedup fingerprints alone (``create("compare", fingerprints="only")``): ``score`` is 0
+    for every image and the extra columns are ``fingerprint_columns``'; no cnn, no comparison
+    features. ``full()`` is the comparator with fingerprints that describes the images that need
+    more (those in a group, and samples holding several images, whose most degraded image only
+    the full description can tell)."""
+
+    batch_size = 16
+
+    def __init__(self, weights: str | Path | None = None, full: Comparator | None = None):
+        self.name = "compare"
+        self.version = params_version("fingerprints-only", THUMB_SIDE)
+        self.description_version = params_version("describe-fingerprints-v1", THUMB_SIDE)
+        self._weights = weights
+        self._full = full
+
+    def full(self) -> Comparator:
+        if self._full is None:
+            self._full = Comparator(weights=self._weights, fingerprints=True)
+        return self._full
+
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return np.zeros(len(images), dtype=np.float32)
+
+    def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        return {"score": np.zeros(len(images), dtype=np.float32), **fingerprint_columns(images)}
 
 
 def description_from_row(row) -> dict:
@@ -173,5 +211,8 @@ def description_from_row(row) -> dict:
     return {"cnn": float(row["cnn"]), "ladder": lad}
 
 
-def create_comparator(fingerprints: bool = False, weights: str | None = None) -> Comparator:
-    return Comparator(weights=weights, fingerprints=fingerprints)
+def create_comparator(fingerprints: bool | str = False, weights: str | None = None) -> Detector:
+    """The comparator; with ``fingerprints="only"`` the fingerprints alone (``FingerprintOnly``)."""
+    if fingerprints == "only":
+        return FingerprintOnly(weights=weights)
+    return Comparator(weights=weights, fingerprints=bool(fingerprints))

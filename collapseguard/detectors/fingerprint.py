@@ -28,19 +28,24 @@ def luminance(img: np.ndarray) -> np.ndarray:
     return 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
 
 
-def _reduced(img: np.ndarray, side: int) -> np.ndarray:
-    grey = Image.fromarray(np.clip(luminance(img), 0, 255).astype(np.uint8))
+def _grey(img: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.clip(luminance(img), 0, 255).astype(np.uint8))
+
+
+def _reduced(img: np.ndarray | Image.Image, side: int) -> np.ndarray:
+    grey = img if isinstance(img, Image.Image) else _grey(img)
     return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS), dtype=np.float64)
 
 
-def phash(img: np.ndarray) -> int:
-    """The 64-bit DCT perceptual hash of an RGB image, as a Python int (bit 63 = first coefficient)."""
+def phash(img: np.ndarray | Image.Image) -> int:
+    """The 64-bit DCT perceptual hash of an RGB image (or of its ``L`` luminance image), as a
+    Python int (bit 63 = first coefficient)."""
     coeffs = dctn(_reduced(img, 32), type=2, norm="ortho")[:8, :8].ravel()
     bits = coeffs > np.median(coeffs)
     return int(np.packbits(bits).view(">u8")[0])
 
 
-def thumbnail(img: np.ndarray) -> np.ndarray:
+def thumbnail(img: np.ndarray | Image.Image) -> np.ndarray:
     """The 16 x 16 luminance thumbnail, zero mean, unit norm, scaled to int8 (flat: all zeros)."""
     t = _reduced(img, THUMB_SIDE).ravel()
     t = t - t.mean()
@@ -48,6 +53,12 @@ def thumbnail(img: np.ndarray) -> np.ndarray:
     if n < 1e-6:
         return np.zeros(THUMB_SIDE * THUMB_SIDE, np.int8)
     return np.round(t / n * THUMB_SCALE).astype(np.int8)
+
+
+def fingerprint(img: np.ndarray) -> tuple[int, np.ndarray]:
+    """``(phash(img), thumbnail(img))`` from one luminance pass (the same values, half the work)."""
+    grey = _grey(img)
+    return phash(grey), thumbnail(grey)
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -96,14 +96,16 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
            *map(str, dedup_shards), "--out", str(out), "-q"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.time() + 240
+    # killed once the grouped images are being described (every shard fingerprinted): the
+    # second pass has kept a part of the three and is at work on the next
     while time.time() < deadline and proc.poll() is None:
-        if list((out / ".parts").glob("*.npz")):
+        if list((out / ".parts" / "full").glob("*.npz")):
             break
-        time.sleep(0.05)
+        time.sleep(0.01)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    done = len(list((out / ".parts").glob("*.npz")))
+    done = len(list((out / ".parts" / "full").glob("*.npz")))
     assert done < 3 and not (out / "groups.parquet").exists(), "the run ended before it was killed"
     subprocess.run(cmd, env=env, check=True, timeout=600)
     for name in ("groups.parquet", "summary.json"):
@@ -177,8 +179,9 @@ def test_worker_processes_give_the_same_groups(deduped, dedup_shards, tmp_path):
 
 
 def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
-    from cg_testutil import add_member
     import tarfile
+
+    from cg_testutil import add_member
     shard = tmp_path / "bad.tar"
     with tarfile.open(shard, "w") as tf:
         add_member(tf, "a.jpg", b"not a jpeg")
@@ -222,3 +225,67 @@ def test_filter_into_an_out_made_with_another_groups_table_is_refused(deduped, d
     t.to_parquet(other)
     res = run_cli(base + ["--groups", other], expect=1)
     assert "groups_digest" in res.output
+
+
+def _filter_outputs(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for sub in ("kept", "rejected", "scores")
+            for p in sorted((out / sub).glob("*")) if not p.name.endswith(".tmp")}
+
+
+def test_a_killed_filter_groups_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path):
+    args = [*map(str, dedup_shards), "--groups", str(deduped / "groups.parquet"),
+            "--threshold", "3.1796", "-w", "1", "--batch-size", "1", "-q"]
+    ref = tmp_path / "ref"
+    run_cli(["filter", *args, "--out", ref])
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "filter", *args,
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    deadline = time.time() + 240
+    # killed as soon as the first shard's output is being written or done
+    while time.time() < deadline and proc.poll() is None:
+        if list((out / "kept").glob("*.tmp")) or list((out / ".done").glob("*.json")):
+            break
+        time.sleep(0.005)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list((out / ".done").glob("*.json")))
+    assert done < 3 and not (out / "summary.json").exists(), "the run ended before it was killed"
+    subprocess.run(cmd, env=env, check=True, timeout=600)
+    assert _filter_outputs(out) == _filter_outputs(ref)
+    assert any(k.startswith("rejected/") for k in _filter_outputs(out))
+
+
+def test_only_grouped_images_are_described_by_the_comparator(deduped):
+    import json
+    rows = _rows(deduped)
+    for r in rows.values():
+        assert (r["group"] != "") == (r["cnn"] == r["cnn"]), r  # NaN for singles
+    s = json.loads((deduped / "summary.json").read_text())
+    assert s["described"] == s["grouped"] == 7
+    assert len(list((deduped / ".parts" / "full").glob("*.npz"))) == 3  # each shard holds a grouped image
+
+
+def test_a_sample_of_several_images_is_described_by_its_most_degraded_image(chain_steps, photos, tmp_path):
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg, encode_png
+    shard = tmp_path / "multi.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "pair.a.jpg", encode_jpeg(chain_steps[0], 90))  # the clean step first
+        add_member(tf, "pair.b.png", encode_png(chain_steps[10]))
+        add_member(tf, "s1.png", encode_png(chain_steps[1]))
+        add_member(tf, "s3.png", encode_png(chain_steps[3]))
+        add_member(tf, "other.jpg", encode_jpeg(photos[2], 90))
+    out = tmp_path / "out"
+    run_cli(["dedup", shard, "--out", out, "-q"])
+    rows = _rows(out)
+    assert rows["pair"]["image"] == "pair.b.png" and rows["pair"]["cnn"] == rows["pair"]["cnn"]
+    assert rows["pair"]["group"] and rows["pair"]["group"] == rows["s1"]["group"] == rows["s3"]["group"]
+    assert rows["pair"]["decision"] != "keep" or rows["pair"]["reason"] != "least_degraded"
+    assert rows["other"]["group"] == ""
