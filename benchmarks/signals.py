@@ -1,8 +1,8 @@
 """Training-free signals (`npr`, `fixedpoint`) beside the `cnn`, and fused with it, on families a
 fusion never saw.
 
-    python benchmarks/signals.py [--manifest EVAL/stored/manifest.csv]
-        [--storage png --storage "jpeg q90 4:2:0"] [--sources 120]
+    python benchmarks/signals.py [--manifest EVAL/stored/manifest.csv [--manifest MORE.csv]]
+        [--storage png --storage "jpeg q90 4:2:0"] [--sources 120] [--fit-families A,B,...]
         [--web-history WEB/manifest.csv] [--cache /work/data/signals]
 
 On the evaluation set's chains (recipes/eval_set.sh) in the storages asked for, every family:
@@ -10,7 +10,9 @@ AUROC step 0 vs 5 and 0 vs 10 of each signal alone, and of logistic regressions 
 plus the new signals, each fitted leave-one-family-out (fitted on the other families' step 0
 against steps 5 and 10, then scoring the held-out family), so a fused figure is a held-out figure;
 and of a fit-free fusion, the larger of the cnn's and npr's robust z-scores against the other
-families' step-0 scores.
+families' step-0 scores. With --fit-families, the fusions of a family outside that list are fitted
+on all of its families (e.g. the simulated ones, scoring held-out networks); a chain that more
+than one --manifest lists is read from the first.
 With --web-history (a manifest with a kind and a `png`/`jpeg90` path per clean picture): the share
 of those clean pictures that score above the 99th percentile of the evaluation set's step-0
 scores in the same storage (fusions fitted on every family), and the spread of the evaluation
@@ -102,7 +104,10 @@ def robust_z(ref: pd.DataFrame, frame: pd.DataFrame, cols: list[str]) -> np.ndar
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--manifest", default="/work/data/eval/stored/manifest.csv")
+    ap.add_argument("--manifest", action="append", default=None,
+                    help="chain manifest(s) (default /work/data/eval/stored/manifest.csv)")
+    ap.add_argument("--fit-families", default=None,
+                    help="comma-separated families the fusions are fitted on (default: all)")
     ap.add_argument("--storage", action="append", default=None,
                     help="storage column value(s) to keep (default: png and jpeg q90 4:2:0)")
     ap.add_argument("--sources", type=int, default=120, help="at most this many sources per family")
@@ -111,15 +116,18 @@ def main() -> None:
     args = ap.parse_args()
     storages = args.storage or ["png", "jpeg q90 4:2:0"]
     cache = Path(args.cache)
-    root = Path(args.manifest).parent
-
-    m = pd.read_csv(args.manifest)
+    parts = []
+    for man in args.manifest or ["/work/data/eval/stored/manifest.csv"]:
+        part = pd.read_csv(man)
+        part["file"] = [str(Path(man).parent / p) for p in part["path"]]
+        parts.append(part)
+    m = pd.concat(parts, ignore_index=True).drop_duplicates(["chain_id", "step", "storage"])
     m = m[m["storage"].isin(storages) & m["step"].isin([0, 5, 10])].copy()
+    fit_fams = set(args.fit_families.split(",")) if args.fit_families else set(m["family"])
     keep = set()
     for fam, g in m.groupby("family"):
         keep |= {(fam, s) for s in sorted(g["source_image"].unique())[: args.sources]}
     m = m[[(f, s) in keep for f, s in zip(m["family"], m["source_image"])]]
-    m["file"] = [str(root / p) for p in m["path"]]
     print(f"evaluation set: {len(m)} images, {m['chain_id'].nunique()} chains, storages {storages}")
     sig = signal_table(list(m["file"]), cache)
     m = pd.concat([m.reset_index(drop=True), sig.reset_index(drop=True)], axis=1)
@@ -129,13 +137,13 @@ def main() -> None:
         m[name] = np.nan
         for fam in m["family"].unique():
             held = m["family"] == fam
-            model = fit(m[~held], cols)
+            model = fit(m[~held & m["family"].isin(fit_fams)], cols)
             m.loc[held, name] = model.decision_function(m.loc[held, cols].to_numpy())
     for name, cols in MAX_FUSIONS.items():
         m[name] = np.nan
         for fam in m["family"].unique():
             held = m["family"] == fam
-            m.loc[held, name] = robust_z(m[~held], m[held], cols)
+            m.loc[held, name] = robust_z(m[~held & m["family"].isin(fit_fams)], m[held], cols)
     names = list(SIGNALS) + list(FUSIONS) + list(MAX_FUSIONS)
 
     rows = []
@@ -160,11 +168,11 @@ def main() -> None:
 
     # content: spread of step-0 medians across kinds, in step-0 standard deviations
     print("\nstep-0 median by kind: spread (max - min) / step-0 SD, per storage")
-    fitted_all = {name: fit(m, cols) for name, cols in FUSIONS.items()}
+    fitted_all = {name: fit(m[m["family"].isin(fit_fams)], cols) for name, cols in FUSIONS.items()}
     for name, cols in FUSIONS.items():  # in-sample fusions for the clean-set questions
         m[name] = fitted_all[name].decision_function(m[cols].to_numpy())
     for name, cols in MAX_FUSIONS.items():
-        m[name] = robust_z(m, m, cols)
+        m[name] = robust_z(m[m["family"].isin(fit_fams)], m, cols)
     for storage, g in m[m["step"] == 0].groupby("storage"):
         med = g.groupby("kind")[names].median()
         print(f"  {storage}: " + "  ".join(f"{n} {(med[n].max() - med[n].min()) / g[n].std():.2f}" for n in names))
@@ -182,7 +190,7 @@ def main() -> None:
             for name, cols in FUSIONS.items():
                 w[name] = fitted_all[name].decision_function(w[cols].to_numpy())
             for name, cols in MAX_FUSIONS.items():
-                w[name] = robust_z(m, w, cols)
+                w[name] = robust_z(m[m["family"].isin(fit_fams)], w, cols)
             w["kind"] = web.set_index(col).loc[paths, "kind"].to_numpy()
             ref = m[(m["step"] == 0) & (m["storage"] == storage)]
             line = []
