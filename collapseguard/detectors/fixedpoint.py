@@ -26,6 +26,7 @@ from PIL import Image
 
 from collapseguard.detectors.base import Detector, DetectorError, params_version
 from collapseguard.detectors.crops import CROP_LAYOUT, crop_grid
+from collapseguard.detectors.npr import as_rgb
 
 RENDERS = ("resample", "jpeg")
 JPEG_QUALITY = 75
@@ -74,8 +75,7 @@ class FixedPointDetector(Detector):
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         rows = []
         for im in images:
-            feats = [crop_features(c, self.render) for c in crop_grid(np.asarray(im)[..., :3], self.crop,
-                                                                        self.n_crops)]
+            feats = [crop_features(c, self.render) for c in crop_grid(as_rgb(im), self.crop, self.n_crops)]
             rows.append({k: float(np.median([f[k] for f in feats])) for k in feats[0]})
         return {"score": np.array([r["ratio"] for r in rows], dtype=np.float32),
                 "e1": np.array([r["e1"] for r in rows], dtype=np.float32),

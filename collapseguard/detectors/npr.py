@@ -62,8 +62,18 @@ def crop_features(crop: np.ndarray) -> dict[str, float]:
     return {"share": float(share), "grid": float(grid)}
 
 
+def as_rgb(img) -> np.ndarray:
+    """An (H, W, 3) view of an RGB(A) or single-channel (H, W) image."""
+    arr = np.asarray(img)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] < 3 or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"expected an (H, W, 3) RGB image, got shape {arr.shape}")
+    return arr[..., :3]
+
+
 def image_features(img: np.ndarray, crop: int = 128, n_crops: int = 6) -> dict[str, float]:
-    arr = np.asarray(img)[..., :3]
+    arr = as_rgb(img)
     feats = [crop_features(c) for c in crop_grid(arr, crop, n_crops)]
     return {k: float(np.median([f[k] for f in feats])) for k in feats[0]}
 

@@ -84,3 +84,15 @@ def test_fixedpoint_render_options():
     assert create("fixedpoint").version != create("fixedpoint", render="jpeg").version
     with pytest.raises(DetectorError, match="render"):
         create("fixedpoint", render="blur")
+
+
+@pytest.mark.parametrize("spec", ["npr", "fixedpoint"])
+def test_gray_tiny_and_flat_images_score(spec, sources):
+    """A single-channel array scores as its RGB stack; an 8x8 thumbnail and a flat image score
+    finite (the crops are padded; flat crops have no residual to divide)."""
+    det = create(spec)
+    gray = sources[0][..., 1]
+    a, b = det.score([gray, np.repeat(gray[..., None], 3, axis=2)])
+    assert a == b
+    s = det.score([sources[1][:8, :8], np.full((64, 64, 3), 128, np.uint8)])
+    assert np.isfinite(s).all(), s
