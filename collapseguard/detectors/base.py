@@ -163,6 +163,8 @@ _REGISTRY: dict[str, str | Callable[..., Detector]] = {
     "rali:": "collapseguard.detectors.rali:RALIDetector",
     "ens:": "collapseguard.detectors.ensemble:EnsembleDetector",
     "compare": "collapseguard.detectors.compare:create_comparator",
+    "npr": "collapseguard.detectors.npr:NPRDetector",
+    "fixedpoint": "collapseguard.detectors.fixedpoint:FixedPointDetector",
 }
 
 _HELP: dict[str, str] = {
@@ -177,6 +179,10 @@ _HELP: dict[str, str] = {
     "ens:": "ensemble on a common scale (calibrated P(degraded), else quantiles), e.g. ens:cnn+nss",
     "compare": "pairwise comparator: P(one copy of a picture is more degraded than another); its "
     "score ranks copies of one picture only (used by `collapseguard dedup`)",
+    "npr": "training-free resampling residual x - up(down(x)): top-octave share and 2x periodicity "
+    "(numpy/scipy)",
+    "fixedpoint": "training-free fixed-point distance: log of the second over the first change when "
+    "re-rendered twice (PIL)",
 }
 
 DEFAULT_DETECTOR = "cnn"

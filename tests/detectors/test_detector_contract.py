@@ -58,6 +58,8 @@ BUILDERS = {
     "rali:": _tiny_rali,
     "ens:": lambda tmp: create("ens:cnn+nss"),
     "compare": lambda tmp: create("compare"),
+    "npr": lambda tmp: create("npr"),
+    "fixedpoint": lambda tmp: create("fixedpoint"),
 }
 
 #: entries whose test build makes no claim about direction, and why
@@ -65,6 +67,12 @@ NO_DIRECTION = {
     "vlm:": "a tiny random-weight model built offline (a real judge needs hub weights): its ratings "
             "mean nothing, and most answers do not parse (NaN)",
     "rali:": "a tiny random-weight CLIP built offline (a real RALI checkpoint needs hub weights)",
+    "npr": "reads the distance of the top-octave residual share from that of clean photographs: "
+           "noise brings a smooth photo's share up toward it (the fixture's astronaut crop); "
+           "tests/detectors/test_signals.py checks its direction on replicator chains",
+    "fixedpoint": "reads nearness to a re-rendering's fixed point, which added noise moves an image "
+                  "away from (the fixture's degradation is noise and sharpening; tests/detectors/"
+                  "test_signals.py checks its direction on replicator chains)",
 }
 
 
