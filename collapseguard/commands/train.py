@@ -11,7 +11,9 @@ from collapseguard.commands._common import check_out_file
 #: options of chain training that distillation (``--teacher``) does not read, by parameter name
 _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clean_variants": "--clean-variants",
                         "hard_clean": "--hard-clean", "generic_ladders": "--generic-ladders",
-                        "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean"}
+                        "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean",
+                        "resume": "--resume", "stop_at_step": "--stop-at-step",
+                        "checkpoint_steps": "--checkpoint-steps", "checkpoint_minutes": "--checkpoint-minutes"}
 
 
 @click.command()
@@ -92,6 +94,17 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
                    "split (a held-out chain's photo among the training negatives): drop leaves them "
                    "out so the held-out figures are of unseen pictures; keep trains on them, as the "
                    "shipped weights were")
+@click.option("--checkpoint-minutes", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="save the run's whole state (weights, optimiser, random states, sampler) every this "
+                   "many minutes to <out stem>.ckpt.json + .ckpt-STEP.safetensors; 0: not by time")
+@click.option("--checkpoint-steps", type=click.IntRange(0), default=0, show_default=True,
+              help="also save a checkpoint every this many steps (0: not by steps)")
+@click.option("--resume", is_flag=True,
+              help="go on from the checkpoint beside --out, exactly where the run stopped (give the "
+                   "same options): the weights are those of a run that never stopped, bit for bit")
+@click.option("--stop-at-step", type=click.IntRange(min=1), default=None,
+              help="save a checkpoint after this step and stop without weights (split a long run "
+                   "across sessions; --resume continues it)")
 @click.option("--teacher", default=None,
               help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss) whose "
                    "scores on --images become the training labels (cached, resumable)")
@@ -101,7 +114,8 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
           init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, colour_permute, precision, average_from,
-          generic_ladders, cache_dir, no_eval, shared_clean, teacher, images, teacher_cache):
+          generic_ladders, cache_dir, no_eval, shared_clean, checkpoint_minutes, checkpoint_steps, resume,
+          stop_at_step, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -180,11 +194,23 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         return
     if not chains:
         raise click.UsageError("give --chains (or --teacher with --images)")
+    from collapseguard.training.checkpoint import Checkpointing, TrainingStopped, checkpoint_path
+
+    ck = Checkpointing(checkpoint_path(out), every_minutes=checkpoint_minutes, every_steps=checkpoint_steps,
+                       resume=resume, stop_at=stop_at_step)
+    if resume and not ck.path.is_file():
+        raise click.UsageError(f"--resume: no checkpoint {ck.path} to go on from")
+    if not resume and ck.path.is_file():
+        raise click.UsageError(f"{ck.path} holds a stopped run of this --out: --resume goes on from it "
+                               "(delete it to start over)")
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
                                cache_dir=cache_dir, clean_variants_n=clean_variants,
-                               crops_per_bank_image=bank_crops, shared_clean=shared_clean)
+                               crops_per_bank_image=bank_crops, shared_clean=shared_clean, checkpoint=ck)
+    except TrainingStopped as stop:
+        click.echo(f"stopped after step {stop.step} as asked: resume with the same command and --resume")
+        return
     except (ValueError, OSError) as exc:  # FileNotFoundError: a --clean that is not a folder
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:
