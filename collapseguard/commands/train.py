@@ -10,7 +10,7 @@ from collapseguard.commands._common import check_out_file
 
 #: options of chain training that distillation (``--teacher``) does not read, by parameter name
 _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clean_variants": "--clean-variants",
-                        "hard_clean": "--hard-clean", "generic_ladders": "--generic-ladders",
+                        "hard_clean": "--hard-clean", "web_history": "--web-history", "generic_ladders": "--generic-ladders",
                         "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean",
                         "resume": "--resume", "stop_at_step": "--stop-at-step",
                         "checkpoint_steps": "--checkpoint-steps", "checkpoint_minutes": "--checkpoint-minutes"}
@@ -72,6 +72,10 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of each batch's clean images drawn from those the network currently scores "
                    "highest (hard-negative mining of the clean tail); 0 draws them uniformly")
+@click.option("--web-history", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of the clean training images given a web history first (1-4 JPEG saves at "
+                   "q60-95 4:2:0, resizes with common filters, upload sharpening, screenshots), so "
+                   "that what the web does to an image is not learned as damage; 0 is the shipped recipe")
 @click.option("--colour-permute", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of chains (all steps alike) and clean images shown with their RGB channels "
                    "in another order, so a picture's hue or a cast's direction carries no label; 0 is "
@@ -113,7 +117,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, colour_permute, precision, average_from,
+          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, web_history, colour_permute, precision, average_from,
           generic_ladders, cache_dir, no_eval, shared_clean, checkpoint_minutes, checkpoint_steps, resume,
           stop_at_step, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
@@ -161,7 +165,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     try:
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                           delivery_kind=delivery_kind, init="imagenet" if init else "",
-                          hard_clean=hard_clean, colour_permute=colour_permute, precision=precision, average_from=average_from,
+                          hard_clean=hard_clean, web_history=web_history, colour_permute=colour_permute, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency, net=net)
     except (ValueError, RuntimeError) as exc:  # the device, or a combination of settings

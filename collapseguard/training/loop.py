@@ -75,6 +75,10 @@ class TrainConfig:
     consistency_from: float = 0.25
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
+    #: share of the clean training images given a web history first (1-4 JPEG saves, resizes,
+    #: upload sharpening, screenshots: training_data_tools.web_history), so that what the web does
+    #: to an image is not read as damage. 0 (default) is the shipped recipe and draws nothing extra
+    web_history: float = 0.0
     #: share of chains (all steps alike) and of clean images (each on its own) shown with their
     #: RGB channels in one of the five other orders, so that neither a picture's hue nor the
     #: direction of a colour cast carries a label. 0 (default) is the shipped recipe and draws
@@ -97,6 +101,8 @@ class TrainConfig:
     def __post_init__(self):
         if not 0.0 <= self.consistency_from < 1.0:
             raise ValueError(f"consistency_from must be in [0, 1), got {self.consistency_from!r}")
+        if not 0.0 <= self.web_history <= 1.0:
+            raise ValueError(f"web_history must be in [0, 1], got {self.web_history!r}")
         if not 0.0 <= self.colour_permute <= 1.0:
             raise ValueError(f"colour_permute must be in [0, 1], got {self.colour_permute!r}")
         if self.storage_consistency < 0:

@@ -210,11 +210,13 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     clean_bank = None
     if clean_files:
         extra = {"storage": True} if web else {}  # the key of earlier banks stays as it was
+        if cfg.web_history:
+            extra["web_history"] = cfg.web_history
         key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True,
                         **extra, **settings)
         clean_bank = cached(cache_dir, key, lambda: image_bank(
             clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1, native_windows=True,
-                           storage=web),
+                           storage=web, web_history=cfg.web_history),
             size, crops_per_bank_image, seed=cfg.seed + 2))
     log(f"crop banks ready in {time.time() - t0:.0f}s: {len(cb)} chain images, "
         f"{len(clean_bank) if clean_bank else 0} clean images")
