@@ -6,13 +6,17 @@ picture is clean: a detector should drop no more of them than of the plain sourc
 
     python recipes/web_history_set.py build EVAL OUT        # EVAL: an eval_set.sh folder
     python recipes/web_history_set.py score OUT [--weights W ...]
+    python recipes/web_history_set.py folder SRC OUT [--seed S]   # any folder of clean images
 
 ``build`` writes ``OUT/png/<name>.png``, ``OUT/jpeg90/<name>.jpg`` and ``OUT/manifest.csv``
 (name, kind, history, plain, png, jpeg90; seed ``SEED``, one history per source, the i-th source
 drawing from ``default_rng([SEED, i])``); it skips the files that exist. ``score`` scores the plain
 sources and both stored copies with each cnn weights file (default: the packaged weights) and
 prints, per kind and overall, the median score and the share above the shipped calibration's
-threshold; ``--table FILE`` also writes every score.
+threshold; ``--table FILE`` also writes every score. ``folder`` gives every image under SRC one
+web history (the i-th file of the sorted list draws from ``default_rng([S, i])``) and writes it as
+``OUT/<same relative path>.png``: a web-history copy of a calibration's clean folder
+(``CG_CALIB_WEB=1 recipes/make_default_calibration.sh``).
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ SEED = 20261204
 
 
 def build(eval_dir: Path, out: Path) -> pd.DataFrame:
-    from collapseguard.images import encode_jpeg, load_image
-    from collapseguard.training_data_tools.web_history import draw_history, apply_history, history_label
     from PIL import Image
+
+    from collapseguard.images import encode_jpeg, load_image
+    from collapseguard.training_data_tools.web_history import (
+        apply_history,
+        draw_history,
+        history_label,
+    )
 
     with open(eval_dir / "sources.csv") as f:
         sources = [(r["name"], r["kind"]) for r in csv.DictReader(f)]
@@ -55,6 +64,34 @@ def build(eval_dir: Path, out: Path) -> pd.DataFrame:
     print(f"{len(df)} pictures, {df['kind'].nunique()} kinds: "
           + ", ".join(f"{k} {v}" for k, v in df["kind"].value_counts().sort_index().items()))
     return df
+
+
+def folder(src: Path, out: Path, seed: int = SEED) -> int:
+    from PIL import Image
+
+    from collapseguard.images import DecodeError, load_image
+    from collapseguard.training.negatives import list_images
+    from collapseguard.training_data_tools.web_history import (
+        apply_history,
+        draw_history,
+    )
+
+    files = sorted(list_images([src]))
+    n = 0
+    for i, f in enumerate(files):
+        dest = (out / f.relative_to(src)).with_suffix(".png")
+        if dest.exists():
+            n += 1
+            continue
+        try:
+            img = load_image(f)
+        except (OSError, DecodeError):
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(apply_history(img, draw_history(np.random.default_rng([seed, i])))).save(dest)
+        n += 1
+    print(f"{n} web-history copies of {len(files)} files under {out}")
+    return n
 
 
 def score(out: Path, weights: list[str], table: Path | None) -> None:
@@ -97,9 +134,15 @@ def main(argv=None) -> int:
     s.add_argument("out", type=Path)
     s.add_argument("--weights", nargs="*", default=[])
     s.add_argument("--table", type=Path)
+    f = sub.add_parser("folder")
+    f.add_argument("src", type=Path)
+    f.add_argument("out", type=Path)
+    f.add_argument("--seed", type=int, default=SEED)
     a = ap.parse_args(argv)
     if a.cmd == "build":
         build(a.eval_dir.resolve(), a.out.resolve())
+    elif a.cmd == "folder":
+        folder(a.src.resolve(), a.out.resolve(), a.seed)
     else:
         score(a.out.resolve(), a.weights, a.table)
     return 0

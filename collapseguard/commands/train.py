@@ -198,7 +198,11 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         return
     if not chains:
         raise click.UsageError("give --chains (or --teacher with --images)")
-    from collapseguard.training.checkpoint import Checkpointing, TrainingStopped, checkpoint_path
+    from collapseguard.training.checkpoint import (
+        Checkpointing,
+        TrainingStopped,
+        checkpoint_path,
+    )
 
     ck = Checkpointing(checkpoint_path(out), every_minutes=checkpoint_minutes, every_steps=checkpoint_steps,
                        resume=resume, stop_at=stop_at_step)

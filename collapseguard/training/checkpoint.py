@@ -36,7 +36,7 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, damaged, or made by a different run."""
 
 
-class TrainingStopped(Exception):  # noqa: N818 - a stop asked for, not an error
+class TrainingStopped(Exception):
     """``stop_at`` reached: the checkpoint is saved and the run ends without weights."""
 
     def __init__(self, step: int, path: Path):
@@ -76,7 +76,7 @@ class Checkpointing:
 def checkpoint_path(weights: str | Path) -> Path:
     """The checkpoint JSON of a run writing ``weights`` (``x.safetensors`` -> ``x.ckpt.json``)."""
     w = Path(weights)
-    stem = w.name[: -len(".safetensors")] if w.name.endswith(".safetensors") else w.name
+    stem = w.name.removesuffix(".safetensors")
     return w.with_name(stem + ".ckpt.json")
 
 

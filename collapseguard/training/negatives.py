@@ -175,7 +175,9 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
                         img = random_window(img, window_side, rng)
                     img = camera_augment(img, rng, jpeg_p)
             if web_history > 0 and hrng.random() < web_history:
-                from collapseguard.training_data_tools.web_history import web_history as history
+                from collapseguard.training_data_tools.web_history import (
+                    web_history as history,
+                )
 
                 img = history(img, hrng)[0]
             if storage:

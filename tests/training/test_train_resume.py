@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cg_chains import make_clean_dir, make_tiny_chains
 from click.testing import CliRunner
 
-from cg_chains import make_clean_dir, make_tiny_chains
 from collapseguard.cli import main
 
 #: a tiny run that uses every piece of state a checkpoint keeps: the sampler, hard-negative
@@ -32,7 +32,7 @@ def same_weights(a: Path, b: Path) -> bool:
     with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
         if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
             return False
-        return all(fa.get_tensor(k).numpy().tobytes() == fb.get_tensor(k).numpy().tobytes() for k in fa.keys())
+        return all(fa.get_tensor(k).numpy().tobytes() == fb.get_tensor(k).numpy().tobytes() for k in fa.keys())  # noqa: SIM118 - safe_open, not a dict
 
 
 def _train(args, out):

@@ -10,13 +10,13 @@ from PIL import Image
 
 pytest.importorskip("ncnn")  # the networks extra (CI installs it through [dev])
 
-from collapseguard.training_data_tools.chains import make_chains  # noqa: E402
-from collapseguard.training_data_tools.replicators import (  # noqa: E402
+from collapseguard.training_data_tools.chains import make_chains
+from collapseguard.training_data_tools.replicators import (
     ReplicatorError,
     create_replicator,
     list_families,
+    ncnn_nets,
 )
-from collapseguard.training_data_tools.replicators import ncnn_nets  # noqa: E402
 
 FAMILIES = ("realesrgan", "animevideov3", "waifu2x", "waifu2x_upconv7")
 

@@ -21,7 +21,11 @@ import numpy as np
 from PIL import Image
 
 from collapseguard.training_data_tools.replicators import ncnn_nets
-from collapseguard.training_data_tools.replicators.base import Replicator, ReplicatorError, log_uniform
+from collapseguard.training_data_tools.replicators.base import (
+    Replicator,
+    ReplicatorError,
+    log_uniform,
+)
 
 #: shrink filters a chain draws from (what dataset pipelines use)
 FILTERS = {"box": Image.BOX, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "lanczos": Image.LANCZOS}
