@@ -186,6 +186,10 @@ def load_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         raise CheckpointError(f"{path}: not a checkpoint ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise CheckpointError(f"{path}: not a {FORMAT} version {VERSION} file")
+    missing = [k for k in ("step", "config", "data_fingerprint", "rng", "optimizer", "average_n", "history",
+                           "acc", "seconds") if k not in doc]
+    if missing:
+        raise CheckpointError(f"{path}: not a whole checkpoint (no {', '.join(missing)})")
     tname = doc.get("tensors")
     if not isinstance(tname, str) or not _TENSORS_NAME.match(tname):
         raise CheckpointError(f"{path}: names no tensors file in its own folder ({tname!r})")

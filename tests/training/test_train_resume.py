@@ -105,6 +105,9 @@ def test_resume_refuses_other_data_and_a_tensors_file_that_is_not_its_pair(tmp_p
     res = _train([*data, "--steps", "20", "--resume"], out)
     assert res.exit_code == 1 and "does not match" in res.output
     doc = json.loads(ck.read_text())
+    ck.write_text(json.dumps({k: v for k, v in doc.items() if k != "rng"}))
+    res = _train([*data, "--steps", "20", "--resume"], out)
+    assert res.exit_code == 1 and "not a whole checkpoint (no rng)" in res.output
     doc["tensors"] = "../w.ckpt-000000008.safetensors"
     ck.write_text(json.dumps(doc))
     res = _train([*data, "--steps", "20", "--resume"], out)
