@@ -204,11 +204,18 @@ def load_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def restore(doc: dict, tensors: dict[str, torch.Tensor], *, cfg: dict, fingerprint: str,
             net: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
-            sampler_rng: np.random.Generator, clean_score: np.ndarray, average: Any) -> dict:
+            sampler_rng: np.random.Generator, clean_score: np.ndarray, average: Any,
+            defaults: dict | None = None) -> dict:
     """Put a loaded checkpoint's state into a freshly built run; returns the JSON's log fields
-    (step, history, acc, seconds). Refuses a checkpoint of other settings or other data."""
-    if doc["config"] != cfg:
-        diff = sorted(k for k in set(cfg) | set(doc["config"]) if cfg.get(k) != doc["config"].get(k))
+    (step, history, acc, seconds). Refuses a checkpoint of other settings or other data; a
+    setting the checkpoint does not name (added to the code since) passes when it is at its
+    value in ``defaults``."""
+    saved = dict(doc["config"])
+    for k, v in (defaults or {}).items():  # a setting newer than the checkpoint, left at its default
+        if k not in saved and cfg.get(k) == v:
+            saved[k] = v
+    if saved != cfg:
+        diff = sorted(k for k in set(cfg) | set(saved) if cfg.get(k) != saved.get(k))
         raise CheckpointError(f"the checkpoint was made with other settings ({', '.join(diff)}): "
                               "resume with the options of the run that made it")
     if doc["data_fingerprint"] != fingerprint:

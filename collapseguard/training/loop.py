@@ -376,7 +376,8 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             doc, tensors = ckpt.load_checkpoint(checkpoint.path)
             got = ckpt.restore(doc, tensors, cfg=json.loads(json.dumps(cfg.to_dict())), fingerprint=fingerprint,
                                net=net, opt=opt, gen=gen, sampler_rng=batcher.rng,
-                               clean_score=batcher.clean_score, average=average)
+                               clean_score=batcher.clean_score, average=average,
+                               defaults=json.loads(json.dumps(asdict(TrainConfig(net=cfg.net)))))
             start, history, acc = got["step"], got["history"], got["acc"]
             t0 = time.time() - got["seconds"]
             log(f"resumed from {checkpoint.path} at step {start}/{cfg.iterations}")
