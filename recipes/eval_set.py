@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # package_images, beside this file
-import package_images  # noqa: E402
+import package_images
 
 SIDE = 384
 MIN_SIDE = 128
@@ -120,6 +120,11 @@ FAMILIES = ("noise_tint", "contour_wrinkles", "scattered_dots", "texture_simplif
 NET_FAMILIES = ("super_resolution",)
 NET_EVERY = 10
 NET_SIDE = 192
+#: with ``--networks`` (the ``networks`` extra): real re-rendering networks, each on every
+#: n-th source (a different offset per family), on the same centre window; realesrgan (about 4 s
+#: a step there on one core) on fewer. Training recipes may use animevideov3 and waifu2x;
+#: realesrgan and waifu2x_upconv7 are held out of every training and calibration recipe
+NETWORK_FAMILIES = {"realesrgan": 42, "animevideov3": 14, "waifu2x": 14, "waifu2x_upconv7": 14}
 
 
 log = package_images.log
@@ -152,24 +157,29 @@ def _done(folder: Path, fam: str) -> pd.DataFrame | None:
     return None
 
 
-def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, workers: int) -> pd.DataFrame:
+def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, workers: int,
+                    networks: bool = False) -> pd.DataFrame:
     """Every family's chains (one family at a time, each kept in ``manifest_<family>.csv`` so that
     a rerun goes on where it stopped), merged into ``out/manifest.csv`` with the sources' kinds."""
     from collapseguard.images import load_image
     from collapseguard.training_data_tools.chains import make_chains
     from collapseguard.training_data_tools.manifest import source_group, write_manifest
 
-    by_family: dict[str, list[str]] = {f: [] for f in (*FAMILIES, *NET_FAMILIES)}
+    nets = tuple(NETWORK_FAMILIES) if networks else ()
+    by_family: dict[str, list[str]] = {f: [] for f in (*FAMILIES, *NET_FAMILIES, *nets)}
     for i, (name, _) in enumerate(sources):
         for fam in families_for(i):
             by_family[fam].append(name)
         if i % NET_EVERY == 0:
             for fam in NET_FAMILIES:
                 by_family[fam].append(name)
+        for j, fam in enumerate(nets):
+            if i % NETWORK_FAMILIES[fam] == (j * 3) % NETWORK_FAMILIES[fam]:
+                by_family[fam].append(name)
 
     def load(name: str, fam: str):
         img = load_image(src_dir / f"{name}.png")
-        if fam not in NET_FAMILIES:
+        if fam not in (*NET_FAMILIES, *NETWORK_FAMILIES):
             return name, img
         h, w = img.shape[:2]  # a view of the same picture: "@" keeps it with the picture in splits
         y, x = max(0, (h - NET_SIDE) // 2), max(0, (w - NET_SIDE) // 2)
@@ -214,6 +224,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--networks", action="store_true",
+                    help="also the real re-rendering network families (NETWORK_FAMILIES; the networks extra)")
     a = ap.parse_args(argv)
     out = a.out.resolve()
     t0 = time.time()
@@ -228,7 +240,7 @@ def main(argv=None) -> None:
     for _, k in sources:
         counts[k] = counts.get(k, 0) + 1
     log(f"{len(sources)} sources: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    chains = make_all_chains(out / "sources", sources, out / "chains", a.workers)
+    chains = make_all_chains(out / "sources", sources, out / "chains", a.workers, networks=a.networks)
     m = store_all(chains, out / "stored", a.workers)
     fam = m.groupby("family")["stored_from"].nunique()
     log(f"done in {time.time() - t0:.0f} s: {m['chain_id'].nunique()} stored chains "

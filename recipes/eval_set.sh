@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The evaluation set no training run touches (recipes/eval_set.py says how each stage works):
 #
-#   bash recipes/eval_set.sh OUT              # WORKERS=1 for one core
+#   bash recipes/eval_set.sh OUT              # WORKERS=1 for one core; NETWORKS=1 adds the network
+#                                             # families (collapseguard[networks]; resumes an existing OUT)
 #   collapseguard evaluate --chains OUT/stored --detectors cnn --calibration default --out OUT/eval
 #
 # Clean images of every kind users hold (photos, foliage, night photos, painted portraits,
@@ -17,4 +18,6 @@ set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: bash recipes/eval_set.sh OUT" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
-python recipes/eval_set.py "$1" --workers "${WORKERS:-2}"
+net=()
+if [ "${NETWORKS:-0}" = 1 ]; then net=(--networks); fi
+python recipes/eval_set.py "$1" --workers "${WORKERS:-2}" "${net[@]}"

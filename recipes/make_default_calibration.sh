@@ -25,12 +25,17 @@
 #      illustrations, screenshots, game textures and pixel art, each as PNG and as JPEG 4:2:0 at a
 #      quality drawn in 60-95, passed to calibrate by kind (--clean KIND=...). The calibration is
 #      then written to $WORK/<detector>.kinds.json, and the shipped file is left alone.
+#  3w. only with CG_CALIB_WEB=1 (a candidate, not the shipped calibration): every clean image of
+#      step 3 also with one web history (recipes/web_history_set.py folder: 1-4 JPEG saves at
+#      q60-95 4:2:0, resizes, upload sharpening, screenshots) in $WORK/web, passed as the clean
+#      kind "web"; written to $WORK/<detector>.web.json.
 #   4. `collapseguard calibrate` with alpha = 1 %, confidence 95 %, 30 % of sources held out for the
 #      drop curve; the per-image scores are kept in $WORK/scores_<detector>_<version>.csv.
 #
 # Environment: CG_CALIB_WORK (required: the work folder), CG_CALIB_SEED (20261130),
 # CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG),
-# CG_CALIB_DRAWN (60; 0 leaves the drawn kinds out), CG_CALIB_KINDS (0; 1 adds step 3d).
+# CG_CALIB_DRAWN (60; 0 leaves the drawn kinds out), CG_CALIB_KINDS (0; 1 adds step 3d),
+# CG_CALIB_WEB (0; 1 adds step 3w).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${CG_CALIB_WORK:?set CG_CALIB_WORK to a work folder (images, chains and scores go there)}
@@ -40,6 +45,7 @@ ART_CHAINS=${CG_CALIB_ART_CHAINS:-60}
 ART_CLEAN=${CG_CALIB_ART_CLEAN:-400}
 DRAWN=${CG_CALIB_DRAWN:-60}
 KINDS=${CG_CALIB_KINDS:-0}
+WEB=${CG_CALIB_WEB:-0}
 OUTDIR=collapseguard/calibration/defaults
 DETECTORS=("$@")
 [ ${#DETECTORS[@]} -eq 0 ] && DETECTORS=(cnn nss)
@@ -82,6 +88,15 @@ if [ "$KINDS" = 1 ]; then
   suffix=".kinds"
 fi
 
+# 3w. web histories of the clean images (CG_CALIB_WEB=1) ------------------------------------------
+out_json() { if [ "$KINDS" = 1 ]; then echo "$WORK/$1.kinds.json"; elif [ "$WEB" = 1 ]; then echo "$WORK/$1.web.json"; else echo "$OUTDIR/$1.json"; fi; }
+if [ "$WEB" = 1 ]; then
+  [ -f "$WORK/web/.done" ] || { python recipes/web_history_set.py folder "$WORK/clean" "$WORK/web" && touch "$WORK/web/.done"; }
+  kinds+=(--clean "web=$WORK/web")
+  kinds_text+=(--describe-clean "web histories: every extra clean image again after one web history (recipes/web_history_set.py folder: 1-4 JPEG saves q60-95 4:2:0, resizes, upload sharpening, screenshots)")
+  suffix="$suffix.web"
+fi
+
 # 4. calibrate ----------------------------------------------------------------------------------
 for det in "${DETECTORS[@]}"; do
   safe=$(echo "$det" | tr -c 'A-Za-z0-9_.\n-' '_')
@@ -95,10 +110,10 @@ for det in "${DETECTORS[@]}"; do
   collapseguard calibrate "${src[@]}" --max-false-drop 0.01 --confidence 0.95 --holdout 0.3 \
     --describe-clean "chains: step 0 of 1/3 of the Debian ukui/plasma wallpapers (512 px native crop) and $ART_CHAINS procedural art images (seed $SEED); 8 replicator families, steps 1,3,5,10,20 degraded" \
     --describe-clean "extra clean: the other 2/3 of the wallpapers (2 native 768 px crops + 1 JPEG q85 each), $((ART_CLEAN / 2)) procedural art PNGs and $((ART_CLEAN - ART_CLEAN / 2)) procedural art JPEGs q80 (seed $((SEED + 1))); $(ls "$WORK/clean/nightsky" | wc -l) night-sky astrophotographs as shipped in Debian's stellarium-data (the calibration quarter, recipes/nightsky.sh); $DRAWN drawn pixel-art and $DRAWN drawn screen pictures (seed 41), each as PNG and as JPEG 4:2:0 q60-95" \
-    "${kinds_text[@]}" --out "$([ "$KINDS" = 1 ] && echo "$WORK/$safe.kinds.json" || echo "$OUTDIR/$safe.json")"
+    "${kinds_text[@]}" --out "$(out_json "$safe")"
   # the file names the work folder as $CG_CALIB_WORK, never as this machine's absolute path
   # (tests/test_shipped_files.py checks the shipped ones)
-  python - "$([ "$KINDS" = 1 ] && echo "$WORK/$safe.kinds.json" || echo "$OUTDIR/$safe.json")" "$WORK" <<'PY'
+  python - "$(out_json "$safe")" "$WORK" <<'PY'
 import json, os, sys
 path, work = sys.argv[1], os.path.abspath(sys.argv[2])
 with open(path, encoding="utf-8") as f:

@@ -18,6 +18,8 @@ in train_cnn.sh -- so that kind is seen degraded as well as clean. ``--clean-art
 procedural art PNGs (seed 11, never chain sources; the study script draws its unseen art with seed 7) into ``--clean-art-dir`` for ``--clean``, where
 training adds JPEG/grain/resize variants: clean digital art as a pipeline delivers it. Every
 replicator family, 20 steps, keeping 0,1,2,3,5,10,20; seed 0; 2 worker processes (``--workers``).
+``--families a,b`` makes those families instead (e.g. the opt-in network families ``animevideov3,waifu2x``)
+and ``--limit N`` keeps N of the sources (a seeded choice), to bound the cost of slow families.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ if __name__ == "__main__":
     ap.add_argument("--clean-art", type=int, default=0)
     ap.add_argument("--clean-art-dir", default=None)
     ap.add_argument("--workers", type=int, default=2, help="chain-making worker processes (default 2)")
+    ap.add_argument("--families", default="", help="comma-separated families (default: every default family)")
+    ap.add_argument("--limit", type=int, default=0, help="keep this many sources (seeded choice; 0: all)")
     ap.add_argument("--clean-art-dither", default="0.6",
                     help="dither sigma of the clean art, or 'vary' (sources.DITHER_LEVELS per image)")
     args = ap.parse_args()
@@ -84,7 +88,14 @@ if __name__ == "__main__":
                                                 dither=args.clean_art_dither):
             Image.fromarray(img).save(folder / f"{name.replace('/', '-')}.png")
         print(f"clean art: {args.clean_art} PNGs in {folder}")
-    df = chains.make_chains(srcs, None, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,
+    if args.limit and len(srcs) > args.limit:
+        import numpy as np
+
+        keep = sorted(np.random.default_rng(5).permutation(len(srcs))[: args.limit])
+        srcs = [srcs[i] for i in keep]
+        print(f"kept {len(srcs)} sources (--limit)")
+    families = [f for f in args.families.split(",") if f] or None
+    df = chains.make_chains(srcs, families, steps=20, keep=(0, 1, 2, 3, 5, 10, 20), out_dir=args.out,
                             seed=0, workers=args.workers, progress=False)
     print(f"chains: {df['chain_id'].nunique()} chains, {len(df)} images, families "
           f"{sorted(df['family'].unique())} in {time.time() - t:.0f}s")

@@ -59,7 +59,14 @@ DRAWN=${DRAWN:-96}  # N > 0: N pixel-art and N screen pictures (training_data_to
                    # sources in $WORK/chains_drawn
 FLAT=${FLAT:-0}  # N > 0: N textureless pictures (sources.flat_art, seed 13) as clean negatives
                  # (a candidate recipe, not shipped; docs/history/model_history.md)
-export OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
+NET_CHAINS=${NET_CHAINS:-0}  # N > 0: N training-side photo views (256 px) through the network
+                             # families animevideov3 and waifu2x (collapseguard[networks]) as more
+                             # chains in $WORK/chains_networks (a candidate recipe, not shipped;
+                             # realesrgan and waifu2x_upconv7 stay held out of training)
+WEB_HISTORY=${WEB_HISTORY:-0}  # P > 0: that share of clean training images given a web history
+                               # (collapseguard train --web-history; a candidate recipe, not shipped)
+THREADS=${THREADS:-2}  # torch threads of training (the weights depend on it)
+export OMP_NUM_THREADS=$THREADS HF_HUB_OFFLINE=1
 start=$(date +%s)
 
 if [ "$STAGE" != train ]; then
@@ -119,6 +126,11 @@ if [ "$DRAWN" -gt 0 ]; then
   python recipes/make_train_chains.py "pixel:$((DRAWN / 4)),screen:$((DRAWN / 4))" "$WORK/chains_drawn" \
     --workers "$WORKERS"
 fi
+if [ "$NET_CHAINS" -gt 0 ] && [ ! -f "$WORK/chains_networks/manifest.csv" ]; then
+  rm -rf "$WORK/chains_networks"
+  python recipes/make_train_chains.py "" "$WORK/chains_networks" --photos "$WORK/photos" --side 256 \
+    --families animevideov3,waifu2x --limit "$NET_CHAINS" --workers "$WORKERS"
+fi
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0
@@ -128,6 +140,8 @@ more_chains=()
 if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
 if [ "$TEX_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_textures"); fi
 if [ "$DRAWN" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_drawn"); fi
+if [ "$NET_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_networks"); fi
+if [ "$WEB_HISTORY" != 0 ]; then EXTRA="$EXTRA --web-history $WEB_HISTORY"; fi
 kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
 if [ "$FLAT" -gt 0 ]; then
@@ -147,7 +161,7 @@ if [ -n "$INIT" ]; then init=(--init "$INIT"); fi
 # shellcheck disable=SC2086
 collapseguard train --chains "$WORK/chains" "${more_chains[@]}" --clean "$WORK/photos" --clean "$WORK/nightsky" --clean "$WORK/clean_art" --clean "$WORK/textures" "${kind_clean[@]}" --out "$OUT" --steps "$ITERS" \
   --bank-crops "$BANK_CROPS" --seed "$SEED" "${context[@]}" "${init[@]}" --n-crops "$N_CROPS" \
-  --delivery-kind web --delivery-jpeg 1 --threads 2 --shared-clean "$SHARED_CLEAN" $EXTRA
+  --delivery-kind web --delivery-jpeg 1 --threads "$THREADS" --shared-clean "$SHARED_CLEAN" $EXTRA
 # 4. the shipped weights' ONNX graph (weights/cnn.onnx + cnn.onnx.json), what the core install
 #    scores with: rewritten whenever the shipped weights are
 if [ "$OUT" = collapseguard/weights/cnn.safetensors ]; then

@@ -10,8 +10,10 @@ from collapseguard.commands._common import check_out_file
 
 #: options of chain training that distillation (``--teacher``) does not read, by parameter name
 _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clean_variants": "--clean-variants",
-                        "hard_clean": "--hard-clean", "generic_ladders": "--generic-ladders",
-                        "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean"}
+                        "hard_clean": "--hard-clean", "web_history": "--web-history", "generic_ladders": "--generic-ladders",
+                        "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean",
+                        "resume": "--resume", "stop_at_step": "--stop-at-step",
+                        "checkpoint_steps": "--checkpoint-steps", "checkpoint_minutes": "--checkpoint-minutes"}
 
 
 @click.command()
@@ -70,6 +72,10 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of each batch's clean images drawn from those the network currently scores "
                    "highest (hard-negative mining of the clean tail); 0 draws them uniformly")
+@click.option("--web-history", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="share of the clean training images given a web history first (1-4 JPEG saves at "
+                   "q60-95 4:2:0, resizes with common filters, upload sharpening, screenshots), so "
+                   "that what the web does to an image is not learned as damage; 0 is the shipped recipe")
 @click.option("--colour-permute", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of chains (all steps alike) and clean images shown with their RGB channels "
                    "in another order, so a picture's hue or a cast's direction carries no label; 0 is "
@@ -92,6 +98,17 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
                    "split (a held-out chain's photo among the training negatives): drop leaves them "
                    "out so the held-out figures are of unseen pictures; keep trains on them, as the "
                    "shipped weights were")
+@click.option("--checkpoint-minutes", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="save the run's whole state (weights, optimiser, random states, sampler) every this "
+                   "many minutes to <out stem>.ckpt.json + .ckpt-STEP.safetensors; 0: not by time")
+@click.option("--checkpoint-steps", type=click.IntRange(0), default=0, show_default=True,
+              help="also save a checkpoint every this many steps (0: not by steps)")
+@click.option("--resume", is_flag=True,
+              help="go on from the checkpoint beside --out, exactly where the run stopped (give the "
+                   "same options): the weights are those of a run that never stopped, bit for bit")
+@click.option("--stop-at-step", type=click.IntRange(min=1), default=None,
+              help="save a checkpoint after this step and stop without weights (split a long run "
+                   "across sessions; --resume continues it)")
 @click.option("--teacher", default=None,
               help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss) whose "
                    "scores on --images become the training labels (cached, resumable)")
@@ -100,8 +117,9 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
               help="with --teacher: label cache file (default <out>.labels.parquet)")
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
-          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, colour_permute, precision, average_from,
-          generic_ladders, cache_dir, no_eval, shared_clean, teacher, images, teacher_cache):
+          init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, web_history, colour_permute, precision, average_from,
+          generic_ladders, cache_dir, no_eval, shared_clean, checkpoint_minutes, checkpoint_steps, resume,
+          stop_at_step, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -147,7 +165,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     try:
         cfg = TrainConfig(seed=seed, threads=threads, delivery_jpeg=delivery_jpeg, delivery_per=delivery_per,
                           delivery_kind=delivery_kind, init="imagenet" if init else "",
-                          hard_clean=hard_clean, colour_permute=colour_permute, precision=precision, average_from=average_from,
+                          hard_clean=hard_clean, web_history=web_history, colour_permute=colour_permute, precision=precision, average_from=average_from,
                           generic_ladders=generic_ladders, device=device,
                           storage_consistency=storage_consistency, net=net)
     except (ValueError, RuntimeError) as exc:  # the device, or a combination of settings
@@ -180,11 +198,27 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         return
     if not chains:
         raise click.UsageError("give --chains (or --teacher with --images)")
+    from collapseguard.training.checkpoint import (
+        Checkpointing,
+        TrainingStopped,
+        checkpoint_path,
+    )
+
+    ck = Checkpointing(checkpoint_path(out), every_minutes=checkpoint_minutes, every_steps=checkpoint_steps,
+                       resume=resume, stop_at=stop_at_step)
+    if resume and not ck.path.is_file():
+        raise click.UsageError(f"--resume: no checkpoint {ck.path} to go on from")
+    if not resume and ck.path.is_file():
+        raise click.UsageError(f"{ck.path} holds a stopped run of this --out: --resume goes on from it "
+                               "(delete it to start over)")
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
                                cache_dir=cache_dir, clean_variants_n=clean_variants,
-                               crops_per_bank_image=bank_crops, shared_clean=shared_clean)
+                               crops_per_bank_image=bank_crops, shared_clean=shared_clean, checkpoint=ck)
+    except TrainingStopped as stop:
+        click.echo(f"stopped after step {stop.step} as asked: resume with the same command and --resume")
+        return
     except (ValueError, OSError) as exc:  # FileNotFoundError: a --clean that is not a folder
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:

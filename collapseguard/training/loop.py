@@ -9,6 +9,7 @@ torch runs on a fixed number of threads, so a run is reproducible on the same ma
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import torch
 
 from collapseguard.detectors.cnn_model import DegradationNet, NetConfig
 from collapseguard.training.bank import CropBank
+from collapseguard.training.checkpoint import Checkpointing
 from collapseguard.training.losses import classification_loss, ranking_loss
 
 
@@ -73,6 +75,10 @@ class TrainConfig:
     consistency_from: float = 0.25
     #: teacher-labelled images per batch (distillation; used only when a teacher bank is given)
     teacher_per_batch: int = 24
+    #: share of the clean training images given a web history first (1-4 JPEG saves, resizes,
+    #: upload sharpening, screenshots: training_data_tools.web_history), so that what the web does
+    #: to an image is not read as damage. 0 (default) is the shipped recipe and draws nothing extra
+    web_history: float = 0.0
     #: share of chains (all steps alike) and of clean images (each on its own) shown with their
     #: RGB channels in one of the five other orders, so that neither a picture's hue nor the
     #: direction of a colour cast carries a label. 0 (default) is the shipped recipe and draws
@@ -95,6 +101,8 @@ class TrainConfig:
     def __post_init__(self):
         if not 0.0 <= self.consistency_from < 1.0:
             raise ValueError(f"consistency_from must be in [0, 1), got {self.consistency_from!r}")
+        if not 0.0 <= self.web_history <= 1.0:
+            raise ValueError(f"web_history must be in [0, 1], got {self.web_history!r}")
         if not 0.0 <= self.colour_permute <= 1.0:
             raise ValueError(f"colour_permute must be in [0, 1], got {self.colour_permute!r}")
         if self.storage_consistency < 0:
@@ -317,12 +325,15 @@ class WeightAverage:
 
 def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
               log: Callable[[str], None] = print, net: DegradationNet | None = None,
-              teacher: CropBank | None = None, teacher_scale: float = 1.0
-              ) -> tuple[DegradationNet, list[dict]]:
+              teacher: CropBank | None = None, teacher_scale: float = 1.0,
+              checkpoint: Checkpointing | None = None) -> tuple[DegradationNet, list[dict]]:
     """Train a DegradationNet; returns it (eval mode) and the logged history.
 
     ``teacher`` (distillation) is a bank whose ``target`` is a soft label in [0, 1] and whose
     ``teacher_score`` column ranks its images; pairs get soft targets with ``teacher_scale``.
+
+    ``checkpoint`` saves the whole state of the run now and then (training.checkpoint), resumes
+    from it with ``resume``, and raises ``TrainingStopped`` after its ``stop_at`` step.
     """
     torch.manual_seed(cfg.seed)
     if cfg.threads:
@@ -354,7 +365,24 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
     avg_start = int(cfg.average_from * cfg.iterations) if cfg.average_from else None
     average = WeightAverage()
     history, acc, t0 = [], {"loss": 0.0, "cls": 0.0, "rank": 0.0, "cons": 0.0, "n": 0}, time.time()
-    for it in range(cfg.iterations):
+    start, fingerprint = 0, ""
+    if checkpoint is not None:
+        from collapseguard.training import checkpoint as ckpt
+
+        fingerprint = ckpt.data_fingerprint(chains, clean, teacher)
+        if checkpoint.stop_at is not None and checkpoint.stop_at > cfg.iterations:
+            raise ValueError(f"stop_at {checkpoint.stop_at} is beyond the run's {cfg.iterations} steps")
+        if checkpoint.resume:
+            doc, tensors = ckpt.load_checkpoint(checkpoint.path)
+            got = ckpt.restore(doc, tensors, cfg=json.loads(json.dumps(cfg.to_dict())), fingerprint=fingerprint,
+                               net=net, opt=opt, gen=gen, sampler_rng=batcher.rng,
+                               clean_score=batcher.clean_score, average=average,
+                               defaults=json.loads(json.dumps(asdict(TrainConfig(net=cfg.net)))))
+            start, history, acc = got["step"], got["history"], got["acc"]
+            t0 = time.time() - got["seconds"]
+            log(f"resumed from {checkpoint.path} at step {start}/{cfg.iterations}")
+        last_saved, last_time = start, time.time()
+    for it in range(start, cfg.iterations):
         for gparam in opt.param_groups:
             gparam["lr"] = lr_at(it) * gparam["lr_scale"]
         b = batcher.batch()
@@ -405,6 +433,14 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
                 f"rank {rec['rank']:.4f}" + (f"  cons {rec['cons']:.4f}" if cfg.storage_consistency else "")
                 + f"  lr {rec['lr']:.2e}  {rec['seconds']:.0f}s")
             acc = {"loss": 0.0, "cls": 0.0, "rank": 0.0, "cons": 0.0, "n": 0}
+        if checkpoint is not None and checkpoint.due(it + 1, last_saved, time.time() - last_time):
+            ckpt.save_checkpoint(checkpoint, step=it + 1, cfg=cfg.to_dict(), fingerprint=fingerprint, net=net,
+                                 opt=opt, gen=gen, sampler_rng=batcher.rng, clean_score=batcher.clean_score,
+                                 average=average, history=history, acc=acc, seconds=time.time() - t0)
+            last_saved, last_time = it + 1, time.time()
+            if checkpoint.stop_at == it + 1 and it + 1 < cfg.iterations:
+                log(f"stopped after step {it + 1}/{cfg.iterations}; checkpoint {checkpoint.path}")
+                raise ckpt.TrainingStopped(it + 1, checkpoint.path)
     if average.n:
         average.load_into(net)
         log(f"returned the average of {average.n} weight snapshots from iteration {avg_start + 1} on")

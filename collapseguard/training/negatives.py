@@ -137,7 +137,7 @@ def camera_augment(img: np.ndarray, rng: np.random.Generator, jpeg_p: float = 0.
 
 def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),
                    window_side: int | None = 640, native_windows: bool = False,
-                   storage: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+                   storage: bool = False, web_history: float = 0.0) -> Iterator[tuple[str, np.ndarray]]:
     """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
     copies (each at its own web size). Yields (name, image).
 
@@ -148,9 +148,13 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
     With ``storage``, every variant (the as-is copy too) is finally stored one random way
     (``training.storage.draw_storage``, its own random stream) and the camera variants get no JPEG
     step of their own, so clean images meet storage exactly as chain images do.
+    With ``web_history`` > 0, that share of the variants first goes through a web history
+    (``training_data_tools.web_history``: 1-4 JPEG saves, resizes, upload sharpening, screenshots;
+    its own random stream, so the other draws are those of a run without it): still clean.
     """
     rng = np.random.default_rng(seed)
     srng = np.random.default_rng([seed, 4099])
+    hrng = np.random.default_rng([seed, 8191])
     jpeg_p = 0.0 if storage else 0.6
     for p in paths:
         try:
@@ -170,6 +174,12 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
                     if window_side:
                         img = random_window(img, window_side, rng)
                     img = camera_augment(img, rng, jpeg_p)
+            if web_history > 0 and hrng.random() < web_history:
+                from collapseguard.training_data_tools.web_history import (
+                    web_history as history,
+                )
+
+                img = history(img, hrng)[0]
             if storage:
                 from collapseguard.training.storage import apply_storage, draw_storage
 

@@ -26,6 +26,7 @@ from collapseguard.training.bank import (
     ladder_bank,
 )
 from collapseguard.training.card import write_card, write_summary
+from collapseguard.training.checkpoint import Checkpointing, remove_checkpoint
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
     chain_auroc_table,
@@ -209,11 +210,13 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     clean_bank = None
     if clean_files:
         extra = {"storage": True} if web else {}  # the key of earlier banks stays as it was
+        if cfg.web_history:
+            extra["web_history"] = cfg.web_history
         key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True,
                         **extra, **settings)
         clean_bank = cached(cache_dir, key, lambda: image_bank(
             clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1, native_windows=True,
-                           storage=web),
+                           storage=web, web_history=cfg.web_history),
             size, crops_per_bank_image, seed=cfg.seed + 2))
     log(f"crop banks ready in {time.time() - t0:.0f}s: {len(cb)} chain images, "
         f"{len(clean_bank) if clean_bank else 0} clean images")
@@ -225,7 +228,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
                  crops_per_bank_image: int = 48, clean_variants_n: int = 4,
                  evaluate: bool = True, epochs: float | None = None,
                  log: Callable[[str], None] = print, cache_dir: str | Path | None = None,
-                 shared_clean: str = "drop") -> dict:
+                 shared_clean: str = "drop", checkpoint: Checkpointing | None = None) -> dict:
     """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
 
     ``shared_clean="drop"`` (with ``evaluate``) leaves out the ``--clean`` files whose picture is
@@ -234,6 +237,9 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
 
     ``epochs``, when given, sets ``cfg.iterations`` so that every training chain is drawn about
     ``epochs`` times.
+
+    ``checkpoint`` (training.checkpoint) saves the run's state now and then and resumes it; the
+    checkpoint files are removed once the weights are written.
     """
     from collapseguard.detectors.cnn_model import save_net
 
@@ -286,11 +292,13 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
                                  cache_dir=cache_dir)
     t1 = time.time()
-    net, history = train_net(cb, clean_bank, cfg, log=log)
+    net, history = train_net(cb, clean_bank, cfg, log=log, checkpoint=checkpoint)
     t2 = time.time()
     families = sorted(set(train_df["family"]))
     save_net(net, out, metadata={"families": families, "excluded_families": list(exclude),
                                  "seed": str(cfg.seed), "iterations": str(cfg.iterations)})
+    if checkpoint is not None:
+        remove_checkpoint(checkpoint.path)
     from collapseguard.detectors.cnn import weights_version
 
     n_bytes = out.stat().st_size

