@@ -16,6 +16,7 @@ import os
 import pandas as pd
 
 from collapseguard.audit import stats
+from collapseguard.dedup.gallery import STYLE as GROUPS_STYLE
 from collapseguard.images import ALPHA_BACKGROUND
 
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
@@ -191,8 +192,10 @@ def _plot(figures: dict, key: str, alt: str) -> str:
     return f'<img class="plot" src="{figures[key]}" alt="{e(alt)}">'
 
 
-def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, comparisons) -> str:
-    """The whole report page as a string."""
+def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, comparisons,
+           groups_html: str | None = None) -> str:
+    """The whole report page as a string. ``groups_html``: the near-duplicate groups, rendered
+    (escaped) by ``dedup.gallery.render_groups``, or None for no such section."""
     s = summary
     main = s["detector"]
     has_step = s["equivalent_step"]["available"]
@@ -200,7 +203,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
            f'<meta http-equiv="Content-Security-Policy" content="{e(CSP)}">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>collapseguard audit: {e(_pct(s['flagged_fraction']))} flagged</title>",
-           f"<style>{STYLE}</style></head><body><main>",
+           f"<style>{STYLE}{GROUPS_STYLE if groups_html is not None else ''}</style></head><body><main>",
            "<h1>Dataset audit: model-degraded images</h1>",
            f'<div class="sub">{len(s["inputs"])} input(s): {e(", ".join(s["inputs"][:5]))}'
            f'{" …" if len(s["inputs"]) > 5 else ""} · {e(s["created"])} · collapseguard '
@@ -211,6 +214,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
            + '<a href="#degraded">most degraded</a>'
            '<a href="#borderline">borderline</a><a href="#kept">kept sample</a>'
            + ('<a href="#compare">other metrics</a>' if comparisons else "")
+           + ('<a href="#groups">near-duplicate groups</a>' if groups_html is not None else "")
            + ('<a href="#errors">not scored</a>' if s["errors"] else "") + "</nav>",
            _headline(s)]
 
@@ -281,6 +285,14 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 + _gallery(cards.get(f"other_only:{c.name}", []), main, "None."))
         parts.append("</section>")
         out.append("".join(parts))
+
+    if groups_html is not None:
+        g = s.get("groups", {})
+        out.append(f'<section id="groups"><h2>Near-duplicate groups</h2><p class="note">'
+                   f'{e(g.get("shown", 0))} group(s) of {e(_short(g.get("table", "")))} (made by '
+                   "<code>collapseguard dedup</code>), those with a degraded copy first: the kept "
+                   "copy, then the others by rank, each as a thumbnail and a 1:1 crop of the same "
+                   f"part of the picture. Red: marked degraded_copy.</p>{groups_html}</section>")
 
     if s["errors"]:
         rows = "".join(f'<tr><td class=l>{e(_short(r["source"]))}</td><td class=l>{e(r["key"])}</td>'

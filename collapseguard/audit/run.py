@@ -96,6 +96,8 @@ class AuditOptions:
     confidence: float = stats.CONFIDENCE
     #: Parquet inputs: the column holding the images (None: found by type and name)
     image_column: str | None = None
+    #: a ``dedup`` groups.parquet: the report shows up to ``gallery_size`` of its groups
+    groups: str | None = None
 
 
 def _version() -> str:
@@ -246,6 +248,13 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         if name != det.name and name not in others:
             others[name] = _create(name, tuple(options.compare_kwargs.get(name, ())))
     check_writable(out)  # before any scoring: a read-only or full --out fails now, in one line
+    group_rows = None
+    if options.groups:
+        from collapseguard.dedup.gallery import NotAGroupsTable, read_groups
+        try:  # checked before any scoring: a file that is not a groups table is one line now
+            group_rows = read_groups(options.groups)
+        except NotAGroupsTable as exc:
+            raise AuditError(f"--groups: {exc}") from None
     select, population = None, None
     if options.sample:
         _log(f"choosing a random sample of {options.sample} (seed {options.seed}) from the inputs' "
@@ -355,6 +364,13 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         for c in comparisons:
             figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
                 s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
+    groups_html = None
+    if group_rows is not None:
+        from collapseguard.dedup.gallery import render_groups
+        _log("reading the near-duplicate groups to show", quiet)
+        groups_html, shown = render_groups(group_rows, options.gallery_size, options.image_column,
+                                           heading="h3")
+        summary["groups"] = {"table": str(options.groups), "shown": shown}
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
 
@@ -366,7 +382,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     _write(out / "flagged.csv", lambda p: flagged.to_csv(p, index=False))
     _write(out / "summary.json", lambda p: Path(p).write_text(
         json.dumps(json_ready(summary), indent=2, allow_nan=False), encoding="utf-8"))
-    html = report_html.render(summary, per_source, cards, figures, comparisons)
+    html = report_html.render(summary, per_source, cards, figures, comparisons,
+                              groups_html=groups_html)
     _write(out / "report.html", lambda p: Path(p).write_text(html, encoding="utf-8"))
     return summary
 

@@ -40,11 +40,15 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.option("--image-column", default=None, metavar="NAME",
               help="Parquet inputs: the column holding the images (default: found by type and "
                    "name).")
+@click.option("--groups", default=None, metavar="PATH",
+              help="A groups.parquet made by `collapseguard dedup`: the report adds a section "
+                   "with up to --gallery-size of its groups (those with a degraded copy first), "
+                   "each copy beside the kept one at 1:1 crops.")
 @no_pipe_option()
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, workers,
-          gallery_size, image_column, no_pipe, trust_pickle, quiet):
+          gallery_size, image_column, groups, no_pipe, trust_pickle, quiet):
     """Audit a dataset: score INPUTS (shards, folders, image files, brace patterns such as
     'data/shard-{000..099}.tar'; paths or URLs such as 'pipe:CMD', http(s)://, s3://) and write a self-contained report.html with the flagged
     fraction and its confidence interval, the score histogram, the estimated replication step,
@@ -62,7 +66,7 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
                            compare_kwargs={n: detector_kwargs(n, trust_pickle) for n in names},
                            sample=sample, seed=seed, workers=workers,
                            detector_kwargs=kwargs, gallery_size=gallery_size,
-                           image_column=image_column)
+                           image_column=image_column, groups=groups)
     try:
         summary = run_audit(inputs, out, options, quiet=quiet, detector_obj=det)
     except ValueError as exc:  # plain ValueErrors of argument checks

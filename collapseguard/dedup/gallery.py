@@ -47,12 +47,37 @@ def pick_groups(rows: list[dict], max_groups: int) -> list[list[dict]]:
     return [sorted(ms, key=lambda m: m["rank"])[:MAX_MEMBERS] for ms in ordered[:max_groups]]
 
 
-def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: int = 30,
-                  image_column: str | None = None) -> int:
-    """Write the gallery; returns the number of groups shown. ``image_column``: the image column
-    of Parquet sources (None: found as ``score`` finds it)."""
-    cols = ["source", "key", "group", "rank", "decision", "p_worse", "reason", "image"]
-    rows = pq.read_table(groups_parquet, columns=cols).to_pylist()
+#: the columns the gallery reads from a groups table
+COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "image")
+
+#: the gallery's CSS, scoped to ``.cg-groups`` (audit's report embeds it beside its own)
+STYLE = (".cg-groups .row{display:flex;gap:8px;overflow-x:auto}"
+         ".cg-groups .tile{border:2px solid #8a8;padding:4px}"
+         ".cg-groups .tile.degraded_copy{border-color:#c44}"
+         ".cg-groups .crop{display:block;image-rendering:pixelated}.cg-groups .err{color:#c44}")
+
+
+class NotAGroupsTable(ValueError):
+    """The file cannot be read as a ``dedup`` groups.parquet (one line, naming the file)."""
+
+
+def read_groups(groups_parquet: str | Path) -> list[dict]:
+    """The gallery's columns of a groups table, checked: a file that is not one is one line."""
+    try:
+        names = set(pq.read_schema(groups_parquet).names)
+    except (OSError, ValueError) as exc:
+        raise NotAGroupsTable(f"cannot read {groups_parquet} as a groups table: {exc}") from None
+    missing = set(COLUMNS) - names
+    if missing:
+        raise NotAGroupsTable(f"{groups_parquet} is not a dedup groups.parquet (no column "
+                              f"{', '.join(sorted(missing))})")
+    return pq.read_table(groups_parquet, columns=list(COLUMNS)).to_pylist()
+
+
+def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | None = None,
+                  heading: str = "h2") -> tuple[str, int]:
+    """The groups of ``rows`` (from ``read_groups``) as an HTML fragment inside
+    ``<div class=cg-groups>`` (styled by ``STYLE``), and the number of groups shown."""
     shown = pick_groups(rows, max_groups)
     fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms],
                             image_column=image_column)
@@ -78,15 +103,21 @@ def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: 
                         f"<img class=crop src='{png_uri(_crop_at(f.image, fy, fx, CROP))}' alt=''>"
                         f"<div>{w}x{h}</div>")
             tiles.append(f"<div class='tile {e(m['decision'])}'>{body}<div>{label}</div></div>")
-        parts.append(f"<h2>{e(ms[0]['group'])}</h2><div class=row>{''.join(tiles)}</div>")
+        parts.append(f"<{heading}>{e(ms[0]['group'])}</{heading}><div class=row>{''.join(tiles)}</div>")
+    return f"<div class=cg-groups>{''.join(parts)}</div>", len(shown)
+
+
+def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: int = 30,
+                  image_column: str | None = None) -> int:
+    """Write the gallery; returns the number of groups shown. ``image_column``: the image column
+    of Parquet sources (None: found as ``score`` finds it)."""
+    body, n = render_groups(read_groups(groups_parquet), max_groups, image_column)
     page = ("<!doctype html><meta charset=utf-8><title>dedup groups</title><style>"
-            "body{font:13px sans-serif;margin:1em}.row{display:flex;gap:8px;overflow-x:auto}"
-            ".tile{border:2px solid #8a8;padding:4px}.tile.degraded_copy{border-color:#c44}"
-            ".crop{display:block;image-rendering:pixelated}.err{color:#c44}</style>"
-            f"<h1>dedup groups</h1><p>{len(shown)} group(s): the kept copy first, then the others "
+            f"body{{font:13px sans-serif;margin:1em}}{STYLE}</style>"
+            f"<h1>dedup groups</h1><p>{n} group(s): the kept copy first, then the others "
             "by rank; thumbnails, then 1:1 crops of the same part of the picture. Red: marked "
-            "degraded_copy.</p>" + "".join(parts))
+            "degraded_copy.</p>" + body)
     out_html = Path(out_html)
     with replaced_when_done(out_html, suffix=".html") as tmp:
         Path(tmp).write_text(page, encoding="utf-8")
-    return len(shown)
+    return n

@@ -1,0 +1,68 @@
+"""``audit --groups``: the report shows dedup's groups, the kept copy beside its degraded
+re-renderings, on real shards (a real replicator's chain) grouped by a real ``dedup`` run."""
+
+from __future__ import annotations
+
+import tarfile
+
+import pytest
+from cg_testutil import add_member, run_cli
+
+from collapseguard.images import encode_jpeg, encode_png
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory, photos):
+    """Two shards: a clean photo (step 0) and its steps 5 and 10 of a real replication chain, one
+    of them under a key that is markup, beside an unrelated photo; and dedup's groups.parquet."""
+    from collapseguard.training_data_tools.chains import run_chain
+
+    _, steps = run_chain(photos[0], "noise_tint", steps=10, keep=(0, 5, 10), seed=5)
+    chain = {k: img for k, img, _ in steps}
+    root = tmp_path_factory.mktemp("audit_groups")
+    shards = []
+    for name, samples in (("a", [("chain_s0", "jpg", encode_jpeg(chain[0], 90)),
+                                 ("unrelated_photo", "jpg", encode_jpeg(photos[2], 90))]),
+                          ("b", [(HOSTILE, "png", encode_png(chain[5])),
+                                 ("chain_s10", "png", encode_png(chain[10]))])):
+        path = root / f"shard-{name}.tar"
+        with tarfile.open(path, "w") as tf:
+            for key, ext, data in samples:
+                add_member(tf, f"{key}.{ext}", data)
+        shards.append(path)
+    run_cli(["dedup", *shards, "--out", root / "dedup", "-q"])
+    return shards, root / "dedup" / "groups.parquet"
+
+
+def test_the_report_shows_the_kept_copy_beside_its_degraded_copies(grouped, tmp_path):
+    import pandas as pd
+    shards, table = grouped
+    decisions = dict(pd.read_parquet(table, columns=["key", "decision"]).itertuples(index=False))
+    assert decisions["chain_s0"] == "keep" and decisions["chain_s10"] == "degraded_copy"
+    out = tmp_path / "audit"
+    run_cli(["audit", *shards, "--out", out, "--threshold", "1e9", "-q", "--groups", table])
+    page = (out / "report.html").read_text()
+    section = page[page.index('<section id="groups">'):]
+    section = section[: section.index("</section>")]
+    assert "<h2>Near-duplicate groups</h2>" in section
+    tiles = section.split("<div class='tile ")[1:]
+    assert len(tiles) == 3  # one group: the kept copy and both re-renderings, the photo apart
+    assert tiles[0].startswith("keep'") and "chain_s0" in tiles[0]
+    assert any(t.startswith("degraded_copy'") and "chain_s10" in t for t in tiles)
+    for t in tiles:  # each copy as a thumbnail and a 1:1 crop
+        assert "data:image/jpeg;base64," in t and "class=crop src='data:image/png;base64," in t
+    assert "unrelated_photo" not in section
+    assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in section
+
+
+def test_a_file_that_is_not_a_groups_table_is_one_line(grouped, tmp_path):
+    shards, _ = grouped
+    scores = tmp_path / "scores.parquet"
+    run_cli(["score", shards[0], "--out", scores, "-q"])
+    for bad, says in ((scores, "is not a dedup groups.parquet"), (tmp_path / "none.parquet", "cannot read")):
+        res = run_cli(["audit", *shards, "--out", tmp_path / "audit", "--threshold", "1e9", "-q",
+                       "--groups", bad], expect=1)
+        assert says in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "audit" / "report.html").exists()
