@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from collapseguard.audit.gallery import detail_window, fetch_samples, jpeg_uri, png_uri, thumbnail
+from collapseguard.errors import CollapseguardError
 from collapseguard.io.atomic import replaced_when_done
 
 CROP = 192
@@ -57,7 +58,7 @@ STYLE = (".cg-groups .row{display:flex;gap:8px;overflow-x:auto}"
          ".cg-groups .crop{display:block;image-rendering:pixelated}.cg-groups .err{color:#c44}")
 
 
-class NotAGroupsTable(ValueError):
+class NotAGroupsTable(CollapseguardError, ValueError):
     """The file cannot be read as a ``dedup`` groups.parquet (one line, naming the file)."""
 
 
