@@ -33,6 +33,7 @@ from collapseguard.filter.pipeline import (
     FilterOptions,
     ShardChangedError,
     check_still_owner,
+    discard_staged,
     commit_marker,
     file_digest,
     input_identity,
@@ -102,12 +103,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     def discard_all() -> None:  # a failed file leaves no partial outputs, whatever failed
         for w in writers.values():
             w.abort()
-        for key in ("kept", "rejected", "scores", "marker"):
-            if key in staged:
-                try:
-                    out.discard(staged[key])
-                except OSError:
-                    pass
+        discard_staged(out, staged)
 
     try:
         pf = open_parquet(name, options.max_shard_bytes)

@@ -70,6 +70,16 @@ def scores_table(rows: dict[str, list], stem: str, row_index: list[int] | None =
     return pa.table(columns)
 
 
+def discard_staged(out, staged: dict[str, str]) -> None:
+    """Remove a failed input's staged kept, rejected, scores and marker files, whatever exists."""
+    for key in ("kept", "rejected", "scores", "marker"):
+        if key in staged:
+            try:
+                out.discard(staged[key])
+            except OSError:
+                pass
+
+
 @dataclass(frozen=True)
 class FilterOptions:
     """Everything a worker needs to process a shard (picklable, no detector object)."""
@@ -278,12 +288,7 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         for w in (kept_w, rej_w):
             if w is not None:
                 w.abort()
-        for key in ("kept", "rejected", "scores", "marker"):
-            if key in staged:
-                try:
-                    out.discard(staged[key])
-                except OSError:
-                    pass
+        discard_staged(out, staged)
         for tmp, _ in side:
             Path(tmp).unlink(missing_ok=True)
 
