@@ -46,6 +46,20 @@ and its harmless copies belong together. Prints:
 - with ``--hashes``, for the pHash ``dedup`` uses, a difference hash and an average hash: the
   share of chain images within 8 bits of their picture's step 0, and the share of pairs of
   different pictures within 8 bits of each other.
+
+With ``--shards N`` the same images (each one's bytes as stored, under its extension, keyed by its
+random name) go shuffled into N WebDataset shards (WORK/shards/), and the command line runs on
+them in subprocesses: ``collapseguard dedup SHARDS --out WORK/dedup``, then ``collapseguard filter
+SHARDS --groups WORK/dedup/groups.parquet --out WORK/filter_groups`` and the no-reference ``collapseguard
+filter SHARDS --out WORK/filter_plain`` (the cnn at its shipped threshold), each run resuming in WORK.
+The grouping figures come from ``dedup``'s table as above; the filter figures from the two
+filters' scores tables: per family the share of step >= 5 images each rejects, and the same for
+the clean images. Then a conservation check of each filter output: every input member (name and
+SHA-256 of its bytes) is in exactly one of kept/ and rejected/, on the side its scores row
+decides, and nothing else is there; the counts are printed, and a lost, changed, doubled or
+misplaced member ends the script with an error naming it:
+
+    python benchmarks/dedup_scale.py --chains MANIFEST --work WORK --shards 16 [--max-sources N]
 """
 
 from __future__ import annotations
@@ -111,6 +125,9 @@ def main() -> None:
                     help="with --throughput: add copies so that about this share of images is in a group")
     ap.add_argument("--hashes", action="store_true",
                     help="with --chains: also compare the pHash with a difference and an average hash")
+    ap.add_argument("--shards", type=int, default=0, metavar="N",
+                    help="with --chains: write the images into N shards and run dedup and filter "
+                         "(with and without --groups) on them through the command line")
     args = ap.parse_args()
     if args.throughput:
         return throughput_main(args)
@@ -308,11 +325,23 @@ def chains_main(args) -> None:
         index_path.write_text(json.dumps(index))
     index = json.loads(index_path.read_text())
     t0 = time.perf_counter()
-    summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True)
-    seconds = time.perf_counter() - t0
-    rows = pq.read_table(work / "out" / "groups.parquet").to_pylist()
-    for r in rows:
-        r.update(index[Path(r["key"]).name if r["key"] not in index else r["key"]])
+    if args.shards:
+        shards = pack_shards(images, work / "shards", args.shards)
+        cli(["dedup", *shards, "--out", work / "dedup", "-w", args.workers, "-q"])
+        seconds = time.perf_counter() - t0
+        summary = json.loads((work / "dedup" / "summary.json").read_text())
+        rows = pq.read_table(work / "dedup" / "groups.parquet").to_pylist()
+        by_key = {name.split(".")[0]: info for name, info in index.items()}
+        if sorted(r["key"] for r in rows) != sorted(by_key):
+            raise SystemExit("dedup's table does not hold exactly one row per image of the shards")
+        for r in rows:
+            r.update(by_key[r["key"]])
+    else:
+        summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True)
+        seconds = time.perf_counter() - t0
+        rows = pq.read_table(work / "out" / "groups.parquet").to_pylist()
+        for r in rows:
+            r.update(index[Path(r["key"]).name if r["key"] not in index else r["key"]])
     by_group = defaultdict(list)
     for r in rows:
         if r["group"]:
@@ -345,7 +374,8 @@ def chains_main(args) -> None:
     for r in rows:
         if r["kind"] == "chain" and r["step"] >= 5:
             drop5[r["family"]].append(r["decision"] == "degraded_copy")
-    print(f"images: {len(rows)} ({sum(r['kind'] == 'chain' for r in rows)} chain, "
+    where = f"{args.shards} shards" if args.shards else "one folder"
+    print(f"images: {len(rows)} in {where} ({sum(r['kind'] == 'chain' for r in rows)} chain, "
           f"{sum(r['kind'] == 'copy' for r in rows)} harmless copies, "
           f"{sum(r['kind'] == 'unrelated' for r in rows)} unrelated); dedup {seconds:.0f} s; "
           f"groups {summary['groups']}; level {summary['level']:.4f}")
@@ -365,7 +395,22 @@ def chains_main(args) -> None:
               f"({np.mean(cnn0[f]) if cnn0[f] else float('nan'):.3f}; {len(order0[f])}) | "
               f"{np.mean(order15[f]) if order15[f] else float('nan'):.3f} ({len(order15[f])}) | "
               f"{np.mean(drop5[f]) if drop5[f] else float('nan'):.3f} ({len(drop5[f])})")
-    # the filter's decisions: the cnn at its shipped threshold alone, and with --groups
+    if args.shards:
+        filter_figures(args, rows, shards, work, fams)
+    else:
+        cnn_figures(rows, fams)
+    if args.hashes:
+        compare_hashes(images, index)
+    s0 = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "chain" and r["step"] == 0]
+    cp = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "copy"]
+    print(f"marked degraded_copy: step-0 images {np.mean(s0):.4f} of {len(s0)}; harmless copies "
+          f"{np.mean(cp) if cp else float('nan'):.4f} of {len(cp)}")
+
+
+def cnn_figures(rows: list[dict], fams: list[str]) -> None:
+    """What ``filter`` would reject, from ``dedup``'s table: the cnn at its shipped threshold
+    alone, and with ``--groups`` (a degraded copy is rejected too). Singles have no cnn score in
+    the table and count as kept by the cnn."""
     from collapseguard.calibration.files import resolve_threshold
     from collapseguard.detectors import create
     threshold = resolve_threshold(create("cnn"))[0]
@@ -377,12 +422,149 @@ def chains_main(args) -> None:
         noref = [r["cnn"] > threshold for r in sel]
         both = [r["cnn"] > threshold or r["decision"] == "degraded_copy" for r in sel]
         print(f"  {label:18s} {np.mean(noref):.3f} | {np.mean(both):.3f} ({len(sel)})")
-    if args.hashes:
-        compare_hashes(images, index)
-    s0 = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "chain" and r["step"] == 0]
-    cp = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "copy"]
-    print(f"marked degraded_copy: step-0 images {np.mean(s0):.4f} of {len(s0)}; harmless copies "
-          f"{np.mean(cp) if cp else float('nan'):.4f} of {len(cp)}")
+
+
+def cli(args: list) -> None:
+    """``collapseguard ARGS`` in a subprocess (this Python, the package it imports), checked."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", *map(str, args)]
+    subprocess.run(cmd, check=True)
+
+
+def pack_shards(images: Path, root: Path, n: int) -> list[str]:
+    """The files of ``images`` as WebDataset shards ``root/shard-NNNN.tar``: one sample per file
+    (its name is the member's name, its stem the key: unique random names), the bytes as stored,
+    in name order (a shuffle of the order they were made in) cut into ``n`` shards of nearly equal
+    size. A folder that ``shards.json`` marks complete for ``n`` is reused."""
+    import io
+    import tarfile
+
+    done = root / "shards.json"
+    if done.exists() and json.loads(done.read_text())["n"] == n:
+        return json.loads(done.read_text())["shards"]
+    names = sorted(p.name for p in images.iterdir() if p.is_file())
+    keys = [name.split(".")[0] for name in names]
+    if len(set(keys)) != len(keys):
+        raise SystemExit(f"{images}: two files share a key")
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, part in enumerate(np.array_split(np.array(names, dtype=object), n)):
+        path = root / f"shard-{i:04d}.tar"
+        tmp = path.with_suffix(".tar.tmp")
+        with tarfile.open(tmp, "w") as tf:
+            for name in part:
+                data = (images / name).read_bytes()
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        tmp.replace(path)
+        paths.append(str(path))
+    done.write_text(json.dumps({"n": n, "shards": paths}))
+    return paths
+
+
+def _members(path) -> list[tuple[str, str]]:
+    """(name, SHA-256 of the bytes) of each regular member of a tar shard, in order."""
+    import hashlib
+    import tarfile
+
+    with tarfile.open(path) as tf:
+        return [(m.name, hashlib.sha256(tf.extractfile(m).read()).hexdigest()) for m in tf if m.isfile()]
+
+
+def filter_decisions(out: Path) -> dict[str, dict]:
+    """key -> scores row of a ``filter`` output (keys are unique across its shards here)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(sorted((out / "scores").glob("*.parquet"))).to_pylist()
+    by_key = {r["key"]: r for r in rows}
+    if len(by_key) != len(rows):
+        raise SystemExit(f"{out}: a key is in the scores table twice")
+    return by_key
+
+
+def conservation(shards: list[str], out: Path) -> dict[str, int]:
+    """Check that the ``filter`` output ``out`` conserves the members of ``shards``: each input
+    member (by name, with its bytes' SHA-256) is in exactly one of out/kept/ and out/rejected/,
+    byte for byte, on the side its sample's scores row decides; nothing else is there; the
+    summary counts every sample. Returns the counts; raises SystemExit naming what is wrong."""
+    inputs: dict[str, str] = {}
+    problems = []
+    for s in shards:
+        for name, digest in _members(s):
+            if name in inputs:
+                problems.append(f"input member {name} twice")
+            inputs[name] = digest
+    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for side in ("kept", "rejected"):
+        for path in sorted((out / side).glob("*.tar")):
+            for name, digest in _members(path):
+                found[name].append((side, digest))
+    decisions = filter_decisions(out)
+    for name, digest in inputs.items():
+        where = found.get(name, [])
+        if not where:
+            problems.append(f"{name}: lost")
+        elif len(where) > 1:
+            problems.append(f"{name}: {len(where)} copies in {[w[0] for w in where]}")
+        elif where[0][1] != digest:
+            problems.append(f"{name}: bytes changed in {where[0][0]}/")
+        elif decisions.get(name.split(".")[0], {}).get("decision") != where[0][0]:
+            problems.append(f"{name}: in {where[0][0]}/, its scores row says "
+                            f"{decisions.get(name.split('.')[0], {}).get('decision')}")
+    problems += [f"{name}: in the output, not in the input" for name in found if name not in inputs]
+    keys = {name.split(".")[0] for name in inputs}
+    if set(decisions) != keys:
+        problems.append(f"scores table keys differ from the input's ({len(decisions)} vs {len(keys)})")
+    summary = json.loads((out / "summary.json").read_text())
+    if summary["shards_failed"] or summary["samples"] != len(keys) or \
+            summary["kept"] + summary["rejected"] != len(keys):
+        problems.append(f"summary.json: {summary['samples']} samples, {summary['kept']} kept, "
+                        f"{summary['rejected']} rejected, failed {summary['shards_failed']} "
+                        f"for {len(keys)} input samples")
+    if problems:
+        raise SystemExit(f"conservation FAILED in {out}: {len(problems)} problem(s):\n  "
+                         + "\n  ".join(problems[:20]))
+    return {"members": len(inputs),
+            "kept": sum(1 for w in found.values() if w[0][0] == "kept"),
+            "rejected": sum(1 for w in found.values() if w[0][0] == "rejected")}
+
+
+def filter_figures(args, rows: list[dict], shards: list[str], work: Path, fams: list[str]) -> None:
+    """Run ``filter`` on the shards with ``--groups`` and without (the cnn at its shipped
+    threshold), print the share of step >= 5 images each rejects per family and of the clean
+    images, and check that each output conserves every member."""
+    outs = {"groups": work / "filter_groups", "plain": work / "filter_plain"}
+    seconds = {}
+    for name, extra in (("groups", ["--groups", work / "dedup" / "groups.parquet"]), ("plain", [])):
+        t = time.perf_counter()
+        cli(["filter", *shards, "--out", outs[name], "-w", args.workers, "-q", *extra])
+        seconds[name] = time.perf_counter() - t
+    dec = {name: filter_decisions(out) for name, out in outs.items()}
+    summaries = {name: json.loads((out / "summary.json").read_text()) for name, out in outs.items()}
+    plain = summaries["plain"]
+    print(f"filter ({seconds['plain']:.0f} s | --groups {seconds['groups']:.0f} s): rejected by the "
+          f"{plain['detector']} at its shipped threshold {plain['threshold']:.4f} "
+          "alone | with --groups (of those for degraded_copy):")
+    picks = [(f, lambda r, f=f: r["kind"] == "chain" and r["family"] == f and r["step"] >= 5) for f in fams]
+    picks += [("clean: step-0 chain", lambda r: r["kind"] == "chain" and r["step"] == 0),
+              ("clean: harmless copy", lambda r: r["kind"] == "copy"),
+              ("clean: unrelated", lambda r: r["kind"] == "unrelated"),
+              ("clean: all", lambda r: r["step"] == 0)]
+    for label, pick in picks:
+        keys = [r["key"] for r in rows if pick(r)]
+        if not keys:
+            continue
+        share = {name: np.mean([dec[name][k]["decision"] == "rejected" for k in keys]) for name in dec}
+        dc = np.mean([dec["groups"][k]["reason"] == "degraded_copy" for k in keys])
+        print(f"  {label:20s} {share['plain']:.3f} | {share['groups']:.3f} ({dc:.3f}) of {len(keys)}")
+    for name, out in outs.items():
+        c = conservation(shards, out)
+        print(f"conservation, filter {'--groups' if name == 'groups' else 'alone'}: {c['members']} input "
+              f"members -> {c['kept']} kept + {c['rejected']} rejected, each once, byte-identical "
+              f"(SHA-256), on its scores row's side; reasons {summaries[name]['reasons']}")
 
 
 if __name__ == "__main__":
