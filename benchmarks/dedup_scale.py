@@ -50,8 +50,10 @@ and its harmless copies belong together. Prints:
 With ``--shards N`` the same images (each one's bytes as stored, under its extension, keyed by its
 random name) go shuffled into N WebDataset shards (WORK/shards/), and the command line runs on
 them in subprocesses: ``collapseguard dedup SHARDS --out WORK/dedup``, then ``collapseguard filter
-SHARDS --groups WORK/dedup/groups.parquet --out WORK/filter_groups`` and the no-reference ``collapseguard
-filter SHARDS --out WORK/filter_plain`` (the cnn at its shipped threshold), each run resuming in WORK.
+SHARDS --groups WORK/dedup/groups.parquet --out WORK/filter_groups-DIGEST`` (DIGEST: the table's
+SHA-256, so that a changed table gets a new output) and the no-reference ``collapseguard filter
+SHARDS --out WORK/filter_plain`` (the cnn at its shipped threshold), each run resuming in WORK
+(the seconds printed are those of this run: a resumed step takes seconds).
 The grouping figures come from ``dedup``'s table as above; the filter figures from the two
 filters' scores tables: per family the share of step >= 5 images each rejects, and the same for
 the clean images. Then a conservation check of each filter output: every input member (name and
@@ -536,9 +538,13 @@ def filter_figures(args, rows: list[dict], shards: list[str], work: Path, fams: 
     """Run ``filter`` on the shards with ``--groups`` and without (the cnn at its shipped
     threshold), print the share of step >= 5 images each rejects per family and of the clean
     images, and check that each output conserves every member."""
-    outs = {"groups": work / "filter_groups", "plain": work / "filter_plain"}
+    import hashlib
+
+    table = work / "dedup" / "groups.parquet"
+    digest = hashlib.sha256(table.read_bytes()).hexdigest()[:12]  # a new table, a new output
+    outs = {"groups": work / f"filter_groups-{digest}", "plain": work / "filter_plain"}
     seconds = {}
-    for name, extra in (("groups", ["--groups", work / "dedup" / "groups.parquet"]), ("plain", [])):
+    for name, extra in (("groups", ["--groups", table]), ("plain", [])):
         t = time.perf_counter()
         cli(["filter", *shards, "--out", outs[name], "-w", args.workers, "-q", *extra])
         seconds[name] = time.perf_counter() - t
