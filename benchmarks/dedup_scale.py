@@ -376,7 +376,15 @@ def chains_main(args) -> None:
     for r in rows:
         if r["kind"] == "chain" and r["step"] >= 5:
             drop5[r["family"]].append(r["decision"] == "degraded_copy")
-    where = f"{args.shards} shards" if args.shards else "one folder"
+    where = "one folder"
+    if args.shards:
+        spread = defaultdict(set)
+        for r in rows:
+            if r["kind"] != "unrelated":
+                spread[r["picture"]].add(r["shard"])
+        n = [len(v) for v in spread.values()]
+        where = (f"{args.shards} shards, each picture's images in {min(n)}-{max(n)} of them "
+                 f"(median {np.median(n):g})")
     print(f"images: {len(rows)} in {where} ({sum(r['kind'] == 'chain' for r in rows)} chain, "
           f"{sum(r['kind'] == 'copy' for r in rows)} harmless copies, "
           f"{sum(r['kind'] == 'unrelated' for r in rows)} unrelated); dedup {seconds:.0f} s; "
