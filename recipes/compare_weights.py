@@ -9,17 +9,15 @@
 
 1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
    harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
-   pairs carry every storage and size on either side. A description holds the cnn score, the
-   features at every scale and the image's shorter side.
+   pairs carry every storage and size on either side.
 2. Chains are split by source picture (``manifest.source_bucket``): 60% fit, 40% held out.
    Pairs are every two descriptions of one chain at different steps, both orders; the label says
    which is the later step. Beside them, each image and its harmless copy make a pair labelled
    0.5 (nothing to tell apart), weighted ``--invariance-weight`` against the ordered pairs.
    ``dedup.fit.fit_logistic`` fits the weights of ``--inputs`` on the fit part (the other inputs
-   get weight 0). The default set was chosen by forward selection on the fit part's chains (three
-   folds by source picture) for the worst family's step 0 vs step >= 3 accuracy: with every
-   input the fit learns the noise families' "more detail = worse" and ranks smoothed copies
-   backwards.
+   get weight 0). The default set was chosen on the fit part's chains (three folds by source
+   picture) for the worst family's step 0 vs step >= 3 accuracy: with every input the fit
+   learns the noise families' "more detail = worse" and ranks smoothed copies backwards.
 3. Held-out figures: per family, how often step 0 is ranked below a step >= 3 copy, and step 1
    below step 5 (every description pair of the held-out chains).
 4. The level: clean-only groups (the picture as made plus ``--clean-copies`` harmless copies,
@@ -45,9 +43,9 @@ import numpy as np
 
 from collapseguard.detectors.compare import INPUTS
 
-#: the inputs fitted by default: chosen by forward selection on the fit chains (three folds by
-#: source picture), for the worst family's step 0 vs step >= 3 accuracy
-DEFAULT_INPUTS = ("cnn", "log_short", "sat", "hf", "flat", "cast")
+#: the inputs fitted by default, chosen on the fit chains (three folds by source picture) for
+#: the worst family's step 0 vs step >= 3 accuracy
+DEFAULT_INPUTS = ("cnn", "sat", "hf", "flat", "cast")
 
 
 def describe_all(comparator, images, batch=8):
@@ -58,20 +56,11 @@ def describe_all(comparator, images, batch=8):
 
 
 def pack(descs):
-    return (np.array([d["cnn"] for d in descs]), np.array([d["ladder"] for d in descs]),
-            np.array([d["short"] for d in descs]))
+    return (np.array([d["cnn"] for d in descs]), np.array([d["ladder"] for d in descs]))
 
 
-def unpack(cnn, lad, short):
-    return [{"cnn": float(c), "ladder": l, "short": int(s)} for c, l, s in zip(cnn, lad, short)]
-
-
-def load_cache(path: Path, prefix: str) -> np.lib.npyio.NpzFile:
-    z = np.load(path, allow_pickle=False)
-    if f"{prefix}_short" not in z.files:
-        raise SystemExit(f"{path} holds descriptions without the images' sizes: delete it to "
-                         "describe the images again")
-    return z
+def unpack(cnn, lad):
+    return [{"cnn": float(c), "ladder": l} for c, l in zip(cnn, lad)]
 
 
 def main(argv=None) -> int:
@@ -113,8 +102,8 @@ def main(argv=None) -> int:
     cache = work / "descriptions.npz"  # the chain images' descriptions
     t0 = time.time()
     if cache.exists():
-        z = load_cache(cache, "chain")
-        chain_descs = unpack(z["chain_cnn"], z["chain_lad"], z["chain_short"])
+        z = np.load(cache, allow_pickle=False)
+        chain_descs = unpack(z["chain_cnn"], z["chain_lad"])
         chain_rows = z["chain_rows"]
     else:
         imgs, rows = [], []
@@ -127,14 +116,14 @@ def main(argv=None) -> int:
         chain_descs = describe_all(comp, imgs)
         chain_rows = np.array(rows)
         del imgs
-        cc, cl, cs = pack(chain_descs)
-        np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_short=cs, chain_rows=chain_rows)
+        cc, cl = pack(chain_descs)
+        np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=chain_rows)
         print(f"described {len(chain_descs)} chain images in {time.time() - t0:.0f} s", file=sys.stderr)
     key = hashlib.sha256(repr((args.clean, args.clean_seed, args.clean_copies, args.seed)).encode())
     clean_cache = work / f"clean-{key.hexdigest()[:12]}.npz"
     if clean_cache.exists():
-        z = load_cache(clean_cache, "clean")
-        clean_descs = unpack(z["clean_cnn"], z["clean_lad"], z["clean_short"])
+        z = np.load(clean_cache, allow_pickle=False)
+        clean_descs = unpack(z["clean_cnn"], z["clean_lad"])
         clean_group = z["clean_group"]
     else:
         crng = np.random.default_rng([args.seed, 1])
@@ -150,8 +139,8 @@ def main(argv=None) -> int:
                 cgroup.append(g)
         clean_descs = describe_all(comp, cimgs)
         clean_group = np.array(cgroup)
-        kc, kl, ks = pack(clean_descs)
-        np.savez(clean_cache, clean_cnn=kc, clean_lad=kl, clean_short=ks, clean_group=clean_group)
+        kc, kl = pack(clean_descs)
+        np.savez(clean_cache, clean_cnn=kc, clean_lad=kl, clean_group=clean_group)
         print(f"described {len(clean_descs)} clean copies in {time.time() - t0:.0f} s", file=sys.stderr)
 
     # pairs within chains

@@ -343,8 +343,7 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
     order = grouped[np.argsort(labels[grouped], kind="stable")]
     bounds = np.flatnonzero(np.diff(labels[order])) + 1
     for members in np.split(order, bounds) if order.size else []:
-        descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m],
-                  "short": int(min(desc["width"][m], desc["height"][m]))} for m in members]
+        descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
         kept, r, p = group_p_worse(group_utilities(descs, w, s))
         for j, m in enumerate(members):
             rank[m] = r[j]

@@ -3,28 +3,25 @@
 ``Comparator.compare(a, b)`` returns P(``b`` is more degraded than ``a``) for two RGB images of
 the same picture (different sizes, crops, storages and re-renderings allowed). Each image is
 described once (``describe``): the shipped ``cnn`` score at native resolution and the
-``pair_features`` ladder at common scales, and its shorter side. A pair is compared at the
-largest scale both images reach, so both are aligned to one size before their features are set
-against each other. The model is logistic in the difference of the two descriptions:
+``pair_features`` ladder at common scales. A pair is compared at the largest scale both images
+reach, so both are aligned to one size before their features are set against each other. The
+model is logistic in the difference of the two descriptions:
 
-    P(b worse than a) = sigmoid(w . (x(b) - x(a)) / s),
-    x = (features at the common scale, cnn, log shorter side)
+    P(b worse than a) = sigmoid(w . (x(b) - x(a)) / s),    x = (features at the common scale, cnn)
 
-The cnn scores each image at its own resolution, where a reduced copy looks a little cleaner than
-its original; the log of the shorter side lets the model take that back. Inputs whose weight is 0
-are not used (the recipe fits a chosen subset; the weights file's ``inputs`` metadata names it).
-
-with no intercept, so ``compare(a, b) + compare(b, a) == 1`` and ``compare(a, a) == 0.5``. The
+with no intercept, so ``compare(a, b) + compare(b, a) == 1`` and ``compare(a, a) == 0.5``. An
+input whose weight is 0 is not used (the recipe fits a chosen subset, named by the weights file's
+``inputs`` metadata). The
 weights ``w`` and scales ``s`` ship as ``weights/compare.safetensors`` (``recipes/compare_weights.py``
 fits them on pairs from replication chains; MODEL_CARD.md, "Pairwise comparator").
 
 As a registry entry (``create("compare")``) it is also a detector: ``score`` is the image's own
 utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
-copies of the same picture. ``score_detailed`` returns the description as extra columns
-(``cnn``, ``short``, ``f<scale>_<feature>``) and, with ``fingerprints=True``, the dedup
-fingerprints (``ph0..ph3``: the 64-bit pHash as four 16-bit parts; ``th0..th255``: the int8
-thumbnail). With ``fingerprints="only"`` the registry gives ``FingerprintOnly``: the
-fingerprints without the cnn or the features, the cheap first pass of ``dedup``.
+copies of the same picture. ``score_detailed`` returns the description as extra columns (``cnn``,
+``f<scale>_<feature>``) and, with ``fingerprints=True``, the dedup fingerprints (``ph0..ph3``: the
+64-bit pHash as four 16-bit parts; ``th0..th255``: the int8 thumbnail). With ``fingerprints="only"``
+the registry gives ``FingerprintOnly``: the fingerprints without the cnn or the features, the cheap
+first pass of ``dedup``.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ from collapseguard.detectors.pair_features import FEATURES, SCALES, common_scale
 
 WEIGHTS_NAME = "compare.safetensors"
 #: the inputs of the logistic model, in order
-INPUTS = (*FEATURES, "cnn", "log_short")
+INPUTS = (*FEATURES, "cnn")
 FEATURE_COLUMNS = tuple(f"f{s}_{n}" for s in SCALES for n in FEATURES)
 HASH_COLUMNS = tuple(f"ph{i}" for i in range(4))
 THUMB_COLUMNS = tuple(f"th{i}" for i in range(THUMB_SIDE * THUMB_SIDE))
@@ -78,20 +75,11 @@ def load_weights(path: str | Path | None = None) -> dict[str, np.ndarray]:
             "version": version}
 
 
-def log_short(desc: dict) -> float:
-    """The log of a described image's shorter side (0 where the description has none)."""
-    short = desc.get("short")
-    return float(np.log(short)) if short and short > 0 else 0.0
-
-
 def pair_inputs(desc_a: dict, desc_b: dict) -> np.ndarray:
     """The model's input for one pair: ``x(b) - x(a)`` at their common scale."""
     i = common_scale(desc_a["ladder"], desc_b["ladder"])
-    la, lb = log_short(desc_a), log_short(desc_b)
-    if not (la and lb):  # a size unknown: no size term for the pair
-        la = lb = 0.0
-    fa = np.append(desc_a["ladder"][i], [desc_a["cnn"], la])
-    fb = np.append(desc_b["ladder"][i], [desc_b["cnn"], lb])
+    fa = np.append(desc_a["ladder"][i], desc_a["cnn"])
+    fb = np.append(desc_b["ladder"][i], desc_b["cnn"])
     return np.nan_to_num(fb - fa)
 
 
@@ -103,10 +91,7 @@ def group_utilities(descs: Sequence[dict], w: np.ndarray, s: np.ndarray) -> np.n
     reached = ~np.isnan(lads[:, :, 0]).any(axis=0)
     idx = np.flatnonzero(reached)
     i = int(idx[-1]) if idx.size else 0
-    sizes = np.array([log_short(d) for d in descs])
-    if not sizes.all():  # a size unknown: no size term in the group
-        sizes[:] = 0.0
-    x = np.column_stack([lads[:, i, :], [d["cnn"] for d in descs], sizes])
+    x = np.column_stack([lads[:, i, :], [d["cnn"] for d in descs]])
     return np.nan_to_num(x / s) @ w
 
 
@@ -138,16 +123,14 @@ class Comparator(Detector):
     # -- descriptions ---------------------------------------------------------------------------
 
     def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
-        """One description per image: ``{"cnn": float, "ladder": (scales, features) array,
-        "short": shorter side in px}``."""
+        """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``."""
         cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
-        return [{"cnn": float(c), "ladder": ladder(img), "short": int(min(img.shape[:2]))}
-                for c, img in zip(cnn, images)]
+        return [{"cnn": float(c), "ladder": ladder(img)} for c, img in zip(cnn, images)]
 
     def utility(self, desc: dict) -> float:
         """``w . x / s`` at the image's own largest scale (higher = more degraded)."""
         rows = np.flatnonzero(~np.isnan(desc["ladder"][:, 0]))
-        x = np.append(desc["ladder"][rows[-1] if rows.size else 0], [desc["cnn"], log_short(desc)])
+        x = np.append(desc["ladder"][rows[-1] if rows.size else 0], desc["cnn"])
         return float(np.dot(self.w, np.nan_to_num(x) / self.s))
 
     def group_utilities(self, descs: Sequence[dict]) -> np.ndarray:
@@ -173,7 +156,6 @@ class Comparator(Detector):
         out: dict[str, np.ndarray] = {
             "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
             "cnn": np.array([d["cnn"] for d in descs]),
-            "short": np.array([d["short"] for d in descs], dtype=np.float64),
         }
         flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), -1)
         for j, col in enumerate(FEATURE_COLUMNS):
@@ -226,13 +208,9 @@ class FingerprintOnly(Detector):
 
 
 def description_from_row(row) -> dict:
-    """A description rebuilt from a scores row (``score_detailed``'s extra columns; the shorter
-    side from ``short``, else from ``width`` and ``height``)."""
+    """A description rebuilt from a scores row (``score_detailed``'s extra columns)."""
     lad = np.array([row[c] for c in FEATURE_COLUMNS], dtype=np.float64).reshape(len(SCALES), -1)
-    short = row.get("short")
-    if short is None or not short == short:
-        short = min(row.get("width") or 0, row.get("height") or 0)
-    return {"cnn": float(row["cnn"]), "ladder": lad, "short": int(short)}
+    return {"cnn": float(row["cnn"]), "ladder": lad}
 
 
 def create_comparator(fingerprints: bool | str = False, weights: str | None = None) -> Detector:

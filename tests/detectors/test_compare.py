@@ -49,23 +49,3 @@ def test_descriptions_from_a_scores_row_give_the_same_probability(comp, photos):
     rows = [{k: v[i] for k, v in detail.items()} for i in range(2)]
     a, b = (description_from_row(r) for r in rows)
     assert comp.prob(a, b) == pytest.approx(comp.compare(*imgs), abs=1e-9)
-
-
-def test_a_row_without_the_short_side_takes_it_from_width_and_height(comp, photos):
-    """``dedup`` keeps width and height, not ``short``: the size term must come back from them,
-    and a reduced copy's probability must depend on it."""
-    from collapseguard.detectors.compare import description_from_row
-
-    imgs = [photos[0], resized(degrade(photos[0], seed=4), 0.6)]
-    detail = comp.score_detailed(imgs)
-    rows = [{k: v[i] for k, v in detail.items() if k != "short"} for i in range(2)]
-    for row, img in zip(rows, imgs):
-        row["height"], row["width"] = img.shape[:2]
-    a, b = (description_from_row(r) for r in rows)
-    assert (a["short"], b["short"]) == (min(imgs[0].shape[:2]), min(imgs[1].shape[:2]))
-    assert comp.prob(a, b) == pytest.approx(comp.compare(*imgs), abs=1e-9)
-    # the shipped weights use the size: without it (unknown on one side) the pair reads otherwise,
-    # and swapping it still swaps the probability
-    b_unknown = dict(b, short=0)
-    assert comp.prob(a, b_unknown) != pytest.approx(comp.prob(a, b), abs=1e-6)
-    assert comp.prob(a, b_unknown) + comp.prob(b_unknown, a) == pytest.approx(1.0, abs=1e-9)
