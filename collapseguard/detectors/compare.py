@@ -11,7 +11,9 @@ model is logistic in the difference of the two descriptions:
 
 with no intercept, so ``compare(a, b) + compare(b, a) == 1`` and ``compare(a, a) == 0.5``. The
 weights ``w`` and scales ``s`` ship as ``weights/compare.safetensors`` (``recipes/compare_weights.py``
-fits them on pairs from replication chains; MODEL_CARD.md, "Pairwise comparator").
+fits them on pairs from replication chains; docs/DEDUP.md, "The pairwise comparator"). An input
+whose weight is 0 is not used: the recipe fits a chosen subset, named in the file's ``inputs``
+metadata.
 
 As a registry entry (``create("compare")``) it is also a detector: ``score`` is the image's own
 utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
