@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 from collapseguard.detectors import create
-from collapseguard.detectors.crops import crop_grid, image_crops
+from collapseguard.detectors.crops import image_crops
 from collapseguard.evaluation.metrics import auroc
 
 SHIPPED_THRESHOLD = 3.1796
@@ -139,7 +139,7 @@ def bootstrap_gain(ev: pd.DataFrame, reading: str, n: int = 200, seed: int = 0) 
     gains = []
     for _ in range(n):
         parts = []
-        for fam, chains in groups.items():
+        for chains in groups.values():
             ids = list(chains)
             pick = rng.choice(len(ids), len(ids), replace=True)
             parts += [chains[ids[i]] for i in pick]
@@ -176,7 +176,7 @@ def table(df: pd.DataFrame) -> None:
         worst_kind = []
         for st in ("web_png", "web_jpeg90"):
             w = df[df["set"] == st]
-            share = w.groupby("kind")[r].apply(lambda s: float(np.mean(s > t)))
+            share = (w[r] > t).groupby(w["kind"]).mean()
             k = share.idxmax()
             worst_kind.append(f"{100 * share.max():.1f}% {k} ({int((w.loc[w['kind'] == k, r] > t).sum())}"
                               f"/{int((w['kind'] == k).sum())})")

@@ -2,7 +2,8 @@
 
     nice -n 15 python recipes/kind_thresholds.py [--eval /work/data/eval] \
         [--scores /work/data/signals/cnn-49cd8979952f.csv] [--web /work/data/web_history] \
-        [--cache /work/data/kinds] [--folds 5] [--units pictures|images]
+        [--cache /work/data/kinds] [--folds 5] [--units pictures|images] [--rule bound|quantile]
+        [--alpha 0.01] [--split package|picture] [--features hand|cnn|both]
 
 Data: the evaluation set's chains (``EVAL/stored/manifest.csv``) with the cnn's cached scores of
 steps 0 and 10 as PNG and JPEG q90 4:2:0 (``--scores``, written by ``benchmarks/signals.py``), and
@@ -15,8 +16,10 @@ too, and near-duplicates of one package never straddle a split): a picture's kin
 a model trained on the other folds' pictures, and its images are dropped or kept by thresholds
 calibrated on the other folds' clean images. The kind predictor (``kind_features``: colour count,
 flat-area share, edge density, gradient histogram, saturation, run lengths, axis-aligned edges,
-noise level; a gradient-boosted tree classifier) trains on clean images only (web history and
-step 0); its confusion matrix is printed for held-out clean images and held-out step-10 images.
+noise level), with ``--features cnn``/``both`` the shipped cnn's crop features (mean and spread
+over its 24 crops) too; a gradient-boosted tree classifier trains on clean images only (web
+history and step 0); its confusion matrix is printed for held-out clean images and held-out
+step-10 images. ``--split picture`` makes the folds by picture instead of package.
 
 Thresholds, each from ``bounds`` (alpha 1 %, confidence 95 %; the k-th largest clean score with
 the binomial order statistic's k, or the largest score, k = 1, where there are fewer than the
@@ -26,7 +29,10 @@ threshold), ``pooled`` (one threshold over the calibration folds' clean scores),
 (each image judged by its own kind's threshold, with the true kind) and ``per-kind predicted``
 (the same thresholds, picked by the predicted kind). ``--units pictures`` (the default, what
 ``calibrate`` does) counts one score per picture, its highest clean score; ``images`` counts
-every clean image.
+every clean image. ``--rule quantile`` takes k = ceil(alpha n) instead of the bound's k (the plain
+empirical quantile, no guarantee at these sizes). A last column, ``pooled @ oracle's clean
+share``, is one threshold set on the reported clean images themselves to drop as many of them as
+the per-kind oracle thresholds do: the comparison at equal clean cost (it flatters the pooled side).
 Printed: clean share dropped per kind (web history PNG and JPEG q90, evaluation step 0) and
 step-10 share dropped per family, for each way of deciding.
 """
@@ -284,8 +290,10 @@ def run(args) -> None:
     print("\n## Thresholds per fold (value, n, k, guaranteed false-drop rate)\n")
     print("| fold | pooled | " + " | ".join(KINDS) + " |")
     print("|---|---|" + "---|" * G)
+    def cell(t):
+        return f"{t[0]:.2f} (n {t[1]}, k {t[2]}, {100 * t[3]:.1f}%)"
+
     for f, tp, tk in thr_log:
-        cell = lambda t: f"{t[0]:.2f} (n {t[1]}, k {t[2]}, {100 * t[3]:.1f}%)"  # noqa: E731
         print(f"| {f} | {cell(tp)} | " + " | ".join(cell(tk[k]) if k in tk else "-" for k in KINDS) + " |")
 
     print("\n## Kind predictor: confusion on held-out pictures (rows true, columns predicted)\n")
@@ -346,7 +354,7 @@ def main(argv=None) -> None:
     p.add_argument("--rule", choices=("bound", "quantile"), default="bound")
     p.add_argument("--alpha", type=float, default=ALPHA)
     p.add_argument("--split", choices=("package", "picture"), default="package")
-    p.add_argument("--features", choices=("hand", "cnn", "both"), default="hand")
+    p.add_argument("--features", choices=("hand", "cnn", "both"), default="both")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run(args)
