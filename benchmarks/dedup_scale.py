@@ -182,6 +182,7 @@ def throughput_main(args) -> None:
             summary = run_dedup(shards, out, quiet=True, detector_obj=det, workers=workers)
             dedup.append(summary["images"] / (time.perf_counter() - t))
             stages.append(summary["seconds"])
+        drift = reduced_drift(shards)
     f, d = statistics.median(floor), statistics.median(dedup)
     procs = "one process" if workers == 1 else f"{workers} processes"
     print(f"{summary['images']} images 1024x768 JPEG, {procs}, {args.rounds} rounds (medians): "
@@ -194,6 +195,31 @@ def throughput_main(args) -> None:
           f"grouping {med['group'] * 1e3:.0f} ms, comparator pass "
           f"{per('describe', summary['described'])} per described image, decisions and outputs "
           f"{med['decide'] * 1e3:.0f} ms; plain decode {1e3 / f:.1f} ms per image")
+    bits, corr = drift
+    print(f"fingerprints of the reduced JPEG decoding against the full decoding's: hash bits that "
+          f"differ: mean {bits.mean():.2f}, max {bits.max()} ({np.mean(bits == 0):.3f} identical); "
+          f"thumbnail correlation: min {corr.min():.4f}")
+
+
+def reduced_drift(shards: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per JPEG of ``shards``: the hash bits and the thumbnail correlation between the fingerprint
+    of its reduced decoding (what ``dedup`` fingerprints) and of its full decoding."""
+    import tarfile
+
+    from collapseguard.detectors.fingerprint import REDUCED_SIDE, correlation, fingerprint, hamming
+    from collapseguard.images import decode_detailed, decode_reduced
+
+    bits, corr = [], []
+    for s in shards:
+        with tarfile.open(s) as tf:
+            for m in tf:
+                if m.name.endswith(".jpg"):
+                    data = tf.extractfile(m).read()
+                    h1, t1 = fingerprint(decode_detailed(data)[0])
+                    h2, t2 = fingerprint(decode_reduced(data, REDUCED_SIDE)[0])
+                    bits.append(int(hamming(np.uint64(h1), np.uint64(h2))))
+                    corr.append(float(correlation(t1, t2)))
+    return np.array(bits), np.array(corr)
 
 
 def with_copies(shards: list[str], root: Path, share: float, seed: int = 1) -> list[str]:
