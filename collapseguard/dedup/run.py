@@ -3,9 +3,10 @@
 Inputs are what ``score`` reads: image files, folders, shards and Parquet files (a row's key is
 the one ``score`` gives it: its id column, else its row index). Two passes:
 
-1. Fingerprint (resumable): every image is read and decoded as ``score`` reads it (the same input
-   expansion and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``), and
-   ``FingerprintOnly`` gives its pHash and thumbnail. A shard with a sample of several images is
+1. Fingerprint (resumable): every image is read as ``score`` reads it (the same input expansion
+   and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``) and decoded only as far as
+   the fingerprints need (``reduced_for_fingerprints``: a JPEG at up to 1/8 scale, luma only),
+   and ``FingerprintOnly`` gives its pHash and thumbnail. A shard with a sample of several images is
    described in full here (the sample's image is its most degraded one, which only the full
    description tells). A task's rows are kept under ``DIR/.parts/`` as soon as it completes,
    named by the task and its inputs' identity, so a run that was stopped picks up where it was.
@@ -42,7 +43,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collapseguard.dedup.fit import group_p_worse
 from collapseguard.dedup.groups import GroupingParams, group_ids
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
@@ -381,6 +381,7 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     """Pass 2's decisions: ``(rank, p_worse, decision, reason)`` per row."""
+    from collapseguard.dedup.fit import group_p_worse  # here: worker processes need not import scipy.stats
     n = len(labels)
     rank = np.zeros(n, np.int32)
     p_worse = np.full(n, np.nan)
