@@ -121,3 +121,28 @@ def test_samples_of_several_images_are_found_from_the_headers(tmp_path, names, s
             add_member(tf, name, b"x")
     assert _image_runs_by_headers(str(gz)) is None
     assert _multi_image_samples(("shard", str(gz))) is several
+
+
+def test_a_jpeg_decoded_reduced_groups_with_a_png_copy_and_keeps_its_full_size(photos, tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.run import run_dedup
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(encode_jpeg(photos[0], 85))
+    (folder / "a_copy.png").write_bytes(encode_png(photos[0]))
+    (folder / "b.jpg").write_bytes(encode_jpeg(photos[1], 85))
+    summary = run_dedup([str(folder)], tmp_path / "out", quiet=True)
+    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    assert rows["a.jpg"]["group"] and rows["a.jpg"]["group"] == rows["a_copy.png"]["group"]
+    assert rows["b.jpg"]["group"] == ""
+    h, w = photos[0].shape[:2]
+    assert (rows["a.jpg"]["width"], rows["a.jpg"]["height"]) == (w, h)  # the full image's size
+    assert rows["a.jpg"]["storage"].startswith("jpeg")
+    # each pass's wall time comes back, and stays out of the file (its bytes depend on the inputs)
+    assert set(summary["seconds"]) == {"fingerprint", "group", "describe", "decide"}
+    assert summary["seconds"]["describe"] > 0 and min(summary["seconds"].values()) >= 0
+    assert "seconds" not in json.loads((tmp_path / "out" / "summary.json").read_text())
