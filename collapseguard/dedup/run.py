@@ -138,19 +138,18 @@ def _image_runs_by_headers(path: str) -> bool | None:
     if local is None:
         return None
     try:
-        with open(local, "rb") as fh:
-            with tarfile.open(fileobj=fh, mode="r:") as tf:  # a compressed shard: ReadError
-                key, images = None, 0
-                for info in tf:
-                    if info.isdir():
-                        continue
-                    k = split_key(info.name)[0]
-                    if k != key:
-                        key, images = k, 0
-                    images += is_image_name(info.name)
-                    if images > 1:
-                        return True
-                return False
+        with open(local, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tf:  # compressed: ReadError
+            key, images = None, 0
+            for info in tf:
+                if info.isdir():
+                    continue
+                k = split_key(info.name)[0]
+                if k != key:
+                    key, images = k, 0
+                images += is_image_name(info.name)
+                if images > 1:
+                    return True
+            return False
     except Exception:  # noqa: BLE001 - compressed, damaged or unreadable: read through instead
         return None
 
@@ -381,7 +380,9 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     """Pass 2's decisions: ``(rank, p_worse, decision, reason)`` per row."""
-    from collapseguard.dedup.fit import group_p_worse  # here: worker processes need not import scipy.stats
+    # imported here: worker processes import this module, and need not import scipy.stats
+    from collapseguard.dedup.fit import group_p_worse
+
     n = len(labels)
     rank = np.zeros(n, np.int32)
     p_worse = np.full(n, np.nan)
@@ -500,4 +501,4 @@ def clear_parts(out_dir: str | Path) -> None:
                 p.unlink()
 
 
-__all__ = ["run_dedup", "describe_inputs", "decide_groups", "clear_parts", "OUTPUT_COLUMNS"]
+__all__ = ["OUTPUT_COLUMNS", "clear_parts", "decide_groups", "describe_inputs", "run_dedup"]

@@ -1,9 +1,10 @@
 """Perceptual fingerprints of a picture, for finding copies of it: ``phash`` and ``thumbnail``.
 
 - ``phash(img)``: a 64-bit DCT hash (the classic pHash): luminance reduced to 32 x 32 (a box
-  average by a power of two first, ``box_factor``, then an antialiasing filter), a 2-D DCT, the 8 x 8 lowest frequencies compared with their median. Only
-  coarse luminance layout enters, so re-encoding, resizing, noise, fine texture changes and colour
-  casts move few bits; a small crop moves a few more.
+  average by a power of two first, ``box_factor``, then an antialiasing filter), a 2-D DCT, the
+  8 x 8 lowest frequencies compared with their median. Only coarse luminance layout enters, so
+  re-encoding, resizing, noise, fine texture changes and colour casts move few bits; a small
+  crop moves a few more.
 - ``thumbnail(img)``: the luminance at 16 x 16, zero mean and unit norm, as ``int8`` (x 127). The
   dot product of two thumbnails is their correlation (x 127^2): the second, independent look
   that confirms a pair the hash proposed, insensitive to brightness, contrast and colour.

@@ -21,7 +21,13 @@ from collapseguard.detectors.fingerprint import (
     fingerprint,
     hamming,
 )
-from collapseguard.images import DecodeError, decode_detailed, decode_reduced, encode_jpeg, encode_png
+from collapseguard.images import (
+    DecodeError,
+    decode_detailed,
+    decode_reduced,
+    encode_jpeg,
+    encode_png,
+)
 
 
 @pytest.fixture(scope="module")
