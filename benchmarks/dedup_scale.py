@@ -9,12 +9,16 @@ thumbnails). Prints the seconds of the candidate search, verification and groupi
 resident memory of the process (generation included), the share of planted copies found in their
 group, and how many unrelated fingerprints joined any group.
 
-With ``--throughput IMAGES``: ``dedup`` end to end (``run_dedup``, one process) against the floor,
-plain PIL decoding of the same shards in one process (``throughput.floor_task``), alternating,
-in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 photos in shards (``throughput.make_shards``).
-Prints images/s of each (median) and the ratio:
+With ``--throughput IMAGES``: ``dedup`` end to end (``run_dedup``) against the floor, plain PIL
+decoding of the same shards (``throughput.floor_task``), both in one process or both in
+``--workers`` processes, alternating, in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 photos
+in shards (``throughput.make_shards``). Prints images/s of each (median), the ratio, and the wall
+time of each of ``dedup``'s passes (``run_dedup``'s ``seconds``) per image it handles:
 
-    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3] [--copy-share 0.1]
+    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3] [--copy-share 0.1] [--workers 2]
+
+With one process the comparator is loaded once, outside the timing; worker processes load their
+own, inside it (as the floor's pool starts inside its timing).
 
 ``--copy-share F`` adds resized JPEG q75 copies of some of the images so that about F of all
 images are in a group of two (the images the comparator describes); it also prints how many
@@ -171,31 +175,70 @@ def throughput_main(args) -> None:
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from throughput import floor_task, make_shards
+    from throughput import floor_phase, floor_task, make_shards
 
     from collapseguard.dedup.run import run_dedup
     from collapseguard.detectors.compare import Comparator
 
-    det = Comparator(fingerprints=True)  # loaded once, outside the timing
-    floor, dedup = [], []
+    workers = args.workers
+    det = Comparator(fingerprints=True) if workers == 1 else None  # loaded once, outside the timing
+    floor, dedup, stages = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
         if args.copy_share:
             shards = with_copies(shards, Path(tmp, "copies"), args.copy_share)
         for _ in range(args.rounds):
-            t = time.perf_counter()
-            n = sum(floor_task(s) for s in shards)
-            floor.append(n / (time.perf_counter() - t))
+            if workers == 1:
+                t = time.perf_counter()
+                n = sum(floor_task(s) for s in shards)
+                floor.append(n / (time.perf_counter() - t))
+            else:
+                ph = floor_phase(shards, workers)
+                floor.append(ph["images"] / ph["seconds"])
             out = Path(tmp, "out")
             shutil.rmtree(out, ignore_errors=True)
             t = time.perf_counter()
-            summary = run_dedup(shards, out, quiet=True, detector_obj=det)
+            summary = run_dedup(shards, out, quiet=True, detector_obj=det, workers=workers)
             dedup.append(summary["images"] / (time.perf_counter() - t))
+            stages.append(summary["seconds"])
+        drift = reduced_drift(shards)
     f, d = statistics.median(floor), statistics.median(dedup)
-    print(f"{summary['images']} images 1024x768 JPEG, one process, {args.rounds} rounds (medians): "
+    procs = "one process" if workers == 1 else f"{workers} processes"
+    print(f"{summary['images']} images 1024x768 JPEG, {procs}, {args.rounds} rounds (medians): "
           f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x; "
           f"{summary['grouped']} images in {summary['groups']} groups, {summary['described']} described "
           "by the comparator")
+    med = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
+    per = lambda k, n: f"{med[k] * 1e3 / n:.1f} ms" if n else "-"  # noqa: E731
+    print(f"stages (medians): fingerprint pass {per('fingerprint', summary['images'])} per image, "
+          f"grouping {med['group'] * 1e3:.0f} ms, comparator pass "
+          f"{per('describe', summary['described'])} per described image, decisions and outputs "
+          f"{med['decide'] * 1e3:.0f} ms; plain decode {1e3 / f:.1f} ms per image")
+    bits, corr = drift
+    print(f"fingerprints of the reduced JPEG decoding against the full decoding's: hash bits that "
+          f"differ: mean {bits.mean():.2f}, max {bits.max()} ({np.mean(bits == 0):.3f} identical); "
+          f"thumbnail correlation: min {corr.min():.4f}")
+
+
+def reduced_drift(shards: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per JPEG of ``shards``: the hash bits and the thumbnail correlation between the fingerprint
+    of its reduced decoding (what ``dedup`` fingerprints) and of its full decoding."""
+    import tarfile
+
+    from collapseguard.detectors.fingerprint import REDUCED_SIDE, correlation, fingerprint, hamming
+    from collapseguard.images import decode_detailed, decode_reduced
+
+    bits, corr = [], []
+    for s in shards:
+        with tarfile.open(s) as tf:
+            for m in tf:
+                if m.name.endswith(".jpg"):
+                    data = tf.extractfile(m).read()
+                    h1, t1 = fingerprint(decode_detailed(data)[0])
+                    h2, t2 = fingerprint(decode_reduced(data, REDUCED_SIDE)[0])
+                    bits.append(int(hamming(np.uint64(h1), np.uint64(h2))))
+                    corr.append(float(correlation(t1, t2)))
+    return np.array(bits), np.array(corr)
 
 
 def with_copies(shards: list[str], root: Path, share: float, seed: int = 1) -> list[str]:

@@ -112,6 +112,20 @@ def decode_detailed(data: bytes, keep_alpha: bool = False) -> tuple[np.ndarray, 
     """``decode_image``, ``image_storage`` and ``has_alpha`` from one opening of the bytes (what
     scoring uses). With ``keep_alpha``, an image with transparent pixels comes as an (H, W, 4)
     RGBA array instead of its composite (what a gallery shows on a checkerboard)."""
+    return _decode(data, keep_alpha)[:3]
+
+
+def decode_reduced(data: bytes, min_side: int) -> tuple[np.ndarray, str, bool, tuple[int, int]]:
+    """``decode_detailed``, but a JPEG (RGB or grey) comes as its luma (BT.601 Y, an (H', W')
+    uint8 array) decoded at 1/2, 1/4 or 1/8 scale (DCT scaling: ``Image.draft``), the smallest
+    whose short side is still ``min_side`` or more; other formats as ``decode_detailed`` gives
+    them. Also returns the (height, width) of the full image as shown. The same checks and errors
+    as ``decode_detailed``; for what needs only a small picture (``detectors.fingerprint``)."""
+    return _decode(data, False, min_side)
+
+
+def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
+            ) -> tuple[np.ndarray, str, bool, tuple[int, int]]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -120,6 +134,14 @@ def decode_detailed(data: bytes, keep_alpha: bool = False) -> tuple[np.ndarray, 
                 if w * h > MAX_PIXELS:
                     raise DecodeError(f"image too large: {w}x{h} pixels")
                 storage = _storage(img)
+                if draft_side and img.format == "JPEG" and img.mode in ("RGB", "L") \
+                        and "transparency" not in img.info:
+                    img.draft("L", (draft_side, draft_side))
+                    img.load()
+                    orientation = _orientation(img)
+                    full = (h, w) if orientation < 5 else (w, h)
+                    arr = np.asarray(img.convert("L") if img.mode != "L" else img, dtype=np.uint8)
+                    return _apply_orientation(arr, orientation), storage, False, full
                 img.load()
                 if storage == "png" and _maybe_cut_short(img):
                     short = png_data_short(data)
@@ -128,7 +150,8 @@ def decode_detailed(data: bytes, keep_alpha: bool = False) -> tuple[np.ndarray, 
                 alpha = has_alpha(img)
                 arr = (np.asarray(img.convert("RGBA"), dtype=np.uint8) if keep_alpha and alpha
                        else to_rgb_array(img))
-                return _apply_orientation(arr, _orientation(img)), storage, alpha
+                arr = _apply_orientation(arr, _orientation(img))
+                return arr, storage, alpha, arr.shape[:2]
     except DecodeError:
         raise
     except Image.DecompressionBombError as exc:
@@ -157,9 +180,9 @@ def _apply_orientation(arr: np.ndarray, orientation: int) -> np.ndarray:
         2: lambda a: a[:, ::-1],
         3: lambda a: a[::-1, ::-1],
         4: lambda a: a[::-1],
-        5: lambda a: a.transpose(1, 0, 2),
+        5: lambda a: a.swapaxes(0, 1),
         6: lambda a: np.rot90(a, -1),
-        7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
+        7: lambda a: a[::-1, ::-1].swapaxes(0, 1),
         8: lambda a: np.rot90(a, 1),
     }
     return np.ascontiguousarray(ops[orientation](arr))

@@ -3,9 +3,10 @@
 Inputs are what ``score`` reads: image files, folders, shards and Parquet files (a row's key is
 the one ``score`` gives it: its id column, else its row index). Two passes:
 
-1. Fingerprint (resumable): every image is read and decoded as ``score`` reads it (the same input
-   expansion and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``), and
-   ``FingerprintOnly`` gives its pHash and thumbnail. A shard with a sample of several images is
+1. Fingerprint (resumable): every image is read as ``score`` reads it (the same input expansion
+   and tasks: ``scoring.run.plan_score_tasks`` and ``score_task``) and decoded only as far as
+   the fingerprints need (``reduced_for_fingerprints``: a JPEG at up to 1/8 scale, luma only),
+   and ``FingerprintOnly`` gives its pHash and thumbnail. A shard with a sample of several images is
    described in full here (the sample's image is its most degraded one, which only the full
    description tells). A task's rows are kept under ``DIR/.parts/`` as soon as it completes,
    named by the task and its inputs' identity, so a run that was stopped picks up where it was.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,7 +43,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collapseguard.dedup.fit import group_p_worse
 from collapseguard.dedup.groups import GroupingParams, group_ids
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
@@ -51,8 +52,10 @@ from collapseguard.detectors.compare import (
     group_utilities,
     load_weights,
 )
+from collapseguard.detectors.fingerprint import FINGERPRINT_VERSION, REDUCED_SIDE
 from collapseguard.detectors.pair_features import FEATURES, SCALES
 from collapseguard.engines import make_engine
+from collapseguard.images import decode_reduced
 from collapseguard.io.atomic import replaced_when_done
 from collapseguard.io.parse import basename_of, strip_suffix
 from collapseguard.io.urls import identity
@@ -66,11 +69,11 @@ OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reas
                   "cnn", "width", "height", "storage", "image", "error")
 
 
-def describe_task(task: tuple, detector, progress=None) -> dict:
-    """Engine task: ``score_task`` with the ``compare`` detector (or ``FingerprintOnly``), its rows
-    packed into arrays (the hash as uint64, the thumbnail as int8, the features as float32;
-    ``full``: the row has the cnn score and the features)."""
-    rows = score_task(task, detector, progress)
+def describe_task(task: tuple, detector, progress=None, decode=None) -> dict:
+    """Engine task: ``score_task`` with the ``compare`` detector (or ``FingerprintOnly``, and
+    ``decode``), its rows packed into arrays (the hash as uint64, the thumbnail as int8, the
+    features as float32; ``full``: the row has the cnn score and the features)."""
+    rows = score_task(task, detector, progress, decode)
     n = len(rows)
     out = {
         "source": [str(r["source"]) for r in rows],
@@ -104,10 +107,14 @@ def describe_task(task: tuple, detector, progress=None) -> dict:
 
 
 def _multi_image_samples(task: tuple) -> bool:
-    """Does a shard task hold a sample of more than one image? (Read only, nothing decoded; a shard
-    that cannot be read answers no, and its task reports why.)"""
+    """Does a shard task hold a sample of more than one image? (Nothing decoded; a local plain tar
+    by its headers alone, other shards read through; a shard that cannot be read answers no, and
+    its task reports why.)"""
     if task[0] != "shard":
         return False
+    headers = _image_runs_by_headers(str(task[1]))
+    if headers is not None:
+        return headers
     from collapseguard.images import is_image_name
     from collapseguard.io.tar import ShardReader
     try:
@@ -116,11 +123,51 @@ def _multi_image_samples(task: tuple) -> bool:
         return False
 
 
+def _image_runs_by_headers(path: str) -> bool | None:
+    """For a local uncompressed tar: do two image members follow each other under one raw key
+    (the members ``ShardReader`` makes one sample of, or more: never fewer)? Read from the member
+    headers, the data seeked over. None when the shard is not such a tar or a header is damaged
+    (then it is read through)."""
+    import tarfile
+
+    from collapseguard.images import is_image_name
+    from collapseguard.io.tar import split_key
+    from collapseguard.io.urls import local_path
+
+    local = local_path(path)
+    if local is None:
+        return None
+    try:
+        with open(local, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tf:  # compressed: ReadError
+            key, images = None, 0
+            for info in tf:
+                if info.isdir():
+                    continue
+                k = split_key(info.name)[0]
+                if k != key:
+                    key, images = k, 0
+                images += is_image_name(info.name)
+                if images > 1:
+                    return True
+            return False
+    except Exception:  # noqa: BLE001 - compressed, damaged or unreadable: read through instead
+        return None
+
+
+def reduced_for_fingerprints(data: bytes):
+    """``images.decode_reduced`` at the size the fingerprints reduce to: a JPEG decoded at up to
+    1/8 scale, luma only (its fingerprints nearly those of the full decoding)."""
+    return decode_reduced(data, REDUCED_SIDE)
+
+
 def fingerprint_task(task: tuple, detector, progress=None) -> dict:
-    """Engine task of pass 1: ``describe_task`` with ``FingerprintOnly``, or with the full
-    comparator for a shard holding a sample of several images."""
-    if isinstance(detector, FingerprintOnly) and _multi_image_samples(task):
-        detector = detector.full()
+    """Engine task of pass 1: ``describe_task`` with ``FingerprintOnly`` on reduced decodings
+    (``reduced_for_fingerprints``), or with the full comparator for a shard holding a sample of
+    several images."""
+    if isinstance(detector, FingerprintOnly):
+        if _multi_image_samples(task):
+            return describe_task(task, detector.full(), progress)
+        return describe_task(task, detector, progress, reduced_for_fingerprints)
     return describe_task(task, detector, progress)
 
 
@@ -218,7 +265,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     unread: list[tuple[str, str]] = []
     tasks = plan_score_tasks(inputs, None, unread, image_column=image_column)
     det = FingerprintOnly(full=detector_obj)
-    version = det.description_version
+    version = f"{det.description_version}/{FINGERPRINT_VERSION}"
     if workers > 1 or engine != "local":
         det = None  # each worker loads its own
     parts_dir = Path(out_dir, ".parts")
@@ -333,6 +380,9 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     """Pass 2's decisions: ``(rank, p_worse, decision, reason)`` per row."""
+    # imported here: worker processes import this module, and need not import scipy.stats
+    from collapseguard.dedup.fit import group_p_worse
+
     n = len(labels)
     rank = np.zeros(n, np.int32)
     p_worse = np.full(n, np.nan)
@@ -362,26 +412,40 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
               level: float | None = None, params: GroupingParams = GroupingParams(),
               weights: str | None = None, detector_obj=None, engine: str = "local",
               image_column: str | None = None) -> dict:
-    """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary."""
+    """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary,
+    with ``parts_reused`` and the wall ``seconds`` of each pass (``fingerprint``, ``group``,
+    ``describe``, ``decide``), which the file leaves out (its bytes depend only on the inputs)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t = load_weights(weights)
     shipped_level = float(t["meta"].get("level", "nan"))
     level = shipped_level if level is None else float(level)
+    clock = time.perf_counter()
+    seconds = dict.fromkeys(("fingerprint", "group", "describe", "decide"), 0.0)
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] += now - clock
+        clock = now
+
     desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
                                              detector_obj=detector_obj, engine=engine,
                                              image_column=image_column)
     ok = desc["ok"]
+    lap("fingerprint")
     while True:  # group; describe the grouped images not yet described; again if one could not be
         idx = np.flatnonzero(ok)
         sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
         labels = np.full(len(ok), -1, np.int64)
         labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
         need = (labels >= 0) & ~desc["full"]
+        lap("group")
         if not need.any():
             break
         describe_grouped(desc, need, out_dir, failures, workers=workers, quiet=quiet,
                          detector_obj=detector_obj, engine=engine)
+        lap("describe")
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
@@ -423,6 +487,8 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
     with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     summary["parts_reused"] = reused
+    lap("decide")
+    summary["seconds"] = seconds
     return summary
 
 
@@ -435,4 +501,4 @@ def clear_parts(out_dir: str | Path) -> None:
                 p.unlink()
 
 
-__all__ = ["run_dedup", "describe_inputs", "decide_groups", "clear_parts", "OUTPUT_COLUMNS"]
+__all__ = ["OUTPUT_COLUMNS", "clear_parts", "decide_groups", "describe_inputs", "run_dedup"]

@@ -7,7 +7,8 @@ by looking each hash's blocks up, with up to ``r`` bits flipped, in one table pe
 a direct-address array over the block's values (counts and starts, ``2^22`` entries at most), so a
 look-up is two array reads and the whole search is a fixed number of vectorised passes over all
 hashes: its time grows with the number of hashes times the bucket load, never with their square.
-Each pair is reported once (``i < j``), by the first block that finds it.
+Each pair is reported once (``i < j``), by the first block that finds it. Up to ``BRUTE_FORCE``
+hashes every pair is compared instead (the same pairs, without building the tables).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collapseguard.detectors.fingerprint import popcount
 
 BLOCKS = ((0, 21), (21, 42), (42, 64))  # bit ranges, least significant first
 MAX_DISTANCE = 3 * (2 + 1) - 1
+#: up to this many hashes, all pairs are compared (cheaper than the tables' fixed cost)
+BRUTE_FORCE = 2048
 
 
 def _flips(bits: int, radius: int) -> np.ndarray:
@@ -40,6 +43,8 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int = MAX_DISTANCE,
     if not 0 <= max_distance <= MAX_DISTANCE:
         raise ValueError(f"max_distance must be within 0..{MAX_DISTANCE}, got {max_distance}")
     hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+    if hashes.size <= BRUTE_FORCE:
+        return _all_pairs(hashes, max_distance)
     radius = max_distance // len(BLOCKS)  # a pair within max_distance is within this on some block
     found_i, found_j, found_d = [], [], []
     keys = [_block(hashes, lo, hi) for lo, hi in BLOCKS]
@@ -76,3 +81,11 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int = MAX_DISTANCE,
         empty = np.zeros(0, np.int64)
         return empty, empty.copy(), np.zeros(0, np.int8)
     return np.concatenate(found_i), np.concatenate(found_j), np.concatenate(found_d)
+
+
+def _all_pairs(hashes: np.ndarray, max_distance: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``candidate_pairs`` by comparing every pair (for few hashes)."""
+    i, j = np.triu_indices(hashes.size, 1)
+    d = popcount(hashes[i] ^ hashes[j])
+    keep = d <= max_distance
+    return i[keep].astype(np.int64), j[keep].astype(np.int64), d[keep].astype(np.int8)

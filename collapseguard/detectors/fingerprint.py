@@ -1,14 +1,20 @@
 """Perceptual fingerprints of a picture, for finding copies of it: ``phash`` and ``thumbnail``.
 
-- ``phash(img)``: a 64-bit DCT hash (the classic pHash): luminance reduced to 32 x 32 with an
-  antialiasing filter, a 2-D DCT, the 8 x 8 lowest frequencies compared with their median. Only
-  coarse luminance layout enters, so re-encoding, resizing, noise, fine texture changes and colour
-  casts move few bits; a small crop moves a few more.
+- ``phash(img)``: a 64-bit DCT hash (the classic pHash): luminance reduced to 32 x 32 (a box
+  average by a power of two first, ``box_factor``, then an antialiasing filter), a 2-D DCT, the
+  8 x 8 lowest frequencies compared with their median. Only coarse luminance layout enters, so
+  re-encoding, resizing, noise, fine texture changes and colour casts move few bits; a small
+  crop moves a few more.
 - ``thumbnail(img)``: the luminance at 16 x 16, zero mean and unit norm, as ``int8`` (x 127). The
   dot product of two thumbnails is their correlation (x 127^2): the second, independent look
   that confirms a pair the hash proposed, insensitive to brightness, contrast and colour.
 
-Both take RGB ``uint8`` arrays (H, W, 3) and need nothing beyond numpy, scipy and Pillow.
+Both take RGB ``uint8`` arrays (H, W, 3), or luma arrays (H, W), and need nothing beyond numpy,
+scipy and Pillow. The luma is BT.601's (Pillow's ``convert("L")``), the Y that JPEG stores, so a
+JPEG decoded reduced and luma only (``images.decode_reduced``: DCT scaling, the 8 x 8 block
+averages) gives nearly the fingerprint of its full decoding: the box average by ``box_factor``
+comes first either way and an image at most ``2 * REDUCED_SIDE`` on its short side is not reduced
+again.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from scipy.fft import dctn
 HASH_BITS = 64
 THUMB_SIDE = 16
 THUMB_SCALE = 127.0
+#: the short side a picture is box-averaged down to (at least this, under twice it) before the
+#: antialiasing filter
+REDUCED_SIDE = 64
+#: what the fingerprints depend on: their values change with it (kept parts name it)
+FINGERPRINT_VERSION = "fp2-box64-lanczos"
 
 
 def luminance(img: np.ndarray) -> np.ndarray:
@@ -28,26 +39,44 @@ def luminance(img: np.ndarray) -> np.ndarray:
     return 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
 
 
-def _grey(img: np.ndarray) -> Image.Image:
-    return Image.fromarray(np.clip(luminance(img), 0, 255).astype(np.uint8))
+def box_factor(width: int, height: int) -> int:
+    """The power of two that box-averages a ``width`` x ``height`` picture to a short side of at
+    least ``REDUCED_SIDE`` (1: not reduced). A picture reduced by it gets 1: reducing is done once."""
+    f = 1
+    while min(width, height) // (2 * f) >= REDUCED_SIDE:
+        f *= 2
+    return f
 
 
-def _reduced(img: np.ndarray | Image.Image, side: int) -> np.ndarray:
-    grey = img if isinstance(img, Image.Image) else _grey(img)
+def _grey(img: np.ndarray | Image.Image) -> Image.Image:
+    """The luma of an RGB (or luma) image, box-averaged by ``box_factor``, as an ``L`` image."""
+    if isinstance(img, Image.Image):
+        grey = img if img.mode == "L" else img.convert("L")
+    else:
+        arr = np.ascontiguousarray(img, dtype=np.uint8)
+        grey = Image.fromarray(arr, "L") if arr.ndim == 2 else Image.fromarray(arr[..., :3], "RGB").convert("L")
+    f = box_factor(*grey.size)
+    return grey.reduce(f) if f > 1 else grey
+
+
+def _reduced(grey: Image.Image, side: int) -> np.ndarray:
     return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS), dtype=np.float64)
 
 
-def phash(img: np.ndarray | Image.Image) -> int:
-    """The 64-bit DCT perceptual hash of an RGB image (or of its ``L`` luminance image), as a
-    Python int (bit 63 = first coefficient)."""
-    coeffs = dctn(_reduced(img, 32), type=2, norm="ortho")[:8, :8].ravel()
+def _phash(grey: Image.Image) -> int:
+    coeffs = dctn(_reduced(grey, 32), type=2, norm="ortho")[:8, :8].ravel()
     bits = coeffs > np.median(coeffs)
     return int(np.packbits(bits).view(">u8")[0])
 
 
-def thumbnail(img: np.ndarray | Image.Image) -> np.ndarray:
-    """The 16 x 16 luminance thumbnail, zero mean, unit norm, scaled to int8 (flat: all zeros)."""
-    t = _reduced(img, THUMB_SIDE).ravel()
+def phash(img: np.ndarray | Image.Image) -> int:
+    """The 64-bit DCT perceptual hash of an RGB image (or of its luma), as a Python int (bit 63 =
+    first coefficient)."""
+    return _phash(_grey(img))
+
+
+def _thumbnail(grey: Image.Image) -> np.ndarray:
+    t = _reduced(grey, THUMB_SIDE).ravel()
     t = t - t.mean()
     n = float(np.sqrt((t * t).sum()))
     if n < 1e-6:
@@ -55,10 +84,15 @@ def thumbnail(img: np.ndarray | Image.Image) -> np.ndarray:
     return np.round(t / n * THUMB_SCALE).astype(np.int8)
 
 
-def fingerprint(img: np.ndarray) -> tuple[int, np.ndarray]:
-    """``(phash(img), thumbnail(img))`` from one luminance pass (the same values, half the work)."""
+def thumbnail(img: np.ndarray | Image.Image) -> np.ndarray:
+    """The 16 x 16 luma thumbnail, zero mean, unit norm, scaled to int8 (flat: all zeros)."""
+    return _thumbnail(_grey(img))
+
+
+def fingerprint(img: np.ndarray | Image.Image) -> tuple[int, np.ndarray]:
+    """``(phash(img), thumbnail(img))`` from one luma reduction (the same values, half the work)."""
     grey = _grey(img)
-    return phash(grey), thumbnail(grey)
+    return _phash(grey), _thumbnail(grey)
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:

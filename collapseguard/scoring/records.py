@@ -72,23 +72,37 @@ def decode_members(
     stops once the record's images hold over ``max_record_pixels`` together. ``transform`` (e.g. a
     JPEG re-encoding) is applied to each decoded image. Each error reads ``"<name>: <reason>"``.
     """
+    decoded, errors = _decode_members(members, max_record_pixels, transform)
+    return [d[:4] for d in decoded], errors
+
+
+def _decode_members(members, max_record_pixels, transform, decode=None):
+    """``decode_members`` with each image's full (height, width) as a fifth element; ``decode``
+    (``images.decode_reduced``'s signature, bytes -> (array, storage, has_alpha, (height,
+    width))) replaces ``decode_detailed``."""
     decoded, errors, record_pixels = [], [], 0
     for name, data in members:
         if isinstance(data, np.ndarray):
             arr, storage = data, ""
             alpha = bool(arr.ndim == 3 and arr.shape[2] == 4 and arr[..., 3].min() < 255)
+            shape = arr.shape[:2]
         else:
             try:
-                arr, storage, alpha = decode_detailed(data)
+                if decode is None:
+                    arr, storage, alpha = decode_detailed(data)
+                    shape = arr.shape[:2]
+                else:
+                    arr, storage, alpha, shape = decode(data)
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
                 continue
-        record_pixels += arr.shape[0] * arr.shape[1]
+        record_pixels += shape[0] * shape[1]
         if record_pixels > max_record_pixels:
             errors.append(f"{name}: the sample's images hold over {max_record_pixels} pixels "
                           "together; the rest were not decoded")
             break
-        decoded.append((name, transform(arr) if transform is not None else arr, storage, alpha))
+        out = transform(arr) if transform is not None else arr
+        decoded.append((name, out, storage, alpha, tuple(shape if decode is not None else out.shape[:2])))
     return decoded, errors
 
 
@@ -153,13 +167,16 @@ def score_records(
     images_only: bool = True,
     transform: Callable[[np.ndarray], np.ndarray] | None = None,
     retry: bool = False,
+    decode: Callable[[bytes], tuple] | None = None,
 ) -> Iterator[tuple[Any, Scored]]:
     """Yield ``(record, Scored)`` in input order.
 
     ``members_of(record)`` returns the record's files as ``[(name, bytes or array), ...]``; only
     image files are decoded (every member with ``images_only=False``, for callers whose records
     are images whatever their name). ``batch_size`` defaults to the detector's own. ``transform``
-    and the pixel caps are ``decode_members``'; ``retry`` is ``score_batch``'s. At most
+    and the pixel caps are ``decode_members``'; ``retry`` is ``score_batch``'s; ``decode``
+    (``images.decode_reduced`` with its size bound) replaces the full decoding, for a detector that
+    reads reduced images (widths and heights stay those of the full images). At most
     ``batch_size`` records wait for a decision, those without an image to score included: a
     stream of caption-only or undecodable samples is passed on as it comes, not held.
     """
@@ -169,10 +186,11 @@ def score_records(
     names: list[str] = []
     storages: list[str] = []
     alphas: list[bool] = []
+    shapes: list[tuple[int, int]] = []  # of the full images
     pixels = 0
 
     def flush():
-        nonlocal images, names, storages, alphas, pixels, pending
+        nonlocal images, names, storages, alphas, shapes, pixels, pending
         if images:
             detail, failed = score_batch(detector, images, retry=retry)
             scores = detail["score"]
@@ -181,7 +199,7 @@ def score_records(
                 vals = scores[idx]
                 finite = np.isfinite(vals)
                 if not finite.any():
-                    h, w = images[idx[0]].shape[:2]
+                    h, w = shapes[idx[0]]
                     res.status, res.error = "score_error", failed[idx[0]] or (
                         f"{detector.name} could not score the image ({w}x{h} px"
                         f"{'; small images are a common cause' if min(h, w) < 128 else ''})")
@@ -193,14 +211,14 @@ def score_records(
                     j = int(np.nanargmax(np.where(finite, vals, -np.inf)))
                     res.score = float(vals[j])
                     res.image = names[idx[j]]
-                    res.height, res.width = images[idx[j]].shape[:2]  # the size of the image named
+                    res.height, res.width = shapes[idx[j]]  # the size of the image named
                     res.storage = storages[idx[j]]
                     res.has_alpha = alphas[idx[j]]
                     for k, arr in detail.items():
                         if k != "score":
                             res.extra[k] = float(arr[idx[j]])
             yield rec, res
-        pending, images, names, storages, alphas, pixels = [], [], [], [], [], 0
+        pending, images, names, storages, alphas, shapes, pixels = [], [], [], [], [], [], 0
 
     for rec in records:
         members = members_of(rec)
@@ -209,19 +227,20 @@ def score_records(
         idx: list[int] = []
         if not members:
             res.status, res.error = "no_image", "no image file in the sample"
-        decoded, errors = decode_members(members, max_record_pixels, transform)
+        decoded, errors = _decode_members(members, max_record_pixels, transform, decode)
         if errors:
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored
             res.status, res.error = "decode_error", "; ".join(errors)
         else:
-            for name, arr, storage, alpha in decoded:
+            for name, arr, storage, alpha, shape in decoded:
                 if not res.width:
-                    res.height, res.width = arr.shape[:2]
+                    res.height, res.width = shape
                 idx.append(len(images))
                 images.append(arr)
                 names.append(name)
                 storages.append(storage)
                 alphas.append(alpha)
+                shapes.append(shape)
                 pixels += arr.shape[0] * arr.shape[1]
         pending.append((rec, res, idx))
         if len(images) >= batch_size or pixels >= max_pixels or len(pending) >= batch_size:

@@ -44,21 +44,22 @@ def _selected(samples, source: str, select):
             yield s
 
 
-def score_task(task: tuple, detector, progress=None) -> list[dict]:
+def score_task(task: tuple, detector, progress=None, decode=None) -> list[dict]:
     """Engine task: ``("shard", path)``, ``("parquet", (path, image column or None))`` or
     ``("files", [ImageFile, ...])`` -> list of rows.
 
     A shard or Parquet task may carry a third element, ``select(source, key, nth) -> bool``:
-    samples (rows) it rejects are skipped before anything is decoded (used by ``audit --sample``)."""
+    samples (rows) it rejects are skipped before anything is decoded (used by ``audit --sample``).
+    ``decode`` is ``score_records``' (reduced decoding, for a detector that reads reduced images)."""
     kind = task[0]
     if kind != "parquet":
-        return _score_task(task, detector, progress)
+        return _score_task(task, detector, progress, decode=decode)
     from collapseguard.io.parquet import parquet_file
     with parquet_file(task[1][0]) as pf:  # closed once its rows are scored
-        return _score_task(task, detector, progress, pf)
+        return _score_task(task, detector, progress, pf, decode)
 
 
-def _score_task(task: tuple, detector, progress=None, pf=None) -> list[dict]:
+def _score_task(task: tuple, detector, progress=None, pf=None, decode=None) -> list[dict]:
     kind, payload = task[0], task[1]
     select = task[2] if len(task) > 2 else None
     rows: list[dict] = []
@@ -83,7 +84,7 @@ def _score_task(task: tuple, detector, progress=None, pf=None) -> list[dict]:
         ident = lambda f: (f.source, f.key)
     n = 0
     for rec, res in score_records(records, detector, members_of=members_of,
-                                  images_only=kind != "parquet"):
+                                  images_only=kind != "parquet", decode=decode):
         source, key = ident(rec)
         if kind == "shard":
             error = sample_error(rec, res.error)

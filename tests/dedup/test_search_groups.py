@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from collapseguard.dedup import search
 from collapseguard.dedup.groups import GroupingParams, group_ids
 from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs
 from collapseguard.detectors.fingerprint import THUMB_SCALE, popcount
@@ -27,8 +28,11 @@ def _thumb(v: np.ndarray) -> np.ndarray:
     return np.round(v / np.linalg.norm(v) * THUMB_SCALE).astype(np.int8)
 
 
+@pytest.mark.parametrize("tables", [True, False])
 @pytest.mark.parametrize("max_distance", [0, 3, 5, MAX_DISTANCE])
-def test_multi_index_hashing_finds_what_brute_force_finds(max_distance):
+def test_multi_index_hashing_finds_what_brute_force_finds(max_distance, tables, monkeypatch):
+    # the tables, and the all-pairs comparison used for few hashes, find the same pairs
+    monkeypatch.setattr(search, "BRUTE_FORCE", 0 if tables else 10_000)
     rng = np.random.default_rng(1)
     h = _hashes(1500, rng)
     for k in range(0, 1500, 6):  # copies at 0..10 bits: some inside, some outside the radius
