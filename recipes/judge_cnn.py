@@ -6,7 +6,7 @@
 EVAL is an evaluation set with network families (``NETWORKS=1 bash recipes/eval_set.sh EVAL``),
 WH the web-history clean set (``python recipes/web_history_set.py build``). For the shipped
 weights (threshold from their shipped calibration) and, with ``--candidate``, for candidate
-weights (threshold from ``--calibration``, a calibration JSON made for them by
+weights (threshold from ``--calibration``; ``--shipped-calibration`` sets the shipped weights' one, a calibration JSON made for them by
 ``collapseguard calibrate --detector cnn:W``), per storage (PNG and JPEG q90 4:2:0 by default):
 
 - per family, AUROC step 0 vs 5 and 0 vs 10 and the share of step-10 images above the threshold;
@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, required=True)
     ap.add_argument("--candidate", type=Path)
     ap.add_argument("--calibration", type=Path, help="the candidate's calibration JSON")
+    ap.add_argument("--shipped-calibration", type=Path,
+                    help="judge the shipped weights at this calibration's threshold instead of the shipped one")
     ap.add_argument("--storage", action="append", default=None)
     a = ap.parse_args(argv)
     storages = a.storage or ["png", "jpeg q90 4:2:0"]
@@ -106,8 +108,11 @@ def main(argv=None) -> int:
         wh[col] = [str(p if Path(p).is_absolute() else a.web_history.parent / p) for p in wh[col]]
 
     shipped = CNNDetector(device="cpu")
-    cal = default_calibration("cnn", shipped.version)
-    base = judge("shipped", shipped, cal.threshold, ev, wh, a.cache, storages)
+    if a.shipped_calibration is not None:
+        thr0 = float(json.loads(a.shipped_calibration.read_text())["threshold"])
+    else:
+        thr0 = default_calibration("cnn", shipped.version).threshold
+    base = judge("shipped", shipped, thr0, ev, wh, a.cache, storages)
     if a.candidate is None:
         return 0
     if a.calibration is None:
