@@ -115,17 +115,25 @@ class Comparator(Detector):
             self.w = np.zeros(len(INPUTS))
             self.s = np.ones(len(INPUTS))
             self.version = params_version("untrained", self.cnn.version)
+            #: every feature: a fit chooses among them
+            self.features_used: frozenset[str] | None = None
         else:
             t = load_weights(weights)
             self.w, self.s = t["w"], t["s"]
             self.version = params_version(t["version"], self.cnn.version)
+            #: the features the weights read (the others are left NaN, and cost nothing)
+            self.features_used = frozenset(f for f, w in zip(FEATURES, self.w) if w != 0)
+        if self.features_used is not None:
+            self.description_version = params_version(self.description_version,
+                                                      sorted(self.features_used))
 
     # -- descriptions ---------------------------------------------------------------------------
 
     def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
         """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``."""
         cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
-        return [{"cnn": float(c), "ladder": ladder(img)} for c, img in zip(cnn, images)]
+        return [{"cnn": float(c), "ladder": ladder(img, self.features_used)}
+                for c, img in zip(cnn, images)]
 
     def utility(self, desc: dict) -> float:
         """``w . x / s`` at the image's own largest scale (higher = more degraded)."""

@@ -40,50 +40,58 @@ def reduce_to(img: np.ndarray, side: int) -> np.ndarray:
     return img.astype(np.float32) / 255.0
 
 
-def features_at(rgb: np.ndarray) -> np.ndarray:
-    """The ``FEATURES`` of one float RGB image in [0, 1] (already at its comparison scale)."""
+def features_at(rgb: np.ndarray, only: frozenset[str] | None = None) -> np.ndarray:
+    """The ``FEATURES`` of one float RGB image in [0, 1] (already at its comparison scale); with
+    ``only``, just those (the others NaN: a comparator whose weights ignore a feature need not pay
+    for it, and ``hf`` is always computed because NaN rows mark unreached scales)."""
+    want = set(FEATURES) if only is None else set(only) | {"hf"}
+    out = np.full(len(FEATURES), np.nan)
     y = 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
     lap = ndimage.laplace(y)
-    gy, gx = np.gradient(y)
-    med = ndimage.median_filter(y, size=3)
-    resid = np.abs(y - med)
-    mu = ndimage.uniform_filter(y, 5)
-    var = np.maximum(ndimage.uniform_filter(y * y, 5) - mu * mu, 0)
-    dx = np.abs(np.diff(y, axis=1))
-    dy = np.abs(np.diff(y, axis=0))
-    flat = np.zeros_like(y, dtype=bool)
-    flat[1:-1, 1:-1] = ((dx[1:-1, :-1] < 1e-6) & (dx[1:-1, 1:] < 1e-6)
-                        & (dy[:-1, 1:-1] < 1e-6) & (dy[1:, 1:-1] < 1e-6))
-    mean_rgb = rgb.reshape(-1, 3).mean(axis=0)
-    chroma = mean_rgb - mean_rgb.mean()
-    cols = dx.mean(axis=0)
-    rows = dy.mean(axis=1)
-    grid = np.concatenate([cols[7::8], rows[7::8]])
-    other = np.concatenate([cols, rows])
-    block = float(grid.mean() / (other.mean() + _EPS)) if grid.size else 1.0
-    return np.array([
-        np.log(float((lap * lap).mean()) + _EPS),
-        np.log(float(np.hypot(gx, gy).mean()) + _EPS),
-        np.log(float(np.median(resid)) + _EPS),
-        float((resid > 0.08).mean()),
-        np.log(float(np.sqrt(var).mean()) + _EPS),
-        float(flat.mean()),
-        float((rgb.max(axis=2) - rgb.min(axis=2)).mean()),
-        float(np.sqrt((chroma * chroma).sum())),
-        block,
-    ], dtype=np.float64)
+    out[0] = np.log(float((lap * lap).mean()) + _EPS)
+    if "grad" in want:
+        gy, gx = np.gradient(y)
+        out[1] = np.log(float(np.hypot(gx, gy).mean()) + _EPS)
+    if want & {"noise", "impulse"}:
+        resid = np.abs(y - ndimage.median_filter(y, size=3))
+        out[2] = np.log(float(np.median(resid)) + _EPS)
+        out[3] = float((resid > 0.08).mean())
+    if "texture" in want:
+        mu = ndimage.uniform_filter(y, 5)
+        var = np.maximum(ndimage.uniform_filter(y * y, 5) - mu * mu, 0)
+        out[4] = np.log(float(np.sqrt(var).mean()) + _EPS)
+    if want & {"flat", "block"}:
+        dx = np.abs(np.diff(y, axis=1))
+        dy = np.abs(np.diff(y, axis=0))
+        flat = np.zeros_like(y, dtype=bool)
+        flat[1:-1, 1:-1] = ((dx[1:-1, :-1] < 1e-6) & (dx[1:-1, 1:] < 1e-6)
+                            & (dy[:-1, 1:-1] < 1e-6) & (dy[1:, 1:-1] < 1e-6))
+        out[5] = float(flat.mean())
+        cols = dx.mean(axis=0)
+        rows = dy.mean(axis=1)
+        grid = np.concatenate([cols[7::8], rows[7::8]])
+        other = np.concatenate([cols, rows])
+        out[8] = float(grid.mean() / (other.mean() + _EPS)) if grid.size else 1.0
+    if "sat" in want:
+        r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]  # channel-wise: 25x faster than axis=2
+        out[6] = float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
+    if "cast" in want:
+        mean_rgb = rgb.reshape(-1, 3).mean(axis=0)
+        chroma = mean_rgb - mean_rgb.mean()
+        out[7] = float(np.sqrt((chroma * chroma).sum()))
+    return out
 
 
-def ladder(img: np.ndarray) -> np.ndarray:
+def ladder(img: np.ndarray, only: frozenset[str] | None = None) -> np.ndarray:
     """The features of ``img`` at every scale of ``SCALES``: shape (len(SCALES), len(FEATURES)),
-    NaN rows at scales its shorter side does not reach."""
+    NaN rows at scales its shorter side does not reach (``only``: as in ``features_at``)."""
     out = np.full((len(SCALES), len(FEATURES)), np.nan)
     short = min(img.shape[:2])
     for i, side in enumerate(SCALES):
         if short >= side:
-            out[i] = features_at(reduce_to(img, side))
+            out[i] = features_at(reduce_to(img, side), only)
     if short < SCALES[0]:  # a tiny image is described at its own size, on the first rung
-        out[0] = features_at(img.astype(np.float32) / 255.0)
+        out[0] = features_at(img.astype(np.float32) / 255.0, only)
     return out
 
 

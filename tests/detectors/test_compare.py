@@ -49,3 +49,27 @@ def test_descriptions_from_a_scores_row_give_the_same_probability(comp, photos):
     rows = [{k: v[i] for k, v in detail.items()} for i in range(2)]
     a, b = (description_from_row(r) for r in rows)
     assert comp.prob(a, b) == pytest.approx(comp.compare(*imgs), abs=1e-9)
+
+
+def test_only_the_features_the_weights_read_are_computed_and_the_probability_is_unchanged(comp, photos):
+    from collapseguard.detectors.compare import FEATURES, pair_inputs
+    from collapseguard.detectors.pair_features import ladder
+
+    assert comp.features_used == {f for f, w in zip(FEATURES, comp.w) if w != 0}
+    assert comp.features_used < set(FEATURES)  # the shipped weights ignore some features
+    a, b = photos[0], degrade(photos[0], rounds=4, seed=3)
+    da, db = comp.describe([a, b])
+    # the filters (gradient, median, local variance) of unread features are never run
+    skipped = [j for j, f in enumerate(FEATURES)
+               if f in ("grad", "noise", "impulse", "texture") and f not in comp.features_used]
+    assert skipped and np.isnan(da["ladder"][:, skipped]).all()
+    full_a = {"cnn": da["cnn"], "ladder": ladder(a)}
+    full_b = {"cnn": db["cnn"], "ladder": ladder(b)}
+    assert not np.isnan(full_a["ladder"][-1]).any()
+    x_full = np.dot(comp.w, pair_inputs(full_a, full_b) / comp.s)
+    x_used = np.dot(comp.w, pair_inputs(da, db) / comp.s)
+    assert x_used == pytest.approx(x_full, rel=1e-12, abs=1e-12)
+    # the description's version names the features, so kept descriptions of another set are not reused
+    untrained = create("compare").__class__(untrained=True, cnn=comp.cnn)
+    assert untrained.features_used is None
+    assert untrained.description_version != comp.description_version
