@@ -27,9 +27,9 @@ first pass of ``dedup``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
