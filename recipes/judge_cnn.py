@@ -10,7 +10,8 @@ weights (threshold from ``--calibration``; ``--shipped-calibration`` sets the sh
 ``collapseguard calibrate --detector cnn:W``), per storage (PNG and JPEG q90 4:2:0 by default):
 
 - per family, AUROC step 0 vs 5 and 0 vs 10 and the share of step-10 images above the threshold;
-- per kind of the web-history set, the share of clean pictures above the threshold (PNG, JPEG q90);
+- per kind, the share of the evaluation set's step-0 images and of the web-history set's clean
+  pictures above the threshold;
 - the rule's three terms: the worst held-out network family's 0v10 (``--held-out``), the worst
   web-history kind's share, and the worst default family's 0v5 (the families outside
   ``--networks``), with the verdict when a candidate is given.
@@ -67,6 +68,12 @@ def judge(name: str, det: CNNDetector, thr: float, ev: pd.DataFrame, wh: pd.Data
                      "step0 dropped": float((neg > thr).mean())})
     fams = pd.DataFrame(rows)
     print(fams.round(3).to_string(index=False))
+    step0 = ev[ev["step"] == 0]
+    clean = step0.groupby(["kind", "storage"])["score"].apply(lambda x: float((x > thr).mean()))
+    clean = clean.unstack("storage")
+    clean.loc["all"] = step0.groupby("storage")["score"].apply(lambda x: float((x > thr).mean()))
+    print("evaluation set, step 0 (clean) above the threshold, by kind:")
+    print(clean.round(3).to_string())
     kinds = []
     for kind, g in [*wh.groupby("kind"), ("all", wh)]:
         kinds.append({"kind": kind, "n": len(g),
