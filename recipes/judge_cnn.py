@@ -53,7 +53,7 @@ def cached_scores(det: CNNDetector, paths: list[str], cache: Path) -> dict[str, 
 
 
 def judge(name: str, det: CNNDetector, thr: float, ev: pd.DataFrame, wh: pd.DataFrame,
-          cache: Path, storages: list[str]) -> dict:
+          cache: Path) -> dict:
     paths = ev["file"].tolist() + wh["png"].tolist() + wh["jpeg90"].tolist()
     s = cached_scores(det, paths, cache)
     ev = ev.assign(score=ev["file"].map(s))
@@ -119,14 +119,14 @@ def main(argv=None) -> int:
         thr0 = float(json.loads(a.shipped_calibration.read_text())["threshold"])
     else:
         thr0 = default_calibration("cnn", shipped.version).threshold
-    base = judge("shipped", shipped, thr0, ev, wh, a.cache, storages)
+    base = judge("shipped", shipped, thr0, ev, wh, a.cache)
     if a.candidate is None:
         return 0
     if a.calibration is None:
         ap.error("--candidate needs --calibration (its calibration JSON)")
     cand = CNNDetector(weights=a.candidate, device="cpu")
     thr = float(json.loads(a.calibration.read_text())["threshold"])
-    new = judge("candidate", cand, thr, ev, wh, a.cache, storages)
+    new = judge("candidate", cand, thr, ev, wh, a.cache)
     ok1 = all(new["worst_held_out_0v10"][st] > base["worst_held_out_0v10"][st] for st in storages)
     ok2 = all(new["worst_web_kind_share"][st] < base["worst_web_kind_share"][st] for st in storages)
     ok3 = all(new["worst_default_0v5"][st] >= base["worst_default_0v5"][st] - 0.02 for st in storages)

@@ -333,14 +333,12 @@ def run(args) -> None:
     print("|---|" + "---|" * len(methods))
     s10 = rows["set"] == "step10"
     fams = sorted(rows.loc[s10, "family"].unique())
-    for fam in (*fams, "family mean", "worst family"):
-        cells = []
-        for m in methods:
-            per = [100 * decisions[m][(s10 & (rows["family"] == ff)).to_numpy()].mean() for ff in fams]
-            v = (np.mean(per) if fam == "family mean" else min(per) if fam == "worst family"
-                 else 100 * decisions[m][(s10 & (rows["family"] == fam)).to_numpy()].mean())
-            cells.append(f"{v:.1f}")
-        print(f"| {fam} | " + " | ".join(cells) + " |")
+    per = {m: [100 * decisions[m][(s10 & (rows["family"] == ff)).to_numpy()].mean() for ff in fams]
+           for m in methods}
+    for i, fam in enumerate(fams):
+        print(f"| {fam} | " + " | ".join(f"{per[m][i]:.1f}" for m in methods) + " |")
+    print("| family mean | " + " | ".join(f"{np.mean(per[m]):.1f}" for m in methods) + " |")
+    print("| worst family | " + " | ".join(f"{min(per[m]):.1f}" for m in methods) + " |")
 
 
 def main(argv=None) -> None:

@@ -379,7 +379,7 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    """Pass 2's decisions: ``(rank, p_worse, decision, reason)`` per row."""
+    """Pass 4's decisions: ``(rank, p_worse, decision, reason)`` per row."""
     # imported here: worker processes import this module, and need not import scipy.stats
     from collapseguard.dedup.fit import group_p_worse
 

@@ -76,10 +76,16 @@ def decode_members(
     return [d[:4] for d in decoded], errors
 
 
+def _decode_full(data: bytes) -> tuple[np.ndarray, str, bool, tuple[int, int]]:
+    arr, storage, alpha = decode_detailed(data)
+    return arr, storage, alpha, arr.shape[:2]
+
+
 def _decode_members(members, max_record_pixels, transform, decode=None):
-    """``decode_members`` with each image's full (height, width) as a fifth element; ``decode``
-    (``images.decode_reduced``'s signature, bytes -> (array, storage, has_alpha, (height,
-    width))) replaces ``decode_detailed``."""
+    """``decode_members`` with each image's full (height, width) as a fifth element (with a
+    ``transform``, the transformed image's); ``decode`` (``images.decode_reduced``'s signature,
+    bytes -> (array, storage, has_alpha, (height, width))) replaces the full decoding."""
+    decode = decode or _decode_full
     decoded, errors, record_pixels = [], [], 0
     for name, data in members:
         if isinstance(data, np.ndarray):
@@ -88,11 +94,7 @@ def _decode_members(members, max_record_pixels, transform, decode=None):
             shape = arr.shape[:2]
         else:
             try:
-                if decode is None:
-                    arr, storage, alpha = decode_detailed(data)
-                    shape = arr.shape[:2]
-                else:
-                    arr, storage, alpha, shape = decode(data)
+                arr, storage, alpha, shape = decode(data)
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
                 continue
@@ -101,8 +103,10 @@ def _decode_members(members, max_record_pixels, transform, decode=None):
             errors.append(f"{name}: the sample's images hold over {max_record_pixels} pixels "
                           "together; the rest were not decoded")
             break
-        out = transform(arr) if transform is not None else arr
-        decoded.append((name, out, storage, alpha, tuple(shape if decode is not None else out.shape[:2])))
+        if transform is not None:
+            arr = transform(arr)
+            shape = arr.shape[:2]
+        decoded.append((name, arr, storage, alpha, tuple(shape)))
     return decoded, errors
 
 
