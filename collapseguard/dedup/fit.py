@@ -15,9 +15,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from collapseguard.calibration.bounds import BoundResult, order_statistic_threshold
+if TYPE_CHECKING:  # scipy.stats, which the bounds import, takes a second to load: only calibrate_level needs it
+    from collapseguard.calibration.bounds import BoundResult
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, iters: int = 50,
@@ -63,4 +66,6 @@ def group_p_worse(utilities: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
 def calibrate_level(group_maxima, alpha: float = 0.01, confidence: float = 0.95) -> BoundResult:
     """The level from clean-only groups' highest ``p_worse`` (one number per group); a copy is a
     degraded copy when its ``p_worse`` is above the level."""
+    from collapseguard.calibration.bounds import order_statistic_threshold
+
     return order_statistic_threshold(group_maxima, alpha, confidence)

@@ -43,6 +43,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collapseguard.dedup.describe import (
+    RungDescriber,
+    as_size_map,
+    described_rungs,
+    group_rungs,
+    rungs_by_size,
+    size_rungs,
+    torch_threads,
+)
 from collapseguard.dedup.groups import GroupingParams, group_ids
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
@@ -69,10 +78,11 @@ OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reas
                   "cnn", "width", "height", "storage", "image", "error")
 
 
-def describe_task(task: tuple, detector, progress=None, decode=None) -> dict:
+def describe_task(task: tuple, detector, progress=None, decode=None, fingerprints: bool = True) -> dict:
     """Engine task: ``score_task`` with the ``compare`` detector (or ``FingerprintOnly``, and
     ``decode``), its rows packed into arrays (the hash as uint64, the thumbnail as int8, the
-    features as float32; ``full``: the row has the cnn score and the features)."""
+    features as float32; ``full``: the row has the cnn score and the features). Without
+    ``fingerprints`` (a ``RungDescriber``: pass 3) a row is described without them."""
     rows = score_task(task, detector, progress, decode)
     n = len(rows)
     out = {
@@ -91,15 +101,18 @@ def describe_task(task: tuple, detector, progress=None, decode=None) -> dict:
         "features": np.full((n, len(FEATURE_COLUMNS)), np.nan, np.float32),
     }
     for i, r in enumerate(rows):
-        parts = [r.get(c) for c in HASH_COLUMNS]
-        if any(p is None or not np.isfinite(p) for p in parts) or not np.isfinite(r.get("score", np.nan)):
+        if not np.isfinite(r.get("score", np.nan)):
             continue
-        h = 0
-        for p in parts:
-            h = (h << 16) | int(p)
-        out["hash"][i] = h
+        if fingerprints:
+            parts = [r.get(c) for c in HASH_COLUMNS]
+            if any(p is None or not np.isfinite(p) for p in parts):
+                continue
+            h = 0
+            for p in parts:
+                h = (h << 16) | int(p)
+            out["hash"][i] = h
+            out["thumb"][i] = [int(r[c]) for c in THUMB_COLUMNS]
         out["ok"][i] = True
-        out["thumb"][i] = [int(r[c]) for c in THUMB_COLUMNS]
         if FEATURE_COLUMNS[0] in r:
             out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
             out["full"][i] = True
@@ -169,6 +182,14 @@ def fingerprint_task(task: tuple, detector, progress=None) -> dict:
             return describe_task(task, detector.full(), progress)
         return describe_task(task, detector, progress, reduced_for_fingerprints)
     return describe_task(task, detector, progress)
+
+
+def describe_rungs_task(job: tuple, detector, progress=None) -> dict:
+    """Engine task of pass 3: ``job`` is ``(task, rungs)``; its images described by the comparator
+    ``detector`` at their rungs only (``describe.RungDescriber``; ``rungs``: ``rungs_by_size``'s
+    list, None: every rung)."""
+    task, rungs = job
+    return describe_task(task, RungDescriber(detector, as_size_map(rungs)), progress, fingerprints=False)
 
 
 class Wanted:
@@ -313,42 +334,50 @@ def _merged(done: list[dict]) -> dict:
 
 
 def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures: list[str], *,
-                     workers: int = 1, quiet: bool = False, detector_obj=None,
-                     engine: str = "local") -> None:
+                     rungs: np.ndarray | None = None, workers: int = 1, quiet: bool = False,
+                     detector_obj=None, engine: str = "local", threads: int | None = 1) -> None:
     """Pass 3: the rows ``need`` (a mask over ``desc``) described by the comparator, in place
     (``cnn``, ``features``, ``full``; a row it cannot describe loses ``ok`` and gets its
-    ``error``). Each task's rows are kept under ``out_dir/.parts/full/``."""
+    ``error``). ``rungs`` gives each row the rung of ``SCALES`` to describe it at (-1, or None
+    for every row: all rungs; rows of one size in one task get the rungs of all of them); a row
+    described before keeps its cnn score and gains the rungs it lacked. Each task's rows are kept under ``out_dir/.parts/full/``. ``threads``: torch's threads
+    while this process describes (workers == 1; worker processes split the cores)."""
     from collapseguard.detectors.compare import Comparator
 
     det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
     version = det.description_version
-    if workers > 1 or engine != "local":
+    inline = workers <= 1 and engine == "local"
+    if not inline:
         det = None
     full_dir = Path(out_dir, ".parts", "full")
     full_dir.mkdir(parents=True, exist_ok=True)
-    jobs = []  # (sub task, part name, global rows)
+    jobs = []  # ((sub task, rungs), part name, global rows)
     start = 0
     for task, name, part in desc["tasks"]:
         n = len(part["key"])
         rows = np.flatnonzero(need[start: start + n])
         if rows.size:
-            blob = json.dumps([name, version, rows.tolist()])
-            jobs.append((_sub_task(task, part, rows), hashlib.sha256(blob.encode()).hexdigest()[:24],
-                         start + rows))
+            g = start + rows
+            job_rungs = None if rungs is None else rungs_by_size(desc["height"][g], desc["width"][g], rungs[g])
+            blob = json.dumps([name, version, rows.tolist()] + ([] if rungs is None else ["rungs", job_rungs]))
+            jobs.append(((_sub_task(task, part, rows), job_rungs),
+                         hashlib.sha256(blob.encode()).hexdigest()[:24], start + rows))
         start += n
 
     def apply(job, got: dict | None, err: str | None):
         _, _, rows = job
         if got is None or len(got["key"]) != rows.size or list(got["key"]) != [desc["key"][r] for r in rows]:
             why = err or "the images read again are not the ones fingerprinted"
-            failures.append(f"{_task_input(job[0])}: not described: {why}")
+            failures.append(f"{_task_input(job[0][0])}: not described: {why}")
             desc["ok"][rows] = False
             desc["full"][rows] = True
             for r in rows:
                 desc["error"][r] = desc["error"][r] or f"not described: {why}"
             return
-        desc["cnn"][rows] = got["cnn"]
-        desc["features"][rows] = got["features"]
+        before = desc["full"][rows]
+        desc["cnn"][rows] = np.where(before, desc["cnn"][rows], got["cnn"])
+        old = desc["features"][rows]
+        desc["features"][rows] = np.where(np.isnan(got["features"]), old, got["features"])
         desc["full"][rows] = True
         bad = ~got["ok"]
         desc["ok"][rows[bad]] = False
@@ -372,8 +401,10 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
             _save_part(full_dir / f"{todo[k][1]}.npz", got)
         apply(todo[k], got, err)
 
-    make_engine(engine, workers, det).run(describe_task, [j[0] for j in todo], DETECTOR, DETECTOR_KWARGS,
-                                          (bar.update if not quiet else None), on_done)
+    with torch_threads(threads if inline else None):
+        make_engine(engine, workers, det).run(describe_rungs_task, [j[0] for j in todo], DETECTOR,
+                                              DETECTOR_KWARGS, (bar.update if not quiet else None),
+                                              on_done)
     bar.close()
 
 
@@ -411,10 +442,12 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
 def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,
               level: float | None = None, params: GroupingParams = GroupingParams(),
               weights: str | None = None, detector_obj=None, engine: str = "local",
-              image_column: str | None = None) -> dict:
+              image_column: str | None = None, threads: int | None = 1) -> dict:
     """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary,
     with ``parts_reused`` and the wall ``seconds`` of each pass (``fingerprint``, ``group``,
-    ``describe``, ``decide``), which the file leaves out (its bytes depend only on the inputs)."""
+    ``describe``, ``decide``), which the file leaves out (its bytes depend only on the inputs).
+    ``threads``: torch's CPU threads for the comparator in this process (``workers`` 1; None:
+    torch's own setting)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t = load_weights(weights)
@@ -434,17 +467,31 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
                                              image_column=image_column)
     ok = desc["ok"]
     lap("fingerprint")
-    while True:  # group; describe the grouped images not yet described; again if one could not be
+    # the highest rung of SCALES each image reaches: from its size, or from the rungs of a full
+    # description (every rung: ``all_rungs``); -1 where only a full description will tell
+    all_rungs = desc["full"].copy()
+    reach = size_rungs(desc["width"], desc["height"])
+    asked = np.full(len(ok), -2, np.int64)  # the rung a row was last described at (-1: every rung)
+    while True:  # group; describe the grouped images at their group's rung; again until all have it
+        held = described_rungs(desc["features"])
+        top = len(SCALES) - 1 - np.argmax(held[:, ::-1], axis=1)
+        reach = np.where(all_rungs, np.where(held.any(axis=1), top, 0), reach)
+        # a row described at a rung it does not reach is smaller than its size said
+        reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
         idx = np.flatnonzero(ok)
         sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
         labels = np.full(len(ok), -1, np.int64)
         labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
-        need = (labels >= 0) & ~desc["full"]
+        target = group_rungs(labels, np.maximum(reach, 0))
+        need = (labels >= 0) & ~held[np.arange(len(ok)), np.maximum(target, 0)]
         lap("group")
         if not need.any():
             break
-        describe_grouped(desc, need, out_dir, failures, workers=workers, quiet=quiet,
-                         detector_obj=detector_obj, engine=engine)
+        want = np.where(reach < 0, -1, target)
+        describe_grouped(desc, need, out_dir, failures, rungs=want, workers=workers, quiet=quiet,
+                         detector_obj=detector_obj, engine=engine, threads=threads)
+        asked[need] = want[need]
+        all_rungs |= need & (want < 0)
         lap("describe")
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
     width = max(6, len(str(len(ok))))

@@ -30,13 +30,14 @@ FEATURES = ("hf", "grad", "noise", "impulse", "texture", "flat", "sat", "cast", 
 _EPS = 1e-4
 
 
-def reduce_to(img: np.ndarray, side: int) -> np.ndarray:
-    """``img`` with its shorter side reduced to ``side`` px (area filter), float32 in [0, 1]."""
+def reduce_to(img: np.ndarray, side: int, pil: Image.Image | None = None) -> np.ndarray:
+    """``img`` with its shorter side reduced to ``side`` px (area filter), float32 in [0, 1]
+    (``pil``: ``Image.fromarray(img)`` when the caller already has it)."""
     h, w = img.shape[:2]
     short = min(h, w)
     if short != side:
         size = (max(1, round(w * side / short)), max(1, round(h * side / short)))
-        img = np.asarray(Image.fromarray(img).resize(size, Image.Resampling.BOX))
+        img = np.asarray((pil or Image.fromarray(img)).resize(size, Image.Resampling.BOX))
     return img.astype(np.float32) / 255.0
 
 
@@ -82,15 +83,27 @@ def features_at(rgb: np.ndarray, only: frozenset[str] | None = None) -> np.ndarr
     return out
 
 
-def ladder(img: np.ndarray, only: frozenset[str] | None = None) -> np.ndarray:
+def reached_rung(short: int) -> int:
+    """The index of the largest scale an image with this shorter side reaches (0 below the first:
+    a tiny image is described at its own size, on the first rung)."""
+    return max(0, sum(short >= side for side in SCALES) - 1)
+
+
+def ladder(img: np.ndarray, only: frozenset[str] | None = None,
+           rungs: frozenset[int] | None = None) -> np.ndarray:
     """The features of ``img`` at every scale of ``SCALES``: shape (len(SCALES), len(FEATURES)),
-    NaN rows at scales its shorter side does not reach (``only``: as in ``features_at``)."""
+    NaN rows at scales its shorter side does not reach (``only``: as in ``features_at``). With
+    ``rungs`` (indices into ``SCALES``), only those rows (the others NaN): each is the same as in
+    the full ladder, which reduces every scale from the image itself."""
     out = np.full((len(SCALES), len(FEATURES)), np.nan)
     short = min(img.shape[:2])
+    pil = None
     for i, side in enumerate(SCALES):
-        if short >= side:
-            out[i] = features_at(reduce_to(img, side), only)
-    if short < SCALES[0]:  # a tiny image is described at its own size, on the first rung
+        if short >= side and (rungs is None or i in rungs):
+            if pil is None and short != side:
+                pil = Image.fromarray(img)  # once for every scale it is reduced to
+            out[i] = features_at(reduce_to(img, side, pil), only)
+    if short < SCALES[0] and (rungs is None or 0 in rungs):  # a tiny image: its own size, first rung
         out[0] = features_at(img.astype(np.float32) / 255.0, only)
     return out
 
