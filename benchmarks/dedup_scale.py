@@ -15,10 +15,11 @@ decoding of the same shards (``throughput.floor_task``), both in one process or 
 in shards (``throughput.make_shards``). Prints images/s of each (median), the ratio, and the wall
 time of each of ``dedup``'s passes (``run_dedup``'s ``seconds``) per image it handles:
 
-    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3] [--copy-share 0.1] [--workers 2]
+    python benchmarks/dedup_scale.py --throughput 64 [--rounds 3] [--copy-share 0.1] [--workers 2] [--threads 1]
 
-With one process the comparator is loaded once, outside the timing; worker processes load their
-own, inside it (as the floor's pool starts inside its timing).
+With one process the comparator is loaded once, outside the timing, and runs on ``--threads``
+torch threads (``run_dedup``'s ``threads``; 0: torch's own count); worker processes load their
+own, inside it (as the floor's pool starts inside its timing), on one thread each.
 
 ``--copy-share F`` adds resized JPEG q75 copies of some of the images so that about F of all
 images are in a group of two (the images the comparator describes); it also prints how many
@@ -127,6 +128,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="with --throughput and one process: torch threads of the comparator (0: torch's own)")
     ap.add_argument("--copy-share", type=float, default=0.0,
                     help="with --throughput: add copies so that about this share of images is in a group")
     ap.add_argument("--hashes", action="store_true",
@@ -198,12 +201,14 @@ def throughput_main(args) -> None:
             out = Path(tmp, "out")
             shutil.rmtree(out, ignore_errors=True)
             t = time.perf_counter()
-            summary = run_dedup(shards, out, quiet=True, detector_obj=det, workers=workers)
+            summary = run_dedup(shards, out, quiet=True, detector_obj=det, workers=workers,
+                                threads=args.threads or None)
             dedup.append(summary["images"] / (time.perf_counter() - t))
             stages.append(summary["seconds"])
         drift = reduced_drift(shards)
     f, d = statistics.median(floor), statistics.median(dedup)
-    procs = "one process" if workers == 1 else f"{workers} processes"
+    procs = (f"one process, {args.threads or 'torch default'} thread(s)" if workers == 1
+             else f"{workers} processes")
     print(f"{summary['images']} images 1024x768 JPEG, {procs}, {args.rounds} rounds (medians): "
           f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x; "
           f"{summary['grouped']} images in {summary['groups']} groups, {summary['described']} described "

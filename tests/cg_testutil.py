@@ -71,6 +71,21 @@ def echo_or_die(task, detector, progress=None):
     return task
 
 
+def pid_and_detector(task, detector, progress=None):
+    """Engine task for tests: ``(pid, detector class name)`` of the process that ran it, after a
+    progress report of 1 and, for a task ``"slow"``, half a second of sleep (``"die"``: as in
+    ``echo_or_die``)."""
+    import os
+    import time
+    if task == "die":
+        echo_or_die(task, detector)
+    if task == "slow":
+        time.sleep(0.5)
+    if progress is not None:
+        progress(1)
+    return os.getpid(), type(detector).__name__
+
+
 def run_cli(args, expect=0):
     """The command line in this process (click's runner): arguments as text, the exit code checked."""
     from click.testing import CliRunner

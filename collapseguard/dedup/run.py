@@ -63,7 +63,7 @@ from collapseguard.detectors.compare import (
 )
 from collapseguard.detectors.fingerprint import FINGERPRINT_VERSION, REDUCED_SIDE
 from collapseguard.detectors.pair_features import FEATURES, SCALES
-from collapseguard.engines import make_engine
+from collapseguard.engines import LocalEngine, make_engine
 from collapseguard.images import decode_reduced
 from collapseguard.io.atomic import replaced_when_done
 from collapseguard.io.parse import basename_of, strip_suffix
@@ -278,11 +278,12 @@ def _load_part(path: Path) -> dict | None:
 
 def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1,
                     quiet: bool = False, detector_obj=None, engine: str = "local",
-                    image_column: str | None = None) -> tuple[dict, list[str], int]:
+                    image_column: str | None = None, runner=None) -> tuple[dict, list[str], int]:
     """Pass 1: every image fingerprinted (on ``engine``: ``"local"`` or ``"ray"``), parts kept under
     ``out_dir/.parts``; returns (the parts concatenated in input order, failures, parts reused).
     ``image_column`` names the image column of Parquet inputs (None: found as ``score`` finds it);
-    ``detector_obj`` is the full comparator (with fingerprints) to reuse in this process."""
+    ``detector_obj`` is the full comparator (with fingerprints) to reuse in this process;
+    ``runner`` an engine to run on instead of a new one (``make_engine``'s)."""
     unread: list[tuple[str, str]] = []
     tasks = plan_score_tasks(inputs, None, unread, image_column=image_column)
     det = FingerprintOnly(full=detector_obj)
@@ -308,7 +309,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
         parts[i] = part
 
     if todo:
-        make_engine(engine, workers, det).run(
+        (runner or make_engine(engine, workers, det)).run(
             fingerprint_task, [tasks[i] for i in todo], DETECTOR, FINGERPRINT_KWARGS,
             (bar.update if not quiet else None), on_done)
     bar.close()
@@ -335,13 +336,15 @@ def _merged(done: list[dict]) -> dict:
 
 def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures: list[str], *,
                      rungs: np.ndarray | None = None, workers: int = 1, quiet: bool = False,
-                     detector_obj=None, engine: str = "local", threads: int | None = 1) -> None:
+                     detector_obj=None, engine: str = "local", threads: int | None = 1,
+                     runner=None) -> None:
     """Pass 3: the rows ``need`` (a mask over ``desc``) described by the comparator, in place
     (``cnn``, ``features``, ``full``; a row it cannot describe loses ``ok`` and gets its
     ``error``). ``rungs`` gives each row the rung of ``SCALES`` to describe it at (-1, or None
     for every row: all rungs; rows of one size in one task get the rungs of all of them); a row
     described before keeps its cnn score and gains the rungs it lacked. Each task's rows are kept under ``out_dir/.parts/full/``. ``threads``: torch's threads
-    while this process describes (workers == 1; worker processes split the cores)."""
+    while this process describes (workers == 1; worker processes split the cores); ``runner``:
+    the engine to run on (None: a new one)."""
     from collapseguard.detectors.compare import Comparator
 
     det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
@@ -402,7 +405,7 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
         apply(todo[k], got, err)
 
     with torch_threads(threads if inline else None):
-        make_engine(engine, workers, det).run(describe_rungs_task, [j[0] for j in todo], DETECTOR,
+        (runner or make_engine(engine, workers, det)).run(describe_rungs_task, [j[0] for j in todo], DETECTOR,
                                               DETECTOR_KWARGS, (bar.update if not quiet else None),
                                               on_done)
     bar.close()
@@ -462,81 +465,88 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
         seconds[stage] += now - clock
         clock = now
 
-    desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
-                                             detector_obj=detector_obj, engine=engine,
-                                             image_column=image_column)
-    ok = desc["ok"]
-    lap("fingerprint")
-    # the highest rung of SCALES each image reaches: from its size, or from the rungs of a full
-    # description (every rung: ``all_rungs``); -1 where only a full description will tell
-    all_rungs = desc["full"].copy()
-    reach = size_rungs(desc["width"], desc["height"])
-    asked = np.full(len(ok), -2, np.int64)  # the rung a row was last described at (-1: every rung)
-    while True:  # group; describe the grouped images at their group's rung; again until all have it
-        held = described_rungs(desc["features"])
-        top = len(SCALES) - 1 - np.argmax(held[:, ::-1], axis=1)
-        reach = np.where(all_rungs, np.where(held.any(axis=1), top, 0), reach)
-        # a row described at a rung it does not reach is smaller than its size said
-        reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
-        idx = np.flatnonzero(ok)
-        sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
-        labels = np.full(len(ok), -1, np.int64)
-        labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
-        target = group_rungs(labels, np.maximum(reach, 0))
-        need = (labels >= 0) & ~held[np.arange(len(ok)), np.maximum(target, 0)]
-        lap("group")
-        if not need.any():
-            break
-        want = np.where(reach < 0, -1, target)
-        describe_grouped(desc, need, out_dir, failures, rungs=want, workers=workers, quiet=quiet,
-                         detector_obj=detector_obj, engine=engine, threads=threads)
-        asked[need] = want[need]
-        all_rungs |= need & (want < 0)
-        lap("describe")
-    rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
-    width = max(6, len(str(len(ok))))
-    group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
-    table = pa.table({
-        "source": pa.array(desc["source"], pa.string()),
-        "key": pa.array(desc["key"], pa.string()),
-        "group": pa.array(group, pa.string()),
-        "rank": pa.array(rank, pa.int32()),
-        "decision": pa.array(decision, pa.string()),
-        "p_worse": pa.array(p_worse, pa.float64()),
-        "reason": pa.array(reason, pa.string()),
-        "shard": pa.array(desc["shard"], pa.string()),
-        "cnn": pa.array(desc["cnn"], pa.float64()),
-        "width": pa.array(desc["width"], pa.int32()),
-        "height": pa.array(desc["height"], pa.int32()),
-        "storage": pa.array(desc["storage"], pa.string()),
-        "image": pa.array(desc["image"], pa.string()),
-        "error": pa.array(desc["error"], pa.string()),
-    })
-    with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:
-        pq.write_table(table, tmp)
-    counts = {d: decision.count(d) for d in ("keep", "degraded_copy", "single")}
-    summary = {
-        "images": len(ok),
-        "fingerprinted": int(ok.sum()),
-        "groups": stats["groups"],
-        "grouped": stats["grouped"],
-        "described": int((desc["full"] & ok).sum()),
-        "decisions": counts,
-        "reasons": {r: reason.count(r) for r in sorted(set(reason))},
-        "level": level,
-        "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
-        "a level given by hand: no calibrated guarantee",
-        "comparator_weights_version": t["version"],
-        "grouping": params.as_dict(),
-        "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
-        "failures": failures,
-    }
-    with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:
-        Path(tmp).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    summary["parts_reused"] = reused
-    lap("decide")
-    summary["seconds"] = seconds
-    return summary
+    # worker processes: one pool for both passes (started once, the comparator loaded in a
+    # worker when its first grouped image comes)
+    runner = LocalEngine(workers, keep_pool=True) if engine == "local" and workers > 1 else None
+    try:
+        desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
+                                                 detector_obj=detector_obj, engine=engine,
+                                                 image_column=image_column, runner=runner)
+        ok = desc["ok"]
+        lap("fingerprint")
+        # the highest rung of SCALES each image reaches: from its size, or from the rungs of a full
+        # description (every rung: ``all_rungs``); -1 where only a full description will tell
+        all_rungs = desc["full"].copy()
+        reach = size_rungs(desc["width"], desc["height"])
+        asked = np.full(len(ok), -2, np.int64)  # the rung a row was last described at (-1: every rung)
+        while True:  # group; describe the grouped images at their group's rung; again until all have it
+            held = described_rungs(desc["features"])
+            top = len(SCALES) - 1 - np.argmax(held[:, ::-1], axis=1)
+            reach = np.where(all_rungs, np.where(held.any(axis=1), top, 0), reach)
+            # a row described at a rung it does not reach is smaller than its size said
+            reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
+            idx = np.flatnonzero(ok)
+            sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
+            labels = np.full(len(ok), -1, np.int64)
+            labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
+            target = group_rungs(labels, np.maximum(reach, 0))
+            need = (labels >= 0) & ~held[np.arange(len(ok)), np.maximum(target, 0)]
+            lap("group")
+            if not need.any():
+                break
+            want = np.where(reach < 0, -1, target)
+            describe_grouped(desc, need, out_dir, failures, rungs=want, workers=workers, quiet=quiet,
+                             detector_obj=detector_obj, engine=engine, threads=threads, runner=runner)
+            asked[need] = want[need]
+            all_rungs |= need & (want < 0)
+            lap("describe")
+        rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
+        width = max(6, len(str(len(ok))))
+        group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
+        table = pa.table({
+            "source": pa.array(desc["source"], pa.string()),
+            "key": pa.array(desc["key"], pa.string()),
+            "group": pa.array(group, pa.string()),
+            "rank": pa.array(rank, pa.int32()),
+            "decision": pa.array(decision, pa.string()),
+            "p_worse": pa.array(p_worse, pa.float64()),
+            "reason": pa.array(reason, pa.string()),
+            "shard": pa.array(desc["shard"], pa.string()),
+            "cnn": pa.array(desc["cnn"], pa.float64()),
+            "width": pa.array(desc["width"], pa.int32()),
+            "height": pa.array(desc["height"], pa.int32()),
+            "storage": pa.array(desc["storage"], pa.string()),
+            "image": pa.array(desc["image"], pa.string()),
+            "error": pa.array(desc["error"], pa.string()),
+        })
+        with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:
+            pq.write_table(table, tmp)
+        counts = {d: decision.count(d) for d in ("keep", "degraded_copy", "single")}
+        summary = {
+            "images": len(ok),
+            "fingerprinted": int(ok.sum()),
+            "groups": stats["groups"],
+            "grouped": stats["grouped"],
+            "described": int((desc["full"] & ok).sum()),
+            "decisions": counts,
+            "reasons": {r: reason.count(r) for r in sorted(set(reason))},
+            "level": level,
+            "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
+            "a level given by hand: no calibrated guarantee",
+            "comparator_weights_version": t["version"],
+            "grouping": params.as_dict(),
+            "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
+            "failures": failures,
+        }
+        with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:
+            Path(tmp).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        summary["parts_reused"] = reused
+        lap("decide")
+        summary["seconds"] = seconds
+        return summary
+    finally:
+        if runner is not None:
+            runner.close()
 
 
 def clear_parts(out_dir: str | Path) -> None:

@@ -186,12 +186,39 @@ class LocalEngine:
     memory) only those tasks are suspects. The pool is restarted and the suspects are retried
     one at a time: the task that kills a worker while running alone is reported as failed, and
     every other task still runs.
+
+    With ``keep_pool`` the worker processes outlive a ``run``: the next run (another task
+    function, another detector, created in each worker when its first task asks for it) starts
+    no processes and imports nothing again. ``close()`` (or leaving the engine's ``with`` block)
+    ends them.
     """
 
-    def __init__(self, workers: int = 2, threads_per_worker: int | None = None):
+    def __init__(self, workers: int = 2, threads_per_worker: int | None = None, keep_pool: bool = False):
         self.workers = max(1, int(workers))
         cores = os.cpu_count() or 1
         self.threads = threads_per_worker or max(1, cores // self.workers)
+        self.keep_pool = bool(keep_pool)
+        self._kept = None  # (pool, its width, its progress queue) between runs
+        self._manager = None  # the progress queue's manager, kept with the pool
+        self._manager_queue = None
+
+    def close(self) -> None:
+        """End the kept worker processes (and the progress queue's manager)."""
+        self._drop_kept()
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _drop_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept[0].shutdown(wait=True, cancel_futures=True)
 
     def run(self, fn: TaskFn, tasks: Sequence, detector: str, kwargs: tuple,
             on_progress: OnProgress | None, on_done: OnDone) -> None:
@@ -200,9 +227,14 @@ class LocalEngine:
         ctx = spawn_context()
         manager = None
         if on_progress:
-            manager = SyncManager(ctx=ctx)
-            manager.start(die_with_parent, (os.getpid(),))
-        progress_q = manager.Queue() if manager else None
+            manager = self._manager if self.keep_pool else None
+            if manager is None:
+                manager = SyncManager(ctx=ctx)
+                manager.start(die_with_parent, (os.getpid(),))
+                if self.keep_pool:
+                    self._manager = manager
+                    self._manager_queue = manager.Queue()
+        progress_q = (self._manager_queue if self.keep_pool else manager.Queue()) if manager else None
         stop = threading.Event()
 
         def pump():
@@ -226,7 +258,7 @@ class LocalEngine:
                 queue_ = suspects if alone else todo
                 width = 1 if alone else min(self.workers, len(todo))
                 broken = self._run_pool(ctx, width, fn, tasks, queue_, detector, kwargs,
-                                        progress_q, on_done)
+                                        progress_q, on_done, alone)
                 if alone and broken:
                     # the task ran alone and its worker died: it is the one that kills workers
                     on_done(broken[0], None, "worker failed: its worker process died while "
@@ -238,16 +270,29 @@ class LocalEngine:
             stop.set()
             if pumper:
                 pumper.join(timeout=5)
-            if manager:
+            if manager and not self.keep_pool:
                 manager.shutdown()
 
     def _run_pool(self, ctx, width: int, fn, tasks, order: list[int], detector, kwargs,
-                  progress_q, on_done) -> list[int]:
+                  progress_q, on_done, alone: bool = False) -> list[int]:
         """Run tasks from ``order`` (consumed from the front) with ``width`` in flight; returns
-        the indices that were in flight when a worker died (empty when the pool stayed up)."""
-        pool = ProcessPoolExecutor(max_workers=width, mp_context=ctx, initializer=_worker_init,
-                                   initargs=(self.threads, progress_q, detector, kwargs,
-                                             os.getpid()))
+        the indices that were in flight when a worker died (empty when the pool stayed up).
+        ``alone``: a suspect, run in a pool of its own (never the kept one)."""
+        kept = self.keep_pool and not alone
+        if kept and self._kept is not None and self._kept[2] is not progress_q:
+            self._drop_kept()
+        if kept and self._kept is None:  # all the workers (spawned as tasks need them): kept for later runs
+            self._kept = (ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                              initializer=_worker_init,
+                                              initargs=(self.threads, progress_q, detector, kwargs,
+                                                        os.getpid())),
+                          self.workers, progress_q)
+        if kept:
+            pool = self._kept[0]
+        else:
+            pool = ProcessPoolExecutor(max_workers=width, mp_context=ctx, initializer=_worker_init,
+                                       initargs=(self.threads, progress_q, detector, kwargs,
+                                                 os.getpid()))
         running: dict = {}
         broken: list[int] = []
         try:
@@ -272,4 +317,7 @@ class LocalEngine:
                     return sorted(broken)
             return []
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if kept and broken:  # a worker died: the next run starts another pool
+                self._kept = None
+            if not kept or broken:
+                pool.shutdown(wait=True, cancel_futures=True)
