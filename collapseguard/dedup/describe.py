@@ -3,8 +3,8 @@
 A group ranks its copies at the largest scale of ``pair_features.SCALES`` that all of them reach
 (``compare.group_utilities``), which the copies' sizes tell before any is described: the rung of
 the member with the shortest shorter side (``pair_features.reached_rung``). ``RungDescriber``
-describes an image as ``Comparator.describe`` does (the same cnn score, in the same batches, the
-same features), but only at the rungs asked for, and without the fingerprints pass 1 already
+describes an image as ``Comparator.describe`` does (the same cnn score, up to float rounding,
+the same features), but only at the rungs asked for, and without the fingerprints pass 1 already
 has: the features of the other rungs, which the decisions never read, are left NaN.
 ``group_rungs`` gives every grouped row its group's rung.
 """
@@ -21,12 +21,19 @@ from collapseguard.detectors.compare import FEATURE_COLUMNS
 from collapseguard.detectors.pair_features import FEATURES, SCALES, ladder, reached_rung
 
 
+#: images per call of the cnn: on a CPU its cost per image grows with the batch (its crops'
+#: activations leave the cache): 6.4 ms an image at 4, 11.9 at 8, 19 at 12 on one thread
+#: (docs/DEDUP.md, "Speed")
+CNN_BATCH = 4
+
+
 class RungDescriber(Detector):
     """``comparator``'s description (``cnn`` and the ``FEATURE_COLUMNS``) at the rungs asked for
     (indices into ``SCALES``), no fingerprints. ``rungs`` maps an image's (height, width) to its
     rungs (several rows of one size: the rungs of all of them); an image of a size it does not
     name, or every image when ``rungs`` is None, gets every rung. ``score`` is the comparator's
-    ``utility`` of the description; its batches are the comparator's."""
+    ``utility`` of the description; the cnn scores ``CNN_BATCH`` images at a time (a score can
+    differ from the one a larger batch gives in the last float bits)."""
 
     def __init__(self, comparator, rungs: dict[tuple[int, int], frozenset[int]] | None):
         self.comparator = comparator
@@ -40,7 +47,8 @@ class RungDescriber(Detector):
 
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         c = self.comparator
-        cnn = np.asarray(c.cnn.score(images), dtype=np.float64)
+        cnn = np.concatenate([np.asarray(c.cnn.score(images[k: k + CNN_BATCH]), dtype=np.float64)
+                              for k in range(0, len(images), CNN_BATCH)]) if images else np.zeros(0)
         want = [None if self.rungs is None else self.rungs.get(tuple(img.shape[:2])) for img in images]
         descs = [{"cnn": float(s), "ladder": ladder(img, c.features_used, r)}
                  for s, img, r in zip(cnn, images, want)]
