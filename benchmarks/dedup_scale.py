@@ -21,6 +21,13 @@ With one process the comparator is loaded once, outside the timing, and runs on 
 torch threads (``run_dedup``'s ``threads``; 0: torch's own count); worker processes load their
 own, inside it (as the floor's pool starts inside its timing), on one thread each.
 
+``--cnn-crops K`` (one process) scores the grouped images with the comparator's cnn on K crops
+each instead of the weights' own count: a lever that trades accuracy for speed, measured here
+and with ``--chains`` (not an option of ``dedup``).
+
+``--cnn-batch N`` (one process) scores N images per cnn call in the comparator pass instead of
+``dedup.describe.CNN_BATCH``.
+
 ``--copy-share F`` adds resized JPEG q75 copies of some of the images so that about F of all
 images are in a group of two (the images the comparator describes); it also prints how many
 images were grouped and described.
@@ -128,6 +135,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cnn-crops", type=int, default=None, metavar="K",
+                    help="with --throughput or --chains (one process, no --shards): the comparator's cnn "
+                         "on K crops an image instead of its weights' own (a speed lever: its accuracy cost)")
+    ap.add_argument("--cnn-batch", type=int, default=None, metavar="N",
+                    help="with --throughput: images per cnn call in the comparator pass "
+                         "(default: dedup.describe.CNN_BATCH)")
     ap.add_argument("--threads", type=int, default=1,
                     help="with --throughput and one process: torch threads of the comparator (0: torch's own)")
     ap.add_argument("--copy-share", type=float, default=0.0,
@@ -171,6 +184,19 @@ def main() -> None:
 
 
 
+def comparator(args):
+    """The comparator with fingerprints, its cnn on ``--cnn-crops`` crops an image when given."""
+    from collapseguard.detectors.compare import Comparator
+
+    if args.cnn_crops and args.workers != 1:
+        raise SystemExit("--cnn-crops needs --workers 1")
+    if not args.cnn_crops:
+        return Comparator(fingerprints=True)
+    from collapseguard.detectors.cnn import CNNDetector
+
+    return Comparator(fingerprints=True, cnn=CNNDetector(n_crops=args.cnn_crops))
+
+
 def throughput_main(args) -> None:
     import shutil
     import statistics
@@ -181,10 +207,13 @@ def throughput_main(args) -> None:
     from throughput import floor_phase, floor_task, make_shards
 
     from collapseguard.dedup.run import run_dedup
-    from collapseguard.detectors.compare import Comparator
-
     workers = args.workers
-    det = Comparator(fingerprints=True) if workers == 1 else None  # loaded once, outside the timing
+    if args.cnn_batch:
+        import collapseguard.dedup.describe as describe
+        if workers != 1:
+            raise SystemExit("--cnn-batch needs --workers 1")
+        describe.CNN_BATCH = args.cnn_batch
+    det = comparator(args) if workers == 1 else None  # loaded once, outside the timing
     floor, dedup, stages = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
@@ -387,7 +416,8 @@ def chains_main(args) -> None:
         for r in rows:
             r.update(by_key[r["key"]])
     else:
-        summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True)
+        summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True,
+                            detector_obj=comparator(args) if args.cnn_crops else None)
         seconds = time.perf_counter() - t0
         rows = pq.read_table(work / "out" / "groups.parquet").to_pylist()
         for r in rows:

@@ -342,9 +342,10 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
     (``cnn``, ``features``, ``full``; a row it cannot describe loses ``ok`` and gets its
     ``error``). ``rungs`` gives each row the rung of ``SCALES`` to describe it at (-1, or None
     for every row: all rungs; rows of one size in one task get the rungs of all of them); a row
-    described before keeps its cnn score and gains the rungs it lacked. Each task's rows are kept under ``out_dir/.parts/full/``. ``threads``: torch's threads
-    while this process describes (workers == 1; worker processes split the cores); ``runner``:
-    the engine to run on (None: a new one)."""
+    described before keeps its cnn score and gains the rungs it lacked. Each task's rows are
+    kept under ``out_dir/.parts/full/``. ``threads``: torch's threads while this process
+    describes (workers == 1; worker processes split the cores); ``runner``: the engine to run
+    on (None: a new one)."""
     from collapseguard.detectors.compare import Comparator
 
     det = detector_obj if detector_obj is not None else Comparator(fingerprints=True)
@@ -405,9 +406,9 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
         apply(todo[k], got, err)
 
     with torch_threads(threads if inline else None):
-        (runner or make_engine(engine, workers, det)).run(describe_rungs_task, [j[0] for j in todo], DETECTOR,
-                                              DETECTOR_KWARGS, (bar.update if not quiet else None),
-                                              on_done)
+        (runner or make_engine(engine, workers, det)).run(
+            describe_rungs_task, [j[0] for j in todo], DETECTOR, DETECTOR_KWARGS,
+            (bar.update if not quiet else None), on_done)
     bar.close()
 
 
@@ -450,7 +451,22 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
     with ``parts_reused`` and the wall ``seconds`` of each pass (``fingerprint``, ``group``,
     ``describe``, ``decide``), which the file leaves out (its bytes depend only on the inputs).
     ``threads``: torch's CPU threads for the comparator in this process (``workers`` 1; None:
-    torch's own setting)."""
+    torch's own setting). Worker processes serve both passes (one pool, started once; a worker
+    loads the comparator when its first grouped image comes)."""
+    runner = LocalEngine(workers, keep_pool=True) if engine == "local" and workers > 1 else None
+    try:
+        return _run_dedup(inputs, out_dir, workers=workers, quiet=quiet, level=level, params=params,
+                          weights=weights, detector_obj=detector_obj, engine=engine,
+                          image_column=image_column, threads=threads, runner=runner)
+    finally:
+        if runner is not None:
+            runner.close()
+
+
+def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quiet: bool,
+               level: float | None, params: GroupingParams, weights: str | None, detector_obj,
+               engine: str, image_column: str | None, threads: int | None, runner) -> dict:
+    """``run_dedup`` on ``runner`` (an engine kept for both passes; None: one per pass)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t = load_weights(weights)
@@ -465,88 +481,81 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
         seconds[stage] += now - clock
         clock = now
 
-    # worker processes: one pool for both passes (started once, the comparator loaded in a
-    # worker when its first grouped image comes)
-    runner = LocalEngine(workers, keep_pool=True) if engine == "local" and workers > 1 else None
-    try:
-        desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
-                                                 detector_obj=detector_obj, engine=engine,
-                                                 image_column=image_column, runner=runner)
-        ok = desc["ok"]
-        lap("fingerprint")
-        # the highest rung of SCALES each image reaches: from its size, or from the rungs of a full
-        # description (every rung: ``all_rungs``); -1 where only a full description will tell
-        all_rungs = desc["full"].copy()
-        reach = size_rungs(desc["width"], desc["height"])
-        asked = np.full(len(ok), -2, np.int64)  # the rung a row was last described at (-1: every rung)
-        while True:  # group; describe the grouped images at their group's rung; again until all have it
-            held = described_rungs(desc["features"])
-            top = len(SCALES) - 1 - np.argmax(held[:, ::-1], axis=1)
-            reach = np.where(all_rungs, np.where(held.any(axis=1), top, 0), reach)
-            # a row described at a rung it does not reach is smaller than its size said
-            reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
-            idx = np.flatnonzero(ok)
-            sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
-            labels = np.full(len(ok), -1, np.int64)
-            labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
-            target = group_rungs(labels, np.maximum(reach, 0))
-            need = (labels >= 0) & ~held[np.arange(len(ok)), np.maximum(target, 0)]
-            lap("group")
-            if not need.any():
-                break
-            want = np.where(reach < 0, -1, target)
-            describe_grouped(desc, need, out_dir, failures, rungs=want, workers=workers, quiet=quiet,
-                             detector_obj=detector_obj, engine=engine, threads=threads, runner=runner)
-            asked[need] = want[need]
-            all_rungs |= need & (want < 0)
-            lap("describe")
-        rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
-        width = max(6, len(str(len(ok))))
-        group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
-        table = pa.table({
-            "source": pa.array(desc["source"], pa.string()),
-            "key": pa.array(desc["key"], pa.string()),
-            "group": pa.array(group, pa.string()),
-            "rank": pa.array(rank, pa.int32()),
-            "decision": pa.array(decision, pa.string()),
-            "p_worse": pa.array(p_worse, pa.float64()),
-            "reason": pa.array(reason, pa.string()),
-            "shard": pa.array(desc["shard"], pa.string()),
-            "cnn": pa.array(desc["cnn"], pa.float64()),
-            "width": pa.array(desc["width"], pa.int32()),
-            "height": pa.array(desc["height"], pa.int32()),
-            "storage": pa.array(desc["storage"], pa.string()),
-            "image": pa.array(desc["image"], pa.string()),
-            "error": pa.array(desc["error"], pa.string()),
-        })
-        with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:
-            pq.write_table(table, tmp)
-        counts = {d: decision.count(d) for d in ("keep", "degraded_copy", "single")}
-        summary = {
-            "images": len(ok),
-            "fingerprinted": int(ok.sum()),
-            "groups": stats["groups"],
-            "grouped": stats["grouped"],
-            "described": int((desc["full"] & ok).sum()),
-            "decisions": counts,
-            "reasons": {r: reason.count(r) for r in sorted(set(reason))},
-            "level": level,
-            "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
-            "a level given by hand: no calibrated guarantee",
-            "comparator_weights_version": t["version"],
-            "grouping": params.as_dict(),
-            "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
-            "failures": failures,
-        }
-        with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:
-            Path(tmp).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        summary["parts_reused"] = reused
-        lap("decide")
-        summary["seconds"] = seconds
-        return summary
-    finally:
-        if runner is not None:
-            runner.close()
+    desc, failures, reused = describe_inputs(inputs, out_dir, workers=workers, quiet=quiet,
+                                             detector_obj=detector_obj, engine=engine,
+                                             image_column=image_column, runner=runner)
+    ok = desc["ok"]
+    lap("fingerprint")
+    # the highest rung of SCALES each image reaches: from its size, or from the rungs of a full
+    # description (every rung: ``all_rungs``); -1 where only a full description will tell
+    all_rungs = desc["full"].copy()
+    reach = size_rungs(desc["width"], desc["height"])
+    asked = np.full(len(ok), -2, np.int64)  # the rung a row was last described at (-1: every rung)
+    while True:  # group; describe the grouped images at their group's rung; again until all have it
+        held = described_rungs(desc["features"])
+        top = len(SCALES) - 1 - np.argmax(held[:, ::-1], axis=1)
+        reach = np.where(all_rungs, np.where(held.any(axis=1), top, 0), reach)
+        # a row described at a rung it does not reach is smaller than its size said
+        reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
+        idx = np.flatnonzero(ok)
+        sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
+        labels = np.full(len(ok), -1, np.int64)
+        labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
+        target = group_rungs(labels, np.maximum(reach, 0))
+        need = (labels >= 0) & ~held[np.arange(len(ok)), np.maximum(target, 0)]
+        lap("group")
+        if not need.any():
+            break
+        want = np.where(reach < 0, -1, target)
+        describe_grouped(desc, need, out_dir, failures, rungs=want, workers=workers, quiet=quiet,
+                         detector_obj=detector_obj, engine=engine, threads=threads, runner=runner)
+        asked[need] = want[need]
+        all_rungs |= need & (want < 0)
+        lap("describe")
+    rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
+    width = max(6, len(str(len(ok))))
+    group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
+    table = pa.table({
+        "source": pa.array(desc["source"], pa.string()),
+        "key": pa.array(desc["key"], pa.string()),
+        "group": pa.array(group, pa.string()),
+        "rank": pa.array(rank, pa.int32()),
+        "decision": pa.array(decision, pa.string()),
+        "p_worse": pa.array(p_worse, pa.float64()),
+        "reason": pa.array(reason, pa.string()),
+        "shard": pa.array(desc["shard"], pa.string()),
+        "cnn": pa.array(desc["cnn"], pa.float64()),
+        "width": pa.array(desc["width"], pa.int32()),
+        "height": pa.array(desc["height"], pa.int32()),
+        "storage": pa.array(desc["storage"], pa.string()),
+        "image": pa.array(desc["image"], pa.string()),
+        "error": pa.array(desc["error"], pa.string()),
+    })
+    with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:
+        pq.write_table(table, tmp)
+    counts = {d: decision.count(d) for d in ("keep", "degraded_copy", "single")}
+    summary = {
+        "images": len(ok),
+        "fingerprinted": int(ok.sum()),
+        "groups": stats["groups"],
+        "grouped": stats["grouped"],
+        "described": int((desc["full"] & ok).sum()),
+        "decisions": counts,
+        "reasons": {r: reason.count(r) for r in sorted(set(reason))},
+        "level": level,
+        "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
+        "a level given by hand: no calibrated guarantee",
+        "comparator_weights_version": t["version"],
+        "grouping": params.as_dict(),
+        "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
+        "failures": failures,
+    }
+    with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:
+        Path(tmp).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    summary["parts_reused"] = reused
+    lap("decide")
+    summary["seconds"] = seconds
+    return summary
 
 
 def clear_parts(out_dir: str | Path) -> None:
