@@ -88,3 +88,40 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
     assert held["s10"] == held["s3"] == [False, False, True]  # three copies at 256: the top rung
     assert held["coffee"] == held["coffee_180"] == [False, True, False]  # 240 and 180: the middle rung
     assert held["rocket"] == held["rocket_300"] == [True, False, False]  # a copy at 100: the first
+
+
+def test_an_image_smaller_than_its_recorded_size_is_described_in_full_and_decides_the_same(sized_shards, tmp_path):
+    """Pass 1's kept parts say the coffee photo and its copy are 1024 x 768 (the top rung): pass 3
+    asks for a rung they do not reach, describes them at every rung instead, and the group is
+    ranked at the rung they do reach, as in a run that was told their sizes."""
+    import shutil
+
+    from collapseguard.dedup.run import _load_part, _save_part, run_dedup
+    from collapseguard.detectors.pair_features import FEATURES, SCALES
+
+    shards = [str(p) for p in sized_shards]
+    ref = run_dedup(shards, tmp_path / "ref", quiet=True)
+    run_dedup(shards, tmp_path / "out", quiet=True)
+    for f in (tmp_path / "out" / ".parts").glob("*.npz"):
+        part = _load_part(f)
+        lie = np.isin(part["key"], ["coffee", "coffee_180"])
+        if lie.any():
+            part["width"][lie], part["height"][lie] = 1024, 768
+            _save_part(f, part)
+    shutil.rmtree(tmp_path / "out" / ".parts" / "full")
+    got = run_dedup(shards, tmp_path / "out", quiet=True)
+    assert got["parts_reused"] == len(shards) and got["described"] == ref["described"]
+    cols = ["key", "group", "rank", "decision", "p_worse", "reason", "cnn"]
+    a = pq.read_table(tmp_path / "ref" / "groups.parquet", columns=cols).to_pylist()
+    b = pq.read_table(tmp_path / "out" / "groups.parquet", columns=cols).to_pylist()
+    assert [r["key"] for r in a] == [r["key"] for r in b]
+    for x, y in zip(a, b):
+        assert {k: x[k] for k in cols if k != "p_worse"} == {k: y[k] for k in cols if k != "p_worse"}
+        assert x["p_worse"] == y["p_worse"] or (x["p_worse"] != x["p_worse"] and y["p_worse"] != y["p_worse"])
+    held = {}
+    for f in (tmp_path / "out" / ".parts" / "full").glob("*.npz"):
+        part = np.load(f)
+        for k, v in zip(part["key"], part["features"]):
+            h = ~np.isnan(v.reshape(len(SCALES), len(FEATURES))[:, 0])
+            held[str(k)] = held.get(str(k), np.zeros(len(SCALES), bool)) | h
+    assert held["coffee"].tolist() == held["coffee_180"].tolist() == [True, True, False]  # every rung it reaches
