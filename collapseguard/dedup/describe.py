@@ -20,10 +20,8 @@ from collapseguard.detectors.base import Detector
 from collapseguard.detectors.compare import FEATURE_COLUMNS
 from collapseguard.detectors.pair_features import FEATURES, SCALES, ladder, reached_rung
 
-
-#: images per call of the cnn: on a CPU its cost per image grows with the batch (its crops'
-#: activations leave the cache): 6.4 ms an image at 4, 11.9 at 8, 19 at 12 on one thread
-#: (docs/DEDUP.md, "Speed")
+#: images per call of the cnn: on a CPU its cost per image grows with the batch, as its crops'
+#: activations leave the cache (``benchmarks/dedup_scale.py --cnn-batch``; docs/DEDUP.md, "Speed")
 CNN_BATCH = 4
 
 
