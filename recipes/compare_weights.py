@@ -3,9 +3,14 @@
     collapseguard chains make --sources bundled,art:16,pixel:6,screen:6 --steps 10 \\
         --keep 0,1,2,3,5,10 --families noise_tint,contour_wrinkles,scattered_dots,texture_simplify,aspect_drift,codec,learned,mixed \\
         --seed 0 --out CHAINS
-    python recipes/compare_weights.py CHAINS/manifest.csv --work WORK \\
+    collapseguard chains make --sources views:EXTRA:384 --steps 10 --keep 0,1,2,3,5,10 \\
+        --families (the same eight) --seed 1 --out CHAINS_X
+    python recipes/compare_weights.py CHAINS/manifest.csv CHAINS_X/manifest.csv --work WORK \\
         --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
         --out collapseguard/weights/compare.safetensors
+
+Several manifests are fitted together (each chain stays within its own); ``EXTRA`` is a folder
+of real pictures (docs/DEDUP.md, "Training data", lists the shipped fit's).
 
 1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
    harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
@@ -26,8 +31,8 @@
    calibrate_level`` at ``--alpha`` and ``--confidence``. The level goes into the weights file's
    metadata beside the figures.
 
-Descriptions are cached in WORK (``descriptions.npz`` for the chains, ``clean-*.npz`` per clean
-set), so a rerun only refits.
+Descriptions are cached in WORK (``descriptions-*.npz`` per manifest, ``clean-*.npz`` per clean
+set), keyed by what they depend on (the cnn's version included), so a rerun only refits.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from collapseguard.detectors.compare import INPUTS
 
@@ -63,9 +69,26 @@ def unpack(cnn, lad):
     return [{"cnn": float(c), "ladder": l} for c, l in zip(cnn, lad)]
 
 
+def order_figures(p, info, sel) -> dict:
+    """Per family, the share of the ``sel`` pairs ordered right (``p`` > 0.5: the later step is
+    the worse): step 0 against steps >= 3, and step 1 against step 5; [share, pairs]."""
+    fam = np.array([i[1] for i in info])
+    a = np.array([i[2] for i in info])
+    b = np.array([i[3] for i in info])
+    out: dict = {"held_out_step0_vs_ge3": {}, "held_out_step1_vs_5": {}}
+    for f in sorted(set(fam[sel])):
+        m0, m15 = sel & (fam == f) & (a == 0) & (b >= 3), sel & (fam == f) & (a == 1) & (b == 5)
+        out["held_out_step0_vs_ge3"][f] = [round(float((p[m0] > 0.5).mean()), 3), int(m0.sum())]
+        out["held_out_step1_vs_5"][f] = [round(float((p[m15] > 0.5).mean()), 3), int(m15.sum())]
+    m0, m15 = sel & (a == 0) & (b >= 3), sel & (a == 1) & (b == 5)
+    out["held_out_step0_vs_ge3_all"] = round(float((p[m0] > 0.5).mean()), 4)
+    out["held_out_step1_vs_5_all"] = round(float((p[m15] > 0.5).mean()), 4)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("manifest")
+    ap.add_argument("manifests", nargs="+", metavar="MANIFEST")
     ap.add_argument("--work", required=True)
     ap.add_argument("--clean", default="art:1000:256-512,pixel:150,screen:150")
     ap.add_argument("--clean-seed", type=int, default=7)
@@ -95,31 +118,43 @@ def main(argv=None) -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(args.seed)
-    df = read_manifest(args.manifest).reset_index(drop=True)
-    df["held_out"] = [source_bucket(s) >= 0.6 for s in df["source_image"]]
     comp = Comparator(untrained=True)
-    cache = work / "descriptions.npz"  # the chain images' descriptions
     t0 = time.time()
-    if cache.exists():
-        z = np.load(cache, allow_pickle=False)
-        chain_descs = unpack(z["chain_cnn"], z["chain_lad"])
-        chain_rows = z["chain_rows"]
-    else:
-        imgs, rows = [], []
-        for r, path in enumerate(df["path"]):
-            img = load_image(path)
-            imgs.append(img)
-            rows.append(r)
-            imgs.append(random_copy(img, rng)[2])
-            rows.append(r)
-        chain_descs = describe_all(comp, imgs)
-        chain_rows = np.array(rows)
-        del imgs
-        cc, cl = pack(chain_descs)
-        np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=chain_rows)
-        print(f"described {len(chain_descs)} chain images in {time.time() - t0:.0f} s", file=sys.stderr)
-    key = hashlib.sha256(repr((args.clean, args.clean_seed, args.clean_copies, args.seed)).encode())
+    frames, chain_descs, chain_rows = [], [], []
+    for m, manifest in enumerate(args.manifests):
+        part = read_manifest(manifest).reset_index(drop=True)
+        part["chain_id"] = f"{m}:" + part["chain_id"].astype(str)  # chains stay within a manifest
+        key = hashlib.sha256(repr((str(Path(manifest).resolve()), args.seed,
+                                   comp.description_version)).encode()).hexdigest()[:12]
+        cache = work / f"descriptions-{key}.npz"  # the chain images' descriptions
+        if cache.exists():
+            z = np.load(cache, allow_pickle=False)
+            descs, rows = unpack(z["chain_cnn"], z["chain_lad"]), z["chain_rows"]
+        else:
+            rng = np.random.default_rng(args.seed)
+            imgs, rows = [], []
+            for r, path in enumerate(part["path"]):
+                img = load_image(path)
+                imgs.append(img)
+                rows.append(r)
+                imgs.append(random_copy(img, rng)[2])
+                rows.append(r)
+            descs = describe_all(comp, imgs)
+            rows = np.array(rows)
+            del imgs
+            cc, cl = pack(descs)
+            np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=rows)
+            print(f"{manifest}: described {len(descs)} chain images in {time.time() - t0:.0f} s",
+                  file=sys.stderr)
+        chain_descs += descs
+        chain_rows.append(np.asarray(rows) + sum(len(f) for f in frames))
+        frames.append(part)
+    df = pd.concat(frames, ignore_index=True)
+    df["held_out"] = [source_bucket(s) >= 0.6 for s in df["source_image"]]
+    chain_rows = np.concatenate(chain_rows)
+    key = hashlib.sha256(repr((args.clean, args.clean_seed, args.clean_copies, args.seed,
+                               [str(Path(m).resolve()) for m in args.manifests],
+                               comp.description_version)).encode())
     clean_cache = work / f"clean-{key.hexdigest()[:12]}.npz"
     if clean_cache.exists():
         z = np.load(clean_cache, allow_pickle=False)
@@ -148,6 +183,7 @@ def main(argv=None) -> int:
     chain = df["chain_id"].to_numpy()[chain_rows]
     fam = df["family"].to_numpy()[chain_rows]
     held = df["held_out"].to_numpy()[chain_rows]
+    origin = np.repeat(np.arange(len(frames)), [len(f) for f in frames])[chain_rows]  # manifest
     xs, ys, info = [], [], []
     for cid in np.unique(chain):
         idx = np.flatnonzero(chain == cid)
@@ -156,7 +192,7 @@ def main(argv=None) -> int:
                 if step[a] < step[b]:
                     xs.append(pair_inputs(chain_descs[a], chain_descs[b]))
                     ys.append(1.0)
-                    info.append((held[a], fam[a], step[a], step[b]))
+                    info.append((held[a], fam[a], step[a], step[b], origin[a]))
     x = np.array(xs)
     y = np.array(ys)
     hold = np.array([i[0] for i in info])
@@ -176,16 +212,11 @@ def main(argv=None) -> int:
     comp.w, comp.s = w, s
     p = 1.0 / (1.0 + np.exp(-(x / s) @ w))  # P(later step worse than earlier)
     figures: dict = {"pairs_fit": int((~hold).sum()), "pairs_held_out": int(hold.sum()),
-                     "held_out_step0_vs_ge3": {}, "held_out_step1_vs_5": {}}
-    for f in sorted(set(fam)):
-        m0 = hold & np.array([i[1] == f and i[2] == 0 and i[3] >= 3 for i in info])
-        m15 = hold & np.array([i[1] == f and i[2] == 1 and i[3] == 5 for i in info])
-        figures["held_out_step0_vs_ge3"][f] = [round(float((p[m0] > 0.5).mean()), 3), int(m0.sum())]
-        figures["held_out_step1_vs_5"][f] = [round(float((p[m15] > 0.5).mean()), 3), int(m15.sum())]
-    m0 = hold & np.array([i[2] == 0 and i[3] >= 3 for i in info])
-    m15 = hold & np.array([i[2] == 1 and i[3] == 5 for i in info])
-    figures["held_out_step0_vs_ge3_all"] = round(float((p[m0] > 0.5).mean()), 4)
-    figures["held_out_step1_vs_5_all"] = round(float((p[m15] > 0.5).mean()), 4)
+                     **order_figures(p, info, hold)}
+    if len(frames) > 1:  # each manifest's held-out chains on their own
+        origins = np.array([i[4] for i in info])
+        figures["by_manifest"] = {args.manifests[m]: order_figures(p, info, hold & (origins == m))
+                                  for m in range(len(frames))}
 
     # the level from clean-only groups
     maxima = []
