@@ -31,8 +31,9 @@ of real pictures (docs/DEDUP.md, "Training data", lists the shipped fit's).
    calibrate_level`` at ``--alpha`` and ``--confidence``. The level goes into the weights file's
    metadata beside the figures.
 
-Descriptions are cached in WORK (``descriptions-*.npz`` per manifest, ``clean-*.npz`` per clean
-set), keyed by what they depend on (the cnn's version included), so a rerun only refits.
+Descriptions are cached in WORK (``descriptions-*.npz`` per manifest, ``clean-*.npz`` for the
+``--clean`` pictures, ``held_out_step0-*.npz`` for the chains' pictures), keyed by what they
+depend on (the cnn's version included), so a rerun only refits.
 """
 
 from __future__ import annotations
@@ -152,31 +153,41 @@ def main(argv=None) -> int:
     df = pd.concat(frames, ignore_index=True)
     df["held_out"] = [source_bucket(s) >= 0.6 for s in df["source_image"]]
     chain_rows = np.concatenate(chain_rows)
-    key = hashlib.sha256(repr((args.clean, args.clean_seed, args.clean_copies, args.seed,
-                               [str(Path(m).resolve()) for m in args.manifests],
-                               comp.description_version)).encode())
-    clean_cache = work / f"clean-{key.hexdigest()[:12]}.npz"
-    if clean_cache.exists():
-        z = np.load(clean_cache, allow_pickle=False)
-        clean_descs = unpack(z["clean_cnn"], z["clean_lad"])
-        clean_group = z["clean_group"]
-    else:
-        crng = np.random.default_rng([args.seed, 1])
-        pictures = [arr for _, arr in resolve_sources(args.clean, seed=args.clean_seed)]
-        held0 = df[df["held_out"] & (df["step"] == 0)].drop_duplicates("source_image")
-        pictures += [load_image(p) for p in held0["path"]]
-        cimgs, cgroup = [], []
-        for g, pic in enumerate(pictures):
-            cimgs.append(pic)
-            cgroup.append(g)
-            for _ in range(args.clean_copies):
-                cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
-                cgroup.append(g)
-        clean_descs = describe_all(comp, cimgs)
-        clean_group = np.array(cgroup)
-        kc, kl = pack(clean_descs)
-        np.savez(clean_cache, clean_cnn=kc, clean_lad=kl, clean_group=clean_group)
-        print(f"described {len(clean_descs)} clean copies in {time.time() - t0:.0f} s", file=sys.stderr)
+    # clean-only groups: the --clean pictures, and the held-out chains' step-0 pictures (each
+    # set cached on its own: a new manifest does not re-describe the --clean pictures)
+    held0 = df[df["held_out"] & (df["step"] == 0)].drop_duplicates("source_image")
+    clean_sets = {
+        "clean": ((args.clean, args.clean_seed, args.clean_copies, args.seed, comp.description_version),
+                  lambda: [arr for _, arr in resolve_sources(args.clean, seed=args.clean_seed)], 1),
+        "held_out_step0": (([str(Path(m).resolve()) for m in args.manifests], args.clean_copies,
+                            args.seed, comp.description_version),
+                           lambda: [load_image(p) for p in held0["path"]], 2),
+    }
+    clean_descs, clean_group, clean_set = [], [], []
+    for name, (key, pictures, stream) in clean_sets.items():
+        cache = work / f"{name}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}.npz"
+        if cache.exists():
+            z = np.load(cache, allow_pickle=False)
+            descs, group = unpack(z["clean_cnn"], z["clean_lad"]), z["clean_group"]
+        else:
+            crng = np.random.default_rng([args.seed, stream])
+            cimgs, group = [], []
+            for g, pic in enumerate(pictures()):
+                cimgs.append(pic)
+                group.append(g)
+                for _ in range(args.clean_copies):
+                    cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
+                    group.append(g)
+            descs = describe_all(comp, cimgs)
+            group = np.array(group)
+            kc, kl = pack(descs)
+            np.savez(cache, clean_cnn=kc, clean_lad=kl, clean_group=group)
+            print(f"{name}: described {len(descs)} clean copies in {time.time() - t0:.0f} s",
+                  file=sys.stderr)
+        clean_group.append(np.asarray(group) + sum(len(set(g)) for g in clean_group))
+        clean_set += [name] * len(group)
+        clean_descs += descs
+    clean_group, clean_set = np.concatenate(clean_group), np.array(clean_set)
 
     # pairs within chains
     step = df["step"].to_numpy()[chain_rows]
@@ -219,16 +230,21 @@ def main(argv=None) -> int:
                                   for m in range(len(frames))}
 
     # the level from clean-only groups
-    maxima = []
+    maxima, maxima_set = [], []
     for g in np.unique(clean_group):
-        members = [clean_descs[i] for i in np.flatnonzero(clean_group == g)]
-        _, _, pw = group_p_worse(comp.group_utilities(members))
+        idx = np.flatnonzero(clean_group == g)
+        _, _, pw = group_p_worse(comp.group_utilities([clean_descs[i] for i in idx]))
         maxima.append(float(np.nanmax(pw)))
+        maxima_set.append(clean_set[idx[0]])
     bound = calibrate_level(maxima, args.alpha, args.confidence)
+    maxima, maxima_set = np.array(maxima), np.array(maxima_set)
     figures["level"] = {"level": bound.threshold, "clean_groups": bound.n, "k": bound.k,
                         "alpha": bound.alpha, "confidence": bound.confidence,
                         "guaranteed_groups_losing_a_member": round(bound.guaranteed_false_drop, 4),
-                        "empirical_groups_losing_a_member": round(bound.empirical_false_drop, 4)}
+                        "empirical_groups_losing_a_member": round(bound.empirical_false_drop, 4),
+                        "groups_losing_a_member_by_set": {
+                            name: [int((maxima[maxima_set == name] > bound.threshold).sum()),
+                                   int((maxima_set == name).sum())] for name in clean_sets}}
     m5 = hold & np.array([i[2] == 0 and i[3] >= 5 for i in info])
     figures["held_out_step0_vs_ge5_above_level"] = round(float((p[m5] > bound.threshold).mean()), 4)
     figures["invariance_pairs_fit"] = len(xi)
