@@ -138,6 +138,12 @@ def main() -> None:
     ap.add_argument("--cnn-crops", type=int, default=None, metavar="K",
                     help="with --throughput or --chains (one process, no --shards): the comparator's cnn "
                          "on K crops an image instead of its weights' own (a speed lever: its accuracy cost)")
+    ap.add_argument("--compare-weights", default=None, metavar="FILE",
+                    help="with --throughput or --chains (one process, no --shards): comparator weights "
+                         "other than the packaged ones")
+    ap.add_argument("--compare-cnn", default=None, metavar="FILE",
+                    help="likewise: the cnn weights the comparator reads (default: its packaged "
+                         "compare_cnn), e.g. the shipped cnn's to measure a refit on them")
     ap.add_argument("--cnn-batch", type=int, default=None, metavar="N",
                     help="with --throughput: images per cnn call in the comparator pass "
                          "(default: dedup.describe.CNN_BATCH)")
@@ -184,17 +190,24 @@ def main() -> None:
 
 
 
+def custom_comparator(args) -> bool:
+    """Do the options ask for a comparator other than the packaged one?"""
+    return bool(args.cnn_crops or args.compare_weights or args.compare_cnn)
+
+
 def comparator(args):
-    """The comparator with fingerprints, its cnn on ``--cnn-crops`` crops an image when given."""
-    from collapseguard.detectors.compare import Comparator
+    """The comparator with fingerprints: its cnn on ``--cnn-crops`` crops an image, its weights
+    from ``--compare-weights`` and its cnn from ``--compare-cnn`` when given."""
+    from collapseguard.detectors.base import create
+    from collapseguard.detectors.compare import Comparator, comparator_cnn
 
-    if args.cnn_crops and args.workers != 1:
-        raise SystemExit("--cnn-crops needs --workers 1")
-    if not args.cnn_crops:
-        return Comparator(fingerprints=True)
-    from collapseguard.detectors.cnn import CNNDetector
-
-    return Comparator(fingerprints=True, cnn=CNNDetector(n_crops=args.cnn_crops))
+    if custom_comparator(args) and args.workers != 1:
+        raise SystemExit("--cnn-crops, --compare-weights and --compare-cnn need --workers 1")
+    if args.compare_cnn:
+        cnn = create("cnn", weights=args.compare_cnn, runtime="torch", n_crops=args.cnn_crops)
+    else:
+        cnn = comparator_cnn(runtime="torch", n_crops=args.cnn_crops) if args.cnn_crops else None
+    return Comparator(weights=args.compare_weights, fingerprints=True, cnn=cnn)
 
 
 def throughput_main(args) -> None:
@@ -417,7 +430,7 @@ def chains_main(args) -> None:
             r.update(by_key[r["key"]])
     else:
         summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True,
-                            detector_obj=comparator(args) if args.cnn_crops else None)
+                            detector_obj=comparator(args) if custom_comparator(args) else None)
         seconds = time.perf_counter() - t0
         rows = pq.read_table(work / "out" / "groups.parquet").to_pylist()
         for r in rows:

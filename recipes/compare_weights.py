@@ -103,6 +103,10 @@ def main(argv=None) -> int:
                     help="weight of the same-step pairs (label 0.5) against the ordered pairs")
     ap.add_argument("--inputs", default=",".join(DEFAULT_INPUTS),
                     help="the model's inputs (of compare.INPUTS); the others get weight 0")
+    ap.add_argument("--cnn", default=None, metavar="FILE",
+                    help="cnn weights whose score is the cnn input (default: the packaged "
+                         "compare_cnn the comparator reads; a fit on other weights ships only "
+                         "with them: docs/DEDUP.md, \"The comparator's cnn\")")
     args = ap.parse_args(argv)
     inputs = [name.strip() for name in args.inputs.split(",") if name.strip()]
     if not inputs or any(name not in INPUTS for name in inputs):
@@ -119,7 +123,10 @@ def main(argv=None) -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    comp = Comparator(untrained=True)
+    from collapseguard.detectors.base import create
+
+    comp = Comparator(untrained=True,
+                      cnn=create("cnn", weights=args.cnn, runtime="torch") if args.cnn else None)
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):
@@ -254,7 +261,7 @@ def main(argv=None) -> int:
             "guarantee": (f"at most {bound.alpha:g} of clean-only groups lose a member, with "
                           f"confidence {bound.confidence:g} ({bound.n} clean groups of a picture "
                           f"and {args.clean_copies} harmless copies; binomial order statistic)"),
-            "recipe": "recipes/compare_weights.py"}
+            "recipe": "recipes/compare_weights.py", "cnn": comp.cnn.version}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     save_file({"w": w.astype(np.float32), "s": s.astype(np.float32)}, args.out, metadata=meta)
     (work / "figures.json").write_text(json.dumps(figures, indent=1))

@@ -11,6 +11,7 @@ has: the features of the other rungs, which the decisions never read, are left N
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
 
@@ -107,11 +108,13 @@ def group_rungs(labels: np.ndarray, reach: np.ndarray) -> np.ndarray:
 def torch_threads(n: int | None):
     """torch's CPU threads set to ``n`` for the block (None: left alone), then restored. Two
     threads on two cores that other processes also use wait on each other at every operation:
-    the comparator's cnn in one process runs faster on one (docs/DEDUP.md, "Speed")."""
-    if n is None:
+    the comparator's cnn in one process runs faster on one (docs/DEDUP.md, "Speed"). A process
+    that has not imported torch (the cnn on onnxruntime, or an install without torch) is left
+    alone: importing torch only to set its threads would cost more than it saves."""
+    torch = sys.modules.get("torch")
+    if n is None or torch is None:
         yield
         return
-    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(n)))

@@ -105,18 +105,22 @@ def export_onnx(net: DegradationNet, n_crops: int, tolerance: float, seed: int =
     return data
 
 
-def write_shipped_graph(folder: str | Path | None = None) -> tuple[Path, Path]:
-    """Export the packaged weights (``collapseguard/weights/cnn.safetensors``) with their own crop
-    count and write the graph and its metadata (``cnn_onnx.SHIPPED_GRAPH``, ``SHIPPED_META``)
-    into ``folder`` (default: the package's weights folder, beside the weights). Returns the two
-    paths. Run it whenever the weights change: ``python -m collapseguard.detectors.cnn_export``."""
+def write_shipped_graph(folder: str | Path | None = None, name: str = "cnn") -> tuple[Path, Path]:
+    """Export the packaged weights ``collapseguard/weights/NAME.safetensors`` (``cnn``: the shipped
+    detector; ``compare_cnn``: the comparator's) with their own crop count and write the graph and
+    its metadata (``NAME.onnx``, ``NAME.onnx.json``) into ``folder`` (default: the package's
+    weights folder, beside the weights). Returns the two paths. Run it whenever the weights
+    change: ``python -m collapseguard.detectors.cnn_export [--name compare_cnn]``."""
     from collapseguard.detectors import cnn_onnx
-    from collapseguard.detectors.cnn_family import default_weights_bytes
 
-    out = Path(folder) if folder is not None else Path(__file__).resolve().parent.parent / "weights"
-    graph, meta = cnn_onnx._export(default_weights_bytes(), None)
+    weights = Path(__file__).resolve().parent.parent / "weights"
+    if name != "cnn" and name not in cnn_onnx.PACKAGED_GRAPHS:
+        raise ValueError(f"no packaged graph is named {name!r}; known: cnn, "
+                         f"{', '.join(cnn_onnx.PACKAGED_GRAPHS)}")
+    out = Path(folder) if folder is not None else weights
+    graph, meta = cnn_onnx._export((weights / f"{name}.safetensors").read_bytes(), None)
     out.mkdir(parents=True, exist_ok=True)
-    graph_p, meta_p = out / cnn_onnx.SHIPPED_GRAPH, out / cnn_onnx.SHIPPED_META
+    graph_p, meta_p = out / f"{name}.onnx", out / f"{name}.onnx.json"
     graph_p.write_bytes(graph)
     meta_p.write_text(cnn_onnx.export_metadata(graph, meta))
     return graph_p, meta_p
@@ -127,13 +131,16 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m collapseguard.detectors.cnn_export",
-        description="Write the ONNX graph of the packaged cnn weights beside them, for scoring "
+        description="Write the ONNX graph of packaged cnn weights beside them, for scoring "
                     "without torch (needs torch and onnx).")
     ap.add_argument("--out", default=None,
-                    help="folder to write cnn.onnx and cnn.onnx.json into (default: the package's "
+                    help="folder to write NAME.onnx and NAME.onnx.json into (default: the package's "
                          "weights folder)")
+    ap.add_argument("--name", default="cnn",
+                    help="the packaged weights to export: cnn (the shipped detector, the default) or "
+                         "compare_cnn (the comparator's cnn)")
     args = ap.parse_args(argv)
-    for p in write_shipped_graph(args.out):
+    for p in write_shipped_graph(args.out, args.name):
         print(p)
     return 0
 

@@ -2,8 +2,9 @@
 
 The shipped weights come with their exported graph inside the package
 (``collapseguard/weights/cnn.onnx`` and ``cnn.onnx.json``, written by
-``python -m collapseguard.detectors.cnn_export``); its metadata names the SHA-256 of the weights
-file it was exported from, so a graph left stale by new weights is never used. Other weights (or
+``python -m collapseguard.detectors.cnn_export``), and so do the weights the comparator reads
+(``compare_cnn.onnx``, see ``compare.CNN_WEIGHTS_NAME``); a graph's metadata names the SHA-256 of
+the weights file it was exported from, so a graph left stale by new weights is never used. Other weights (or
 another crop count) are exported once (``cnn_export``, which needs torch and onnx: the ``[train]``
 extra) and cached under ``$COLLAPSEGUARD_CACHE/cnn-onnx/`` (default ``~/.cache/collapseguard``),
 keyed by the SHA-256 of the weights file, the crops per image and the export format; a process that
@@ -38,6 +39,8 @@ EXPORT_FORMAT = 1
 #: the shipped weights' graph and its metadata, beside ``cnn_family.WEIGHTS_NAME`` in the package
 SHIPPED_GRAPH = "cnn.onnx"
 SHIPPED_META = "cnn.onnx.json"
+#: the other packaged graphs (``NAME.onnx`` beside ``NAME.onnx.json``): the comparator's cnn
+PACKAGED_GRAPHS = ("compare_cnn",)
 
 
 class ExportUnavailable(DetectorError):
@@ -103,13 +106,18 @@ def _valid(graph: bytes, meta: object, sha: str) -> bool:
             and meta.get("graph_sha256") == hashlib.sha256(graph).hexdigest())
 
 
-def shipped_export() -> tuple[bytes, dict] | None:
-    """The graph and metadata shipped beside the packaged weights, or None when missing."""
+def packaged_export(graph_name: str, meta_name: str) -> tuple[bytes, dict] | None:
+    """A graph and its metadata from the package's weights folder, or None when missing."""
     folder = resources.files("collapseguard") / "weights"
     try:
-        return (folder / SHIPPED_GRAPH).read_bytes(), json.loads((folder / SHIPPED_META).read_text())
+        return (folder / graph_name).read_bytes(), json.loads((folder / meta_name).read_text())
     except (OSError, ValueError):
         return None
+
+
+def shipped_export() -> tuple[bytes, dict] | None:
+    """The graph and metadata shipped beside the packaged weights, or None when missing."""
+    return packaged_export(SHIPPED_GRAPH, SHIPPED_META)
 
 
 def export_metadata(graph: bytes, meta: dict) -> str:
@@ -119,13 +127,16 @@ def export_metadata(graph: bytes, meta: dict) -> str:
 
 
 def load_export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
-    """The ONNX graph and metadata for weights ``data``: the shipped graph when it was exported
+    """The ONNX graph and metadata for weights ``data``: a packaged graph when it was exported
     from these weights with these crops, else from the cache, else exported (and cached when the
     cache folder is writable)."""
     sha = hashlib.sha256(data).hexdigest()
-    shipped = shipped_export()
-    if shipped is not None and _valid(*shipped, sha) and n_crops in (None, shipped[1].get("n_crops")):
-        return shipped
+    packaged = [shipped_export(), *(packaged_export(f"{n}.onnx", f"{n}.onnx.json")
+                                    for n in PACKAGED_GRAPHS)]
+    for shipped in packaged:
+        if (shipped is not None and _valid(*shipped, sha)
+                and n_crops in (None, shipped[1].get("n_crops"))):
+            return shipped
     stem = f"{sha[:32]}-k{int(n_crops) if n_crops else 'default'}-f{EXPORT_FORMAT}"
     graph_p, meta_p = cache_dir() / f"{stem}.onnx", cache_dir() / f"{stem}.json"
     try:

@@ -2,7 +2,7 @@
 
 ``Comparator.compare(a, b)`` returns P(``b`` is more degraded than ``a``) for two RGB images of
 the same picture (different sizes, crops, storages and re-renderings allowed). Each image is
-described once (``describe``): the shipped ``cnn`` score at native resolution and the
+described once (``describe``): a ``cnn`` score at native resolution and the
 ``pair_features`` ladder at common scales. A pair is compared at the largest scale both images
 reach, so both are aligned to one size before their features are set against each other. The
 model is logistic in the difference of the two descriptions:
@@ -14,6 +14,11 @@ weights ``w`` and scales ``s`` ship as ``weights/compare.safetensors`` (``recipe
 fits them on pairs from replication chains; docs/DEDUP.md, "The pairwise comparator"). An input
 whose weight is 0 is not used: the recipe fits a chosen subset, named in the file's ``inputs``
 metadata.
+
+The cnn it reads is its own: the weights ``weights/compare_cnn.safetensors`` (version
+49cd8979952f, with their ONNX graph), on which the comparator's weights were fitted and measured.
+They are pinned rather than following the shipped ``cnn``: a refit on the shipped detector's
+weights ranked copies worse in several families (docs/DEDUP.md, "The comparator's cnn").
 
 As a registry entry (``create("compare")``) it is also a detector: ``score`` is the image's own
 utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
@@ -38,6 +43,8 @@ from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
 from collapseguard.detectors.pair_features import FEATURES, SCALES, common_scale, ladder
 
 WEIGHTS_NAME = "compare.safetensors"
+#: the cnn weights the comparator reads (not necessarily the shipped ``cnn``'s)
+CNN_WEIGHTS_NAME = "compare_cnn.safetensors"
 #: the inputs of the logistic model, in order
 INPUTS = (*FEATURES, "cnn")
 FEATURE_COLUMNS = tuple(f"f{s}_{n}" for s in SCALES for n in FEATURES)
@@ -75,6 +82,17 @@ def load_weights(path: str | Path | None = None) -> dict[str, np.ndarray]:
             "version": version}
 
 
+def comparator_cnn(**kwargs) -> Detector:
+    """The cnn the comparator reads: ``cnn`` on the packaged ``compare_cnn`` weights (``kwargs``
+    as for ``create("cnn")``: runtime, device, n_crops)."""
+    from collapseguard.detectors.base import create
+
+    ref = resources.files("collapseguard") / "weights" / CNN_WEIGHTS_NAME
+    if not ref.is_file():
+        raise DetectorError(f"the comparator's cnn weights are missing from the package ({ref})")
+    return create("cnn", weights=str(ref), **kwargs)
+
+
 def pair_inputs(desc_a: dict, desc_b: dict) -> np.ndarray:
     """The model's input for one pair: ``x(b) - x(a)`` at their common scale."""
     i = common_scale(desc_a["ladder"], desc_b["ladder"])
@@ -102,11 +120,9 @@ class Comparator(Detector):
 
     def __init__(self, weights: str | Path | None = None, fingerprints: bool = False,
                  cnn=None, untrained: bool = False):
-        from collapseguard.detectors.base import create
-
         self.name = "compare"
         self.fingerprints = bool(fingerprints)
-        self.cnn = cnn if cnn is not None else create("cnn")
+        self.cnn = cnn if cnn is not None else comparator_cnn()
         #: what the descriptions depend on (the cnn, the features, the fingerprints), not the
         #: weights: descriptions kept by a ``dedup`` run stay valid when only the weights change
         self.description_version = params_version("describe-v1", self.cnn.version, SCALES, FEATURES,

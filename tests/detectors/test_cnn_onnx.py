@@ -73,6 +73,32 @@ def test_the_shipped_graph_is_the_export_of_the_shipped_weights(photos):
     np.testing.assert_allclose(onnx.score(photos), ref.score(photos), rtol=0, atol=SCORE_TOLERANCE)
 
 
+def test_the_comparators_cnn_runs_from_its_packaged_graph(photos):
+    """The comparator reads its own pinned cnn weights (compare_cnn), not the shipped cnn's: the
+    onnx runtime finds their packaged graph (nothing exported or cached), and it scores as torch
+    does."""
+    import hashlib
+    from importlib import resources
+
+    from collapseguard.detectors.cnn_onnx import packaged_export
+    from collapseguard.detectors.compare import CNN_WEIGHTS_NAME, Comparator, comparator_cnn
+
+    data = (resources.files("collapseguard") / "weights" / CNN_WEIGHTS_NAME).read_bytes()
+    _, meta = packaged_export("compare_cnn.onnx", "compare_cnn.onnx.json")
+    assert meta["weights_sha256"] == hashlib.sha256(data).hexdigest(), \
+        "stale graph: python -m collapseguard.detectors.cnn_export --name compare_cnn"
+    onnx = comparator_cnn(runtime="onnx")
+    ref = comparator_cnn(runtime="torch")
+    assert onnx.version == ref.version == meta["version"]
+    assert not list(cache_dir().glob(f"{meta['weights_sha256'][:32]}-*"))  # not exported
+    np.testing.assert_allclose(onnx.score(photos), ref.score(photos), rtol=0, atol=SCORE_TOLERANCE)
+    assert Comparator().cnn.version == meta["version"]
+    # the comparator names its cnn in its versions: descriptions made with another cnn are not reused
+    other = Comparator(cnn=create("cnn", device="cpu", runtime="torch"))
+    if other.cnn.version != meta["version"]:
+        assert other.description_version != Comparator().description_version
+
+
 def test_a_stale_shipped_graph_is_not_used(monkeypatch, photos):
     from collapseguard.detectors import cnn_onnx
     from collapseguard.detectors.cnn_family import default_weights_bytes
