@@ -144,6 +144,8 @@ def main() -> None:
     ap.add_argument("--compare-cnn", default=None, metavar="FILE",
                     help="likewise: the cnn weights the comparator reads (default: its packaged "
                          "compare_cnn), e.g. the shipped cnn's to measure a refit on them")
+    ap.add_argument("--runtime", choices=("auto", "torch", "onnx"), default="auto",
+                    help="what runs the comparator's cnn, as `dedup --runtime` (its default: auto)")
     ap.add_argument("--cnn-batch", type=int, default=None, metavar="N",
                     help="with --throughput: images per cnn call in the comparator pass "
                          "(default: dedup.describe.CNN_BATCH)")
@@ -157,6 +159,9 @@ def main() -> None:
                     help="with --chains: write the images into N shards and run dedup and filter "
                          "(with and without --groups) on them through the command line")
     args = ap.parse_args()
+    from collapseguard.detectors.cnn_family import set_default_runtime
+
+    set_default_runtime(args.runtime)  # this process, and the commands and workers it starts
     if args.throughput:
         return throughput_main(args)
     if args.chains:
@@ -204,9 +209,9 @@ def comparator(args):
     if custom_comparator(args) and args.workers != 1:
         raise SystemExit("--cnn-crops, --compare-weights and --compare-cnn need --workers 1")
     if args.compare_cnn:
-        cnn = create("cnn", weights=args.compare_cnn, runtime="torch", n_crops=args.cnn_crops)
+        cnn = create("cnn", weights=args.compare_cnn, n_crops=args.cnn_crops)
     else:
-        cnn = comparator_cnn(runtime="torch", n_crops=args.cnn_crops) if args.cnn_crops else None
+        cnn = comparator_cnn(n_crops=args.cnn_crops) if args.cnn_crops else None
     return Comparator(weights=args.compare_weights, fingerprints=True, cnn=cnn)
 
 
@@ -419,7 +424,8 @@ def chains_main(args) -> None:
     t0 = time.perf_counter()
     if args.shards:
         shards = pack_shards(images, work / "shards", args.shards)
-        cli(["dedup", *shards, "--out", work / "dedup", "-w", args.workers, "-q"])
+        cli(["dedup", *shards, "--out", work / "dedup", "-w", args.workers, "-q",
+             "--runtime", args.runtime])
         seconds = time.perf_counter() - t0
         summary = json.loads((work / "dedup" / "summary.json").read_text())
         rows = pq.read_table(work / "dedup" / "groups.parquet").to_pylist()

@@ -21,7 +21,7 @@ from cg_testutil import read_members, run_cli
 @pytest.fixture(scope="module")
 def deduped(dedup_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("dedup_out")
-    run_cli(["dedup", *dedup_shards, "--out", out, "-q"])
+    run_cli(["dedup", *dedup_shards, "--out", out, "-q", "-w", "1"])  # the default is 2
     return out
 
 
@@ -93,7 +93,7 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "dedup",
-           *map(str, dedup_shards), "--out", str(out), "-q"]
+           *map(str, dedup_shards), "--out", str(out), "-q", "-w", "1"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.time() + 240
     # killed once the grouped images are being described (every shard fingerprinted): the
@@ -176,6 +176,22 @@ def test_worker_processes_give_the_same_groups(deduped, dedup_shards, tmp_path):
     assert "FAILED" not in res.output
     for name in ("groups.parquet", "summary.json"):
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
+
+
+def test_the_torch_runtime_gives_the_same_decisions_as_onnx(deduped, dedup_shards, tmp_path):
+    """`dedup` runs the comparator's cnn on onnxruntime by default (--runtime auto); with torch
+    the cnn scores differ by under 1e-4, and the groups, ranks and decisions are the same."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "torch"
+    run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--runtime", "torch"])
+    got, want = _rows(out), _rows(deduped)
+    assert got.keys() == want.keys()
+    for k, r in want.items():
+        assert (got[k]["group"], got[k]["rank"], got[k]["decision"]) == (r["group"], r["rank"], r["decision"]), k
+        if r["group"]:
+            assert abs(got[k]["cnn"] - r["cnn"]) < 1e-4, k
+            assert got[k]["p_worse"] == pytest.approx(r["p_worse"], abs=1e-3, nan_ok=True), k
+    assert any(r["group"] for r in want.values())  # the comparison covers grouped images
 
 
 def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
