@@ -249,7 +249,7 @@ def throughput_main(args) -> None:
             shutil.rmtree(out, ignore_errors=True)
             t = time.perf_counter()
             summary = run_dedup(shards, out, quiet=True, detector_obj=det, workers=workers,
-                                threads=args.threads or None)
+                                weights=args.compare_weights, threads=args.threads or None)
             dedup.append(summary["images"] / (time.perf_counter() - t))
             stages.append(summary["seconds"])
         drift = reduced_drift(shards)
@@ -436,6 +436,7 @@ def chains_main(args) -> None:
             r.update(by_key[r["key"]])
     else:
         summary = run_dedup([str(images)], work / "out", workers=args.workers, quiet=True,
+                            weights=args.compare_weights,
                             detector_obj=comparator(args) if custom_comparator(args) else None)
         seconds = time.perf_counter() - t0
         rows = pq.read_table(work / "out" / "groups.parquet").to_pylist()
@@ -505,7 +506,7 @@ def chains_main(args) -> None:
     if args.shards:
         filter_figures(args, rows, shards, work, fams)
     else:
-        cnn_figures(rows, fams)
+        cnn_figures(rows, fams, images)
     if args.hashes:
         compare_hashes(images, index)
     s0 = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "chain" and r["step"] == 0]
@@ -514,20 +515,28 @@ def chains_main(args) -> None:
           f"{np.mean(cp) if cp else float('nan'):.4f} of {len(cp)}")
 
 
-def cnn_figures(rows: list[dict], fams: list[str]) -> None:
-    """What ``filter`` would reject, from ``dedup``'s table: the cnn at its shipped threshold
-    alone, and with ``--groups`` (a degraded copy is rejected too). Singles have no cnn score in
-    the table and count as kept by the cnn."""
+def cnn_figures(rows: list[dict], fams: list[str], images: Path) -> None:
+    """What ``filter`` would reject: the shipped cnn at its shipped threshold alone, and with
+    ``--groups`` (a degraded copy is rejected too). Every image is scored by the shipped cnn (the
+    table's ``cnn`` column is the comparator's own cnn, other weights)."""
     from collapseguard.calibration.files import resolve_threshold
     from collapseguard.detectors import create
-    threshold = resolve_threshold(create("cnn"))[0]
-    print(f"rejected, cnn at its shipped threshold {threshold:.4f} | the same with --groups:")
+    from collapseguard.images import load_image
+
+    det = create("cnn")
+    threshold = resolve_threshold(det)[0]
+    score = {}
+    for i in range(0, len(rows), 16):
+        batch = rows[i: i + 16]
+        got = det.score([load_image(images / Path(r["key"]).name) for r in batch])
+        score.update({r["key"]: float(v) for r, v in zip(batch, got)})
+    print(f"rejected, cnn {det.version} at its shipped threshold {threshold:.4f} | the same with --groups:")
     for label, pick in [(f, lambda r, f=f: r["kind"] == "chain" and r["family"] == f and r["step"] >= 5)
                         for f in fams] + [("clean (step 0, copies, unrelated)",
                                            lambda r: r["step"] == 0)]:
         sel = [r for r in rows if pick(r)]
-        noref = [r["cnn"] > threshold for r in sel]
-        both = [r["cnn"] > threshold or r["decision"] == "degraded_copy" for r in sel]
+        noref = [score[r["key"]] > threshold for r in sel]
+        both = [score[r["key"]] > threshold or r["decision"] == "degraded_copy" for r in sel]
         print(f"  {label:18s} {np.mean(noref):.3f} | {np.mean(both):.3f} ({len(sel)})")
 
 

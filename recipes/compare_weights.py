@@ -3,14 +3,16 @@
     collapseguard chains make --sources bundled,art:16,pixel:6,screen:6 --steps 10 \\
         --keep 0,1,2,3,5,10 --families noise_tint,contour_wrinkles,scattered_dots,texture_simplify,aspect_drift,codec,learned,mixed \\
         --seed 0 --out CHAINS
-    collapseguard chains make --sources views:EXTRA:384 --steps 10 --keep 0,1,2,3,5,10 \\
-        --families (the same eight) --seed 1 --out CHAINS_X
-    python recipes/compare_weights.py CHAINS/manifest.csv CHAINS_X/manifest.csv --work WORK \\
+    python recipes/compare_weights.py CHAINS/manifest.csv --work WORK \\
         --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
         --out collapseguard/weights/compare.safetensors
 
-Several manifests are fitted together (each chain stays within its own); ``EXTRA`` is a folder
-of real pictures (docs/DEDUP.md, "Training data", lists the shipped fit's).
+Several manifests are fitted together (each chain stays within its own), e.g. chains of a folder
+EXTRA of real pictures beside the ones above (measured, not shipped: docs/DEDUP.md):
+
+    collapseguard chains make --sources views:EXTRA:384 --steps 10 --keep 0,1,2,3,5,10 \\
+        --families (the same eight) --seed 1 --out CHAINS_X
+    python recipes/compare_weights.py CHAINS/manifest.csv CHAINS_X/manifest.csv --work WORK ...
 
 1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
    harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
