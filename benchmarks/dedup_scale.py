@@ -139,8 +139,8 @@ def main() -> None:
                     help="with --throughput or --chains (one process, no --shards): the comparator's cnn "
                          "on K crops an image instead of its weights' own (a speed lever: its accuracy cost)")
     ap.add_argument("--compare-weights", default=None, metavar="FILE",
-                    help="with --throughput or --chains (one process, no --shards): comparator weights "
-                         "other than the packaged ones")
+                    help="with --throughput or --chains (one process, no --shards): comparator "
+                         "weights other than the packaged ones")
     ap.add_argument("--compare-cnn", default=None, metavar="FILE",
                     help="likewise: the cnn weights the comparator reads (default: its packaged "
                          "compare_cnn), e.g. the shipped cnn's to measure a refit on them")
@@ -159,6 +159,12 @@ def main() -> None:
                     help="with --chains: write the images into N shards and run dedup and filter "
                          "(with and without --groups) on them through the command line")
     args = ap.parse_args()
+    if custom_comparator(args) and args.workers != 1:
+        ap.error("--cnn-crops, --compare-weights and --compare-cnn need --workers 1 (worker "
+                 "processes load the packaged comparator)")
+    if custom_comparator(args) and args.shards:
+        ap.error("--cnn-crops, --compare-weights and --compare-cnn do not apply to --shards "
+                 "(the dedup command uses the packaged comparator)")
     from collapseguard.detectors.cnn_family import set_default_runtime
 
     set_default_runtime(args.runtime)  # this process, and the commands and workers it starts
@@ -206,13 +212,12 @@ def comparator(args):
     from collapseguard.detectors.base import create
     from collapseguard.detectors.compare import Comparator, comparator_cnn
 
-    if custom_comparator(args) and args.workers != 1:
-        raise SystemExit("--cnn-crops, --compare-weights and --compare-cnn need --workers 1")
     if args.compare_cnn:
         cnn = create("cnn", weights=args.compare_cnn, n_crops=args.cnn_crops)
     else:
         cnn = comparator_cnn(n_crops=args.cnn_crops) if args.cnn_crops else None
-    return Comparator(weights=args.compare_weights, fingerprints=True, cnn=cnn)
+    return Comparator(weights=args.compare_weights, fingerprints=True, cnn=cnn,
+                      other_cnn=bool(args.compare_cnn))
 
 
 def throughput_main(args) -> None:

@@ -143,10 +143,12 @@ def test_dedup_runs_without_torch_and_groups_as_the_full_install(light, demo_sha
 
     from collapseguard.cli import main
 
-    light.run("dedup", *demo_shards, "--out", light.base / "dedup", "--quiet")
+    # one process: the comparator pass runs in this process, which has no torch to set threads of
+    light.run("dedup", *demo_shards, "--out", light.base / "dedup", "--quiet", "-w", "1")
     got = pd.read_parquet(light.base / "dedup" / "groups.parquet")
-    res = CliRunner().invoke(main, ["dedup", *map(str, demo_shards), "--out",
-                                    str(light.base / "dedup_full"), "--quiet"], catch_exceptions=False)
+    res = CliRunner().invoke(main, ["dedup", *map(str, demo_shards), "--out",  # the cnn on torch
+                                    str(light.base / "dedup_full"), "--quiet", "--runtime", "torch"],
+                             catch_exceptions=False)
     assert res.exit_code == 0, res.output
     want = pd.read_parquet(light.base / "dedup_full" / "groups.parquet")
     assert (got["group"] != "").sum() > 0  # the demo holds copies of one photo

@@ -34,8 +34,9 @@ from collapseguard.io.terminal import printable
               help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
                    "encoded bytes); default: found by type and name (image, jpg, png, webp).")
 @click.option("--runtime", type=click.Choice(["auto", "torch", "onnx"]), default="auto", show_default=True,
-              help="What runs the comparator's cnn: onnxruntime on the CPU (auto: when installed; "
-                   "the same scores within 1e-4, several times faster on a CPU) or torch.")
+              help="What runs the comparator's cnn: onnxruntime on the CPU (auto: when installed and "
+                   "the cnn runs on the CPU; the same scores within 1e-4, and worker processes "
+                   "without torch) or torch.")
 @no_pipe_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, fresh, workers,

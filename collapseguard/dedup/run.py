@@ -546,6 +546,9 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
         "a level given by hand: no calibrated guarantee",
         "comparator_weights_version": t["version"],
+        # the cnn behind the table's ``cnn`` column: the comparator's own, not the shipped detector's
+        "comparator_cnn_version": (getattr(getattr(detector_obj, "cnn", None), "version", None)
+                                   or t["meta"].get("cnn", "")),
         "grouping": params.as_dict(),
         "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
         "failures": failures,

@@ -129,6 +129,8 @@ def write_shipped_graph(folder: str | Path | None = None, name: str = "cnn") -> 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from collapseguard.detectors import cnn_onnx
+
     ap = argparse.ArgumentParser(
         prog="python -m collapseguard.detectors.cnn_export",
         description="Write the ONNX graph of packaged cnn weights beside them, for scoring "
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None,
                     help="folder to write NAME.onnx and NAME.onnx.json into (default: the package's "
                          "weights folder)")
-    ap.add_argument("--name", default="cnn",
+    ap.add_argument("--name", default="cnn", choices=("cnn", *cnn_onnx.PACKAGED_GRAPHS),
                     help="the packaged weights to export: cnn (the shipped detector, the default) or "
                          "compare_cnn (the comparator's cnn)")
     args = ap.parse_args(argv)

@@ -2,7 +2,7 @@
 importing torch unless it is the one that runs.
 
 ``runtime``:
-- ``"torch"`` (the default): ``cnn.CNNDetector``, the network as trained (CPU or CUDA);
+- ``"torch"``: ``cnn.CNNDetector``, the network as trained (CPU or CUDA);
 - ``"onnx"``: ``cnn_onnx.OnnxCNNDetector``, the same network exported to ONNX and run by
   onnxruntime on the CPU. It reads the same crops and gives the same scores within
   ``cnn_onnx.SCORE_TOLERANCE`` (tests/detectors/test_cnn_onnx.py), with the same name and version, so a
@@ -10,11 +10,12 @@ importing torch unless it is the one that runs.
   (about 500 MB of resident memory less per process);
 - ``"auto"``: onnx when onnxruntime is installed, the device is the CPU (``device`` "cpu", or
   unset on a machine without an NVIDIA driver) and the export can be made or is cached; torch
-  otherwise. ``collapseguard filter`` scores this way by default (``--runtime``).
+  otherwise. ``collapseguard filter`` and ``dedup`` score this way by default (``--runtime``).
 
 A detector created without ``runtime`` takes ``$COLLAPSEGUARD_CNN_RUNTIME``, else torch where torch
 is installed and onnx where it is not (the core install: torch comes with the ``[train]`` extra);
-the filter sets the variable for its run, so the worker processes it spawns inherit it.
+``filter`` and ``dedup`` set the variable for their run, so the worker processes they spawn
+inherit it.
 """
 
 from __future__ import annotations

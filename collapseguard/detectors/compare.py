@@ -119,7 +119,9 @@ class Comparator(Detector):
     batch_size = 8
 
     def __init__(self, weights: str | Path | None = None, fingerprints: bool = False,
-                 cnn=None, untrained: bool = False):
+                 cnn=None, untrained: bool = False, other_cnn: bool = False):
+        """``other_cnn``: allow a ``cnn`` other than the one the weights were fitted on (their
+        ``cnn`` metadata), to measure what that costs; otherwise that is a DetectorError."""
         self.name = "compare"
         self.fingerprints = bool(fingerprints)
         self.cnn = cnn if cnn is not None else comparator_cnn()
@@ -135,6 +137,11 @@ class Comparator(Detector):
             self.features_used: frozenset[str] | None = None
         else:
             t = load_weights(weights)
+            fitted_on = t["meta"].get("cnn")
+            if fitted_on and fitted_on != self.cnn.version and not other_cnn:
+                raise DetectorError(f"these comparator weights were fitted on cnn {fitted_on}, not on "
+                                    f"the cnn given ({self.cnn.version}): refit them "
+                                    "(recipes/compare_weights.py --cnn) or give their cnn")
             self.w, self.s = t["w"], t["s"]
             self.version = params_version(t["version"], self.cnn.version)
             #: the features the weights read (the others are left NaN, and cost nothing)

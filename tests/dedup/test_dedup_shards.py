@@ -21,7 +21,8 @@ from cg_testutil import read_members, run_cli
 @pytest.fixture(scope="module")
 def deduped(dedup_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("dedup_out")
-    run_cli(["dedup", *dedup_shards, "--out", out, "-q", "-w", "1"])  # the default is 2
+    # one process (the default is 2) and onnx, which auto picks on a CPU only
+    run_cli(["dedup", *dedup_shards, "--out", out, "-q", "-w", "1", "--runtime", "onnx"])
     return out
 
 
@@ -69,6 +70,9 @@ def test_the_table_has_the_documented_columns_and_the_summary_counts_it(deduped)
     s = json.loads((deduped / "summary.json").read_text())
     assert s["images"] == 9 and s["groups"] == 2 and s["grouped"] == 7
     assert s["decisions"]["single"] == 2 and 0 < s["level"] < 1 and "clean-only groups" in s["level_guarantee"]
+    # the table's cnn column is the comparator's own cnn, named in the summary
+    from collapseguard.detectors.compare import comparator_cnn
+    assert s["comparator_cnn_version"] == comparator_cnn(runtime="onnx").version
 
 
 def test_resume_and_fresh_runs_write_the_same_bytes(deduped, dedup_shards, tmp_path):
@@ -182,8 +186,12 @@ def test_the_torch_runtime_gives_the_same_decisions_as_onnx(deduped, dedup_shard
     """`dedup` runs the comparator's cnn on onnxruntime by default (--runtime auto); with torch
     the cnn scores differ by under 1e-4, and the groups, ranks and decisions are the same."""
     pytest.importorskip("onnxruntime")
+    from collapseguard.detectors.cnn_family import RUNTIME_ENV
+
+    before = os.environ.get(RUNTIME_ENV)
     out = tmp_path / "torch"
     run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--runtime", "torch"])
+    assert os.environ.get(RUNTIME_ENV) == before  # the command put the process's default back
     got, want = _rows(out), _rows(deduped)
     assert got.keys() == want.keys()
     for k, r in want.items():

@@ -93,10 +93,14 @@ def test_the_comparators_cnn_runs_from_its_packaged_graph(photos):
     assert not list(cache_dir().glob(f"{meta['weights_sha256'][:32]}-*"))  # not exported
     np.testing.assert_allclose(onnx.score(photos), ref.score(photos), rtol=0, atol=SCORE_TOLERANCE)
     assert Comparator().cnn.version == meta["version"]
-    # the comparator names its cnn in its versions: descriptions made with another cnn are not reused
-    other = Comparator(cnn=create("cnn", device="cpu", runtime="torch"))
-    if other.cnn.version != meta["version"]:
-        assert other.description_version != Comparator().description_version
+    # the shipped detector's cnn is other weights: the comparator's weights refuse it, unless asked
+    shipped = create("cnn", device="cpu", runtime="torch")
+    assert shipped.version != meta["version"]
+    with pytest.raises(DetectorError, match="fitted on cnn"):
+        Comparator(cnn=shipped)
+    other = Comparator(cnn=shipped, other_cnn=True)
+    # and its descriptions, made with another cnn, are never reused for the comparator's own
+    assert other.description_version != Comparator().description_version
 
 
 def test_a_stale_shipped_graph_is_not_used(monkeypatch, photos):
