@@ -53,11 +53,21 @@ class RayEngine:
             return
         ray = self._init()
 
+        from collapseguard.detectors.cnn_family import RUNTIME_ENV
+
+        # the driver's cnn runtime (filter and dedup set it for their run): an actor on another
+        # node, or in a Ray instance started before it was set, does not inherit it
+        runtime = os.environ.get(RUNTIME_ENV)
+
         @ray.remote(num_cpus=self.threads, num_gpus=self.gpus)
         class ShardWorker:
-            def __init__(self, threads: int):
+            def __init__(self, threads: int, runtime: str | None):
                 from collapseguard.engines.local import get_detector, set_thread_budget
                 set_thread_budget(threads)
+                if runtime:
+                    os.environ[RUNTIME_ENV] = runtime
+                else:
+                    os.environ.pop(RUNTIME_ENV, None)
                 self.detector = get_detector(detector, kwargs)
 
             def run(self, i, task):
@@ -68,7 +78,7 @@ class RayEngine:
                     return i, None, task_error(exc)
 
         n = min(self.workers, len(tasks))
-        actors = [ShardWorker.remote(self.threads) for _ in range(n)]
+        actors = [ShardWorker.remote(self.threads, runtime) for _ in range(n)]
         queue = list(enumerate(tasks))
         tries: dict[int, int] = {}
         running = {}

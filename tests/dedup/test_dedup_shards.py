@@ -174,6 +174,25 @@ def test_a_ray_run_gives_the_same_groups_as_the_local_engine(deduped, dedup_shar
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
 
 
+def test_ray_actors_run_the_cnn_on_the_runtime_asked_for(deduped, dedup_shards, tmp_path):
+    """The driver's --runtime reaches the actors, also in a Ray instance started under another
+    one: runs on onnx then on torch in one instance write the bytes of local runs on each (their
+    cnn scores differ in the last digits, so a wrong runtime shows)."""
+    ray = pytest.importorskip("ray", reason="Ray engine needs the [ray] extra")
+    pytest.importorskip("onnxruntime")
+    local = tmp_path / "local"
+    run_cli(["dedup", *dedup_shards, "--out", local, "-q", "-w", "1", "--runtime", "torch"])
+    assert (local / "groups.parquet").read_bytes() != (deduped / "groups.parquet").read_bytes()
+    try:
+        for runtime, want in (("onnx", deduped), ("torch", local)):
+            out = tmp_path / f"ray-{runtime}"
+            run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--engine", "ray", "-w", "2",
+                     "--runtime", runtime])
+            assert (out / "groups.parquet").read_bytes() == (want / "groups.parquet").read_bytes(), runtime
+    finally:
+        ray.shutdown()
+
+
 def test_worker_processes_give_the_same_groups(deduped, dedup_shards, tmp_path):
     out = tmp_path / "w2"
     res = run_cli(["dedup", *dedup_shards, "--out", out, "-q", "-w", "2"])
