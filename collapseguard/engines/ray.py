@@ -107,7 +107,7 @@ class RayEngine:
                         on_done(i, None, f"Ray worker failed {tries[i]} times on this task: "
                                          f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
                     if queue:
-                        actor = ShardWorker.remote(self.threads)
+                        actor = ShardWorker.remote(self.threads, runtime)
                         actors.append(actor)
                         submit(actor)
                     continue
