@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     from collapseguard.detectors.base import create
 
     comp = Comparator(untrained=True,
-                      cnn=create("cnn", weights=args.cnn, runtime="torch") if args.cnn else None)
+                      cnn=create("cnn", weights=args.cnn) if args.cnn else None)
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):

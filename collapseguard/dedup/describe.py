@@ -18,7 +18,6 @@ from contextlib import contextmanager
 import numpy as np
 
 from collapseguard.detectors.base import Detector
-from collapseguard.detectors.compare import FEATURE_COLUMNS
 from collapseguard.detectors.pair_features import FEATURES, SCALES, ladder, reached_rung
 
 #: images per call of the cnn: on a CPU its cost per image grows with the batch, as its crops'
@@ -49,16 +48,8 @@ class RungDescriber(Detector):
         cnn = np.concatenate([np.asarray(c.cnn.score(images[k: k + CNN_BATCH]), dtype=np.float64)
                               for k in range(0, len(images), CNN_BATCH)]) if images else np.zeros(0)
         want = [None if self.rungs is None else self.rungs.get(tuple(img.shape[:2])) for img in images]
-        descs = [{"cnn": float(s), "ladder": ladder(img, c.features_used, r)}
-                 for s, img, r in zip(cnn, images, want)]
-        out: dict[str, np.ndarray] = {
-            "score": np.array([c.utility(d) for d in descs], dtype=np.float32),
-            "cnn": np.array([d["cnn"] for d in descs]),
-        }
-        flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), -1)
-        for j, col in enumerate(FEATURE_COLUMNS):
-            out[col] = flat[:, j]
-        return out
+        return c.description_columns([{"cnn": float(s), "ladder": ladder(img, c.features_used, r)}
+                                      for s, img, r in zip(cnn, images, want)])
 
 
 def rungs_by_size(height: np.ndarray, width: np.ndarray, rungs: np.ndarray) -> list | None:

@@ -547,8 +547,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "a level given by hand: no calibrated guarantee",
         "comparator_weights_version": t["version"],
         # the cnn behind the table's ``cnn`` column: the comparator's own, not the shipped detector's
-        "comparator_cnn_version": (getattr(getattr(detector_obj, "cnn", None), "version", None)
-                                   or t["meta"].get("cnn", "")),
+        "comparator_cnn_version": (detector_obj.cnn.version if detector_obj is not None
+                                   else t["meta"].get("cnn", "")),
         "grouping": params.as_dict(),
         "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
         "failures": failures,

@@ -131,9 +131,10 @@ def load_export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
     from these weights with these crops, else from the cache, else exported (and cached when the
     cache folder is writable)."""
     sha = hashlib.sha256(data).hexdigest()
-    packaged = [shipped_export(), *(packaged_export(f"{n}.onnx", f"{n}.onnx.json")
-                                    for n in PACKAGED_GRAPHS)]
-    for shipped in packaged:
+    readers = [shipped_export, *(lambda n=n: packaged_export(f"{n}.onnx", f"{n}.onnx.json")
+                                 for n in PACKAGED_GRAPHS)]
+    for read in readers:  # each graph read only when the ones before it do not fit
+        shipped = read()
         if (shipped is not None and _valid(*shipped, sha)
                 and n_crops in (None, shipped[1].get("n_crops"))):
             return shipped

@@ -179,11 +179,8 @@ class Comparator(Detector):
 
     # -- as a detector --------------------------------------------------------------------------
 
-    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        return self.score_detailed(images)["score"]
-
-    def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        descs = self.describe(images)
+    def description_columns(self, descs: list[dict]) -> dict[str, np.ndarray]:
+        """``score`` (the utility), ``cnn`` and the ``FEATURE_COLUMNS`` of some descriptions."""
         out: dict[str, np.ndarray] = {
             "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
             "cnn": np.array([d["cnn"] for d in descs]),
@@ -191,6 +188,13 @@ class Comparator(Detector):
         flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), -1)
         for j, col in enumerate(FEATURE_COLUMNS):
             out[col] = flat[:, j]
+        return out
+
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return self.score_detailed(images)["score"]
+
+    def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        out = self.description_columns(self.describe(images))
         if self.fingerprints:
             out.update(fingerprint_columns(images))
         return out
