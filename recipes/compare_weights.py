@@ -7,12 +7,13 @@
         --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
         --out collapseguard/weights/compare.safetensors
 
-Several manifests are fitted together (each chain stays within its own), e.g. chains of a folder
-EXTRA of real pictures beside the ones above (measured, not shipped: docs/DEDUP.md):
+Several manifests are fitted together (each chain stays within its own), e.g. the same pictures
+through real networks beside the chains above (measured, not shipped: docs/DEDUP.md, which has
+the commands):
 
-    collapseguard chains make --sources views:EXTRA:384 --steps 10 --keep 0,1,2,3,5,10 \\
-        --families (the same eight) --seed 1 --out CHAINS_X
-    python recipes/compare_weights.py CHAINS/manifest.csv CHAINS_X/manifest.csv --work WORK ...
+    collapseguard chains make --sources views:SRC:256 --steps 10 --keep 0,1,2,3,5,10 \\
+        --families animevideov3,waifu2x --seed 0 -w 1 --out NETS
+    python recipes/compare_weights.py CHAINS/manifest.csv NETS/manifest.csv --work WORK --out FIT
 
 1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
    harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
