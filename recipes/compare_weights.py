@@ -15,6 +15,11 @@ the commands):
         --families animevideov3,waifu2x --seed 0 -w 1 --out NETS
     python recipes/compare_weights.py CHAINS/manifest.csv NETS/manifest.csv --work WORK --out FIT
 
+or chains of 436 more training-side pictures of several kinds (``recipes/compare_chains.sh``;
+also measured, not shipped). ``--workers N`` describes the images in N processes (the same
+descriptions; the fit does not depend on it). ``recipes/compare_eval.py`` ranks the evaluation
+set's chains with the weights written.
+
 1. Every chain image is described twice (``Comparator.describe``): as made (PNG), and as one
    harmless copy (``dedup.copies.random_copy``: a random storage of five, a resize, a crop), so
    pairs carry every storage and size on either side.
@@ -58,11 +63,16 @@ from collapseguard.detectors.compare import INPUTS
 DEFAULT_INPUTS = ("cnn", "sat", "hf", "flat", "cast")
 
 
-def describe_all(comparator, images, batch=8):
-    out = []
-    for i in range(0, len(images), batch):
-        out += comparator.describe(images[i: i + batch])
-    return out
+def describe_all(comparator, images, batch=8, pool=None):
+    """``comparator.describe`` of every image, in batches; with ``pool``
+    (``dedup.fit.describer_pool``) the batches are described in its worker processes (the same
+    descriptions: each image's own)."""
+    batches = [images[i: i + batch] for i in range(0, len(images), batch)]
+    if pool is None:
+        return [d for b in batches for d in comparator.describe(b)]
+    from collapseguard.dedup.fit import describe_in_worker
+
+    return [d for part in pool.map(describe_in_worker, batches) for d in part]
 
 
 def pack(descs):
@@ -110,6 +120,8 @@ def main(argv=None) -> int:
                     help="cnn weights whose score is the cnn input (default: the packaged "
                          "compare_cnn the comparator reads; a fit on other weights ships only "
                          "with them: docs/DEDUP.md, \"The comparator's cnn\")")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes that describe the images (the descriptions do not depend on it)")
     args = ap.parse_args(argv)
     inputs = [name.strip() for name in args.inputs.split(",") if name.strip()]
     if not inputs or any(name not in INPUTS for name in inputs):
@@ -118,7 +130,7 @@ def main(argv=None) -> int:
     from safetensors.numpy import save_file
 
     from collapseguard.dedup.copies import random_copy
-    from collapseguard.dedup.fit import calibrate_level, fit_logistic, group_p_worse
+    from collapseguard.dedup.fit import calibrate_level, describer_pool, fit_logistic, group_p_worse
     from collapseguard.detectors.compare import Comparator, pair_inputs
     from collapseguard.images import load_image
     from collapseguard.training_data_tools.manifest import read_manifest, source_bucket
@@ -130,6 +142,7 @@ def main(argv=None) -> int:
 
     comp = Comparator(untrained=True,
                       cnn=create("cnn", weights=args.cnn) if args.cnn else None)
+    pool = describer_pool(args.workers, args.cnn) if args.workers > 1 else None
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):
@@ -150,7 +163,7 @@ def main(argv=None) -> int:
                 rows.append(r)
                 imgs.append(random_copy(img, rng)[2])
                 rows.append(r)
-            descs = describe_all(comp, imgs)
+            descs = describe_all(comp, imgs, pool=pool)
             rows = np.array(rows)
             del imgs
             cc, cl = pack(descs)
@@ -188,7 +201,7 @@ def main(argv=None) -> int:
                 for _ in range(args.clean_copies):
                     cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
                     group.append(g)
-            descs = describe_all(comp, cimgs)
+            descs = describe_all(comp, cimgs, pool=pool)
             group = np.array(group)
             kc, kl = pack(descs)
             np.savez(cache, clean_cnn=kc, clean_lad=kl, clean_group=group)
@@ -198,6 +211,8 @@ def main(argv=None) -> int:
         clean_set += [name] * len(group)
         clean_descs += descs
     clean_group, clean_set = np.concatenate(clean_group), np.array(clean_set)
+    if pool is not None:
+        pool.shutdown()
 
     # pairs within chains
     step = df["step"].to_numpy()[chain_rows]

@@ -11,6 +11,8 @@
   the group loses a member when that number exceeds the level. The level is the binomial order
   statistic of ``calibration.bounds``: with n independent clean groups, the probability that more
   than ``alpha`` of new clean groups lose a member is at most ``1 - confidence``.
+- ``describer_pool`` / ``describe_in_worker``: worker processes that each hold an untrained
+  comparator, for describing many chain images (``recipes/compare_weights.py --workers``).
 """
 
 from __future__ import annotations
@@ -69,3 +71,33 @@ def calibrate_level(group_maxima, alpha: float = 0.01, confidence: float = 0.95)
     from collapseguard.calibration.bounds import order_statistic_threshold
 
     return order_statistic_threshold(group_maxima, alpha, confidence)
+
+
+_WORKER_COMPARATOR = None
+
+
+def _init_describer(cnn_weights: str | None) -> None:
+    global _WORKER_COMPARATOR
+    import sys
+
+    from collapseguard.detectors.base import create
+    from collapseguard.detectors.compare import Comparator
+
+    torch = sys.modules.get("torch")  # one thread per process: the workers share the cores
+    if torch is not None:
+        torch.set_num_threads(1)
+    _WORKER_COMPARATOR = Comparator(untrained=True,
+                                    cnn=create("cnn", weights=cnn_weights) if cnn_weights else None)
+
+
+def describe_in_worker(images) -> list[dict]:
+    """``Comparator.describe`` of some images in a ``describer_pool`` worker."""
+    return _WORKER_COMPARATOR.describe(images)
+
+
+def describer_pool(workers: int, cnn_weights: str | None = None):
+    """A process pool whose workers each hold an untrained comparator reading the cnn
+    ``cnn_weights`` (default: the comparator's own)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, initializer=_init_describer, initargs=(cnn_weights,))

@@ -1,0 +1,125 @@
+"""Rank figures of comparator weights on an evaluation set's chains, grouped by picture.
+
+    python recipes/compare_eval.py EVAL/stored/manifest.csv --work WORK [--weights W.safetensors ...]
+        [--max-step 10] [--workers 2]
+
+Every chain image at steps <= ``--max-step`` (every storage) is described once by the comparator's
+own cnn and the ``pair_features`` ladder (``Comparator.describe``, all features), cached in WORK
+(``eval-descriptions-*.npz``, keyed by the manifest and what the descriptions depend on). Then,
+for each weights file (default: the packaged ``compare.safetensors``), the images of one source
+picture (all its families and storages, as ``dedup`` would group them) are ranked by
+``group_utilities`` at the largest scale all of them reach, and per family it prints how often
+step 0 ranks below a step >= 3 image of the same family and how often step 1 ranks below step 5
+(every storage on either side), with the worst family and the mean of each.
+
+This is the ranking half of ``benchmarks/dedup_scale.py --chains`` with grouping taken as perfect
+(each picture is one group, no harmless copies or unrelated pictures), so the figures are close to
+that benchmark's but not the same: it takes seconds per weights file once the descriptions are
+cached, where the benchmark runs ``dedup`` end to end. Weights fitted on another cnn
+(``compare_weights.py --cnn``) are refused: their descriptions differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_weights import describe_all  # noqa: E402
+
+
+def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
+    """``(rows, cnn, ladders)`` of the manifest's chain images at steps <= ``max_step``."""
+    from collapseguard.dedup.fit import describer_pool
+    from collapseguard.detectors.compare import Comparator
+    from collapseguard.images import load_image
+
+    comp = Comparator(untrained=True)
+    rows = pd.read_csv(manifest)
+    rows = rows[rows["step"] <= max_step].reset_index(drop=True)
+    key = hashlib.sha256(repr((str(Path(manifest).resolve()), max_step,
+                               comp.description_version)).encode()).hexdigest()[:12]
+    cache = work / f"eval-descriptions-{key}.npz"
+    if cache.exists():
+        z = np.load(cache, allow_pickle=False)
+        return rows, z["cnn"], z["lad"]
+    root = Path(manifest).parent
+    pool = describer_pool(workers, None) if workers > 1 else None
+    t0 = time.time()
+    cnn, lad = [], []
+    chunk = 512  # images held at once
+    for i in range(0, len(rows), chunk):
+        imgs = [load_image(root / p) for p in rows["path"][i: i + chunk]]
+        for d in describe_all(comp, imgs, pool=pool):
+            cnn.append(d["cnn"])
+            lad.append(d["ladder"])
+    if pool is not None:
+        pool.shutdown()
+    cnn, lad = np.array(cnn), np.array(lad)
+    work.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, cnn=cnn, lad=lad)
+    print(f"described {len(rows)} images in {time.time() - t0:.0f} s", file=sys.stderr)
+    return rows, cnn, lad
+
+
+def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.ndarray,
+                 s: np.ndarray) -> dict:
+    """Per family, the share of (step 0, step >= 3) and (step 1, step 5) pairs of one picture
+    ranked right by ``group_utilities`` over the picture's images; [share, pairs]."""
+    from collapseguard.detectors.compare import group_utilities
+
+    u = np.zeros(len(rows))
+    for _, g in rows.groupby("source_image"):
+        idx = g.index.to_numpy()
+        u[idx] = group_utilities([{"cnn": cnn[i], "ladder": lad[i]} for i in idx], w, s)
+    right0, right15 = defaultdict(list), defaultdict(list)
+    for (_, fam), g in rows.groupby(["source_image", "family"]):
+        step, ug = g["step"].to_numpy(), u[g.index.to_numpy()]
+        right0[fam] += list((ug[step == 0][:, None] < ug[step >= 3][None, :]).ravel())
+        right15[fam] += list((ug[step == 1][:, None] < ug[step == 5][None, :]).ravel())
+    out = {}
+    for name, right in (("step0_vs_ge3", right0), ("step1_vs_5", right15)):
+        fams = {f: [round(float(np.mean(v)), 3), len(v)] for f, v in sorted(right.items()) if v}
+        out[name] = fams
+        out[name + "_worst"] = min(v[0] for v in fams.values())
+        out[name + "_mean"] = round(float(np.mean([v[0] for v in fams.values()])), 3)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("manifest", help="a chain manifest (recipes/eval_set.sh writes EVAL/stored/manifest.csv)")
+    ap.add_argument("--work", required=True, help="folder for the description cache")
+    ap.add_argument("--weights", nargs="*", default=[None],
+                    help="comparator weights files (default: the packaged ones)")
+    ap.add_argument("--max-step", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=1, help="processes that describe the images")
+    args = ap.parse_args(argv)
+
+    from collapseguard.detectors.compare import comparator_cnn, load_weights
+
+    rows, cnn, lad = describe_manifest(args.manifest, Path(args.work), args.max_step, args.workers)
+    own = comparator_cnn().version
+    for path in args.weights:
+        t = load_weights(path)
+        fitted_on = t["meta"].get("cnn")
+        if fitted_on and fitted_on != own:
+            print(f"{path}: fitted on cnn {fitted_on}, not the comparator's {own}; skipped",
+                  file=sys.stderr)
+            continue
+        figures = rank_figures(rows, cnn, lad, t["w"], t["s"])
+        print(json.dumps({"weights": path or "packaged", "version": t["version"],
+                          "inputs": t["meta"].get("inputs"), **figures}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
