@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_weights import describe_all  # noqa: E402
+from compare_weights import describe_all
 
 
 def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):

@@ -130,7 +130,12 @@ def main(argv=None) -> int:
     from safetensors.numpy import save_file
 
     from collapseguard.dedup.copies import random_copy
-    from collapseguard.dedup.fit import calibrate_level, describer_pool, fit_logistic, group_p_worse
+    from collapseguard.dedup.fit import (
+        calibrate_level,
+        describer_pool,
+        fit_logistic,
+        group_p_worse,
+    )
     from collapseguard.detectors.compare import Comparator, pair_inputs
     from collapseguard.images import load_image
     from collapseguard.training_data_tools.manifest import read_manifest, source_bucket
