@@ -29,8 +29,9 @@ set's chains with the weights written.
    0.5 (nothing to tell apart), weighted ``--invariance-weight`` against the ordered pairs.
    ``dedup.fit.fit_logistic`` fits the weights of ``--inputs`` on the fit part (the other inputs
    get weight 0). The default set was chosen on the fit part's chains (three folds by source
-   picture) for the worst family's step 0 vs step >= 3 accuracy: with every input the fit
-   learns the noise families' "more detail = worse" and ranks smoothed copies backwards.
+   picture) for the worst family's step 0 vs step >= 3 accuracy (``--choose-inputs`` prints
+   those figures for the sets it is given): with every input the fit learns the noise families'
+   "more detail = worse" and ranks smoothed copies backwards.
 3. Held-out figures: per family, how often step 0 is ranked below a step >= 3 copy, and step 1
    below step 5 (every description pair of the held-out chains).
 4. The level: clean-only groups (the picture as made plus ``--clean-copies`` harmless copies,
@@ -100,6 +101,37 @@ def order_figures(p, info, sel) -> dict:
     return out
 
 
+def cross_validate(input_sets, x, info, xi, xi_bucket, invariance_weight, folds=3, fit_share=0.6):
+    """For each set of input names, the order figures of ``folds``-fold cross-validation over the
+    fit part's chains (folds by source picture: ``source_bucket`` in [0, ``fit_share``) cut in
+    ``folds`` equal ranges), each fold ranked by a fit on the others, as the final fit is made."""
+    from collapseguard.dedup.fit import fit_logistic
+
+    bucket = np.array([i[5] for i in info])
+    hold = np.array([i[0] for i in info])
+    fold = np.minimum((bucket / fit_share * folds).astype(int), folds - 1)
+    ifold = np.minimum((np.asarray(xi_bucket) / fit_share * folds).astype(int), folds - 1)
+    out = {}
+    for names in input_sets:
+        used = [INPUTS.index(n) for n in names]
+        p = np.full(len(x), np.nan)
+        for k in range(folds):
+            tr, te, itr = ~hold & (fold != k), ~hold & (fold == k), ifold != k
+            n_tr, n_itr = int(tr.sum()), int(itr.sum())
+            w, s = fit_logistic(np.concatenate([x[tr][:, used], xi[itr][:, used]]),
+                                np.concatenate([np.ones(n_tr), np.full(n_itr, 0.5)]),
+                                weight=np.concatenate([np.ones(n_tr), np.full(
+                                    n_itr, invariance_weight * n_tr / max(1, n_itr))]))
+            p[te] = 1.0 / (1.0 + np.exp(-(x[te][:, used] / s) @ w))
+        figs = order_figures(p, info, ~hold)
+        out[",".join(names)] = {
+            "worst_step0_vs_ge3": min(v[0] for v in figs["held_out_step0_vs_ge3"].values()),
+            "worst_step1_vs_5": min(v[0] for v in figs["held_out_step1_vs_5"].values()),
+            "by_family_step0_vs_ge3": figs["held_out_step0_vs_ge3"],
+            "by_family_step1_vs_5": figs["held_out_step1_vs_5"]}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("manifests", nargs="+", metavar="MANIFEST")
@@ -120,12 +152,23 @@ def main(argv=None) -> int:
                     help="cnn weights whose score is the cnn input (default: the packaged "
                          "compare_cnn the comparator reads; a fit on other weights ships only "
                          "with them: docs/DEDUP.md, \"The comparator's cnn\")")
+    ap.add_argument("--choose-inputs", default=None, metavar="SETS",
+                    help="sets of inputs separated by ';' (e.g. 'cnn,sat,hf,flat,cast;all'): print "
+                         "each set's three-fold cross-validated figures on the fit part's chains "
+                         "(the worst family decides; the default set was chosen so)")
     ap.add_argument("--workers", type=int, default=1,
                     help="processes that describe the images (the descriptions do not depend on it)")
     args = ap.parse_args(argv)
     inputs = [name.strip() for name in args.inputs.split(",") if name.strip()]
     if not inputs or any(name not in INPUTS for name in inputs):
         ap.error(f"--inputs: names of {', '.join(INPUTS)}")
+    input_sets = []
+    for part in (args.choose_inputs or "").split(";"):
+        names = list(INPUTS) if part.strip() == "all" else [n.strip() for n in part.split(",") if n.strip()]
+        if part.strip() and (not names or any(n not in INPUTS for n in names)):
+            ap.error(f"--choose-inputs: sets of names of {', '.join(INPUTS)} (or 'all'), separated by ';'")
+        if names:
+            input_sets.append(names)
 
     from safetensors.numpy import save_file
 
@@ -179,7 +222,8 @@ def main(argv=None) -> int:
         chain_rows.append(np.asarray(rows) + sum(len(f) for f in frames))
         frames.append(part)
     df = pd.concat(frames, ignore_index=True)
-    df["held_out"] = [source_bucket(s) >= 0.6 for s in df["source_image"]]
+    df["bucket"] = [source_bucket(s) for s in df["source_image"]]
+    df["held_out"] = df["bucket"] >= 0.6
     chain_rows = np.concatenate(chain_rows)
     # clean-only groups: the --clean pictures, and the held-out chains' step-0 pictures (each
     # set cached on its own: a new manifest does not re-describe the --clean pictures)
@@ -224,6 +268,7 @@ def main(argv=None) -> int:
     chain = df["chain_id"].to_numpy()[chain_rows]
     fam = df["family"].to_numpy()[chain_rows]
     held = df["held_out"].to_numpy()[chain_rows]
+    bucket = df["bucket"].to_numpy()[chain_rows]
     origin = np.repeat(np.arange(len(frames)), [len(f) for f in frames])[chain_rows]  # manifest
     xs, ys, info = [], [], []
     for cid in np.unique(chain):
@@ -233,7 +278,7 @@ def main(argv=None) -> int:
                 if step[a] < step[b]:
                     xs.append(pair_inputs(chain_descs[a], chain_descs[b]))
                     ys.append(1.0)
-                    info.append((held[a], fam[a], step[a], step[b], origin[a]))
+                    info.append((held[a], fam[a], step[a], step[b], origin[a], bucket[a]))
     x = np.array(xs)
     y = np.array(ys)
     hold = np.array([i[0] for i in info])
@@ -254,6 +299,9 @@ def main(argv=None) -> int:
     p = 1.0 / (1.0 + np.exp(-(x / s) @ w))  # P(later step worse than earlier)
     figures: dict = {"pairs_fit": int((~hold).sum()), "pairs_held_out": int(hold.sum()),
                      **order_figures(p, info, hold)}
+    if input_sets:
+        figures["cross_validated_inputs"] = cross_validate(
+            input_sets, x, info, xi, [bucket[a] for a, _ in same], args.invariance_weight)
     if len(frames) > 1:  # each manifest's held-out chains on their own
         origins = np.array([i[4] for i in info])
         figures["by_manifest"] = {args.manifests[m]: order_figures(p, info, hold & (origins == m))
