@@ -5,16 +5,17 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from cg_chains import make_tiny_chains
 from safetensors.numpy import load_file
 
-from collapseguard.detectors.compare import load_weights
+from collapseguard.detectors.compare import INPUTS, load_weights
 
 
-def _fit(rec, manifest, work, out, workers):
+def _fit(rec, manifest, work, out, workers, *more):
     return rec.main([str(manifest), "--work", str(work), "--out", str(out), "--clean", "art:4:64-96",
                      "--clean-copies", "1", "--alpha", "0.5", "--confidence", "0.5",
-                     "--workers", str(workers)])
+                     "--workers", str(workers), *more])
 
 
 def test_compare_weights_describes_alike_in_worker_processes(tmp_path, recipe_script):
@@ -32,6 +33,22 @@ def test_compare_weights_describes_alike_in_worker_processes(tmp_path, recipe_sc
     w1, w2 = load_file(tmp_path / "c1.st"), load_file(tmp_path / "c2.st")
     np.testing.assert_allclose(w1["w"], w2["w"], atol=1e-3)
     assert w1["w"][0] != 0  # the fit used the cnn input (not the all-zero untrained weights)
+
+
+def test_compare_weights_cross_validates_input_sets(tmp_path, recipe_script):
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=12, steps=(0, 1, 3, 5), families=("noise",))
+    rec = recipe_script("compare_weights.py")
+    assert _fit(rec, chains / "manifest.csv", tmp_path / "w", tmp_path / "c.st", 1,
+                "--choose-inputs", "cnn;all") == 0
+    figures = json.loads((tmp_path / "w" / "figures.json").read_text())
+    cv = figures["cross_validated_inputs"]
+    assert sorted(cv) == sorted(["cnn", ",".join(INPUTS)])
+    for got in cv.values():
+        share, pairs = got["by_family_step0_vs_ge3"]["noise"]
+        assert pairs > 0 and share == got["worst_step0_vs_ge3"]
+        assert got["worst_step0_vs_ge3"] >= 0.75  # growing noise: every input set sees it
+    with pytest.raises(SystemExit):
+        _fit(rec, chains / "manifest.csv", tmp_path / "w", tmp_path / "c.st", 1, "--choose-inputs", "cnn;nope")
 
 
 def test_compare_eval_ranks_growing_noise_and_flips_with_the_weights(tmp_path, recipe_script, capsys):
