@@ -7,18 +7,22 @@
 #
 # Pictures (never committed) come from the Debian packages recipes/train_cnn.sh trains on, none of
 # which the evaluation set reads: wallpapers (gnome-backgrounds, mate-backgrounds,
-# lomiri-wallpapers*) as two views each (a native 320 px window and a web-size downscale), the
-# marble-data and gcompris-qt-data handbooks' screenshots and the colobot / extremetuxracer game
-# textures (the 70% recipes/link_images.py puts in its training folders), and 60 procedural art,
-# 40 pixel-art and 40 screen pictures (seed 5). Each picture is one native window of at most
-# 384 x 384 px (WORK/src), as the evaluation set's are. The pictures are split into four quarters
-# by name; each quarter goes through two families in chains0-3 and two others in chains4-7, so
-# every picture is seen by four of the eight families (10 steps; 0, 1, 2, 3, 5, 10 kept).
-# About 6 minutes on 2 cores after the download.
+# lomiri-wallpapers*), one view each (``photo_views``: a native 320 px window or a web-size
+# downscale, alternating), the marble-data and gcompris-qt-data handbooks' screenshots and the
+# colobot / extremetuxracer game textures (the 70% recipes/link_images.py puts in its training
+# folders; one file per picture: the language versions of a screenshot and a texture's copies are
+# one picture, of which the first by name is taken), and 60 procedural art, 40 pixel-art and 40
+# screen pictures (seed 5). Each picture is one native window of at most 384 x 384 px (WORK/src),
+# as the evaluation set's are. The pictures are split into four quarters by name; each quarter
+# goes through two families in chains0-3 and two others in chains4-7, so every picture is seen by
+# four of the eight families (10 steps; 0, 1, 2, 3, 5, 10 kept). About 5 minutes on 2 cores
+# after the download.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: bash recipes/compare_chains.sh WORK" >&2; exit 2; }
+[ -n "$1" ] || { echo "compare_chains.sh: WORK must not be empty" >&2; exit 2; }
+mkdir -p "$1"
+WORK=$(realpath "$1")
 cd "$(dirname "$0")/.."
-WORK=$1
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 mkdir -p "$WORK/debs"
 if [ ! -d "$WORK/debs/x/usr/share/games/etr" ]; then
@@ -43,6 +47,7 @@ python recipes/link_images.py "$share/games/colobot" "$share/games/etr" --min-si
 
 rm -rf "$WORK/src" && mkdir -p "$WORK/src"
 python - "$WORK" <<'EOF'
+import os
 import sys
 
 import numpy as np
@@ -54,16 +59,21 @@ work = sys.argv[1]
 rng = np.random.default_rng(123)
 specs = [f"views:{work}/photos:320", f"folder:{work}/shots_train", f"folder:{work}/gametex_train",
          "art:60:256-640", "pixel:40", "screen:40"]
-n = 0
+seen, n = set(), 0
 for spec in specs:
     for name, arr in resolve_sources(spec, seed=5):
+        picture = name.rsplit("__", 1)[-1] if spec.startswith("folder:") else name
         h, w = arr.shape[:2]
-        if min(h, w) < 96:
+        if picture in seen or min(h, w) < 96:  # one file per picture (link_images.py's groups)
             continue
+        seen.add(picture)
         ch, cw = min(h, 384), min(w, 384)
         y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
         safe = name.replace("/", "_").replace("@", "_").replace(" ", "_")
-        Image.fromarray(arr[y:y + ch, x:x + cw]).save(f"{work}/src/{safe}.png")
+        out = f"{work}/src/{safe}.png"
+        if os.path.exists(out):
+            raise SystemExit(f"two pictures named {safe}")
+        Image.fromarray(arr[y:y + ch, x:x + cw]).save(out)
         n += 1
 print(f"{n} pictures in {work}/src")
 EOF
@@ -72,7 +82,7 @@ fams=("noise_tint,texture_simplify" "contour_wrinkles,scattered_dots" "aspect_dr
       "contour_wrinkles,aspect_drift" "noise_tint,learned" "texture_simplify,mixed" "scattered_dots,codec")
 for k in 0 1 2 3; do
   rm -rf "$WORK/sub$k" && mkdir -p "$WORK/sub$k"
-  (cd "$WORK/src" && ls | sort | awk -v k="$k" 'NR % 4 == k') | while read -r f; do
+  (cd "$WORK/src" && ls | LC_ALL=C sort | awk -v k="$k" 'NR % 4 == k') | while read -r f; do
     ln -s "$(realpath "$WORK/src/$f")" "$WORK/sub$k/$f"
   done
 done

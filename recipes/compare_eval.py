@@ -5,7 +5,8 @@
 
 Every chain image at steps <= ``--max-step`` (every storage) is described once by the comparator's
 own cnn and the ``pair_features`` ladder (``Comparator.describe``, all features), cached in WORK
-(``eval-descriptions-*.npz``, keyed by the manifest and what the descriptions depend on). Then,
+(``eval-descriptions-*.npz``, keyed by the manifest's path and bytes and what the descriptions
+depend on). Then,
 for each weights file (default: the packaged ``compare.safetensors``), the images of one source
 picture (all its families and storages, as ``dedup`` would group them) are ranked by
 ``group_utilities`` at the largest scale all of them reach, and per family it prints how often
@@ -22,6 +23,7 @@ cached, where the benchmark runs ``dedup`` end to end. Weights fitted on another
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -32,40 +34,43 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_weights import describe_all
-
 
 def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
-    """``(rows, cnn, ladders)`` of the manifest's chain images at steps <= ``max_step``."""
-    from collapseguard.dedup.fit import describer_pool
-    from collapseguard.detectors.compare import Comparator
+    """``(rows, cnn, ladders)`` of the manifest's chain images at steps <= ``max_step``
+    (``read_manifest``: paths checked, inside the manifest's folder)."""
+    from collapseguard.dedup.fit import (
+        describe_all,
+        describer_pool,
+        untrained_comparator,
+    )
     from collapseguard.images import load_image
+    from collapseguard.io.atomic import replaced_when_done
+    from collapseguard.training_data_tools.manifest import read_manifest
 
-    comp = Comparator(untrained=True)
-    rows = pd.read_csv(manifest)
+    comp = untrained_comparator()
+    rows = read_manifest(manifest)
     rows = rows[rows["step"] <= max_step].reset_index(drop=True)
-    key = hashlib.sha256(repr((str(Path(manifest).resolve()), max_step,
+    digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()
+    key = hashlib.sha256(repr((str(Path(manifest).resolve()), digest, max_step,
                                comp.description_version)).encode()).hexdigest()[:12]
     cache = work / f"eval-descriptions-{key}.npz"
     if cache.exists():
         z = np.load(cache, allow_pickle=False)
-        return rows, z["cnn"], z["lad"]
-    root = Path(manifest).parent
-    pool = describer_pool(workers, None) if workers > 1 else None
+        if len(z["cnn"]) == len(rows):
+            return rows, z["cnn"], z["lad"]
     t0 = time.time()
     cnn, lad = [], []
     chunk = 512  # images held at once
-    for i in range(0, len(rows), chunk):
-        imgs = [load_image(root / p) for p in rows["path"][i: i + chunk]]
-        for d in describe_all(comp, imgs, pool=pool):
-            cnn.append(d["cnn"])
-            lad.append(d["ladder"])
-    if pool is not None:
-        pool.shutdown()
+    with describer_pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
+        for i in range(0, len(rows), chunk):
+            imgs = [load_image(p) for p in rows["path"][i: i + chunk]]
+            for d in describe_all(comp, imgs, pool=pool):
+                cnn.append(d["cnn"])
+                lad.append(d["ladder"])
     cnn, lad = np.array(cnn), np.array(lad)
     work.mkdir(parents=True, exist_ok=True)
-    np.savez(cache, cnn=cnn, lad=lad)
+    with replaced_when_done(cache, suffix=".npz") as tmp:
+        np.savez(tmp, cnn=cnn, lad=lad)
     print(f"described {len(rows)} images in {time.time() - t0:.0f} s", file=sys.stderr)
     return rows, cnn, lad
 
@@ -73,10 +78,11 @@ def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
 def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.ndarray,
                  s: np.ndarray) -> dict:
     """Per family, the share of (step 0, step >= 3) and (step 1, step 5) pairs of one picture
-    ranked right by ``group_utilities`` over the picture's images; [share, pairs]."""
+    ranked right by ``group_utilities`` over the picture's images; [share, pairs]. ``rows``'
+    index gives each image's position in ``cnn`` and ``lad`` (a subset of rows ranks a subset)."""
     from collapseguard.detectors.compare import group_utilities
 
-    u = np.zeros(len(rows))
+    u = np.full(len(cnn), np.nan)  # by rows' index: the images' positions in cnn and lad
     for _, g in rows.groupby("source_image"):
         idx = g.index.to_numpy()
         u[idx] = group_utilities([{"cnn": cnn[i], "ladder": lad[i]} for i in idx], w, s)
@@ -88,9 +94,9 @@ def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.nda
     out = {}
     for name, right in (("step0_vs_ge3", right0), ("step1_vs_5", right15)):
         fams = {f: [round(float(np.mean(v)), 3), len(v)] for f, v in sorted(right.items()) if v}
-        out[name] = fams
-        out[name + "_worst"] = min(v[0] for v in fams.values())
-        out[name + "_mean"] = round(float(np.mean([v[0] for v in fams.values()])), 3)
+        out[name] = fams  # families without such pairs are left out; None when none has any
+        out[name + "_worst"] = min(v[0] for v in fams.values()) if fams else None
+        out[name + "_mean"] = round(float(np.mean([v[0] for v in fams.values()])), 3) if fams else None
     return out
 
 
@@ -103,6 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-step", type=int, default=10)
     ap.add_argument("--workers", type=int, default=1, help="processes that describe the images")
     args = ap.parse_args(argv)
+    if args.max_step < 5:
+        ap.error("--max-step: at least 5 (the figures compare step 0 with steps >= 3, step 1 with step 5)")
 
     from collapseguard.detectors.compare import comparator_cnn, load_weights
 

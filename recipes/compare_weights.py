@@ -42,12 +42,13 @@ set's chains with the weights written.
 
 Descriptions are cached in WORK (``descriptions-*.npz`` per manifest, ``clean-*.npz`` for the
 ``--clean`` pictures, ``held_out_step0-*.npz`` for the chains' pictures), keyed by what they
-depend on (the cnn's version included), so a rerun only refits.
+depend on (each manifest's path and bytes, the cnn's version), so a rerun only refits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -62,18 +63,8 @@ from collapseguard.detectors.compare import INPUTS
 #: the inputs fitted by default, chosen on the fit chains (three folds by source picture) for
 #: the worst family's step 0 vs step >= 3 accuracy
 DEFAULT_INPUTS = ("cnn", "sat", "hf", "flat", "cast")
-
-
-def describe_all(comparator, images, batch=8, pool=None):
-    """``comparator.describe`` of every image, in batches; with ``pool``
-    (``dedup.fit.describer_pool``) the batches are described in its worker processes (the same
-    descriptions: each image's own)."""
-    batches = [images[i: i + batch] for i in range(0, len(images), batch)]
-    if pool is None:
-        return [d for b in batches for d in comparator.describe(b)]
-    from collapseguard.dedup.fit import describe_in_worker
-
-    return [d for part in pool.map(describe_in_worker, batches) for d in part]
+#: the share of source pictures (by ``source_bucket``) in the fit part; the rest is held out
+FIT_SHARE = 0.6
 
 
 def pack(descs):
@@ -90,43 +81,68 @@ def order_figures(p, info, sel) -> dict:
     fam = np.array([i[1] for i in info])
     a = np.array([i[2] for i in info])
     b = np.array([i[3] for i in info])
+    def share(m, digits):  # None where there is no such pair
+        return round(float((p[m] > 0.5).mean()), digits) if m.any() else None
+
     out: dict = {"held_out_step0_vs_ge3": {}, "held_out_step1_vs_5": {}}
     for f in sorted(set(fam[sel])):
         m0, m15 = sel & (fam == f) & (a == 0) & (b >= 3), sel & (fam == f) & (a == 1) & (b == 5)
-        out["held_out_step0_vs_ge3"][f] = [round(float((p[m0] > 0.5).mean()), 3), int(m0.sum())]
-        out["held_out_step1_vs_5"][f] = [round(float((p[m15] > 0.5).mean()), 3), int(m15.sum())]
+        out["held_out_step0_vs_ge3"][f] = [share(m0, 3), int(m0.sum())]
+        out["held_out_step1_vs_5"][f] = [share(m15, 3), int(m15.sum())]
     m0, m15 = sel & (a == 0) & (b >= 3), sel & (a == 1) & (b == 5)
-    out["held_out_step0_vs_ge3_all"] = round(float((p[m0] > 0.5).mean()), 4)
-    out["held_out_step1_vs_5_all"] = round(float((p[m15] > 0.5).mean()), 4)
+    out["held_out_step0_vs_ge3_all"] = share(m0, 4)
+    out["held_out_step1_vs_5_all"] = share(m15, 4)
     return out
 
 
-def cross_validate(input_sets, x, info, xi, xi_bucket, invariance_weight, folds=3, fit_share=0.6):
-    """For each set of input names, the order figures of ``folds``-fold cross-validation over the
-    fit part's chains (folds by source picture: ``source_bucket`` in [0, ``fit_share``) cut in
-    ``folds`` equal ranges), each fold ranked by a fit on the others, as the final fit is made."""
+def file_digest(path) -> str:
+    """SHA-256 of a file's bytes: a cache of its images' descriptions is stale once it changes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def worst(by_family: dict):
+    """The lowest share of a ``{family: [share, pairs]}`` table, over families with pairs."""
+    shares = [v[0] for v in by_family.values() if v[1]]
+    return min(shares) if shares else None
+
+
+def fit_pairs(x, xi, used, invariance_weight):
+    """``(w, s)`` of ``fit_logistic`` on the inputs ``used`` of ordered pairs ``x`` (label 1: the
+    later step is the worse) and invariance pairs ``xi`` (label 0.5), the latter weighted
+    ``invariance_weight`` times as much as the ordered pairs in all."""
     from collapseguard.dedup.fit import fit_logistic
 
+    n, ni = len(x), len(xi)
+    return fit_logistic(np.concatenate([x[:, used], xi[:, used]]),
+                        np.concatenate([np.ones(n), np.full(ni, 0.5)]),
+                        weight=np.concatenate([np.ones(n), np.full(ni, invariance_weight * n / max(1, ni))]))
+
+
+def cross_validate(input_sets, x, info, xi, xi_bucket, invariance_weight, folds=3):
+    """For each set of input names, the order figures of ``folds``-fold cross-validation over the
+    fit part's chains (folds by source picture: ``source_bucket`` in [0, ``FIT_SHARE``) cut in
+    ``folds`` equal ranges), each fold ranked by ``fit_pairs`` on the others' pairs, as the final
+    fit is made. A fold without pairs, or without pairs beside it to fit on, is an error."""
     bucket = np.array([i[5] for i in info])
     hold = np.array([i[0] for i in info])
-    fold = np.minimum((bucket / fit_share * folds).astype(int), folds - 1)
-    ifold = np.minimum((np.asarray(xi_bucket) / fit_share * folds).astype(int), folds - 1)
+    fold = np.minimum((bucket / FIT_SHARE * folds).astype(int), folds - 1)
+    ifold = np.minimum((np.asarray(xi_bucket) / FIT_SHARE * folds).astype(int), folds - 1)
+    for k in range(folds):
+        if not (~hold & (fold == k)).any() or not (~hold & (fold != k)).any():
+            raise ValueError(f"--choose-inputs: fold {k} of {folds} has no chain pairs, or is the only "
+                             "fold with any: too few fit pictures to cross-validate")
     out = {}
     for names in input_sets:
         used = [INPUTS.index(n) for n in names]
         p = np.full(len(x), np.nan)
         for k in range(folds):
-            tr, te, itr = ~hold & (fold != k), ~hold & (fold == k), ifold != k
-            n_tr, n_itr = int(tr.sum()), int(itr.sum())
-            w, s = fit_logistic(np.concatenate([x[tr][:, used], xi[itr][:, used]]),
-                                np.concatenate([np.ones(n_tr), np.full(n_itr, 0.5)]),
-                                weight=np.concatenate([np.ones(n_tr), np.full(
-                                    n_itr, invariance_weight * n_tr / max(1, n_itr))]))
+            tr, te = ~hold & (fold != k), ~hold & (fold == k)
+            w, s = fit_pairs(x[tr], xi[ifold != k], used, invariance_weight)
             p[te] = 1.0 / (1.0 + np.exp(-(x[te][:, used] / s) @ w))
         figs = order_figures(p, info, ~hold)
         out[",".join(names)] = {
-            "worst_step0_vs_ge3": min(v[0] for v in figs["held_out_step0_vs_ge3"].values()),
-            "worst_step1_vs_5": min(v[0] for v in figs["held_out_step1_vs_5"].values()),
+            "worst_step0_vs_ge3": worst(figs["held_out_step0_vs_ge3"]),
+            "worst_step1_vs_5": worst(figs["held_out_step1_vs_5"]),
             "by_family_step0_vs_ge3": figs["held_out_step0_vs_ge3"],
             "by_family_step1_vs_5": figs["held_out_step1_vs_5"]}
     return out
@@ -157,7 +173,8 @@ def main(argv=None) -> int:
                          "each set's three-fold cross-validated figures on the fit part's chains "
                          "(the worst family decides; the default set was chosen so)")
     ap.add_argument("--workers", type=int, default=1,
-                    help="processes that describe the images (the descriptions do not depend on it)")
+                    help="processes that describe the images (the same descriptions up to the float "
+                         "rounding of the cnn's score, about 1e-5)")
     args = ap.parse_args(argv)
     inputs = [name.strip() for name in args.inputs.split(",") if name.strip()]
     if not inputs or any(name not in INPUTS for name in inputs):
@@ -170,37 +187,43 @@ def main(argv=None) -> int:
         if names:
             input_sets.append(names)
 
+    from collapseguard.dedup.fit import describer_pool
+
+    with describer_pool(args.workers, args.cnn) if args.workers > 1 else contextlib.nullcontext() as pool:
+        return run(args, inputs, input_sets, pool)
+
+
+def run(args, inputs, input_sets, pool) -> int:
+    """Describe, fit and calibrate as the module text says (``pool``: a ``describer_pool`` or
+    None)."""
     from safetensors.numpy import save_file
 
     from collapseguard.dedup.copies import random_copy
     from collapseguard.dedup.fit import (
         calibrate_level,
-        describer_pool,
-        fit_logistic,
+        describe_all,
         group_p_worse,
+        untrained_comparator,
     )
-    from collapseguard.detectors.compare import Comparator, pair_inputs
+    from collapseguard.detectors.compare import pair_inputs
     from collapseguard.images import load_image
+    from collapseguard.io.atomic import replaced_when_done
     from collapseguard.training_data_tools.manifest import read_manifest, source_bucket
     from collapseguard.training_data_tools.sources import resolve_sources
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    from collapseguard.detectors.base import create
-
-    comp = Comparator(untrained=True,
-                      cnn=create("cnn", weights=args.cnn) if args.cnn else None)
-    pool = describer_pool(args.workers, args.cnn) if args.workers > 1 else None
+    comp = untrained_comparator(args.cnn)
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):
         part = read_manifest(manifest).reset_index(drop=True)
         part["chain_id"] = f"{m}:" + part["chain_id"].astype(str)  # chains stay within a manifest
-        key = hashlib.sha256(repr((str(Path(manifest).resolve()), args.seed,
+        key = hashlib.sha256(repr((str(Path(manifest).resolve()), file_digest(manifest), args.seed,
                                    comp.description_version)).encode()).hexdigest()[:12]
         cache = work / f"descriptions-{key}.npz"  # the chain images' descriptions
-        if cache.exists():
-            z = np.load(cache, allow_pickle=False)
+        z = np.load(cache, allow_pickle=False) if cache.exists() else None
+        if z is not None and len(z["chain_rows"]) == 2 * len(part):
             descs, rows = unpack(z["chain_cnn"], z["chain_lad"]), z["chain_rows"]
         else:
             rng = np.random.default_rng(args.seed)
@@ -215,7 +238,8 @@ def main(argv=None) -> int:
             rows = np.array(rows)
             del imgs
             cc, cl = pack(descs)
-            np.savez(cache, chain_cnn=cc, chain_lad=cl, chain_rows=rows)
+            with replaced_when_done(cache, suffix=".npz") as tmp:
+                np.savez(tmp, chain_cnn=cc, chain_lad=cl, chain_rows=rows)
             print(f"{manifest}: described {len(descs)} chain images in {time.time() - t0:.0f} s",
                   file=sys.stderr)
         chain_descs += descs
@@ -223,7 +247,7 @@ def main(argv=None) -> int:
         frames.append(part)
     df = pd.concat(frames, ignore_index=True)
     df["bucket"] = [source_bucket(s) for s in df["source_image"]]
-    df["held_out"] = df["bucket"] >= 0.6
+    df["held_out"] = df["bucket"] >= FIT_SHARE
     chain_rows = np.concatenate(chain_rows)
     # clean-only groups: the --clean pictures, and the held-out chains' step-0 pictures (each
     # set cached on its own: a new manifest does not re-describe the --clean pictures)
@@ -231,8 +255,8 @@ def main(argv=None) -> int:
     clean_sets = {
         "clean": ((args.clean, args.clean_seed, args.clean_copies, args.seed, comp.description_version),
                   lambda: [arr for _, arr in resolve_sources(args.clean, seed=args.clean_seed)], 1),
-        "held_out_step0": (([str(Path(m).resolve()) for m in args.manifests], args.clean_copies,
-                            args.seed, comp.description_version),
+        "held_out_step0": (([(str(Path(m).resolve()), file_digest(m)) for m in args.manifests],
+                            args.clean_copies, args.seed, comp.description_version),
                            lambda: [load_image(p) for p in held0["path"]], 2),
     }
     clean_descs, clean_group, clean_set = [], [], []
@@ -253,15 +277,14 @@ def main(argv=None) -> int:
             descs = describe_all(comp, cimgs, pool=pool)
             group = np.array(group)
             kc, kl = pack(descs)
-            np.savez(cache, clean_cnn=kc, clean_lad=kl, clean_group=group)
+            with replaced_when_done(cache, suffix=".npz") as tmp:
+                np.savez(tmp, clean_cnn=kc, clean_lad=kl, clean_group=group)
             print(f"{name}: described {len(descs)} clean copies in {time.time() - t0:.0f} s",
                   file=sys.stderr)
         clean_group.append(np.asarray(group) + sum(len(set(g)) for g in clean_group))
         clean_set += [name] * len(group)
         clean_descs += descs
     clean_group, clean_set = np.concatenate(clean_group), np.array(clean_set)
-    if pool is not None:
-        pool.shutdown()
 
     # pairs within chains
     step = df["step"].to_numpy()[chain_rows]
@@ -270,30 +293,24 @@ def main(argv=None) -> int:
     held = df["held_out"].to_numpy()[chain_rows]
     bucket = df["bucket"].to_numpy()[chain_rows]
     origin = np.repeat(np.arange(len(frames)), [len(f) for f in frames])[chain_rows]  # manifest
-    xs, ys, info = [], [], []
+    xs, info = [], []
     for cid in np.unique(chain):
         idx = np.flatnonzero(chain == cid)
         for a in idx:
             for b in idx:
                 if step[a] < step[b]:
                     xs.append(pair_inputs(chain_descs[a], chain_descs[b]))
-                    ys.append(1.0)
                     info.append((held[a], fam[a], step[a], step[b], origin[a], bucket[a]))
     x = np.array(xs)
-    y = np.array(ys)
     hold = np.array([i[0] for i in info])
     # invariance pairs: an image as made and its harmless copy (same step) are told apart by
     # nothing that matters, label 0.5; weighted to count as much as the ordered pairs
     same = [(a, a + 1) for a in range(0, len(chain_rows) - 1, 2) if chain_rows[a] == chain_rows[a + 1]
             and not held[a]]
     xi = np.array([pair_inputs(chain_descs[a], chain_descs[b]) for a, b in same]).reshape(-1, x.shape[1])
-    fit_x = np.concatenate([x[~hold], xi])
-    fit_y = np.concatenate([y[~hold], np.full(len(xi), 0.5)])
-    fit_w = np.concatenate([np.ones(int((~hold).sum())),
-                            np.full(len(xi), args.invariance_weight * (~hold).sum() / max(1, len(xi)))])
     used = [INPUTS.index(name) for name in inputs]
     w, s = np.zeros(len(INPUTS)), np.ones(len(INPUTS))
-    w[used], s[used] = fit_logistic(fit_x[:, used], fit_y, weight=fit_w)
+    w[used], s[used] = fit_pairs(x[~hold], xi, used, args.invariance_weight)
     w, s = (v.astype(np.float32).astype(np.float64) for v in (w, s))  # as shipped
     comp.w, comp.s = w, s
     p = 1.0 / (1.0 + np.exp(-(x / s) @ w))  # P(later step worse than earlier)

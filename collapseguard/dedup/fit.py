@@ -11,8 +11,8 @@
   the group loses a member when that number exceeds the level. The level is the binomial order
   statistic of ``calibration.bounds``: with n independent clean groups, the probability that more
   than ``alpha`` of new clean groups lose a member is at most ``1 - confidence``.
-- ``describer_pool`` / ``describe_in_worker``: worker processes that each hold an untrained
-  comparator, for describing many chain images (``recipes/compare_weights.py --workers``).
+- ``describe_all``: descriptions of many images (chain images for a fit), in ``describer_pool``
+  worker processes when given one (``recipes/compare_weights.py --workers``).
 """
 
 from __future__ import annotations
@@ -73,31 +73,48 @@ def calibrate_level(group_maxima, alpha: float = 0.01, confidence: float = 0.95)
     return order_statistic_threshold(group_maxima, alpha, confidence)
 
 
+
+def untrained_comparator(cnn_weights: str | None = None):
+    """A comparator with no weights (descriptions only, for fitting) reading the cnn
+    ``cnn_weights`` (default: the comparator's own)."""
+    from collapseguard.detectors.base import create
+    from collapseguard.detectors.compare import Comparator
+
+    return Comparator(untrained=True, cnn=create("cnn", weights=cnn_weights) if cnn_weights else None)
+
+
 _WORKER_COMPARATOR = None
 
 
 def _init_describer(cnn_weights: str | None) -> None:
     global _WORKER_COMPARATOR
-    import sys
+    from collapseguard.engines.local import set_thread_budget
 
-    from collapseguard.detectors.base import create
-    from collapseguard.detectors.compare import Comparator
-
-    torch = sys.modules.get("torch")  # one thread per process: the workers share the cores
-    if torch is not None:
-        torch.set_num_threads(1)
-    _WORKER_COMPARATOR = Comparator(untrained=True,
-                                    cnn=create("cnn", weights=cnn_weights) if cnn_weights else None)
+    set_thread_budget(1)  # before the cnn loads: the workers share the cores
+    _WORKER_COMPARATOR = untrained_comparator(cnn_weights)
 
 
-def describe_in_worker(images) -> list[dict]:
-    """``Comparator.describe`` of some images in a ``describer_pool`` worker."""
+def _describe_in_worker(images) -> list[dict]:
     return _WORKER_COMPARATOR.describe(images)
 
 
 def describer_pool(workers: int, cnn_weights: str | None = None):
-    """A process pool whose workers each hold an untrained comparator reading the cnn
-    ``cnn_weights`` (default: the comparator's own)."""
+    """A pool of ``workers`` spawned processes, each holding ``untrained_comparator(cnn_weights)``
+    on one thread, for ``describe_all``; use it as a context manager (``with``)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(workers, initializer=_init_describer, initargs=(cnn_weights,))
+    from collapseguard.engines.local import spawn_context
+
+    return ProcessPoolExecutor(workers, mp_context=spawn_context(), initializer=_init_describer,
+                               initargs=(cnn_weights,))
+
+
+def describe_all(comparator, images, batch: int = 8, pool=None) -> list[dict]:
+    """``comparator.describe`` of every image, in batches of ``batch``; with ``pool``
+    (``describer_pool``, whose comparators must read the same cnn) the batches are described in
+    its worker processes: the same descriptions up to the float rounding of the cnn's score on
+    another thread count (about 1e-5)."""
+    batches = [images[i: i + batch] for i in range(0, len(images), batch)]
+    if pool is None:
+        return [d for b in batches for d in comparator.describe(b)]
+    return [d for part in pool.map(_describe_in_worker, batches) for d in part]

@@ -1,14 +1,15 @@
-"""recipes/compare_weights.py with worker processes, and recipes/compare_eval.py's rank figures,
-on tiny real chains (noise that grows with the step) and the packaged comparator."""
+"""recipes/compare_weights.py (worker processes, cross-validated input sets) and
+recipes/compare_eval.py's rank figures, on tiny real chains (noise that grows with the step) and
+the packaged comparator."""
 
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
-from cg_chains import make_tiny_chains
+from cg_chains import make_tiny_chains, smooth_art
 from safetensors.numpy import load_file
 
+from collapseguard.dedup.fit import describe_all, describer_pool, untrained_comparator
 from collapseguard.detectors.compare import INPUTS, load_weights
 
 
@@ -18,7 +19,22 @@ def _fit(rec, manifest, work, out, workers, *more):
                      "--workers", str(workers), *more])
 
 
-def test_compare_weights_describes_alike_in_worker_processes(tmp_path, recipe_script):
+def test_describe_all_in_worker_processes_gives_each_images_own_description():
+    rng = np.random.default_rng(3)
+    images = [smooth_art(rng, 72 + 8 * i, 88) for i in range(5)]
+    images[2] = np.clip(images[2] + rng.normal(0, 12, images[2].shape), 0, 255).astype(np.uint8)
+    comp = untrained_comparator()
+    here = describe_all(comp, images, batch=2)
+    with describer_pool(2) as pool:
+        there = describe_all(comp, images, batch=2, pool=pool)
+    assert len(there) == len(images)
+    for a, b in zip(here, there):  # in order, and the same up to the cnn's thread rounding
+        np.testing.assert_array_equal(a["ladder"], b["ladder"])
+        assert abs(a["cnn"] - b["cnn"]) < 1e-3
+    assert len({round(d["cnn"], 3) for d in there}) == len(images)  # not one image's repeated
+
+
+def test_compare_weights_fits_alike_with_worker_processes(tmp_path, recipe_script):
     chains = make_tiny_chains(tmp_path / "ch", n_sources=8, steps=(0, 1, 3, 5), families=("noise",))
     rec = recipe_script("compare_weights.py")
     for workers in (1, 2):
@@ -32,7 +48,55 @@ def test_compare_weights_describes_alike_in_worker_processes(tmp_path, recipe_sc
     np.testing.assert_allclose(one[0]["chain_cnn"], two[0]["chain_cnn"], atol=1e-3)  # thread counts
     w1, w2 = load_file(tmp_path / "c1.st"), load_file(tmp_path / "c2.st")
     np.testing.assert_allclose(w1["w"], w2["w"], atol=1e-3)
-    assert w1["w"][0] != 0  # the fit used the cnn input (not the all-zero untrained weights)
+    assert w1["w"][INPUTS.index("cnn")] != 0  # fitted (the untrained weights are all 0)
+    assert w1["w"][INPUTS.index("grad")] == 0  # not among the default inputs
+
+
+def test_a_changed_manifest_is_described_again(tmp_path, recipe_script, capsys):
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=8, steps=(0, 1, 3, 5), families=("noise",))
+    rec = recipe_script("compare_weights.py")
+    assert _fit(rec, chains / "manifest.csv", tmp_path / "w", tmp_path / "c.st", 1) == 0
+    assert "described" in capsys.readouterr().err
+    assert _fit(rec, chains / "manifest.csv", tmp_path / "w", tmp_path / "c.st", 1) == 0
+    assert "chain images" not in capsys.readouterr().err  # cached
+    text = (chains / "manifest.csv").read_text().splitlines()
+    (chains / "manifest.csv").write_text("\n".join(text[:-4]) + "\n")  # one chain fewer
+    assert _fit(rec, chains / "manifest.csv", tmp_path / "w", tmp_path / "c.st", 1) == 0
+    assert "described 56 chain images" in capsys.readouterr().err
+
+
+def test_cross_validation_never_fits_on_the_fold_it_ranks(recipe_script, monkeypatch):
+    rec = recipe_script("compare_weights.py")
+    rng = np.random.default_rng(0)
+    n = 300
+    bucket = rng.uniform(0, 1, n)  # pairs' source pictures; >= 0.6 held out
+    info = [(b >= 0.6, "noise", 0, 3, 0, b) for b in bucket]
+    x = rng.normal(0, 1, (n, len(INPUTS)))
+    x[:, INPUTS.index("cnn")] += 1.0  # the later step scores higher
+    x[:, 0] = np.arange(n)  # each pair's row number, to trace it
+    xi = rng.normal(0, 0.1, (40, len(INPUTS)))
+    xi[:, 0] = -1
+    xi_bucket = rng.uniform(0, 0.6, 40)
+    seen = []
+    real = rec.fit_pairs
+
+    def spy(xs, xis, used, weight):
+        seen.append(set(xs[:, 0].astype(int)))
+        return real(xs, xis, used, weight)
+
+    monkeypatch.setattr(rec, "fit_pairs", spy)
+    out = rec.cross_validate([["cnn"]], x, info, xi, xi_bucket, 1.0)
+    fold = np.minimum((bucket / rec.FIT_SHARE * 3).astype(int), 2)
+    assert len(seen) == 3
+    for k, rows in enumerate(seen):
+        ranked = set(np.flatnonzero((bucket < 0.6) & (fold == k)))
+        assert rows and not rows & ranked  # never the fold it ranks
+        assert not rows & set(np.flatnonzero(bucket >= 0.6))  # never the held-out pictures
+    share, pairs = out["cnn"]["by_family_step0_vs_ge3"]["noise"]
+    assert pairs == int((bucket < 0.6).sum()) and share > 0.7  # cnn + 1 standard deviation
+    empty = [(b >= 0.6, "noise", 0, 3, 0, min(b, 0.1)) for b in bucket]  # every fit pair in fold 0
+    with pytest.raises(ValueError, match="fold"):
+        rec.cross_validate([["cnn"]], x, empty, xi, xi_bucket, 1.0)
 
 
 def test_compare_weights_cross_validates_input_sets(tmp_path, recipe_script):
@@ -40,8 +104,7 @@ def test_compare_weights_cross_validates_input_sets(tmp_path, recipe_script):
     rec = recipe_script("compare_weights.py")
     assert _fit(rec, chains / "manifest.csv", tmp_path / "w", tmp_path / "c.st", 1,
                 "--choose-inputs", "cnn;all") == 0
-    figures = json.loads((tmp_path / "w" / "figures.json").read_text())
-    cv = figures["cross_validated_inputs"]
+    cv = json.loads((tmp_path / "w" / "figures.json").read_text())["cross_validated_inputs"]
     assert sorted(cv) == sorted(["cnn", ",".join(INPUTS)])
     for got in cv.values():
         share, pairs = got["by_family_step0_vs_ge3"]["noise"]
@@ -63,9 +126,14 @@ def test_compare_eval_ranks_growing_noise_and_flips_with_the_weights(tmp_path, r
     assert good["step0_vs_ge3_worst"] >= 0.875  # noise of 9-15 grey levels on a smooth picture
     bad = rec.rank_figures(rows, cnn, lad, -t["w"], t["s"])  # the same utilities, negated
     assert bad["step0_vs_ge3_worst"] == 1 - good["step0_vs_ge3_worst"]
-    # cached: a second run describes nothing and prints the same figures as JSON
-    assert list((tmp_path / "work").glob("eval-descriptions-*.npz"))
+    no15 = rec.rank_figures(rows[rows["step"] != 5], cnn, lad, t["w"], t["s"])  # no step 5
+    assert no15["step1_vs_5"] == {} and no15["step1_vs_5_worst"] is None
+    assert no15["step0_vs_ge3"]["noise"][1] == 4
+    capsys.readouterr()
     assert rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work")]) == 0
-    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out, err = capsys.readouterr()
+    assert "described" not in err  # cached
+    printed = json.loads(out.strip().splitlines()[-1])
     assert printed["weights"] == "packaged" and printed["step0_vs_ge3_worst"] == good["step0_vs_ge3_worst"]
-    assert pd.read_csv(chains / "manifest.csv")["step"].max() == 5
+    with pytest.raises(SystemExit):
+        rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"), "--max-step", "3"])
