@@ -15,7 +15,7 @@ the commands):
         --families animevideov3,waifu2x --seed 0 -w 1 --out NETS
     python recipes/compare_weights.py CHAINS/manifest.csv NETS/manifest.csv --work WORK --out FIT
 
-or chains of 436 more training-side pictures of several kinds (``recipes/compare_chains.sh``;
+or chains of 319 more training-side pictures of several kinds (``recipes/compare_chains.sh``;
 also measured, not shipped). ``--workers N`` describes the images in N processes (the same
 descriptions; the fit does not depend on it). ``recipes/compare_eval.py`` ranks the evaluation
 set's chains with the weights written.
