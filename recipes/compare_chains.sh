@@ -15,7 +15,7 @@
 # screen pictures (seed 5). Each picture is one native window of at most 384 x 384 px (WORK/src),
 # as the evaluation set's are. The pictures are split into four quarters by name; each quarter
 # goes through two families in chains0-3 and two others in chains4-7, so every picture is seen by
-# four of the eight families (10 steps; 0, 1, 2, 3, 5, 10 kept). About 5 minutes on 2 cores
+# four of the eight families (10 steps; 0, 1, 2, 3, 5, 10 kept). Under 10 minutes on 2 cores
 # after the download.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: bash recipes/compare_chains.sh WORK" >&2; exit 2; }
