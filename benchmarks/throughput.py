@@ -12,7 +12,9 @@ subprocess so its peak memory can be read:
   the same bytes;
 - ``filter RUNTIME``: ``collapseguard filter --workers N --runtime RUNTIME`` with the shipped
   default detector and threshold, into a fresh folder, for each of ``--runtimes`` (default auto;
-  ``--runtimes auto,torch`` adds the torch runtime, several times slower).
+  ``--runtimes auto,torch`` adds the torch runtime, several times slower). With ``--weights W``
+  the detector is ``cnn:W`` at ``--threshold`` (default: the shipped cnn's calibrated threshold),
+  for judging a candidate's speed before it has a calibration of its own.
 
 Prints images/s of each (median over rounds), the ratio to the floor, the start-up (the same
 command on one shard of two images) separately, the ratio with the start-up taken out, the peak
@@ -107,14 +109,16 @@ def floor_phase(shards: list[str], workers: int) -> dict:
             "parent_peak_mb": _peak_mb(resource.RUSAGE_SELF)}
 
 
-def filter_phase(shards: list[str], workers: int, runtime: str, out: str) -> dict:
+def filter_phase(shards: list[str], workers: int, runtime: str, out: str,
+                 weights: str | None = None, threshold: float | None = None) -> dict:
     from click.testing import CliRunner
 
     from collapseguard.cli import main
 
+    detector = ["--detector", f"cnn:{weights}", "--threshold", repr(threshold)] if weights else []
     t0 = time.perf_counter()
     res = CliRunner().invoke(main, ["filter", *shards, "--out", out, "--workers", str(workers),
-                                    "--runtime", runtime, "--overwrite", "--quiet"],
+                                    "--runtime", runtime, "--overwrite", "--quiet", *detector],
                              catch_exceptions=False)
     secs = time.perf_counter() - t0
     if res.exit_code != 0:
@@ -133,7 +137,8 @@ def _child(args: list[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def stage_profile(shards: list[Path], runtime: str, n_images: int) -> dict[str, float]:
+def stage_profile(shards: list[Path], runtime: str, n_images: int,
+                  weights: str | None = None) -> dict[str, float]:
     """Seconds per image of each stage of the filter's work, in this process on one thread."""
     import numpy as np
     import pyarrow as pa
@@ -145,7 +150,7 @@ def stage_profile(shards: list[Path], runtime: str, n_images: int) -> dict[str, 
     from collapseguard.io.tar import ShardReader, ShardWriter
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    det = create("cnn", device="cpu", runtime=runtime)
+    det = create("cnn", device="cpu", runtime=runtime, **({"weights": weights} if weights else {}))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     t = {}
@@ -197,6 +202,9 @@ def main() -> None:
                          "RUNTIME@N runs it with N worker processes instead of --workers (auto@1: "
                          "one process whose onnxruntime uses every core, threads against processes)")
     ap.add_argument("--profile-images", type=int, default=100)
+    ap.add_argument("--weights", default=None, help="cnn weights to filter with (default: the shipped detector)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="with --weights: the threshold (default: the shipped cnn's calibrated one)")
     ap.add_argument("--phase", choices=["floor", "filter", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--runtime", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -205,11 +213,17 @@ def main() -> None:
     if a.phase == "floor":
         print(json.dumps(floor_phase(a.shards, a.workers)))
         return
+    if a.weights and a.threshold is None:
+        from collapseguard.calibration.files import resolve_threshold
+        from collapseguard.detectors import create
+
+        a.threshold = resolve_threshold(create("cnn"))[0]
     if a.phase == "filter":
-        print(json.dumps(filter_phase(a.shards, a.workers, a.runtime, a.out)))
+        print(json.dumps(filter_phase(a.shards, a.workers, a.runtime, a.out, a.weights, a.threshold)))
         return
     if a.phase == "profile":
-        print(json.dumps(stage_profile([Path(s) for s in a.shards], a.runtime, a.profile_images)))
+        print(json.dumps(stage_profile([Path(s) for s in a.shards], a.runtime, a.profile_images,
+                                       a.weights)))
         return
 
     if not a.data:
@@ -219,6 +233,7 @@ def main() -> None:
         raise SystemExit(f"--images must be at least {PER_SHARD}")
     shards = [str(p) for p in make_shards(data, a.images)]
     runtimes = [r.strip() for r in a.runtimes.split(",") if r.strip()]
+    chosen = ["--weights", str(Path(a.weights).resolve()), "--threshold", repr(a.threshold)] if a.weights else []
 
     def split(entry: str) -> tuple[str, str]:
         rt, _, w = entry.partition("@")
@@ -235,9 +250,9 @@ def main() -> None:
     for entry in runtimes:
         rt, w = split(entry)
         _child(["--phase", "filter", "--runtime", rt, "--workers", w, "--out",
-                str(outs / f"startup-{entry}"), "--shards", str(tiny)])  # warms the export cache
+                str(outs / f"startup-{entry}"), *chosen, "--shards", str(tiny)])  # warms the export cache
         startup[entry] = _child(["--phase", "filter", "--runtime", rt, "--workers", w, "--out",
-                                 str(outs / f"startup-{entry}"), "--shards", str(tiny)])["seconds"]
+                                 str(outs / f"startup-{entry}"), *chosen, "--shards", str(tiny)])["seconds"]
     res: dict[str, list[dict]] = {k: [] for k in ["floor", *runtimes]}
     for r in range(a.rounds):
         for kind in res:
@@ -246,13 +261,13 @@ def main() -> None:
             else:
                 rt, w = split(kind)
                 out = _child(["--phase", "filter", "--runtime", rt, "--workers", w, "--out",
-                              str(outs / f"{kind}-{r}"), "--shards", *shards])
+                              str(outs / f"{kind}-{r}"), *chosen, "--shards", *shards])
             res[kind].append(out)
             print(f"  round {r + 1} {kind:<6} {out['images']} images {out['seconds']:6.2f} s "
                   f"{out['images'] / out['seconds']:6.1f} img/s  worker peak {out['worker_peak_mb']:.0f} MB",
                   flush=True)
     profile = {rt: _child(["--phase", "profile", "--runtime", rt, "--profile-images",
-                           str(a.profile_images), "--shards", *shards])
+                           str(a.profile_images), *chosen, "--shards", *shards])
                for rt in dict.fromkeys(split(e)[0] for e in runtimes)}
     shutil.rmtree(outs, ignore_errors=True)
 
@@ -261,7 +276,9 @@ def main() -> None:
 
     floor = rate("floor")
     print(f"\n{a.images} images 1024x768 JPEG q92 4:2:0, floor on {a.workers} processes, median of "
-          f"{a.rounds} alternating rounds; detector: the shipped default (cnn), default threshold")
+          f"{a.rounds} alternating rounds; detector: "
+          + (f"cnn:{a.weights} at threshold {a.threshold:.4f}" if a.weights
+             else "the shipped default (cnn), default threshold"))
     print(f"{'':<16}{'img/s':>8}{'x floor':>9}{'start-up s':>12}{'x floor w/o start-up':>22}"
           f"{'worker peak MB':>16}")
     print(f"{'floor (PIL)':<16}{floor:8.1f}{1.0:9.2f}{'':>12}{'':>22}"

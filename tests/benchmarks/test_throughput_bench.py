@@ -21,3 +21,15 @@ def test_shards_are_1024x768_jpeg_q92_420_and_reused(tmp_path, benchmark_script)
     before = [p.stat().st_mtime_ns for p in shards]
     assert bench.make_shards(tmp_path, 60) == shards  # the same request reuses the folder
     assert [p.stat().st_mtime_ns for p in shards] == before
+
+
+def test_the_filter_phase_runs_the_weights_and_threshold_given(tmp_path, benchmark_script):
+    from importlib import resources
+
+    bench = benchmark_script("throughput.py")
+    shards = [str(p) for p in bench.make_shards(tmp_path / "data", 50)]
+    weights = str(resources.files("collapseguard") / "weights" / "cnn.safetensors")
+    high = bench.filter_phase(shards, 1, "onnx", str(tmp_path / "a"), weights, 100.0)
+    low = bench.filter_phase(shards, 1, "onnx", str(tmp_path / "b"), weights, -100.0)
+    assert (high["images"], high["kept"], high["rejected"]) == (50, 50, 0)
+    assert (low["kept"], low["rejected"]) == (0, 50)
