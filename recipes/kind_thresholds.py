@@ -4,6 +4,11 @@
         [--scores /work/data/signals/cnn-49cd8979952f.csv] [--web /work/data/web_history] \
         [--cache /work/data/kinds] [--folds 5] [--units pictures|images] [--rule bound|quantile]
         [--alpha 0.01] [--split package|picture] [--features hand|cnn|both]
+        [--web-scores WH_SCORES.csv] [--threshold T]
+
+``--scores`` and ``--web-scores`` are one weights' scores; ``--threshold`` is that weights'
+calibrated threshold (the ``shipped`` column), and the crop features are the packaged cnn's
+(cached per weights version).
 
 Data: the evaluation set's chains (``EVAL/stored/manifest.csv``) with the cnn's cached scores of
 steps 0 and 10 as PNG and JPEG q90 4:2:0 (``--scores``, written by ``benchmarks/signals.py``), and
@@ -60,7 +65,7 @@ COARSE = {
 KINDS = ("photo", "illustration", "diagram", "screenshot", "anime", "pixel_art", "texture")
 ALPHA, CONFIDENCE = 0.01, 0.95
 #: the threshold of the weights whose scores --scores holds by default: cnn 49cd8979952f, packaged
-#: when the tables of docs/KINDS.md were measured
+#: when the first tables of docs/KINDS.md were measured (``--threshold`` for other weights)
 SHIPPED_THRESHOLD = 3.1796
 
 
@@ -130,19 +135,21 @@ def features_for(paths: list[str], cache: Path) -> pd.DataFrame:
 def cnn_features_for(paths: list[str], cache: Path) -> pd.DataFrame:
     """The shipped cnn's crop features (``DegradationNet.crop_features`` on its 24 crops), mean and
     standard deviation over the crops, of every path; read from and added to
-    ``cache/cnn_features.csv``."""
-    file = cache / "cnn_features.csv"
+    ``cache/cnn_features-VERSION.csv`` (the weights' version: features of other weights are
+    never read back)."""
+    from collapseguard.detectors import create
+
+    det = create("cnn")
+    file = cache / f"cnn_features-{det.version}.csv"
     have = pd.read_csv(file) if file.exists() else None
     done = set() if have is None else set(have["path"])
     todo = sorted(set(paths) - done)
     if todo:
         import torch
 
-        from collapseguard.detectors import create
         from collapseguard.detectors.crops import image_crops
 
         torch.set_num_threads(1)
-        det = create("cnn")
         rows = []
         with torch.inference_mode():
             for i, p in enumerate(todo):
@@ -209,7 +216,7 @@ def load(args) -> pd.DataFrame:
                          "score": m["score"], "path": m["path"]})
     web = Path(args.web)
     wm = pd.read_csv(web / "manifest.csv")
-    ws = pd.read_csv(web / "scores_shipped.csv").set_index("name")
+    ws = pd.read_csv(args.web_scores or web / "scores_shipped.csv").set_index("name")
     for col in ("png", "jpeg90"):
         rows = pd.concat([rows, pd.DataFrame({
             "picture": wm["name"], "kind": wm["kind"], "family": "", "set": "web_" + col,
@@ -267,7 +274,7 @@ def run(args) -> None:
         thr_log.append((f, t_pool, t_kind))
         s = rows.loc[test, "score"].to_numpy()
         fallback = t_safe  # a kind the calibration folds lack: the kind-safe threshold
-        decisions["shipped"][test] = s > SHIPPED_THRESHOLD
+        decisions["shipped"][test] = s > args.threshold
         decisions["pooled"][test] = s > t_pool[0]
         decisions["kind-safe"][test] = s > t_safe
         decisions["per-kind oracle"][test] = s > np.array(
@@ -348,6 +355,11 @@ def main(argv=None) -> None:
     p.add_argument("--eval", default="/work/data/eval")
     p.add_argument("--scores", default="/work/data/signals/cnn-49cd8979952f.csv")
     p.add_argument("--web", default="/work/data/web_history")
+    p.add_argument("--web-scores", default=None,
+                   help="the web-history set's scores (name, png, jpeg90; default WEB/scores_shipped.csv)")
+    p.add_argument("--threshold", type=float, default=SHIPPED_THRESHOLD,
+                   help="the threshold the 'shipped' column applies (default: that of the weights "
+                        "--scores holds by default, 49cd8979952f)")
     p.add_argument("--cache", default="/work/data/kinds")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--units", choices=("pictures", "images"), default="pictures")
