@@ -4,11 +4,12 @@
         [--scores /work/data/signals/cnn-49cd8979952f.csv] [--web /work/data/web_history] \
         [--cache /work/data/kinds] [--folds 5] [--units pictures|images] [--rule bound|quantile]
         [--alpha 0.01] [--split package|picture] [--features hand|cnn|both]
-        [--web-scores WH_SCORES.csv] [--threshold T]
+        [--web-scores SCORES.csv] [--threshold T]
 
-``--scores`` and ``--web-scores`` are one weights' scores; ``--threshold`` is that weights'
-calibrated threshold (the ``shipped`` column), and the crop features are the packaged cnn's
-(cached per weights version).
+``--scores`` and ``--web-scores`` are one weights' scores (``--web-scores``: a ``name,png,jpeg90``
+table, or a ``path,score`` cache such as ``recipes/judge_cnn.py --cache`` writes for both sets);
+``--threshold`` is that weights' calibrated threshold (the ``shipped`` column), and the crop
+features are the packaged cnn's (cached per weights version).
 
 Data: the evaluation set's chains (``EVAL/stored/manifest.csv``) with the cnn's cached scores of
 steps 0 and 10 as PNG and JPEG q90 4:2:0 (``--scores``, written by ``benchmarks/signals.py``), and
@@ -199,6 +200,23 @@ def units(clean: pd.DataFrame, how: str) -> pd.DataFrame:
 
 # -- data -------------------------------------------------------------------------------------------
 
+def web_scores(manifest: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
+    """The web-history set's ``png`` and ``jpeg90`` scores in the manifest's row order, from a
+    ``name,png,jpeg90`` table or from a ``path,score`` cache (``recipes/judge_cnn.py --cache``,
+    ``benchmarks/signals.py``) that holds the manifest's paths. A picture without a score is an
+    error, not a NaN that would drop out of every share."""
+    if {"path", "score"} <= set(scores.columns):
+        by_path = scores.drop_duplicates("path").set_index("path")["score"]
+        out = pd.DataFrame({c: by_path.reindex(manifest[c]).to_numpy() for c in ("png", "jpeg90")})
+    else:
+        out = scores.set_index("name").reindex(manifest["name"])[["png", "jpeg90"]].reset_index(drop=True)
+    missing = out.isna().any(axis=1)
+    if missing.any():
+        raise SystemExit(f"no web-history score for {int(missing.sum())} of {len(out)} pictures "
+                         f"(e.g. {manifest['name'][missing].iloc[0]!r})")
+    return out
+
+
 def load(args) -> pd.DataFrame:
     """One row per image: picture, package, kind, set (web_png, web_jpeg90, step0, step10),
     storage, family, score, path."""
@@ -216,11 +234,11 @@ def load(args) -> pd.DataFrame:
                          "score": m["score"], "path": m["path"]})
     web = Path(args.web)
     wm = pd.read_csv(web / "manifest.csv")
-    ws = pd.read_csv(args.web_scores or web / "scores_shipped.csv").set_index("name")
+    ws = web_scores(wm, pd.read_csv(args.web_scores or web / "scores_shipped.csv"))
     for col in ("png", "jpeg90"):
         rows = pd.concat([rows, pd.DataFrame({
             "picture": wm["name"], "kind": wm["kind"], "family": "", "set": "web_" + col,
-            "storage": col, "score": ws.loc[wm["name"], col].to_numpy(), "path": wm[col]})],
+            "storage": col, "score": ws[col].to_numpy(), "path": wm[col]})],
             ignore_index=True)
     rows["package"] = sources.loc[rows["picture"], "package"].to_numpy()
     rows["fine_kind"] = rows["kind"]
@@ -356,7 +374,8 @@ def main(argv=None) -> None:
     p.add_argument("--scores", default="/work/data/signals/cnn-49cd8979952f.csv")
     p.add_argument("--web", default="/work/data/web_history")
     p.add_argument("--web-scores", default=None,
-                   help="the web-history set's scores (name, png, jpeg90; default WEB/scores_shipped.csv)")
+                   help="the web-history set's scores: name,png,jpeg90 or a path,score cache "
+                        "(default WEB/scores_shipped.csv)")
     p.add_argument("--threshold", type=float, default=SHIPPED_THRESHOLD,
                    help="the threshold the 'shipped' column applies (default: that of the weights "
                         "--scores holds by default, 49cd8979952f)")

@@ -33,6 +33,20 @@ def test_folds_keep_a_package_together_and_spread_pictures(recipe_script):
     assert np.bincount(by_pic).tolist() == [5, 5, 5]
 
 
+def test_web_scores_read_a_score_cache_or_a_table_and_refuse_gaps(recipe_script):
+    rec = recipe_script("kind_thresholds.py")
+    manifest = pd.DataFrame({"name": ["b", "a"], "png": ["/w/png/b.png", "/w/png/a.png"],
+                             "jpeg90": ["/w/jpeg90/b.jpg", "/w/jpeg90/a.jpg"]})
+    cache = pd.DataFrame({"path": ["/w/png/a.png", "/e/x.png", "/w/jpeg90/a.jpg", "/w/png/b.png",
+                                   "/w/jpeg90/b.jpg"], "score": [1.0, 9.0, 2.0, 3.0, 4.0]})
+    got = rec.web_scores(manifest, cache)
+    assert got["png"].tolist() == [3.0, 1.0] and got["jpeg90"].tolist() == [4.0, 2.0]
+    table = pd.DataFrame({"name": ["a", "b"], "png": [1.0, 3.0], "jpeg90": [2.0, 4.0]})
+    assert rec.web_scores(manifest, table).equals(got)
+    with pytest.raises(SystemExit, match="1 of 2 pictures"):
+        rec.web_scores(manifest, cache[cache["path"] != "/w/jpeg90/b.jpg"])
+
+
 def test_kind_features_tell_a_flat_drawing_from_a_photo(recipe_script, photos):
     rec = recipe_script("kind_thresholds.py")
     drawing = np.full((256, 256, 3), 255, np.uint8)
