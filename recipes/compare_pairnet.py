@@ -21,13 +21,15 @@ dots), which a per-image score reads the same way.
 - **Net**: ``h`` reads the 9 channels ``a, b, b - a`` of a crop pair through four 3x3 convolutions
   and mean + standard-deviation pooling; the pair's logit is the crops' mean of
   ``h(a, b) - h(b, a)``, so swapping the pair negates it (P(b worse) + P(a worse) = 1).
-- **Figures**: on the held-out chains and on the evaluation set (``--eval``, every storage on
-  either side, each picture's chains), per family, the share of (step 0, step >= 3) and
-  (step 1, step 5) pairs ordered right, by the net and by the packaged comparator's utilities
-  (``compare_eval.describe_manifest`` descriptions, cached in WORK) on the same pairs.
+- **Figures**: per family, the share of (step 0, step >= 3) and (step 1, step 5) pairs ordered
+  right: on the held-out chains by the net (made / copy on either side), and on the evaluation
+  set (``--eval``, every storage on either side, each picture's chains) by the net and by the
+  packaged comparator's utilities on the same pairs (``compare_eval.describe_manifest``
+  descriptions, cached in ``--eval-work``).
 
-The net's weights go to ``WORK/pairnet.pt``; a rerun with the same arguments loads them. The
-figures are a measurement, not a shipped model.
+The net's weights go to ``WORK/pairnet-KEY.pt`` (KEY: the manifests and the training options); a
+rerun with the same arguments loads them instead of training. The figures are a measurement, not
+a shipped model (docs/DEDUP.md has them).
 """
 
 from __future__ import annotations
