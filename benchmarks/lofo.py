@@ -2,6 +2,7 @@
 
     python benchmarks/lofo.py --chains DIR [--clean DIR] [--out DIR] [--steps 500] [--threads 1]
         [--init efficientnet-lite0:2 --n-crops 24 --delivery-kind web --delivery-jpeg 1 --context]
+        [--web-history 0.5 --exclude-family codec]
         [--eval EVAL/stored --eval-storage "jpeg q90 4:2:0"]
 
 For every family: train without it (short run of the recipe the options describe), score that
@@ -47,6 +48,11 @@ def main() -> None:
                     help="as collapseguard train --delivery-kind (shipped: web)")
     ap.add_argument("--delivery-jpeg", type=float, default=0.5,
                     help="as collapseguard train --delivery-jpeg (shipped: 1)")
+    ap.add_argument("--web-history", type=float, default=0.0,
+                    help="as collapseguard train --web-history (shipped: 0.5)")
+    ap.add_argument("--exclude-family", action="append", default=[],
+                    help="as collapseguard train --exclude-family: no run trains on it (shipped: codec); "
+                         "it is still left out and scored in its turn")
     ap.add_argument("--eval", default=None, help="also score each left-out family on this chain "
                     "manifest (folder or file), e.g. the evaluation set's EVAL/stored")
     ap.add_argument("--eval-storage", default="jpeg q90 4:2:0",
@@ -68,6 +74,7 @@ def main() -> None:
     cfg = TrainConfig(iterations=args.steps, seed=args.seed, threads=args.threads, log_every=100,
                       generic_ladders=args.generic_ladders, init="imagenet" if args.init else "",
                       delivery_kind=args.delivery_kind, delivery_jpeg=args.delivery_jpeg,
+                      web_history=args.web_history,
                       net=NetConfig(crop_size=args.crop_size, width=args.width, n_crops=args.n_crops,
                                     context=args.context, stem=args.init or ""))
     eval_chains = None
@@ -82,7 +89,7 @@ def main() -> None:
     res = lofo(args.chains, args.out, cfg, clean_dirs=args.clean,
                families=args.families.split(",") if args.families else None, cache_dir=args.cache,
                clean_variants_n=args.clean_variants, crops_per_bank_image=args.bank_crops,
-               shared_clean=args.shared_clean, eval_chains=eval_chains)
+               shared_clean=args.shared_clean, eval_chains=eval_chains, exclude=args.exclude_family)
     cols = ["family", "n_chains_heldout", "heldout_auroc_0v5", "heldout_auroc_0v10",
             "n_chains_all", "all_auroc_0v5", "all_auroc_0v10"]
     if eval_chains is not None:

@@ -41,14 +41,15 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
          steps: Sequence[int] = (5, 10), log: Callable[[str], None] = print,
          cache_dir: str | Path | None = None, clean_variants_n: int = 4,
          crops_per_bank_image: int = 48, shared_clean: str = "drop",
-         eval_chains: pd.DataFrame | None = None) -> pd.DataFrame:
+         eval_chains: pd.DataFrame | None = None, exclude: Sequence[str] = ()) -> pd.DataFrame:
     """Run the study; returns one row per family (also ``out_dir/lofo.json``, rewritten after
     every family so a partial run leaves its results). ``clean_variants_n``: images made from
     each clean file (1 = the file as it is, no camera-like grain/JPEG variants);
     ``crops_per_bank_image``: the crop bank's crops per image (shipped recipe: 48);
     ``shared_clean``: "drop" (default) or "keep" the clean files of held-out chains' pictures;
     ``eval_chains``: more chains to score each left-out family on (columns family, step, path,
-    chain_id), reported as ``eval_auroc_0v<k>``; NaN for a family it lacks."""
+    chain_id), reported as ``eval_auroc_0v<k>``; NaN for a family it lacks; ``exclude``: families
+    no run trains on (a recipe's ``--exclude-family``), each still left out and scored in turn."""
     from collapseguard.detectors.cnn import CNNDetector
     from collapseguard.detectors.cnn_model import save_net
 
@@ -73,9 +74,13 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
     for fam in families:
         t0 = time.time()
         log(f"== leave out {fam}")
-        net, hist = train_net(chain_bank.subset(chain_bank.meta["family"] != fam), clean_bank, cfg, log=log)
+        never = sorted({fam, *exclude})
+        bank = chain_bank.subset(~chain_bank.meta["family"].isin(never))
+        if not len(bank.meta):
+            raise ValueError(f"leaving out {', '.join(never)} leaves no chain images to train on")
+        net, hist = train_net(bank, clean_bank, cfg, log=log)
         w = out_dir / f"lofo_without_{fam}.safetensors"
-        save_net(net, w, metadata={"excluded_families": [fam]})
+        save_net(net, w, metadata={"excluded_families": never})
         det = CNNDetector(weights=w, device="cpu")
         fdf = df[(df["family"] == fam) & df["step"].isin([0, *steps])].copy()
         fdf["score"] = score_paths(det, fdf["path"].tolist())
@@ -98,5 +103,6 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
         log(json.dumps(json_ready(rec)))
         write_summary({"config": cfg.to_dict(), "clean_variants": clean_variants_n,
                        "bank_crops": crops_per_bank_image, "shared_clean": shared_clean,
+                       "exclude": sorted(exclude),
                        "clean_left_out": left_out, "rows": rows}, out_dir / "lofo.json")
     return pd.DataFrame(rows)
