@@ -1,7 +1,7 @@
 """Rank figures of comparator weights on an evaluation set's chains, grouped by picture.
 
     python recipes/compare_eval.py EVAL/stored/manifest.csv --work WORK [--weights W.safetensors ...]
-        [--max-step 10] [--workers 2]
+        [--max-step 10] [--workers 2] [--psnr-bands 30,35,40,45]
 
 Every chain image at steps <= ``--max-step`` (every storage) is described once by the comparator's
 own cnn and the ``pair_features`` ladder (``Comparator.describe``, all features), cached in WORK
@@ -12,6 +12,10 @@ picture (all its families and storages, as ``dedup`` would group them) are ranke
 ``group_utilities`` at the largest scale all of them reach, and per family it prints how often
 step 0 ranks below a step >= 3 image of the same family and how often step 1 ranks below step 5
 (every storage on either side), with the worst family and the mean of each.
+
+``--psnr-bands`` also splits the step 0 vs step >= 3 pairs by how much the damage changed the
+picture: the PSNR between the two steps as stored in PNG (``content_psnr``, cached in WORK), so
+misses on pairs the damage barely touched can be told from misses on visible damage.
 
 This is the ranking half of ``benchmarks/dedup_scale.py --chains`` with grouping taken as perfect
 (each picture is one group, no harmless copies or unrelated pictures), so the figures are close to
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -75,17 +80,79 @@ def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
     return rows, cnn, lad
 
 
-def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.ndarray,
-                 s: np.ndarray) -> dict:
-    """Per family, the share of (step 0, step >= 3) and (step 1, step 5) pairs of one picture
-    ranked right by ``group_utilities`` over the picture's images; [share, pairs]. ``rows``'
-    index gives each image's position in ``cnn`` and ``lad`` (a subset of rows ranks a subset)."""
+def utilities(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Each image's utility among its picture's images (``group_utilities``), by rows' index."""
     from collapseguard.detectors.compare import group_utilities
 
     u = np.full(len(cnn), np.nan)  # by rows' index: the images' positions in cnn and lad
     for _, g in rows.groupby("source_image"):
         idx = g.index.to_numpy()
         u[idx] = group_utilities([{"cnn": cnn[i], "ladder": lad[i]} for i in idx], w, s)
+    return u
+
+
+def content_psnr(rows: pd.DataFrame, work: Path) -> dict:
+    """PSNR (dB) between two steps of one chain as stored in PNG: how much the damage changed the
+    picture, storage aside; ``{(chain, step_a, step_b): dB}`` for every two steps, both orders.
+    The chain is the manifest's ``stored_from`` (the chain every storage was made from). The
+    later image is resized to the earlier one's size when they differ (bicubic). Cached in WORK."""
+    from PIL import Image
+
+    from collapseguard.images import load_image
+
+    origin = rows["stored_from"] if "stored_from" in rows else rows["chain_id"]
+    png = rows[rows["storage"] == "png"] if "storage" in rows else rows
+    key = hashlib.sha256(repr(sorted(zip(png["path"], origin[png.index], png["step"]))).encode()).hexdigest()[:12]
+    cache = work / f"eval-psnr-{key}.csv"
+    if cache.exists():
+        t = pd.read_csv(cache)
+    else:
+        recs = []
+        for chain, g in png.groupby(origin[png.index]):
+            imgs = {int(st): load_image(p).astype(np.float64) for st, p in zip(g["step"], g["path"])}
+            for a in imgs:
+                for b in imgs:
+                    if a < b:
+                        x, y = imgs[a], imgs[b]
+                        if x.shape != y.shape:
+                            y = np.asarray(Image.fromarray(y.astype(np.uint8)).resize(
+                                (x.shape[1], x.shape[0]), Image.Resampling.BICUBIC), np.float64)
+                        mse = max(float(np.mean((x - y) ** 2)), 1e-10)
+                        recs.append({"chain": chain, "a": a, "b": b, "db": 10 * np.log10(255.0 ** 2 / mse)})
+        t = pd.DataFrame(recs, columns=["chain", "a", "b", "db"])
+        work.mkdir(parents=True, exist_ok=True)
+        t.to_csv(cache, index=False)
+    out = {}
+    for r in t.itertuples():
+        out[(r.chain, r.a, r.b)] = out[(r.chain, r.b, r.a)] = float(r.db)
+    return out
+
+
+def psnr_band_figures(rows: pd.DataFrame, u: np.ndarray, psnr: dict, bands: list[float]) -> dict:
+    """Step 0 vs step >= 3 pairs (as ``rank_figures``) per family and per band of their content
+    PSNR (``content_psnr``; band edges in dB): [share ordered right, pairs] per band."""
+    origin = rows["stored_from"] if "stored_from" in rows else rows["chain_id"]
+    edges = [-np.inf, *sorted(bands), np.inf]
+    names = [f"<{edges[1]:g}", *(f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(edges[1:-1])), f">={edges[-2]:g}"]
+    right = defaultdict(lambda: defaultdict(list))
+    for (_, fam), g in rows.groupby(["source_image", "family"]):
+        for i in g.index[g["step"] == 0]:
+            for j in g.index[g["step"] >= 3]:
+                db = psnr.get((origin[i], int(rows.at[i, "step"]), int(rows.at[j, "step"])))
+                if db is None:
+                    continue
+                band = names[int(np.searchsorted(edges, db, side="right")) - 1]
+                right[fam][band].append(u[i] < u[j])
+    return {fam: {b: [round(float(np.mean(v)), 3), len(v)] for b in names if (v := by[b])}
+            for fam, by in sorted(right.items())}
+
+
+def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.ndarray,
+                 s: np.ndarray) -> dict:
+    """Per family, the share of (step 0, step >= 3) and (step 1, step 5) pairs of one picture
+    ranked right by ``group_utilities`` over the picture's images; [share, pairs]. ``rows``'
+    index gives each image's position in ``cnn`` and ``lad`` (a subset of rows ranks a subset)."""
+    u = utilities(rows, cnn, lad, w, s)
     right0, right15 = defaultdict(list), defaultdict(list)
     for (_, fam), g in rows.groupby(["source_image", "family"]):
         step, ug = g["step"].to_numpy(), u[g.index.to_numpy()]
@@ -108,6 +175,9 @@ def main(argv=None) -> int:
                     help="comparator weights files (default: the packaged ones)")
     ap.add_argument("--max-step", type=int, default=10)
     ap.add_argument("--workers", type=int, default=1, help="processes that describe the images")
+    ap.add_argument("--psnr-bands", default="",
+                    help="band edges in dB, e.g. 35,40: also print step 0 vs >= 3 per family in bands "
+                         "of the two steps' PSNR as PNG (how much the damage changed the picture)")
     args = ap.parse_args(argv)
     if args.max_step < 5:
         ap.error("--max-step: at least 5 (the figures compare step 0 with steps >= 3, step 1 with step 5)")
@@ -116,6 +186,11 @@ def main(argv=None) -> int:
 
     rows, cnn, lad = describe_manifest(args.manifest, Path(args.work), args.max_step, args.workers)
     own = comparator_cnn().version
+    try:
+        bands = [float(b) for b in args.psnr_bands.split(",") if b.strip()]
+    except ValueError:
+        ap.error(f"--psnr-bands: numbers in dB separated by commas, got {args.psnr_bands!r}")
+    psnr = content_psnr(rows, Path(args.work)) if bands else {}
     for path in args.weights:
         t = load_weights(path)
         fitted_on = t["meta"].get("cnn")
@@ -124,6 +199,9 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             continue
         figures = rank_figures(rows, cnn, lad, t["w"], t["s"])
+        if bands:
+            figures["step0_vs_ge3_by_psnr"] = psnr_band_figures(rows, utilities(rows, cnn, lad, t["w"], t["s"]),
+                                                                psnr, bands)
         print(json.dumps({"weights": path or "packaged", "version": t["version"],
                           "inputs": t["meta"].get("inputs"), **figures}))
     return 0

@@ -172,3 +172,27 @@ def test_compare_pairnet_learns_the_labelled_direction_is_antisymmetric_and_relo
     assert ab > 0 and abs(ab + ba) < 1e-5  # swapping the pair negates the logit
     small = rec.reduced(b, 40)  # a reduced copy is aligned to the other's size
     assert max(small.shape[:2]) == 40 and rec.aligned(a, small).shape == a.shape
+
+
+def test_compare_eval_bands_pairs_by_how_much_the_damage_changed_the_picture(tmp_path, recipe_script, capsys):
+    from PIL import Image
+
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=4, steps=(0, 1, 3, 5), families=("noise",))
+    rec = recipe_script("compare_eval.py")
+    rows, cnn, lad = rec.describe_manifest(str(chains / "manifest.csv"), tmp_path / "work", 10, 1)
+    psnr = rec.content_psnr(rows, tmp_path / "work")
+    a, b = (np.asarray(Image.open(chains / "noise" / f"noise-0_{k}.png"), np.float64) for k in (0, 5))
+    want = 10 * np.log10(255.0 ** 2 / np.mean((a - b) ** 2))
+    assert psnr[("noise-0", 0, 5)] == psnr[("noise-0", 5, 0)] == pytest.approx(want)
+    assert psnr[("noise-0", 0, 3)] > psnr[("noise-0", 0, 5)]  # more noise, further from step 0
+    t = load_weights()
+    u = rec.utilities(rows, cnn, lad, t["w"], t["s"])
+    cut = float(np.median([psnr[(f"noise-{i}", 0, k)] for i in range(4) for k in (3, 5)]))
+    bands = rec.psnr_band_figures(rows, u, psnr, [cut])["noise"]
+    assert sum(n for _, n in bands.values()) == 4 * 2  # every step 0 vs >= 3 pair, in one band
+    assert set(bands) == {f"<{cut:g}", f">={cut:g}"}
+    assert rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"), "--psnr-bands", "30,40"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sum(n for _, n in printed["step0_vs_ge3_by_psnr"]["noise"].values()) == 8
+    with pytest.raises(SystemExit):
+        rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"), "--psnr-bands", "3O"])
