@@ -117,12 +117,20 @@ class PairNet(nn.Module):
         return d.reshape(p, n).mean(1)
 
 
-def load_chains(manifests: list[str], side: int, seed: int) -> tuple[pd.DataFrame, list, list]:
+def load_chains(manifests: list[str], side: int, seed: int,
+                families: list[str] | None = None) -> tuple[pd.DataFrame, list, list]:
+    """The manifests' chain images (only ``families`` when given, in the manifests' order), each
+    reduced, as made and as one harmless copy."""
     from collapseguard.dedup.copies import random_copy
     from collapseguard.images import load_image
     from collapseguard.training_data_tools.manifest import read_manifest, source_bucket
 
     rows = pd.concat([read_manifest(m) for m in manifests], ignore_index=True)
+    if families:
+        missing = sorted(set(families) - set(rows["family"]))
+        if missing:
+            raise SystemExit(f"--families: no chains of {', '.join(missing)} in the manifests")
+        rows = rows[rows["family"].isin(families)].reset_index(drop=True)
     rng = np.random.default_rng(seed)
     made, copy = [], []
     t0 = time.time()
@@ -242,16 +250,18 @@ def main(argv=None) -> int:
     ap.add_argument("--crops", type=int, default=8)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--families", default="", help="train and measure on these families only (comma-separated)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(repr((sorted(args.manifests), args.steps, args.batch, args.side, args.crop,
-                               args.crops, args.width, args.seed)).encode()).hexdigest()[:12]
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    what = (sorted(args.manifests), args.steps, args.batch, args.side, args.crop, args.crops, args.width, args.seed)
+    key = hashlib.sha256(repr(what + ((sorted(families),) if families else ())).encode()).hexdigest()[:12]
     weights = work / f"pairnet-{key}.pt"
-    rows, made, copy = load_chains(args.manifests, args.side, args.seed)
+    rows, made, copy = load_chains(args.manifests, args.side, args.seed, families)
     net = PairNet(args.width)
     if weights.exists():
         net.load_state_dict(torch.load(weights, weights_only=True))

@@ -196,3 +196,18 @@ def test_compare_eval_bands_pairs_by_how_much_the_damage_changed_the_picture(tmp
     assert sum(n for _, n in printed["step0_vs_ge3_by_psnr"]["noise"].values()) == 8
     with pytest.raises(SystemExit):
         rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"), "--psnr-bands", "3O"])
+
+
+def test_compare_pairnet_families_read_what_a_filtered_manifest_reads(tmp_path, recipe_script):
+    import pandas as pd
+
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=3, steps=(0, 1, 3), families=("noise", "grain2"))
+    m = pd.read_csv(chains / "manifest.csv")
+    m[m["family"] == "grain2"].to_csv(chains / "grain2.csv", index=False)
+    rec = recipe_script("compare_pairnet.py")
+    rows_f, made_f, copy_f = rec.load_chains([str(chains / "grain2.csv")], 64, 0)
+    rows, made, copy = rec.load_chains([str(chains / "manifest.csv")], 64, 0, ["grain2"])
+    assert list(rows["path"]) == list(rows_f["path"]) and len(rows) == 9
+    assert all(np.array_equal(a, b) for a, b in zip(made + copy, made_f + copy_f))  # the same copies too
+    with pytest.raises(SystemExit, match="no chains of nope"):
+        rec.load_chains([str(chains / "manifest.csv")], 64, 0, ["grain2", "nope"])
