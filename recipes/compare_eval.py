@@ -129,22 +129,27 @@ def content_psnr(rows: pd.DataFrame, work: Path) -> dict:
 
 
 def psnr_band_figures(rows: pd.DataFrame, u: np.ndarray, psnr: dict, bands: list[float]) -> dict:
-    """Step 0 vs step >= 3 pairs (as ``rank_figures``) per family and per band of their content
-    PSNR (``content_psnr``; band edges in dB): [share ordered right, pairs] per band."""
+    """Step 0 vs step >= 3 pairs of one chain (as ``rank_figures``, every storage) per family and
+    per band of their content PSNR (``content_psnr``; band edges in dB): [share ordered right,
+    pairs] per band; ``pairs_without_psnr`` counts the pairs left out (two chains of one picture
+    and family, or a step without a PNG copy)."""
     origin = rows["stored_from"] if "stored_from" in rows else rows["chain_id"]
     edges = [-np.inf, *sorted(bands), np.inf]
     names = [f"<{edges[1]:g}", *(f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(edges[1:-1])), f">={edges[-2]:g}"]
     right = defaultdict(lambda: defaultdict(list))
+    unmatched = 0
     for (_, fam), g in rows.groupby(["source_image", "family"]):
         for i in g.index[g["step"] == 0]:
             for j in g.index[g["step"] >= 3]:
                 db = psnr.get((origin[i], int(rows.at[i, "step"]), int(rows.at[j, "step"])))
-                if db is None:
+                if origin[i] != origin[j] or db is None:  # two chains of one picture: no PSNR
+                    unmatched += 1
                     continue
                 band = names[int(np.searchsorted(edges, db, side="right")) - 1]
                 right[fam][band].append(u[i] < u[j])
-    return {fam: {b: [round(float(np.mean(v)), 3), len(v)] for b in names if (v := by[b])}
-            for fam, by in sorted(right.items())}
+    out = {fam: {b: [round(float(np.mean(v)), 3), len(v)] for b in names if (v := by[b])}
+           for fam, by in sorted(right.items())}
+    return {**out, "pairs_without_psnr": unmatched}
 
 
 def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.ndarray,
@@ -160,11 +165,17 @@ def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.nda
         right15[fam] += list((ug[step == 1][:, None] < ug[step == 5][None, :]).ravel())
     out = {}
     for name, right in (("step0_vs_ge3", right0), ("step1_vs_5", right15)):
-        fams = {f: [round(float(np.mean(v)), 3), len(v)] for f, v in sorted(right.items()) if v}
-        out[name] = fams  # families without such pairs are left out; None when none has any
-        out[name + "_worst"] = min(v[0] for v in fams.values()) if fams else None
-        out[name + "_mean"] = round(float(np.mean([v[0] for v in fams.values()])), 3) if fams else None
+        out[name], out[name + "_worst"], out[name + "_mean"] = shares(right)
     return out
+
+
+def shares(right: dict) -> tuple[dict, float | None, float | None]:
+    """``({family: [share right, pairs]}, worst share, mean share)`` of per-family lists of
+    booleans; families without pairs are left out, worst and mean are None when none has any."""
+    fams = {f: [round(float(np.mean(v)), 3), len(v)] for f, v in sorted(right.items()) if v}
+    if not fams:
+        return fams, None, None
+    return fams, min(v[0] for v in fams.values()), round(float(np.mean([v[0] for v in fams.values()])), 3)
 
 
 def main(argv=None) -> int:
@@ -200,8 +211,8 @@ def main(argv=None) -> int:
             continue
         figures = rank_figures(rows, cnn, lad, t["w"], t["s"])
         if bands:
-            figures["step0_vs_ge3_by_psnr"] = psnr_band_figures(rows, utilities(rows, cnn, lad, t["w"], t["s"]),
-                                                                psnr, bands)
+            u = utilities(rows, cnn, lad, t["w"], t["s"])
+            figures["step0_vs_ge3_by_psnr"] = psnr_band_figures(rows, u, psnr, bands)
         print(json.dumps({"weights": path or "packaged", "version": t["version"],
                           "inputs": t["meta"].get("inputs"), **figures}))
     return 0

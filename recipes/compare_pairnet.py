@@ -27,7 +27,7 @@ dots), which a per-image score reads the same way.
   packaged comparator's utilities on the same pairs (``compare_eval.describe_manifest``
   descriptions, cached in ``--eval-work``).
 
-The net's weights go to ``WORK/pairnet-KEY.pt`` (KEY: the manifests and the training options); a
+The net's weights go to ``WORK/pairnet-KEY.pt`` (KEY: the chains read and the training options); a
 rerun with the same arguments loads them instead of training. The figures are a measurement, not
 a shipped model (docs/DEDUP.md has them).
 """
@@ -149,6 +149,8 @@ def train(net: PairNet, rows: pd.DataFrame, made: list, copy: list, steps: int, 
     rng = np.random.default_rng(seed + 1)
     fit = rows[~rows["held_out"]]
     chains = [g.index.to_numpy() for _, g in fit.groupby("chain_id") if g["step"].nunique() > 1]
+    if not chains:
+        raise SystemExit("no chain of the fit part has two steps: nothing to train on")
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
     t0, run = time.time(), []
@@ -190,9 +192,10 @@ def pair_logits(net: PairNet, pairs: list[tuple[np.ndarray, np.ndarray]], crop: 
 
 
 def figures(right: dict) -> dict:
-    fams = {f: [round(float(np.mean(v)), 3), len(v)] for f, v in sorted(right.items()) if v}
-    return {"by_family": fams, "worst": min(v[0] for v in fams.values()),
-            "mean": round(float(np.mean([v[0] for v in fams.values()])), 3)}
+    from compare_eval import shares
+
+    fams, worst, mean = shares(right)
+    return {"by_family": fams, "worst": worst, "mean": mean}
 
 
 def held_out_figures(net, rows, made, copy, crop, crops) -> dict:
@@ -212,19 +215,18 @@ def held_out_figures(net, rows, made, copy, crop, crops) -> dict:
 def eval_figures(net, manifest: str, work: Path, side: int, crop: int, crops: int) -> dict:
     """The evaluation set's chains, every storage on either side: the net and the packaged
     comparator's utilities on the same pairs."""
-    from compare_eval import describe_manifest
+    from compare_eval import describe_manifest, utilities
 
-    from collapseguard.detectors.compare import group_utilities, load_weights
+    from collapseguard.detectors.compare import load_weights
     from collapseguard.images import load_image
 
     rows, cnn, lad = describe_manifest(manifest, work, 10, 1)
     t = load_weights(None)
+    u = utilities(rows, cnn, lad, t["w"], t["s"])
     right = {(who, name): defaultdict(list) for who in ("pairnet", "packaged")
              for name in ("step0_vs_ge3", "step1_vs_5")}
     for _, g in rows.groupby("source_image"):
-        idx = g.index.to_numpy()
-        u = dict(zip(idx, group_utilities([{"cnn": cnn[i], "ladder": lad[i]} for i in idx], t["w"], t["s"])))
-        img = {i: reduced(load_image(rows.at[i, "path"]), side) for i in idx}
+        img = {i: reduced(load_image(rows.at[i, "path"]), side) for i in g.index}
         for fam, f in g.groupby("family"):
             for name, lo, hi in (("step0_vs_ge3", f[f.step == 0], f[f.step >= 3]),
                                  ("step1_vs_5", f[f.step == 1], f[f.step == 5])):
@@ -250,7 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--crops", type=int, default=8)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--families", default="", help="train and measure on these families only (comma-separated)")
+    ap.add_argument("--families", default="", help="train on these families only, and give held-out figures of them "
+                         "(comma-separated; --eval figures keep every family)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -258,10 +261,11 @@ def main(argv=None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
-    what = (sorted(args.manifests), args.steps, args.batch, args.side, args.crop, args.crops, args.width, args.seed)
-    key = hashlib.sha256(repr(what + ((sorted(families),) if families else ())).encode()).hexdigest()[:12]
-    weights = work / f"pairnet-{key}.pt"
     rows, made, copy = load_chains(args.manifests, args.side, args.seed, families)
+    # the chains read (not the manifests' names) and the training options
+    data = rows[["chain_id", "family", "step", "path"]].to_csv(index=False)
+    what = (data, args.steps, args.batch, args.side, args.crop, args.crops, args.width, args.seed)
+    weights = work / f"pairnet-{hashlib.sha256(repr(what).encode()).hexdigest()[:12]}.pt"
     net = PairNet(args.width)
     if weights.exists():
         net.load_state_dict(torch.load(weights, weights_only=True))

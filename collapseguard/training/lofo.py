@@ -56,6 +56,9 @@ def lofo(chain_dirs: Sequence[str | Path], out_dir: str | Path, cfg: TrainConfig
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     df = load_chains(chain_dirs)
+    unknown = set(exclude) - set(df["family"])
+    if unknown:
+        raise ValueError(f"exclude: {sorted(unknown)} not among families {sorted(set(df['family']))}")
     train_df, test_df = split_chains(df)
     test_sources = set(test_df["source_image"])
     if shared_clean not in ("drop", "keep"):
