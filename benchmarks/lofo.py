@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--shared-clean", choices=("drop", "keep"), default="drop",
                     help="a --clean file whose picture is a held-out chain source: drop (default, as "
                          "collapseguard train and recipes/train_cnn.sh) or keep (train on them)")
-    ap.add_argument("--init", default=None, metavar="efficientnet-lite0[:N]",
+    ap.add_argument("--init", default=None, metavar="efficientnet-liteV[:N]",
                     help="start from ImageNet weights as collapseguard train --init (shipped: efficientnet-lite0:2)")
     ap.add_argument("--delivery-kind", choices=("jpeg", "web"), default="jpeg",
                     help="as collapseguard train --delivery-kind (shipped: web)")
@@ -65,10 +65,11 @@ def main() -> None:
     from collapseguard.training_data_tools.manifest import read_manifest
 
     if args.init:  # the registry package is there: say so now, not after the crop banks
-        from collapseguard.training.pretrained import lite0_weights_path
+        from collapseguard.detectors.lite_stem import parse_stem
+        from collapseguard.training.pretrained import weights_path
 
         try:
-            lite0_weights_path()
+            weights_path(parse_stem(args.init)[0])
         except ValueError as exc:
             ap.error(str(exc))
     cfg = TrainConfig(iterations=args.steps, seed=args.seed, threads=args.threads, log_every=100,

