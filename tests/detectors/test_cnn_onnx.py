@@ -117,13 +117,13 @@ def test_a_stale_shipped_graph_is_not_used(monkeypatch, photos):
     assert list(cache_dir().glob(f"{meta['weights_sha256'][:32]}-kdefault-*.onnx"))
 
 
-def _random_weights(path: Path, **options) -> Path:
+def _random_weights(path: Path, noise=0.3, **options) -> Path:
     torch.manual_seed(0)
     cfg = {"width": 6, "crop_size": 32, "n_crops": 4, **options}
     net = DegradationNet(NetConfig(**cfg))
     with torch.no_grad():  # weights far from zero, so a wrongly exported branch shows
         for p in net.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+            p.add_(torch.randn_like(p) * noise)
         net.agg.copy_(torch.tensor([0.7, 0.4, 0.1]))
     save_net(net, path)
     return path
@@ -140,11 +140,14 @@ def test_every_network_option_exports_to_the_same_scores(tmp_path, photos, optio
     np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
 
 
-def test_the_imagenet_stem_exports_and_its_batch_norms_stay_in_eval_mode(tmp_path, photos):
+@pytest.mark.parametrize("stem,noise", [("efficientnet-lite0:2", 0.3), ("efficientnet-lite2:7", 0.05)])
+def test_the_imagenet_stem_exports_and_its_batch_norms_stay_in_eval_mode(tmp_path, photos, stem, noise):
     # the stem folds batch norm into its convolutions at run time; the exporter restores each
     # module's training flag afterwards, so a wrapper left in training mode would put the stem's
-    # batch norms on batch statistics and the check would compare against the wrong scores
-    w = _random_weights(tmp_path / "w.safetensors", stem="efficientnet-lite0:2", context=True, n_crops=3)
+    # batch norms on batch statistics and the check would compare against the wrong scores.
+    # (a smaller noise keeps the deeper random body's scores at trained weights' size, about +-10,
+    # where the absolute tolerance is meant to hold)
+    w = _random_weights(tmp_path / "w.safetensors", noise=noise, stem=stem, context=True, n_crops=3)
     ref = create(f"cnn:{w}", device="cpu", runtime="torch")
     onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
     a, b = onnx.score(photos[:3]), ref.score(photos[:3])
