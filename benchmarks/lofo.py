@@ -65,11 +65,10 @@ def main() -> None:
     from collapseguard.training_data_tools.manifest import read_manifest
 
     if args.init:  # the registry package is there: say so now, not after the crop banks
-        from collapseguard.detectors.lite_stem import parse_stem
         from collapseguard.training.pretrained import weights_path
 
         try:
-            weights_path(parse_stem(args.init)[0])
+            weights_path(args.init)
         except ValueError as exc:
             ap.error(str(exc))
     cfg = TrainConfig(iterations=args.steps, seed=args.seed, threads=args.threads, log_every=100,

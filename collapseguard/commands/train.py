@@ -157,11 +157,10 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if init:
-        from collapseguard.detectors.lite_stem import parse_stem
         from collapseguard.training.pretrained import weights_path
 
         try:
-            weights_path(parse_stem(init)[0])  # the package is there: say so now, not after the crop banks
+            weights_path(init)  # the package is there: say so now, not after the crop banks
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     try:

@@ -30,8 +30,8 @@ def package(variant: str) -> str:
 
 
 def weights_path(variant: str = "efficientnet-lite0") -> Path:
-    """The ImageNet weights file inside ``variant``'s package (a clear error when the package is
-    not installed)."""
+    """The ImageNet weights file inside ``variant``'s package; ``variant`` may be a whole stem spec
+    ("efficientnet-lite1:5"). A ValueError names a bad spec or a package that is not installed."""
     variant = parse_stem(variant)[0]  # "efficientnet-lite1:5" names the same package as "efficientnet-lite1"
     digit = variant[-1]
     try:
