@@ -66,6 +66,49 @@ def test_every_import_points_down_or_sideways():
     assert not wrong, "\n".join(wrong)
 
 
+def sideways_graph() -> dict[str, set[str]]:
+    """Which top-level parts of one layer each part imports (lazily or not)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        parts = list(rel.parts)
+        if parts == ["__init__"]:
+            continue
+        for target, _ in imported_parts(ast.parse(path.read_text()), parts[:-1]):
+            if target != parts[0] and layer_of(target) == layer_of(parts[0]):
+                graph.setdefault(parts[0], set()).add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle, each as the path that closes it (depth-first)."""
+    found, done = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                walk(nxt, path + [nxt])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            walk(start, [start])
+    return found
+
+
+def test_sideways_imports_form_no_cycle():
+    """Within a layer imports may go sideways, but one way: two features that import each other
+    are one feature, or share something that belongs a layer down."""
+    assert not cycles(sideways_graph()), cycles(sideways_graph())
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"audit": {"dedup"}, "dedup": {"audit"}}) == [["audit", "dedup", "audit"]]
+    assert cycles({"audit": {"dedup"}, "dedup": {"filter"}}) == []
+
+
 def test_the_walk_sees_lazy_and_upward_imports():
     tree = ast.parse("def f():\n    from collapseguard.commands import x\n")
     assert imported_parts(tree, ["io"]) == [("commands", 2)]

@@ -18,9 +18,8 @@ import pandas as pd
 from collapseguard.audit import stats
 from collapseguard.dedup.gallery import STYLE as GROUPS_STYLE
 from collapseguard.images import ALPHA_BACKGROUND
+from collapseguard.scoring.readback import CSP
 
-CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
-       "form-action 'none'")
 MAX_TABLE_ROWS = 200
 
 STYLE = """

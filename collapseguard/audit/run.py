@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.audit import gallery, stats
+from collapseguard.audit import stats
 from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
 from collapseguard.calibration.files import (
@@ -43,6 +43,7 @@ from collapseguard.calibration.files import (
 from collapseguard.errors import CollapseguardError, missing_extra
 from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import printable
+from collapseguard.scoring import readback
 from collapseguard.scoring.run import csv_text, run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
@@ -203,19 +204,19 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) ->
     nth = shard_positions(df, select)
 
     def prepare(img):  # thumbnail and crop made as each image is read: the image is not kept
-        crop, (y, x) = gallery.detail_crop(img, options.crop_size)
-        return {"thumb": gallery.thumb_uri(gallery.thumbnail(img)), "crop": gallery.png_uri(crop),
+        crop, (y, x) = readback.detail_crop(img, options.crop_size)
+        return {"thumb": readback.thumb_uri(readback.thumbnail(img)), "crop": readback.png_uri(crop),
                 "crop_at": (y, x), "crop_size": (crop.shape[1], crop.shape[0]),
                 "alpha": bool(img.ndim == 3 and img.shape[2] == 4)}  # shown on a checkerboard
 
-    fetched = gallery.fetch_samples(
+    fetched = readback.fetch_samples(
         ((df.at[i, "source"], df.at[i, "key"], str(df.at[i, "image"] or ""), nth[i]) for i in sorted(wanted)),
         prepare=prepare, image_column=options.image_column)
     cards: dict[int, dict] = {}
     compared = [c[len("score:"):] for c in df.columns if c.startswith("score:")]
     for i in sorted(wanted):
         row = df.loc[i]
-        f = fetched.get((row["source"], row["key"], nth[i]), gallery.Fetched(error="not read"))
+        f = fetched.get((row["source"], row["key"], nth[i]), readback.Fetched(error="not read"))
         card = {"source": str(row["source"]), "key": str(row["key"]), "score": float(row["score"]),
                 "flagged": bool(row["flagged"]), "step": float(row["equivalent_step"]),
                 "width": int(row["width"] or 0), "height": int(row["height"] or 0),
@@ -357,19 +358,21 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         if missing_extra(exc) is None:
             raise
     else:
-        figures["scores"] = gallery.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")
+        figures["scores"] = readback.data_uri(plots.score_histogram(s, threshold, det.name), "image/png")
         if has_step:
-            figures["steps"] = gallery.data_uri(plots.step_histogram(df["equivalent_step"], fl),
+            figures["steps"] = readback.data_uri(plots.step_histogram(df["equivalent_step"], fl),
                                                 "image/png")
         for c in comparisons:
-            figures[f"compare:{c.name}"] = gallery.data_uri(plots.compare_scatter(
+            figures[f"compare:{c.name}"] = readback.data_uri(plots.compare_scatter(
                 s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
     groups_html = None
     if group_rows is not None:
         from collapseguard.dedup.gallery import render_groups
         _log("reading the near-duplicate groups to show", quiet)
+        # a groups table is a file, not a command line: only the pipe: commands among this
+        # audit's own inputs are run again to show their copies
         groups_html, shown = render_groups(group_rows, options.gallery_size, options.image_column,
-                                           heading="h3")
+                                           heading="h3", pipes=set(inputs) | set(df["source"]))
         summary["groups"] = {"table": str(options.groups), "shown": shown}
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)

@@ -43,7 +43,8 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.option("--groups", default=None, metavar="PATH",
               help="A groups.parquet made by `collapseguard dedup`: the report adds a section "
                    "with up to --gallery-size of its groups (those with a degraded copy first), "
-                   "each copy beside the kept one at 1:1 crops.")
+                   "each copy beside the kept one at 1:1 crops. A pipe: source in the table is "
+                   "run only if it is one of INPUTS.")
 @no_pipe_option()
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")

@@ -5,18 +5,19 @@ Groups with a degraded copy come first, then the largest. Each group is a row: t
 then the others by rank, each with a thumbnail and a 1:1 crop (not resampled, stored as PNG) of
 the same part of the picture (the kept copy's most textured window, at the same relative place in
 each copy), its key, decision, rank and P(more degraded than the kept copy). Only the images
-shown are read back (``audit.gallery.fetch_samples``: each shard streamed once).
+shown are read back (``scoring.readback.fetch_samples``: each shard streamed once).
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from collapseguard.audit.gallery import detail_window, fetch_samples, jpeg_uri, png_uri, thumbnail
+from collapseguard.scoring.readback import CSP, detail_window, fetch_samples, jpeg_uri, png_uri, thumbnail
 from collapseguard.errors import CollapseguardError
 from collapseguard.io.atomic import replaced_when_done
 
@@ -76,12 +77,14 @@ def read_groups(groups_parquet: str | Path) -> list[dict]:
 
 
 def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | None = None,
-                  heading: str = "h2") -> tuple[str, int]:
+                  heading: str = "h2", pipes: Collection[str] | None = None) -> tuple[str, int]:
     """The groups of ``rows`` (from ``read_groups``) as an HTML fragment inside
-    ``<div class=cg-groups>`` (styled by ``STYLE``), and the number of groups shown."""
+    ``<div class=cg-groups>`` (styled by ``STYLE``), and the number of groups shown. ``pipes``:
+    the ``pipe:`` sources that may be run to read the copies back (None: any; see
+    ``scoring.readback.fetch_samples``)."""
     shown = pick_groups(rows, max_groups)
     fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms],
-                            image_column=image_column)
+                            image_column=image_column, pipes=pipes)
     parts = []
     for ms in shown:
         kept = fetched.get((ms[0]["source"], ms[0]["key"], 0))
@@ -113,7 +116,9 @@ def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: 
     """Write the gallery; returns the number of groups shown. ``image_column``: the image column
     of Parquet sources (None: found as ``score`` finds it)."""
     body, n = render_groups(read_groups(groups_parquet), max_groups, image_column)
-    page = ("<!doctype html><meta charset=utf-8><title>dedup groups</title><style>"
+    page = ("<!doctype html><meta charset=utf-8>"
+            f'<meta http-equiv="Content-Security-Policy" content="{e(CSP)}">'
+            "<title>dedup groups</title><style>"
             f"body{{font:13px sans-serif;margin:1em}}{STYLE}</style>"
             f"<h1>dedup groups</h1><p>{n} group(s): the kept copy first, then the others "
             "by rank; thumbnails, then 1:1 crops of the same part of the picture. Red: marked "

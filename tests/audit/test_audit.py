@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from scipy import ndimage
 from scipy import stats as sps
 
-from collapseguard.audit import gallery, stats
+from collapseguard.audit import stats
 from collapseguard.audit.browser import find_chromium, inspect_report
 from collapseguard.audit.run import AuditError, AuditOptions, align_scores, run_audit
 from collapseguard.audit.sampling import choose_sample, list_samples
@@ -29,6 +29,7 @@ from collapseguard.detectors import create
 from collapseguard.detectors.base import Detector, register
 from collapseguard.detectors.nss import NSSDetector
 from collapseguard.images import decode_image, encode_jpeg, encode_png
+from collapseguard.scoring import readback
 
 HOSTILE_KEY = ('<img src=x onerror="document.body.dataset.pwned=1">'
                '<script>document.title="PWNED";document.body.dataset.ran=1</script>')
@@ -351,13 +352,13 @@ def test_detail_crop_is_native_and_finds_texture():
     rng = np.random.default_rng(0)
     img = np.full((400, 600, 3), 128, np.uint8)
     img[:, 400:] = rng.integers(0, 256, (400, 200, 3), dtype=np.uint8)  # texture on the right
-    crop, (y, x) = gallery.detail_crop(img, 128)
+    crop, (y, x) = readback.detail_crop(img, 128)
     assert crop.shape == (128, 128, 3) and x >= 400 - 16
     np.testing.assert_array_equal(crop, img[y: y + 128, x: x + 128])
     small_img = img[:50, :70]
-    crop, (y, x) = gallery.detail_crop(small_img, 128)
+    crop, (y, x) = readback.detail_crop(small_img, 128)
     np.testing.assert_array_equal(crop, small_img)  # smaller than the crop: shown whole, not padded
-    assert max(gallery.thumbnail(img, 100).shape[:2]) == 100
+    assert max(readback.thumbnail(img, 100).shape[:2]) == 100
 
 
 def test_select_travels_to_workers_and_skips_before_decoding(dataset):
@@ -440,7 +441,7 @@ def test_a_key_repeated_in_a_shard_is_two_samples_in_galleries_and_comparisons(t
     with tarfile.open(shard, "w") as tf:
         for name, img in (("d1.png", photos[0]), ("d2.png", photos[1]), ("d1.png", photos[2])):
             add_member(tf, name, encode_png(img[:64, :64]))
-    got = gallery.fetch_samples([(str(shard), "d1", "d1.png", 0), (str(shard), "d1", "d1.png", 1)])
+    got = readback.fetch_samples([(str(shard), "d1", "d1.png", 0), (str(shard), "d1", "d1.png", 1)])
     first, second = got[(str(shard), "d1", 0)].image, got[(str(shard), "d1", 1)].image
     assert np.array_equal(first, photos[0][:64, :64]) and np.array_equal(second, photos[2][:64, :64])
     base = pd.DataFrame({"source": ["s"] * 3, "key": ["d1", "d2", "d1"], "score": [1.0, 2.0, 3.0]})

@@ -66,3 +66,34 @@ def test_a_file_that_is_not_a_groups_table_is_one_line(grouped, tmp_path):
                        "--groups", bad], expect=1)
         assert says in res.output and len(res.output.strip().splitlines()) == 1, res.output
     assert not (tmp_path / "audit" / "report.html").exists()
+
+
+def _with_sources(table, out, rename):
+    """A copy of the groups table at ``out`` with every source renamed by ``rename``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    t = pq.read_table(table)
+    sources = [rename(s) for s in t.column("source").to_pylist()]
+    pq.write_table(t.set_column(t.schema.get_field_index("source"), "source", pa.array(sources)), out)
+    return out
+
+
+def test_a_pipe_command_written_in_a_groups_table_is_not_run(grouped, tmp_path):
+    """The table is data: a ``pipe:`` source in it is run only when it is one of the audit's own
+    inputs (which ``--no-pipe`` governs); a planted command is shown as an error, never run."""
+    shards, table = grouped
+    marker = tmp_path / "ran"
+    planted = _with_sources(table, tmp_path / "planted.parquet",
+                            lambda s: f"pipe:touch {marker}; cat {s}")
+    out = tmp_path / "audit"
+    run_cli(["audit", *shards, "--out", out, "--threshold", "1e9", "-q", "--groups", planted])
+    assert not marker.exists()
+    section = (out / "report.html").read_text().split('<section id="groups">')[1]
+    assert section.count("not run: a pipe: command that is not one of this command") == 3
+
+    # the same pipe: commands given as the audit's inputs are read back and shown
+    pipes = [f"pipe:cat {s}" for s in shards]
+    own = _with_sources(table, tmp_path / "own.parquet", lambda s: f"pipe:cat {s}")
+    run_cli(["audit", *pipes, "--out", tmp_path / "audit2", "--threshold", "1e9", "-q", "--groups", own])
+    section = (tmp_path / "audit2" / "report.html").read_text().split('<section id="groups">')[1]
+    assert "not run" not in section and section.count("class=crop src='data:image/png;base64,") == 3

@@ -251,6 +251,8 @@ def test_the_gallery_shows_the_chain_kept_copy_first_and_escapes_keys(dedup_shar
     run_cli(["dedup", dedup_shards[0], hostile, dedup_shards[2], "--out", out, "-q", "--gallery", "5"])
     page = (out / "groups.html").read_text()
     assert "<b>s5</b>" not in page and "&lt;b&gt;s5&lt;/b&gt;" in page
+    # and no script could run if one got through: the page forbids it
+    assert '<meta http-equiv="Content-Security-Policy" content="default-src &#x27;none&#x27;' in page
     first = page.index("<h2>")
     chain = page[first: page.index("<h2>", first + 1)]  # groups with a degraded copy come first
     assert chain.index("chain_s0") < chain.index("chain_s10")

@@ -88,7 +88,7 @@ def test_score_reads_a_folder_of_folder_links(linked, tmp_path):
 
 
 def test_audit_finds_the_images_of_linked_folders_by_their_keys(linked):
-    from collapseguard.audit.gallery import _file_path
+    from collapseguard.scoring.readback import _file_path
     ds, _ = linked
     path = _file_path(str(ds), "flux/c1/step_0.png")
     assert path is not None and Image.open(path).size == (10, 8)

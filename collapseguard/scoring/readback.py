@@ -1,10 +1,10 @@
-"""Gallery images for the report: fetched again after scoring, shown as a thumbnail plus a
-native-resolution crop (replication damage — grain, dots, lost texture — is invisible once an
-image is shrunk to a thumbnail).
+"""Scored samples read back for the HTML galleries (the audit report, dedup's groups), and the
+images they show: a thumbnail plus a native-resolution crop (replication damage — grain, dots,
+lost texture — is invisible once an image is shrunk to a thumbnail).
 
 Only the samples a gallery needs are read back: each shard is streamed once with the filter's
 ``ShardReader`` (stopping as soon as its wanted keys are found), loose files are opened directly.
-Everything is embedded as ``data:`` URIs so the report stays one self-contained file.
+Everything is embedded as ``data:`` URIs so a report stays one self-contained file.
 """
 
 from __future__ import annotations
@@ -12,13 +12,18 @@ from __future__ import annotations
 import base64
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from collapseguard.images import DecodeError, decode_detailed, encode_png, rgba_composite
+from collapseguard.images import (
+    DecodeError,
+    decode_detailed,
+    encode_png,
+    rgba_composite,
+)
 from collapseguard.io.inputs import is_shard
 from collapseguard.io.parse import basename_of, kind_of
 from collapseguard.io.tar import ShardReader, valid_text
@@ -29,6 +34,10 @@ from collapseguard.scoring.records import image_members
 CAPTION_EXTENSIONS = ("txt", "caption", "text")
 MAX_CAPTION = 300
 
+#: the Content-Security-Policy of a self-contained page: no script, no fetch; images only as
+#: ``data:`` URIs, inline styles
+CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
+       "form-action 'none'")
 
 @dataclass
 class Fetched:
@@ -152,8 +161,8 @@ def _source_kind(source: str) -> str | None:
         return None
 
 
-def fetch_samples(wanted: Iterable[tuple], prepare=None,
-                  image_column: str | None = None) -> dict[tuple, Fetched]:
+def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | None = None,
+                  pipes: Collection[str] | None = None) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
     Fetched}``. ``nth`` (default 0) is which of the samples with that key in that shard: a key can
     repeat in a shard, and each repeat is a sample of its own.
@@ -162,12 +171,21 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None,
     With ``prepare``, each decoded image is handed to ``prepare`` as soon as it is read and only
     the result is kept (``Fetched.prepared``): a gallery of hundreds of large images then holds one
     full-resolution image at a time, not all of them.
+
+    ``pipes``: the ``pipe:`` commands that may be run (None: any). A caller whose sources come
+    from a file (a groups table) passes the commands it read as its own inputs, so a command
+    written into the file is never run; its samples get an error instead.
     """
     by_source: dict[str, dict[tuple[str, int], str]] = {}
     for source, key, image, *nth in wanted:
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
+        if pipes is not None and scheme(source) == "pipe" and source not in pipes:
+            for k, n in keys:
+                out[(source, k, n)] = Fetched(error="not run: a pipe: command that is not one of "
+                                                    "this command's inputs")
+            continue
         kind = _source_kind(source)
         if kind == "parquet":
             out.update(_fetch_rows(source, keys, image_column, prepare))
