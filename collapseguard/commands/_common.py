@@ -52,7 +52,7 @@ def load_detector(name: str, kwargs: tuple = ()):
 
 
 def threshold_options(verb: str):
-    """``--threshold`` and ``--calibration``, shared by the commands that decide (filter, audit)."""
+    """``--threshold`` and ``--calibration``, shared by the commands that decide or mark (filter, audit, score)."""
     def deco(f):
         f = click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
                          help="calibration.json from `collapseguard calibrate` (must match the "

@@ -14,9 +14,6 @@ from collapseguard.training_data_tools.web_history import Op, apply_history
 
 HISTORY = [Op("jpeg", {"quality": 85}), Op("resize", {"scale": 0.7, "filter": "lanczos"}),
            Op("jpeg", {"quality": 80})]
-#: weights that read the history, with what was measured on the bundled photos of ``photos`` (the
-#: packaged weights 9e0d4b6fcd69 keep every copy within the plain photos' range)
-READS_HISTORY: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +32,6 @@ def test_a_photo_with_a_web_history_is_kept(scored):
     assert max(web) < thr, (web, thr)
 
 
-def test_a_photo_with_a_web_history_scores_within_the_range_of_plain_photos(scored, request):
-    version, _, plain, web = scored
-    if version in READS_HISTORY:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"weights {version} read the history: "
-                                              + READS_HISTORY[version]))
+def test_a_photo_with_a_web_history_scores_within_the_range_of_plain_photos(scored):
+    _, _, plain, web = scored
     assert max(web) <= max(plain), (plain, web)  # no copy above the clean range (lower is clean too)
