@@ -10,7 +10,7 @@ pass (``panel.ComparePanel``); with worker processes each compared detector gets
   detector;
 - ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first;
   a source or key that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``,
-  ``@``, tab or carriage return) is written with a leading ``'`` (``csv_text``); scores.parquet
+  ``@``, tab or carriage return, or with ``'``) is written with a leading ``'`` (``io.csv_cells``); scores.parquet
   keeps the exact strings;
 - ``summary.json``    the figures (strict JSON);
 - ``report.html``     one self-contained page (see ``report_html``).
@@ -41,10 +41,11 @@ from collapseguard.calibration.files import (
     resolve_threshold,
 )
 from collapseguard.errors import CollapseguardError, missing_extra
+from collapseguard.io.csv_cells import csv_cell
 from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import printable
 from collapseguard.scoring import readback
-from collapseguard.scoring.run import csv_text, run_score
+from collapseguard.scoring.run import run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
 
@@ -381,7 +382,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     _write(out / "scores.parquet", lambda p: df.to_parquet(p, index=False))
     flagged = df.loc[fl, ["source", "key", "score", "equivalent_step"]].sort_values(
         "score", ascending=False, kind="stable")
-    flagged = flagged.assign(source=flagged["source"].map(csv_text), key=flagged["key"].map(csv_text))
+    flagged = flagged.assign(source=flagged["source"].map(csv_cell), key=flagged["key"].map(csv_cell))
     _write(out / "flagged.csv", lambda p: flagged.to_csv(p, index=False))
     _write(out / "summary.json", lambda p: Path(p).write_text(
         json.dumps(json_ready(summary), indent=2, allow_nan=False), encoding="utf-8"))

@@ -377,9 +377,9 @@ def _exact_floats(values) -> np.ndarray:
 def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: str) -> Path:
     """Write a scores table as CSV with the detector name and version in every row. Text that a
     spreadsheet would run as a formula (a source id or path under a folder named ``=...``), or
-    that starts with ``'``, gets a leading ``'`` (``evaluation.report.csv_cell``), which
+    that starts with ``'``, gets a leading ``'`` (``io.csv_cells.csv_cell``), which
     ``read_scores`` takes off again."""
-    from collapseguard.evaluation.report import csv_cell
+    from collapseguard.io.csv_cells import csv_cell
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -392,7 +392,7 @@ def save_scores(table: pd.DataFrame, path: str | Path, detector: str, version: s
 
 def read_scores(path: str | Path) -> tuple[pd.DataFrame, str, str]:
     """Read a scores CSV written by ``save_scores``; returns (table, detector, version)."""
-    from collapseguard.evaluation.report import csv_uncell
+    from collapseguard.io.csv_cells import csv_uncell
 
     text = {"source_image": str, "family": str, "kind": str, "path": str, "chain_id": str,
             "detector": str, "detector_version": str, "storage": str, "source_kind": str, "error": str}

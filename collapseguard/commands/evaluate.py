@@ -168,7 +168,7 @@ def _from_scores(path, calibration: str = "none", **kw):
     import pandas as pd
 
     from collapseguard.evaluation import evaluate_scores
-    from collapseguard.evaluation.report import csv_uncell
+    from collapseguard.io.csv_cells import csv_uncell
 
     try:
         # names are text, whatever they spell: a chain, family or kind called "NA" or "null" is no

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
+from collapseguard.io.csv_cells import csv_cell
 from collapseguard.io.strict_json import json_ready
 
 #: distinct error texts listed per detector under "Scoring errors" (a judge's reasons can differ
@@ -51,25 +52,6 @@ def _fmt(v, digits: int = 3) -> str:
     if not math.isfinite(f):
         return "—"
     return f"{f:.{digits}f}"
-
-
-#: a CSV cell starting with one of these runs as a formula in a spreadsheet (CSV injection)
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_cell(v):
-    """A text cell made inert for spreadsheets: one that starts like a formula (or with ``'``, so
-    that ``csv_uncell`` can undo it exactly) gets a leading ``'``; other values pass unchanged."""
-    if isinstance(v, str) and v.startswith((*FORMULA_STARTS, "'")):
-        return "'" + v
-    return v
-
-
-def csv_uncell(v):
-    """The value ``csv_cell`` was given (for reading a scores.csv back)."""
-    if isinstance(v, str) and v.startswith("'"):
-        return v[1:]
-    return v
 
 
 def _to_csv(df: pd.DataFrame, path: Path) -> None:

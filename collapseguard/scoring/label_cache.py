@@ -110,9 +110,9 @@ def _write_cache(df: pd.DataFrame, cache_path: Path) -> None:
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     with replaced_when_done(cache_path) as tmp:
         if cache_path.suffix.lower() == ".csv":  # a path starting like a formula is made inert
-            from collapseguard.scoring.run import csv_text
+            from collapseguard.io.csv_cells import csv_cell
 
-            df.assign(path=df["path"].map(csv_text)).to_csv(tmp, index=False)
+            df.assign(path=df["path"].map(csv_cell)).to_csv(tmp, index=False)
         else:
             df.to_parquet(tmp, index=False)
 

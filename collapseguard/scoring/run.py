@@ -13,6 +13,7 @@ import pandas as pd
 
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
+from collapseguard.io.csv_cells import csv_cell
 from collapseguard.io.inputs import ImageFile, InputError, expand, failed_text, unique_inputs
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
@@ -196,17 +197,6 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     return df, failures
 
 
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(value: object) -> object:
-    """A text cell made inert for spreadsheets: strings that start like a formula get a leading
-    ``'`` (CSV/formula injection); other values pass unchanged."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
-
-
 TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
 
 
@@ -218,8 +208,8 @@ def check_table_suffix(path: str | Path) -> None:
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     """Write CSV or Parquet by the file's suffix. In CSV/TSV, text that a spreadsheet would run as
-    a formula (a key such as ``=HYPERLINK(...)``) gets a leading ``'`` (``csv_text``); Parquet keeps
-    every value as it is. The table appears whole or not at all (written beside it, then renamed):
+    a formula (a key such as ``=HYPERLINK(...)``) gets a leading ``'`` (``io.csv_cells.csv_cell``);
+    Parquet keeps every value as it is. The table appears whole or not at all (written beside it, then renamed):
     a run killed while writing leaves no half table that reads as complete."""
     from collapseguard.io.atomic import replaced_when_done
 
@@ -231,6 +221,6 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
             df.to_parquet(tmp, index=False)
         else:
             text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
-            df = df.assign(**{c: df[c].map(csv_text) for c in text})
+            df = df.assign(**{c: df[c].map(csv_cell) for c in text})
             df.to_csv(tmp, index=False, sep="\t" if path.suffix == ".tsv" else ",")
     return path
