@@ -168,20 +168,10 @@ def _from_scores(path, calibration: str = "none", **kw):
     import pandas as pd
 
     from collapseguard.evaluation import evaluate_scores
-    from collapseguard.io.csv_cells import csv_uncell
+    from collapseguard.evaluation.report import read_scores_csv
 
     try:
-        # names are text, whatever they spell: a chain, family or kind called "NA" or "null" is no
-        # missing value (pandas' default reading would make it NaN and drop or break its rows)
-        text = ("chain_id", "source_image", "family", "task", "path", "storage", "source_kind", "detector",
-                "detector_version", "version", "error")
-        df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False,
-                         na_values={c: [""] for c in ("step", "score")})
-        for c in [c for c in df.columns if pd.api.types.is_string_dtype(df[c])]:
-            quoted = df[c].str.startswith("'", na=False)  # report.csv_cell's leading '
-            df.loc[quoted, c] = df.loc[quoted, c].map(csv_uncell)
-        if df.empty:
-            raise ValueError("no score rows")
+        df = read_scores_csv(path)
         thresholds = _thresholds_of_scores(df, calibration)
         ev = evaluate_scores(df, source=str(path), thresholds=thresholds, **kw)
     except (KeyError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:

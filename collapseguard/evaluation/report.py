@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
-from collapseguard.io.csv_cells import csv_cell
+from collapseguard.io.csv_cells import csv_cell, csv_uncell
 from collapseguard.io.strict_json import json_ready
 
 #: distinct error texts listed per detector under "Scoring errors" (a judge's reasons can differ
@@ -59,6 +59,25 @@ def _to_csv(df: pd.DataFrame, path: Path) -> None:
     from folder names, which may start with ``=``)."""
     text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]
     df.assign(**{c: df[c].map(csv_cell) for c in text}).to_csv(path, index=False)
+
+
+#: columns of a scores.csv read as text, whatever they spell: a chain, family or kind called "NA"
+#: or "null" is no missing value (pandas' default reading would make it NaN and drop its rows)
+TEXT_COLUMNS = ("chain_id", "source_image", "family", "task", "path", "storage", "source_kind",
+                "detector", "detector_version", "version", "error")
+
+
+def read_scores_csv(path: str | Path) -> pd.DataFrame:
+    """A scores.csv that ``evaluate`` wrote, with the values it was given (``csv_uncell``).
+    ValueError (or a pandas parser error) for a file that is none or has no rows."""
+    df = pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+                     na_values={c: [""] for c in ("step", "score")})
+    for c in [c for c in df.columns if pd.api.types.is_string_dtype(df[c])]:
+        quoted = df[c].str.startswith("'", na=False)  # csv_cell's leading '
+        df.loc[quoted, c] = df.loc[quoted, c].map(csv_uncell)
+    if df.empty:
+        raise ValueError("no score rows")
+    return df
 
 
 def markdown_table(df: pd.DataFrame, columns: Sequence[str], headers: Sequence[str] | None = None,
