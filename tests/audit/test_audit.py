@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from cg_browser import find_chromium, inspect_report
 from cg_testutil import add_member, degrade
 from click.testing import CliRunner
 from scipy import ndimage
 from scipy import stats as sps
 
 from collapseguard.audit import stats
-from collapseguard.audit.browser import find_chromium, inspect_report
 from collapseguard.audit.run import AuditError, AuditOptions, align_scores, run_audit
 from collapseguard.audit.sampling import choose_sample, list_samples
 from collapseguard.calibration.files import Calibration, save_calibration

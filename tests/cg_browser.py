@@ -1,7 +1,8 @@
 """Open a report in headless Chromium and look at it: console errors, images, DOM, screenshot.
 
-Used by the tests (does the page load cleanly, do the embedded images decode, does a hostile key
-stay text) and to take screenshots. Chromium is driven over the DevTools protocol through a pipe
+Test tooling, not part of the package: the audit tests use it (does the page load cleanly, do the
+embedded images decode, does a hostile key stay text), and ``python tests/cg_browser.py
+REPORT.html [SCREENSHOT.png]`` takes a screenshot. Chromium is driven over the DevTools protocol through a pipe
 (``--remote-debugging-pipe``: JSON messages ending in a NUL byte on file descriptors 3 and 4), so
 no port, websocket library or webdriver is needed. Evaluation through the protocol is not subject
 to the page's Content-Security-Policy, so the checks work on a page that forbids scripts.
@@ -250,7 +251,7 @@ def inspect_report(path: str | Path, screenshot: str | Path | None = None,
 
 
 def main(argv=None) -> int:  # pragma: no cover - a developer tool
-    """``python -m collapseguard.audit.browser REPORT.html [SCREENSHOT.png]``"""
+    """``python tests/cg_browser.py REPORT.html [SCREENSHOT.png]``"""
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
