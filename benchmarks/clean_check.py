@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.calibration.files import default_calibration
+from collapseguard.calibration.thresholds import default_calibration
 from collapseguard.detectors.cnn import CNNDetector
 from collapseguard.training.metrics import score_paths
 from collapseguard.training.negatives import list_images, split_clean

@@ -282,7 +282,12 @@ def reduced_drift(shards: list[str]) -> tuple[np.ndarray, np.ndarray]:
     of its reduced decoding (what ``dedup`` fingerprints) and of its full decoding."""
     import tarfile
 
-    from collapseguard.detectors.fingerprint import REDUCED_SIDE, correlation, fingerprint, hamming
+    from collapseguard.detectors.fingerprint import (
+        REDUCED_SIDE,
+        correlation,
+        fingerprint,
+        hamming,
+    )
     from collapseguard.images import decode_detailed, decode_reduced
 
     bits, corr = [], []
@@ -524,7 +529,7 @@ def cnn_figures(rows: list[dict], fams: list[str], images: Path) -> None:
     """What ``filter`` would reject: the shipped cnn at its shipped threshold alone, and with
     ``--groups`` (a degraded copy is rejected too). Every image is scored by the shipped cnn (the
     table's ``cnn`` column is the comparator's own cnn, other weights)."""
-    from collapseguard.calibration.files import resolve_threshold
+    from collapseguard.calibration.thresholds import resolve_threshold
     from collapseguard.detectors import create
     from collapseguard.images import load_image
 

@@ -214,7 +214,7 @@ def main() -> None:
         print(json.dumps(floor_phase(a.shards, a.workers)))
         return
     if a.weights and a.threshold is None:
-        from collapseguard.calibration.files import resolve_threshold
+        from collapseguard.calibration.thresholds import resolve_threshold
         from collapseguard.detectors import create
 
         a.threshold = resolve_threshold(create("cnn"))[0]

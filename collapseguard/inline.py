@@ -4,7 +4,7 @@ for Hugging Face ``datasets``.
 Both decide exactly as ``collapseguard filter`` does: the same decoding and scoring loop
 (``scoring.records.score_records``), the same threshold resolution (an explicit threshold, else a
 calibration file, else the calibration shipped for the detector:
-``calibration.files.resolve_threshold``) and the same rule (``filter.decisions.decide``).
+``calibration.thresholds.resolve_threshold``) and the same rule (``filter.decisions.decide``).
 
 webdataset::
 
@@ -104,7 +104,7 @@ class _Decider:
     def __init__(self, detector="cnn", calibration=None, threshold: float | None = None, *,
                  batch_size: int | None = None, reject_no_image: bool = False,
                  detector_kwargs: dict | None = None):
-        from collapseguard.calibration.files import resolve_threshold
+        from collapseguard.calibration.thresholds import resolve_threshold
         if isinstance(detector, str):
             from collapseguard.detectors import create
             detector = create(detector, **(detector_kwargs or {}))

@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from collapseguard.calibration.files import default_calibration
+from collapseguard.calibration.thresholds import default_calibration
 from collapseguard.detectors import create
 from collapseguard.detectors.crops import image_crops
 from collapseguard.evaluation.metrics import auroc

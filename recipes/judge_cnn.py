@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from collapseguard.calibration.files import default_calibration
+from collapseguard.calibration.thresholds import default_calibration
 from collapseguard.detectors.cnn import CNNDetector
 from collapseguard.evaluation.metrics import auroc
 from collapseguard.training.metrics import score_paths

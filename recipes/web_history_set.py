@@ -95,7 +95,7 @@ def folder(src: Path, out: Path, seed: int = SEED) -> int:
 
 
 def score(out: Path, weights: list[str], table: Path | None) -> None:
-    from collapseguard.calibration.files import default_calibration
+    from collapseguard.calibration.thresholds import default_calibration
     from collapseguard.detectors.cnn import CNNDetector
     from collapseguard.training.metrics import score_paths
 

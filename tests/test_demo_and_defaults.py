@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from collapseguard.calibration.files import (
+from collapseguard.calibration.thresholds import (
     default_calibration,
     default_calibration_path,
     load_calibration,

@@ -35,7 +35,7 @@ import pandas as pd
 from collapseguard.audit import stats
 from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
-from collapseguard.calibration.files import (
+from collapseguard.calibration.thresholds import (
     NoThresholdError,
     is_dropped,
     resolve_threshold,

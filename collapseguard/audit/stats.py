@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from collapseguard.calibration.files import is_dropped, threshold_for_drop_fraction
+from collapseguard.calibration.thresholds import is_dropped, threshold_for_drop_fraction
 
 CONFIDENCE = 0.95
 

@@ -6,7 +6,7 @@ detector checks); ``bounds`` holds the finite-sample bound; ``build`` builds a c
 replication chains (``collapseguard calibrate``).
 """
 
-from collapseguard.calibration.files import (
+from collapseguard.calibration.thresholds import (
     Calibration,
     CalibrationError,
     CalibrationMismatch,

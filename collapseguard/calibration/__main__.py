@@ -21,7 +21,7 @@ from collapseguard.calibration.build import (
     per_kind_text,
     top_clean_text,
 )
-from collapseguard.calibration.files import (
+from collapseguard.calibration.thresholds import (
     DEFAULTS_DIR,
     CalibrationError,
     load_calibration,

@@ -31,13 +31,13 @@ from collapseguard.calibration.bounds import (
     order_statistic_threshold,
     per_kind_threshold,
 )
-from collapseguard.calibration.files import (
+from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
+from collapseguard.calibration.thresholds import (
     BOUND_UNIT,
     Calibration,
     CalibrationError,
     is_dropped,
 )
-from collapseguard.calibration.scoring import CLEAN_FAMILY, parse_target, target_label
 from collapseguard.io.terminal import printable
 from collapseguard.training_data_tools.manifest import source_group, split_by_source
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.calibration.files import Calibration
+from collapseguard.calibration.thresholds import Calibration
 
 
 def curve_title(cal: Calibration) -> str:

@@ -116,13 +116,13 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         per_kind_text,
         top_clean_text,
     )
-    from collapseguard.calibration.files import save_calibration
     from collapseguard.calibration.scoring import (
         parse_target,
         read_scores,
         save_scores,
         score_table,
     )
+    from collapseguard.calibration.thresholds import save_calibration
 
     steps = _steps(clean_steps)
     try:

@@ -28,7 +28,7 @@ def demo(directory, detector, workers, threshold, steps, quiet):
     """Build a small WebDataset in DIRECTORY (default: a new temporary folder) from photos that ship
     with installed packages, half of them degraded by a simulated replication loop, then filter it
     with the default detector and its shipped calibration. Offline; about a minute on 2 cores."""
-    from collapseguard.calibration.files import NoThresholdError, resolve_threshold
+    from collapseguard.calibration.thresholds import NoThresholdError, resolve_threshold
     from collapseguard.commands.filter import format_summary
     from collapseguard.demo import build_demo_shards, demo_truth_table
     from collapseguard.filter.run import run_filter_cli

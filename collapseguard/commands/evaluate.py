@@ -133,7 +133,7 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
 
 def _threshold_finder(calibration: str):
     """detector -> (threshold, description) or None, for --calibration default | none | PATH."""
-    from collapseguard.calibration.files import (
+    from collapseguard.calibration.thresholds import (
         CalibrationError,
         CalibrationMismatch,
         default_calibration,
@@ -198,7 +198,10 @@ def _thresholds_of_scores(df, calibration: str) -> dict:
         # a calibration file is for one detector: it gives that detector of the file its
         # threshold and leaves the others without one; matching none, the first one's mismatch
         # says why
-        from collapseguard.calibration.files import CalibrationError, load_calibration
+        from collapseguard.calibration.thresholds import (
+            CalibrationError,
+            load_calibration,
+        )
         try:
             named = load_calibration(calibration).detector
         except (OSError, CalibrationError) as exc:

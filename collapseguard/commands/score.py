@@ -42,7 +42,11 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
     Each row is flagged (column `flagged`: score > `threshold`, empty where the score is) at the
     threshold of --threshold, --calibration or the detector's shipped calibration, as `filter`
     decides; a detector without one gets empty `flagged` and `threshold` columns."""
-    from collapseguard.calibration.files import NoThresholdError, flag_columns, resolve_threshold
+    from collapseguard.calibration.thresholds import (
+        NoThresholdError,
+        flag_columns,
+        resolve_threshold,
+    )
     from collapseguard.detectors.base import check_spec
     from collapseguard.scoring.run import (
         check_table_suffix,

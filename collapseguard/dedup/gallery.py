@@ -17,9 +17,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from collapseguard.scoring.readback import CSP, detail_window, fetch_samples, jpeg_uri, png_uri, thumbnail
 from collapseguard.errors import CollapseguardError
 from collapseguard.io.atomic import replaced_when_done
+from collapseguard.scoring.readback import (
+    CSP,
+    detail_window,
+    fetch_samples,
+    jpeg_uri,
+    png_uri,
+    thumbnail,
+)
 
 CROP = 192
 MAX_MEMBERS = 8

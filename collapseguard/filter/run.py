@@ -538,7 +538,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     cut over this data) and run the filter. ``detector`` is a created detector. ``limits``: the
     ``max_sample_bytes`` and ``max_shard_bytes`` of ``FilterOptions`` to set. ``groups``: a
     ``dedup`` groups.parquet whose decisions are applied (``decisions.apply_group``)."""
-    from collapseguard.calibration.files import (
+    from collapseguard.calibration.thresholds import (
         resolve_threshold,
         threshold_for_drop_fraction,
     )

@@ -14,7 +14,13 @@ import pandas as pd
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS
 from collapseguard.io.csv_cells import csv_cell
-from collapseguard.io.inputs import ImageFile, InputError, expand, failed_text, unique_inputs
+from collapseguard.io.inputs import (
+    ImageFile,
+    InputError,
+    expand,
+    failed_text,
+    unique_inputs,
+)
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar

@@ -23,7 +23,7 @@ from scipy import stats as sps
 from collapseguard.audit import stats
 from collapseguard.audit.run import AuditError, AuditOptions, align_scores, run_audit
 from collapseguard.audit.sampling import choose_sample, list_samples
-from collapseguard.calibration.files import Calibration, save_calibration
+from collapseguard.calibration.thresholds import Calibration, save_calibration
 from collapseguard.cli import main
 from collapseguard.detectors import create
 from collapseguard.detectors.base import Detector, register

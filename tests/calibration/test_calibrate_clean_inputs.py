@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from collapseguard.calibration.__main__ import show
-from collapseguard.calibration.files import load_calibration
+from collapseguard.calibration.thresholds import load_calibration
 from collapseguard.cli import main
 
 SIZE = 48

@@ -24,7 +24,8 @@ from collapseguard.calibration.build import (
     first_steps,
     label_clean,
 )
-from collapseguard.calibration.files import (
+from collapseguard.calibration.scoring import CLEAN_FAMILY
+from collapseguard.calibration.thresholds import (
     Calibration,
     CalibrationError,
     CalibrationMismatch,
@@ -36,7 +37,6 @@ from collapseguard.calibration.files import (
     save_calibration,
     threshold_for_drop_fraction,
 )
-from collapseguard.calibration.scoring import CLEAN_FAMILY
 from collapseguard.io import calibration_file
 from collapseguard.training_data_tools.manifest import source_group, split_by_source
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from collapseguard.calibration.files import Calibration, load_calibration
+from collapseguard.calibration.thresholds import Calibration, load_calibration
 from collapseguard.cli import main
 from collapseguard.training_data_tools.chains import make_chains
 from collapseguard.training_data_tools.manifest import read_manifest, write_manifest
@@ -70,7 +70,7 @@ def test_from_scores_gives_the_same_breakdown(calibrated, tmp_path):
 
 
 def test_a_breakdown_that_is_not_an_object_is_refused(calibrated):
-    from collapseguard.calibration.files import CalibrationError
+    from collapseguard.calibration.thresholds import CalibrationError
 
     root, _ = calibrated
     d = json.loads((root / "cal.json").read_text())

@@ -10,7 +10,7 @@ from cg_testutil import run_with_stdout_closed_early
 from click.testing import CliRunner
 from PIL import Image
 
-from collapseguard.calibration.files import (
+from collapseguard.calibration.thresholds import (
     DEFAULTS_DIR,
     CalibrationMismatch,
     load_calibration,
@@ -138,7 +138,7 @@ def test_calibrate_bad_options(data, tmp_path):
 def test_saved_calibration_round_trips_through_filter_resolution(tmp_path):
     det = create("nss")
     cal = load_calibration(save_calibration(
-        __import__("collapseguard.calibration.files", fromlist=["Calibration"]).Calibration(
+        __import__("collapseguard.calibration.thresholds", fromlist=["Calibration"]).Calibration(
             detector="nss", detector_version=det.version, threshold=1.5), tmp_path / "c.json"))
     assert resolve_threshold(det, calibration=tmp_path / "c.json")[0] == cal.threshold == 1.5
 
@@ -278,7 +278,7 @@ def test_calibrate_refuses_bad_outputs_and_inputs_before_scoring(calibrated, tmp
 
 def test_infinite_clean_scores_count_as_false_drops():
     from collapseguard.calibration.bounds import order_statistic_threshold
-    from collapseguard.calibration.files import CalibrationError
+    from collapseguard.calibration.thresholds import CalibrationError
     s = np.r_[np.linspace(0, 1, 500), [np.nan] * 5]
     base = order_statistic_threshold(s, 0.01, 0.95)
     with_inf = order_statistic_threshold(np.r_[s, np.inf], 0.01, 0.95)

@@ -14,7 +14,7 @@ from collapseguard.calibration.bounds import (
     order_statistic_threshold,
     per_kind_threshold,
 )
-from collapseguard.calibration.files import (
+from collapseguard.calibration.thresholds import (
     Calibration,
     CalibrationError,
     load_calibration,

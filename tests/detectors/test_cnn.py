@@ -119,7 +119,7 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
 
 
 def test_cnn_spec_with_weights_path(tmp_path, det):
-    from collapseguard.calibration.files import NoThresholdError, resolve_threshold
+    from collapseguard.calibration.thresholds import NoThresholdError, resolve_threshold
 
     torch.manual_seed(1)
     path = tmp_path / "mine.safetensors"

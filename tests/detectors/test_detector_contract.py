@@ -166,7 +166,7 @@ def test_calibrations_ship():
 
 @pytest.mark.parametrize("path", DEFAULTS, ids=[p.stem for p in DEFAULTS])
 def test_a_shipped_calibration_fits_its_detector(path, images):
-    from collapseguard.calibration.files import (
+    from collapseguard.calibration.thresholds import (
         check_detector,
         default_calibration,
         is_dropped,

@@ -71,7 +71,7 @@ def test_weights_and_nan_policy(reference):
 
 def test_probability_mode_when_every_member_is_calibrated(reference):
     pytest.importorskip("pyiqa")  # the [iqa] extra: optional, not part of the core
-    from collapseguard.calibration.files import Calibration
+    from collapseguard.calibration.thresholds import Calibration
 
     nss, piqe = create("nss"), create("pyiqa:piqe")
     cals = {

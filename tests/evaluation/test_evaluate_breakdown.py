@@ -60,7 +60,7 @@ def test_auroc_by_storage_matches_the_scores(evaluated):
 
 
 def test_kind_tables_and_drops_at_the_shipped_threshold(evaluated):
-    from collapseguard.calibration.files import default_calibration
+    from collapseguard.calibration.thresholds import default_calibration
     from collapseguard.detectors import create
 
     det = create("cnn")

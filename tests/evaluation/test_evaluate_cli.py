@@ -276,7 +276,7 @@ def test_tables_recomputed_from_scores_file(chains, tmp_path):
 def test_a_calibration_file_applies_to_its_own_detector_of_a_two_detector_scores_file(chains, tmp_path):
     """``--from-scores`` of a two-detector run with ``--calibration FILE`` (made for one of them)
     gives that detector its threshold and the other none, instead of failing on the other one."""
-    from collapseguard.calibration.files import Calibration, save_calibration
+    from collapseguard.calibration.thresholds import Calibration, save_calibration
 
     first = tmp_path / "a"
     assert CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors",
@@ -433,7 +433,7 @@ def test_auroc_steps_that_are_also_clean_steps_are_refused(chains, tmp_path):
 def test_a_calibration_made_for_another_detector_is_refused_with_what_evaluate_takes(chains, tmp_path):
     """evaluate has no --threshold: refusing a calibration made for another detector, it points to
     the options it has."""
-    from collapseguard.calibration.files import Calibration, save_calibration
+    from collapseguard.calibration.thresholds import Calibration, save_calibration
 
     other = save_calibration(Calibration(detector="nss", detector_version="x", threshold=1.0),
                              tmp_path / "nss.json")
