@@ -25,7 +25,7 @@ SCRIPT_SUFFIXES = (".py", ".sh")
 
 
 def product_files() -> list[Path]:
-    files = [ROOT / n for n in ("README.md", "MODEL_CARD.md", "BENCHMARKS.md")]
+    files = [ROOT / n for n in ("README.md", "MODEL_CARD.md", "BENCHMARKS.md", "RELIABILITY.md")]
     files += sorted((ROOT / "docs").glob("*.md"))  # docs/history/ is the record, not product
     files += sorted((ROOT / "collapseguard").rglob("*.py"))
     files += sorted((ROOT / "tests").rglob("*.py"))
