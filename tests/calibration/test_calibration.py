@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from collapseguard.calibration import bounds, files
+from collapseguard.calibration import bounds, thresholds
 from collapseguard.calibration.bounds import (
     NotEnoughCleanSamples,
     min_clean_samples,
@@ -372,7 +372,7 @@ def test_drop_fraction_threshold():
         threshold_for_drop_fraction(s, 1.0)
     with pytest.raises(ValueError):
         threshold_for_drop_fraction([np.nan], 0.1)
-    cal = files.drop_fraction_calibration(_Det("nss", "v"), s, 0.05)
+    cal = thresholds.drop_fraction_calibration(_Det("nss", "v"), s, 0.05)
     assert cal.label.startswith("uncalibrated: drop-fraction") and not cal.is_calibrated
     assert "uncalibrated" in cal.guarantee_text()
 
@@ -381,7 +381,7 @@ def test_drop_fraction_threshold():
 # The calibrations shipped in the package
 # ---------------------------------------------------------------------------------------------
 
-SHIPPED = sorted(files.DEFAULTS_DIR.glob("*.json"))
+SHIPPED = sorted(thresholds.DEFAULTS_DIR.glob("*.json"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -392,7 +392,7 @@ def test_shipped_default_is_valid_and_current(path):
     from collapseguard.detectors import create
 
     cal = load_calibration(path)
-    assert files.default_calibration_path(cal.detector) == path
+    assert thresholds.default_calibration_path(cal.detector) == path
     assert cal.is_calibrated and cal.guaranteed_false_drop <= cal.alpha
     assert cal.n_clean >= min_clean_samples(cal.alpha, cal.confidence)
     assert cal.scope and cal.clean_sources and "binomial order statistic" in cal.method
