@@ -26,6 +26,7 @@ COMMANDS = {
     "filter": "collapseguard.commands.filter:filter_cmd",
     "audit": "collapseguard.commands.audit:audit",
     "calibrate": "collapseguard.commands.calibrate:calibrate",
+    "calibrations": "collapseguard.commands.calibrations:calibrations",
     "evaluate": "collapseguard.commands.evaluate:evaluate",
     "train": "collapseguard.commands.train:train",
     "chains": "collapseguard.commands.chains:chains",

@@ -1,6 +1,6 @@
 """Files shipped inside the package (every JSON that setup.cfg's package_data puts in a wheel)
 hold no absolute paths: a maintainer's folders mean nothing on a user's machine, and
-`python -m collapseguard.calibration` prints none."""
+`collapseguard calibrations` prints none."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_shipped_json_holds_no_absolute_paths():
 
 
 def test_printing_the_shipped_calibrations_shows_no_absolute_path():
-    out = subprocess.run([sys.executable, "-m", "collapseguard.calibration"], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", "from collapseguard.cli import main; main()", "calibrations"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
     assert "== cnn.json (shipped with the package)" in out and "threshold" in out
     hits = [line for line in out.splitlines() if ABSOLUTE.search(line)]

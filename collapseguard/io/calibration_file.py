@@ -299,7 +299,7 @@ def _is_num(v) -> bool:
 
 
 def _check_rows(kw: dict) -> None:
-    """The report fields that ``python -m collapseguard.calibration`` and ``calibrate`` print must
+    """The report fields that ``collapseguard calibrations`` and ``calibrate`` print must
     have the shape ``build_calibration`` writes (a malformed file is an error, not a traceback)."""
     for i, r in enumerate(kw.get("top_clean") or []):
         if not isinstance(r, dict) or not _is_num(r.get("score")):

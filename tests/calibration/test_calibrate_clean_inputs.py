@@ -1,6 +1,6 @@
 """What `collapseguard calibrate` reads from `--clean` and what it says about it: folders it cannot
 read whole, overlapping folders, unscored images, the scores table's text cells, `--batch-size`,
-and `python -m collapseguard.calibration` on a `--per-kind` file. Real images, the real `nss`
+and `collapseguard calibrations` on a `--per-kind` file. Real images, the real `nss`
 detector."""
 
 import os
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from collapseguard.calibration.__main__ import show
+from collapseguard.calibration.show import show
 from collapseguard.calibration.thresholds import load_calibration
 from collapseguard.cli import main
 

@@ -77,6 +77,16 @@ def test_bound_holds_over_resamples(dist, n, alpha, conf):
     assert np.mean(emp > alpha) < 0.5  # sanity: most resamples drop fewer than alpha of fresh clean
 
 
+def show_main(argv: list[str]) -> int:
+    """``collapseguard calibrations ARGV``: its output printed (for capsys), its exit status."""
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+    res = CliRunner().invoke(main, ["calibrations", *argv])
+    print(res.stdout, end="")
+    return res.exit_code
+
+
 def test_bound_with_ties_stays_conservative():
     rng = np.random.default_rng(1)
     reps, n, alpha, conf = 20000, 400, 0.02, 0.9
@@ -409,7 +419,6 @@ def test_shipped_default_is_valid_and_current(path):
 
 
 def test_show_prints_guarantee_and_curve(tmp_path, capsys):
-    from collapseguard.calibration.__main__ import main as show_main
 
     cal = build_calibration(_synthetic_table(n_extra=200), "synthetic", "v1")
     p = save_calibration(cal, tmp_path / "c.json")
@@ -435,10 +444,9 @@ def test_show_prints_guarantee_and_curve(tmp_path, capsys):
 def test_family_and_detector_names_are_printed_escaped(tmp_path, capsys):
     """A chains manifest and a calibration file are data from elsewhere: a family or detector name
     holding terminal control codes (set the window title, clear the screen) is printed escaped by
-    `calibrate` and by `python -m collapseguard.calibration`, never raw."""
+    `calibrate` and by `collapseguard calibrations`, never raw."""
     from click.testing import CliRunner
 
-    from collapseguard.calibration.__main__ import main as show_main
     from collapseguard.calibration.scoring import save_scores
     from collapseguard.cli import main
 
@@ -474,8 +482,7 @@ def test_family_and_detector_names_are_printed_escaped(tmp_path, capsys):
 ])
 def test_hostile_calibration_files_are_calibration_errors(tmp_path, text, match):
     """Whatever a file holds, loading it fails with CalibrationError (one line in filter/audit), not
-    a RecursionError traceback, and `python -m collapseguard.calibration` says error, not crash."""
-    from collapseguard.calibration.__main__ import main as show_main
+    a RecursionError traceback, and `collapseguard calibrations` says error, not crash."""
 
     p = tmp_path / "bad.json"
     p.write_text(text)
@@ -555,7 +562,6 @@ def test_the_drop_curve_title_says_in_sample_when_nothing_was_held_out():
 
 
 def test_show_says_in_sample_when_nothing_was_held_out(tmp_path, capsys):
-    from collapseguard.calibration.__main__ import main as show_main
 
     table = _synthetic_table(n_extra=200)
     for holdout, said, unsaid in ((0.3, "held-out clean false drops", "in-sample"),
@@ -631,7 +637,7 @@ def test_show_prints_the_notes_and_where_curve_intervals_pool_pictures(tmp_path)
     """Every family's chains come from the same sources, so the "all" row's images are several
     per picture: its row records the pictures, and the printed table says the interval is
     narrower than the evidence. The file's notes (the picture count among them) are printed."""
-    from collapseguard.calibration.__main__ import show
+    from collapseguard.calibration.show import show
 
     cal = build_calibration(_synthetic_table(n_extra=200), "synthetic", "v1", holdout=0.3)
     rows = {(r["family"], r["step"]): r for r in cal.drop_curve}

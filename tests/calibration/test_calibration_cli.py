@@ -367,11 +367,10 @@ def test_from_scores_of_a_file_that_is_no_csv_table_names_the_file(tmp_path):
 
 
 def test_printing_calibrations_into_a_pipe_closed_early_stops_quietly():
-    """``python -m collapseguard.calibration FILE | head -1`` ended in a BrokenPipeError
-    traceback; it now stops as the ``collapseguard`` command does (click): nothing on stderr,
-    exit status 1. The file is given 200 times, so the output outgrows the pipe's buffer and the
+    """``collapseguard calibrations FILE | head -1`` stops as every ``collapseguard`` command does
+    (click): nothing on stderr, exit status 1, no BrokenPipeError traceback. The file is given 200 times, so the output outgrows the pipe's buffer and the
     reader closes it while the command is still writing."""
     files = [str(DEFAULTS_DIR / "cnn.json")] * 200
-    status, err = run_with_stdout_closed_early([sys.executable, "-m", "collapseguard.calibration", *files])
+    status, err = run_with_stdout_closed_early([sys.executable, "-c", "from collapseguard.cli import main; main()", "calibrations", *files])
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert (status, err) == (1, "")

@@ -154,11 +154,10 @@ def test_an_output_under_a_file_names_the_file(shard, tmp_path):
     assert (tmp_path / "afile.jpg").read_bytes() == b"x"
 
 
-@pytest.mark.parametrize("argv", [["detectors"], ["chains", "families"], ["--help"]])
+@pytest.mark.parametrize("argv", [["detectors"], ["chains", "families"], ["calibrations"], ["--help"]])
 def test_printing_into_a_pipe_closed_early_stops_quietly(argv):
     """``collapseguard detectors | head -1``: click ends a command whose stdout was closed by its
-    reader with exit status 1 and nothing on stderr (``python -m collapseguard.calibration`` does
-    the same). In the first run the reader is gone before the command writes, so it always meets
+    reader with exit status 1 and nothing on stderr. In the first run the reader is gone before the command writes, so it always meets
     the closed pipe."""
     cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", *argv]
     assert run_with_stdout_closed_early(cmd, lines=0) == (1, "")

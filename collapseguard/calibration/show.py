@@ -1,18 +1,11 @@
-"""``python -m collapseguard.calibration [FILE ...]``: print what calibration files say.
-
-Without arguments, prints the calibrations shipped in the package. For each: detector and
-version, threshold and guarantee, the held-out false-drop rate (in-sample for ``--holdout 0``),
-each clean kind's own threshold (a ``--per-kind`` file), the drop rate at steps 0, 1, 3, 5, 10, 20
-per family (Clopper–Pearson interval) and the first steps with 90 % / 99 % dropped.
-
-A reader that stops early (``| head -1``) ends the printing quietly, with exit status 1, as it
-ends a ``collapseguard`` command.
+"""What a calibration file says, as text: detector and version, threshold and guarantee, the
+held-out false-drop rate (in-sample for ``--holdout 0``), each clean kind's own threshold (a
+``--per-kind`` file), the drop rate at steps 0, 1, 3, 5, 10, 20 per family (Clopper–Pearson
+interval) and the first steps with 90 % / 99 % dropped. ``collapseguard calibrations`` prints it.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 from collapseguard.calibration.build import (
@@ -21,15 +14,16 @@ from collapseguard.calibration.build import (
     per_kind_text,
     top_clean_text,
 )
-from collapseguard.calibration.thresholds import (
-    DEFAULTS_DIR,
-    CalibrationError,
-    load_calibration,
-)
+from collapseguard.calibration.thresholds import DEFAULTS_DIR, load_calibration
 from collapseguard.io.terminal import printable
 
 
-def _title(path) -> str:
+def shipped_paths() -> list[str]:
+    """The calibrations shipped in the package."""
+    return sorted(str(p) for p in DEFAULTS_DIR.glob("*.json"))
+
+
+def title(path) -> str:
     """A shipped file by its name (where the package is installed says nothing about it), any
     other by the path given."""
     p = Path(path)
@@ -37,12 +31,14 @@ def _title(path) -> str:
 
 
 def show(path) -> str:
+    """The file's text (CalibrationError for a file that is not a calibration); names from the
+    file are printed with control characters escaped."""
     cal = load_calibration(path)
     split = cal.split or {}
     # --holdout 0: the clean false-drop rate is measured on the images that set the threshold
     in_sample = split.get("holdout") == 0
     counted = bound_count_text(cal)
-    lines = [f"== {_title(path)}", cal.describe(),
+    lines = [f"== {title(path)}", cal.describe(),
              f"bound: {cal.method}",
              (f"{counted}; guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence "
               f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
@@ -60,37 +56,3 @@ def show(path) -> str:
     lines += [f"  note: {note}" for note in cal.notes]
     # a calibration file may come from elsewhere: its names are printed with control characters escaped
     return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
-
-
-def _stdout_closed() -> int:
-    """The reader closed stdout (``| head``): stop quietly, as click does for the ``collapseguard``
-    command (exit status 1, no traceback). Stdout is pointed at the null device so that Python's
-    flush at exit does not meet the closed pipe again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return 1
-
-
-def main(argv: list[str]) -> int:
-    paths = argv or sorted(str(p) for p in DEFAULTS_DIR.glob("*.json"))
-    if not paths:
-        print("no calibration files given and none shipped", file=sys.stderr)
-        return 1
-    try:
-        for p in paths:
-            try:
-                text = show(p)
-            except CalibrationError as exc:
-                sys.stdout.flush()  # what was printed before comes first
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
-            print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        return _stdout_closed()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
