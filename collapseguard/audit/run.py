@@ -252,9 +252,9 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     check_writable(out)  # before any scoring: a read-only or full --out fails now, in one line
     group_rows = None
     if options.groups:
-        from collapseguard.dedup.gallery import NotAGroupsTable, read_groups
+        from collapseguard.dedup.gallery import NotAGroupsTable, read_gallery_rows
         try:  # checked before any scoring: a file that is not a groups table is one line now
-            group_rows = read_groups(options.groups)
+            group_rows = read_gallery_rows(options.groups)
         except NotAGroupsTable as exc:
             raise AuditError(f"--groups: {exc}") from None
     select, population = None, None

@@ -70,7 +70,7 @@ class NotAGroupsTable(CollapseguardError, ValueError):
     """The file cannot be read as a ``dedup`` groups.parquet (one line, naming the file)."""
 
 
-def read_groups(groups_parquet: str | Path) -> list[dict]:
+def read_gallery_rows(groups_parquet: str | Path) -> list[dict]:
     """The gallery's columns of a groups table, checked: a file that is not one is one line."""
     try:
         names = set(pq.read_schema(groups_parquet).names)
@@ -85,7 +85,7 @@ def read_groups(groups_parquet: str | Path) -> list[dict]:
 
 def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | None = None,
                   heading: str = "h2", pipes: Collection[str] | None = None) -> tuple[str, int]:
-    """The groups of ``rows`` (from ``read_groups``) as an HTML fragment inside
+    """The groups of ``rows`` (from ``read_gallery_rows``) as an HTML fragment inside
     ``<div class=cg-groups>`` (styled by ``STYLE``), and the number of groups shown. ``pipes``:
     the ``pipe:`` sources that may be run to read the copies back (None: any; see
     ``scoring.readback.fetch_samples``)."""
@@ -122,7 +122,7 @@ def write_gallery(groups_parquet: str | Path, out_html: str | Path, max_groups: 
                   image_column: str | None = None) -> int:
     """Write the gallery; returns the number of groups shown. ``image_column``: the image column
     of Parquet sources (None: found as ``score`` finds it)."""
-    body, n = render_groups(read_groups(groups_parquet), max_groups, image_column)
+    body, n = render_groups(read_gallery_rows(groups_parquet), max_groups, image_column)
     page = ("<!doctype html><meta charset=utf-8>"
             f'<meta http-equiv="Content-Security-Policy" content="{e(CSP)}">'
             "<title>dedup groups</title><style>"

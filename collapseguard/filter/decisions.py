@@ -67,7 +67,7 @@ def apply_group(decision: str, reason: str, group_row: dict | None,
 _GROUPS_CACHE: dict[str, object] = {}
 
 
-def read_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
+def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
     """``key -> {"group", "decision", "rank"}`` of one shard's rows in a groups.parquet (the first
     row of a key that repeats). The table's grouped rows are read once per process and table
     (``digest``: its SHA-256, with its path and modification time, names it); singles change

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collapseguard.filter.decisions import apply_group, decide, read_groups
+from collapseguard.filter.decisions import apply_group, decide, read_shard_groups
 from collapseguard.filter.pipeline import (
     SCORE_COLUMNS,
     STATUS_OF_REASON,
@@ -121,7 +121,7 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         else:
             stream = score_records(source, detector, members_of=lambda r: r.members,
                                    batch_size=options.batch_size or None, images_only=False)
-        groups = (read_groups(options.groups, inp.stem, options.groups_digest)
+        groups = (read_shard_groups(options.groups, inp.stem, options.groups_digest)
                   if options.groups else None)
         seen_keys: set[str] = set()  # a key that repeats: its first row takes the group's decision
         batch, keep = None, []

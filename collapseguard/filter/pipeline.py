@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
-from collapseguard.filter.decisions import apply_group, decide, read_groups
+from collapseguard.filter.decisions import apply_group, decide, read_shard_groups
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parse import Input, basename_of, strip_suffix
@@ -308,7 +308,7 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
-        groups = (read_groups(options.groups, shard_stem(shard), options.groups_digest)
+        groups = (read_shard_groups(options.groups, shard_stem(shard), options.groups_digest)
                   if options.groups else None)
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
