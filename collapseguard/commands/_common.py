@@ -107,3 +107,21 @@ def check_out_dir(path, what: str = "--out") -> None:
             raise PermissionError("permission denied")
     except OSError as exc:
         raise click.ClickException(f"cannot use {what} {path} as a folder: {exc.strerror or exc}") from None
+
+
+
+class RecordsArgs(click.Command):
+    """A command that keeps the arguments it was given (``command_line``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["collapseguard.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def command_line(ctx: click.Context) -> str:
+    """The running command as a shell line, e.g. for a file to record what made it: its path
+    (``collapseguard calibrate``) and the arguments it was given, from the click context of a
+    ``RecordsArgs`` command rather than ``sys.argv``, so it is the same however it was called."""
+    import shlex
+
+    return " ".join([ctx.command_path] + [shlex.quote(a) for a in ctx.meta.get("collapseguard.args", [])])

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shlex
-import sys
 import tarfile
 from pathlib import Path
 
 import click
 
-from collapseguard.commands._common import check_out_file
+from collapseguard.commands._common import RecordsArgs, check_out_file, command_line
 from collapseguard.io.terminal import first_of, printable
 
 #: ``--clean KIND=LOCATION``: a kind is a short plain name
@@ -49,7 +47,7 @@ def _steps(text: str) -> list[int]:
     return steps
 
 
-@click.command()
+@click.command(cls=RecordsArgs)
 @click.option("--chains", "chains_dir", type=click.Path(exists=True, path_type=Path),
               help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
 @click.option("--detector", "-d", "detector_name", default=None,
@@ -190,7 +188,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
             save_scores(table, scores_out, det_name, det_version)
             click.echo(f"scores written to {scores_out}", err=True)
     sources += list(describe_clean)
-    command = "collapseguard calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    command = command_line(click.get_current_context())
     try:
         cal = build_calibration(table, det_name, det_version, alpha=alpha, confidence=confidence,
                                 clean_steps=steps, target=target, holdout=holdout, command=command,

@@ -76,6 +76,10 @@ def calibrated(data):
     return out, scores, res.output
 
 
+def data_dir(out):
+    return out.parent
+
+
 def test_calibrate_end_to_end(calibrated, tmp_path):
     out, scores, output = calibrated
     cal = load_calibration(out)
@@ -85,6 +89,13 @@ def test_calibrate_end_to_end(calibrated, tmp_path):
     assert 0 < cal.guaranteed_false_drop <= 0.1
     assert "binomial order statistic" in cal.method
     assert out.with_suffix(".png").stat().st_size > 1000
+    # the file records the command that made it, as it was given (not the test runner's argv)
+    import shlex
+    recorded = shlex.split(cal.command)
+    assert recorded[:2] == ["collapseguard", "calibrate"], cal.command
+    for opt, value in (("--chains", str(data_dir(out) / "chains")), ("--detector", "nss"),
+                       ("--clean", str(data_dir(out) / "clean")), ("--out", str(out))):
+        assert recorded[recorded.index(opt) + 1] == value, cal.command
     assert "first step with >=90% dropped" in output
     # accumulating noise is caught more as steps grow
     allc = {r["step"]: r["fraction"] for r in cal.drop_curve if r["family"] == "all"}
