@@ -30,6 +30,7 @@ import pandas as pd
 
 from collapseguard.errors import CollapseguardError
 from collapseguard.images import is_image_name
+from collapseguard.io.atomic import replaced_when_done
 from collapseguard.io.walk import walk
 from collapseguard.training_data_tools.manifest import (
     MANIFEST_NAMES,
@@ -467,6 +468,7 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
         # one folder per parquet file: config folders often hold files of the same name
         # (flux2/train-00000.parquet, qwen/train-00000.parquet), whose images must not mix
         out_dir = extract / (f.relative_to(root).with_suffix("") if root in f.parents else f.stem)
+        _refuse_links(extract, out_dir, check_root=not extract_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
 
         def path_of(r, col=col, out_dir=out_dir, f=f):
@@ -477,10 +479,11 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
                 raise ChainLayoutError(f"{f}: row {i} has no image bytes")
             ext = _sniff(data)
             p = out_dir / f"{i:07d}.{ext}"
-            if not p.is_file() or p.stat().st_size != len(data):
-                tmp = p.with_suffix(".tmp")
-                tmp.write_bytes(data)
-                tmp.replace(p)
+            # kept only when it is this file already: a link (a dataset can ship one here) is
+            # replaced, never written through or followed
+            if p.is_symlink() or not p.is_file() or p.stat().st_size != len(data):
+                with replaced_when_done(p) as tmp:
+                    Path(tmp).write_bytes(data)
             return str(p.resolve())
 
         try:
@@ -505,6 +508,17 @@ def _from_parquet(files: list[Path], root: Path, extract_dir, one_based: bool | 
     notes.append(f"images extracted to {extract}")
     df = _finish(rows, unplaced, notes, one_based)
     return Discovery(df, "parquet dataset", notes, unplaced)
+
+
+def _refuse_links(extract: Path, out_dir: Path, check_root: bool) -> None:
+    """The extraction folders are written to: a link among them, which a downloaded dataset can
+    ship inside its own folder, would send the writes elsewhere. ``check_root``: the extraction
+    root itself too (the default one, inside the dataset; a folder the user named may be a link)."""
+    folders = [out_dir, *[q for q in out_dir.parents if extract in q.parents]]
+    for q in folders + ([extract] if check_root else []):
+        if q.is_symlink():
+            raise ChainLayoutError(f"{q} is a link: images are extracted only into real folders "
+                                   "(remove it, or name another with --extract-dir)")
 
 
 def _stored_names(col: list, meta: pd.DataFrame) -> list[str] | None:

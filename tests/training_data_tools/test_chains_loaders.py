@@ -369,3 +369,43 @@ def test_a_parquet_manifest_with_an_empty_string_family_is_an_empty_family(tmp_p
     pd.DataFrame([dict(r, family=" ") for r in rows]).to_parquet(tmp_path / "manifest.parquet")
     with pytest.raises(ManifestError, match="empty family in row"):
         load_chains(tmp_path)
+
+
+def test_parquet_extraction_never_writes_through_a_link_the_dataset_ships(tmp_path):
+    """A downloaded dataset can hold links where its images are extracted: the bytes of its rows
+    never land outside, and no extracted path leads outside."""
+    import os
+    from pathlib import Path
+    ds = tmp_path / "ds"
+    (ds / "data").mkdir(parents=True)
+    recs = [{"image": {"bytes": _png_bytes(10 * s), "path": None}, "model": "pro", "chain": "7",
+             "round": s} for s in range(3)]
+    pq.write_table(pa.Table.from_pylist(recs), ds / "data" / "train-00000.parquet")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    same_size = tmp_path / "outside.png"
+    same_size.write_bytes(_png_bytes(0))  # what row 0 extracts to, byte for byte
+    out = ds / ".collapseguard_extracted" / "data" / "train-00000"
+    out.mkdir(parents=True)
+    for name in ("0000000.png.tmp", "0000000.tmp", "0000001.tmp"):
+        os.symlink(victim, out / name)
+    os.symlink(same_size, out / "0000000.png")
+    df = discover_chains(ds).manifest
+    assert victim.read_bytes() == b"mine"
+    assert all(Path(p).resolve().is_relative_to(out.resolve()) for p in df["path"]), list(df["path"])
+    assert not (out / "0000000.png").is_symlink()
+
+    # a linked extraction folder is refused before anything is written through it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ds2 = tmp_path / "ds2"
+    (ds2 / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(recs), ds2 / "data" / "train-00000.parquet")
+    (ds2 / ".collapseguard_extracted").mkdir()
+    os.symlink(elsewhere, ds2 / ".collapseguard_extracted" / "data")
+    with pytest.raises(ChainLayoutError, match="is a link"):
+        discover_chains(ds2)
+    assert list(elsewhere.iterdir()) == []
+    os.symlink(elsewhere, tmp_path / "ds3")  # ds3 is the dataset itself, reached by a link: fine
+    (ds2 / ".collapseguard_extracted" / "data").unlink()
+    assert len(discover_chains(ds2, extract_dir=tmp_path / "ds3").manifest) == 3
