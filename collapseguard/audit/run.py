@@ -42,6 +42,7 @@ from collapseguard.calibration.thresholds import (
 )
 from collapseguard.errors import CollapseguardError, missing_extra
 from collapseguard.io.csv_cells import csv_cell
+from collapseguard.io.inputs import expand
 from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import printable
 from collapseguard.scoring import readback
@@ -229,6 +230,14 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) ->
     return {name: [cards[int(i)] for i in rows] for name, rows in picks.items()}
 
 
+def _input_sources(inputs: Sequence[str], df: pd.DataFrame) -> set[str]:
+    """The sources of this audit's inputs, sampled or not. A groups table is a file, not a command
+    line: only these are read again to show its copies (no ``pipe:`` command, URL or folder named
+    only by the table)."""
+    data, files = expand(inputs, failed=[])
+    return set(inputs) | set(df["source"]) | {d.name for d in data} | {f.source for f in files}
+
+
 def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions, *,
               quiet: bool = False, detector_obj=None) -> dict:
     """Audit ``inputs`` into ``out_dir``; returns the summary (also written as summary.json)."""
@@ -370,10 +379,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     if group_rows is not None:
         from collapseguard.dedup.gallery import render_groups
         _log("reading the near-duplicate groups to show", quiet)
-        # a groups table is a file, not a command line: only the pipe: commands among this
-        # audit's own inputs are run again to show their copies
         groups_html, shown = render_groups(group_rows, options.gallery_size, options.image_column,
-                                           heading="h3", pipes=set(inputs) | set(df["source"]))
+                                           heading="h3", sources=_input_sources(inputs, df))
         summary["groups"] = {"table": str(options.groups), "shown": shown}
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)

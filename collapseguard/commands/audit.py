@@ -43,8 +43,8 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.option("--groups", default=None, metavar="PATH",
               help="A groups.parquet made by `collapseguard dedup`: the report adds a section "
                    "with up to --gallery-size of its groups (those with a degraded copy first), "
-                   "each copy beside the kept one at 1:1 crops. A pipe: source in the table is "
-                   "run only if it is one of INPUTS.")
+                   "each copy beside the kept one at 1:1 crops. Only copies in INPUTS are read "
+                   "back: a source named only by the table is never opened or run.")
 @no_pipe_option()
 @trust_pickle_option()
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")

@@ -84,14 +84,14 @@ def read_gallery_rows(groups_parquet: str | Path) -> list[dict]:
 
 
 def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | None = None,
-                  heading: str = "h2", pipes: Collection[str] | None = None) -> tuple[str, int]:
+                  heading: str = "h2", sources: Collection[str] | None = None) -> tuple[str, int]:
     """The groups of ``rows`` (from ``read_gallery_rows``) as an HTML fragment inside
-    ``<div class=cg-groups>`` (styled by ``STYLE``), and the number of groups shown. ``pipes``:
-    the ``pipe:`` sources that may be run to read the copies back (None: any; see
+    ``<div class=cg-groups>`` (styled by ``STYLE``), and the number of groups shown. ``sources``:
+    the sources that may be read to show the copies (None: any; see
     ``scoring.readback.fetch_samples``)."""
     shown = pick_groups(rows, max_groups)
     fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms],
-                            image_column=image_column, pipes=pipes)
+                            image_column=image_column, sources=sources)
     parts = []
     for ms in shown:
         kept = fetched.get((ms[0]["source"], ms[0]["key"], 0))

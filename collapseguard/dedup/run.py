@@ -276,6 +276,20 @@ def _load_part(path: Path) -> dict | None:
     return part
 
 
+def _part_of(task: tuple, part: dict | None) -> dict | None:
+    """A kept part, if it describes the task's own samples: a part file holds sources (shards,
+    ``pipe:`` commands, URLs) that the gallery reads again, so one that names any other source
+    (an --out folder from elsewhere) is described afresh, never trusted."""
+    if part is None:
+        return None
+    if task[0] == "files":
+        own = {(f.source, f.key) for f in task[1]}
+        ok = all(sk in own for sk in zip(part["source"], part["key"]))
+    else:
+        ok = all(src == _task_input(task) for src in part["source"])
+    return part if ok else None
+
+
 def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1,
                     quiet: bool = False, detector_obj=None, engine: str = "local",
                     image_column: str | None = None, runner=None) -> tuple[dict, list[str], int]:
@@ -293,8 +307,9 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     parts_dir = Path(out_dir, ".parts")
     parts_dir.mkdir(parents=True, exist_ok=True)
     names = [task_name(t, version) for t in tasks]
-    parts: list[dict | None] = [_load_part(parts_dir / f"{n}.npz") if (parts_dir / f"{n}.npz").exists() else None
-                                for n in names]
+    parts: list[dict | None] = [_part_of(t, _load_part(parts_dir / f"{n}.npz"))
+                                if (parts_dir / f"{n}.npz").exists() else None
+                                for t, n in zip(tasks, names)]
     reused = sum(p is not None for p in parts)
     todo = [i for i, p in enumerate(parts) if p is None]
     failures = [f"{path}: not read: {why}" for path, why in unread]

@@ -162,7 +162,7 @@ def _source_kind(source: str) -> str | None:
 
 
 def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | None = None,
-                  pipes: Collection[str] | None = None) -> dict[tuple, Fetched]:
+                  sources: Collection[str] | None = None) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
     Fetched}``. ``nth`` (default 0) is which of the samples with that key in that shard: a key can
     repeat in a shard, and each repeat is a sample of its own.
@@ -172,19 +172,19 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
     the result is kept (``Fetched.prepared``): a gallery of hundreds of large images then holds one
     full-resolution image at a time, not all of them.
 
-    ``pipes``: the ``pipe:`` commands that may be run (None: any). A caller whose sources come
-    from a file (a groups table) passes the commands it read as its own inputs, so a command
-    written into the file is never run; its samples get an error instead.
+    ``sources``: the sources that may be read (None: any). A caller whose sources come from a
+    file (a groups table) passes the ones it read as its own inputs, so a ``pipe:`` command, a URL
+    or a local folder written into the file is never run, fetched or opened; its samples get an
+    error instead.
     """
     by_source: dict[str, dict[tuple[str, int], str]] = {}
     for source, key, image, *nth in wanted:
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
-        if pipes is not None and scheme(source) == "pipe" and source not in pipes:
+        if sources is not None and source not in sources:
             for k, n in keys:
-                out[(source, k, n)] = Fetched(error="not run: a pipe: command that is not one of "
-                                                    "this command's inputs")
+                out[(source, k, n)] = Fetched(error="not read: not a source this command read")
             continue
         kind = _source_kind(source)
         if kind == "parquet":

@@ -78,22 +78,48 @@ def _with_sources(table, out, rename):
     return out
 
 
-def test_a_pipe_command_written_in_a_groups_table_is_not_run(grouped, tmp_path):
-    """The table is data: a ``pipe:`` source in it is run only when it is one of the audit's own
-    inputs (which ``--no-pipe`` governs); a planted command is shown as an error, never run."""
+def test_a_source_named_only_by_the_groups_table_is_never_read(grouped, tmp_path):
+    """The table is data: only copies in the audit's own inputs are read back. A planted
+    ``pipe:`` command is never run, and a private folder named by the table is never opened (its
+    image would land in a report the user may share); their copies are error tiles."""
+    import numpy as np
+
+    from collapseguard.images import encode_png
     shards, table = grouped
     marker = tmp_path / "ran"
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "id_card.png").write_bytes(encode_png(np.full((64, 64, 3), 200, np.uint8)))
     planted = _with_sources(table, tmp_path / "planted.parquet",
-                            lambda s: f"pipe:touch {marker}; cat {s}")
+                            lambda s: f"pipe:touch {marker}; cat {s}" if s.endswith("a.tar") else str(private))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    t = pq.read_table(planted)
+    keys = ["id_card.png" if s == str(private) else k
+            for s, k in zip(t.column("source").to_pylist(), t.column("key").to_pylist())]
+    pq.write_table(t.set_column(t.schema.get_field_index("key"), "key", pa.array(keys)), planted)
     out = tmp_path / "audit"
     run_cli(["audit", *shards, "--out", out, "--threshold", "1e9", "-q", "--groups", planted])
     assert not marker.exists()
     section = (out / "report.html").read_text().split('<section id="groups">')[1]
-    assert section.count("not run: a pipe: command that is not one of this command") == 3
+    assert section.count("not read: not a source this command read") == 3
+    assert "data:image" not in section.split("</section>")[0]
 
     # the same pipe: commands given as the audit's inputs are read back and shown
     pipes = [f"pipe:cat {s}" for s in shards]
     own = _with_sources(table, tmp_path / "own.parquet", lambda s: f"pipe:cat {s}")
     run_cli(["audit", *pipes, "--out", tmp_path / "audit2", "--threshold", "1e9", "-q", "--groups", own])
     section = (tmp_path / "audit2" / "report.html").read_text().split('<section id="groups">')[1]
-    assert "not run" not in section and section.count("class=crop src='data:image/png;base64,") == 3
+    assert "not read" not in section and section.count("class=crop src='data:image/png;base64,") == 3
+
+
+def test_copies_in_shards_a_sample_skipped_are_still_shown(grouped, tmp_path):
+    """With --sample, a copy in an input shard the sample did not reach is still one of the
+    audit's inputs, and is shown."""
+    shards, table = grouped
+    folder = shards[0].parent
+    out = tmp_path / "audit"
+    run_cli(["audit", folder, "--out", out, "--threshold", "1e9", "-q", "--sample", "1",
+             "--groups", table])
+    section = (out / "report.html").read_text().split('<section id="groups">')[1]
+    assert "not read" not in section and section.count("class=crop src='data:image/png;base64,") == 3

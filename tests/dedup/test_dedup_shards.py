@@ -92,6 +92,27 @@ def test_resume_and_fresh_runs_write_the_same_bytes(deduped, dedup_shards, tmp_p
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
 
 
+def test_a_kept_part_that_names_another_source_is_described_afresh(deduped, dedup_shards, tmp_path):
+    """A part file is a cache in --out, and its sources are read again by the gallery: one that
+    names another source (a planted pipe: command) is never trusted, so nothing runs and the
+    table is the fresh run's, byte for byte."""
+    import shutil
+
+    import numpy as np
+    out = tmp_path / "out"
+    shutil.copytree(deduped, out)
+    marker = tmp_path / "ran"
+    for part in sorted((out / ".parts").glob("*.npz")):
+        with np.load(part, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        arrays["source"] = np.array([f"pipe:touch {marker}; cat {s}" for s in arrays["source"]])
+        np.savez(part, **arrays)
+    (out / "groups.parquet").unlink()
+    run_cli(["dedup", *dedup_shards, "--out", out, "-q", "--gallery", "5"])
+    assert not marker.exists()
+    assert (out / "groups.parquet").read_bytes() == (deduped / "groups.parquet").read_bytes()
+
+
 def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
