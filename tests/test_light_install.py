@@ -183,3 +183,21 @@ def test_calibrate_and_evaluate_run_without_torch(light, demo_shards, monkeypatc
     light.run("evaluate", "--from-scores", light.base / "ev" / "scores.csv", "--steps", "5",
               "--out", light.base / "ev2")
     assert "cnn" in (light.base / "ev2" / "results.md").read_text()
+
+
+def test_chains_make_its_default_families_without_torch_and_says_which_it_leaves_out(light):
+    """The learned family needs torch: the core install makes every other default family, says
+    so in one note, marks it in `chains families`, and refuses it by name with the extra to
+    install, rather than failing after writing half the chains."""
+    out = light.base / "chains_default"
+    r = light.run("chains", "make", "--sources", "bundled", "--max-sources", "1", "--steps", "1",
+                  "--keep", "0,1", "--out", out, "-w", "1", "-q")
+    assert "family learned left out: it needs torch: pip install 'collapseguard[train]'" in r.stderr
+    made = set(pd.read_csv(out / "manifest.csv")["family"])
+    assert "learned" not in made and {"noise_tint", "mixed", "codec"} <= made
+    listed = light.run("chains", "families").stdout
+    assert "learned            (not available here: it needs torch" in listed
+    r = light.run("chains", "make", "--sources", "bundled", "--max-sources", "1", "--families", "learned",
+                  "--out", light.base / "chains_learned", expect=1)
+    assert "family learned needs torch: pip install 'collapseguard[train]'" in r.stderr
+    assert not (light.base / "chains_learned").exists()

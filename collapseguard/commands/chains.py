@@ -101,10 +101,17 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
     import itertools
 
     from collapseguard.training_data_tools.chains import check_families, make_chains
+    from collapseguard.training_data_tools.replicators import (
+        missing_families,
+        needs_text,
+    )
     from collapseguard.training_data_tools.sources import resolve_sources
 
     fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
     check_families(fams)  # as --keep below: before --out is made
+    if fams is None:  # every default family this install can make: say which it cannot
+        for f, lacking in missing_families().items():
+            click.echo(f"note: family {f} left out: it {needs_text(lacking)}", err=True)
     negative = [k for k in _int_list(keep) or [] if k < 0]
     if negative:  # before --out is made: a refused command leaves no folder behind
         raise click.BadParameter(f"steps are counted from 0: {','.join(map(str, negative))}",
@@ -166,6 +173,8 @@ def families_cmd():
     """List the replicator families."""
     from collapseguard.training_data_tools.replicators import (
         list_families,
+        missing_families,
+        needs_text,
         replicator_class,
     )
 
@@ -173,6 +182,8 @@ def families_cmd():
     for f in list_families(opt_in=True):
         note = "" if f in default else "  (made only when named in --families)"
         click.echo(f"{f:<18} {replicator_class(f).description}{note}")
+    for f, lacking in missing_families(opt_in=True).items():  # not installed here
+        click.echo(f"{f:<18} (not available here: it {needs_text(lacking)})")
 
 
 @chains.command("export")

@@ -31,6 +31,8 @@ from collapseguard.training_data_tools.manifest import MANIFEST_NAME, write_mani
 from collapseguard.training_data_tools.replicators import (
     create_replicator,
     list_families,
+    missing_families,
+    needs_text,
 )
 from collapseguard.training_data_tools.replicators.base import ReplicatorError
 
@@ -111,6 +113,10 @@ def check_families(families: Sequence[str] | None) -> list[str]:
     unknown ones."""
     families = list(families) if families else list_families()
     known = list_families(opt_in=True)
+    absent = missing_families(opt_in=True)
+    unusable = [f for f in families if f in absent]
+    if unusable:
+        raise ReplicatorError("; ".join(f"family {f} {needs_text(absent[f])}" for f in unusable))
     bad = [f for f in families if f not in known]
     if bad:
         raise ReplicatorError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} {bad}; known: {known}")

@@ -10,8 +10,10 @@ from collapseguard.training_data_tools.replicators.base import (
     ReplicatorError,
     create_replicator,
     list_families,
+    missing_families,
+    needs_text,
     replicator_class,
 )
 
 __all__ = ["REPLICATORS", "Replicator", "ReplicatorError", "create_replicator", "list_families",
-           "replicator_class"]
+           "missing_families", "needs_text", "replicator_class"]

