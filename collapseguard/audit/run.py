@@ -435,7 +435,8 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
         lines.append(f"estimate   about {est['count']} flagged in the whole dataset ({est['low']} - {est['high']})")
     step = summary["equivalent_step"]
     if step["available"] and step.get("flagged"):
-        lines.append(f"step       median estimated replication step of flagged images: "
+        lines.append(f"step       median replication step of the calibration's chains that flagged "
+                     f"images score like: "
                      f"{stats.format_step(step['flagged']['p50'], step.get('max_step'))}")
     rows = sorted(summary["per_source"], key=lambda r: -(r["fraction"] or 0))[:max_sources]
     if len(summary["per_source"]) > 1 and rows:
@@ -452,7 +453,9 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
     if summary.get("storage_note"):
         lines.append(f"note       {summary['storage_note']}")
     for c in summary["compare"]:
-        lines.append(f"compare    {c['detector']}: agreement {_pct(c['agreement'])}, "
+        t = c["matched_threshold"]
+        lines.append(f"compare    {c['detector']} at {'n/a' if t is None else f'{t:.4g}'} "
+                     f"(flags the share {summary['detector']} flags): agreement {_pct(c['agreement'])}, "
                      f"{c['main_flags_other_calls_fine']} flagged only by {summary['detector']}, "
                      f"{c['other_flags_main_calls_fine']} only by {c['detector']}")
     for f in summary["failures"]:

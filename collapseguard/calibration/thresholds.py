@@ -94,7 +94,7 @@ def resolve_threshold(
 
 def flag_columns(df, threshold: float | None):
     """``df`` (a scores table with a ``score`` column) with ``flagged`` (``score > threshold``, as
-    ``is_dropped``; empty where the score is) and ``threshold`` columns placed after ``score``;
+    ``is_dropped``; empty where the score is empty) and ``threshold`` columns placed after ``score``;
     both empty everywhere when ``threshold`` is None (no threshold applies)."""
     import pandas as pd
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from collapseguard.commands._common import no_pipe_option, refuse_pipes, workers_option
@@ -78,7 +80,7 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     d = summary["decisions"]
     click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
                f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "
-               f"duplicates, {d['single']} singles -> {out}/groups.parquet", err=True)
+               f"duplicates, {d['single']} singles -> {os.path.join(out, 'groups.parquet')}", err=True)
     for f in summary["failures"]:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if summary["failures"]:

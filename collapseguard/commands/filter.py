@@ -108,6 +108,11 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         raise click.ClickException(str(exc)) from None
     if not quiet:
         click.echo(format_summary(summary, out), err=True)
+    unjudged = summary["reasons"].get("no_image", 0)
+    if unjudged and not reject_no_image:  # said even with -q: kept without a judgement
+        click.echo(f"note: {unjudged} sample(s) hold no image to judge (no image file, a null image, or a "
+                   "Parquet image cell with only a path and no bytes) and were kept unjudged; the scores' "
+                   "error column says which; --reject-no-image rejects them", err=True)
     if summary.get("loose_files_not_filtered"):  # said even with -q: these images are in no output
         click.echo(f"note: {summary['loose_files_not_filtered']} loose image file(s) beside the shards "
                    f"were not filtered (e.g. {printable(summary['loose_file_example'])}); filter reads "

@@ -39,7 +39,7 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
     protocol). Higher score = more degraded; an image that cannot be decoded gets an empty score
     and its error text.
 
-    Each row is flagged (column `flagged`: score > `threshold`, empty where the score is) at the
+    Each row is flagged (column `flagged`: score > `threshold`, empty where the score is empty) at the
     threshold of --threshold, --calibration or the detector's shipped calibration, as `filter`
     decides; a detector without one gets empty `flagged` and `threshold` columns."""
     from collapseguard.calibration.thresholds import (

@@ -488,6 +488,10 @@ def test_compare_when_every_image_is_flagged(dataset, tmp_path):
     df = pd.read_parquet(tmp_path / "out" / "scores.parquet")
     assert c["matched_threshold"] < df["score:test-laplace"].min()
     assert df.loc[df["score"].notna(), "flagged:test-laplace"].all()
+    # the summary line names the threshold the comparison used (not the metric's own)
+    from collapseguard.audit.run import format_summary
+    line = next(x for x in format_summary(summary).splitlines() if x.startswith("compare"))
+    assert line.startswith(f"compare    test-laplace at {c['matched_threshold']:.4g} (flags the share nss flags)")
 
 
 def test_compare_report_says_when_ties_keep_the_other_from_flagging_as_many(dataset, tmp_path):

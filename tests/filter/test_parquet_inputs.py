@@ -96,7 +96,9 @@ def test_filter_conserves_every_row_in_order(tmp_path, photos, writer):
     else:
         jpg_parquet(src, images)
     t = _threshold(photos)
-    run_cli(["filter", src, "-o", tmp_path / "out", "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    res = run_cli(["filter", src, "-o", tmp_path / "out", "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    # a row kept without a judgement is never kept silently, even with -q
+    assert ("note: 1 sample(s) hold no image to judge" in res.stderr) == (writer == "datasets"), res.stderr
     scores = _check_conserved(src, tmp_path / "out")
     reasons = scores["reason"].tolist()
     n = len(images)
