@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from cg_testutil import degrade, run_cli
 
-from collapseguard.images import encode_jpeg
+from collapseguard.images import decode_image, encode_jpeg
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +32,24 @@ def parquet_files(tmp_path_factory, photos):
     return files
 
 
-def test_dataset_filter_and_map_decide_as_filter_does(parquet_files, tmp_path):
+def test_dataset_filter_and_map_decide_as_filter_does(parquet_files, tmp_path, photos):
     import datasets
 
+    from collapseguard.detectors import create
     from collapseguard.inline import hf_scorer
-    threshold = 5.0
+    # a threshold that splits the stored clean photos from their degraded copies (as the fixture
+    # stores them), so both decisions occur
+    nss = create("nss")
+    chunks = [list(enumerate(c)) for c in (photos[:2], photos[2:])]
+    clean = nss.score([decode_image(encode_jpeg(p, 92)) for c in chunks for _, p in c])
+    bad = nss.score([decode_image(encode_jpeg(degrade(p, seed=i), 92)) for c in chunks for i, p in c])
+    assert bad.min() > clean.max()
+    threshold = float((clean.max() + bad.min()) / 2)
     run_cli(["filter", *parquet_files, "-o", tmp_path / "out", "-d", "nss", "--threshold", threshold,
              "-w", "1", "-q"])
     want_kept = [n for f in parquet_files for n in pq.read_table(tmp_path / "out/kept" / f.name)["n"].to_pylist()]
     scores = pd.concat([pd.read_parquet(tmp_path / "out/scores" / f"{f.stem}.parquet") for f in parquet_files])
-    assert 0 < len(want_kept) < len(scores)
+    assert 0 < len(want_kept) < len(scores) and "degraded" in scores["reason"].tolist()
 
     ds = datasets.Dataset.from_parquet([str(f) for f in parquet_files])
     assert len(ds) == len(scores)

@@ -35,8 +35,9 @@ def test_round_rates_on_real_detectors(benchmark_script):
 def test_the_script_reports_medians_and_crop_counts(benchmark_script, capsys, monkeypatch):
     pytest.importorskip("pyiqa")
     mod = benchmark_script("detector_speed.py")
-    monkeypatch.setattr(mod, "test_images", lambda n: (_images(n), "noise"))
-    monkeypatch.setattr("sys.argv", ["detector_speed.py", "--n", "4", "--rounds", "2", "--threads", "1",
+    imgs, what = mod.test_images(2)  # the script's own 1024x768 pictures, from the bundled photos
+    assert what == "bundled photos + procedural art" and [i.shape for i in imgs] == [(768, 1024, 3)] * 2
+    monkeypatch.setattr("sys.argv", ["detector_speed.py", "--n", "2", "--rounds", "2", "--threads", "1",
                                      "--detectors", "cnn,pyiqa:piqe", "--n-crops", "24", "48"])
     mod.main()
     out = capsys.readouterr().out

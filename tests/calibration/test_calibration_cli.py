@@ -113,6 +113,17 @@ def test_calibrate_end_to_end(calibrated, tmp_path):
                 "--out", str(out2), "--no-plot"])
     assert res.exit_code == 0, res.output
     assert load_calibration(out2).threshold == cal.threshold
+    # with every clean picture counted (--holdout 0) the threshold is the k-th largest of the
+    # pictures' highest clean scores, k from the binomial bound: derived here from scores.csv
+    from collapseguard.calibration.bounds import order_statistic_rank
+    res = _run(["--from-scores", str(scores), "--max-false-drop", "0.1", "--confidence", "0.9",
+                "--holdout", "0", "--out", str(out2), "--no-plot"])
+    assert res.exit_code == 0, res.output
+    t = pd.read_csv(scores)
+    clean = t[(t["kind"] == "clean") | (t["step"] == 0)]
+    highest = np.sort(clean.groupby("source_image")["score"].max().to_numpy())[::-1]
+    k = order_statistic_rank(len(highest), 0.1, 0.9)
+    assert 1 <= k < len(highest) and load_calibration(out2).threshold == highest[k - 1]
     res = _run(["--from-scores", str(scores), "--detector", "cnn", "--out", str(out2)])
     assert res.exit_code != 0 and "nss" in res.output
 

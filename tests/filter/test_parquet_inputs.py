@@ -217,6 +217,9 @@ def test_audit_reads_parquet(tmp_path, photos):
              "-q", "--gallery-size", "2"])
     summary = json.loads((tmp_path / "a/summary.json").read_text())
     assert summary["failures"] == []
+    # every row read, and the threshold that splits clean from degraded flags the degraded half
+    n = len(_images(photos))
+    assert summary["scored"] == n and summary["flagged"] == n // 2, summary
     html = (tmp_path / "a/report.html").read_text()
     assert "data:image/jpeg;base64" in html and "not read" not in html
 
@@ -347,8 +350,13 @@ def test_drop_fraction_dry_run_and_no_rejected_on_parquet(tmp_path, photos):
     assert set(scores.loc[scores["decision"] == "rejected", "key"]) == {k for k, _ in images if k.startswith("d")}
     run_cli(["filter", src, "-o", tmp_path / "dry", "-d", "nss", "--threshold", "3", "--dry-run", "-w", "1", "-q"])
     assert not (tmp_path / "dry/kept").exists() and len(pd.read_parquet(tmp_path / "dry/scores/j.parquet")) == len(images)
-    run_cli(["filter", src, "-o", tmp_path / "nr", "-d", "nss", "--threshold", "3", "--no-rejected", "-w", "1", "-q"])
-    assert not (tmp_path / "nr/rejected").exists() and (tmp_path / "nr/kept/j.parquet").exists()
+    t = _threshold(photos)
+    run_cli(["filter", src, "-o", tmp_path / "nr", "-d", "nss", "--threshold", t, "--no-rejected", "-w", "1", "-q"])
+    assert not (tmp_path / "nr/rejected").exists()
+    decided = pd.read_parquet(tmp_path / "nr/scores/j.parquet")
+    kept_keys = set(decided.loc[decided["decision"] == "kept", "key"])
+    assert kept_keys == {k for k, _ in images if k.startswith("c")}  # the clean half, no more
+    assert [r for r in _rows(src) if r["key"] in kept_keys] == _rows(tmp_path / "nr/kept/j.parquet")
 
 
 @pytest.mark.parametrize("mode", ["threshold", "drop_fraction"])

@@ -387,14 +387,16 @@ def test_image_url_bodies_over_the_cap_are_refused_per_file(tmp_path, server, ph
     assert rows.loc["endless-ok.png", "score"] == rows.loc["long-ok.png", "score"] == ""
 
 
-def test_summary_of_a_good_http_shard_is_unchanged(tmp_path, server):
+def test_summary_of_a_good_http_shard_is_unchanged(tmp_path, server, shard_bytes):
     """The timeouts change nothing for a server that answers promptly."""
     root, _ = server
     run_cli(["filter", f"{root}/good.tar", "-o", tmp_path / "o", "-d", "nss", "--threshold",
              "1000", "-w", "1", "-q"])
     summary = json.loads((tmp_path / "o/summary.json").read_text())
     assert [s["status"] for s in summary["per_shard"]] == ["done"]
-    assert Path(tmp_path / "o/kept/good.tar").is_file()
+    (tmp_path / "good.tar").write_bytes(shard_bytes)
+    got = read_members(tmp_path / "o/kept/good.tar")
+    assert got and got == read_members(tmp_path / "good.tar")  # every member, byte for byte
 
 
 def test_a_shard_that_changes_between_the_two_passes_of_drop_fraction_fails(tmp_path, server,

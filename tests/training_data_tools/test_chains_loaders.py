@@ -314,6 +314,7 @@ def test_parquet_files_of_one_name_in_two_folders_keep_their_images(tmp_path):
         (tmp_path / m).mkdir()
         pq.write_table(pa.table(rows), tmp_path / m / "train-00000-of-00001.parquet")
     df = load_chains(tmp_path)
+    assert len(df) == 8 and set(df["family"]) == {"flux2", "qwen"}  # every row of both files
     for _, r in df.iterrows():
         with Image.open(r["path"]) as im:
             value = int(np.asarray(im)[0, 0, 0])
