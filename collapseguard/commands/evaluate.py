@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from collapseguard.detectors import DetectorError
@@ -124,11 +126,12 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
         rate = f", {speed[r['detector']]:.1f} images/s" if r["detector"] in speed else ""
         click.echo(f"{r['detector']}: failed {r['failed']} of {r['evaluated']} chains "
                    f"({r['skipped']} skipped){rate}")
-    click.echo(f"wrote {', '.join(p.name for p in paths.values())} to {out}")
     if len(ev.failures) and int(ev.failures["evaluated"].sum()) == 0:
         raise click.ClickException(
             f"no chain could be evaluated: every chain lacks step {base_step} or one of the steps "
-            f"{','.join(map(str, steps))} (see the skipped counts; pass --steps the chains have)")
+            f"{','.join(map(str, steps))} (see the skipped counts; pass --steps the chains have; "
+            f"the scores are in {os.path.join(out, 'scores.csv')})")
+    click.echo(f"wrote {', '.join(p.name for p in paths.values())} to {out}")
 
 
 def _threshold_finder(calibration: str):
