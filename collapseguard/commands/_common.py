@@ -119,9 +119,16 @@ class RecordsArgs(click.Command):
 
 
 def command_line(ctx: click.Context) -> str:
-    """The running command as a shell line, e.g. for a file to record what made it: its path
-    (``collapseguard calibrate``) and the arguments it was given, from the click context of a
-    ``RecordsArgs`` command rather than ``sys.argv``, so it is the same however it was called."""
+    """The running command as a shell line, e.g. for a file to record what made it: the command's
+    names from the root group's own name down (``collapseguard calibrate``, also when it was
+    called from Python or as ``python -m collapseguard``) and the arguments it was given, from the
+    click context of a ``RecordsArgs`` command rather than ``sys.argv``."""
     import shlex
 
-    return " ".join([ctx.command_path] + [shlex.quote(a) for a in ctx.meta.get("collapseguard.args", [])])
+    names = []
+    c = ctx
+    while c.parent is not None:
+        names.append(c.info_name)
+        c = c.parent
+    names.append(c.command.name or c.info_name)
+    return " ".join([*reversed(names)] + [shlex.quote(a) for a in ctx.meta.get("collapseguard.args", [])])

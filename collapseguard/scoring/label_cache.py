@@ -74,6 +74,10 @@ def read_cache(cache_path: str | os.PathLike) -> pd.DataFrame:
     missing = [c for c in CACHE_COLUMNS if c not in df.columns]
     if missing:
         raise DetectorError(f"{p} is not a label cache (missing columns {missing})")
+    if p.suffix.lower() == ".csv":  # the paths as given, not as made inert for spreadsheets
+        from collapseguard.io.csv_cells import csv_uncell
+
+        df = df.assign(path=df["path"].map(csv_uncell))
     return df[CACHE_COLUMNS]
 
 

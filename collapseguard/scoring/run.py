@@ -214,9 +214,10 @@ def check_table_suffix(path: str | Path) -> None:
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     """Write CSV or Parquet by the file's suffix. In CSV/TSV, text that a spreadsheet would run as
-    a formula (a key such as ``=HYPERLINK(...)``) gets a leading ``'`` (``io.csv_cells.csv_cell``);
-    Parquet keeps every value as it is. The table appears whole or not at all (written beside it, then renamed):
-    a run killed while writing leaves no half table that reads as complete."""
+    a formula (a key such as ``=HYPERLINK(...)``), or that starts with ``'``, gets a leading ``'``
+    (``io.csv_cells.csv_cell``); Parquet keeps every value as it is. The table appears whole or
+    not at all (written beside it, then renamed): a run killed while writing leaves no half table
+    that reads as complete."""
     from collapseguard.io.atomic import replaced_when_done
 
     path = Path(path)

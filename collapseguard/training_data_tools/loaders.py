@@ -518,7 +518,8 @@ def _refuse_links(extract: Path, out_dir: Path, check_root: bool) -> None:
     for q in folders + ([extract] if check_root else []):
         if q.is_symlink():
             raise ChainLayoutError(f"{q} is a link: images are extracted only into real folders "
-                                   "(remove it, or name another with --extract-dir)")
+                                   "(remove the link, or extract elsewhere with `collapseguard chains "
+                                   "ls PATH --extract-dir DIR --manifest-out M.csv` and use M.csv)")
 
 
 def _stored_names(col: list, meta: pd.DataFrame) -> list[str] | None:

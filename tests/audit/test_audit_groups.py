@@ -113,13 +113,15 @@ def test_a_source_named_only_by_the_groups_table_is_never_read(grouped, tmp_path
     assert "not read" not in section and section.count("class=crop src='data:image/png;base64,") == 3
 
 
-def test_copies_in_shards_a_sample_skipped_are_still_shown(grouped, tmp_path):
+def test_copies_in_shards_a_sample_skipped_are_still_shown(grouped, tmp_path, monkeypatch):
     """With --sample, a copy in an input shard the sample did not reach is still one of the
-    audit's inputs, and is shown."""
+    audit's inputs, and is shown; so is one the audit names by another spelling of its path (the
+    folder given relatively, the table holding absolute paths)."""
     shards, table = grouped
     folder = shards[0].parent
+    monkeypatch.chdir(folder.parent)
     out = tmp_path / "audit"
-    run_cli(["audit", folder, "--out", out, "--threshold", "1e9", "-q", "--sample", "1",
+    run_cli(["audit", f"./{folder.name}/", "--out", out, "--threshold", "1e9", "-q", "--sample", "1",
              "--groups", table])
     section = (out / "report.html").read_text().split('<section id="groups">')[1]
     assert "not read" not in section and section.count("class=crop src='data:image/png;base64,") == 3

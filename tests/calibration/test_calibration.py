@@ -82,7 +82,7 @@ def show_main(argv: list[str]) -> int:
     from click.testing import CliRunner
 
     from collapseguard.cli import main
-    res = CliRunner().invoke(main, ["calibrations", *argv])
+    res = CliRunner().invoke(main, ["calibrations", *argv], catch_exceptions=False)  # a crash raises
     print(res.stdout, end="")
     return res.exit_code
 
@@ -403,6 +403,7 @@ def test_shipped_default_is_valid_and_current(path):
 
     cal = load_calibration(path)
     assert thresholds.default_calibration_path(cal.detector) == path
+    assert cal.is_calibrated  # (the file format checks the guarantee of calibrated files only)
     assert cal.scope and cal.clean_sources and "binomial order statistic" in cal.method
     assert np.all(np.diff(cal.probability_map["y"]) >= 0) and np.all(np.diff(cal.step_map["y"]) >= 0)
     det = create(cal.detector)  # every shipped default's detector ships with the package

@@ -124,6 +124,11 @@ def test_calibrate_end_to_end(calibrated, tmp_path):
     highest = np.sort(clean.groupby("source_image")["score"].max().to_numpy())[::-1]
     k = order_statistic_rank(len(highest), 0.1, 0.9)
     assert 1 <= k < len(highest) and load_calibration(out2).threshold == highest[k - 1]
+    # called from a Python program (another argv[0]), the file still records the command as typed
+    args = ["--from-scores", str(scores), "--max-false-drop", "0.1", "--confidence", "0.9", "--holdout", "0",
+            "--out", str(out2), "--no-plot"]
+    main.main(["calibrate", *args], prog_name="some_script.py", standalone_mode=False)
+    assert load_calibration(out2).command == "collapseguard calibrate " + " ".join(args)
     res = _run(["--from-scores", str(scores), "--detector", "cnn", "--out", str(out2)])
     assert res.exit_code != 0 and "nss" in res.output
 

@@ -206,3 +206,8 @@ def test_a_crash_keeps_every_label_made_and_an_unreadable_path_is_a_row(tmp_path
     df = label_images(Counting(), [*paths, paths[0] / "x.png", formula], cache, batch_size=1)
     assert list(df["status"]) == ["ok"] * 5 + ["missing", "ok"]
     assert "'=HYPERLINK" in cache.read_text() and ",=HYPERLINK" not in cache.read_text()
+    # read back as given, and stable when the cache is rewritten (no quote added each time)
+    assert formula in set(read_cache(cache)["path"])
+    text = cache.read_text()
+    label_images(Counting(), [formula], cache, batch_size=1)
+    assert cache.read_text() == text and "''=HYPERLINK" not in text
