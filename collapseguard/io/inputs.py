@@ -258,6 +258,15 @@ def expand_shards(inputs: Iterable[str]) -> list[Input]:
     return shards
 
 
+def path_key(name: str) -> str:
+    """A name as compared with other spellings of it: a local path by where it is (``./a.tar``
+    and ``/abs/a.tar`` are one), a URL or ``pipe:`` command as spelled."""
+    try:
+        return name if is_remote(name) else os.path.realpath(local_path(name) or name)
+    except URLError:  # a file: URL naming another host: as spelled
+        return name
+
+
 def unique_inputs(shards: list, files: list[ImageFile]) -> tuple[list, list[ImageFile]]:
     """``shards`` (names or ``io.parse.Input``) and ``files`` with each file kept once, under its
     first name: a file named twice, under two spellings, or also found inside a folder given
@@ -265,7 +274,6 @@ def unique_inputs(shards: list, files: list[ImageFile]) -> tuple[list, list[Imag
     seen: set[str] = set()
 
     def first(path: str) -> bool:
-        path = str(path)
-        real = path if is_remote(path) else os.path.realpath(local_path(path) or path)
+        real = path_key(str(path))
         return not (real in seen or seen.add(real))
     return [s for s in shards if first(s)], [f for f in files if first(f.path)]

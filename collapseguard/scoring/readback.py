@@ -24,14 +24,13 @@ from collapseguard.images import (
     encode_png,
     rgba_composite,
 )
-from collapseguard.io.inputs import is_shard
+from collapseguard.io.inputs import is_shard, path_key
 from collapseguard.io.parse import basename_of, kind_of
 from collapseguard.io.tar import ShardReader, valid_text
 from collapseguard.io.urls import (
     URLError,
     is_remote,
     join,
-    local_path,
     read_bytes,
     scheme,
 )
@@ -168,16 +167,6 @@ def _source_kind(source: str) -> str | None:
         return None
 
 
-def _same_source(source: str) -> str:
-    """A source as compared with a command's own: a local path by where it is (``./data/a.tar``
-    and ``/abs/data/a.tar`` are one source), anything else (URL, ``pipe:`` command) as spelled."""
-    try:
-        path = local_path(source)
-    except URLError:  # a file: URL naming another host: compared as spelled
-        return source
-    return os.path.realpath(path) if path is not None else source
-
-
 def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | None = None,
                   sources: Collection[str] | None = None) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
@@ -194,13 +183,13 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
     or a local folder written into the file is never run, fetched or opened; its samples get an
     error instead.
     """
-    allowed = None if sources is None else {_same_source(s) for s in sources}
+    allowed = None if sources is None else {path_key(s) for s in sources}
     by_source: dict[str, dict[tuple[str, int], str]] = {}
     for source, key, image, *nth in wanted:
         by_source.setdefault(source, {})[(key, int(nth[0]) if nth else 0)] = image or ""
     out: dict[tuple, Fetched] = {}
     for source, keys in by_source.items():
-        if allowed is not None and _same_source(source) not in allowed:
+        if allowed is not None and path_key(source) not in allowed:
             for k, n in keys:
                 out[(source, k, n)] = Fetched(error="not read: not a source this command read")
             continue
