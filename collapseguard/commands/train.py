@@ -76,7 +76,8 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--web-history", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of the clean training images given a web history first (1-4 JPEG saves at "
                    "q60-95 4:2:0, resizes with common filters, upload sharpening, screenshots), so "
-                   "that what the web does to an image is not learned as damage; 0 is the shipped recipe")
+                   "that what the web does to an image is not learned as damage; the shipped recipe "
+                   "(recipes/train_cnn.sh) uses 0.5")
 @click.option("--colour-permute", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="share of chains (all steps alike) and clean images shown with their RGB channels "
                    "in another order, so a picture's hue or a cast's direction carries no label; 0 is "
@@ -97,8 +98,8 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--shared-clean", type=click.Choice(["drop", "keep"]), default="drop", show_default=True,
               help="--clean files whose picture is a chain source on the other side of the source "
                    "split (a held-out chain's photo among the training negatives): drop leaves them "
-                   "out so the held-out figures are of unseen pictures; keep trains on them, as the "
-                   "shipped weights were")
+                   "out so the held-out figures are of unseen pictures (the shipped recipe); keep trains "
+                   "on them")
 @click.option("--checkpoint-minutes", type=click.FloatRange(0), default=5.0, show_default=True,
               help="save the run's whole state (weights, optimiser, random states, sampler) every this "
                    "many minutes to <out stem>.ckpt.json + .ckpt-STEP.safetensors; 0: not by time")

@@ -57,7 +57,7 @@ def test_clean_variants_give_the_asked_share_a_web_history_and_keep_every_other_
     none = list(clean_variants(paths, 3, seed=1, storage=True, web_history=0.0))
     every = list(clean_variants(paths, 3, seed=1, storage=True, web_history=1.0))
     assert [n for n, _ in plain] == [n for n, _ in every]
-    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(plain, none))  # 0 is the shipped recipe
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(plain, none))  # 0 is the default
     changed = [a.shape != b.shape or not np.array_equal(a, b) for (_, a), (_, b) in zip(plain, every)]
     assert all(changed)
     half = list(clean_variants(paths, 3, seed=1, storage=True, web_history=0.5))
