@@ -115,3 +115,14 @@ def run_with_stdout_closed_early(cmd, lines: int = 1, timeout: float = 300) -> t
         os.close(write_end)
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err.decode(errors="replace")
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Every tensor equal bit for bit, and the same metadata (safetensors writes the metadata's
+    keys in no fixed order, so two files of the same weights may differ in their header bytes)."""
+    from safetensors import safe_open
+
+    with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
+        if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
+            return False
+        return all(fa.get_tensor(k).numpy().tobytes() == fb.get_tensor(k).numpy().tobytes() for k in fa.keys())  # noqa: SIM118 - safe_open, not a dict

@@ -8,7 +8,8 @@ import click
 
 from collapseguard.commands._common import check_out_file
 
-#: options of chain training that distillation (``--teacher``) does not read, by parameter name
+#: options of chain training that distillation alone (``--teacher`` without ``--chains``) does not
+#: read, by parameter name
 _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clean_variants": "--clean-variants",
                         "hard_clean": "--hard-clean", "web_history": "--web-history", "generic_ladders": "--generic-ladders",
                         "cache_dir": "--cache", "no_eval": "--no-eval", "shared_clean": "--shared-clean",
@@ -112,8 +113,9 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
               help="save a checkpoint after this step and stop without weights (split a long run "
                    "across sessions; --resume continues it)")
 @click.option("--teacher", default=None,
-              help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss) whose "
-                   "scores on --images become the training labels (cached, resumable)")
+              help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss, "
+                   "cnn:teacher.safetensors) whose scores on --images become training labels "
+                   "(cached, resumable); with --chains, beside the chain recipe")
 @click.option("--images", "images", multiple=True, type=click.Path(exists=True),
               help="with --teacher: image files or folders to label; repeatable")
 @click.option("--teacher-cache", type=click.Path(dir_okay=False), default=None,
@@ -129,8 +131,10 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     the weights, a summary JSON and a model card with held-out AUROC per family and the clean
     false-positive rate.
 
-    Distillation: `--teacher DETECTOR --images PATH...` trains on a slow judge's scores instead
-    (soft targets + the teacher's pairwise order), optionally mixed with --chains.
+    Distillation: `--teacher DETECTOR --images PATH...` trains on a judge's scores of the images
+    (soft targets + the teacher's pairwise order). Alone, that is the whole training; with
+    --chains it is one more term of the chain recipe, with every chain-training option, the
+    held-out evaluation and checkpoints (held-out chain and clean images are never labelled).
 
     Clean photos help the detector not to flag grainy photographs. The Debian wallpapers are a
     good offline source (never commit them):
@@ -176,22 +180,22 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         raise click.UsageError(str(exc)) from None
     if iterations is not None:
         cfg.iterations = iterations
-    if teacher or images:
-        if not (teacher and images):
-            raise click.UsageError("--teacher and --images go together")
+    if (teacher or images) and not (teacher and images):
+        raise click.UsageError("--teacher and --images go together")
+    if teacher and not chains:  # the teacher's labels alone
         if epochs is not None:
             raise click.UsageError("use --steps with --teacher")
         ctx = click.get_current_context()
         unused = [opt for p, opt in _CHAIN_TRAINING_ONLY.items() if ctx.get_parameter_source(p).name != "DEFAULT"]
         if unused:  # distillation reads none of them: refused, never silently dropped
-            raise click.UsageError(f"{', '.join(unused)}: not used with --teacher (distillation trains on "
-                                   "the teacher's scores of --images, and on --chains if given)")
+            raise click.UsageError(f"{', '.join(unused)}: not used with --teacher without --chains "
+                                   "(distillation alone trains on the teacher's scores of --images)")
         from collapseguard.detectors import DetectorError, create
         from collapseguard.training.distill import run_distillation
 
         try:
             summary = run_distillation(create(teacher), images, out, cfg, cache_path=teacher_cache,
-                                       chain_dirs=chains, crops_per_bank_image=bank_crops, log=click.echo)
+                                       crops_per_bank_image=bank_crops, log=click.echo)
         except (ValueError, DetectorError) as exc:
             raise click.ClickException(str(exc)) from None
         rho = summary["heldout_spearman_vs_teacher"]
@@ -213,11 +217,20 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     if not resume and ck.path.is_file():
         raise click.UsageError(f"{ck.path} holds a stopped run of this --out: --resume goes on from it "
                                "(delete it to start over)")
+    teacher_det = None
+    if teacher:
+        from collapseguard.detectors import DetectorError, create
+
+        try:
+            teacher_det = create(teacher)
+        except DetectorError as exc:
+            raise click.BadParameter(str(exc), param_hint="--teacher") from None
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
                                cache_dir=cache_dir, clean_variants_n=clean_variants,
-                               crops_per_bank_image=bank_crops, shared_clean=shared_clean, checkpoint=ck)
+                               crops_per_bank_image=bank_crops, shared_clean=shared_clean, checkpoint=ck,
+                               teacher=teacher_det, teacher_images=images, teacher_cache=teacher_cache)
     except TrainingStopped as stop:
         click.echo(f"stopped after step {stop.step} as asked: resume with the same command and --resume")
         return

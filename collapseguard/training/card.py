@@ -48,6 +48,7 @@ def render_card(summary: dict) -> str:
         *([f"- damage ladders: {cfg['generic_ladders']} per clean training file (classic distortions at "
             "strength 0.3 / 0.5 / 1.0, trained as steps 3 / 5 / 10 of extra chains)"]
           if cfg.get("generic_ladders") else []),
+        *_teacher_lines(summary.get("teacher")),
         "",
         "## Training",
         (f"- iterations {cfg['iterations']}, chains/batch {cfg['chains_per_batch']} x {cfg['steps_per_chain']} "
@@ -75,6 +76,18 @@ def render_card(summary: dict) -> str:
         table(c["groups"], ["set", "n", "fpr"]),
     ]
     return "\n".join(lines)
+
+
+def _teacher_lines(t: dict | None) -> list[str]:
+    """The model card's lines on a teacher trained beside the chains (none without one)."""
+    if not t:
+        return []
+    rho = t["heldout_spearman_vs_teacher"]
+    return [(f"- teacher `{t['teacher']}` (version {t['teacher_version']}): its ranking of "
+             f"{t['n_train']} labelled images is one more training term ({t['n_heldout']} held out by a "
+             f"hash of the file name, {t['n_left_out']} left out as held-out chain or clean images); "
+             "Spearman correlation with it on the held-out ones: "
+             + (_fmt(rho) if isinstance(rho, float) and math.isfinite(rho) else "n/a (fewer than 3)"))]
 
 
 def write_card(summary: dict, path: str | Path) -> Path:
@@ -110,7 +123,6 @@ def render_distill_card(summary: dict) -> str:
         "## Data",
         (f"- images labelled by the teacher: {summary['n_labelled']} ({summary['n_train']} to train, "
          f"{summary['n_heldout']} held out by a hash of the file name)"),
-        *([f"- chains mixed in: {', '.join(summary['chain_dirs'])}"] if summary.get("chain_dirs") else []),
         "",
         "## Training",
         (f"- iterations {cfg['iterations']}, crop {cfg['net']['crop_size']} px, "

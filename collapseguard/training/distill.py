@@ -6,7 +6,9 @@ classification target of an image is its percentile among the teacher's scores, 
 images gets the target probability ``sigmoid((t_j - t_i) / scale)`` (scale = a quarter of the
 teacher's score spread), so the student learns the teacher's ranking. Images are split 80 / 20 by
 a hash of their path; the summary reports the student's Spearman correlation with the teacher on
-the held-out 20%. Chains can be mixed in (``chain_dirs``) with the usual chain-aware losses.
+the held-out 20%. ``run_distillation`` trains on the teacher's labels alone;
+``training.run.run_training`` takes a teacher beside chains and clean images (the whole chain
+recipe, its held-out evaluation and its checkpoints, plus the teacher's ranking as one more term).
 """
 
 from __future__ import annotations
@@ -60,47 +62,66 @@ def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
     return np.array([source_bucket(Path(p).name, "distill") < holdout for p in paths], dtype=bool)
 
 
-def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
-                     cache_path: str | Path | None = None, chain_dirs: Sequence[str | Path] = (),
-                     holdout: float = 0.2, crops_per_bank_image: int = 16,
-                     log: Callable[[str], None] = print) -> dict:
-    """Label, train the student, save weights to ``out``, report held-out agreement."""
-    from collapseguard.detectors.cnn import CNNDetector, weights_version
-    from collapseguard.detectors.cnn_model import save_net
-    from collapseguard.training.metrics import score_paths
-    from collapseguard.training.run import build_banks, load_chains, split_chains
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+def teacher_side(teacher: Detector, image_paths: Sequence[str | Path], cfg: TrainConfig,
+                 cache_path: str | Path, crops_per_bank_image: int, holdout: float = 0.2,
+                 leave_out: Sequence[str | Path] = (), log: Callable[[str], None] = print
+                 ) -> tuple[CropBank, float, pd.DataFrame, pd.DataFrame, int]:
+    """Label ``image_paths`` with the teacher and build the student's teacher bank: ``(bank,
+    pair scale, training labels, held-out labels, images left out)``. ``leave_out`` names files
+    the teacher must not label (a chain run's held-out images: a student that learned the
+    teacher's ranking of them would flatter its held-out figures)."""
     paths = list_images(image_paths)
     if not paths:
         raise ValueError("no images given to label")
-    cache_path = Path(cache_path) if cache_path else out.with_suffix(".labels.parquet")
-    log(f"labelling {len(paths)} images with {teacher.name}@{teacher.version} (cache {cache_path})")
-    labels = teacher_labels(teacher, paths, cache_path)
+    skip = {str(Path(p).resolve()) for p in leave_out}
+    kept = [p for p in paths if str(Path(p).resolve()) not in skip]
+    if len(kept) < len(paths):
+        log(f"left out {len(paths) - len(kept)} --images files that are held-out chain or clean images")
+    log(f"labelling {len(kept)} images with {teacher.name}@{teacher.version} (cache {cache_path})")
+    labels = teacher_labels(teacher, kept, cache_path)
     held = heldout_mask(labels["path"], holdout)
     train_l, test_l = labels[~held].reset_index(drop=True), labels[held].reset_index(drop=True)
     if len(train_l) < 2:
         raise ValueError("too few labelled training images after the hold-out split")
-    tb = teacher_bank(train_l, cfg.net.crop_size, crops_per_bank_image, cfg.seed)
+    bank = teacher_bank(train_l, cfg.net.crop_size, crops_per_bank_image, cfg.seed)
     spread = float(np.subtract(*np.quantile(train_l["score"], [0.9, 0.1])))
-    scale = max(spread / 4.0, 1e-6)
-    chains = None
-    if chain_dirs:
-        train_df, _ = split_chains(load_chains(chain_dirs))
-        chains, _ = build_banks(train_df, [], cfg, crops_per_bank_image, log=log)
+    return bank, max(spread / 4.0, 1e-6), train_l, test_l, len(paths) - len(kept)
+
+
+def agreement(weights: str | Path, test_labels: pd.DataFrame) -> float:
+    """Spearman correlation of the student's scores with the teacher's on its held-out labelled
+    images (NaN under 3 of them)."""
+    from collapseguard.detectors.cnn import CNNDetector
+    from collapseguard.training.metrics import score_paths
+
+    if len(test_labels) < 3:
+        return float("nan")
+    student = score_paths(CNNDetector(weights=weights, device="cpu"), test_labels["path"].tolist())
+    return float(spearmanr(student, test_labels["score"]).statistic)
+
+
+def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
+                     cache_path: str | Path | None = None, holdout: float = 0.2,
+                     crops_per_bank_image: int = 16, log: Callable[[str], None] = print) -> dict:
+    """Label, train the student on the teacher's labels alone, save weights to ``out``, report
+    held-out agreement (``training.run.run_training`` takes a teacher beside chains)."""
+    from collapseguard.detectors.cnn import weights_version
+    from collapseguard.detectors.cnn_model import save_net
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    cache_path = Path(cache_path) if cache_path else out.with_suffix(".labels.parquet")
+    tb, scale, train_l, test_l, _ = teacher_side(teacher, image_paths, cfg, cache_path, crops_per_bank_image,
+                                                 holdout, log=log)
+    labels_n = len(train_l) + len(test_l)
     t1 = time.time()
-    net, history = train_net(chains, None, cfg, log=log, teacher=tb, teacher_scale=scale)
+    net, history = train_net(None, None, cfg, log=log, teacher=tb, teacher_scale=scale)
     save_net(net, out, metadata={"teacher": f"{teacher.name}@{teacher.version}", "seed": str(cfg.seed)})
-    rho = float("nan")
-    if len(test_l) >= 3:
-        student = score_paths(CNNDetector(weights=out, device="cpu"), test_l["path"].tolist())
-        rho = float(spearmanr(student, test_l["score"]).statistic)
+    rho = agreement(out, test_l)
     summary = {"name": "cnn", "weights_file": out.name, "version": weights_version(net, net.config.n_crops),
                "teacher": teacher.name, "teacher_version": teacher.version,
-               "n_labelled": len(labels), "n_train": len(train_l), "n_heldout": len(test_l),
-               "chain_dirs": [str(c) for c in chain_dirs],
+               "n_labelled": labels_n, "n_train": len(train_l), "n_heldout": len(test_l),
                "n_parameters": int(sum(p.numel() for p in net.parameters())),
                "weights_bytes": out.stat().st_size,
                "heldout_spearman_vs_teacher": rho, "config": cfg.to_dict(), "history": history,

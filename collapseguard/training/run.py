@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from collapseguard.detectors.base import Detector
 from collapseguard.images import IMAGE_EXTENSIONS
 from collapseguard.training.bank import (
     CropBank,
@@ -228,7 +229,9 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
                  crops_per_bank_image: int = 48, clean_variants_n: int = 4,
                  evaluate: bool = True, epochs: float | None = None,
                  log: Callable[[str], None] = print, cache_dir: str | Path | None = None,
-                 shared_clean: str = "drop", checkpoint: Checkpointing | None = None) -> dict:
+                 shared_clean: str = "drop", checkpoint: Checkpointing | None = None,
+                 teacher: Detector | None = None, teacher_images: Sequence[str | Path] = (),
+                 teacher_cache: str | Path | None = None) -> dict:
     """Train on chains (+ clean folders), save weights to ``out``, evaluate, write the card.
 
     ``shared_clean="drop"`` (with ``evaluate``) leaves out the ``--clean`` files whose picture is
@@ -240,6 +243,12 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
 
     ``checkpoint`` (training.checkpoint) saves the run's state now and then and resumes it; the
     checkpoint files are removed once the weights are written.
+
+    ``teacher`` (distillation beside the chains): a detector whose scores of ``teacher_images``
+    (cached in ``teacher_cache``, default ``<out>.labels.parquet``) train the net to rank as it
+    does, one more term of the same objective (``distill.teacher_side``). The held-out chains'
+    and clean files' images are never labelled, so the held-out figures stay those of unseen
+    pictures.
     """
     from collapseguard.detectors.cnn_model import save_net
 
@@ -291,12 +300,26 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
     cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
                                  cache_dir=cache_dir)
+    tb, t_scale, t_info = None, 1.0, None
+    if teacher is not None:
+        from collapseguard.training.distill import teacher_side
+
+        cache = Path(teacher_cache) if teacher_cache else out.with_suffix(".labels.parquet")
+        tb, t_scale, t_train, t_test, n_left = teacher_side(
+            teacher, teacher_images, cfg, cache, crops_per_bank_image,
+            leave_out=[*test_df["path"], *clean_held], log=log)
+        t_info = {"teacher": teacher.name, "teacher_version": teacher.version, "n_train": len(t_train),
+                  "n_heldout": len(t_test), "n_left_out": n_left}
     t1 = time.time()
-    net, history = train_net(cb, clean_bank, cfg, log=log, checkpoint=checkpoint)
+    net, history = train_net(cb, clean_bank, cfg, log=log, checkpoint=checkpoint, teacher=tb,
+                             teacher_scale=t_scale)
     t2 = time.time()
     families = sorted(set(train_df["family"]))
-    save_net(net, out, metadata={"families": families, "excluded_families": list(exclude),
-                                 "seed": str(cfg.seed), "iterations": str(cfg.iterations)})
+    meta = {"families": families, "excluded_families": list(exclude), "seed": str(cfg.seed),
+            "iterations": str(cfg.iterations)}
+    if t_info:
+        meta["teacher"] = f"{teacher.name}@{teacher.version}"
+    save_net(net, out, metadata=meta)
     if checkpoint is not None:
         remove_checkpoint(checkpoint.path)
     from collapseguard.detectors.cnn import weights_version
@@ -335,6 +358,10 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         "heldout_auroc": [],
         "clean": {"threshold": float("nan"), "groups": []},
     }
+    if t_info:
+        from collapseguard.training.distill import agreement
+
+        summary["teacher"] = dict(t_info, heldout_spearman_vs_teacher=agreement(out, t_test))
     # the card first without the held-out metrics, so that an evaluation that fails (a held-out
     # image that does not decode) leaves no card of an earlier run beside the new weights
     write_summary(summary, out.with_suffix(".json"))

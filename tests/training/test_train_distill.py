@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
@@ -120,3 +122,52 @@ def test_teacher_refuses_chain_training_options_it_would_not_read(tmp_path, extr
                                     "--out", str(tmp_path / "w.safetensors"), *extra])
     assert res.exit_code == 2 and named in res.output and "not used with --teacher" in res.output
     assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_a_teacher_beside_chains_trains_the_chain_recipe_and_resumes_bit_for_bit(tmp_path):
+    """`train --chains --clean --teacher --images`: the teacher's ranking is one more term of the
+    chain recipe (its weights differ from the same run without it), the held-out chains' and clean
+    files' images are never labelled, and a stopped run resumes to the unbroken run's weights."""
+    from cg_chains import make_clean_dir, make_tiny_chains
+    from cg_testutil import same_weights
+
+    from collapseguard.training.negatives import list_images, split_clean
+    from collapseguard.training.run import load_chains, split_chains
+
+    register("test-highpass", HighPassTeacher)
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=24)  # src22 is held out
+    clean = make_clean_dir(tmp_path / "clean", n=8)
+    base = ["train", "--chains", str(chains), "--clean", str(clean), "--threads", "1", "--width", "6",
+            "--crop-size", "32", "--n-crops", "6", "--bank-crops", "4", "--steps", "24", "--seed", "5",
+            "--checkpoint-minutes", "0"]
+    taught = [*base, "--teacher", "test-highpass", "--images", str(chains), "--images", str(clean)]
+
+    def run(args, out):
+        res = CliRunner().invoke(main, [*args, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        return res
+
+    whole, split, plain = (tmp_path / d / "w.safetensors" for d in ("whole", "split", "plain"))
+    run(taught, whole)
+    run(base, plain)
+    from safetensors.numpy import load_file
+
+    moved = load_file(str(whole)), load_file(str(plain))
+    assert any(not np.array_equal(moved[0][k], moved[1][k]) for k in moved[0])  # the teacher term trained
+    assert "stopped after step 11" in run([*taught, "--stop-at-step", "11"], split).output
+    assert "at step 11/24" in run([*taught, "--resume"], split).output
+    assert same_weights(split, whole)
+
+    summary = json.loads(whole.with_suffix(".json").read_text())
+    t = summary["teacher"]
+    _, test_df = split_chains(load_chains([str(chains)]))
+    _, clean_held = split_clean(list_images([clean]))
+    held = {str(Path(p).resolve()) for p in [*test_df["path"], *clean_held]}
+    assert len(test_df) and t["n_left_out"] == len(held)
+    labelled = {str(Path(p).resolve()) for p in pd.read_parquet(whole.with_suffix(".labels.parquet"))["path"]}
+    assert labelled and not labelled & held
+    given = list_images([chains, clean])
+    assert t["n_train"] + t["n_heldout"] == len(given) - len(held)
+    assert summary["heldout_auroc"]  # the chain recipe's held-out evaluation ran
+    card = whole.with_suffix(".md").read_text()
+    assert "teacher `test-highpass` (version hp1)" in card and f"{t['n_left_out']} left out" in card

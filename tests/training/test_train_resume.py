@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cg_chains import make_clean_dir, make_tiny_chains
+from cg_testutil import same_weights
 from click.testing import CliRunner
 
 from collapseguard.cli import main
@@ -22,17 +23,6 @@ from collapseguard.cli import main
 TINY = ["--threads", "1", "--width", "6", "--crop-size", "32", "--n-crops", "10", "--seed", "3",
         "--hard-clean", "0.5", "--average-from", "0.5", "--bank-crops", "4", "--no-eval",
         "--checkpoint-minutes", "0"]
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    """Every tensor equal bit for bit, and the same metadata (safetensors writes the metadata's
-    keys in no fixed order, so two files of the same weights may differ in their header bytes)."""
-    from safetensors import safe_open
-
-    with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
-        if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
-            return False
-        return all(fa.get_tensor(k).numpy().tobytes() == fb.get_tensor(k).numpy().tobytes() for k in fa.keys())  # noqa: SIM118 - safe_open, not a dict
 
 
 def _train(args, out):
