@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -182,6 +183,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         cfg.iterations = iterations
     if (teacher or images) and not (teacher and images):
         raise click.UsageError("--teacher and --images go together")
+    teacher_det = _teacher(teacher) if teacher else None
     if teacher and not chains:  # the teacher's labels alone
         if epochs is not None:
             raise click.UsageError("use --steps with --teacher")
@@ -190,17 +192,15 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         if unused:  # distillation reads none of them: refused, never silently dropped
             raise click.UsageError(f"{', '.join(unused)}: not used with --teacher without --chains "
                                    "(distillation alone trains on the teacher's scores of --images)")
-        from collapseguard.detectors import DetectorError, create
+        from collapseguard.detectors import DetectorError
         from collapseguard.training.distill import run_distillation
 
         try:
-            summary = run_distillation(create(teacher), images, out, cfg, cache_path=teacher_cache,
+            summary = run_distillation(teacher_det, images, out, cfg, cache_path=teacher_cache,
                                        crops_per_bank_image=bank_crops, log=click.echo)
         except (ValueError, DetectorError) as exc:
             raise click.ClickException(str(exc)) from None
-        rho = summary["heldout_spearman_vs_teacher"]
-        click.echo("held-out Spearman(student, teacher): "
-                   + (f"{rho:.3f}" if rho == rho else "n/a (fewer than 3 held-out images)"))
+        _echo_agreement(summary["heldout_spearman_vs_teacher"])
         return
     if not chains:
         raise click.UsageError("give --chains (or --teacher with --images)")
@@ -217,14 +217,6 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     if not resume and ck.path.is_file():
         raise click.UsageError(f"{ck.path} holds a stopped run of this --out: --resume goes on from it "
                                "(delete it to start over)")
-    teacher_det = None
-    if teacher:
-        from collapseguard.detectors import DetectorError, create
-
-        try:
-            teacher_det = create(teacher)
-        except DetectorError as exc:
-            raise click.BadParameter(str(exc), param_hint="--teacher") from None
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
@@ -241,3 +233,20 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
             f"{k[6:]}={v:.3f}" for k, v in row.items() if k.startswith("auroc")))
     for g in summary["clean"]["groups"]:
         click.echo(f"clean FPR @95%-of-step-10 threshold: {g['set']}: {g['fpr']:.3f} (n={g['n']})")
+    if summary.get("teacher"):
+        _echo_agreement(summary["teacher"]["heldout_spearman_vs_teacher"])
+
+
+def _teacher(spec: str):
+    """The ``--teacher`` detector, or a usage error that names the option."""
+    from collapseguard.detectors import DetectorError, create
+
+    try:
+        return create(spec)
+    except DetectorError as exc:
+        raise click.BadParameter(str(exc), param_hint="--teacher") from None
+
+
+def _echo_agreement(rho: float) -> None:
+    click.echo("held-out Spearman(student, teacher): "
+               + (f"{rho:.3f}" if math.isfinite(rho) else "n/a (fewer than 3 held-out images)"))

@@ -85,7 +85,8 @@ def _teacher_lines(t: dict | None) -> list[str]:
     rho = t["heldout_spearman_vs_teacher"]
     return [(f"- teacher `{t['teacher']}` (version {t['teacher_version']}): its ranking of "
              f"{t['n_train']} labelled images is one more training term ({t['n_heldout']} held out by a "
-             f"hash of the file name, {t['n_left_out']} left out as held-out chain or clean images); "
+             f"hash of the file name; {t['n_not_labelled']} of the images given not labelled: held-out "
+             "chain or clean images, copies of them, duplicates, or an excluded family's); "
              "Spearman correlation with it on the held-out ones: "
              + (_fmt(rho) if isinstance(rho, float) and math.isfinite(rho) else "n/a (fewer than 3)"))]
 

@@ -222,7 +222,7 @@ def restore(doc: dict, tensors: dict[str, torch.Tensor], *, cfg: dict, fingerpri
                               "resume with the options of the run that made it")
     if doc["data_fingerprint"] != fingerprint:
         raise CheckpointError("the checkpoint was made on other training data (the crop banks differ): "
-                              "resume with the same --chains, --clean and bank options")
+                              "resume with the same --chains, --clean, --teacher, --images and bank options")
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, strict=True)
     state: dict[int, dict] = {}
     for idx, keys in doc["optimizer"]["state_keys"].items():

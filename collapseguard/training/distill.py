@@ -5,7 +5,7 @@ once through ``scoring.label_cache`` (cached and resumable). Its scores become s
 classification target of an image is its percentile among the teacher's scores, and every pair of
 images gets the target probability ``sigmoid((t_j - t_i) / scale)`` (scale = a quarter of the
 teacher's score spread), so the student learns the teacher's ranking. Images are split 80 / 20 by
-a hash of their path; the summary reports the student's Spearman correlation with the teacher on
+a hash of their file name; the summary reports the student's Spearman correlation with the teacher on
 the held-out 20%. ``run_distillation`` trains on the teacher's labels alone;
 ``training.run.run_training`` takes a teacher beside chains and clean images (the whole chain
 recipe, its held-out evaluation and its checkpoints, plus the teacher's ranking as one more term).
@@ -62,30 +62,46 @@ def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
     return np.array([source_bucket(Path(p).name, "distill") < holdout for p in paths], dtype=bool)
 
 
-def teacher_side(teacher: Detector, image_paths: Sequence[str | Path], cfg: TrainConfig,
-                 cache_path: str | Path, crops_per_bank_image: int, holdout: float = 0.2,
-                 leave_out: Sequence[str | Path] = (), log: Callable[[str], None] = print
-                 ) -> tuple[CropBank, float, pd.DataFrame, pd.DataFrame, int]:
-    """Label ``image_paths`` with the teacher and build the student's teacher bank: ``(bank,
-    pair scale, training labels, held-out labels, images left out)``. ``leave_out`` names files
-    the teacher must not label (a chain run's held-out images: a student that learned the
-    teacher's ranking of them would flatter its held-out figures)."""
-    paths = list_images(image_paths)
-    if not paths:
+def teacher_files(image_paths: Sequence[str | Path], leave_out: Sequence[str | Path] = (),
+                  log: Callable[[str], None] = print) -> list[Path]:
+    """The files of ``image_paths`` the teacher labels: each once (by resolved path, then by
+    content), without the ``leave_out`` files or byte-identical copies of them (a chain run's
+    held-out images: a student that learned the teacher's ranking of them would flatter its
+    held-out figures). Raises ValueError when nothing is left."""
+    from collapseguard.training.negatives import drop_identical, file_digest
+
+    given = list(dict.fromkeys(Path(p).resolve() for p in list_images(image_paths)))
+    if not given:
         raise ValueError("no images given to label")
-    skip = {str(Path(p).resolve()) for p in leave_out}
-    kept = [p for p in paths if str(Path(p).resolve()) not in skip]
-    if len(kept) < len(paths):
-        log(f"left out {len(paths) - len(kept)} --images files that are held-out chain or clean images")
-    log(f"labelling {len(kept)} images with {teacher.name}@{teacher.version} (cache {cache_path})")
-    labels = teacher_labels(teacher, kept, cache_path)
+    skip = {Path(p).resolve() for p in leave_out}
+    skip_bytes = {file_digest(p) for p in skip if p.is_file()}
+    kept = [p for p in given if p not in skip and (not skip_bytes or file_digest(p) not in skip_bytes)]
+    if len(kept) < len(given):
+        log(f"left out {len(given) - len(kept)} --images files that are (or copy) held-out chain or "
+            "clean images, or images of an excluded family")
+    kept, same = drop_identical(kept)
+    if same:
+        log(f"{len(same)} --images files are byte-identical to another and are labelled once")
+    if not kept:
+        raise ValueError(f"all {len(given)} --images files are held-out chain or clean images (or copies of "
+                         "them): nothing is left for the teacher to label")
+    return kept
+
+
+def teacher_side(teacher: Detector, paths: Sequence[Path], cfg: TrainConfig, cache_path: str | Path,
+                 crops_per_bank_image: int, holdout: float = 0.2, log: Callable[[str], None] = print
+                 ) -> tuple[CropBank, float, pd.DataFrame, pd.DataFrame]:
+    """Label ``paths`` (``teacher_files``) with the teacher and build the student's teacher bank:
+    ``(bank, pair scale, training labels, held-out labels)``."""
+    log(f"labelling {len(paths)} images with {teacher.name}@{teacher.version} (cache {cache_path})")
+    labels = teacher_labels(teacher, paths, cache_path)
     held = heldout_mask(labels["path"], holdout)
     train_l, test_l = labels[~held].reset_index(drop=True), labels[held].reset_index(drop=True)
     if len(train_l) < 2:
         raise ValueError("too few labelled training images after the hold-out split")
     bank = teacher_bank(train_l, cfg.net.crop_size, crops_per_bank_image, cfg.seed)
     spread = float(np.subtract(*np.quantile(train_l["score"], [0.9, 0.1])))
-    return bank, max(spread / 4.0, 1e-6), train_l, test_l, len(paths) - len(kept)
+    return bank, max(spread / 4.0, 1e-6), train_l, test_l
 
 
 def agreement(weights: str | Path, test_labels: pd.DataFrame) -> float:
@@ -112,8 +128,8 @@ def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     cache_path = Path(cache_path) if cache_path else out.with_suffix(".labels.parquet")
-    tb, scale, train_l, test_l, _ = teacher_side(teacher, image_paths, cfg, cache_path, crops_per_bank_image,
-                                                 holdout, log=log)
+    tb, scale, train_l, test_l = teacher_side(teacher, teacher_files(image_paths, log=log), cfg, cache_path,
+                                              crops_per_bank_image, holdout, log=log)
     labels_n = len(train_l) + len(test_l)
     t1 = time.time()
     net, history = train_net(None, None, cfg, log=log, teacher=tb, teacher_scale=scale)

@@ -67,6 +67,15 @@ def unique_files(roots: Iterable[str | Path], accept: Callable[[Path], bool]) ->
                     yield p
 
 
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def drop_identical(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
     """``paths`` in their order without files whose bytes equal an earlier one's, and the
     (dropped, kept) pairs. ``split_clean`` splits by file name, so one picture under two names
@@ -75,11 +84,7 @@ def drop_identical(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, 
     kept: list[Path] = []
     dropped: list[tuple[Path, Path]] = []
     for p in paths:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        digest = h.hexdigest()
+        digest = file_digest(p)
         if digest in first:
             dropped.append((Path(p), first[digest]))
         else:

@@ -128,6 +128,17 @@ def without_pictures_of(chains: pd.DataFrame, clean_files: Sequence[Path]) -> tu
     return [p for p in clean_files if p not in gone], len(gone)
 
 
+def teacher_leave_out(chain_dirs: Sequence[str | Path], exclude: Sequence[str], test_df: pd.DataFrame,
+                      clean_held: Sequence[Path]) -> list[Path]:
+    """What a teacher beside chains must not label: the held-out chains' images, the held-out
+    clean files, and the images of excluded families (a left-out family must stay unseen)."""
+    out = [Path(p) for p in test_df["path"]] + [Path(p) for p in clean_held]
+    if exclude:
+        every = load_chains(chain_dirs)
+        out += [Path(p) for p in every.loc[every["family"].isin(set(exclude)), "path"]]
+    return out
+
+
 def evaluate_weights(weights: str | Path, test_chains: pd.DataFrame, clean_files: Sequence[Path],
                      seed: int = 0, clean_variants_n: int = 2, log: Callable[[str], None] = print) -> dict:
     """Held-out AUROC per family and clean false-positive rates, scored through ``CNNDetector``."""
@@ -302,14 +313,19 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
                                  cache_dir=cache_dir)
     tb, t_scale, t_info = None, 1.0, None
     if teacher is not None:
-        from collapseguard.training.distill import teacher_side
+        from collapseguard.training.distill import teacher_files, teacher_side
 
         cache = Path(teacher_cache) if teacher_cache else out.with_suffix(".labels.parquet")
-        tb, t_scale, t_train, t_test, n_left = teacher_side(
-            teacher, teacher_images, cfg, cache, crops_per_bank_image,
-            leave_out=[*test_df["path"], *clean_held], log=log)
+        files = teacher_files(teacher_images, leave_out=teacher_leave_out(chain_dirs, exclude, test_df, clean_held),
+                              log=log)
+        if evaluate:  # a held-out chain's picture under another name, as --shared-clean drop does
+            files, n_pictures = without_pictures_of(test_df, files)
+            if n_pictures:
+                log(f"left out {n_pictures} --images files whose picture is a held-out chain source")
+        tb, t_scale, t_train, t_test = teacher_side(teacher, files, cfg, cache, crops_per_bank_image, log=log)
         t_info = {"teacher": teacher.name, "teacher_version": teacher.version, "n_train": len(t_train),
-                  "n_heldout": len(t_test), "n_left_out": n_left}
+                  "n_heldout": len(t_test),
+                  "n_not_labelled": len({Path(p).resolve() for p in list_images(teacher_images)}) - len(files)}
     t1 = time.time()
     net, history = train_net(cb, clean_bank, cfg, log=log, checkpoint=checkpoint, teacher=tb,
                              teacher_scale=t_scale)

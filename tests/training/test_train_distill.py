@@ -124,50 +124,100 @@ def test_teacher_refuses_chain_training_options_it_would_not_read(tmp_path, extr
     assert not (tmp_path / "w.safetensors").exists()
 
 
+class LowPassTeacher(HighPassTeacher):
+    """The high-pass teacher's ranking reversed."""
+
+    name = "test-lowpass"
+
+    def score(self, images):
+        return -super().score(images)
+
+
 def test_a_teacher_beside_chains_trains_the_chain_recipe_and_resumes_bit_for_bit(tmp_path):
     """`train --chains --clean --teacher --images`: the teacher's ranking is one more term of the
-    chain recipe (its weights differ from the same run without it), the held-out chains' and clean
-    files' images are never labelled, and a stopped run resumes to the unbroken run's weights."""
-    from cg_chains import make_clean_dir, make_tiny_chains
-    from cg_testutil import same_weights
+    chain recipe (a student of the reversed teacher ranks differently), the held-out chains'
+    images, copies of them under other names and a clean photo of a held-out chain's picture are
+    never labelled, and a stopped run resumes to the unbroken run's weights."""
+    import shutil
 
-    from collapseguard.training.negatives import list_images, split_clean
+    from cg_chains import make_clean_dir, make_tiny_chains, smooth_art
+    from cg_testutil import same_weights
+    from scipy.stats import spearmanr
+
+    from collapseguard.detectors.cnn import CNNDetector
+    from collapseguard.training.metrics import score_paths
+    from collapseguard.training.negatives import file_digest, list_images, split_clean
     from collapseguard.training.run import load_chains, split_chains
 
     register("test-highpass", HighPassTeacher)
+    register("test-lowpass", LowPassTeacher)
     chains = make_tiny_chains(tmp_path / "chains", n_sources=24)  # src22 is held out
     clean = make_clean_dir(tmp_path / "clean", n=8)
+    _, test_df = split_chains(load_chains([str(chains)]))
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    copied = extra / "renamed_copy.png"
+    shutil.copy(test_df["path"].iloc[-1], copied)  # a held-out chain image under another name
+    # a photo of a held-out chain's picture, named as its source (bytes of its own)
+    Image.fromarray(smooth_art(np.random.default_rng(22), 80, 96)).save(extra / "src22.png")
     base = ["train", "--chains", str(chains), "--clean", str(clean), "--threads", "1", "--width", "6",
             "--crop-size", "32", "--n-crops", "6", "--bank-crops", "4", "--steps", "24", "--seed", "5",
             "--checkpoint-minutes", "0"]
-    taught = [*base, "--teacher", "test-highpass", "--images", str(chains), "--images", str(clean)]
+    taught = [*base, "--images", str(chains), "--images", str(clean), "--images", str(extra),
+              "--images", str(chains / "noise")]  # a folder given twice: labelled once
 
     def run(args, out):
         res = CliRunner().invoke(main, [*args, "--out", str(out)])
         assert res.exit_code == 0, res.output
         return res
 
-    whole, split, plain = (tmp_path / d / "w.safetensors" for d in ("whole", "split", "plain"))
-    run(taught, whole)
-    run(base, plain)
-    from safetensors.numpy import load_file
-
-    moved = load_file(str(whole)), load_file(str(plain))
-    assert any(not np.array_equal(moved[0][k], moved[1][k]) for k in moved[0])  # the teacher term trained
-    assert "stopped after step 11" in run([*taught, "--stop-at-step", "11"], split).output
-    assert "at step 11/24" in run([*taught, "--resume"], split).output
+    whole, split, reverse = (tmp_path / d / "w.safetensors" for d in ("whole", "split", "reverse"))
+    run([*taught, "--teacher", "test-highpass"], whole)
+    run([*taught, "--teacher", "test-lowpass"], reverse)
+    probe = sorted(str(p) for p in list_images([chains]))[::3]
+    hp = HighPassTeacher().score([np.asarray(Image.open(p).convert("RGB")) for p in probe])
+    agree = [spearmanr(score_paths(CNNDetector(weights=w, device="cpu"), probe), hp).statistic
+             for w in (whole, reverse)]
+    assert agree[0] > agree[1] + 0.05  # the teacher term trained: its ranking shows in the student
+    res = run([*taught, "--teacher", "test-highpass", "--stop-at-step", "11"], split)
+    assert "stopped after step 11" in res.output
+    assert "at step 11/24" in run([*taught, "--teacher", "test-highpass", "--resume"], split).output
     assert same_weights(split, whole)
 
     summary = json.loads(whole.with_suffix(".json").read_text())
     t = summary["teacher"]
-    _, test_df = split_chains(load_chains([str(chains)]))
     _, clean_held = split_clean(list_images([clean]))
-    held = {str(Path(p).resolve()) for p in [*test_df["path"], *clean_held]}
-    assert len(test_df) and t["n_left_out"] == len(held)
-    labelled = {str(Path(p).resolve()) for p in pd.read_parquet(whole.with_suffix(".labels.parquet"))["path"]}
-    assert labelled and not labelled & held
-    given = list_images([chains, clean])
-    assert t["n_train"] + t["n_heldout"] == len(given) - len(held)
-    assert summary["heldout_auroc"]  # the chain recipe's held-out evaluation ran
+    held = [*test_df["path"], *clean_held]
+    held_bytes = {file_digest(p) for p in held}
+    labelled = pd.read_parquet(whole.with_suffix(".labels.parquet"))["path"]
+    assert len(test_df) and len(labelled) and summary["heldout_auroc"]  # the held-out evaluation ran
+    assert not {file_digest(p) for p in labelled} & held_bytes  # neither the files nor copies of them
+    assert str((extra / "src22.png").resolve()) not in set(labelled)
+    given = {p.resolve() for p in list_images([chains, clean, extra])}
+    expected = {file_digest(p) for p in given if file_digest(p) not in held_bytes and p.name != "src22.png"}
+    assert t["n_train"] + t["n_heldout"] == len(labelled) == len(expected)
+    assert t["n_not_labelled"] == len(given) - len(expected)
     card = whole.with_suffix(".md").read_text()
-    assert "teacher `test-highpass` (version hp1)" in card and f"{t['n_left_out']} left out" in card
+    assert "teacher `test-highpass` (version hp1)" in card and f"{t['n_not_labelled']} of the images" in card
+    assert "held-out Spearman(student, teacher)" in run([*taught, "--teacher", "test-highpass"],
+                                                        tmp_path / "again" / "w.safetensors").output
+
+
+def test_a_teacher_beside_chains_with_only_held_out_images_is_refused_before_training(tmp_path):
+    from cg_chains import make_tiny_chains
+
+    from collapseguard.training.run import load_chains, split_chains
+
+    register("test-highpass", HighPassTeacher)
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=24)
+    _, test_df = split_chains(load_chains([str(chains)]))
+    only = tmp_path / "only"
+    only.mkdir()
+    for p in test_df["path"]:
+        (only / Path(p).name).write_bytes(Path(p).read_bytes())
+    out = tmp_path / "w.safetensors"
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--teacher", "test-highpass",
+                                    "--images", str(only), "--steps", "3", "--threads", "1", "--width", "6",
+                                    "--crop-size", "32", "--out", str(out)])
+    assert res.exit_code == 1 and "nothing is left for the teacher to label" in res.output
+    assert not out.exists()
