@@ -221,3 +221,22 @@ def test_a_teacher_beside_chains_with_only_held_out_images_is_refused_before_tra
                                     "--crop-size", "32", "--out", str(out)])
     assert res.exit_code == 1 and "nothing is left for the teacher to label" in res.output
     assert not out.exists()
+
+
+def test_an_excluded_family_stays_unseen_by_the_teacher(tmp_path):
+    """`--exclude-family X` with a teacher: X's images are among what the teacher must not label,
+    beside the held-out chains' images and clean files."""
+    from cg_chains import make_tiny_chains
+
+    from collapseguard.training.run import load_chains, split_chains, teacher_leave_out
+
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=24)
+    train_df, test_df = split_chains(load_chains([str(chains)], ["grain2"]))
+    clean_held = [tmp_path / "held.png"]
+    out = {p.resolve() for p in teacher_leave_out([str(chains)], ["grain2"], test_df, clean_held)}
+    every = load_chains([str(chains)])
+    grain = {Path(p).resolve() for p in every.loc[every["family"] == "grain2", "path"]}
+    assert grain and grain <= out and (tmp_path / "held.png").resolve() in out
+    assert {Path(p).resolve() for p in test_df["path"]} <= out
+    assert not out & {Path(p).resolve() for p in train_df["path"]}  # the training chains stay labelled
+    assert teacher_leave_out([str(chains)], [], test_df, []) == [Path(p) for p in test_df["path"]]
