@@ -14,7 +14,9 @@ weights (threshold from ``--calibration``; ``--shipped-calibration`` sets the sh
   pictures above the threshold;
 - the rule's three terms: the worst held-out network family's 0v10 (``--held-out``), the worst
   web-history kind's share, and the worst default family's 0v5 (the families outside
-  ``--networks``), with the verdict when a candidate is given.
+  ``--networks``), with the verdict when a candidate is given; beside them, the family mean and
+  the spread of the step-0 medians across kinds in step-0 standard deviations (content read as
+  damage), which decide nothing.
 
 Scores are cached per weights version in ``--cache`` (``cnn-<version>.csv``: path, score), so a
 rerun scores only new files.
@@ -26,6 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from collapseguard.calibration.thresholds import default_calibration
@@ -90,6 +93,10 @@ def judge(name: str, det: CNNDetector, thr: float, ev: pd.DataFrame, wh: pd.Data
                                  "jpeg q90 4:2:0": float(per_kind["over jpeg90"].max())},
         "worst_default_0v5": {st: float(g["0v5"].min()) for st, g in default.groupby("storage")},
         "family_mean_0v5": {st: float(g["0v5"].mean()) for st, g in fams.groupby("storage")},
+        # how much the clean score depends on content (decides nothing): the spread of the
+        # step-0 medians across kinds, in step-0 standard deviations
+        "kind_spread_sd": {st: float(np.ptp(g.groupby("kind")["score"].median()) / g["score"].std())
+                           for st, g in step0.groupby("storage")},
     }
     print("rule terms:", json.dumps(terms, indent=1))
     return terms
