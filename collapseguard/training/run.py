@@ -258,8 +258,9 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     ``teacher`` (distillation beside the chains): a detector whose scores of ``teacher_images``
     (cached in ``teacher_cache``, default ``<out>.labels.parquet``) train the net to rank as it
     does, one more term of the same objective (``distill.teacher_side``). The held-out chains'
-    and clean files' images are never labelled, so the held-out figures stay those of unseen
-    pictures.
+    and clean files' images, byte copies of them, files named as a held-out chain's picture and an
+    excluded family's images are never labelled (``teacher_leave_out``, ``distill.teacher_files``),
+    so the held-out figures stay those of unseen pictures.
     """
     from collapseguard.detectors.cnn_model import save_net
 
@@ -309,19 +310,24 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         log(f"warning: {warning}")
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
-    cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
-                                 cache_dir=cache_dir)
-    tb, t_scale, t_info = None, 1.0, None
-    if teacher is not None:
+    files: list[Path] = []
+    if teacher is not None:  # before the banks: a teacher with nothing to label fails in seconds
         from collapseguard.training.distill import teacher_files, teacher_side
 
-        cache = Path(teacher_cache) if teacher_cache else out.with_suffix(".labels.parquet")
         files = teacher_files(teacher_images, leave_out=teacher_leave_out(chain_dirs, exclude, test_df, clean_held),
                               log=log)
         if evaluate:  # a held-out chain's picture under another name, as --shared-clean drop does
             files, n_pictures = without_pictures_of(test_df, files)
             if n_pictures:
                 log(f"left out {n_pictures} --images files whose picture is a held-out chain source")
+            if not files:
+                raise ValueError("every --images file is a held-out chain or clean image, or a picture of "
+                                 "a held-out chain: nothing is left for the teacher to label")
+    cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
+                                 cache_dir=cache_dir)
+    tb, t_scale, t_info = None, 1.0, None
+    if teacher is not None:
+        cache = Path(teacher_cache) if teacher_cache else out.with_suffix(".labels.parquet")
         tb, t_scale, t_train, t_test = teacher_side(teacher, files, cfg, cache, crops_per_bank_image, log=log)
         t_info = {"teacher": teacher.name, "teacher_version": teacher.version, "n_train": len(t_train),
                   "n_heldout": len(t_test),
