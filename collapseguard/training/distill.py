@@ -63,29 +63,40 @@ def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
 
 
 def teacher_files(image_paths: Sequence[str | Path], leave_out: Sequence[str | Path] = (),
-                  log: Callable[[str], None] = print) -> list[Path]:
-    """The files of ``image_paths`` the teacher labels: each once (by resolved path, then by
-    content), without the ``leave_out`` files or byte-identical copies of them (a chain run's
-    held-out images: a student that learned the teacher's ranking of them would flatter its
-    held-out figures). Raises ValueError when nothing is left."""
-    from collapseguard.training.negatives import drop_identical, file_digest
+                  log: Callable[[str], None] = print) -> tuple[list[Path], int]:
+    """The files of ``image_paths`` the teacher labels, and how many files were given: each once
+    (by resolved path, then by content), without the ``leave_out`` files or byte-identical copies
+    of them (a chain run's held-out images: a student that learned the teacher's ranking of them
+    would flatter its held-out figures). Each file is read once. Raises ValueError when nothing is
+    left."""
+    from collapseguard.training.negatives import file_digest
 
     given = list(dict.fromkeys(Path(p).resolve() for p in list_images(image_paths)))
     if not given:
         raise ValueError("no images given to label")
     skip = {Path(p).resolve() for p in leave_out}
     skip_bytes = {file_digest(p) for p in skip if p.is_file()}
-    kept = [p for p in given if p not in skip and (not skip_bytes or file_digest(p) not in skip_bytes)]
-    if len(kept) < len(given):
-        log(f"left out {len(given) - len(kept)} --images files that are (or copy) held-out chain or "
+    kept: list[Path] = []
+    seen: set[str] = set()
+    left = same = 0
+    for p in given:
+        digest = file_digest(p)
+        if p in skip or digest in skip_bytes:
+            left += 1
+        elif digest in seen:
+            same += 1
+        else:
+            seen.add(digest)
+            kept.append(p)
+    if left:
+        log(f"left out {left} --images files that are (or copy) held-out chain or "
             "clean images, or images of an excluded family")
-    kept, same = drop_identical(kept)
     if same:
-        log(f"{len(same)} --images files are byte-identical to another and are labelled once")
+        log(f"{same} --images files are byte-identical to another and are labelled once")
     if not kept:
         raise ValueError(f"all {len(given)} --images files are held-out chain or clean images (or copies of "
                          "them): nothing is left for the teacher to label")
-    return kept
+    return kept, len(given)
 
 
 def teacher_side(teacher: Detector, paths: Sequence[Path], cfg: TrainConfig, cache_path: str | Path,
@@ -128,8 +139,9 @@ def run_distillation(teacher: Detector, image_paths: Sequence[str | Path], out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     cache_path = Path(cache_path) if cache_path else out.with_suffix(".labels.parquet")
-    tb, scale, train_l, test_l = teacher_side(teacher, teacher_files(image_paths, log=log), cfg, cache_path,
-                                              crops_per_bank_image, holdout, log=log)
+    files, _ = teacher_files(image_paths, log=log)
+    tb, scale, train_l, test_l = teacher_side(teacher, files, cfg, cache_path, crops_per_bank_image, holdout,
+                                              log=log)
     labels_n = len(train_l) + len(test_l)
     t1 = time.time()
     net, history = train_net(None, None, cfg, log=log, teacher=tb, teacher_scale=scale)

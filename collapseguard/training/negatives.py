@@ -61,7 +61,7 @@ def unique_files(roots: Iterable[str | Path], accept: Callable[[Path], bool]) ->
                 p = Path(dirpath, name)
                 if not accept(p):
                     continue
-                digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                digest = file_digest(p)
                 if digest not in seen:
                     seen.add(digest)
                     yield p

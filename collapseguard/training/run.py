@@ -311,11 +311,12 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")
     files: list[Path] = []
+    n_given = 0
     if teacher is not None:  # before the banks: a teacher with nothing to label fails in seconds
         from collapseguard.training.distill import teacher_files, teacher_side
 
-        files = teacher_files(teacher_images, leave_out=teacher_leave_out(chain_dirs, exclude, test_df, clean_held),
-                              log=log)
+        files, n_given = teacher_files(teacher_images, log=log,
+                                       leave_out=teacher_leave_out(chain_dirs, exclude, test_df, clean_held))
         if evaluate:  # a held-out chain's picture under another name, as --shared-clean drop does
             files, n_pictures = without_pictures_of(test_df, files)
             if n_pictures:
@@ -331,7 +332,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         tb, t_scale, t_train, t_test = teacher_side(teacher, files, cfg, cache, crops_per_bank_image, log=log)
         t_info = {"teacher": teacher.name, "teacher_version": teacher.version, "n_train": len(t_train),
                   "n_heldout": len(t_test),
-                  "n_not_labelled": len({Path(p).resolve() for p in list_images(teacher_images)}) - len(files)}
+                  "n_not_labelled": n_given - len(files)}
     t1 = time.time()
     net, history = train_net(cb, clean_bank, cfg, log=log, checkpoint=checkpoint, teacher=tb,
                              teacher_scale=t_scale)
