@@ -147,7 +147,8 @@ def stage_profile(shards: list[Path], runtime: str, n_images: int,
     from collapseguard.detectors import create
     from collapseguard.detectors.crops import image_crops
     from collapseguard.images import decode_with_storage
-    from collapseguard.io.tar import ShardReader, ShardWriter
+    from collapseguard.io.shard_writer import ShardWriter
+    from collapseguard.io.tar import ShardReader
 
     os.environ["OMP_NUM_THREADS"] = "1"
     det = create("cnn", device="cpu", runtime=runtime, **({"weights": weights} if weights else {}))

@@ -31,12 +31,8 @@ from collapseguard.filter.decisions import apply_group, decide, read_shard_group
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parse import Input, basename_of, strip_suffix
-from collapseguard.io.tar import (
-    MAX_SAMPLE_BYTES,
-    MAX_SHARD_BYTES,
-    ShardReader,
-    ShardWriter,
-)
+from collapseguard.io.shard_writer import ShardWriter
+from collapseguard.io.tar import MAX_SAMPLE_BYTES, MAX_SHARD_BYTES, ShardReader
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import (
     identity,

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter.sidecars import stem_of
-from collapseguard.io.tar import ShardReader, ShardWriter
+from collapseguard.io.shard_writer import ShardWriter
+from collapseguard.io.tar import ShardReader
 
 FOLDER = "resharded"
 #: kept/ holds what the filter run let through (its --max-sample-bytes may be above the default)

@@ -306,7 +306,7 @@ def test_the_temporary_folders_of_a_killed_reshard_are_removed_by_the_next_run(s
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import time\nimport collapseguard.io.tar as t\n_c = t.ShardWriter.close\n"
+        "import time\nimport collapseguard.io.shard_writer as t\n_c = t.ShardWriter.close\n"
         "def close(self):\n    _c(self)\n    time.sleep(30)\nt.ShardWriter.close = close\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
     code = ("import sys; from collapseguard.filter.reshard import reshard; "

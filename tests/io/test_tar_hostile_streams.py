@@ -28,6 +28,7 @@ from cg_testutil import run_cli
 
 from collapseguard.images import encode_png
 from collapseguard.inline import _unsafe
+from collapseguard.io.shard_writer import ShardWriter
 from collapseguard.io.tar import (
     MAX_HEADER_BYTES,
     CorruptShardError,
@@ -35,7 +36,6 @@ from collapseguard.io.tar import (
     Sample,
     ShardError,
     ShardReader,
-    ShardWriter,
     TruncatedShardError,
     clean_member_name,
 )
