@@ -16,8 +16,10 @@ than one --manifest lists is read from the first.
 With --web-history (a manifest with a kind and a `png`/`jpeg90` path per clean picture): the share
 of those clean pictures that score above the 99th percentile of the evaluation set's step-0
 scores in the same storage (fusions fitted on every family), and the spread of the evaluation
-set's step-0 medians across kinds, in units of the step-0 standard deviation. Scores are cached
-per detector version under --cache, so a rerun only scores what is new.
+set's step-0 medians across kinds, in units of the step-0 standard deviation. With
+--resampled-cnn, the cnn's own fixed point joins the signals: ``cnnfp = cnn(R(x)) - cnn(x)``, R
+one bicubic round trip to half size, alone and fused (``cnn+cnnfp``). Scores are cached per
+detector version under --cache, so a rerun only scores what is new.
 """
 
 from __future__ import annotations
@@ -51,16 +53,27 @@ def load_rgb(path: str) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
-def scored(paths: list[str], spec: str, cache: Path, batch: int = 16) -> pd.DataFrame:
-    """Scores (and detail columns) of ``paths`` by ``spec``, read from and added to the cache."""
+def load_resampled(path: str) -> np.ndarray:
+    """The image after one more resampling: bicubic to half size and back."""
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+        w, h = im.size
+        half = im.resize((max(1, w // 2), max(1, h // 2)), Image.BICUBIC)
+        return np.asarray(half.resize((w, h), Image.BICUBIC))
+
+
+def scored(paths: list[str], spec: str, cache: Path, batch: int = 16,
+           load=load_rgb, tag: str = "") -> pd.DataFrame:
+    """Scores (and detail columns) of ``paths`` by ``spec``, read from and added to the cache
+    (``load`` reads an image; ``tag`` names a cache of another reading)."""
     det = create(spec)
     cache.mkdir(parents=True, exist_ok=True)
-    file = cache / f"{spec}-{det.version}.csv"
+    file = cache / f"{spec}{tag}-{det.version}.csv"
     have = pd.read_csv(file) if file.exists() else pd.DataFrame(columns=["path"])
     todo = sorted(set(paths) - set(have["path"]))
     for i in range(0, len(todo), batch):
         part = todo[i:i + batch]
-        out = det.score_detailed([load_rgb(p) for p in part])
+        out = det.score_detailed([load(p) for p in part])
         rows = pd.DataFrame({"path": part, **{k: np.asarray(v, dtype=np.float64) for k, v in out.items()}})
         rows.to_csv(file, mode="a", header=not file.exists() or file.stat().st_size == 0, index=False)
         print(f"  {spec}: {min(i + batch, len(todo))}/{len(todo)}", end="\r", flush=True)
@@ -71,7 +84,7 @@ def scored(paths: list[str], spec: str, cache: Path, batch: int = 16) -> pd.Data
     return have.loc[paths]
 
 
-def signal_table(paths: list[str], cache: Path) -> pd.DataFrame:
+def signal_table(paths: list[str], cache: Path, resampled: bool = False) -> pd.DataFrame:
     cols = {}
     for spec in SIGNALS:
         s = scored(paths, spec, cache)
@@ -81,6 +94,9 @@ def signal_table(paths: list[str], cache: Path) -> pd.DataFrame:
             cols["npr.grid"] = s["grid"].to_numpy()
         if spec == "fixedpoint":
             cols["fixedpoint.log_e1"] = np.log(s["e1"].to_numpy() + 0.05)
+    if resampled:
+        again = scored(paths, "cnn", cache, load=load_resampled, tag="R")["score"].to_numpy()
+        cols["cnnfp"] = again - cols["cnn"]
     return pd.DataFrame(cols, index=paths)
 
 
@@ -112,8 +128,12 @@ def main() -> None:
                     help="storage column value(s) to keep (default: png and jpeg q90 4:2:0)")
     ap.add_argument("--sources", type=int, default=120, help="at most this many sources per family")
     ap.add_argument("--web-history", default=None, help="clean web-history manifest (kind, png, jpeg90)")
+    ap.add_argument("--resampled-cnn", action="store_true",
+                    help="add cnnfp = cnn(R(x)) - cnn(x), R a bicubic round trip to half size")
     ap.add_argument("--cache", default="/work/data/signals")
     args = ap.parse_args()
+    if args.resampled_cnn:
+        FUSIONS["cnn+cnnfp"] = ["cnn", "cnnfp"]
     storages = args.storage or ["png", "jpeg q90 4:2:0"]
     cache = Path(args.cache)
     parts = []
@@ -129,7 +149,7 @@ def main() -> None:
         keep |= {(fam, s) for s in sorted(g["source_image"].unique())[: args.sources]}
     m = m[[(f, s) in keep for f, s in zip(m["family"], m["source_image"])]]
     print(f"evaluation set: {len(m)} images, {m['chain_id'].nunique()} chains, storages {storages}")
-    sig = signal_table(list(m["file"]), cache)
+    sig = signal_table(list(m["file"]), cache, args.resampled_cnn)
     m = pd.concat([m.reset_index(drop=True), sig.reset_index(drop=True)], axis=1)
 
     # held-out fusions: fit on the other families, score this one
@@ -144,7 +164,7 @@ def main() -> None:
         for fam in m["family"].unique():
             held = m["family"] == fam
             m.loc[held, name] = robust_z(m[~held & m["family"].isin(fit_fams)], m[held], cols)
-    names = list(SIGNALS) + list(FUSIONS) + list(MAX_FUSIONS)
+    names = list(SIGNALS) + ["cnnfp"] * args.resampled_cnn + list(FUSIONS) + list(MAX_FUSIONS)
 
     rows = []
     for (storage, fam), g in m.groupby(["storage", "family"]):
@@ -186,7 +206,7 @@ def main() -> None:
             if col is None or col not in web:
                 continue
             paths = [p for p in web[col] if isinstance(p, str) and Path(p).exists()]
-            w = signal_table(paths, cache)
+            w = signal_table(paths, cache, args.resampled_cnn)
             for name, cols in FUSIONS.items():
                 w[name] = fitted_all[name].decision_function(w[cols].to_numpy())
             for name, cols in MAX_FUSIONS.items():
