@@ -76,9 +76,10 @@ def scored(paths: list[str], spec: str, cache: Path, batch: int = 16,
         out = det.score_detailed([load(p) for p in part])
         rows = pd.DataFrame({"path": part, **{k: np.asarray(v, dtype=np.float64) for k, v in out.items()}})
         rows.to_csv(file, mode="a", header=not file.exists() or file.stat().st_size == 0, index=False)
-        print(f"  {spec}: {min(i + batch, len(todo))}/{len(todo)}", end="\r", flush=True)
+        done = min(i + batch, len(todo))
+        if done == len(todo) or (i // batch) % 50 == 0:  # a line per 800 images, not per batch
+            print(f"  {spec}{tag}: {done}/{len(todo)}", flush=True)
     if todo:
-        print()
         have = pd.read_csv(file)
     have = have.drop_duplicates("path").set_index("path")
     return have.loc[paths]
