@@ -16,6 +16,7 @@ example crops) of one source ``<name>``, so they stay on one side of the split b
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
@@ -247,15 +248,35 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
     return items, kinds
 
 
+def same_bytes_same_source(sources: list[str], digests: list[str]) -> tuple[list[str], int]:
+    """``sources`` with each clean image whose bytes are identical to an earlier one's given that
+    image's source id, and how many were: byte-identical files are one picture however they are
+    named, so copies of one file cannot pass for independent evidence in the bound (nor fall on
+    both sides of the split by source). Unreadable images (digest ``""``) keep their own."""
+    first: dict[str, str] = {}
+    out, n = [], 0
+    for src, digest in zip(sources, digests):
+        if digest and digest in first:
+            n += 1
+            out.append(first[digest])
+        else:
+            if digest:
+                first[digest] = src
+            out.append(src)
+    return out, n
+
+
 # ---------------------------------------------------------------------------------------------
 # Scoring
 # ---------------------------------------------------------------------------------------------
 
-def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int, progress=None):
+def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int, progress=None,
+                   digests: list[str] | None = None):
     """Scores for each reader (NaN when it cannot be read, decoded or scored), each one's reason
     (``""`` when scored), and each image's storage as its header says (``""`` when unreadable),
     through the one scoring loop (``scoring.records.score_records``). A detector that raises stops
-    the calibration."""
+    the calibration. With ``digests`` (a list as long as ``readers``), each read image's SHA-256
+    is written into it (``""`` when unreadable)."""
     out = np.full(len(readers), np.nan, dtype=np.float64)
     errors = [""] * len(readers)
     storage = [""] * len(readers)
@@ -267,6 +288,8 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
             errors[i] = f"cannot read the file: {exc.strerror or exc}"
             return [(f"image {i}", b"")]
         storage[i] = storage_label(data)
+        if digests is not None:
+            digests[i] = hashlib.sha256(data).hexdigest()
         return [(f"image {i}", data)]
 
     for i, res in score_records(range(len(readers)), detector, members_of=members,
@@ -324,9 +347,13 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
         if kind == "fr":
             t["fr"] = full_reference_column(m, measure)
         parts.append(t)
+    n_identical = 0
     if items:
-        scores, errors, header = _score_batches(detector, [r for _, _, r in items], bs, progress)
-        parts.append(pd.DataFrame({"source_image": [s for s, _, _ in items], "family": CLEAN_FAMILY,
+        digests = [""] * len(items)
+        scores, errors, header = _score_batches(detector, [r for _, _, r in items], bs, progress,
+                                                digests)
+        sources, n_identical = same_bytes_same_source([s for s, _, _ in items], digests)
+        parts.append(pd.DataFrame({"source_image": sources, "family": CLEAN_FAMILY,
                                    "step": 0, "kind": "clean", "path": [p for _, p, _ in items],
                                    "score": scores, "chain_id": "", "storage": header,
                                    "source_kind": item_kinds, "error": errors}))
@@ -334,6 +361,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
         raise ValueError("nothing to score: give chains and/or clean folders")
     table = pd.concat(parts, ignore_index=True)
     table.attrs["clean_in_chains"] = n_in_chains
+    table.attrs["clean_identical"] = n_identical
     table.attrs["detector"] = getattr(detector, "name", "")
     table.attrs["detector_version"] = str(getattr(detector, "version", ""))
     return table

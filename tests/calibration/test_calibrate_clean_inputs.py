@@ -176,3 +176,21 @@ def test_chain_originals_also_named_as_clean_are_scored_once_as_chain_images(tmp
     assert len(t) == 20 and t["path"].map(os.path.realpath).is_unique
     assert (t["kind"] == "clean").sum() == 4
     assert load_calibration(tmp_path / "cal.json").n_clean == 12
+
+
+def test_byte_identical_clean_files_count_as_one_picture_whatever_their_names(tmp_path):
+    """A scraped clean set holds exact copies under unrelated names: they are one picture for the
+    bound (and one side of the split), so 12 copies of one file beside 3 other pictures are 4
+    pictures, never 15 independent ones."""
+    import shutil
+
+    clean = _folder(tmp_path / "clean", 4)
+    for i in range(12):
+        shutil.copy(clean / "p0.png", clean / f"copy_{i:02d}.png")
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", clean, "--out", tmp_path / "cal.json", "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    assert load_calibration(tmp_path / "cal.json").n_clean == 4
+    assert "12 --clean image(s) are byte-identical copies" in res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    assert len(t) == 16 and t["source_image"].nunique() == 4
