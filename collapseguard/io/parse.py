@@ -23,7 +23,9 @@ from __future__ import annotations
 import glob
 import os
 import posixpath
+import re
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import braceexpand
 
@@ -95,7 +97,26 @@ def basename_of(name: str) -> str:
     if scheme(name) == "pipe":
         return _pipe_basename(name[len("pipe:"):])
     path = local_path(name)
-    return os.path.basename(path) if path is not None else posixpath.basename(url_path(name))
+    if path is not None:
+        return os.path.basename(path)
+    base = posixpath.basename(url_path(name))
+    return _unquoted(base) if scheme(name) in ("http", "https") else base
+
+
+#: what a percent-decoded http(s) file name may not hold to be used as an output name
+_NOT_A_NAME = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+
+
+def _unquoted(base: str) -> str:
+    """An http(s) URL's last path component as the server's file is named (``a%20b.tar`` is the
+    file ``a b.tar``, as a local read of the same folder names it). A component that decodes to
+    something that is not one safe file name (a slash, a control character, ``..``, bytes that
+    are not UTF-8) keeps its encoded form."""
+    try:
+        decoded = unquote(base, errors="strict")
+    except UnicodeDecodeError:
+        return base
+    return base if decoded in ("", ".", "..") or _NOT_A_NAME.search(decoded) else decoded
 
 
 @dataclass(frozen=True)

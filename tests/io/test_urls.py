@@ -442,3 +442,30 @@ def test_object_keys_holding_hash_question_or_semicolon_are_inputs_too(photos):
             assert decode_image(read_bytes(f.path)).shape == (64, 64, 3)
     finally:
         m.rm("/cgtest-keys", recursive=True)
+
+
+def test_shards_read_over_http_keep_their_file_names_in_the_outputs(tmp_path, shards, threshold):
+    """A shard served as ``my shard ü#1.tar`` (URL ``my%20shard%20%C3%BC%231.tar``) is written to
+    kept/ under that name, as a local read of the same folder writes it; a file literally named
+    ``a%20b.tar`` stays ``a%20b.tar``. A name that decodes to a path keeps its encoded form."""
+    from collapseguard.io.parse import basename_of
+
+    served = tmp_path / "served"
+    served.mkdir()
+    one = sorted(Path(shards).glob("*.tar"))[0].read_bytes()
+    for name in ("my shard ü#1.tar", "a%20b.tar"):
+        (served / name).write_bytes(one)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                          functools.partial(QuietHandler, directory=str(served)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/"
+        run_cli(["filter", url, "-o", tmp_path / "web", "-d", "nss", "--threshold", threshold, "-w", "1", "-q"])
+        run_cli(["filter", served, "-o", tmp_path / "local", "-d", "nss", "--threshold", threshold, "-w", "1", "-q"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert sorted(os.listdir(tmp_path / "web/kept")) == ["a%20b.tar", "my shard ü#1.tar"]
+    assert outputs(tmp_path / "web") == outputs(tmp_path / "local")
+    assert basename_of("http://h/a%2F..%2Fevil.tar") == "a%2F..%2Fevil.tar"
+    assert basename_of("http://h/%2E%2E") == "%2E%2E" and basename_of("http://h/%FF.tar") == "%FF.tar"
