@@ -4,7 +4,7 @@ One self-contained HTML file (images embedded as ``data:`` URIs, every text from
 Groups with a degraded copy come first, then the largest. Each group is a row: the kept copy,
 then the others by rank, each with a thumbnail and a 1:1 crop (not resampled, stored as PNG) of
 the same part of the picture (the kept copy's most textured window, at the same relative place in
-each copy), its key, decision, rank and P(more degraded than the kept copy). Only the images
+each copy; an image with transparency as PNG on a checkerboard, as the audit galleries show it), its key, decision, rank and P(more degraded than the kept copy). Only the images
 shown are read back (``scoring.readback.fetch_samples``: each shard streamed once).
 """
 
@@ -23,8 +23,8 @@ from collapseguard.scoring.readback import (
     CSP,
     detail_window,
     fetch_samples,
-    jpeg_uri,
     png_uri,
+    thumb_uri,
     thumbnail,
 )
 
@@ -63,7 +63,10 @@ COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "i
 STYLE = (".cg-groups .row{display:flex;gap:8px;overflow-x:auto}"
          ".cg-groups .tile{border:2px solid #8a8;padding:4px}"
          ".cg-groups .tile.degraded_copy{border-color:#c44}"
-         ".cg-groups .crop{display:block;image-rendering:pixelated}.cg-groups .err{color:#c44}")
+         ".cg-groups .crop{display:block;image-rendering:pixelated}.cg-groups .err{color:#c44}"
+         ".cg-groups img.alpha{background-color:#fff;background-image:linear-gradient(45deg,#c8ccd2 25%,"
+         "transparent 25%,transparent 75%,#c8ccd2 75%),linear-gradient(45deg,#c8ccd2 25%,transparent 25%,"
+         "transparent 75%,#c8ccd2 75%);background-size:16px 16px;background-position:0 0,8px 8px}")
 
 
 class NotAGroupsTable(CollapseguardError, ValueError):
@@ -110,8 +113,11 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
                 body = f"<div class=err>{e(f.error if f is not None else 'not read')}</div>"
             else:
                 h, w = f.image.shape[:2]
-                body = (f"<img src='{jpeg_uri(thumbnail(f.image, 160))}' alt=''>"
-                        f"<img class=crop src='{png_uri(_crop_at(f.image, fy, fx, CROP))}' alt=''>"
+                alpha = f.image.ndim == 3 and f.image.shape[2] == 4  # shown on a checkerboard
+                thumb_class, crop_class = ("alpha", "'crop alpha'") if alpha else ("", "crop")
+                body = (f"<img{' class=' + thumb_class if thumb_class else ''} "
+                        f"src='{thumb_uri(thumbnail(f.image, 160))}' alt=''>"
+                        f"<img class={crop_class} src='{png_uri(_crop_at(f.image, fy, fx, CROP))}' alt=''>"
                         f"<div>{w}x{h}</div>")
             tiles.append(f"<div class='tile {e(m['decision'])}'>{body}<div>{label}</div></div>")
         parts.append(f"<{heading}>{e(ms[0]['group'])}</{heading}><div class=row>{''.join(tiles)}</div>")
