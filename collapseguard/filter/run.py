@@ -262,6 +262,38 @@ OUT_FOLDERS = ("kept", "rejected", "scores", ".done", sidecars.ORPHAN_FOLDER, ".
 OUT_FILES = ("summary.json", ".lock")
 
 
+def _has_marker(shard: Input, out_dir: str) -> bool:
+    try:
+        return read_marker(shard, out_dir) is not None
+    except Exception:  # noqa: BLE001 - only a count in a message: an unreadable marker is not one
+        return False
+
+
+def other_settings_shards(out: Path | str, inputs: Sequence[Input],
+                          options: FilterOptions) -> list[tuple[str, str]]:
+    """``(marker stem, what differs)`` for each shard completed in a local ``out`` by an earlier
+    run with other settings and not among ``inputs`` (a run over a subset, or ``--overwrite``
+    with new settings over some shards): kept/ and rejected/ mix two settings until those shards
+    are run again."""
+    if not isinstance(out, Path) or not (out / ".done").is_dir():
+        return []
+    mine = {s.stem for s in inputs}
+    found = []
+    for f in sorted((out / ".done").glob("*.json")):
+        if f.stem in mine:
+            continue
+        try:
+            marker = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(marker, dict):
+            continue
+        now = options.fingerprint(parquet=str(marker.get("shard", "")).endswith(".parquet"))
+        if marker.get("options") != now:
+            found.append((f.stem, settings_diff(marker.get("options"), now)))
+    return found
+
+
 def settings_diff(before, now: dict) -> str:
     """Only the settings that differ between a completed shard's marker and this run:
     ``threshold 0.5 there, 0.7 now; detector nss there, cnn now``."""
@@ -410,6 +442,13 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     if records and not quiet:
         bar.write(f"resuming: {len(records)} of {len(shards)} shard(s) already complete in "
                   f"{printable(str(options.out_dir))}, skipped", file=sys.stderr)
+    others = other_settings_shards(out, inputs, options)
+    if others:  # a warning about what --out holds, so printed with --quiet too
+        name, diff = others[0]
+        bar.write(f"note: {len(others)} other shard(s) in {printable(str(options.out_dir))} were "
+                  f"completed by an earlier run with other settings (e.g. {printable(name)}: {diff}); "
+                  "they are not among these inputs and stay as that run wrote them, and "
+                  "summary.json describes these inputs only", file=sys.stderr)
     if todo:
         absolute = replace(options, out_dir=_absolute(options.out_dir),
                            scores_from=options.scores_from and _absolute(options.scores_from))
@@ -420,7 +459,10 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
                 options.detector_kwargs, on_progress if not quiet else None, on_done)
         except KeyboardInterrupt:
             bar.close()
-            print(f"interrupted: {len(records)} of {len(shards)} shard(s) complete in "
+            # workers may have committed shards whose results never reached this process: count
+            # the markers, which are what a resume reads
+            complete = sum(s.name in records or _has_marker(s, options.out_dir) for s in inputs)
+            print(f"interrupted: {complete} of {len(shards)} shard(s) complete in "
                   f"{printable(str(options.out_dir))} (each with its .done marker; no partial "
                   "shard is left); run the same command again to resume", file=sys.stderr)
             raise
@@ -434,6 +476,7 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     summary["loose_file_example"] = loose[0] if loose else None
     # inputs that could not be listed (a URL folder answering 404/500, a redirect loop): failed
     summary["inputs_failed"] = [{"input": url, "error": why} for url, why in failed_inputs]
+    summary["other_settings_shards"] = [name for name, _ in others]
     write_summary(options.out_dir, summary, options.run_id)
     return summary
 

@@ -555,6 +555,31 @@ def test_sigint_stops_the_run_and_its_workers_and_the_resume_is_identical(tmp_pa
     assert outputs(out) == reference
 
 
+def test_an_interrupted_run_counts_the_shards_its_workers_completed(tmp_path):
+    """SIGINT to the parent alone once a worker has committed a shard: the message counts the
+    completed shards a resume will skip (their markers), not only the results that reached the
+    parent before the signal."""
+    from skimage import data
+    photos = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket()]
+    d = tmp_path / "data"
+    d.mkdir()
+    for s in range(6):
+        make_shard(d / f"race-{s}.tar", photos * (1 if s < 4 else 6), start=s * 100)
+    out = tmp_path / "out"
+    cmd = filter_cmd(d, out)
+    cmd[cmd.index(str(d / "race-{0..1}.tar"))] = str(d / "race-{0..5}.tar")
+    proc = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 180
+    while time.time() < deadline and len(list((out / ".done").glob("*.json"))) < 2:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGINT)  # the parent alone, as `kill -INT` does
+    _, err = proc.communicate(timeout=60)
+    line = next(x for x in err.splitlines() if x.startswith("interrupted:"))
+    done = len(list((out / ".done").glob("*.json")))
+    assert done >= 2 and line.startswith(f"interrupted: {done} of 6 shard(s) complete"), (line, done)
+
+
 def open_files_under(pid: int, folder: Path) -> list[str]:
     """The files under ``folder`` that process ``pid`` holds open (read from /proc)."""
     try:

@@ -51,6 +51,22 @@ def test_a_shard_changed_since_it_was_filtered_is_filtered_again(tmp_path, photo
     assert json.loads((tmp_path / "o/summary.json").read_text())["per_shard"][0]["status"] == "resumed"
 
 
+def test_shards_left_from_an_earlier_run_with_other_settings_are_named(tmp_path, photos):
+    """--overwrite over one shard with a new threshold: the other shards of --out keep what the
+    earlier threshold made; the run says so and summary.json lists them, and a resume with
+    matching settings says nothing."""
+    for s in range(3):
+        make_shard(tmp_path / f"m-{s}.tar", photos[:1], start=10 * s)
+    out = tmp_path / "o"
+    run_cli(["filter", *(tmp_path / f"m-{s}.tar" for s in range(3)), "--out", out, "--threshold", "1e9", *ARGS])
+    res = run_cli(["filter", tmp_path / "m-0.tar", "--out", out, "--overwrite", "--threshold", "-1e9", *ARGS])
+    assert "2 other shard(s)" in res.output and "threshold 1000000000.0 there" in res.output, res.output
+    assert json.loads((out / "summary.json").read_text())["other_settings_shards"] == ["m-1", "m-2"]
+    res = run_cli(["filter", tmp_path / "m-1.tar", "--out", out, "--threshold", "1e9", *ARGS])
+    assert json.loads((out / "summary.json").read_text())["other_settings_shards"] == ["m-0"]
+    assert "1 other shard(s)" in res.output
+
+
 def test_a_shard_completed_by_another_detector_version_is_refused(tmp_path, photos):
     shard = tmp_path / "s.tar"
     make_shard(shard, photos[:1])
