@@ -280,8 +280,8 @@ class ShardReader:
             # compressed stream is named by the start of its signature
             kind = next((k for sig, k in SHORT_SIGNATURES if head.startswith(sig)), None)
         if kind == "zstd":
-            raise ShardError(f"{printable(self.path)}: a zstd-compressed stream: shards are read as "
-                             "plain tars or gzip, bzip2 or xz-compressed ones")
+            raise ShardError(f"{printable(self.path)}: a zstd-compressed stream: shards are .tar, "
+                             ".tar.gz or .tgz (decompress it, or recompress it with gzip)")
         where = printable(self.path)
         if kind is None:
             return CountingReader(source, self.max_shard_bytes, where)

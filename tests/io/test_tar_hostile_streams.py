@@ -470,3 +470,13 @@ def test_a_sample_whose_members_spell_dot_slash_differently_keeps_one_key(tmp_pa
     (sample,) = list(ShardReader(str(tmp_path / "s.tar")))
     assert sample.key == "./000" and [m.name for m in sample.members] == ["./000.png", "./000.txt"]
     assert sample.unsafe_names == [".//000.txt"]
+
+
+def test_a_zstd_stream_named_tar_is_refused_with_what_a_shard_may_be(tmp_path):
+    """The refusal says what a folder's name check says: .tar, .tar.gz or .tgz, and how to fix it."""
+    raw, _ = tar_bytes([("k.txt", b"abc")])
+    shard = tmp_path / "s.tar"
+    shard.write_bytes(b"\x28\xb5\x2f\xfd" + raw)  # a zstd frame's magic number before the data
+    with pytest.raises(ShardError, match=r"zstd-compressed stream: shards are \.tar, \.tar\.gz or "
+                                         r"\.tgz \(decompress it, or recompress it with gzip\)"):
+        list(ShardReader(str(shard)))
