@@ -7,11 +7,12 @@ column as it was (image bytes identical; the Arrow schema and its metadata, Hugg
 included, kept). ``scores/<stem>.parquet`` has one row per input row (``key``: the id column or
 the row index; ``row``: the row index). Outputs are staged and committed, and the completion
 marker ``.done/<stem>.json`` written last, exactly as ``filter.pipeline.process_shard`` does for
-a shard, so resume, ``--overwrite`` and the conservation check treat both alike. A row without
-image bytes is ``no_image`` (kept unless ``--reject-no-image``), one whose bytes do not decode
-``decode_error`` (rejected), each with its reason in the scores. With ``--groups`` (``dedup``'s
-groups.parquet) a row's decision is also its group's, matched by the file's stem and the row's
-key (the first row of a key that repeats), and the scores get a ``group`` column.
+a shard, so resume, ``--overwrite`` and the conservation check treat both alike. A row whose image
+or its bytes are null is ``no_image`` (kept unless ``--reject-no-image``), one whose bytes do not
+decode (zero-length bytes included) ``decode_error`` (rejected), each with its reason in the
+scores. With ``--groups`` (``dedup``'s groups.parquet) a row's decision is also its group's,
+matched by the file's stem and the row's key (the first row of a key that repeats), and the scores
+get a ``group`` column.
 """
 
 from __future__ import annotations

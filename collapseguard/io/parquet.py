@@ -1,19 +1,23 @@
 """Parquet files whose rows hold images as bytes: Hugging Face datasets, img2dataset, LAION-style
 tables.
 
-The image column is either a Hugging Face ``Image`` feature (a struct of ``bytes`` and ``path``)
-or a binary column of encoded images. It is named by the caller (``--image-column``) or found:
-a column the file's Hugging Face metadata (``huggingface`` schema key) declares an ``Image``,
-else a struct with a binary ``bytes`` field, else a binary column named ``image``, ``img``,
-``jpg``, ``jpeg``, ``png`` or ``webp`` (in that order). A row's key is its ``key``, ``__key__``
-or ``id`` column as text when the table has one, else its row index.
+The image column holds one image per row: a Hugging Face ``Image`` feature (a struct of ``bytes``
+and ``path``), or a binary column of encoded images, plain or dictionary-encoded (read by decoding
+the dictionary). It is named by the caller (``--image-column``) or found: a column the file's
+Hugging Face metadata (``huggingface`` schema key) declares an ``Image``, else a struct with a
+binary ``bytes`` field, else a binary column named ``image``, ``img``, ``jpg``, ``jpeg``, ``png``
+or ``webp`` (in that order). A column holding a list of images per row (a Hugging Face
+``Sequence(Image)`` / ``List(Image)``, ``list<binary>``) is not read: a file whose images are only
+there is a ParquetInputError that says so. A row's key is its ``key``, ``__key__`` or ``id``
+column as text when the table has one, else its row index.
 
-Files are read in record batches of ``BATCH_ROWS`` rows, every column as stored: nothing is
-decoded or re-encoded here. A local file must be a regular file; an fsspec URL is opened with
-random access (Parquet keeps its schema at the end); a ``pipe:`` command's output, or a file
-from an http(s) server that answers no range requests, is copied once into an anonymous
-temporary file and read from there. Writers (``RowGroupWriter``) keep the input's Arrow schema, its metadata included, and
-write row groups of at most ``ROW_GROUP_ROWS`` rows or ``ROW_GROUP_BYTES`` bytes.
+Files are read in record batches of ``BATCH_ROWS`` rows, every column as stored; image bytes are
+never decoded or re-encoded here. A local file must be a regular file; an fsspec URL is opened
+with random access (Parquet keeps its schema at the end); a ``pipe:`` command's output, or a file
+from an http(s) server that answers no range requests, is copied once into an anonymous temporary
+file and read from there. Writers (``RowGroupWriter``) keep the input's Arrow schema, its metadata
+and dictionary types included, and write row groups of at most ``ROW_GROUP_ROWS`` rows or
+``ROW_GROUP_BYTES`` bytes; a dictionary column's dictionary there holds only its rows' values.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collapseguard.errors import CollapseguardError
@@ -53,6 +58,11 @@ def _is_binary(t: pa.DataType) -> bool:
     return bool(view and view(t))
 
 
+def _is_binary_dictionary(t: pa.DataType) -> bool:
+    """A dictionary-encoded binary column (each row an index into a dictionary of bytes)."""
+    return pa.types.is_dictionary(t) and _is_binary(t.value_type)
+
+
 def _is_image_struct(t: pa.DataType) -> bool:
     """A Hugging Face ``Image`` struct: a struct with a binary ``bytes`` field."""
     if not pa.types.is_struct(t):
@@ -61,32 +71,87 @@ def _is_image_struct(t: pa.DataType) -> bool:
     return idx >= 0 and _is_binary(t.field(idx).type)
 
 
-def _hf_image_columns(schema: pa.Schema) -> list[str]:
-    """Columns the Hugging Face metadata declares ``Image`` features."""
+def _holds_image(t: pa.DataType) -> bool:
+    """A column of one image per row, as read here."""
+    return _is_binary(t) or _is_binary_dictionary(t) or _is_image_struct(t)
+
+
+#: the list types (the list views where this pyarrow has them)
+_LIST_CHECKS = tuple(check for check in (getattr(pa.types, n, None) for n in (
+    "is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view")) if check)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return any(check(t) for check in _LIST_CHECKS)
+
+
+def _is_image_list(t: pa.DataType) -> bool:
+    """A column of a list of images per row (``list<struct<bytes, path>>``, ``list<binary>``...)."""
+    return _is_list(t) and (_holds_image(t.value_type) or _is_image_list(t.value_type))
+
+
+def _hf_features(schema: pa.Schema) -> dict:
+    """The features of the file's Hugging Face metadata (``huggingface`` schema key), if any."""
     raw = (schema.metadata or {}).get(b"huggingface")
     if not raw:
-        return []
+        return {}
     try:
         features = json.loads(raw).get("info", {}).get("features", {})
     except (ValueError, AttributeError):
-        return []
-    if not isinstance(features, dict):
-        return []
-    return [name for name, f in features.items() if isinstance(f, dict) and f.get("_type") == "Image"]
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+def _declares_image(feature) -> bool:
+    return isinstance(feature, dict) and feature.get("_type") == "Image"
+
+
+def _declares_image_list(feature) -> bool:
+    """A ``Sequence(Image)`` / ``List(Image)`` feature (or a list of those), also as ``[Image]``."""
+    if isinstance(feature, list):
+        return len(feature) == 1 and (_declares_image(feature[0]) or _declares_image_list(feature[0]))
+    if not isinstance(feature, dict) or "feature" not in feature:
+        return False
+    inner = feature["feature"]
+    return _declares_image(inner) or _declares_image_list(inner)
+
+
+def _hf_image_columns(schema: pa.Schema) -> list[str]:
+    """Columns the Hugging Face metadata declares ``Image`` features."""
+    return [name for name, f in _hf_features(schema).items() if _declares_image(f)]
+
+
+def _image_list_columns(schema: pa.Schema) -> list[str]:
+    """Columns holding a list of images per row, by their type or the Hugging Face metadata."""
+    declared = {name for name, f in _hf_features(schema).items() if _declares_image_list(f)}
+    return [f.name for f in schema if _is_image_list(f.type)
+            or (f.name in declared and not _holds_image(f.type))]
+
+
+def _image_list_error(prefix: str, schema: pa.Schema, name: str, others: bool) -> ParquetInputError:
+    hint = "; name a column of one image per row with --image-column" if others else ""
+    return ParquetInputError(f"{prefix}column {printable(name)!r} holds a list of images per row "
+                             f"({schema.field(name).type}), which is not read: collapseguard "
+                             f"judges one image per row{hint}")
 
 
 def find_image_column(schema: pa.Schema, requested: str | None = None, where: str = "") -> str:
-    """The column holding the images (see the module docstring); ParquetInputError if none."""
+    """The column holding the images (see the module docstring); ParquetInputError if none, or
+    if the images are in a column holding a list of images per row."""
     prefix = f"{printable(where)}: " if where else ""
-    usable = {f.name for f in schema if _is_binary(f.type) or _is_image_struct(f.type)}
+    usable = {f.name for f in schema if _holds_image(f.type)}
+    lists = _image_list_columns(schema)
     if requested:
         if requested not in schema.names:
             raise ParquetInputError(f"{prefix}no column {requested!r} (--image-column); columns: "
                                     f"{', '.join(map(printable, schema.names))}")
+        if requested in lists:
+            raise _image_list_error(prefix, schema, requested, others=bool(usable))
         if requested not in usable:
             raise ParquetInputError(f"{prefix}column {requested!r} holds "
-                                    f"{schema.field(requested).type}, not image bytes (binary, or a "
-                                    "struct with a binary 'bytes' field)")
+                                    f"{schema.field(requested).type}, not image bytes (binary, "
+                                    "dictionary-encoded binary, or a struct with a binary 'bytes' "
+                                    "field)")
         return requested
     for name in _hf_image_columns(schema):
         if name in usable:
@@ -98,6 +163,8 @@ def find_image_column(schema: pa.Schema, requested: str | None = None, where: st
         for f in schema:
             if f.name.lower() == name and f.name in usable:
                 return f.name
+    if lists:
+        raise _image_list_error(prefix, schema, lists[0], others=bool(usable))
     raise ParquetInputError(f"{prefix}no image column (a Hugging Face Image struct, or binary "
                             f"{', '.join(IMAGE_COLUMN_NAMES)}); name it with --image-column; "
                             f"columns: {', '.join(map(printable, schema.names))}")
@@ -222,7 +289,10 @@ def read_rows(pf: pq.ParquetFile, image_column: str, *, all_columns: bool = True
     columns = None if all_columns else [c for c in (image_column, id_col) if c]
     start = 0
     for batch in pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False):
-        images = batch.column(batch.schema.get_field_index(image_column)).to_pylist()
+        images = batch.column(batch.schema.get_field_index(image_column))
+        if pa.types.is_dictionary(images.type):
+            images = images.dictionary_decode()
+        images = images.to_pylist()
         ids = batch.column(batch.schema.get_field_index(id_col)).to_pylist() if id_col else None
         for i, value in enumerate(images):
             data, missing = _image_bytes(value, struct)
@@ -232,13 +302,16 @@ def read_rows(pf: pq.ParquetFile, image_column: str, *, all_columns: bool = True
 
 
 def may_hold_images(name: str) -> bool:
-    """Could the Parquet file ``name`` hold images: has it a binary column or a struct with a
-    binary ``bytes`` field? False only for a file whose schema reads and has none (a scores or
-    metadata table found in a folder); a file that cannot be read counts as one that may, so its
-    reader says what is wrong with it."""
+    """Could the Parquet file ``name`` hold images: has it a column of image bytes (binary,
+    dictionary-encoded binary, a struct with a binary ``bytes`` field), a column of lists of those,
+    or a column its Hugging Face metadata declares an ``Image`` or a list of them? False only for
+    a file whose schema reads and has none (a scores or metadata table found in a folder); a file
+    that cannot be read counts as one that may, so its reader says what is wrong with it."""
     try:
         with parquet_file(name) as pf:
-            return any(_is_binary(f.type) or _is_image_struct(f.type) for f in pf.schema_arrow)
+            schema = pf.schema_arrow
+            return (any(_holds_image(f.type) for f in schema) or bool(_image_list_columns(schema))
+                    or bool(_hf_image_columns(schema)))
     except Exception:  # noqa: BLE001 - judged by the reader, which names the error
         return True
 
@@ -255,22 +328,53 @@ def count_rows(name: str) -> int | None:
         return None
 
 
+def _decoded_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each dictionary column as its values' type."""
+    for i, f in enumerate(schema):
+        if pa.types.is_dictionary(f.type):
+            schema = schema.set(i, f.with_type(f.type.value_type))
+    return schema
+
+
 class RowGroupWriter:
     """Rows written to a Parquet file in order, with the input's schema (metadata included), in
-    row groups of at most ``ROW_GROUP_ROWS`` rows or about ``ROW_GROUP_BYTES`` bytes."""
+    row groups of at most ``ROW_GROUP_ROWS`` rows or about ``ROW_GROUP_BYTES`` bytes. A
+    dictionary column is held decoded until its row group is written, then encoded again as the
+    schema says: each row group's dictionary holds the values of its rows only, not the input's
+    whole dictionary, and the bytes counted are those of the rows."""
 
     def __init__(self, path: str, schema: pa.Schema):
         self._writer = pq.ParquetWriter(path, schema)
         self._schema = schema
+        self._plain = _decoded_schema(schema)
         self._parts: list[pa.RecordBatch] = []
         self._rows = 0
         self._bytes = 0
         self.rows_written = 0
 
+    def _decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self._plain is self._schema:
+            return batch
+        arrays = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
+                  for c in batch.columns]
+        return pa.RecordBatch.from_arrays(arrays, schema=self._plain)
+
+    def _encode(self, table: pa.Table) -> pa.Table:
+        if self._plain is self._schema:
+            return table
+        columns = []
+        for col, f in zip(table.columns, self._schema):
+            if pa.types.is_dictionary(f.type):
+                col = pa.chunked_array([pc.dictionary_encode(c).cast(f.type) for c in col.chunks],
+                                       f.type)
+            columns.append(col)
+        return pa.Table.from_arrays(columns, schema=self._schema).unify_dictionaries()
+
     def write(self, batch: pa.RecordBatch) -> None:
         while batch.num_rows:
             part = batch.slice(0, ROW_GROUP_ROWS - self._rows)
             batch = batch.slice(part.num_rows)
+            part = self._decode(part)
             self._parts.append(part)
             self._rows += part.num_rows
             self._bytes += part.nbytes  # the bytes of the rows sliced, not the whole batch's
@@ -280,7 +384,7 @@ class RowGroupWriter:
     def _flush(self) -> None:
         if not self._parts:
             return
-        table = pa.Table.from_batches(self._parts, schema=self._schema)
+        table = self._encode(pa.Table.from_batches(self._parts, schema=self._plain))
         self._writer.write_table(table, row_group_size=max(1, table.num_rows))
         self.rows_written += table.num_rows
         self._parts, self._rows, self._bytes = [], 0, 0

@@ -90,9 +90,10 @@ def test_filter_conserves_every_row_in_order(tmp_path, photos, writer):
     src = tmp_path / "in" / "part-0.parquet"
     src.parent.mkdir()
     if writer == "datasets":
-        # a row without bytes (path only) and one whose bytes are not an image
+        # a row without bytes (path only), one whose bytes are not an image, one of zero bytes
         hf_parquet(src, images, extra_rows=[({"bytes": None, "path": "gone.jpg"}, "no bytes"),
-                                            ({"bytes": b"not an image", "path": "x.jpg"}, "junk")])
+                                            ({"bytes": b"not an image", "path": "x.jpg"}, "junk"),
+                                            ({"bytes": b"", "path": "empty.jpg"}, "empty")])
     else:
         jpg_parquet(src, images)
     t = _threshold(photos)
@@ -104,9 +105,10 @@ def test_filter_conserves_every_row_in_order(tmp_path, photos, writer):
     n = len(images)
     assert reasons[:n] == ["kept", "degraded"] * len(photos)
     if writer == "datasets":
-        assert reasons[n:] == ["no_image", "decode_error"]
+        assert reasons[n:] == ["no_image", "decode_error", "decode_error"]
         assert "only the path 'gone.jpg'" in scores["error"][n] and scores["error"][n + 1]
-        assert scores["key"].tolist() == [str(i) for i in range(n + 2)]
+        assert scores["error"][n + 2]  # zero bytes: an image that does not decode, as in a shard
+        assert scores["key"].tolist() == [str(i) for i in range(n + 3)]
         import datasets  # the outputs read back as the dataset they came from
         kept = datasets.Dataset.from_parquet(str(tmp_path / "out/kept/part-0.parquet"))
         assert isinstance(kept.features["image"], datasets.Image) and len(kept) == len(photos) + 1
