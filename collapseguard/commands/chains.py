@@ -129,13 +129,14 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
             src = itertools.islice(src, max_sources)
         df = make_chains(src, fams, steps=steps, keep=_int_list(keep) or [0], out_dir=out_dir,
                          seed=seed, workers=workers, progress=progress and not quiet,
-                         repeats=repeats)
+                         repeats=repeats, skipped=skipped)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
-    finally:  # undecodable source images are left out, but never without a word (even when
-        # leaving them out leaves nothing to make)
+    finally:  # undecodable and too small source images are left out, but never without a word
+        # (even when leaving them out leaves nothing to make)
         if skipped:
-            click.echo(f"note: skipped {len(skipped)} source image(s) that could not be decoded: "
+            click.echo(f"note: skipped {len(skipped)} source image(s) that could not be decoded or "
+                       "are too small: "
                        f"{first_of(printable(x) for x in skipped)}", err=True)
     click.echo(f"{df['chain_id'].nunique()} chains, {len(df)} images, families "
                f"{sorted(df['family'].unique())} -> {os.path.join(out_dir, 'manifest.csv')}")

@@ -130,12 +130,13 @@ def check_families(families: Sequence[str] | None) -> list[str]:
 def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[str] | None = None,
                 steps: int = 100, keep: Sequence[int] = DEFAULT_KEEP, out_dir: str | Path = "chains",
                 seed: int = 0, workers: int = 2, progress: bool = True, repeats: int = 1,
-                manifest_name: str = MANIFEST_NAME) -> pd.DataFrame:
+                manifest_name: str = MANIFEST_NAME, skipped: list[str] | None = None) -> pd.DataFrame:
     """Make one chain per (source, family, repeat), write PNGs + manifest, return the manifest.
 
     ``keep`` steps above ``steps`` are dropped; step 0 (the source itself) is always kept.
     ``workers`` > 1 runs chains in that many processes. Raises ValueError for unknown families,
-    an empty source, or bad step settings.
+    an empty source, or bad step settings, and for a source under 16 pixels a side unless
+    ``skipped`` is a list: then such a source is left out and named there.
     """
     families = check_families(families)
     if steps < 0:
@@ -153,8 +154,12 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"source {name!r}: expected (H, W, 3) uint8, got {image.dtype} {image.shape}")
         if min(image.shape[:2]) < 16:  # what every replicator refuses: say so now, and which source
-            raise ValueError(f"source {name!r}: {image.shape[1]}x{image.shape[0]} is too small for a "
-                             "replicator (16 pixels a side at least)")
+            why = (f"{image.shape[1]}x{image.shape[0]} is too small for a replicator (16 pixels a "
+                   "side at least)")
+            if skipped is None:
+                raise ValueError(f"source {name!r}: {why}")
+            skipped.append(f"{name}: {why}")  # an icon in a folder of photos: left out, named
+            continue
         if name in seen:
             raise ValueError(f"duplicate source name {name!r}")
         seen.add(name)

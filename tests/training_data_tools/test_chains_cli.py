@@ -308,7 +308,7 @@ def test_make_names_each_source_image_it_cannot_decode(tmp_path):
                                     "--families", "codec", "--steps", "1", "--keep", "0,1",
                                     "--out", str(out), "--workers", "1", "-q"])
     assert res.exit_code == 0, res.output
-    assert "skipped 2 source image(s) that could not be decoded" in res.output
+    assert "skipped 2 source image(s) that could not be decoded or are too small" in res.output
     assert "junk.jpg: " in res.output and "s.tar:b.jpg: " in res.output
     assert sorted(load_chains(out).query("step == 0")["source_image"]) == ["good", "s/a"]
 
@@ -357,7 +357,7 @@ def test_make_from_specs_whose_names_meet_makes_every_picture_and_names_what_it_
     res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{tmp_path}/bad",
                                     "--out", str(tmp_path / "out2"), "-q"])
     assert res.exit_code == 1
-    assert "skipped 1 source image(s) that could not be decoded" in res.output and "x.png" in res.output
+    assert "skipped 1 source image(s) that could not be decoded or are too small" in res.output and "x.png" in res.output
 
 
 @pytest.mark.parametrize("args, said", [
@@ -412,3 +412,20 @@ def test_a_source_named_like_a_missing_value_makes_a_readable_manifest(tmp_path)
                                     "--steps", "1", "--out", str(tmp_path / "out"), "--no-progress", "-w", "1"])
     assert res.exit_code == 0, res.output
     assert set(read_manifest(tmp_path / "out")["source_image"]) == {"NA", "null", "None"}
+
+
+def test_make_leaves_out_a_source_too_small_for_a_replicator_and_names_it(tmp_path):
+    """A folder of pictures holding an icon: the icon is named and left out, as an undecodable
+    image is, and the other pictures' chains are made."""
+    from collapseguard.images import encode_png
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "good.png").write_bytes(encode_png(np.tile(np.array((120, 60, 30), np.uint8), (40, 48, 1))))
+    (folder / "icon.png").write_bytes(encode_png(np.zeros((1, 1, 3), np.uint8)))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{folder}", "--families", "codec",
+                                    "--steps", "1", "--keep", "0,1", "--out", str(out), "--workers", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "skipped 1 source image(s)" in res.output and "icon: 1x1 is too small for a replicator" in res.output
+    assert sorted(load_chains(out).query("step == 0")["source_image"]) == ["good"]
