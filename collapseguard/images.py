@@ -3,6 +3,7 @@ helpers (resizing by a factor, a random window) shared by the training-data tool
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import warnings
@@ -132,7 +133,8 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
             with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
                 w, h = img.size
                 if w * h > MAX_PIXELS:
-                    raise DecodeError(f"image too large: {w}x{h} pixels")
+                    raise DecodeError(f"image too large: {w}x{h} pixels, over the {MAX_PIXELS:,}-pixel "
+                                      "limit")
                 storage = _storage(img)
                 if draft_side and img.format == "JPEG" and img.mode in ("RGB", "L") \
                         and "transparency" not in img.info:
@@ -154,8 +156,10 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
                 return arr, storage, alpha, arr.shape[:2]
     except DecodeError:
         raise
-    except Image.DecompressionBombError as exc:
-        raise DecodeError(f"image too large: {exc}") from None
+    except Image.DecompressionBombError as exc:  # Pillow's own refusal, at twice its limit
+        n = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{int(n.group(1)):,} pixels" if n else "more pixels than Pillow opens"
+        raise DecodeError(f"image too large: {size}, over the {MAX_PIXELS:,}-pixel limit") from None
     except Exception as exc:  # PIL raises many types for bad data
         # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
         raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None
@@ -251,6 +255,16 @@ def png_data_short(data: bytes) -> str | None:
 _JPEG_SAMPLING = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
 
 
+@contextlib.contextmanager
+def _open_header(data: bytes):
+    """The image opened for its header alone, without Pillow's ``DecompressionBombWarning`` (the
+    size is judged where the pixels are decoded, against ``MAX_PIXELS``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
+            yield img
+
+
 def image_storage(data: bytes) -> str:
     """How encoded image bytes store their pixels, read from the header alone (nothing decoded).
 
@@ -262,7 +276,7 @@ def image_storage(data: bytes) -> str:
     and chroma subsampling").
     """
     try:
-        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
+        with _open_header(data) as img:
             return _storage(img)
     except Exception:  # PIL raises many types for bad data; decoding reports the error
         return ""
@@ -316,7 +330,7 @@ def storage_label(data: bytes) -> str:
     ``"webp lossless"`` for VP8L WebP (lossy WebP stays ``"webp"``: its quality is not stored).
     ``""`` when the header is unreadable."""
     try:
-        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as img:
+        with _open_header(data) as img:
             base = _storage(img)
             if base.startswith("jpeg"):
                 q = jpeg_quality(img)

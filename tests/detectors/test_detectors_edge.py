@@ -65,8 +65,36 @@ def test_pillows_advisory_pixel_limit_does_not_refuse_a_real_image(monkeypatch):
     assert decode_image(buf.getvalue()).shape == (40, 40, 3)
     buf = io.BytesIO()
     Image.fromarray(np.full((50, 50, 3), 90, np.uint8)).save(buf, format="PNG")  # over twice the limit
-    with pytest.raises(DecodeError, match="image too large"):
+    with pytest.raises(DecodeError, match="image too large: 2,500 pixels, over the 128,000,000-pixel limit"):
         decode_image(buf.getvalue())
+
+
+def _png_header(w: int, h: int) -> bytes:
+    """A PNG signature, an IHDR claiming ``w`` x ``h`` grey pixels and IEND: a header, no pixels."""
+    import struct
+    import zlib
+
+    def chunk(t: bytes, d: bytes) -> bytes:
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)) + chunk(b"IEND", b"")
+
+
+def test_a_header_claiming_too_many_pixels_is_refused_against_our_limit_and_read_without_warning():
+    """The error states collapseguard's limit, also where Pillow refuses first (60000x60000), and
+    reading a large image's storage from its header (what calibrate does for every clean image)
+    raises no DecompressionBombWarning."""
+    import warnings
+
+    from collapseguard.images import DecodeError, image_storage, storage_label
+
+    with pytest.raises(DecodeError, match="image too large: 3,600,000,000 pixels, over the 128,000,000-pixel limit"):
+        decode_image(_png_header(60000, 60000))
+    with pytest.raises(DecodeError, match="12000x12000 pixels, over the 128,000,000-pixel limit"):
+        decode_image(_png_header(12000, 12000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 108 million pixels: over Pillow's warning level
+        assert storage_label(_png_header(12000, 9000)) == "png" == image_storage(_png_header(12000, 9000))
 
 
 def test_an_absent_gpu_is_a_detector_error_not_a_traceback():
