@@ -176,3 +176,15 @@ def test_one_image_on_its_own_is_refused_and_rgba_arrays_score_as_their_files(sp
     np.testing.assert_allclose(det.score([rgba]), from_file, rtol=1e-5, atol=1e-5)
     assert det.score([rgba])[0] != pytest.approx(float(det.score([img])[0]), abs=1e-3)  # alpha matters
     np.testing.assert_allclose(det.score(np.stack([img, img])), det.score([img, img]), rtol=1e-4, atol=1e-4)
+
+
+def test_an_animated_image_is_decoded_as_its_first_frame():
+    """REFERENCE.md: an animated GIF is judged by its first frame (a noisy second frame is not seen)."""
+    rng = np.random.default_rng(0)
+    first = Image.fromarray(np.full((32, 32, 3), 120, np.uint8))
+    second = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    anim, still = io.BytesIO(), io.BytesIO()
+    first.save(anim, format="GIF", save_all=True, append_images=[second], duration=100)
+    first.save(still, format="GIF")
+    assert Image.open(io.BytesIO(anim.getvalue())).n_frames == 2
+    assert np.array_equal(decode_image(anim.getvalue()), decode_image(still.getvalue()))
