@@ -51,12 +51,16 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, iters: int = 50
     return w, s
 
 
-def group_p_worse(utilities: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+def group_p_worse(utilities: np.ndarray, last: np.ndarray | None = None
+                  ) -> tuple[int, np.ndarray, np.ndarray]:
     """``(kept, rank, p_worse)`` for one group from its members' utilities: the kept member has the
     lowest utility (ties: the first), ``rank`` orders members from least to most degraded, and
-    ``p_worse[m]`` = P(member m is more degraded than the kept one) (NaN for the kept one)."""
+    ``p_worse[m]`` = P(member m is more degraded than the kept one) (NaN for the kept one).
+    ``last`` (a mask): members ranked after all the others (each part by utility), never kept
+    while another member is not in it."""
     u = np.asarray(utilities, np.float64)
-    order = np.argsort(u, kind="stable")
+    after = np.zeros(len(u), bool) if last is None else np.asarray(last, bool)
+    order = np.lexsort((np.arange(len(u)), u, after))
     rank = np.empty(len(u), np.int64)
     rank[order] = np.arange(len(u))
     kept = int(order[0])

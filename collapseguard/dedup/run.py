@@ -15,9 +15,12 @@ the one ``score`` gives it: its id column, else its row index). Two passes:
    again and described by the comparator (cnn score and comparison features), each task's rows
    kept under ``DIR/.parts/full/``. An image the comparator cannot describe leaves the grouping,
    which is made again (until every grouped image is described).
-4. Decide: in each group the comparator ranks the copies (``fit.group_p_worse``); the least
-   degraded is kept and another copy is a ``degraded_copy`` when P(it is more degraded than the
-   kept one) is above the level. Singles are never described: their ``cnn`` is empty (NaN).
+4. Decide: in each group the comparator ranks the copies (``fit.group_p_worse``), a monochrome
+   copy after every colour copy (``colour.lost_colour``); the least degraded is kept and another
+   copy is a ``degraded_copy`` when P(it is more degraded than the kept one) is above the level.
+   Singles are never described: their ``cnn`` is empty (NaN).
+5. Score each group's kept copy with the default no-reference detector (``kept_scores``), so
+   that ``filter --groups`` never rejects a picture's other copies for a kept copy it rejects.
 
 Outputs: ``DIR/groups.parquet``, one row per image (per sample of a shard) in input order, and
 ``DIR/summary.json``, each written whole or not at all. Their bytes depend only on the inputs and
@@ -27,6 +30,8 @@ the settings, so a resumed run writes the same files as an uninterrupted one.
 - ``keep``/``least_degraded``: the copy the group keeps (``rank`` 0);
 - ``keep``/``duplicate``: another copy, not shown to be worse (``filter --drop-duplicates`` drops it);
 - ``degraded_copy``/``degraded_copy``: a copy more degraded than the kept one (``p_worse`` > level);
+- ``degraded_copy``/``lost_colour``: a monochrome copy in a group that keeps a colour copy
+  (``dedup.colour``; ranked after every colour copy, whatever its ``p_worse``);
 - ``single``/``single``: no near-duplicate found (the no-reference filter decides);
 - ``single``/``not_fingerprinted``: no image could be decoded (``error`` says why).
 """
@@ -43,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collapseguard.dedup.colour import group_chroma, lost_colour
 from collapseguard.dedup.describe import (
     RungDescriber,
     as_size_map,
@@ -53,6 +59,7 @@ from collapseguard.dedup.describe import (
     torch_threads,
 )
 from collapseguard.dedup.groups import GroupingParams, group_ids
+from collapseguard.dedup.kept_scores import kept_copy_scores
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
@@ -75,7 +82,7 @@ DETECTOR = "compare"
 DETECTOR_KWARGS = (("fingerprints", True),)
 FINGERPRINT_KWARGS = (("fingerprints", "only"),)
 OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "shard",
-                  "cnn", "width", "height", "storage", "image", "error")
+                  "cnn", "width", "height", "storage", "image", "error", "kept_score", "kept_detector")
 
 
 def describe_task(task: tuple, detector, progress=None, decode=None, fingerprints: bool = True) -> dict:
@@ -444,14 +451,17 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
     bounds = np.flatnonzero(np.diff(labels[order])) + 1
     for members in np.split(order, bounds) if order.size else []:
         descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
-        kept, r, p = group_p_worse(group_utilities(descs, w, s))
+        grey = lost_colour(group_chroma(feats[members]))
+        kept, r, p = group_p_worse(group_utilities(descs, w, s), last=grey)
         for j, m in enumerate(members):
             rank[m] = r[j]
             if j == kept:
                 decision[m], reason[m] = "keep", "least_degraded"
             else:
                 p_worse[m] = p[j]
-                if p[j] > level:
+                if grey[j]:
+                    decision[m], reason[m] = "degraded_copy", "lost_colour"
+                elif p[j] > level:
                     decision[m], reason[m] = "degraded_copy", "degraded_copy"
                 else:
                     decision[m], reason[m] = "keep", "duplicate"
@@ -528,6 +538,7 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         all_rungs |= need & (want < 0)
         lap("describe")
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
+    kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column)
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
     table = pa.table({
@@ -545,6 +556,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "storage": pa.array(desc["storage"], pa.string()),
         "image": pa.array(desc["image"], pa.string()),
         "error": pa.array(desc["error"], pa.string()),
+        "kept_score": pa.array(kept_score, pa.float64()),
+        "kept_detector": pa.array(kept_detector, pa.string()),
     })
     with replaced_when_done(out_dir / "groups.parquet", suffix=".parquet") as tmp:
         pq.write_table(table, tmp)

@@ -17,6 +17,9 @@ Reasons:
   less degraded copy elsewhere in the data (its group's decision ``degraded_copy``);
 - ``duplicate``     ``filter --groups --drop-duplicates``: another copy of a picture whose group
   keeps a different copy (classic deduplication: one copy per group).
+
+Neither group reason is given when the group's kept copy is itself rejected by the no-reference
+decision (``apply_group``): the group's other copies keep their own decision.
 """
 
 from __future__ import annotations
@@ -50,12 +53,18 @@ def decide(scored: Scored, threshold: float, *, unsafe: bool = False, refused: b
 
 
 def apply_group(decision: str, reason: str, group_row: dict | None,
-                drop_duplicates: bool = False) -> tuple[str, str]:
+                drop_duplicates: bool = False, *, threshold: float | None = None,
+                detector: str = "") -> tuple[str, str]:
     """A sample's ``(decision, reason)`` with its row of ``dedup``'s groups.parquet applied: a
     sample this filter keeps is rejected as ``degraded_copy`` when its group says so, or as
     ``duplicate`` (only with ``drop_duplicates``) when its group keeps another copy. A sample
-    rejected on its own, or without a group row, keeps its decision."""
+    rejected on its own, or without a group row, keeps its decision. So does every copy of a
+    group whose kept copy this filter rejects: its row's ``kept_score`` (the kept copy's score
+    by ``kept_detector``, ``name@version``) is above ``threshold`` and ``detector`` (the filter's
+    own ``name@version``) is that detector; the picture is then never lost to the group rule."""
     if decision != "kept" or not group_row or not group_row.get("group"):
+        return decision, reason
+    if int(group_row.get("rank") or 0) > 0 and kept_copy_rejected(group_row, threshold, detector):
         return decision, reason
     if group_row.get("decision") == "degraded_copy":
         return "rejected", "degraded_copy"
@@ -64,14 +73,27 @@ def apply_group(decision: str, reason: str, group_row: dict | None,
     return decision, reason
 
 
+def kept_copy_rejected(group_row: dict, threshold: float | None, detector: str) -> bool:
+    """Does the no-reference decision (``decide``'s ``degraded``) reject the group's kept copy?
+    Known only when the table scored it with this filter's detector (``kept_detector``)."""
+    score = group_row.get("kept_score")
+    if threshold is None or not detector or group_row.get("kept_detector") != detector:
+        return False
+    return score is not None and not math.isnan(score) and score > threshold
+
+
 _GROUPS_CACHE: dict[str, object] = {}
 
 
+#: columns of a groups table that ``read_shard_groups`` passes on when the table has them
+OPTIONAL_COLUMNS = ("kept_score", "kept_detector")
+
+
 def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
-    """``key -> {"group", "decision", "rank"}`` of one shard's rows in a groups.parquet (the first
-    row of a key that repeats). The table's grouped rows are read once per process and table
-    (``digest``: its SHA-256, with its path and modification time, names it); singles change
-    no decision and are left out."""
+    """``key -> {"group", "decision", "rank"[, "kept_score", "kept_detector"]}`` of one shard's rows
+    in a groups.parquet (the first row of a key that repeats). The table's grouped rows are read
+    once per process and table (``digest``: its SHA-256, with its path and modification time,
+    names it); singles change no decision and are left out."""
     import os
 
     import pyarrow.compute as pc
@@ -79,17 +101,21 @@ def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str,
 
     ident = (path, digest, os.stat(path).st_mtime_ns)
     if _GROUPS_CACHE.get("ident") != ident:
-        table = pq.read_table(path, columns=["shard", "key", "group", "decision", "rank"])
+        names = set(pq.read_schema(path).names)
+        extra = [c for c in OPTIONAL_COLUMNS if c in names]
+        columns = ["shard", "key", "group", "decision", "rank", *extra]
+        table = pq.read_table(path, columns=columns)
         # a shard's keys that have a grouped row: their rows, the first of each key decides
         grouped = table.filter(pc.not_equal(table.column("group"), ""))
         wanted = set(zip(grouped.column("shard").to_pylist(), grouped.column("key").to_pylist()))
         table = table.filter(pc.is_in(table.column("key"), grouped.column("key").unique()))
         by_shard: dict[str, dict[str, dict]] = {}
-        for stem, key, group, dec, rank in zip(*(table.column(c).to_pylist() for c in
-                                                 ("shard", "key", "group", "decision", "rank"))):
+        for values in zip(*(table.column(c).to_pylist() for c in columns)):
+            row = dict(zip(columns, values))
+            stem, key = row.pop("shard"), row.pop("key")
             if (stem, key) in wanted:
-                by_shard.setdefault(stem, {}).setdefault(key, {"group": group or "", "decision": dec,
-                                                               "rank": rank})
+                row["group"] = row["group"] or ""
+                by_shard.setdefault(stem, {}).setdefault(key, row)
         _GROUPS_CACHE.clear()
         _GROUPS_CACHE.update(ident=ident, by_shard=by_shard)
     return _GROUPS_CACHE["by_shard"].get(shard_stem, {})

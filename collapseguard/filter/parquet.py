@@ -144,7 +144,9 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
             if groups is not None:
                 group_row = groups.get(row.key) if row.key not in seen_keys else None
                 seen_keys.add(row.key)
-                decision, reason = apply_group(decision, reason, group_row, options.drop_duplicates)
+                decision, reason = apply_group(
+                    decision, reason, group_row, options.drop_duplicates, threshold=options.threshold,
+                    detector=f"{detector.name}@{detector.version}")
                 rows.setdefault("group", []).append((group_row or {}).get("group", ""))
             keep.append(decision == "kept")
             reasons[reason] += 1

@@ -312,7 +312,9 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                                       reject_no_image=options.reject_no_image)
             if groups is not None:
                 group_row = groups.get(sample.key) if sample.repeat == 0 else None
-                decision, reason = apply_group(decision, reason, group_row, options.drop_duplicates)
+                decision, reason = apply_group(
+                    decision, reason, group_row, options.drop_duplicates, threshold=options.threshold,
+                    detector=f"{detector.name}@{detector.version}")
                 rows.setdefault("group", []).append((group_row or {}).get("group", ""))
             writer = kept_w if decision == "kept" else rej_w
             if writer is not None:  # only a sample set aside for its names or its repeated key

@@ -1,0 +1,57 @@
+"""The no-reference verdict of each group's kept copy, recorded for ``filter --groups``.
+
+``filter --groups`` rejects a group's other copies as ``degraded_copy`` (or ``duplicate``) because
+the group keeps a better one; when the no-reference filter rejects that kept copy too, nothing of
+the picture would survive. A shard is filtered on its own, and a group's kept copy may lie in
+another shard, so ``dedup`` scores each group's kept copy (rank 0) with the default no-reference
+detector (``detectors.DEFAULT_DETECTOR``, the one ``filter`` runs unless told otherwise) and
+writes the score on every row of the group (``kept_score``) beside the detector that gave it
+(``kept_detector``, ``name@version``). ``filter`` running that detector compares the score with its
+own threshold (``filter.decisions.apply_group``). The kept copies are read back as the gallery
+reads them (``scoring.readback.fetch_samples``: each shard streamed once), one image at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
+                     image_column: str | None = None) -> tuple[np.ndarray, list[str]]:
+    """``(kept_score, kept_detector)`` per row: the default detector's score of the row's group's
+    kept copy (NaN for a single, or when the kept copy cannot be read back or scored) and
+    ``name@version`` of that detector ("" for a single)."""
+    from collapseguard.detectors import DEFAULT_DETECTOR
+    from collapseguard.engines import get_detector
+    from collapseguard.images import rgba_composite
+    from collapseguard.scoring.readback import fetch_samples
+
+    n = len(labels)
+    scores = np.full(n, np.nan)
+    named = [""] * n
+    kept = np.flatnonzero((labels >= 0) & (rank == 0))
+    if not kept.size:
+        return scores, named
+    det = get_detector(DEFAULT_DETECTOR)
+    seen: dict[tuple[str, str], int] = {}
+    nth = np.zeros(n, np.int64)  # which sample of a key that repeats in its source
+    for i, (s, k) in enumerate(zip(desc["source"], desc["key"])):
+        nth[i] = seen.get((s, k), 0)
+        seen[(s, k)] = nth[i] + 1
+
+    def score(img: np.ndarray) -> float:
+        if img.ndim == 3 and img.shape[2] == 4:
+            img = rgba_composite(img)  # as it is scored from its file
+        return float(np.asarray(det.score([img]), np.float64)[0])
+
+    wanted = [(desc["source"][i], desc["key"][i], desc["image"][i], int(nth[i])) for i in kept]
+    fetched = fetch_samples(wanted, prepare=score, image_column=image_column)
+    by_group = {}
+    for i, w in zip(kept, wanted):
+        f = fetched.get((w[0], w[1], w[3]))
+        by_group[labels[i]] = float(f.prepared) if f is not None and f.prepared is not None else np.nan
+    ident = f"{det.name}@{det.version}"
+    for i in np.flatnonzero(labels >= 0):
+        scores[i] = by_group.get(labels[i], np.nan)
+        named[i] = ident
+    return scores, named

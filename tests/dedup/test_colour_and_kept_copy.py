@@ -1,0 +1,141 @@
+"""A group never loses every copy of its picture: a monochrome copy (greyscale, 1-bit dithered)
+never outranks a colour copy, and ``filter --groups`` leaves a group's other copies to their own
+decision when it rejects the group's kept copy. Real images, real shards, the shipped comparator
+and cnn."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pandas as pd
+import pytest
+import skimage.data as sd
+from cg_testutil import add_member, read_members, run_cli
+from PIL import Image, ImageEnhance
+
+from collapseguard.dedup.colour import COLOUR_CHROMA, MONOCHROME_CHROMA, lost_colour
+
+
+def _enc(im: Image.Image, fmt: str, **kw) -> bytes:
+    b = io.BytesIO()
+    im.save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def _shard(path, samples) -> None:
+    with tarfile.open(path, "w") as tf:
+        for key, ext, data in samples:
+            add_member(tf, f"{key}.{ext}", data)
+            add_member(tf, f"{key}.txt", key.encode())
+
+
+def _groups(out) -> pd.DataFrame:
+    return pd.read_parquet(out / "groups.parquet").set_index("key")
+
+
+def test_a_grey_copy_never_outranks_its_colour_original(tmp_path):
+    src = tmp_path / "gray"
+    src.mkdir()
+    for name, arr in (("astro", sd.astronaut()), ("coffee", sd.coffee()), ("chelsea", sd.chelsea())):
+        im = Image.fromarray(arr)
+        im.save(src / f"{name}_color.png")
+        im.convert("L").save(src / f"{name}_gray.png")
+    run_cli(["dedup", src, "--out", tmp_path / "dd", "-q"])
+    g = _groups(tmp_path / "dd")
+    for name in ("astro", "coffee", "chelsea"):
+        colour, grey = g.loc[f"{name}_color.png"], g.loc[f"{name}_gray.png"]
+        assert colour["group"] and colour["group"] == grey["group"]
+        assert (colour["rank"], colour["decision"]) == (0, "keep")
+        assert (grey["rank"], grey["decision"], grey["reason"]) == (1, "degraded_copy", "lost_colour")
+
+
+@pytest.fixture(scope="module")
+def bw_shard(tmp_path_factory):
+    """A colour JPEG and two 1-bit dithered copies of it (which the shipped cnn rejects)."""
+    root = tmp_path_factory.mktemp("bw")
+    astro = Image.fromarray(sd.astronaut()).resize((256, 256))
+    _shard(root / "bw-000.tar", [("orig", "jpg", _enc(astro, "JPEG", quality=92)),
+                                 ("bw1", "png", _enc(astro.convert("1"), "PNG")),
+                                 ("bw2", "png", _enc(astro.convert("1"), "PNG"))])
+    run_cli(["dedup", root / "bw-000.tar", "--out", root / "dd", "-q"])
+    return root
+
+
+def test_a_1bit_copy_never_outranks_its_colour_original_and_the_picture_survives(bw_shard, tmp_path):
+    g = _groups(bw_shard / "dd")
+    assert (g.loc["orig", "rank"], g.loc["orig", "decision"]) == (0, "keep")
+    for k in ("bw1", "bw2"):
+        assert g.loc[k, "rank"] > 0 and (g.loc[k, "decision"], g.loc[k, "reason"]) == ("degraded_copy", "lost_colour")
+    out = tmp_path / "f"
+    run_cli(["filter", bw_shard / "bw-000.tar", "--out", out, "--groups", bw_shard / "dd" / "groups.parquet", "-q"])
+    scores = pd.read_parquet(out / "scores" / "bw-000.parquet").set_index("key")
+    assert (scores.loc["orig", "decision"], scores.loc["orig", "reason"]) == ("kept", "kept")
+    assert {n for n, _ in read_members(out / "kept" / "bw-000.tar")} == {"orig.jpg", "orig.txt"}
+
+
+def test_slightly_desaturated_copies_and_grey_only_groups_are_left_to_the_comparator():
+    for name in ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field"):
+        im = Image.fromarray(getattr(sd, name)()[..., :3])
+        from collapseguard.detectors.pair_features import features_at, reduce_to
+        from collapseguard.images import decode_image
+
+        def chroma(data):
+            return features_at(reduce_to(decode_image(data), 64), frozenset({"sat"}))[6]
+        colour = [chroma(_enc(im, "PNG")), chroma(_enc(im, "JPEG", quality=40)),
+                  chroma(_enc(ImageEnhance.Color(im).enhance(0.7), "JPEG", quality=75))]
+        grey = [chroma(_enc(im.convert("L"), "PNG")), chroma(_enc(im.convert("1"), "PNG")),
+                chroma(_enc(im.convert("L").convert("RGB"), "JPEG", quality=60))]
+        assert not lost_colour(np.array(colour)).any(), (name, colour)  # JPEG, 70% saturation
+        assert grey == [0.0, 0.0, 0.0] and min(colour) > MONOCHROME_CHROMA
+        faint = max(colour) <= COLOUR_CHROMA  # hubble_deep_field: too faint to call colour
+        assert faint == (name == "hubble_deep_field"), (name, colour)
+        want = [False] * 3 + [not faint] * 3
+        assert lost_colour(np.array(colour + grey)).tolist() == want, (name, colour, grey)
+        assert not lost_colour(np.array(grey)).any()  # only grey copies: the comparator decides
+
+
+@pytest.fixture(scope="module")
+def three_copies(tmp_path_factory):
+    """Three copies of one photo (PNG, JPEG q90, a 256 px JPEG q70) in one shard, and dedup's table."""
+    root = tmp_path_factory.mktemp("three")
+    astro = Image.fromarray(sd.astronaut())
+    _shard(root / "00000.tar", [("png", "png", _enc(astro, "PNG")), ("q90", "jpg", _enc(astro, "JPEG", quality=90)),
+                                ("small", "jpg", _enc(astro.resize((256, 256)), "JPEG", quality=70))])
+    run_cli(["dedup", root / "00000.tar", "--out", root / "dd", "-q"])
+    return root
+
+
+def test_a_group_whose_kept_copy_is_rejected_leaves_its_copies_to_their_own_decision(three_copies, tmp_path):
+    root = three_copies
+    g = _groups(root / "dd")
+    kept = g[g["rank"] == 0].index[0]
+    assert g["group"].nunique() == 1 and g["kept_detector"].iloc[0].startswith("cnn@")
+    plain = tmp_path / "plain"  # the no-reference scores alone
+    run_cli(["filter", root / "00000.tar", "--out", plain, "--threshold", "100", "-q"])
+    score = pd.read_parquet(plain / "scores" / "00000.parquet").set_index("key")["score"]
+    assert g["kept_score"].tolist() == pytest.approx([score[kept]] * 3, abs=1e-4)
+    below = [k for k in g.index if k != kept and score[k] < score[kept] - 1e-3]
+    assert below, score  # a copy the cnn likes better than the comparator's kept one
+    threshold = (max(score[k] for k in below) + score[kept]) / 2  # rejects the kept copy only
+    out = tmp_path / "f"
+    run_cli(["filter", root / "00000.tar", "--out", out, "--groups", root / "dd" / "groups.parquet",
+             "--drop-duplicates", "--threshold", f"{threshold:.6f}", "-q"])
+    got = pd.read_parquet(out / "scores" / "00000.parquet").set_index("key")
+    assert (got.loc[kept, "decision"], got.loc[kept, "reason"]) == ("rejected", "degraded")
+    for k in g.index.drop(kept):  # each copy as the no-reference decision alone decides it
+        own = ("kept", "kept") if score[k] <= threshold else ("rejected", "degraded")
+        assert (got.loc[k, "decision"], got.loc[k, "reason"]) == own, k
+    assert {n for n, _ in read_members(out / "kept" / "00000.tar")} >= {f"{below[0]}.{'png' if below[0] == 'png' else 'jpg'}"}
+    # kept/ and rejected/ still hold every input member once, byte for byte
+    members = sorted(read_members(out / "kept" / "00000.tar") + read_members(out / "rejected" / "00000.tar"))
+    assert members == sorted(read_members(root / "00000.tar"))
+
+
+def test_another_detector_than_the_one_that_scored_the_kept_copy_applies_the_rule(three_copies):
+    from collapseguard.filter.decisions import apply_group
+    row = {"group": "g1", "decision": "keep", "rank": 1, "kept_score": 5.0, "kept_detector": "cnn@abc"}
+    assert apply_group("kept", "kept", row, True, threshold=1.0, detector="cnn@abc") == ("kept", "kept")
+    assert apply_group("kept", "kept", row, True, threshold=1.0, detector="cnn@other") == ("rejected", "duplicate")
+    assert apply_group("kept", "kept", row, True, threshold=6.0, detector="cnn@abc") == ("rejected", "duplicate")
