@@ -82,7 +82,8 @@ DETECTOR = "compare"
 DETECTOR_KWARGS = (("fingerprints", True),)
 FINGERPRINT_KWARGS = (("fingerprints", "only"),)
 OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "shard",
-                  "cnn", "width", "height", "storage", "image", "error", "kept_score", "kept_detector")
+                  "row", "cnn", "width", "height", "storage", "image", "error", "kept_score",
+                  "kept_detector")
 
 
 def describe_task(task: tuple, detector, progress=None, decode=None, fingerprints: bool = True) -> dict:
@@ -339,6 +340,9 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     merged = _merged(done)
     merged["shard"] = [_task_stem(t) for p, t in zip(parts, tasks) if p is not None
                        for _ in p["source"]]
+    # a Parquet file's rows, each its row index (a task reads every row of its file, in order)
+    merged["row"] = [j if t[0] == "parquet" else None for p, t in zip(parts, tasks) if p is not None
+                     for j in range(len(p["source"]))]
     merged["tasks"] = [(t, n, p) for p, t, n in zip(parts, tasks, names) if p is not None]
     return merged, failures, reused
 
@@ -550,6 +554,7 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "p_worse": pa.array(p_worse, pa.float64()),
         "reason": pa.array(reason, pa.string()),
         "shard": pa.array(desc["shard"], pa.string()),
+        "row": pa.array(desc["row"], pa.int64()),
         "cnn": pa.array(desc["cnn"], pa.float64()),
         "width": pa.array(desc["width"], pa.int32()),
         "height": pa.array(desc["height"], pa.int32()),

@@ -89,11 +89,12 @@ _GROUPS_CACHE: dict[str, object] = {}
 OPTIONAL_COLUMNS = ("kept_score", "kept_detector")
 
 
-def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
-    """``key -> {"group", "decision", "rank"[, "kept_score", "kept_detector"]}`` of one shard's rows
-    in a groups.parquet (the first row of a key that repeats). The table's grouped rows are read
-    once per process and table (``digest``: its SHA-256, with its path and modification time,
-    names it); singles change no decision and are left out."""
+def _groups_of(path: str, digest: str) -> dict[str, dict]:
+    """``stem -> {"keys": {key: row}, "rows": {row index: row}}`` of a groups table's grouped rows
+    (``rows`` for Parquet rows, from its ``row`` column), read once per process and table
+    (``digest``: its SHA-256, with its path and modification time, names it). A row is
+    ``{"group", "decision", "rank"[, "kept_score", "kept_detector"]}``; under ``keys``, the first
+    row of a key that repeats."""
     import os
 
     import pyarrow.compute as pc
@@ -102,20 +103,40 @@ def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str,
     ident = (path, digest, os.stat(path).st_mtime_ns)
     if _GROUPS_CACHE.get("ident") != ident:
         names = set(pq.read_schema(path).names)
-        extra = [c for c in OPTIONAL_COLUMNS if c in names]
+        extra = [c for c in (*OPTIONAL_COLUMNS, "row") if c in names]
         columns = ["shard", "key", "group", "decision", "rank", *extra]
         table = pq.read_table(path, columns=columns)
         # a shard's keys that have a grouped row: their rows, the first of each key decides
         grouped = table.filter(pc.not_equal(table.column("group"), ""))
         wanted = set(zip(grouped.column("shard").to_pylist(), grouped.column("key").to_pylist()))
         table = table.filter(pc.is_in(table.column("key"), grouped.column("key").unique()))
-        by_shard: dict[str, dict[str, dict]] = {}
+        by_shard: dict[str, dict] = {}
         for values in zip(*(table.column(c).to_pylist() for c in columns)):
             row = dict(zip(columns, values))
-            stem, key = row.pop("shard"), row.pop("key")
+            stem, key, index = row.pop("shard"), row.pop("key"), row.pop("row", None)
+            row["group"] = row["group"] or ""
+            mine = by_shard.setdefault(stem, {"keys": {}, "rows": {}})
             if (stem, key) in wanted:
-                row["group"] = row["group"] or ""
-                by_shard.setdefault(stem, {}).setdefault(key, row)
+                mine["keys"].setdefault(key, row)
+            if index is not None and row["group"]:
+                mine["rows"][int(index)] = row
         _GROUPS_CACHE.clear()
-        _GROUPS_CACHE.update(ident=ident, by_shard=by_shard)
-    return _GROUPS_CACHE["by_shard"].get(shard_stem, {})
+        _GROUPS_CACHE.update(ident=ident, by_shard=by_shard, has_rows="row" in names)
+    return _GROUPS_CACHE["by_shard"]
+
+
+def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
+    """``key -> {"group", "decision", "rank"[, "kept_score", "kept_detector"]}`` of one shard's
+    rows in a groups.parquet (the first row of a key that repeats); singles change no decision
+    and are left out."""
+    return _groups_of(path, digest).get(shard_stem, {}).get("keys", {})
+
+
+def read_row_groups(path: str, stem: str, digest: str = "") -> dict[int, dict] | None:
+    """``row index -> row`` (as ``read_shard_groups``'s) of one Parquet file's grouped rows, by
+    the table's ``row`` column: a key that repeats in the file cannot name the row. None for a
+    table without that column (then rows are matched by key, ``read_shard_groups``)."""
+    by_shard = _groups_of(path, digest)
+    if not _GROUPS_CACHE.get("has_rows"):
+        return None
+    return by_shard.get(stem, {}).get("rows", {})

@@ -27,7 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collapseguard.filter.decisions import apply_group, decide, read_shard_groups
+from collapseguard.filter.decisions import (
+    apply_group,
+    decide,
+    read_row_groups,
+    read_shard_groups,
+)
 from collapseguard.filter.pipeline import (
     SCORE_COLUMNS,
     STATUS_OF_REASON,
@@ -124,6 +129,9 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
                                    batch_size=options.batch_size or None, images_only=False)
         groups = (read_shard_groups(options.groups, inp.stem, options.groups_digest)
                   if options.groups else None)
+        # the table's rows of this file by row index (None: a table without them, matched by key)
+        by_row = (read_row_groups(options.groups, inp.stem, options.groups_digest)
+                  if options.groups else None)
         seen_keys: set[str] = set()  # a key that repeats: its first row takes the group's decision
         batch, keep = None, []
         done_since = 0
@@ -142,7 +150,10 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
             decision, reason = decide(scored, options.threshold,
                                       reject_no_image=options.reject_no_image)
             if groups is not None:
-                group_row = groups.get(row.key) if row.key not in seen_keys else None
+                if by_row is not None:
+                    group_row = by_row.get(row.index)
+                else:
+                    group_row = groups.get(row.key) if row.key not in seen_keys else None
                 seen_keys.add(row.key)
                 decision, reason = apply_group(
                     decision, reason, group_row, options.drop_duplicates, threshold=options.threshold,

@@ -1,0 +1,71 @@
+"""How ``filter --groups`` finds a sample's row of dedup's groups.parquet: a Parquet row by its row
+index (a key may repeat in a file), and only in the input the table was made from."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import skimage.data as sd
+from cg_testutil import run_cli
+from PIL import Image
+
+
+def _enc(a, fmt="PNG", **kw) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(a).save(b, fmt, **kw)
+    return b.getvalue()
+
+
+@pytest.fixture(scope="module")
+def repeated_keys(tmp_path_factory):
+    """Four rows, the key k1 twice: row 0 an unrelated photo, row 2 a PNG copy of row 1."""
+    root = tmp_path_factory.mktemp("dupkeys")
+    astro = sd.astronaut()
+    rows = [("k1", _enc(sd.coffee())), ("k0", _enc(astro, "JPEG", quality=90)), ("k1", _enc(astro)),
+            ("k2", _enc(sd.chelsea()))]
+    pq.write_table(pa.table({"key": [r[0] for r in rows], "image": [r[1] for r in rows]}),
+                   root / "dupkeys.parquet")
+    run_cli(["dedup", root / "dupkeys.parquet", "--out", root / "dd", "-q"])
+    return root
+
+
+def test_the_groups_table_names_parquet_rows_by_index(repeated_keys):
+    g = pd.read_parquet(repeated_keys / "dd" / "groups.parquet")
+    assert g["row"].tolist() == [0, 1, 2, 3] and g["key"].tolist() == ["k1", "k0", "k1", "k2"]
+    assert g["group"].tolist()[1] == g["group"].tolist()[2] != "" and g["group"][0] == g["group"][3] == ""
+
+
+def test_a_duplicate_under_a_repeated_key_is_matched_by_its_row(repeated_keys, tmp_path):
+    root = repeated_keys
+    g = pd.read_parquet(root / "dd" / "groups.parquet")
+    dup = int(g.loc[(g["group"] != "") & (g["rank"] > 0), "row"].iloc[0])
+    out = tmp_path / "f"
+    run_cli(["filter", root / "dupkeys.parquet", "--out", out, "--groups", root / "dd" / "groups.parquet",
+             "--drop-duplicates", "-q"])
+    s = pd.read_parquet(out / "scores" / "dupkeys.parquet").set_index("row")
+    assert (s.loc[dup, "decision"], s.loc[dup, "reason"]) == ("rejected", "duplicate")
+    assert s.loc[0, "group"] == "" and s.loc[0, "decision"] == "kept"  # the other k1: a single
+    kept = pq.read_table(out / "kept" / "dupkeys.parquet")
+    rejected = pq.read_table(out / "rejected" / "dupkeys.parquet")
+    src = pq.read_table(root / "dupkeys.parquet")
+    assert rejected.column("image").to_pylist() == [src.column("image")[dup].as_py()]
+    assert sorted(kept.column("image").to_pylist() + rejected.column("image").to_pylist()) == \
+        sorted(src.column("image").to_pylist())
+
+
+def test_a_table_without_row_indices_matches_by_key(repeated_keys, tmp_path):
+    root = repeated_keys
+    t = pq.read_table(root / "dd" / "groups.parquet")
+    old = tmp_path / "groups_old.parquet"
+    pq.write_table(t.drop(["row"]), old)
+    out = tmp_path / "f"
+    run_cli(["filter", root / "dupkeys.parquet", "--out", out, "--groups", old, "--drop-duplicates", "-q"])
+    s = pd.read_parquet(out / "scores" / "dupkeys.parquet").set_index("row")
+    # by key, as such tables always were: k1's first row in the table (a single) is applied to
+    # k1's first row in the file, so the duplicate under k1 is not matched
+    assert s["decision"].tolist() == ["kept"] * 4
+    assert s.loc[1, "group"] != "" and s.loc[0, "group"] == s.loc[2, "group"] == ""
