@@ -55,3 +55,33 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
         scores[i] = by_group.get(labels[i], np.nan)
         named[i] = ident
     return scores, named
+
+
+def source_digests(desc: dict) -> tuple[list[int | None], list[str]]:
+    """``(source_size, source_sha256)`` per row: the size and SHA-256 of the shard or Parquet file
+    the row was read from (None and "" for an image file, or a source that cannot be read again
+    as bytes: a ``pipe:`` command), each source read once. ``filter --groups`` refuses to apply the
+    table to an input of the same stem whose bytes differ."""
+    import hashlib
+
+    from collapseguard.io.urls import open_stream, scheme
+
+    known: dict[str, tuple[int | None, str]] = {}
+    sizes, digests = [], []
+    for source, stem in zip(desc["source"], desc["shard"]):
+        if stem and source not in known:
+            known[source] = (None, "")
+            if scheme(source) != "pipe":
+                h, n = hashlib.sha256(), 0
+                try:
+                    with open_stream(source, allow_pipe=False) as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+                            n += len(block)
+                    known[source] = (n, h.hexdigest())
+                except (OSError, ValueError):
+                    pass
+        size, digest = known.get(source, (None, "")) if stem else (None, "")
+        sizes.append(size)
+        digests.append(digest)
+    return sizes, digests

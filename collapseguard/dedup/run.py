@@ -20,7 +20,9 @@ the one ``score`` gives it: its id column, else its row index). Two passes:
    copy is a ``degraded_copy`` when P(it is more degraded than the kept one) is above the level.
    Singles are never described: their ``cnn`` is empty (NaN).
 5. Score each group's kept copy with the default no-reference detector (``kept_scores``), so
-   that ``filter --groups`` never rejects a picture's other copies for a kept copy it rejects.
+   that ``filter --groups`` never rejects a picture's other copies for a kept copy it rejects;
+   and record each shard's and Parquet file's size and SHA-256 (``source_size``,
+   ``source_sha256``), which ``filter --groups`` checks its inputs against.
 
 Outputs: ``DIR/groups.parquet``, one row per image (per sample of a shard) in input order, and
 ``DIR/summary.json``, each written whole or not at all. Their bytes depend only on the inputs and
@@ -59,7 +61,7 @@ from collapseguard.dedup.describe import (
     torch_threads,
 )
 from collapseguard.dedup.groups import GroupingParams, group_ids
-from collapseguard.dedup.kept_scores import kept_copy_scores
+from collapseguard.dedup.kept_scores import kept_copy_scores, source_digests
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
@@ -82,8 +84,8 @@ DETECTOR = "compare"
 DETECTOR_KWARGS = (("fingerprints", True),)
 FINGERPRINT_KWARGS = (("fingerprints", "only"),)
 OUTPUT_COLUMNS = ("source", "key", "group", "rank", "decision", "p_worse", "reason", "shard",
-                  "row", "cnn", "width", "height", "storage", "image", "error", "kept_score",
-                  "kept_detector")
+                  "row", "source_size", "source_sha256", "cnn", "width", "height", "storage",
+                  "image", "error", "kept_score", "kept_detector")
 
 
 def describe_task(task: tuple, detector, progress=None, decode=None, fingerprints: bool = True) -> dict:
@@ -543,6 +545,7 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         lap("describe")
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
     kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column)
+    source_size, source_sha256 = source_digests(desc)
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
     table = pa.table({
@@ -555,6 +558,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "reason": pa.array(reason, pa.string()),
         "shard": pa.array(desc["shard"], pa.string()),
         "row": pa.array(desc["row"], pa.int64()),
+        "source_size": pa.array(source_size, pa.int64()),
+        "source_sha256": pa.array(source_sha256, pa.string()),
         "cnn": pa.array(desc["cnn"], pa.float64()),
         "width": pa.array(desc["width"], pa.int32()),
         "height": pa.array(desc["height"], pa.int32()),

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 
+from collapseguard.errors import CollapseguardError
+from collapseguard.io.terminal import printable
 from collapseguard.scoring.records import Scored
 
 REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name",
@@ -106,11 +108,17 @@ def _groups_of(path: str, digest: str) -> dict[str, dict]:
         extra = [c for c in (*OPTIONAL_COLUMNS, "row") if c in names]
         columns = ["shard", "key", "group", "decision", "rank", *extra]
         table = pq.read_table(path, columns=columns)
+        by_shard: dict[str, dict] = {}
+        if {"source_size", "source_sha256"} <= names:  # the bytes each stem's rows were read from
+            made = pq.read_table(path, columns=["shard", "source", "source_size", "source_sha256"])
+            for stem, source, size, sha in set(zip(*(made.column(c).to_pylist() for c in made.column_names))):
+                if stem and sha:
+                    by_shard.setdefault(stem, {"keys": {}, "rows": {}}).setdefault(
+                        "made_from", []).append({"source": source, "size": size, "sha256": sha})
         # a shard's keys that have a grouped row: their rows, the first of each key decides
         grouped = table.filter(pc.not_equal(table.column("group"), ""))
         wanted = set(zip(grouped.column("shard").to_pylist(), grouped.column("key").to_pylist()))
         table = table.filter(pc.is_in(table.column("key"), grouped.column("key").unique()))
-        by_shard: dict[str, dict] = {}
         for values in zip(*(table.column(c).to_pylist() for c in columns)):
             row = dict(zip(columns, values))
             stem, key, index = row.pop("shard"), row.pop("key"), row.pop("row", None)
@@ -140,3 +148,27 @@ def read_row_groups(path: str, stem: str, digest: str = "") -> dict[int, dict] |
     if not _GROUPS_CACHE.get("has_rows"):
         return None
     return by_shard.get(stem, {}).get("rows", {})
+
+
+class GroupsOfAnotherInput(CollapseguardError, ValueError):
+    """The groups table's rows for an input's stem were made from other bytes (one line)."""
+
+
+def check_made_from(path: str, stem: str, digest: str, name: str, size: int | None = None,
+                    sha256: str | None = None) -> None:
+    """Refuse (``GroupsOfAnotherInput``) to apply the table's rows of ``stem`` to the input
+    ``name`` when the table recorded the bytes they were made from (``source_size``,
+    ``source_sha256``) and the input's ``size`` or ``sha256`` (each None: not known yet) is not
+    that of any of them. A table without those columns, or without rows of the stem, passes."""
+    made = _groups_of(path, digest).get(stem, {}).get("made_from")
+    if not made:
+        return
+    if any((size is None or m["size"] == size) and (sha256 is None or m["sha256"] == sha256)
+           for m in made):
+        return
+    m = made[0]
+    got = (f"{size} bytes" if size is not None else "") + (
+        f"{', ' if size is not None else ''}SHA-256 {sha256[:12]}..." if sha256 else "")
+    raise GroupsOfAnotherInput(
+        f"--groups {printable(path)} was made from {printable(m['source'])} ({m['size']} bytes, SHA-256 "
+        f"{m['sha256'][:12]}...), not from {printable(name)} ({got}): its groups are not applied to it")

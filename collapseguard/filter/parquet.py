@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from collapseguard.filter.decisions import (
     apply_group,
+    check_made_from,
     decide,
     read_row_groups,
     read_shard_groups,
@@ -58,6 +59,17 @@ from collapseguard.io.parse import Input
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import join, open_stream
 from collapseguard.scoring.records import Scored, score_records
+
+
+def stream_digest(name: str) -> dict:
+    """``{"size", "sha256"}`` of a file's bytes, read through once (``open_stream``)."""
+    import hashlib
+    h, n = hashlib.sha256(), 0
+    with open_stream(name, allow_pipe=False) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            n += len(block)
+    return {"size": n, "sha256": h.hexdigest()}
 
 
 def _precomputed(rows, scores_path: str, where: str):
@@ -132,6 +144,9 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         # the table's rows of this file by row index (None: a table without them, matched by key)
         by_row = (read_row_groups(options.groups, inp.stem, options.groups_digest)
                   if options.groups else None)
+        if groups is not None:  # only to the file the groups were made from
+            check_made_from(options.groups, inp.stem, options.groups_digest, name,
+                            **stream_digest(name))
         seen_keys: set[str] = set()  # a key that repeats: its first row takes the group's decision
         batch, keep = None, []
         done_since = 0

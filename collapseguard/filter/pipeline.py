@@ -27,7 +27,12 @@ import pyarrow.parquet as pq
 from collapseguard.engines.local import parent_is_gone
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
-from collapseguard.filter.decisions import apply_group, decide, read_shard_groups
+from collapseguard.filter.decisions import (
+    apply_group,
+    check_made_from,
+    decide,
+    read_shard_groups,
+)
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parse import Input, basename_of, strip_suffix
@@ -306,6 +311,9 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                                    batch_size=options.batch_size or None)
         groups = (read_shard_groups(options.groups, shard_stem(shard), options.groups_digest)
                   if options.groups else None)
+        if groups is not None:  # a shard of another size fails before it is read
+            check_made_from(options.groups, shard_stem(shard), options.groups_digest, shard,
+                            size=identity.get("size"))
         for sample, scored in stream:
             decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
                                       refused=bool(sample.refused), repeated=sample.repeat > 0,
@@ -337,6 +345,9 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                 done_since = 0
         if progress is not None and done_since:
             progress(done_since)
+        if groups is not None and reader.digest is not None:  # read whole: its bytes are known
+            check_made_from(options.groups, shard_stem(shard), options.groups_digest, shard,
+                            **reader.digest)
         for w in (kept_w, rej_w):
             if w is not None:
                 w.close()

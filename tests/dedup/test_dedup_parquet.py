@@ -133,9 +133,16 @@ def test_the_first_row_of_a_repeated_key_takes_the_groups_decision(deduped, tmp_
     copy = tmp_path / "in" / src.name
     copy.parent.mkdir()
     pq.write_table(pa.concat_tables([t, extra]), copy)
+    # a table made from the file as it was is refused for these other bytes
+    res = run_cli(["filter", copy, "--out", tmp_path / "refused", "--groups", out / "groups.parquet",
+                   "--threshold", "1e9", "-w", "1", "-q"], expect=1)
+    assert "not applied" in res.output
+    # a table without row indices and source identities (as dedup wrote before it recorded them)
+    # is matched by key: the first row of a repeated key takes the key's decision
+    old = tmp_path / "groups_by_key.parquet"
+    pq.write_table(pq.read_table(out / "groups.parquet").drop(["row", "source_size", "source_sha256"]), old)
     filtered = tmp_path / "filtered"
-    run_cli(["filter", copy, "--out", filtered, "--groups", out / "groups.parquet",
-             "--threshold", "1e9", "-w", "1", "-q"])
+    run_cli(["filter", copy, "--out", filtered, "--groups", old, "--threshold", "1e9", "-w", "1", "-q"])
     scores = _check_conserved(copy, filtered)
     first, repeat = scores[0], scores[-1]
     assert first["key"] == repeat["key"] == "chain_s10"
