@@ -5,15 +5,23 @@ greyscale or 1-bit dithered copy) looks clean to it: no colour noise, no cast. L
 is damage all the same, so in a group that holds a colour copy every monochrome copy ranks after
 every colour copy (``decide_groups``) and is a ``degraded_copy`` (reason ``lost_colour``).
 
-The chroma measure is the comparator's own ``sat`` feature (mean over pixels of max - min of the
-channels, in [0, 1]) at the scale the group is compared at, computed from the image already
-decoded for its description: a copy is monochrome at ``MONOCHROME_CHROMA`` or less (2.55 levels
-of 255), a copy is colour above ``COLOUR_CHROMA``. Greyscale and 1-bit copies decode to 0
-(stored as RGB JPEG too), while a JPEG copy of a colour photo keeps nearly all of its chroma
-(skimage's astronaut 0.19, rocket 0.15 as PNG and at JPEG q40 alike; at 70% saturation, JPEG q75,
-still 0.10 or more), so a slightly desaturated copy is never monochrome. A group with no copy
-above ``COLOUR_CHROMA`` ranks as the comparator alone ranks it: only grey copies, or a picture
-with as faint a colour as skimage's ``hubble_deep_field`` (0.017-0.022 by scale), whose grey
+The chroma measures are the comparator's own ``sat`` (mean over pixels of max - min of the
+channels, in [0, 1]) and ``cast`` (the chroma of the mean colour) at the scale the group is
+compared at, computed from the image already decoded for its description. A copy is monochrome
+at ``MONOCHROME_CHROMA`` of ``sat`` or less (2.55 levels of 255). A copy is colour when its
+``sat`` is above ``STRONG_CHROMA``, or when its chroma beyond a uniform cast,
+``sat - CAST_SHARE * cast``, is above ``COLOUR_CHROMA``. A uniform tint of a grey picture (the
+green cast of a damaged copy, a sepia toning) has ``sat`` at most 1.42 times its ``cast``, so
+under ``STRONG_CHROMA`` (25 levels) it never counts as colour and cannot outrank the grey
+original; most photos have one dominant hue (skimage's astronaut: ``sat`` 0.20, ``cast`` 0.13)
+and count by their strength. Greyscale and 1-bit copies decode to ``sat`` 0 (stored as RGB JPEG
+too), while a JPEG copy of a colour photo keeps nearly all of its chroma (astronaut 0.19, rocket
+0.15 as PNG and at JPEG q40 alike; at 70% saturation, JPEG q75, still 0.10 or more), so a
+slightly desaturated copy is never monochrome. A group with no colour copy ranks as the
+comparator alone ranks it: only grey copies, grey copies beside tinted ones, or a picture with as
+faint a colour as skimage's ``hubble_deep_field`` (0.017-0.022 by scale). Limits: a grey
+original beside a copy tinted by more than 25 levels loses to it; a photo of one faint hue
+(``sat`` under 0.10, nearly all of it the mean colour) does not count as colour, and its grey
 copy is left to the comparator.
 """
 
@@ -25,24 +33,33 @@ from collapseguard.detectors.pair_features import FEATURES
 
 #: mean chroma (``sat``) at or below which a copy is monochrome
 MONOCHROME_CHROMA = 0.01
-#: mean chroma above which a copy is colour (a group needs one for the rule to apply)
+#: chroma beyond a uniform cast (``sat - CAST_SHARE * cast``) above which a copy is colour (a
+#: group needs one for the rule to apply)
 COLOUR_CHROMA = 0.02
+#: mean chroma (``sat``) above which a copy is colour whatever its cast
+STRONG_CHROMA = 0.10
+#: over the largest ``sat / cast`` of a uniform cast (sqrt 2, a tint along one channel pair)
+CAST_SHARE = 1.5
 
-_SAT = FEATURES.index("sat")
+_SAT, _CAST = FEATURES.index("sat"), FEATURES.index("cast")
 
 
 def group_chroma(ladders: np.ndarray) -> np.ndarray:
-    """Each copy's ``sat`` at the largest scale all copies reach (as ``compare.group_utilities``
-    compares them); ``ladders`` is (copies, scales, features). NaN where it was not computed."""
+    """Each copy's ``(sat, cast)`` at the largest scale all copies reach (as
+    ``compare.group_utilities`` compares them); ``ladders`` is (copies, scales, features). NaN
+    where it was not computed."""
     reached = ~np.isnan(ladders[:, :, 0]).any(axis=0)
     idx = np.flatnonzero(reached)
-    return ladders[:, int(idx[-1]) if idx.size else 0, _SAT]
+    return ladders[:, int(idx[-1]) if idx.size else 0][:, [_SAT, _CAST]]
 
 
 def lost_colour(chroma: np.ndarray) -> np.ndarray:
     """The copies that lost their colour: monochrome, in a group that holds a colour copy (none
-    when any chroma is unknown)."""
+    when any chroma is unknown). ``chroma`` is ``group_chroma``'s (copies, 2), or each copy's
+    ``sat`` alone (no cast)."""
     chroma = np.asarray(chroma, np.float64)
-    if np.isnan(chroma).any() or not (chroma > COLOUR_CHROMA).any():
-        return np.zeros(len(chroma), bool)
-    return chroma <= MONOCHROME_CHROMA
+    sat, cast = (chroma[:, 0], chroma[:, 1]) if chroma.ndim == 2 else (chroma, np.zeros_like(chroma))
+    colour = (sat > STRONG_CHROMA) | (sat - CAST_SHARE * cast > COLOUR_CHROMA)
+    if np.isnan(sat).any() or np.isnan(cast).any() or not colour.any():
+        return np.zeros(len(sat), bool)
+    return sat <= MONOCHROME_CHROMA

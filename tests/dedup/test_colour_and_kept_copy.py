@@ -42,13 +42,40 @@ def test_a_grey_copy_never_outranks_its_colour_original(tmp_path):
         im = Image.fromarray(arr)
         im.save(src / f"{name}_color.png")
         im.convert("L").save(src / f"{name}_gray.png")
-    run_cli(["dedup", src, "--out", tmp_path / "dd", "-q"])
+    run_cli(["dedup", src, "--out", tmp_path / "dd", "--gallery", "3", "-q"])
     g = _groups(tmp_path / "dd")
     for name in ("astro", "coffee", "chelsea"):
         colour, grey = g.loc[f"{name}_color.png"], g.loc[f"{name}_gray.png"]
         assert colour["group"] and colour["group"] == grey["group"]
         assert (colour["rank"], colour["decision"]) == (0, "keep")
         assert (grey["rank"], grey["decision"], grey["reason"]) == (1, "degraded_copy", "lost_colour")
+    # the gallery names the rule: the comparator's own P(worse) may say the grey copy is better
+    assert (tmp_path / "dd" / "groups.html").read_text().count("degraded_copy (lost_colour)") == 3
+
+
+def test_a_tinted_copy_of_a_grey_original_does_not_outrank_it(tmp_path):
+    """The reverse case: a grey picture whose re-renders took a green cast (the study's tint, +6
+    and +15 levels). A uniform cast is not colour: the originals are not ``lost_colour``, the
+    comparator ranks the group, and ``filter --groups`` keeps the originals."""
+    samples = []
+    for name in ("camera", "moon"):
+        g = np.asarray(Image.fromarray(getattr(sd, name)()).resize((384, 384)))
+        samples.append((name, "png", _enc(Image.fromarray(g).convert("RGB"), "PNG")))
+        for shift in (6, 15):
+            rgb = np.stack([g, g, g], -1).astype(float)
+            rgb[..., 1] += shift
+            rgb[..., [0, 2]] -= shift / 2
+            samples.append((f"{name}_green{shift}", "png", _enc(Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)), "PNG")))
+    _shard(tmp_path / "tint.tar", samples)
+    run_cli(["dedup", tmp_path / "tint.tar", "--out", tmp_path / "dd", "-q"])
+    g = _groups(tmp_path / "dd")
+    assert "lost_colour" not in set(g["reason"])
+    for name in ("camera", "moon"):
+        assert g.loc[name, "group"] and (g.loc[name, "rank"], g.loc[name, "decision"]) == (0, "keep")
+    out = tmp_path / "f"
+    run_cli(["filter", tmp_path / "tint.tar", "--out", out, "--groups", tmp_path / "dd" / "groups.parquet", "-q"])
+    kept = {n for n, _ in read_members(out / "kept" / "tint.tar")}
+    assert {"camera.png", "moon.png"} <= kept
 
 
 @pytest.fixture(scope="module")
