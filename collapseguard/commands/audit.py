@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from collapseguard.commands._common import (
@@ -14,6 +16,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
+from collapseguard.io.inputs import InputError, refuse_overwriting_inputs
 
 
 def _names(text: str | None) -> tuple[str, ...]:
@@ -56,9 +59,18 @@ def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, 
     a per-shard table and galleries (most degraded, borderline, random kept), each image as a
     thumbnail plus a native-resolution crop. Nothing is modified; exits non-zero if an input
     failed."""
-    from collapseguard.audit.run import AuditOptions, format_summary, run_audit
+    from collapseguard.audit.run import (
+        OUTPUT_FILES,
+        AuditOptions,
+        format_summary,
+        run_audit,
+    )
 
     refuse_pipes(inputs, no_pipe)
+    try:  # "nothing is modified": no output file may replace an input
+        refuse_overwriting_inputs([os.path.join(out, f) for f in OUTPUT_FILES], inputs)
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)
     names = _names(compare)

@@ -15,6 +15,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
+from collapseguard.io.inputs import InputError, refuse_overwriting_inputs
 from collapseguard.io.terminal import printable
 
 
@@ -61,6 +62,10 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
         raise click.ClickException(str(exc)) from None
     check_out_file(out)
     refuse_pipes(paths, no_pipe)
+    try:  # the scores table must not replace the data it scores
+        refuse_overwriting_inputs([out], paths)
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
     check_spec(detector)  # an unknown name fails at once; a missing input before a model loads
     unread: list[tuple[str, str]] = []
     failed: list[tuple[str, str]] = []  # URL inputs that cannot be listed: they fail, the rest is scored

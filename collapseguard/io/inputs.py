@@ -277,3 +277,32 @@ def unique_inputs(shards: list, files: list[ImageFile]) -> tuple[list, list[Imag
         real = path_key(str(path))
         return not (real in seen or seen.add(real))
     return [s for s in shards if first(s)], [f for f in files if first(f.path)]
+
+
+def refuse_overwriting_inputs(outputs: Iterable[str | os.PathLike], inputs: Iterable[str],
+                              option: str = "--out") -> None:
+    """InputError, before anything is read, when a file the command writes would replace one of
+    its inputs: a local input named itself (``score data.parquet -o data.parquet``), or an
+    existing file inside a local input folder that the folder's walk reads as input (``audit DIR
+    -o DIR`` over a ``DIR/scores.parquet`` holding images; an earlier scores table, which the walk
+    passes over, may be replaced). The outputs are written whole at the end, so nothing else
+    would stop them from replacing the data they were made from. URLs are not compared."""
+    parsed = [i for raw in inputs for i in parse_argument(raw)]  # nothing is listed or run here
+    for out in outputs:
+        out = str(out)
+        if is_remote(out) or not os.path.exists(out):
+            continue  # a new file replaces nothing
+        real = os.path.realpath(local_path(out) or out)
+        for i in parsed:
+            if i.via != "local":
+                continue
+            where = os.path.realpath(local_path(i.name) or i.name)
+            if i.kind == "folder":  # a file the folder's walk reads (not an earlier scores table)
+                found = parse_found(real)
+                hit = real.startswith(where.rstrip(os.sep) + os.sep) and found is not None and (
+                    found.kind != "parquet" or may_hold_images(real))
+            else:
+                hit = real == where
+            if hit:
+                raise InputError(f"{option} {printable(out)} would replace the input "
+                                 f"{printable(real)} ({printable(i.display)}): choose another {option}")
