@@ -106,7 +106,10 @@ def _headline(s: dict) -> str:
         parts.append(f'<div class="fail"><b>Some inputs failed and are not in these figures:</b>'
                      f"<ul>{items}</ul></div>")
     cal = s.get("calibration")
-    if cal and cal.get("guarantee_applies", True):
+    if cal and not cal.get("calibrated", True):
+        parts.append(f'<div class="sub">Calibration file: {e(cal["guarantee"])}; no false-drop '
+                     "guarantee is claimed for its threshold.</div>")
+    elif cal and cal.get("guarantee_applies", True):
         parts.append(f'<div class="sub">Calibration: {e(cal["guarantee"])}. {e(cal["scope"])}</div>')
     elif cal:  # --threshold with --calibration: the calibration's guarantee is not this threshold's
         parts.append(f'<div class="sub">Calibration used for its score maps only; its guarantee '

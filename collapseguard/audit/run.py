@@ -322,8 +322,10 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         "calibration": None if cal is None else {
             "label": cal.label, "guarantee": cal.guarantee_text(), "scope": cal.scope,
             "threshold": cal.threshold,
-            # with --threshold, only the score maps are used: the guarantee is for cal.threshold
-            "guarantee_applies": options.threshold is None,
+            # with --threshold, only the score maps are used: the guarantee is for cal.threshold;
+            # a file that states no bound has no guarantee to apply
+            "guarantee_applies": options.threshold is None and cal.is_calibrated,
+            "calibrated": cal.is_calibrated,
             "has_step_map": has_step, "has_probability_map": has_prob},
         "sample": {"sampled": sampled, "audited": len(df), "population": int(population),
                    "seed": options.seed if sampled else None,

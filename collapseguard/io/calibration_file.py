@@ -280,6 +280,10 @@ class Calibration:
                 raise CalibrationError(f"calibration field {key!r} must be a {typ.__name__}")
         _check_rows(kw)
         _check_guarantee(kw)
+        if kw.get("label", "calibrated") == "calibrated" and not _states_bound(kw):
+            # a threshold with no bound behind it (another tool's summary.json, a hand-written
+            # file): it decides, but no guarantee is claimed for it
+            kw["label"] = NO_BOUND_LABEL
         kw["probability_map"] = _knots(kw.get("probability_map"), "probability_map")
         kw["step_map"] = _knots(kw.get("step_map"), "step_map")
         return cls(**kw)
@@ -327,6 +331,16 @@ def _check_rows(kw: dict) -> None:
     for fam, v in (kw.get("first_step_dropped") or {}).items():
         if not isinstance(v, dict):
             raise CalibrationError(f"first_step_dropped[{fam!r}] must be an object")
+
+
+#: the label of a file that holds a threshold and states no false-drop bound
+NO_BOUND_LABEL = "uncalibrated: the file states no false-drop bound"
+
+
+def _states_bound(kw: dict) -> bool:
+    """Does the file state the bound a guarantee needs: a rate, a confidence and the clean count?"""
+    rate = kw.get("alpha") if kw.get("alpha") is not None else kw.get("guaranteed_false_drop")
+    return rate is not None and kw.get("confidence") is not None and kw.get("n_clean", 0) > 0
 
 
 def _check_guarantee(kw: dict) -> None:

@@ -733,3 +733,26 @@ def test_audit_of_a_pipe_source_not_ending_in_tar_shows_its_pictures(tmp_path, d
     assert res.exit_code == 0, res.output
     html = (out / "report.html").read_text()
     assert 'alt="thumbnail of' in html and "accepted on the command line only" not in html
+
+
+def test_a_file_that_states_no_bound_is_no_calibration_to_claim_a_guarantee_from(dataset, tmp_path):
+    """An earlier audit's summary.json holds detector, version and threshold, so it can be given
+    as --calibration; it states no false-drop bound, so neither the report nor the summary may
+    claim the guarantee a calibration gives, and `calibrations` says the same."""
+    root, inputs, truth = dataset
+    first = tmp_path / "a"
+    run = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(first), "-d", "nss",
+                                    "--threshold", "0", "-q"], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    out = tmp_path / "b"
+    run = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(out), "-d", "nss",
+                                    "--calibration", str(first / "summary.json"), "-q"],
+                             catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    cal = json.loads((out / "summary.json").read_text())["calibration"]
+    assert cal["guarantee_applies"] is False and cal["calibrated"] is False
+    assert cal["label"] == "uncalibrated: the file states no false-drop bound"
+    html = (out / "report.html").read_text()
+    assert "no false-drop guarantee is claimed" in html and "The false-drop guarantee holds" not in html
+    shown = CliRunner().invoke(main, ["calibrations", str(first / "summary.json")])
+    assert "uncalibrated: the file states no false-drop bound" in shown.output
