@@ -52,3 +52,17 @@ def test_demo_without_a_threshold_for_its_detector_fails_before_building(tmp_pat
     res = CliRunner().invoke(main, ["demo", str(tmp_path / "d"), "-d", "pyiqa:entropy", "-w", "1"])
     assert res.exit_code == 1 and "pass --threshold T" in res.output and "--drop-fraction" not in res.output
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["--threshold", "nan"], 1, "threshold must be a finite number, got nan"),
+    (["--threshold", "inf"], 1, "threshold must be a finite number, got inf"),
+    (["--steps", "0"], 2, "0 is not in the range x>=1"),
+    (["--steps", "-1"], 2, "-1 is not in the range x>=1"),
+])
+def test_demo_refuses_what_it_cannot_honour_in_one_line_before_building(tmp_path, args, code, says):
+    """A non-finite threshold was a traceback; zero or negative steps made 'degraded' copies that
+    were never re-rendered, and the truth table called them degraded."""
+    res = CliRunner().invoke(main, ["demo", str(tmp_path / "d"), *args, "-q"])
+    assert res.exit_code == code and says in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "d").exists()

@@ -60,7 +60,7 @@ def resolve_threshold(
         cal, note = None, ""
         if calibration is not None:
             cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-            check_detector(cal, detector)
+            check_detector(cal, detector, threshold_given=True)
             note = (f"; the calibration's own threshold {cal.threshold:.6g} is not used, only its "
                     "score maps")
         return t, f"explicit threshold {t:.6g} (--threshold; uncalibrated, no stated guarantee{note})", cal

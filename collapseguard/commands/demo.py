@@ -22,7 +22,8 @@ from collapseguard.commands._common import (
 @workers_option()
 @click.option("--threshold", type=float, default=None,
               help="Use this threshold instead of the detector's shipped calibration.")
-@click.option("--steps", default=12, show_default=True, help="Re-renderings applied to the degraded copies.")
+@click.option("--steps", default=12, show_default=True, type=click.IntRange(min=1),
+              help="Re-renderings applied to the degraded copies.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def demo(directory, detector, workers, threshold, steps, quiet):
     """Build a small WebDataset in DIRECTORY (default: a new temporary folder) from photos that ship
@@ -40,6 +41,8 @@ def demo(directory, detector, workers, threshold, steps, quiet):
         raise click.ClickException(
             f"{det.name} has no shipped calibration; pass --threshold T (the demo has no "
             "calibration of its own)") from None
+    except ValueError as exc:  # a threshold that is not a finite number
+        raise click.ClickException(str(exc)) from None
     root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="collapseguard-demo-"))
     t0 = time.perf_counter()
     click.echo(f"building demo shards in {root / 'shards'} ...", err=True)

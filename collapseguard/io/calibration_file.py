@@ -431,15 +431,19 @@ def _detector_kind(name: str) -> str:
     return family if family in _WEIGHTS_PATH_FAMILIES else name
 
 
-def check_detector(cal: Calibration, detector) -> None:
+def check_detector(cal: Calibration, detector, threshold_given: bool = False) -> None:
     """Raise CalibrationMismatch unless ``cal`` was made for this detector and version (for
-    ``cnn``, any spelling of the weights path with the same weights version)."""
+    ``cnn``, any spelling of the weights path with the same weights version). With
+    ``threshold_given`` (an explicit threshold beside the calibration, which then gives only its
+    score maps) the advice is to drop the calibration."""
     name, version = _name_version(detector)
     if _detector_kind(cal.detector) != _detector_kind(name) or cal.detector_version != version:
+        advice = ("drop --calibration: beside --threshold only its score maps are used, and they "
+                  "are another detector's" if threshold_given else "or pass --threshold")
         raise CalibrationMismatch(
             f"calibration was made for detector {cal.detector}@{cal.detector_version}, "
             f"but the detector in use is {name}@{version}; recalibrate with "
-            f"`collapseguard calibrate --detector {name} ...` or pass --threshold")
+            f"`collapseguard calibrate --detector {name} ...` {advice}")
 
 
 def default_calibration_path(detector_name: str) -> Path:

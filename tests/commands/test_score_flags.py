@@ -13,7 +13,10 @@ from click.testing import CliRunner
 
 from collapseguard.cli import main
 from collapseguard.detectors import Detector, base, create
-from collapseguard.io.calibration_file import default_calibration, default_calibration_path
+from collapseguard.io.calibration_file import (
+    default_calibration,
+    default_calibration_path,
+)
 
 
 def _shard(tmp_path, photos):
@@ -98,3 +101,16 @@ def test_a_detector_without_a_calibration_scores_with_empty_flags(tmp_path, phot
     df = pd.read_parquet(tmp_path / "t.parquet")
     ok = df["score"].notna()
     assert (df.loc[ok, "flagged"] == (df.loc[ok, "score"] > 100)).all()
+
+
+def test_a_calibration_for_another_detector_beside_a_threshold_says_to_drop_it(tmp_path, photos):
+    """With --threshold given, the calibration would give only its score maps: the advice is to
+    drop --calibration, not to pass the --threshold that is already there."""
+    shard = tmp_path / "s.tar"
+    make_shard(shard, photos[:1])
+    args = ["score", str(shard), "-d", "nss", "-o", str(tmp_path / "s.csv"), "-q",
+            "--calibration", str(default_calibration_path("cnn"))]
+    res = CliRunner().invoke(main, [*args, "--threshold", "5"])
+    assert res.exit_code == 1 and "drop --calibration" in res.output, res.output
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "or pass --threshold" in res.output, res.output
