@@ -254,13 +254,15 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
            "lossless) from the most textured part — replication damage (grain, coloured dots, "
            "smeared texture, colour cast) is usually invisible in the reduced image.")
     out.append(f'<section id="degraded"><h2>Most degraded</h2><p class="note">The highest-scoring '
-               f'images. {e(how)}</p>{_gallery(cards.get("degraded", []), main, "No image was scored.")}</section>')
-    out.append(f'<section id="borderline"><h2>Borderline</h2><p class="note">The images scoring '
-               f"nearest the threshold, on both sides: where the decision is least certain.</p>"
+               f'images, flagged or not. {e(how)}</p>{_gallery(cards.get("degraded", []), main, "No image was scored.")}</section>')
+    out.append(f'<section id="borderline"><h2>Borderline</h2><p class="note">Of the images not '
+               f"shown above, those scoring nearest the threshold, on both sides: where the "
+               f"decision is least certain.</p>"
                f'{_gallery(cards.get("borderline", []), main, "No other scored images.")}</section>')
     out.append(f'<section id="kept"><h2>Random sample of kept images</h2><p class="note">What '
-               f"passes the threshold (random, seeded): check that no damage slips through.</p>"
-               f'{_gallery(cards.get("kept", []), main, "No kept images.")}</section>')
+               f"passes the threshold and is not shown above (random, seeded): check that no damage slips "
+               f"through.</p>"
+               f'{_gallery(cards.get("kept", []), main, "No kept image beyond those shown above.")}</section>')
 
     if comparisons:
         parts = ['<section id="compare"><h2>Where other metrics disagree</h2><p class="note">Each '

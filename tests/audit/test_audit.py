@@ -756,3 +756,16 @@ def test_a_file_that_states_no_bound_is_no_calibration_to_claim_a_guarantee_from
     assert "no false-drop guarantee is claimed" in html and "The false-drop guarantee holds" not in html
     shown = CliRunner().invoke(main, ["calibrations", str(first / "summary.json")])
     assert "uncalibrated: the file states no false-drop bound" in shown.output
+
+
+def test_galleries_of_a_small_dataset_say_what_they_leave_out(dataset, tmp_path):
+    """Nothing flagged and a gallery larger than the data: every kept image is already in the
+    galleries above, and the kept gallery says so instead of "no kept images"."""
+    root, inputs, truth = dataset
+    out = tmp_path / "a"
+    run = CliRunner().invoke(main, ["audit", inputs[0], "--out", str(out), "-d", "nss",
+                                    "--threshold", "1e9", "--gallery-size", "12", "-q"], catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    html = (out / "report.html").read_text()
+    assert json.loads((out / "summary.json").read_text())["flagged"] == 0
+    assert "No kept image beyond those shown above." in html and "No kept images." not in html
