@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import click
 
 from collapseguard.detectors import DEFAULT_DETECTOR, create, list_detectors
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf``: a NaN passes every range
+    comparison, so ``--min-corr nan`` would be taken and silently make every image a single."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv!r} is not a finite number", param, ctx)
+        return rv
 
 
 def detector_option(default: str = DEFAULT_DETECTOR):

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import click
 
-from collapseguard.commands._common import RecordsArgs, check_out_file, command_line
+from collapseguard.commands._common import (
+    FiniteFloatRange,
+    RecordsArgs,
+    check_out_file,
+    command_line,
+)
 from collapseguard.io.terminal import first_of, printable
 
 #: ``--clean KIND=LOCATION``: a kind is a short plain name
@@ -72,7 +77,7 @@ def _steps(text: str) -> list[int]:
               help="Truth of degradation: 'step', or 'fr:ssim' / 'fr:ssim<0.85' / 'fr:psnr<30' "
                    "(full-reference similarity to the chain's step-0 image below the level; "
                    "defaults SSIM 0.90, PSNR 30 dB; 'fr:ssim:0.85' avoids shell quoting).")
-@click.option("--holdout", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
+@click.option("--holdout", type=FiniteFloatRange(0, 1, max_open=True), default=0.3, show_default=True,
               help="Share of source images held out for the drop curve (split by source image).")
 @click.option("--out", "-o", "out", type=click.Path(path_type=Path), required=True,
               help="Calibration JSON to write; a PNG plot is written beside it.")

@@ -6,7 +6,12 @@ import os
 
 import click
 
-from collapseguard.commands._common import no_pipe_option, refuse_pipes, workers_option
+from collapseguard.commands._common import (
+    FiniteFloatRange,
+    no_pipe_option,
+    refuse_pipes,
+    workers_option,
+)
 from collapseguard.io.terminal import printable
 
 
@@ -15,15 +20,15 @@ from collapseguard.io.terminal import printable
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Output folder: groups.parquet and summary.json (and .parts/, what a stopped "
                    "run resumes from).")
-@click.option("--level", type=click.FloatRange(0.0, 1.0), default=None,
+@click.option("--level", type=FiniteFloatRange(0.0, 1.0), default=None,
               help="Mark a copy degraded when P(it is more degraded than the kept copy) is above "
                    "this. Default: the level calibrated with the comparator (summary.json states "
                    "its guarantee); a level given here has none.")
 @click.option("--max-distance", type=click.IntRange(0, 8), default=8, show_default=True,
               help="Most pHash bits two copies may differ in to be compared.")
-@click.option("--min-corr", type=click.FloatRange(-1.0, 1.0), default=0.80, show_default=True,
+@click.option("--min-corr", type=FiniteFloatRange(-1.0, 1.0), default=0.80, show_default=True,
               help="Least thumbnail correlation that confirms a pair.")
-@click.option("--min-medoid-corr", type=click.FloatRange(-1.0, 1.0), default=0.70, show_default=True,
+@click.option("--min-medoid-corr", type=FiniteFloatRange(-1.0, 1.0), default=0.70, show_default=True,
               help="Least thumbnail correlation of every member with its group's medoid.")
 @click.option("--gallery", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Also write OUT/groups.html: up to N groups (those with a degraded copy "

@@ -8,6 +8,7 @@ import os
 import click
 
 from collapseguard.commands._common import (
+    FiniteFloatRange,
     detector_kwargs,
     detector_option,
     load_detector,
@@ -28,7 +29,7 @@ from collapseguard.io.terminal import printable
                    "rejected/, scores/, summary.json.")
 @detector_option()
 @threshold_options("Drop")
-@click.option("--drop-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
+@click.option("--drop-fraction", type=FiniteFloatRange(0, 1, max_open=True), default=None,
               help="Uncalibrated: drop this fraction of the highest-scoring samples of this data "
                    "(scores everything first, then decides).")
 @workers_option()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from collapseguard.commands._common import check_out_file
+from collapseguard.commands._common import FiniteFloatRange, check_out_file
 
 #: options of chain training that distillation alone (``--teacher`` without ``--chains``) does not
 #: read, by parameter name
@@ -27,7 +27,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
               help="weights file to write (.safetensors); <out>.json and <out>.md are written beside it")
 @click.option("--steps", "iterations", type=click.IntRange(min=1), default=None, help="optimizer steps (default 3000; the shipped weights used 16000, see MODEL_CARD.md)")
-@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=None, help="instead of --steps: passes over the training chains")
+@click.option("--epochs", type=FiniteFloatRange(min=0, min_open=True), default=None, help="instead of --steps: passes over the training chains")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--exclude-family", "exclude", multiple=True, help="leave this family out (repeatable)")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
@@ -51,7 +51,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--context", is_flag=True,
               help="add an image-level term computed from all crops together (how crops relate, e.g. "
                    "whether grain follows brightness); part of the shipped recipe")
-@click.option("--delivery-jpeg", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+@click.option("--delivery-jpeg", type=FiniteFloatRange(0, 1), default=0.5, show_default=True,
               help="share of training chains JPEG-encoded once (quality 70-98, every step alike) before "
                    "cropping, so that JPEG storage is not read as a sign of a clean image")
 @click.option("--delivery-per", type=click.Choice(["chain", "image"]), default="chain", show_default=True,
@@ -61,7 +61,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
                    "web: that share of chains, and every clean image, is stored one random way as "
                    "datasets store images (JPEG 4:2:0 q60-95 mostly, JPEG 4:4:4, WebP, PNG, web-size "
                    "downscales; one distribution for both classes). Use web with --delivery-jpeg 1")
-@click.option("--storage-consistency", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--storage-consistency", type=FiniteFloatRange(0), default=0.0, show_default=True,
               help="weight of a loss that shows some PNG chain images of each batch also as 4:2:0 JPEG "
                    "(quality 70-98) and pulls the two scores together (from a quarter of the run on), so "
                    "storage alone does not change a verdict; 0 is the shipped recipe")
@@ -72,22 +72,22 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
               help="random crops cut once per training image (the crop bank); each batch draws a few "
                    "of them. More crops show more of every image, at ~7 KB of memory per 48 px crop "
                    "(48: the shipped recipe)")
-@click.option("--hard-clean", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--hard-clean", type=FiniteFloatRange(0, 1), default=0.0, show_default=True,
               help="share of each batch's clean images drawn from those the network currently scores "
                    "highest (hard-negative mining of the clean tail); 0 draws them uniformly")
-@click.option("--web-history", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--web-history", type=FiniteFloatRange(0, 1), default=0.0, show_default=True,
               help="share of the clean training images given a web history first (1-4 JPEG saves at "
                    "q60-95 4:2:0, resizes with common filters, upload sharpening, screenshots), so "
                    "that what the web does to an image is not learned as damage; the shipped recipe "
                    "(recipes/train_cnn.sh) uses 0.5")
-@click.option("--colour-permute", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--colour-permute", type=FiniteFloatRange(0, 1), default=0.0, show_default=True,
               help="share of chains (all steps alike) and clean images shown with their RGB channels "
                    "in another order, so a picture's hue or a cast's direction carries no label; 0 is "
                    "the shipped recipe")
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="bf16: train the convolutions under bfloat16 autocast (faster on CPUs with "
                    "AVX512-BF16; weights and scoring stay float32)")
-@click.option("--average-from", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+@click.option("--average-from", type=FiniteFloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="average the weights every 50 steps from this share of the run on (e.g. 0.75) and "
                    "keep the average; 0 keeps the last weights")
 @click.option("--generic-ladders", type=click.IntRange(0, 16), default=0, show_default=True,
@@ -102,7 +102,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
                    "split (a held-out chain's photo among the training negatives): drop leaves them "
                    "out so the held-out figures are of unseen pictures (the shipped recipe); keep trains "
                    "on them")
-@click.option("--checkpoint-minutes", type=click.FloatRange(0), default=5.0, show_default=True,
+@click.option("--checkpoint-minutes", type=FiniteFloatRange(0), default=5.0, show_default=True,
               help="save the run's whole state (weights, optimiser, random states, sampler) every this "
                    "many minutes to <out stem>.ckpt.json + .ckpt-STEP.safetensors; 0: not by time")
 @click.option("--checkpoint-steps", type=click.IntRange(0), default=0, show_default=True,

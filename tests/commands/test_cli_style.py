@@ -164,3 +164,21 @@ def test_printing_into_a_pipe_closed_early_stops_quietly(argv):
     # as `| head -1`: one line read, then closed; the rest may all be written by then (exit 0)
     status, err = run_with_stdout_closed_early(cmd, lines=1)
     assert err == "" and status in (0, 1), err
+
+
+@pytest.mark.parametrize("args", [
+    ["dedup", ".", "--out", "OUT", "--min-corr", "nan"],
+    ["dedup", ".", "--out", "OUT", "--level", "nan"],
+    ["filter", ".", "--out", "OUT", "--drop-fraction", "nan"],
+    ["calibrate", "--clean", ".", "--out", "OUT/c.json", "--holdout", "nan"],
+    ["train", "--chains", ".", "--out", "OUT/w.safetensors", "--epochs", "inf"],
+])
+def test_a_number_option_refuses_nan_and_inf_before_anything_runs(tmp_path, args):
+    """A NaN passes every range comparison: `--min-corr nan` was taken and made every image a
+    single. Every ranged number option refuses it, and infinity, as a usage error."""
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+    res = CliRunner().invoke(main, [a.replace("OUT", str(tmp_path / "o")) for a in args])
+    assert res.exit_code == 2 and "is not a finite number" in res.output, res.output
+    assert not (tmp_path / "o").exists()
