@@ -170,7 +170,8 @@ def make_chains(sources: Iterable[tuple[str, np.ndarray]], families: Sequence[st
                              "chain_id": chain_id_for(name, fam, r), "source_image": name,
                              "repeat": r, "out_dir": str(out_dir)})
     if not jobs:
-        raise ValueError("no sources given: nothing to make")
+        raise ValueError("the sources gave no picture (an empty folder, or every image left out): "
+                         "nothing to make")
     bar = None
     if progress:  # on a terminal only, as every command's bars: a log gets no bar lines
         from collapseguard.scoring.progress import progress_bar

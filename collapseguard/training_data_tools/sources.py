@@ -493,6 +493,10 @@ def _resolve_parts(spec: str, seed: int, skipped: list[str] | None) -> Iterator[
             if not m:
                 raise SourceError(f"bad art spec {part!r}; use art:N[:MIN-MAX][:dither=SIGMA|vary]")
             lo, hi = (int(m.group(2)), int(m.group(3))) if m.group(2) else (320, 1024)
+            if int(m.group(1)) < 1:
+                raise SourceError(f"{part!r} makes no pictures: N must be 1 or more")
+            if not 32 <= lo <= hi:
+                raise SourceError(f"{part!r}: the sides MIN-MAX need 32 <= MIN <= MAX")
             yield from procedural_art(int(m.group(1)), seed=seed, min_side=lo, max_side=hi,
                                       dither=m.group(4) or 0.6)
         elif kind in ("pixel", "screen"):
@@ -500,6 +504,8 @@ def _resolve_parts(spec: str, seed: int, skipped: list[str] | None) -> Iterator[
 
             if not arg.isdigit():
                 raise SourceError(f"bad {kind} spec {part!r}; use {kind}:N")
+            if int(arg) < 1:
+                raise SourceError(f"{part!r} makes no pictures: N must be 1 or more")
             draw = drawn_kinds.pixel_art if kind == "pixel" else drawn_kinds.screens
             yield from draw(int(arg), seed=seed)
         elif kind == "folder":
