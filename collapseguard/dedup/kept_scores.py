@@ -62,8 +62,7 @@ def source_digests(desc: dict) -> tuple[list[int | None], list[str]]:
     the row was read from (None and "" for an image file, or a source that cannot be read again
     as bytes: a ``pipe:`` command), each source read once. ``filter --groups`` refuses to apply the
     table to an input of the same stem whose bytes differ."""
-    import hashlib
-
+    from collapseguard.io.outdir import digest_stream
     from collapseguard.io.urls import open_stream, scheme
 
     known: dict[str, tuple[int | None, str]] = {}
@@ -72,13 +71,10 @@ def source_digests(desc: dict) -> tuple[list[int | None], list[str]]:
         if stem and source not in known:
             known[source] = (None, "")
             if scheme(source) != "pipe":
-                h, n = hashlib.sha256(), 0
                 try:
                     with open_stream(source, allow_pipe=False) as f:
-                        for block in iter(lambda: f.read(1 << 20), b""):
-                            h.update(block)
-                            n += len(block)
-                    known[source] = (n, h.hexdigest())
+                        d = digest_stream(f)
+                    known[source] = (d["size"], d["sha256"])
                 except (OSError, ValueError):
                     pass
         size, digest = known.get(source, (None, "")) if stem else (None, "")

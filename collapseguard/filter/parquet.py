@@ -48,6 +48,7 @@ from collapseguard.filter.pipeline import (
     read_marker,
     scores_table,
 )
+from collapseguard.io.outdir import digest_stream
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parquet import (
     RowGroupWriter,
@@ -63,13 +64,8 @@ from collapseguard.scoring.records import Scored, score_records
 
 def stream_digest(name: str) -> dict:
     """``{"size", "sha256"}`` of a file's bytes, read through once (``open_stream``)."""
-    import hashlib
-    h, n = hashlib.sha256(), 0
     with open_stream(name, allow_pipe=False) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            n += len(block)
-    return {"size": n, "sha256": h.hexdigest()}
+        return digest_stream(f)
 
 
 def _precomputed(rows, scores_path: str, where: str):

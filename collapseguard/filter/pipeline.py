@@ -34,6 +34,7 @@ from collapseguard.filter.decisions import (
     read_shard_groups,
 )
 from collapseguard.images import is_image_name
+from collapseguard.io.outdir import digest_stream
 from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parse import Input, basename_of, strip_suffix
 from collapseguard.io.shard_writer import ShardWriter
@@ -214,12 +215,8 @@ def check_still_owner(options: FilterOptions) -> None:
 
 def file_digest(path: Path) -> dict:
     """Size and SHA-256 of a file, as a completion marker records its outputs."""
-    import hashlib
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+        return digest_stream(f)
 
 
 def outputs_match(marker: dict, out_dir: str) -> bool:
