@@ -57,7 +57,7 @@ def test_run_chain_matches_written_images(tmp_path, sources):
 def test_bad_input_rejected(tmp_path, sources):
     with pytest.raises(ReplicatorError, match="unknown family"):
         make_chains(sources, ["nope"], steps=1, out_dir=tmp_path, progress=False)
-    with pytest.raises(ValueError, match="no sources"):
+    with pytest.raises(ValueError, match="the sources gave no picture"):
         make_chains([], ["codec"], steps=1, out_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="uint8"):
         make_chains([("x", np.zeros((8, 8), np.uint8))], ["codec"], steps=1, out_dir=tmp_path, progress=False)
