@@ -34,20 +34,38 @@ def as_batch(images) -> list:
     """``images`` as every detector's ``score`` takes them: a sequence of (H, W, 3) arrays.
 
     One image passed on its own (an (H, W, 3) or (H, W) array) is refused: iterated, it would be
-    scored row by row as a batch of H narrow images. RGBA uint8 arrays are composited over
-    ``images.ALPHA_BACKGROUND``, as a decoded RGBA file is, so one picture gets one score whichever
+    scored row by row as a batch of H narrow images. Every image must be uint8 pixels, (H, W, 3)
+    RGB, (H, W, 4) RGBA or (H, W) grey (or a PIL image, converted to RGB): a float image in [0, 1],
+    16-bit pixels or a channels-first array would otherwise be read as another picture by some
+    detectors and give a silently wrong score, so each is refused with the same message by every
+    detector. RGBA arrays are composited over ``images.ALPHA_BACKGROUND``, as a decoded RGBA file
+    is, and grey arrays are repeated to three channels, so one picture gets one score whichever
     way it arrives.
     """
     if isinstance(images, np.ndarray) and images.ndim in (2, 3):
         raise TypeError(f"score() takes a batch of images (a list, or an (N, H, W, 3) array); got one "
                         f"array of shape {images.shape}: pass [image]")
-    out = list(images)
-    for i, img in enumerate(out):
-        if isinstance(img, np.ndarray) and img.ndim == 3 and img.shape[2] == 4 and img.dtype == np.uint8:
-            from collapseguard.images import rgba_composite
+    return [_as_rgb(img, i) for i, img in enumerate(images)]
 
-            out[i] = rgba_composite(img)
-    return out
+
+def _as_rgb(img, i: int) -> np.ndarray:
+    """One image of a batch as an (H, W, 3) uint8 array (see ``as_batch``)."""
+    from PIL import Image
+
+    if isinstance(img, Image.Image):
+        img = img.convert("RGBA" if "A" in img.getbands() else "RGB")
+    arr = np.asarray(img)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"image {i}: expected uint8 pixels (0-255), got {arr.dtype}")
+    if arr.ndim == 2:
+        arr = np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"image {i}: expected an (H, W, 3) RGB image, got shape {arr.shape}")
+    if arr.shape[2] == 4:
+        from collapseguard.images import rgba_composite
+
+        arr = rgba_composite(arr)
+    return arr
 
 
 def _taking_batches(method):

@@ -38,7 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from collapseguard.detectors.base import Detector, DetectorError, params_version
+from collapseguard.detectors.base import (
+    Detector,
+    DetectorError,
+    as_batch,
+    params_version,
+)
 from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
 from collapseguard.detectors.pair_features import FEATURES, SCALES, common_scale, ladder
 
@@ -153,7 +158,9 @@ class Comparator(Detector):
     # -- descriptions ---------------------------------------------------------------------------
 
     def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
-        """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``."""
+        """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``
+        (the images as every detector takes them: ``base.as_batch``)."""
+        images = as_batch(images)
         cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
         return [{"cnn": float(c), "ladder": ladder(img, self.features_used)}
                 for c, img in zip(cnn, images)]
@@ -185,7 +192,7 @@ class Comparator(Detector):
             "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
             "cnn": np.array([d["cnn"] for d in descs]),
         }
-        flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), -1)
+        flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), len(FEATURE_COLUMNS))
         for j, col in enumerate(FEATURE_COLUMNS):
             out[col] = flat[:, j]
         return out
@@ -194,6 +201,7 @@ class Comparator(Detector):
         return self.score_detailed(images)["score"]
 
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        images = as_batch(images)
         out = self.description_columns(self.describe(images))
         if self.fingerprints:
             out.update(fingerprint_columns(images))
@@ -205,7 +213,7 @@ def fingerprint_columns(images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     thumbnail) of each image, as float64 columns."""
     prints = [fingerprint(img) for img in images]
     hashes = np.array([h for h, _ in prints], dtype=np.uint64)
-    thumbs = np.array([t for _, t in prints], dtype=np.int8).reshape(len(images), -1)
+    thumbs = np.array([t for _, t in prints], dtype=np.int8).reshape(len(images), len(THUMB_COLUMNS))
     out = {}
     for i, col in enumerate(HASH_COLUMNS):
         out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)

@@ -79,10 +79,16 @@ def test_higher_is_better_metric_is_negated():
 
 
 def test_unscorable_image_is_nan_and_counted(piqe):
+    """An image the metric raises on is NaN and counted; one it gives NaN for (a flat 8x8 grey
+    array, taken as the RGB picture it is) is NaN with that reason; pixels that are not uint8 are
+    refused for the whole batch, as by every detector (``base.as_batch``)."""
     before = piqe.n_errors
     out = piqe.score([_scene(), np.zeros((4, 4, 3), np.uint8), np.zeros((8, 8), np.uint8)])
     assert np.isfinite(out[0]) and np.isnan(out[1]) and np.isnan(out[2])
-    assert piqe.n_errors == before + 2 and piqe.last_errors
+    assert piqe.n_errors == before + 1 and piqe.last_errors
+    assert piqe.last_nan_reasons[2] == "pyiqa:piqe gave nan (not a finite value)"
+    with pytest.raises(ValueError, match="expected uint8 pixels"):
+        piqe.score([_scene().astype(np.float32)])
 
 
 def test_bad_names_are_clear_errors():
