@@ -115,8 +115,10 @@ def discover_chains(path: str | Path, extract_dir: str | Path | None = None,
     """Find chains under ``path`` and say how (see module doc).
 
     ``one_based``: when a chain has no step 0 and no original-named file but starts at step 1,
-    ``None`` (default) renumbers it from 0 and says so in ``notes``; ``False`` drops such chains
-    as unplaced; ``True`` always renumbers.
+    ``None`` (default) renumbers it from 0 and says so in ``notes`` when no chain of the set has a
+    step 0 (a set numbered from 1), and drops it as unplaced otherwise (a set numbered from 0 that
+    lost one original: its step 1 is no original); ``False`` drops such chains as unplaced;
+    ``True`` always renumbers.
     """
     path = Path(path)
     if not path.exists():
@@ -213,6 +215,9 @@ def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
     for r in rows:
         by_chain[r["chain_id"]].append(r)
     out, renumbered = [], 0
+    # numbered from 1 is a property of the set: where any chain starts at 0, a chain that starts
+    # at 1 has lost its original, and its step 1 must not become one
+    from_zero = any(r["step"] == 0 for r in rows)
 
     def name(r: dict) -> str:  # as found (relative to the folder), not the resolved file
         return r.get("_rel", r["path"])
@@ -240,7 +245,8 @@ def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
             unplaced += [(name(r), f"chain {cid}: a chain needs at least two steps") for r in rs]
             continue
         if min(r["step"] for r in rs) != 0:
-            if one_based is False or first != 1 or min(r["step"] for r in rs) != 1:
+            if (one_based is False or (one_based is None and from_zero) or first != 1
+                    or min(r["step"] for r in rs) != 1):
                 why = "an ambiguous step 0 (original)" if first == 0 else "no step 0 (original)"
                 unplaced += [(name(r), f"chain {cid} has {why}") for r in rs]
                 continue

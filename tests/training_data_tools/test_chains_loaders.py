@@ -277,6 +277,25 @@ def test_doubled_original_does_not_renumber_the_chain(tmp_path):
     assert ("fam/c/step_1.png", "chain fam/c has an ambiguous step 0 (original)") in d.unplaced
 
 
+def test_a_chain_that_lost_its_original_in_a_set_numbered_from_0_is_left_out(tmp_path):
+    """Three chains step_000..003, one of which lost step_000: numbered from 1 is decided for the
+    set, so that chain is left out with its reason instead of its step 1 becoming the original;
+    a set where every chain starts at 1 is still renumbered."""
+    for c in "ABC":
+        for s in range(4):
+            _img(tmp_path / "set" / f"chain{c}" / f"step_{s:03d}.png", s * 10 + ord(c))
+    (tmp_path / "set" / "chainC" / "step_000.png").unlink()
+    d = discover_chains(tmp_path / "set")
+    assert sorted(d.manifest["chain_id"].unique()) == ["chainA", "chainB"]
+    assert ("chainC/step_001.png", "chain chainC has no step 0 (original)") in d.unplaced
+    assert not any("renumbered" in n for n in d.notes)
+    for c in "AB":
+        (tmp_path / "set" / f"chain{c}" / "step_000.png").unlink()
+    d = discover_chains(tmp_path / "set")
+    assert sorted(d.manifest["chain_id"].unique()) == ["chainA", "chainB", "chainC"]
+    assert any("renumbered" in n for n in d.notes)
+
+
 def test_image_model_layout_is_read_the_right_way_round(tmp_path):
     # Banana100-like: IMAGE/MODEL/step_XXX.png; every model's chain of an image starts from it
     images, models = ["cat", "dog", "tree"], ["flux2", "nano_banana_pro", "qwen"]
