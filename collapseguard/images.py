@@ -344,9 +344,13 @@ def storage_label(data: bytes) -> str:
 
 
 def load_image(path) -> np.ndarray:
-    """Read and decode an image file (see decode_image)."""
+    """Read and decode an image file (see decode_image); a DecodeError names the file."""
     with open(path, "rb") as f:
-        return decode_image(f.read())
+        data = f.read()
+    try:
+        return decode_image(data)
+    except DecodeError as exc:
+        raise DecodeError(f"{path}: {exc}") from None
 
 
 def encode_png(arr: np.ndarray) -> bytes:

@@ -66,27 +66,30 @@ def contact_sheet(chains: str | Path | pd.DataFrame, out: str | Path, crop: int 
         raise ValueError(f"no chain has step(s) {absent}; the steps kept are {kept}")
     cols = kept if not steps else sorted(set(steps))
     ids = pick_chains(df, max_chains)
-    tile = crop + _GAP
-    sheet = Image.new("RGB", (_LABEL_W + tile * len(cols), _HEAD_H + tile * len(ids)), (255, 255, 255))
+    chains_rows = [df[df["chain_id"] == cid].set_index("step") for cid in ids]
+    bases = [load_image(rows.loc[rows.index.min(), "path"]) for rows in chains_rows]
+    # tiles as large as the crops can be: a --crop beyond every image would only add white
+    tile_h = min(crop, max((b.shape[0] for b in bases), default=crop)) + _GAP
+    tile_w = min(crop, max((b.shape[1] for b in bases), default=crop)) + _GAP
+    sheet = Image.new("RGB", (_LABEL_W + tile_w * len(cols), _HEAD_H + tile_h * len(ids)),
+                      (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
     for j, s in enumerate(cols):
-        draw.text((_LABEL_W + j * tile + 4, 3), f"step {s}", fill=(0, 0, 0))
-    for i, cid in enumerate(ids):
-        rows = df[df["chain_id"] == cid].set_index("step")
-        y0 = _HEAD_H + i * tile
+        draw.text((_LABEL_W + j * tile_w + 4, 3), f"step {s}", fill=(0, 0, 0))
+    for i, (cid, rows, base) in enumerate(zip(ids, chains_rows, bases)):
+        y0 = _HEAD_H + i * tile_h
         fam = rows["family"].iloc[0]
         draw.text((4, y0 + 4), str(fam)[:28], fill=(0, 0, 120))
         name = str(cid)
         for k in range(0, min(len(name), 84), 28):
             draw.text((4, y0 + 20 + k // 28 * 14), name[k:k + 28], fill=(60, 60, 60))
-        base = load_image(rows.loc[rows.index.min(), "path"])
         by, bx = _crop_box(base, crop, where)
         for j, s in enumerate(cols):
             if s not in rows.index:
                 continue
             img = load_image(rows.loc[s, "path"])
             patch = img[by:by + crop, bx:bx + crop]
-            sheet.paste(Image.fromarray(np.ascontiguousarray(patch)), (_LABEL_W + j * tile, y0))
+            sheet.paste(Image.fromarray(np.ascontiguousarray(patch)), (_LABEL_W + j * tile_w, y0))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sheet.save(out)

@@ -205,3 +205,16 @@ def test_every_detector_refuses_pixels_it_would_misread_with_one_message(spec):
     assert np.allclose(det.score([grey]), det.score([np.repeat(grey[..., None], 3, axis=2)]))
     assert np.allclose(det.score([Image.fromarray(u8)]), det.score([u8]))
     assert len(det.score([])) == 0
+
+
+def test_a_file_that_cannot_be_decoded_is_named_in_the_error(tmp_path):
+    """`chains sheet` and `chains store` read chain files with load_image: a truncated one is
+    named, not only "image file is truncated"."""
+    from collapseguard.images import DecodeError, encode_png, load_image
+
+    png = encode_png(np.full((64, 64, 3), 90, np.uint8))
+    bad = tmp_path / "chain" / "step_003.png"
+    bad.parent.mkdir()
+    bad.write_bytes(png[: len(png) // 2])
+    with pytest.raises(DecodeError, match=r"chain/step_003\.png: "):
+        load_image(bad)

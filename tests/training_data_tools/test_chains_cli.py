@@ -122,6 +122,12 @@ def test_sheet_has_native_crops(chains_dir, tmp_path):
     with pytest.raises(ValueError, match="no chains of"):
         contact_sheet(df, tmp_path / "x.png", families=["nope"])
     assert decode_image(out.read_bytes()).shape == sheet.shape
+    # a --crop beyond every image: tiles as large as the images, not 4096 px of white each
+    big = contact_sheet(df, tmp_path / "big.png", crop=4096, where="centre")
+    sides = [load_image(p).shape[:2] for p in df[df.step == 0].path]
+    with Image.open(big) as im:
+        assert im.size == (sheet_mod._LABEL_W + 3 * (max(w for _, w in sides) + sheet_mod._GAP),
+                           sheet_mod._HEAD_H + 4 * (max(h for h, _ in sides) + sheet_mod._GAP))
     kept = sorted(int(k) for k in df.step.unique())
     res = CliRunner().invoke(main, ["chains", "sheet", str(chains_dir), "--out", str(tmp_path / "y.png"),
                                     "--steps", f"{kept[0]},{max(kept) + 30}"])
