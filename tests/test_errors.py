@@ -81,11 +81,12 @@ def test_a_domain_error_keeps_its_message_and_pickles():
 @pytest.fixture()
 def empty(tmp_path):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not an image")
     return tmp_path
 
 
 #: (command line, text the one error line holds); "{t}" is a fresh temporary folder with an empty
-#: folder "empty" in it
+#: folder "empty" and a text file "notes.txt" in it
 KNOWN_ERRORS = [
     ("score {t}/none.tar -o {t}/o.csv", "no such file or folder"),
     ("score -d nope {t}/empty -o {t}/o.csv", "unknown detector 'nope'"),
@@ -99,6 +100,8 @@ KNOWN_ERRORS = [
     ("evaluate --chains {t}/empty --out {t}/ev --detectors nss", "could not find replication chains"),
     ("train --chains {t}/empty --out {t}/w.safetensors", "no manifest.csv or manifest.parquet"),
     ("chains ls {t}/empty", "could not find replication chains"),
+    ("train --steps 2 --teacher nss --images {t}/notes.txt --out {t}/w.safetensors",
+     "notes.txt: not a folder or an image file"),
     ("chains make --sources folder:{t}/empty --out {t}/m", "the sources gave no picture (an empty folder"),
     ("chains make --sources art:0 --out {t}/m", "'art:0' makes no pictures: N must be 1 or more"),
     ("chains make --sources pixel:0 --out {t}/m", "'pixel:0' makes no pictures: N must be 1 or more"),

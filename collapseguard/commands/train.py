@@ -198,7 +198,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         try:
             summary = run_distillation(teacher_det, images, out, cfg, cache_path=teacher_cache,
                                        crops_per_bank_image=bank_crops, log=click.echo)
-        except (ValueError, DetectorError) as exc:
+        except (ValueError, OSError, DetectorError) as exc:  # OSError: an --images that is no folder
             raise click.ClickException(str(exc)) from None
         _echo_agreement(summary["heldout_spearman_vs_teacher"])
         return

@@ -41,8 +41,9 @@ def list_images(folders: Sequence[str | Path]) -> list[Path]:
         if folder.is_file() and is_image_name(folder.name):
             out.append(folder)
             continue
-        if not folder.is_dir():
-            raise FileNotFoundError(f"clean folder not found: {folder}")
+        if not folder.is_dir():  # --clean and --images name folders or image files
+            what = "not a folder or an image file" if folder.exists() else "no such file or folder"
+            raise FileNotFoundError(f"{folder}: {what}")
         # folder links followed once, file links wherever they point (io.walk's rule for readers
         # of data: clean images are read, never packed or shared)
         out.extend(p for p in walk(folder, file_links="anywhere").paths if is_image_name(p.name))
