@@ -82,6 +82,10 @@ def split_warnings(df: pd.DataFrame, test_df: pd.DataFrame, clean_dirs: Sequence
                    clean_held: Sequence, evaluate: bool) -> list[str]:
     """What a run's splits leave out that its user should know before an hour of training."""
     out = []
+    if not df.empty and int(df["step"].max()) < 3:  # bank.step_label: steps 1-2 weigh 0 there
+        out.append(f"no chain has a step of 3 or more (the highest is {int(df['step'].max())}): the "
+                   "clean-vs-degraded term has no degraded image, only the ranking term trains; "
+                   "make chains with more steps (chains make --steps 10 --keep 0,1,2,3,5,10)")
     if not clean_dirs:
         out.append("no --clean folders: the only clean images are each chain's step 0, so the net "
                    "never sees grainy or textured clean photos and will flag many of them")

@@ -417,6 +417,13 @@ def test_train_warns_about_splits_that_leave_nothing_out_and_refuses_an_empty_cl
     assert res.exit_code == 0, res.output
     assert "warning: no --clean folders" in res.output
     assert "warning: the split by source held out no chains (2 source images" in res.output
+    assert "no chain has a step of 3 or more" not in res.output
+    early = make_tiny_chains(tmp_path / "early", n_sources=2, steps=(0, 1, 2), families=("noise",))
+    res = CliRunner().invoke(main, [*common[:2], str(early), *common[3:], "--no-eval",
+                                    "--out", str(tmp_path / "early.safetensors")])
+    assert res.exit_code == 0, res.output
+    assert ("warning: no chain has a step of 3 or more (the highest is 2): the clean-vs-degraded "
+            "term has no degraded image") in res.output
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
     (empty / "notes.txt").write_text("no images here")
