@@ -36,11 +36,19 @@ def _code(text) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def _cell(text: str) -> str:
+    """Text from the data (family and chain names come from folder names) as one table cell:
+    on one line, ``|`` escaped, and ``&``, ``<``, ``>`` as entities, so a Markdown viewer that
+    renders HTML shows the name instead of running it."""
+    text = _one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|")
+
+
 def _fmt(v, digits: int = 3) -> str:
     if v is None:
         return "—"
     if isinstance(v, str):
-        return _one_line(v).replace("|", "\\|")
+        return _cell(v)
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (int, np.integer)):
@@ -48,7 +56,7 @@ def _fmt(v, digits: int = 3) -> str:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        return _one_line(str(v)).replace("|", "\\|")
+        return _cell(str(v))
     if not math.isfinite(f):
         return "—"
     return f"{f:.{digits}f}"

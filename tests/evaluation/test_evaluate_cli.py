@@ -493,3 +493,11 @@ def test_an_image_that_cannot_be_decoded_keeps_its_chain_in_its_storage_row(tmp_
     assert set(f["storage"]) == {"png"}
     row = f[(f["family"] == "all")].iloc[0]
     assert row["evaluated"] == 6 and row["failed"] >= 1
+
+
+def test_results_md_cells_show_html_in_a_name_as_text():
+    """A family or chain name comes from a folder name: in results.md's tables it is shown, not
+    run, by a Markdown viewer that renders HTML."""
+    from collapseguard.evaluation.report import _fmt
+
+    assert _fmt("<img src=x onerror=alert(1)>a|b&c") == "&lt;img src=x onerror=alert(1)&gt;a\\|b&amp;c"
