@@ -190,13 +190,17 @@ def families_cmd():
 @chains.command("export")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(), help="Folder for the shards.")
-@click.option("--maxcount", default=1000, show_default=True, type=int, help="Samples per shard.")
+@click.option("--maxcount", default=1000, show_default=True, type=click.IntRange(min=1), help="Samples per shard.")
 @click.option("--prefix", default="chains", show_default=True, help="Shard file name prefix.")
 @click.option("--shuffle-seed", default=None, type=int, help="Shuffle samples across shards.")
 def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
-    """Write the chains in PATH as WebDataset shards (image bytes + json with chain, family, task, step)."""
-    from collapseguard.training_data_tools.export import export_shards
+    """Write the chains in PATH as WebDataset shards (image bytes + json with chain, family, task,
+    step). The image bytes are copied as they are, not decoded: a damaged file travels into the
+    shard, where `filter` and `score` report it as a decode_error."""
+    from collapseguard.training_data_tools.export import PREFIX_RULE, export_shards
 
+    if not PREFIX_RULE.fullmatch(prefix):  # before --out is made: a refused command leaves no folder
+        raise click.BadParameter(f"letters, digits, - or _ only: {prefix!r}", param_hint="--prefix")
     check_out_dir(out_dir)
     try:
         paths = export_shards(path, out_dir, maxcount=maxcount, prefix=prefix, shuffle_seed=shuffle_seed)

@@ -380,6 +380,11 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
                                defaults=json.loads(json.dumps(asdict(TrainConfig(net=cfg.net)))))
             start, history, acc = got["step"], got["history"], got["acc"]
             t0 = time.time() - got["seconds"]
+            if checkpoint.stop_at is not None and checkpoint.stop_at <= start:
+                # it would never be reached: the run would go on to the end without a word
+                raise ValueError(f"stop_at {checkpoint.stop_at} (--stop-at-step) is not after the "
+                                 f"checkpoint's step {start}: give a later step, or leave it out to "
+                                 "train to the end")
             log(f"resumed from {checkpoint.path} at step {start}/{cfg.iterations}")
         last_saved, last_time = start, time.time()
     for it in range(start, cfg.iterations):

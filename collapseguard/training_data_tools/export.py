@@ -65,6 +65,10 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+#: what a shard file name prefix may hold (it names files in ``out_dir``)
+PREFIX_RULE = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def export_shards(chains: str | Path | pd.DataFrame, out_dir: str | Path, maxcount: int = 1000,
                   prefix: str = "chains", shuffle_seed: int | None = None) -> list[Path]:
     """Write chains (a manifest DataFrame or anything ``load_chains`` reads) as ``.tar`` shards.
@@ -75,7 +79,7 @@ def export_shards(chains: str | Path | pd.DataFrame, out_dir: str | Path, maxcou
     df = chains if isinstance(chains, pd.DataFrame) else load_chains(chains)
     if maxcount < 1:
         raise ValueError("maxcount must be >= 1")
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", prefix):
+    if not PREFIX_RULE.fullmatch(prefix):
         raise ValueError(f"shard prefix must be letters, digits, - or _: {prefix!r}")
     df = df.sort_values(["chain_id", "step"], kind="stable").reset_index(drop=True)
     if shuffle_seed is not None:

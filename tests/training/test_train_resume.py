@@ -56,6 +56,10 @@ def test_a_stopped_and_resumed_run_writes_the_weights_of_an_unbroken_run(tmp_pat
     # other settings are refused by name
     res = _train([*data, "--steps", "41", "--resume"], split)
     assert res.exit_code == 1 and "iterations" in res.output
+    # a stop the checkpoint has already passed would never be reached: refused, not trained through
+    res = _train([*data, "--steps", "40", "--resume", "--stop-at-step", "12"], split)
+    assert res.exit_code == 1 and "is not after the checkpoint's step 17" in res.output, res.output
+    assert not split.exists()
     # a setting the checkpoint does not name (newer than it) passes at its default value
     doc["config"].pop("web_history")
     ck.write_text(json.dumps(doc))

@@ -99,6 +99,9 @@ def test_export_writes_shards_with_metadata(chains_dir, tmp_path):
         assert parts["png"] == Path(want[key]).read_bytes()  # bytes copied, not re-encoded
     with pytest.raises(ValueError, match="prefix"):
         export_shards(df, tmp_path, prefix="../x")
+    for bad in (["--maxcount", "0"], ["--prefix", "../x"]):  # refused before --out is made
+        res = CliRunner().invoke(main, ["chains", "export", str(chains_dir), "--out", str(tmp_path / "refused"), *bad])
+        assert res.exit_code == 2 and not (tmp_path / "refused").exists(), res.output
 
 
 def test_sheet_has_native_crops(chains_dir, tmp_path):
