@@ -124,18 +124,12 @@ def _create(name: str, kwargs: tuple):
         raise AuditError(f"cannot create detector {name!r}: {exc}") from None
 
 
-def occurrence(df: pd.DataFrame) -> np.ndarray:
-    """For each row, how many earlier rows share its (source, key): a key may repeat in a shard,
-    and each repeat is a sample of its own."""
-    return df.groupby(["source", "key"], sort=False).cumcount().to_numpy()
-
-
 def shard_positions(df: pd.DataFrame, select=None) -> np.ndarray:
     """For each row, which sample of its (source, key) in the shard it is (0 for the first): the
-    ``occurrence`` among the rows, or with ``select`` (``audit --sample``), among the samples the
+    ``readback.occurrence`` among the rows, or with ``select`` (``audit --sample``), among the samples the
     predicate takes, whose positions it alone decides: the j-th row of a key is the j-th ``n``
     with ``select(source, key, n)`` true, whatever copies of that key the sample skipped."""
-    occ = occurrence(df)
+    occ = readback.occurrence(df["source"], df["key"])
     if select is None:
         return occ
     out = occ.copy()
@@ -157,8 +151,10 @@ def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
     if len(base) == len(other) and (base["source"].to_numpy() == other["source"].to_numpy()).all() \
             and (base["key"].to_numpy() == other["key"].to_numpy()).all():
         return other["score"].to_numpy(np.float64)
-    lookup = dict(zip(zip(other["source"], other["key"], occurrence(other)), other["score"]))
-    return np.array([lookup.get(t, math.nan) for t in zip(base["source"], base["key"], occurrence(base))],
+    lookup = dict(zip(zip(other["source"], other["key"], readback.occurrence(other["source"], other["key"])),
+                      other["score"]))
+    return np.array([lookup.get(t, math.nan) for t in
+                     zip(base["source"], base["key"], readback.occurrence(base["source"], base["key"]))],
                     dtype=np.float64)
 
 

@@ -23,8 +23,7 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
     ``name@version`` of that detector ("" for a single)."""
     from collapseguard.detectors import DEFAULT_DETECTOR
     from collapseguard.engines import get_detector
-    from collapseguard.images import rgba_composite
-    from collapseguard.scoring.readback import fetch_samples
+    from collapseguard.scoring.readback import fetch_samples, occurrence
 
     n = len(labels)
     scores = np.full(n, np.nan)
@@ -33,15 +32,9 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
     if not kept.size:
         return scores, named
     det = get_detector(DEFAULT_DETECTOR)
-    seen: dict[tuple[str, str], int] = {}
-    nth = np.zeros(n, np.int64)  # which sample of a key that repeats in its source
-    for i, (s, k) in enumerate(zip(desc["source"], desc["key"])):
-        nth[i] = seen.get((s, k), 0)
-        seen[(s, k)] = nth[i] + 1
+    nth = occurrence(desc["source"], desc["key"])  # which sample of a key that repeats in its source
 
-    def score(img: np.ndarray) -> float:
-        if img.ndim == 3 and img.shape[2] == 4:
-            img = rgba_composite(img)  # as it is scored from its file
+    def score(img: np.ndarray) -> float:  # an RGBA copy is composited by score, as from its file
         return float(np.asarray(det.score([img]), np.float64)[0])
 
     wanted = [(desc["source"][i], desc["key"][i], desc["image"][i], int(nth[i])) for i in kept]

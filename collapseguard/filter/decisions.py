@@ -107,10 +107,13 @@ def _groups_of(path: str, digest: str) -> dict[str, dict]:
         names = set(pq.read_schema(path).names)
         extra = [c for c in (*OPTIONAL_COLUMNS, "row") if c in names]
         columns = ["shard", "key", "group", "decision", "rank", *extra]
-        table = pq.read_table(path, columns=columns)
+        made_cols = (["source", "source_size", "source_sha256"]
+                     if {"source_size", "source_sha256"} <= names else [])
+        table = pq.read_table(path, columns=[*columns, *made_cols])  # the table read once
         by_shard: dict[str, dict] = {}
-        if {"source_size", "source_sha256"} <= names:  # the bytes each stem's rows were read from
-            made = pq.read_table(path, columns=["shard", "source", "source_size", "source_sha256"])
+        if made_cols:  # the bytes each stem's rows were read from
+            made = table.select(["shard", *made_cols])
+            table = table.select(columns)
             for stem, source, size, sha in set(zip(*(made.column(c).to_pylist() for c in made.column_names))):
                 if stem and sha:
                     by_shard.setdefault(stem, {"keys": {}, "rows": {}}).setdefault(

@@ -45,6 +45,15 @@ MAX_CAPTION = 300
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'")
 
+def occurrence(sources: Iterable[str], keys: Iterable[str]) -> np.ndarray:
+    """For each ``(source, key)``, how many earlier pairs are the same: a key may repeat in a
+    shard, each repeat a sample of its own, and ``fetch_samples`` names it by this ``nth``."""
+    import pandas as pd
+
+    pairs = pd.DataFrame({"source": list(sources), "key": list(keys)})
+    return pairs.groupby(["source", "key"], sort=False).cumcount().to_numpy()
+
+
 @dataclass
 class Fetched:
     """One sample read back for a gallery: its decoded image (or why not) and caption."""

@@ -9,7 +9,6 @@ small upscales, and web-size downscales of large photos.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -69,12 +68,11 @@ def unique_files(roots: Iterable[str | Path], accept: Callable[[Path], bool]) ->
 
 
 def file_digest(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
+    """SHA-256 of a file's bytes (``io.outdir.digest_stream``)."""
+    from collapseguard.io.outdir import digest_stream
+
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return digest_stream(f)["sha256"]
 
 
 def drop_identical(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
