@@ -35,7 +35,8 @@
 # Environment: CG_CALIB_WORK (required: the work folder), CG_CALIB_SEED (20261130),
 # CG_CALIB_WORKERS (2), CG_CALIB_ART_CHAINS (60), CG_CALIB_ART_CLEAN (400, half PNG, half JPEG),
 # CG_CALIB_DRAWN (60; 0 leaves the drawn kinds out), CG_CALIB_KINDS (0; 1 adds step 3d),
-# CG_CALIB_WEB (0; 1 adds step 3w).
+# CG_CALIB_WEB (0; 1 adds step 3w), CG_CALIB_DATA_ONLY (0; 1 stops before step 4: the images a
+# candidate's calibration reads, `collapseguard calibrate --chains $WORK/chains --clean $WORK/clean`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${CG_CALIB_WORK:?set CG_CALIB_WORK to a work folder (images, chains and scores go there)}
@@ -96,6 +97,8 @@ if [ "$WEB" = 1 ]; then
   kinds_text+=(--describe-clean "web histories: every extra clean image again after one web history (recipes/web_history_set.py folder: 1-4 JPEG saves q60-95 4:2:0, resizes, upload sharpening, screenshots)")
   suffix="$suffix.web"
 fi
+
+[ "${CG_CALIB_DATA_ONLY:-0}" = 1 ] && exit 0
 
 # 4. calibrate ----------------------------------------------------------------------------------
 for det in "${DETECTORS[@]}"; do
