@@ -47,16 +47,19 @@ class NotEnoughCleanSamples(CalibrationError):
     """Too few clean scores for the alpha / confidence asked for; ``needed`` says how many."""
 
     def __init__(self, n: int, needed: int, alpha: float, confidence: float, detail: str = "",
-                 unit: str = "clean scores"):
+                 unit: str = "clean scores", kind: str | None = None):
+        """``kind``: the clean kind whose ``n`` falls short (a per-kind bound), named first."""
         self.n, self.needed, self.alpha, self.confidence = n, needed, alpha, confidence
-        self.detail, self.unit = detail, unit
+        self.detail, self.unit, self.kind = detail, unit, kind
+        where = f"the clean kind {kind!r} has only " if kind is not None else ""
         super().__init__(
-            f"{n} {unit} cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
+            f"{where}{n} {unit}, which cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
             f"confidence: at least {needed} {unit} are needed{detail} (add clean images with "
             f"--clean, more chains, or relax --max-false-drop / --confidence)")
 
     def __reduce__(self):  # pickles with its own arguments (it crosses worker processes)
-        return type(self), (self.n, self.needed, self.alpha, self.confidence, self.detail, self.unit)
+        return type(self), (self.n, self.needed, self.alpha, self.confidence, self.detail, self.unit,
+                             self.kind)
 
 
 def order_statistic_rank(n: int, alpha: float, confidence: float) -> int:
@@ -159,9 +162,10 @@ def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: flo
     if short:
         needed = min_clean_samples(a, each)
         listed = ", ".join(f"{name!r} has {n}" for name, n in short)
-        raise NotEnoughCleanSamples(min(n for _, n in short), needed, a, c,
+        smallest, n_smallest = min(short, key=lambda kn: kn[1])
+        raise NotEnoughCleanSamples(n_smallest, needed, a, c,
                                     f" for each of the {len(names)} clean kinds ({listed}; "
-                                    f"{len(names)} kinds together need {needed} per kind)")
+                                    f"{len(names)} kinds together need {needed} per kind)", kind=smallest)
     top = max(parts, key=lambda p: p.bound.threshold)
     t = top.bound.threshold
     # the rate guaranteed for every kind at once: each kind's bound holds for its own threshold,

@@ -281,7 +281,7 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         if n_unscored:
             detail += f"; {n_unscored} image(s) could not be scored and were left out"
         raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, exc.detail + detail,
-                                    unit=unit) from None
+                                    unit=unit, kind=exc.kind) from None
     # the share of the threshold part's clean *images* above the threshold (the bound's own
     # empirical figure counts pictures with any image above it)
     bound.empirical_false_drop = float(is_dropped(clean_thr["score"].to_numpy(), bound.threshold).mean())
