@@ -110,7 +110,11 @@ def chain_deltas(
     if len(steps) != len(scores):
         raise ValueError("steps and scores must have the same length")
     if len(set(steps)) != len(steps):
-        raise ValueError(f"repeated step in chain: {sorted(steps)}")
+        seen: set[int] = set()
+        repeated = sorted({s for s in steps if s in seen or seen.add(s)})
+        shown = ", ".join(map(str, repeated[:10])) + (", ..." if len(repeated) > 10 else "")
+        raise ValueError(f"repeated step in chain: step(s) {shown} appear more than once "
+                         f"({len(steps)} images, {len(set(steps))} distinct steps)")
     if base in ks or len(set(ks)) != len(ks):
         raise ValueError(f"gap steps {list(ks)} must be distinct and exclude the base step {base}")
     by_step = {s: float(v) for s, v in zip(steps, scores)}

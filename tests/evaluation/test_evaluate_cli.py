@@ -271,6 +271,16 @@ def test_tables_recomputed_from_scores_file(chains, tmp_path):
     bad.write_text("x,y\n1,2\n")
     res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(bad), "--out", str(tmp_path / "c")])
     assert res.exit_code != 0 and "not a scores.csv" in res.output
+    # every row one chain's step 0 (as in a calibration's scores): named in one short line, not
+    # with the list of every step
+    flat = pd.read_csv(first / "scores.csv")
+    flat = pd.concat([flat] * 20, ignore_index=True)
+    flat["chain_id"], flat["step"] = flat["chain_id"].iloc[0], 0
+    flat.to_csv(tmp_path / "flat.csv", index=False)
+    res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(tmp_path / "flat.csv"), "--out",
+                                    str(tmp_path / "d")])
+    assert res.exit_code != 0 and "step(s) 0 appear more than once" in res.output, res.output
+    assert len(res.output) < 400, res.output
 
 
 def test_a_calibration_file_applies_to_its_own_detector_of_a_two_detector_scores_file(chains, tmp_path):
