@@ -30,6 +30,19 @@ def title(path) -> str:
     return f"{p.name} (shipped with the package)" if p.parent.resolve() == DEFAULTS_DIR.resolve() else str(path)
 
 
+def _pct(x) -> str:
+    """A rate as a percentage (two decimals: held-out rates are small), or as given when it is
+    not a number (absent: None)."""
+    return f"{x:.2%}" if isinstance(x, (int, float)) else str(x)
+
+
+def _interval(ci) -> str:
+    """A [low, high] interval as percentages, or as given."""
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
+        return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+    return str(ci)
+
+
 def show(path) -> str:
     """The file's text (CalibrationError for a file that is not a calibration); names from the
     file are printed with control characters escaped."""
@@ -37,15 +50,19 @@ def show(path) -> str:
     split = cal.split or {}
     # --holdout 0: the clean false-drop rate is measured on the images that set the threshold
     in_sample = split.get("holdout") == 0
+    if not cal.is_calibrated:  # a threshold alone (e.g. a run's summary.json): nothing more to say
+        lines = [f"== {title(path)}", cal.describe()] + [f"  note: {note}" for note in cal.notes]
+        return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
     counted = bound_count_text(cal)
     lines = [f"== {title(path)}", cal.describe(),
              f"bound: {cal.method}",
-             (f"{counted}; guaranteed false-drop rate {cal.guaranteed_false_drop} at confidence "
+             (f"{counted}; guaranteed false-drop rate {_pct(cal.guaranteed_false_drop)} at confidence "
               f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
-              f"{split.get('heldout_false_drop')} "
-              f"(n={split.get('n_clean_holdout')}, CI {split.get('heldout_false_drop_ci')})"
+              f"{_pct(split.get('heldout_false_drop'))} "
+              f"(n={split.get('n_clean_holdout')}, CI {_interval(split.get('heldout_false_drop_ci'))})"
               + (f"; by picture {split['heldout_pictures_dropped']} of {split.get('n_clean_holdout_pictures')} "
-                 f"(CI {split.get('heldout_pictures_dropped_ci')})" if "heldout_pictures_dropped" in split else "")),
+                 f"(CI {_interval(split.get('heldout_pictures_dropped_ci'))})"
+                 if "heldout_pictures_dropped" in split else "")),
              curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
     if cal.per_kind:
         lines.insert(-1, per_kind_text(cal))

@@ -569,6 +569,28 @@ def test_show_says_in_sample_when_nothing_was_held_out(tmp_path, capsys):
         assert said in line and unsaid not in line, line
 
 
+def test_show_prints_rates_as_percentages_and_a_bare_threshold_as_uncalibrated(tmp_path, capsys):
+    """Intervals read as percentages with a decimal (one drop in 1,120 was shown "0.1% [0%,0%]",
+    an interval below its own estimate; held-out CIs were raw floats), and a file that states no
+    bound (a run's summary.json) says so instead of printing None fields and an empty table."""
+    from collapseguard.calibration.build import curve_table
+    from collapseguard.io.calibration_file import NO_BOUND_LABEL
+
+    table = _synthetic_table(n_extra=200)
+    p = save_calibration(build_calibration(table, "synthetic", "v1", holdout=0.3), tmp_path / "c.json")
+    assert show_main([str(p)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("k="))
+    assert "e-0" not in line and "CI [" in line and "%, " in line, line
+    cal = Calibration(detector="d", detector_version="v", threshold=1.0,
+                      drop_curve=[{"family": "f", "step": 5, "fraction": 1 / 1120, "ci_low": 2.3e-5,
+                                   "ci_high": 0.00496, "n": 1120}])
+    assert "0.1% [0.0%,0.5%]" in curve_table(cal, steps=(5,))
+    bare = save_calibration(Calibration(detector="d", detector_version="v", threshold=1.0), tmp_path / "b.json")
+    assert show_main([str(bare)]) == 0
+    out = capsys.readouterr().out
+    assert NO_BOUND_LABEL in out and "None" not in out and "family" not in out, out
+
+
 def test_per_kind_counts_the_sources_of_the_kind_that_sets_the_threshold():
     """With ``per_kind``, n_clean is the binding kind's, counted in pictures: a kind made of four
     crops per picture has a quarter as many clean scores as images."""
