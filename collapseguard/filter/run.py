@@ -43,6 +43,7 @@ from collapseguard.io.inputs import (
     expand,
     expand_shards,
     failed_text,
+    path_key,
     unique_inputs,
     unread_text,
 )
@@ -85,9 +86,9 @@ def refuse_out_inside_inputs(inputs: Sequence[str], out_dir: str) -> None:
 
 def same_shard(a: str, b: str) -> bool:
     """Do two spellings of a shard path name the same file (``data/x.tar``, ``./data/x.tar``,
-    an absolute path)? URLs are the same when spelled the same."""
+    an absolute path)? URLs are the same when ``io.inputs.path_key`` makes them the same."""
     if is_remote(a) or is_remote(b):
-        return a == b
+        return path_key(a) == path_key(b)
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -95,9 +96,10 @@ def same_shard(a: str, b: str) -> bool:
 
 
 def _file_identity(name: str):
-    """What ``same_shard`` compares, as a key: (device, inode) of a local file, else its name."""
+    """What ``same_shard`` compares, as a key: (device, inode) of a local file, a URL's
+    ``io.inputs.path_key``, else the path."""
     if is_remote(name):
-        return ("url", name)
+        return ("url", path_key(name))  # one object under two spellings (a space or %20) is one
     try:
         st = os.stat(name)
         return ("file", st.st_dev, st.st_ino)

@@ -140,7 +140,8 @@ def _expand_url(url: str, data: list[Input], files: list[ImageFile],
         found = parse_url(u)
         if found is None:
             if key is None:
-                raise InputError(f"{u}: not a .tar shard, a Parquet file or an image file")
+                raise InputError(f"{u}: not a .tar shard, a Parquet file or an image file "
+                                 "(a folder URL ends in /)")
         elif found.kind == "image":
             files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
                                    valid_text(url if key else u)))
@@ -260,11 +261,24 @@ def expand_shards(inputs: Iterable[str]) -> list[Input]:
 
 def path_key(name: str) -> str:
     """A name as compared with other spellings of it: a local path by where it is (``./a.tar``
-    and ``/abs/a.tar`` are one), a URL or ``pipe:`` command as spelled."""
+    and ``/abs/a.tar`` are one), a URL with its scheme and host in lower case and its path's
+    percent-escapes decoded (``a b.tar`` and ``a%20b.tar`` are one; an escaped ``/`` stays
+    escaped), a ``pipe:`` command as spelled."""
     try:
-        return name if is_remote(name) else os.path.realpath(local_path(name) or name)
+        return _url_key(name) if is_remote(name) else os.path.realpath(local_path(name) or name)
     except URLError:  # a file: URL naming another host: as spelled
         return name
+
+
+def _url_key(url: str) -> str:
+    from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.netloc:  # pipe: and other commands
+        return url
+    path = parts.path.replace("%2F", "\0").replace("%2f", "\0")  # an escaped / is not a /
+    path = quote(unquote(path), safe="/\0").replace("\0", "%2F")
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))
 
 
 def unique_inputs(shards: list, files: list[ImageFile]) -> tuple[list, list[ImageFile]]:

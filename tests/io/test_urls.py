@@ -469,3 +469,33 @@ def test_shards_read_over_http_keep_their_file_names_in_the_outputs(tmp_path, sh
     assert outputs(tmp_path / "web") == outputs(tmp_path / "local")
     assert basename_of("http://h/a%2F..%2Fevil.tar") == "a%2F..%2Fevil.tar"
     assert basename_of("http://h/%2E%2E") == "%2E%2E" and basename_of("http://h/%FF.tar") == "%FF.tar"
+
+
+def test_one_url_under_two_spellings_is_one_input(tmp_path, shards, threshold):
+    """``sub dir/shard 1.tar`` and ``sub%20dir/shard%201.tar`` name one object: scored once and
+    filtered once, as a local file named twice is (the escaped spelling was a second input:
+    ``score`` wrote every row twice and ``filter`` refused two shards of one name). A folder URL
+    without its trailing / is refused with a hint."""
+    served = tmp_path / "served"
+    (served / "sub dir").mkdir(parents=True)
+    one = sorted(Path(shards).glob("*.tar"))[0]
+    (served / "sub dir" / "shard 1.tar").write_bytes(one.read_bytes())
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                          functools.partial(QuietHandler, directory=str(served)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        spellings = [f"{base}/sub dir/shard 1.tar", f"{base}/sub%20dir/shard%201.tar",
+                     f"{base.upper().replace('HTTP://', 'http://')}/sub%20dir/shard 1.tar"]
+        run_cli(["score", *spellings, "-o", tmp_path / "s.csv", "-d", "nss", "-q"])
+        run_cli(["score", spellings[0], "-o", tmp_path / "once.csv", "-d", "nss", "-q"])
+        run_cli(["filter", *spellings, "-o", tmp_path / "f", "-d", "nss", "--threshold", threshold,
+                 "-w", "1", "-q"])
+        with pytest.raises(InputError, match="a folder URL ends in /"):
+            expand_inputs([f"{base}/sub%20dir"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    once = len(pd.read_csv(tmp_path / "once.csv"))
+    assert once > 0 and len(pd.read_csv(tmp_path / "s.csv")) == once
+    assert sorted(os.listdir(tmp_path / "f/kept")) == ["shard 1.tar"]
