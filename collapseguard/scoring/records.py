@@ -208,6 +208,7 @@ def score_records(
                         f"{detector.name} could not score the image ({w}x{h} px"
                         f"{'; small images are a common cause' if min(h, w) < 128 else ''})")
                     res.image = names[idx[0]]
+                    res.storage, res.has_alpha = storages[idx[0]], alphas[idx[0]]  # decoded: say how
                 else:
                     if not finite.all():  # scored by its other images: say which one was not
                         res.error = "; ".join(f"{names[i]}: {failed[i] or detector.name + ' could not score it'}"

@@ -118,6 +118,10 @@ def test_a_refused_batch_is_retried_one_by_one_only_when_asked(photos, files):
     out = list(score_records(imgs, det, members_of=lambda im: [("x.png", im)], retry=True))
     assert [r.status for _, r in out] == ["ok", "score_error", "ok"]
     assert out[1][1].error == "RuntimeError: too wide"
+    # the file was decoded: its row says how it was stored and its size, as a scored row does
+    out = list(score_records(imgs, det, members_of=lambda im: [("x.png", encode_png(im))], retry=True))
+    assert [r.status for _, r in out] == ["ok", "score_error", "ok"]
+    assert out[1][1].storage == out[0][1].storage == "png" and (out[1][1].height, out[1][1].width) == (200, 300)
     with pytest.raises(RuntimeError, match="batch refused"):
         list(score_records(imgs, det, members_of=lambda im: [("x.png", im)]))
     # evaluate asks again, image by image; the calibration stops at a detector that raises
