@@ -40,6 +40,12 @@ Hugging Face ``datasets`` (Parquet files with an ``Image`` feature, or a binary 
     kept = ds.filter(scorer.keep, batched=True)          # the rows `filter` writes to kept/
     scored = ds.map(scorer, batched=True)  # + score, decision, reason, score_error, has_alpha
 
+A detector given by name runs as ``filter`` runs it (a cnn: onnxruntime on the CPU where it is
+installed, as ``--runtime auto``). The stage and the scorers then pickle as their settings
+(``num_proc`` in ``datasets``, spawned ``DataLoader`` workers): each process that unpickles one
+creates its own detector, and the same settings pickle to the same bytes, so ``datasets`` can
+cache ``.map`` and ``.filter``.
+
 What the loader shows the stage is all it can judge: webdataset drops link and device members of a
 tar before any stage sees them, so a sample that ``filter`` sets aside as ``refused_member`` reaches
 the stage without that member and is judged by what is left. Member names with ``..`` or a leading
@@ -52,8 +58,11 @@ repeat on the second pass. Ray's ``read_webdataset`` refuses such shards itself.
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from collapseguard.filter.decisions import decide
 from collapseguard.io.tar import clean_member_name
@@ -98,22 +107,95 @@ def _unsafe(sample: dict) -> bool:
     return False
 
 
+#: set in a process forked from one that imported this module (os.register_at_fork)
+_FORKED = False
+
+
+def _mark_forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+def _detector_kwargs(spec: str, kwargs: dict | None) -> dict:
+    """The keyword arguments a detector named ``spec`` is created with: a cnn without a
+    ``runtime`` runs as ``filter --runtime auto`` runs it (onnxruntime on the CPU where it is
+    installed), unless ``$COLLAPSEGUARD_CNN_RUNTIME`` names another."""
+    from collapseguard.detectors.cnn_family import RUNTIME_ENV, is_cnn_family
+    kwargs = dict(kwargs or {})
+    if is_cnn_family(spec) and "runtime" not in kwargs:
+        kwargs["runtime"] = os.environ.get(RUNTIME_ENV, "").strip() or "auto"
+    return kwargs
+
+
 class _Decider:
-    """A detector, its resolved threshold and the filter's options, shared by both front ends."""
+    """A detector, its resolved threshold and the filter's options, shared by the front ends.
+
+    Made from a detector name, it pickles as its settings (the name, the keyword arguments with
+    the cnn runtime this process chose, the detector's version, the threshold and the options),
+    and the process that unpickles it creates the detector again when it first scores; so the
+    front ends can be sent to worker processes, and the same settings always pickle to the same
+    bytes. In a process forked from one that had imported torch, torch is limited to one thread
+    first: OpenMP's thread pool does not survive a fork. Made from a detector object, it pickles
+    that object."""
 
     def __init__(self, detector="cnn", calibration=None, threshold: float | None = None, *,
                  batch_size: int | None = None, reject_no_image: bool = False,
                  detector_kwargs: dict | None = None):
         from collapseguard.calibration.thresholds import resolve_threshold
+        self._spec: tuple[str, dict] | None = None
         if isinstance(detector, str):
             from collapseguard.detectors import create
-            detector = create(detector, **(detector_kwargs or {}))
-        self.detector = detector
+            from collapseguard.detectors.cnn_family import is_cnn_family
+            spec = detector.strip()
+            kwargs = _detector_kwargs(spec, detector_kwargs)
+            detector = create(spec, **kwargs)
+            if is_cnn_family(spec):  # rebuilt on the runtime chosen here: the same scores
+                kwargs["runtime"] = getattr(detector, "runtime", "torch")
+            self._spec = (spec, kwargs)
+        self._detector = detector
+        self._made = (getattr(detector, "name", ""), getattr(detector, "version", ""))
+        self._lock = threading.Lock()
         self.threshold, self.threshold_source, _ = resolve_threshold(
             detector, threshold, calibration,
             how="pass threshold=T or calibration=FILE (made with `collapseguard calibrate`)")
         self.batch_size = batch_size
         self.reject_no_image = reject_no_image
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_detector", "_lock")}
+        state["_detector"] = self._detector if self._spec is None else None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def detector(self):
+        """The detector; created again on first use after unpickling."""
+        if self._detector is None:
+            with self._lock:
+                if self._detector is None:
+                    self._detector = self._create()
+        return self._detector
+
+    def _create(self):
+        from collapseguard.detectors import DetectorError, create
+        if _FORKED and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+        name, kwargs = self._spec
+        detector = create(name, **kwargs)
+        made = (getattr(detector, "name", ""), getattr(detector, "version", ""))
+        if made != self._made:
+            raise DetectorError(
+                f"detector {name!r} is now {made[0]}@{made[1]}, not the {self._made[0]}@"
+                f"{self._made[1]} this scorer was made with (and its threshold is for); its weights "
+                "changed: make the scorer again")
+        return detector
 
     def decide(self, samples: Iterable[dict], *, track_keys: bool = False
                ) -> Iterator[tuple[dict, Scored, str, str]]:
@@ -180,7 +262,10 @@ def wds_filter(detector="cnn", calibration=None, threshold: float | None = None,
 
     ``detector`` is a name (as ``--detector``) or a created detector; ``calibration`` a
     calibration file; ``threshold`` overrides both (uncalibrated). Without either, the
-    calibration shipped for the detector is used, as in ``filter``.
+    calibration shipped for the detector is used, as in ``filter``. A cnn named without
+    ``detector_kwargs={"runtime": ...}`` runs on ``$COLLAPSEGUARD_CNN_RUNTIME``, else as
+    ``filter --runtime auto`` (onnxruntime on the CPU where it is installed). Given by name, the
+    detector is not pickled with the stage: a process that unpickles it creates its own.
 
     The stage's counters (``kept``, ``rejected``, ``reasons``) and ``on_reject`` run in the process
     that iterates the dataset: inside a ``torch.utils.data.DataLoader`` with ``num_workers > 0``,
@@ -271,6 +356,26 @@ def _row_image(value, column: str, i: int) -> tuple[list[tuple[str, bytes]], str
                     "decoding is part of what is judged")
 
 
+def _is_column(value) -> bool:
+    """Does a batch value hold a column (a list or array of row values), not one row's value?"""
+    if isinstance(value, (list, tuple)):
+        return True
+    if value is None or isinstance(value, (str, bytes, bytearray, memoryview, Mapping)):
+        return False
+    return (hasattr(value, "__len__") and hasattr(value, "__getitem__")
+            and getattr(value, "ndim", 1) != 0)
+
+
+def _check_batch(batch) -> None:
+    """Refuse one row where a batch is expected (``map``/``filter`` without ``batched=True``)."""
+    for name in list(batch):
+        if not _is_column(batch[name]):
+            raise TypeError(
+                f"HFScorer takes batches: pass batched=True, as in ds.map(scorer, batched=True) "
+                f"and ds.filter(scorer.keep, batched=True) (it was given one row: column {name!r} "
+                f"holds a {type(batch[name]).__name__}, not a list of values)")
+
+
 class HFScorer:
     """A batched function for Hugging Face ``datasets`` (``batched=True``) that decides each row as
     ``collapseguard filter`` decides a row of a Parquet input.
@@ -282,7 +387,12 @@ class HFScorer:
     ``image``, ``img``, ``jpg``, ``jpeg``, ``png``, ``webp`` in the batch) must hold encoded bytes:
     an ``Image`` feature cast with ``decode=False`` (``{"bytes", "path"}``) or a binary column.
     A row without image bytes is ``no_image`` (kept unless ``reject_no_image``); bytes that do not
-    decode are ``decode_error`` (rejected).
+    decode are ``decode_error`` (rejected). One row instead of a batch (``batched=True`` left out)
+    is refused with a TypeError that says so.
+
+    With ``num_proc > 1`` each worker unpickles the scorer's settings and creates its own
+    detector (a forked worker limits torch to one thread first); decisions are the same as with
+    one process.
     """
 
     def __init__(self, detector="cnn", calibration=None, threshold: float | None = None, *,
@@ -317,6 +427,7 @@ class HFScorer:
         raise KeyError(f"no image column in the batch (columns: {list(names)}); pass image_column=")
 
     def _decisions(self, batch) -> list[tuple[Scored, str, str, str]]:
+        _check_batch(batch)
         column = self._column(batch)
         rows = [(i, *_row_image(v, column, i)) for i, v in enumerate(batch[column])]
         out = []
@@ -345,7 +456,9 @@ def hf_scorer(detector="cnn", calibration=None, threshold: float | None = None, 
     """An ``HFScorer`` for ``datasets.Dataset.map``/``.filter`` with ``batched=True``.
 
     ``detector``, ``calibration`` and ``threshold`` are as for ``wds_filter``: without a threshold
-    or calibration, the calibration shipped for the detector is used, as in ``filter``."""
+    or calibration, the calibration shipped for the detector is used, as in ``filter``. A cnn
+    named without ``detector_kwargs={"runtime": ...}`` runs on ``$COLLAPSEGUARD_CNN_RUNTIME``,
+    else as ``filter --runtime auto`` (onnxruntime on the CPU where it is installed)."""
     return HFScorer(detector, calibration, threshold, image_column=image_column,
                     batch_size=batch_size, reject_no_image=reject_no_image,
                     detector_kwargs=detector_kwargs)

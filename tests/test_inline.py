@@ -103,6 +103,21 @@ def test_wds_stage_refuses_decoded_samples(shards):
         next(iter(ds))
 
 
+
+def test_the_stage_and_the_ray_scorer_pickle_as_their_settings(shards):
+    """Pickled (a spawned DataLoader worker, a process pool), the stage carries its settings, not
+    its detector; the copy creates its own and keeps what the original keeps."""
+    import pickle
+
+    from collapseguard.inline import RayScorer, wds_filter
+    stage = wds_filter()
+    data = pickle.dumps(stage)
+    assert len(data) < 2000
+    copy = pickle.loads(data)
+    assert copy.threshold == stage.threshold
+    assert [s["__key__"] for s in wds_samples(shards, copy)] == [s["__key__"] for s in wds_samples(shards, stage)]
+    assert len(pickle.dumps(RayScorer())) < 2000
+
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")

@@ -100,3 +100,96 @@ def test_the_image_column_is_found_as_filter_finds_it_and_has_alpha_is_carried(t
     np.testing.assert_allclose(scored["score"], want["score"].to_numpy())
     assert scored["decision"] == want["decision"].tolist()
     assert scored["has_alpha"] == want["has_alpha"].tolist()
+
+
+@pytest.fixture(scope="module")
+def clean_and_degraded(photos):
+    """A ``datasets.Dataset`` of 8 rows: each photo encoded, then a degraded copy of it."""
+    import datasets
+    imgs = [b for i, p in enumerate(photos) for b in (encode_jpeg(p, 92), encode_jpeg(degrade(p, seed=i), 92))]
+    return datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in imgs], "n": list(range(len(imgs)))},
+        features=datasets.Features({"image": datasets.Image(decode=False), "n": datasets.Value("int64")}))
+
+
+def test_map_with_num_proc_sends_the_scorer_to_the_workers_as_its_settings(clean_and_degraded):
+    """``num_proc=2`` pickles the scorer into each worker, which creates its own detector: the
+    default cnn (onnxruntime, as ``filter --runtime auto``) decides exactly as with one process."""
+    import pickle
+
+    from collapseguard.inline import hf_scorer
+    scorer = hf_scorer()
+    assert len(pickle.dumps(scorer)) < 2000  # settings, not a session or a network
+    assert scorer._decider.detector.runtime == "onnx"  # the choice of `filter --runtime auto`
+    one = clean_and_degraded.map(scorer, batched=True, batch_size=3)
+    two = clean_and_degraded.map(scorer, batched=True, batch_size=3, num_proc=2)
+    assert two["n"] == one["n"] and two["decision"] == one["decision"]
+    np.testing.assert_allclose(two["score"], one["score"], atol=1e-5)  # batched otherwise
+    again = pickle.loads(pickle.dumps(scorer))
+    assert again.threshold == scorer.threshold and again(clean_and_degraded[:4]) == scorer(clean_and_degraded[:4])
+
+
+def test_map_with_num_proc_after_torch_ran_in_the_parent_finishes(clean_and_degraded, tmp_path):
+    """The torch cnn run in the parent, then ``num_proc=2``: forked workers limit torch to one
+    thread before creating their detector (OpenMP's pool does not survive a fork; it hung)."""
+    import subprocess
+    import sys
+    clean_and_degraded.to_parquet(str(tmp_path / "d.parquet"))
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, datasets\n"
+        "from collapseguard.inline import hf_scorer\n"
+        "if __name__ == '__main__':\n"
+        "    ds = datasets.Dataset.from_parquet(sys.argv[1], keep_in_memory=True)\n"
+        "    ds = ds.cast_column('image', datasets.Image(decode=False))\n"
+        "    probe = hf_scorer(threshold=0.0, detector_kwargs={'runtime': 'torch'})\n"
+        "    scores = sorted(probe(ds[:])['score'])\n"
+        "    s = hf_scorer(threshold=(scores[3] + scores[4]) / 2, detector_kwargs={'runtime': 'torch'})\n"
+        "    one = ds.map(s, batched=True, batch_size=3)\n"
+        "    two = ds.map(s, batched=True, batch_size=3, num_proc=2)\n"
+        "    assert two['decision'] == one['decision'], (one['score'], two['score'])\n"
+        "    assert max(abs(a - b) for a, b in zip(one['score'], two['score'])) < 1e-5\n"
+        "    print(one['decision'])\n")
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "2", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    try:
+        res = subprocess.run([sys.executable, str(script), str(tmp_path / "d.parquet")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ds.map(scorer, num_proc=2) hung after torch ran in the parent")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "'kept'" in res.stdout and "'rejected'" in res.stdout
+
+
+def test_scorers_made_alike_hash_alike_so_datasets_caches_their_map(clean_and_degraded, tmp_path):
+    import datasets
+    from datasets.fingerprint import Hasher
+
+    from collapseguard.inline import hf_scorer
+    onnx = {"runtime": "onnx"}  # the core install's cnn, an onnxruntime session
+    assert Hasher.hash(hf_scorer(detector_kwargs=onnx)) == Hasher.hash(hf_scorer(detector_kwargs=onnx))
+    assert Hasher.hash(hf_scorer(detector_kwargs=onnx).keep) == Hasher.hash(hf_scorer(detector_kwargs=onnx).keep)
+    assert Hasher.hash(hf_scorer("nss", threshold=5.0)) != Hasher.hash(hf_scorer("nss", threshold=6.0))
+    clean_and_degraded.to_parquet(str(tmp_path / "d.parquet"))
+    ds = datasets.Dataset.from_parquet(str(tmp_path / "d.parquet"), cache_dir=str(tmp_path / "cache"))
+    first = ds.map(hf_scorer(detector_kwargs=onnx), batched=True)
+    second = ds.map(hf_scorer(detector_kwargs=onnx), batched=True)  # read from the cache
+    assert second._fingerprint == first._fingerprint and second.cache_files == first.cache_files
+    assert second["score"] == first["score"]
+
+
+@pytest.mark.parametrize("column", ["image", "jpg"])
+def test_without_batched_the_scorer_says_to_pass_batched_true(clean_and_degraded, column):
+    """One row instead of a batch (``batched=True`` forgotten), for an ``Image`` column and a
+    binary one: the error says so, not that the column needs a cast."""
+    ds = clean_and_degraded.select(range(2))
+    if column == "jpg":
+        import datasets
+        ds = datasets.Dataset.from_dict({"jpg": [r["bytes"] for r in ds["image"]], "n": ds["n"]})
+
+    from collapseguard.inline import hf_scorer
+    scorer = hf_scorer("nss", threshold=5.0)
+    with pytest.raises(TypeError, match=r"takes batches: pass batched=True"):
+        ds.map(scorer)
+    with pytest.raises(TypeError, match=r"takes batches: pass batched=True"):
+        ds.filter(scorer.keep)
+    assert len(ds.map(scorer, batched=True)["decision"]) == 2  # with batched=True it scores
