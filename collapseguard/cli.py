@@ -53,6 +53,10 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except CollapseguardError as exc:
             raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            from collapseguard.engines.ray import exit_after_interrupt
+            exit_after_interrupt()  # after a Ray run: ends the process here (exit code 1)
+            raise
         except ImportError as exc:  # an optional extra this command needs is not installed
             missing = missing_extra(exc, f"`collapseguard {ctx.invoked_subcommand}`"
                                    if ctx.invoked_subcommand else "this command")

@@ -36,11 +36,16 @@ _PROGRESS_QUEUE = None
 _PARENT_PID: int | None = None
 #: True in a worker process while it runs a task
 _IN_TASK = False
+#: in a worker that is not its starting process's child (a Ray actor on the driver's machine):
+#: says whether that process has ended
+_OWNER_GONE: Callable[[], bool] | None = None
 
 
 def parent_is_gone() -> bool:
     """True in a worker process whose starting process has exited (it must not commit)."""
-    return _PARENT_PID is not None and os.getppid() != _PARENT_PID
+    if _PARENT_PID is not None:
+        return os.getppid() != _PARENT_PID
+    return _OWNER_GONE is not None and _OWNER_GONE()
 
 
 def spawn_context():
@@ -105,7 +110,8 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 class WorkerStopped(BaseException):
-    """Raised in a worker process by SIGINT or SIGTERM, so the task it runs cleans up first."""
+    """Raised in a worker process by SIGINT or SIGTERM (in a Ray actor: when its task is cancelled
+    or its driver has ended), so the task it runs cleans up first."""
 
 
 def _stop_worker(signum, frame) -> None:
