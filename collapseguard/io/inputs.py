@@ -140,8 +140,8 @@ def _expand_url(url: str, data: list[Input], files: list[ImageFile],
         found = parse_url(u)
         if found is None:
             if key is None:
-                raise InputError(f"{u}: not a .tar shard, a Parquet file or an image file "
-                                 "(a folder URL ends in /)")
+                hint = "" if "." in posixpath.basename(url_path(u)) else " (a folder URL ends in /)"
+                raise InputError(f"{u}: not a .tar shard, a Parquet file or an image file{hint}")
         elif found.kind == "image":
             files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
                                    valid_text(url if key else u)))
@@ -261,24 +261,32 @@ def expand_shards(inputs: Iterable[str]) -> list[Input]:
 
 def path_key(name: str) -> str:
     """A name as compared with other spellings of it: a local path by where it is (``./a.tar``
-    and ``/abs/a.tar`` are one), a URL with its scheme and host in lower case and its path's
-    percent-escapes decoded (``a b.tar`` and ``a%20b.tar`` are one; an escaped ``/`` stays
-    escaped), a ``pipe:`` command as spelled."""
+    and ``/abs/a.tar`` are one), an http(s) URL with its scheme and host in lower case and its
+    path's percent-escapes decoded (``a b.tar`` and ``a%20b.tar`` are one request), anything else
+    (object-store keys, where ``a b`` and ``a%20b`` are two keys; ``pipe:`` commands) as spelled."""
     try:
-        return _url_key(name) if is_remote(name) else os.path.realpath(local_path(name) or name)
+        return _http_key(name) if is_remote(name) else os.path.realpath(local_path(name) or name)
     except URLError:  # a file: URL naming another host: as spelled
         return name
 
 
-def _url_key(url: str) -> str:
+def _http_key(url: str) -> str:
+    """An http(s) URL as the server receives it, decoded: the same object under any spelling.
+    An escaped ``/``, escapes that are not UTF-8, the query and the fragment stay as spelled,
+    so two different objects never share a key."""
     from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if not parts.netloc:  # pipe: and other commands
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.netloc:
         return url
-    path = parts.path.replace("%2F", "\0").replace("%2f", "\0")  # an escaped / is not a /
-    path = quote(unquote(path), safe="/\0").replace("\0", "%2F")
-    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))
+    try:
+        path = unquote(parts.path.replace("%2F", "\0").replace("%2f", "\0"), errors="strict")
+    except UnicodeDecodeError:
+        return url
+    path = quote(path, safe="/\0").replace("\0", "%2F")
+    host = parts.netloc if "@" in parts.netloc else parts.netloc.lower()  # user info as given
+    return urlunsplit((scheme, host, path, parts.query, parts.fragment))
 
 
 def unique_inputs(shards: list, files: list[ImageFile]) -> tuple[list, list[ImageFile]]:

@@ -499,3 +499,21 @@ def test_one_url_under_two_spellings_is_one_input(tmp_path, shards, threshold):
     once = len(pd.read_csv(tmp_path / "once.csv"))
     assert once > 0 and len(pd.read_csv(tmp_path / "s.csv")) == once
     assert sorted(os.listdir(tmp_path / "f/kept")) == ["shard 1.tar"]
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("http://H/sub dir/shard 1.tar", "http://h/sub%20dir/shard%201.tar", True),
+    ("HTTPS://Host:8080/a.tar", "https://host:8080/a.tar", True),
+    ("http://h/a+b.tar", "http://h/a%2Bb.tar", True),
+    ("s3://b/a b.tar", "s3://b/a%20b.tar", False),  # two keys an object store tells apart
+    ("http://h/x#1.tar", "http://h/x#2.tar", False),
+    ("http://h/caf%E9.tar", "http://h/caf%E8.tar", False),  # escapes that are not UTF-8
+    ("http://h/a%2Fb.tar", "http://h/a/b.tar", False),  # an escaped / is no folder
+    ("http://h/a.tar?v=1", "http://h/a.tar?v=2", False),
+])
+def test_two_spellings_are_one_url_only_when_they_name_one_object(a, b, same):
+    """Inputs compared by ``path_key`` are filtered once: two different objects must never share
+    a key (the second would be dropped without a word)."""
+    from collapseguard.io.inputs import path_key
+
+    assert (path_key(a) == path_key(b)) is same
