@@ -165,6 +165,12 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
         raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None
 
 
+def shown_rgb_array(img: Image.Image) -> np.ndarray:
+    """An opened PIL image as the (H, W, 3) uint8 array its file decodes to: ``to_rgb_array``,
+    turned as its EXIF orientation says it is shown (``decode_image`` does the same)."""
+    return np.ascontiguousarray(_apply_orientation(to_rgb_array(img), _orientation(img)))
+
+
 def _orientation(img: Image.Image) -> int:
     """The EXIF orientation tag (1-8) of an opened image; 1 (as stored) when absent or unreadable."""
     try:

@@ -15,8 +15,8 @@
 #     --web-history DIR/wh/manifest.csv --cache DIR/judge --candidate W --calibration CAL.json
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: bash recipes/judging_data.sh DIR" >&2; exit 2; }
+DIR=$(realpath -m "$1")  # before cd: a relative DIR is the caller's
 cd "$(dirname "$0")/.."
-DIR=$1
 mkdir -p "$DIR"
 NETWORKS=1 WORKERS=${WORKERS:-2} bash recipes/eval_set.sh "$DIR/eval"
 python recipes/web_history_set.py build "$DIR/eval" "$DIR/wh"

@@ -392,15 +392,15 @@ def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:
     a chains manifest or a calibration file, with control characters escaped)."""
     by = {(r["family"], r["step"]): r for r in cal.drop_curve}
     fams = list(dict.fromkeys(r["family"] for r in cal.drop_curve))
-    head = f"{'family':<22}" + "".join(f"{'step ' + str(s):>27}" for s in steps)
+    head = f"{'family':<22}" + "".join(f"{'step ' + str(s):>29}" for s in steps)
     lines = [head]
     for fam in fams:
         cells = []
         for s in steps:
             r = by.get((fam, s))
             # intervals to 0.1 %: whole percents showed 1 drop in 1,120 as "0.1% [0%,0%]"
-            cells.append(f"{'-':>27}" if r is None else
-                         f"{r['fraction']:>7.1%} [{r['ci_low']:.1%},{r['ci_high']:.1%}] n={r['n']:<3}".rjust(27))
+            cells.append(f"{'-':>29}" if r is None else
+                         f"{r['fraction']:>7.1%} [{r['ci_low']:.1%},{r['ci_high']:.1%}] n={r['n']:<4}".rjust(29))
         lines.append(f"{printable(fam):<22}" + "".join(cells))
     shared = [r for r in cal.drop_curve if r["step"] in steps and isinstance(r.get("pictures"), int)
               and 0 < r["pictures"] < r["n"]]

@@ -33,12 +33,13 @@ def title(path) -> str:
 def _pct(x) -> str:
     """A rate as a percentage (two decimals: held-out rates are small), or as given when it is
     not a number (absent: None)."""
-    return f"{x:.2%}" if isinstance(x, (int, float)) else str(x)
+    return f"{x:.2%}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
 def _interval(ci) -> str:
     """A [low, high] interval as percentages, or as given."""
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in ci):
         return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
     return str(ci)
 

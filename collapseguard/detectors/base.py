@@ -36,7 +36,8 @@ def as_batch(images) -> list:
     One image passed on its own (an (H, W, 3) or (H, W) array) is refused: iterated, it would be
     scored row by row as a batch of H narrow images. Every image must be uint8 pixels, (H, W, 3)
     RGB, (H, W, 4) RGBA or (H, W) grey, or a PIL image of any mode (converted as a decoded file
-    is, by ``images.to_rgb_array``: 16-bit and float modes scaled, transparency composited): a
+    is, by ``images.shown_rgb_array``: 16-bit and float modes scaled, transparency composited,
+    turned by its EXIF orientation): a
     float array in [0, 1], 16-bit pixels or a channels-first array would otherwise be read as another picture by some
     detectors and give a silently wrong score, so each is refused with the same message by every
     detector. RGBA arrays are composited over ``images.ALPHA_BACKGROUND``, as a decoded RGBA file
@@ -53,10 +54,10 @@ def _as_rgb(img, i: int) -> np.ndarray:
     """One image of a batch as an (H, W, 3) uint8 array (see ``as_batch``)."""
     from PIL import Image
 
-    if isinstance(img, Image.Image):  # as a file of that mode is decoded: one picture, one score
-        from collapseguard.images import to_rgb_array
+    if isinstance(img, Image.Image):  # as its file is decoded: one picture, one score
+        from collapseguard.images import shown_rgb_array
 
-        img = to_rgb_array(img)
+        img = shown_rgb_array(img)
     arr = np.asarray(img)
     if arr.dtype != np.uint8:
         raise ValueError(f"image {i}: expected uint8 pixels (0-255), got {arr.dtype}")

@@ -222,6 +222,16 @@ def test_a_pil_image_of_any_mode_scores_as_its_file(spec, photos):
         im.save(buf, format=fmt)
         np.testing.assert_allclose(det.score([im]), det.score([decode_image(buf.getvalue())]),
                                    rtol=1e-5, atol=1e-5, err_msg=im.mode)
+    # a camera's portrait JPEG, stored sideways with EXIF orientation 6: opened with PIL, it is
+    # scored upright, as its file is
+    side = Image.fromarray(photos[0][:96, :160])
+    exif = side.getexif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    side.save(buf, format="JPEG", quality=90, exif=exif.tobytes())
+    opened = Image.open(io.BytesIO(buf.getvalue()))
+    from_file = det.score([decode_image(buf.getvalue())])
+    np.testing.assert_allclose(det.score([opened]), from_file, rtol=1e-5, atol=1e-5)
 
 
 def test_a_file_that_cannot_be_decoded_is_named_in_the_error(tmp_path):
