@@ -120,7 +120,8 @@ def test_map_with_num_proc_sends_the_scorer_to_the_workers_as_its_settings(clean
     from collapseguard.inline import hf_scorer
     scorer = hf_scorer()
     assert len(pickle.dumps(scorer)) < 2000  # settings, not a session or a network
-    assert scorer._decider.detector.runtime == "onnx"  # the choice of `filter --runtime auto`
+    from collapseguard.detectors import create
+    assert scorer._decider.detector.runtime == create("cnn", runtime="auto").runtime  # as `filter`
     one = clean_and_degraded.map(scorer, batched=True, batch_size=3)
     two = clean_and_degraded.map(scorer, batched=True, batch_size=3, num_proc=2)
     assert two["n"] == one["n"] and two["decision"] == one["decision"]
