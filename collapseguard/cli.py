@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 
 import click
 
@@ -54,8 +55,11 @@ class LazyGroup(click.Group):
         except CollapseguardError as exc:
             raise CommandError(str(exc)) from None
         except KeyboardInterrupt:
-            from collapseguard.engines.ray import exit_after_interrupt
-            exit_after_interrupt()  # after a Ray run: ends the process here (exit code 1)
+            # an engine may need to end the process its own way (the Ray engine, while Ray is
+            # initialised here: os._exit(1)); none can have run when the engines were not loaded
+            engines = sys.modules.get("collapseguard.engines.local")
+            if engines is not None:
+                engines.on_interrupt()
             raise
         except ImportError as exc:  # an optional extra this command needs is not installed
             missing = missing_extra(exc, f"`collapseguard {ctx.invoked_subcommand}`"

@@ -41,6 +41,26 @@ _IN_TASK = False
 _OWNER_GONE: Callable[[], bool] | None = None
 
 
+#: called, in order, when a command is interrupted (``on_interrupt``)
+_INTERRUPT_HOOKS: list[Callable[[], None]] = []
+
+
+def add_interrupt_hook(hook: Callable[[], None]) -> None:
+    """Have ``hook`` called when a command of this process is interrupted (Ctrl-C): an engine
+    that must end the process its own way then registers it when it first runs (the Ray engine:
+    ``engines.ray.exit_after_interrupt``). Added once however often it is registered."""
+    if hook not in _INTERRUPT_HOOKS:
+        _INTERRUPT_HOOKS.append(hook)
+
+
+def on_interrupt() -> None:
+    """The command line calls this when a command was interrupted, before click reports it: each
+    registered hook may end the process (and does not return then) or return to let the
+    interrupt go on as usual."""
+    for hook in list(_INTERRUPT_HOOKS):
+        hook()
+
+
 def parent_is_gone() -> bool:
     """True in a worker process whose starting process has exited (it must not commit)."""
     if _PARENT_PID is not None:

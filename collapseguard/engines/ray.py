@@ -13,14 +13,21 @@ Actors ask for ``threads_per_worker`` CPUs each (and one GPU each when ``gpus_pe
 so Ray's scheduler spreads them over the cluster without oversubscribing a node.
 
 An interrupted run (Ctrl-C, or any error in the driver) cancels the tasks its actors are running
-and waits up to ``STOP_SECONDS`` for them: a cancelled task stops at its next progress report
-(every 16 samples) and, as in a local worker stopped by SIGINT, removes its staged files before
-its actor is killed. An actor on the driver's machine also watches the driver's process: once the
+and waits up to ``STOP_SECONDS`` for them: on a Ray whose ``RuntimeContext`` has ``is_canceled`` (added late
+2025, ray-project/ray#58914) a cancelled task stops at its next progress report (every 16 samples) and, as in a local
+worker stopped by SIGINT, removes its staged files. Then the actors are killed, and once they are
+gone the driver removes what the tasks it had sent them staged (``discard_staged``: this run's
+``NAME.<run id>.tmp`` files in ``--out``), so on an older Ray, after the wait, or for a task sent
+at the moment of the interrupt, no partial shard is left either.
+
+An actor on the driver's machine also watches the driver's process (``driver_watch``): once the
 driver has ended (``kill -9`` included) its task stops at the next progress report and commits
-nothing (``engines.local.parent_is_gone``). An actor on another node cannot see the driver; Ray
-ends it a few seconds after the driver died, and what it staged is removed by the next run on
-that ``--out`` (it never commits: the commit check also requires the run's id in ``<out>/.lock``,
-which the next run replaces).
+nothing (``engines.local.parent_is_gone``). It watches only where it sees the driver's process
+when it starts (same node, same PID namespace, the pid with the driver's start time) and never
+through Ray Client (``ray://``), where the driver runs on another machine. An actor that does not
+watch (on another node, say) is ended by Ray a few seconds after the driver died; until the next
+run replaces ``<out>/.lock`` it commits only a complete shard, and what it staged is removed by
+the next run on that ``--out``.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
-#: set once this process starts or joins Ray (``exit_after_interrupt``)
-_RAY_STARTED = False
+#: True while ``ray.init`` runs in this process (``exit_after_interrupt``: an interrupted init)
+_RAY_INIT_RUNNING = False
 #: how long ``ray.init`` is given to find something listening at a ``host:port`` address
 CONNECT_SECONDS = 5.0
 
@@ -67,21 +74,108 @@ def process_start(pid: int) -> str | None:
 
 
 def exit_after_interrupt(code: int = 1) -> None:
-    """In a command interrupted (Ctrl-C) after Ray was started in this process: say "Aborted!" as
-    click does and end the process with ``code`` at once, without tearing Ray's core worker down.
-    That teardown (``ray.shutdown()``, or the interpreter's exit) can crash with SIGSEGV when the
-    interrupt came while actors were starting. The Ray processes a local instance started end
-    with this one, as they do however it ends; a cluster sees this driver leave. Returns when
-    Ray was not started here."""
+    """In a command interrupted (Ctrl-C) while Ray is initialised in this process, or while its
+    ``ray.init`` ran: say "Aborted!" as click does and end the process with ``code`` at once,
+    without tearing Ray's core worker down. That teardown (``ray.shutdown()``, or the
+    interpreter's exit) can crash with SIGSEGV when the interrupt came while actors were starting,
+    so it is not attempted. On Linux the processes of a local instance started here end with this
+    one (Ray's fate-sharing: the kernel kills them when their parent dies); where Ray has no
+    fate-sharing (macOS, Windows) the local instance's processes are killed first (untested
+    there). A cluster sees this driver leave. Returns, doing nothing, in a process where Ray is
+    not initialised (never started, shut down, or its init failed): the interrupt then ends the
+    command as click does. Registered with ``engines.local.on_interrupt`` by ``RayEngine``; the
+    command line calls it from its group's ``invoke``, so a command run in process (click's
+    ``CliRunner``) while Ray is initialised ends the process too."""
     ray = sys.modules.get("ray")
-    if ray is None or not (_RAY_STARTED or ray.is_initialized()):  # an interrupted ray.init too
+    if ray is None or not (_RAY_INIT_RUNNING or ray.is_initialized()):
         return
     try:
         print("\nAborted!", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
+        if not sys.platform.startswith("linux"):  # pragma: no cover - no fate-sharing there
+            node = getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node",
+                           None)
+            if node is not None and getattr(node, "head", False):  # a local instance started here
+                node.kill_all_processes(check_alive=False, allow_graceful=False)
     finally:
         os._exit(code)
+
+
+def pid_namespace() -> int | None:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``); None where /proc has
+    no such entry."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def driver_identity(ray) -> tuple | None:
+    """What an actor needs to watch this driver's process (``driver_watch``): its node, pid,
+    start time and PID namespace; None through Ray Client (the driver is on another machine,
+    though Ray names the head node as its node) or where /proc cannot tell its start time."""
+    from ray.util.client import ray as client
+    if client.is_connected():
+        return None
+    started = process_start(os.getpid())
+    if not started:
+        return None
+    return (ray.get_runtime_context().get_node_id(), os.getpid(), started, pid_namespace())
+
+
+def driver_watch(driver: tuple | None, node_id: str):
+    """In an actor on node ``node_id``: a function that says whether the driver
+    (``driver_identity``) has ended, or None where this actor cannot see the driver's process
+    (another node, another PID namespace, or that pid is not the driver now: it would look
+    ended, or alive, whatever the driver does), so it must not stop tasks by it."""
+    if not driver:
+        return None
+    node, pid, started, namespace = driver
+    if node != node_id or namespace != pid_namespace() or process_start(pid) != started:
+        return None
+    return lambda: process_start(pid) not in (started, None)
+
+
+def make_progress(context):
+    """The progress function a task of an actor gets: it raises ``WorkerStopped`` (the task
+    removes its staged files) once the task is cancelled (on a Ray with
+    ``RuntimeContext.is_canceled``; an older one cannot tell, and the driver removes the files
+    after killing the actor) or the watched driver has ended."""
+    from collapseguard.engines.local import WorkerStopped, parent_is_gone
+    is_canceled = getattr(context, "is_canceled", None)
+
+    def progress(n: int) -> None:
+        if (is_canceled is not None and is_canceled()) or parent_is_gone():
+            raise WorkerStopped(signal.SIGINT)
+    return progress
+
+
+def discard_staged(fn, task) -> None:
+    """Remove the files a ``filter`` task (``fn`` is ``pipeline.filter_task``) of this run staged
+    in a local or shared ``--out``: ``NAME.<run id>.tmp`` beside each output it writes, as
+    ``process_shard`` and ``process_parquet`` name them. Only this run's names: another run's
+    files, and committed outputs, are left alone. Called once the actor that ran the task is gone.
+    Other task functions (score, dedup) stage nothing in an output folder."""
+    from pathlib import Path
+
+    from collapseguard.filter import pipeline, sidecars
+    if fn is not pipeline.filter_task:
+        return
+    shard, options = task
+    if not options.run_id:
+        return
+    out = pipeline.open_out_dir(options.out_dir)
+    if out.remote:  # staged on the actor's node, outside --out
+        return
+    names = list(pipeline.output_names(shard).values())
+    if not (isinstance(shard, pipeline.Input) and shard.kind == "parquet"):
+        try:
+            names += sidecars.output_names(str(shard))
+        except OSError:
+            pass
+    for name in names:
+        pipeline._tmp(Path(out.url(name)), options.run_id).unlink(missing_ok=True)
 
 
 class RayEngine:
@@ -96,12 +190,13 @@ class RayEngine:
         self.address = address or os.environ.get("RAY_ADDRESS")
 
     def _init(self):
-        global _RAY_STARTED
-        from collapseguard.engines.local import EngineError
+        global _RAY_INIT_RUNNING
+        from collapseguard.engines.local import EngineError, add_interrupt_hook
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - depends on the extra
             raise EngineError("the Ray engine needs the extra: pip install 'collapseguard[ray]'") from exc
+        add_interrupt_hook(exit_after_interrupt)
         if not ray.is_initialized():
             where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
             try:
@@ -110,13 +205,16 @@ class RayEngine:
                         check_reachable(self.address)
                     except OSError as exc:
                         raise EngineError(f"cannot start or reach {where}: nothing answers there "
-                                          f"({exc.strerror or exc or type(exc).__name__})") from None
-                    _RAY_STARTED = True
-                    ray.init(address=self.address, log_to_driver=False)
+                                          f"({exc.strerror or str(exc) or type(exc).__name__})") from None
+                    settings = {"address": self.address}
                 else:
-                    _RAY_STARTED = True
-                    ray.init(num_cpus=max(self.workers * self.threads, os.cpu_count() or 1),
-                             include_dashboard=False, log_to_driver=False)
+                    settings = {"num_cpus": max(self.workers * self.threads, os.cpu_count() or 1),
+                                "include_dashboard": False}
+                _RAY_INIT_RUNNING = True
+                try:
+                    ray.init(**settings, log_to_driver=False)
+                finally:
+                    _RAY_INIT_RUNNING = False
             except (ConnectionError, TimeoutError, ValueError) as exc:
                 raise EngineError(f"cannot start or reach {where}: {exc}") from None
         return ray
@@ -132,8 +230,8 @@ class RayEngine:
         # node, or in a Ray instance started before it was set, does not inherit it
         runtime = os.environ.get(RUNTIME_ENV)
 
-        # the driver's process, for actors on its machine to watch (engines.local.parent_is_gone)
-        driver = (ray.get_runtime_context().get_node_id(), os.getpid(), process_start(os.getpid()))
+        # the driver's process, for actors that can see it to watch (engines.local.parent_is_gone)
+        driver = driver_identity(ray)
 
         @ray.remote(num_cpus=self.threads, num_gpus=self.gpus)
         class ShardWorker:
@@ -144,23 +242,12 @@ class RayEngine:
                     os.environ[RUNTIME_ENV] = runtime
                 else:
                     os.environ.pop(RUNTIME_ENV, None)
-                node, pid, started = driver
-                if started and ray.get_runtime_context().get_node_id() == node:
-                    local._OWNER_GONE = lambda: process_start(pid) not in (started, None)
+                local._OWNER_GONE = driver_watch(driver, ray.get_runtime_context().get_node_id())
                 self.detector = local.get_detector(detector, kwargs)
 
             def run(self, i, task):
-                from collapseguard.engines.local import (
-                    WorkerStopped,
-                    parent_is_gone,
-                    task_error,
-                )
-                context = ray.get_runtime_context()
-
-                def progress(n: int) -> None:  # where a task can stop: it removes its staged files
-                    if context.is_canceled() or parent_is_gone():
-                        raise WorkerStopped(signal.SIGINT)
-
+                from collapseguard.engines.local import WorkerStopped, task_error
+                progress = make_progress(ray.get_runtime_context())
                 try:
                     return i, fn(task, self.detector, progress), None
                 except WorkerStopped:
@@ -175,11 +262,15 @@ class RayEngine:
         tries: dict[int, int] = {}
         running = {}
         actors: list = []
+        sent: dict[int, object] = {}  # tasks sent to an actor (or being sent) and not reported
 
         def submit(actor) -> None:
-            i, t = queue.pop(0)
+            i, t = queue[0]
+            sent[i] = t  # first: an interrupt from here on finds the task among those to clean
+            queue.pop(0)
             tries[i] = tries.get(i, 0) + 1
-            running[actor.run.remote(i, t)] = (actor, i, t)
+            ref = actor.run.remote(i, t)
+            running[ref] = (actor, i, t)
 
         try:
             for _ in range(min(self.workers, len(tasks))):
@@ -197,6 +288,7 @@ class RayEngine:
                     if tries[i] < self.MAX_TRIES:
                         queue.insert(0, (i, t))  # another actor retries it
                     else:
+                        sent.pop(i, None)
                         on_done(i, None, f"Ray worker failed {tries[i]} times on this task: "
                                          f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
                     if queue:
@@ -204,6 +296,7 @@ class RayEngine:
                         actors.append(actor)
                         submit(actor)
                     continue
+                sent.pop(i, None)
                 on_done(i, res, err)
                 if queue:
                     submit(actor)
@@ -212,20 +305,51 @@ class RayEngine:
                 self._stop(ray, running)
             except Exception:  # noqa: BLE001 - Ray itself failing: the actors are killed below
                 pass
+            self._kill(ray, actors)
+            for t in sent.values():  # what the tasks staged and could not remove themselves
+                try:
+                    discard_staged(fn, t)
+                except Exception:  # noqa: BLE001 - the next run removes it
+                    pass
             raise
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            self._kill(ray, actors, wait=False)
 
     #: how long an interrupted run waits for its running tasks to remove their staged files
     STOP_SECONDS = 30.0
 
-    def _stop(self, ray, running: dict) -> None:
+    def _stop(self, ray, running: dict) -> bool:
         """Cancel the ``running`` tasks and wait (up to ``STOP_SECONDS``) until they have ended:
-        each stops at its next progress report and removes its staged files."""
+        on a Ray with ``RuntimeContext.is_canceled`` each stops at its next progress report and
+        removes its staged files. On an older Ray a running task cannot be stopped, so there is
+        no wait. Returns whether every running task has ended."""
+        from ray.runtime_context import RuntimeContext
         for ref in running:
             ray.cancel(ref)
         busy = {id(actor): actor for actor, _, _ in running.values()}
-        if busy:
-            ray.wait([a.idle.remote() for a in busy.values()], num_returns=len(busy),
-                     timeout=self.STOP_SECONDS)
+        if not busy:
+            return True
+        if not hasattr(RuntimeContext, "is_canceled"):
+            return False
+        _, left = ray.wait([a.idle.remote() for a in busy.values()], num_returns=len(busy),
+                           timeout=self.STOP_SECONDS)
+        return not left
+
+    #: how long an interrupted run waits for its killed actors to be gone
+    KILL_SECONDS = 10.0
+
+    def _kill(self, ray, actors: list, wait: bool = True) -> None:
+        """Kill ``actors``; with ``wait``, wait (up to ``KILL_SECONDS``) until Ray reports them
+        gone, so that none writes after the driver removed what it staged."""
+        for actor in actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
+        if actors and wait:
+            try:
+                ray.wait([a.idle.remote() for a in actors], num_returns=len(actors),
+                         timeout=self.KILL_SECONDS)
+            except Exception:  # noqa: BLE001
+                pass
+        actors.clear()
