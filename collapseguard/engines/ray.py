@@ -152,30 +152,13 @@ def make_progress(context):
 
 
 def discard_staged(fn, task) -> None:
-    """Remove the files a ``filter`` task (``fn`` is ``pipeline.filter_task``) of this run staged
-    in a local or shared ``--out``: ``NAME.<run id>.tmp`` beside each output it writes, as
-    ``process_shard`` and ``process_parquet`` name them. Only this run's names: another run's
-    files, and committed outputs, are left alone. Called once the actor that ran the task is gone.
-    Other task functions (score, dedup) stage nothing in an output folder."""
-    from pathlib import Path
-
-    from collapseguard.filter import pipeline, sidecars
-    if fn is not pipeline.filter_task:
-        return
-    shard, options = task
-    if not options.run_id:
-        return
-    out = pipeline.open_out_dir(options.out_dir)
-    if out.remote:  # staged on the actor's node, outside --out
-        return
-    names = list(pipeline.output_names(shard).values())
-    if not (isinstance(shard, pipeline.Input) and shard.kind == "parquet"):
-        try:
-            names += sidecars.output_names(str(shard))
-        except OSError:
-            pass
-    for name in names:
-        pipeline._tmp(Path(out.url(name)), options.run_id).unlink(missing_ok=True)
+    """Remove what a task of this run staged and can no longer commit, once the actor that ran it
+    is gone: the task function says how, as its ``discard_abandoned`` attribute
+    (``filter.pipeline.filter_task``'s removes this run's ``NAME.<run id>.tmp`` files in
+    ``--out``); task functions without one (score, dedup) stage nothing in an output folder."""
+    discard = getattr(fn, "discard_abandoned", None)
+    if discard is not None:
+        discard(task)
 
 
 class RayEngine:

@@ -469,3 +469,28 @@ def filter_task(task: tuple[Input | str, FilterOptions], detector, progress=None
         from collapseguard.filter.parquet import process_parquet
         return process_parquet(shard, options, detector, progress)
     return process_shard(shard, options, detector, progress)
+
+
+def discard_abandoned(task: tuple[Input | str, FilterOptions]) -> None:
+    """Remove what a ``filter_task`` of this run staged in a local or shared ``--out`` and can no
+    longer commit (its worker was killed: the Ray engine's interrupt): ``NAME.<run id>.tmp``
+    beside each output it writes, as ``process_shard`` and ``process_parquet`` name them. Only
+    this run's names: another run's files, and committed outputs, are left alone."""
+    shard, options = task
+    if not options.run_id:
+        return
+    out = open_out_dir(options.out_dir)
+    if out.remote:  # staged on the worker's node, outside --out
+        return
+    names = list(output_names(shard).values())
+    if not (isinstance(shard, Input) and shard.kind == "parquet"):
+        try:
+            names += sidecars.output_names(str(shard))
+        except OSError:
+            pass
+    for name in names:
+        _tmp(Path(out.url(name)), options.run_id).unlink(missing_ok=True)
+
+
+#: what an engine calls for a task whose worker it killed (``engines.ray.discard_staged``)
+filter_task.discard_abandoned = discard_abandoned
