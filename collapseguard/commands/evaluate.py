@@ -121,6 +121,8 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     paths = report.write_outputs(ev, out, plot=not no_plot)
     if not no_plot and "plot" not in paths:
         click.echo("no plot: drawing it needs matplotlib: pip install 'collapseguard[plots]'", err=True)
+    for warning in ev.warnings:
+        click.echo(f"warning: {warning}", err=True)
     speed = {t.detector: t.images_per_s for t in ev.timings if t.images}
     for _, r in ev.failures.iterrows():
         rate = f", {speed[r['detector']]:.1f} images/s" if r["detector"] in speed else ""

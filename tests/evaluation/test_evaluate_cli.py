@@ -511,3 +511,25 @@ def test_results_md_cells_show_html_in_a_name_as_text():
     from collapseguard.evaluation.report import _fmt
 
     assert _fmt("<img src=x onerror=alert(1)>a|b&c") == "&lt;img src=x onerror=alert(1)&gt;a\\|b&amp;c"
+
+
+def test_a_folder_of_unrelated_numbered_pictures_is_called_no_chain(tmp_path, photos):
+    """Files numbered in one folder are one chain by the layout rule; when its first two steps are
+    two different pictures (a folder of photos ``p0000.png`` ...), evaluate says the verdict means
+    nothing, on stderr and in results.md. A real chain in the same layout gets no such warning."""
+    rng = np.random.default_rng(0)
+    unrelated, chain = tmp_path / "photos", tmp_path / "chain"
+    unrelated.mkdir()
+    chain.mkdir()
+    base = photos[0][:160, :160].astype(np.float64)
+    for i in range(12):
+        crop = photos[i % len(photos)][:160, :160] if i % 2 == 0 else photos[i % len(photos)][-160:, -160:]
+        (unrelated / f"p{i:04d}.png").write_bytes(encode_png(np.ascontiguousarray(crop)))
+        noisy = np.clip(base + rng.normal(0, 3 * i, base.shape), 0, 255).astype(np.uint8)
+        (chain / f"p{i:04d}.png").write_bytes(encode_png(noisy))
+    for folder, warned in ((unrelated, True), (chain, False)):
+        res = CliRunner().invoke(main, ["evaluate", "--chains", str(folder), "-d", "nss", "--no-plot",
+                                        "-q", "--steps", "5,10", "--out", str(tmp_path / folder.name)])
+        assert res.exit_code == 0, res.output
+        assert ("look like two different pictures" in res.output) is warned, res.output
+        assert ("look like two different pictures" in (tmp_path / folder.name / "results.md").read_text()) is warned
