@@ -18,6 +18,7 @@ import pandas as pd
 from collapseguard.audit import stats
 from collapseguard.dedup.gallery import STYLE as GROUPS_STYLE
 from collapseguard.images import ALPHA_BACKGROUND
+from collapseguard.io.terminal import percent
 from collapseguard.scoring.readback import CSP
 
 MAX_TABLE_ROWS = 200
@@ -63,12 +64,6 @@ def e(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _pct(x, digits: int = 1) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return f"{100 * x:.{digits}f}%"
-
-
 def _num(x, fmt: str = ".4g") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
@@ -83,10 +78,10 @@ def _headline(s: dict) -> str:
     frac = s["flagged_fraction"]
     cls = "big ok" if not s["flagged"] else "big"
     conf = f"{100 * s['confidence']:.0f}%"
-    parts = [f'<section class="headline" id="summary"><div><div class="{cls}">{e(_pct(frac))}</div>'
+    parts = [f'<section class="headline" id="summary"><div><div class="{cls}">{e(percent(frac))}</div>'
              f'<div class="sub">flagged as model-degraded</div></div><div>'
              f"<div><b>{s['flagged']}</b> of <b>{s['scored']}</b> scored images are flagged "
-             f"({conf} confidence interval {e(_pct(s['ci_low']))} – {e(_pct(s['ci_high']))}, "
+             f"({conf} confidence interval {e(percent(s['ci_low']))} – {e(percent(s['ci_high']))}, "
              f"Clopper–Pearson).</div>"
              f"<div class=\"sub\">Detector <b>{e(s['detector'])}</b> (version {e(s['detector_version'])}); "
              f"{e(s['threshold_source'])}. Rule: {e(s['decision_rule'])}.</div>"]
@@ -134,7 +129,7 @@ def _sources_table(per_source: pd.DataFrame, has_step: bool) -> str:
         rows.append(
             f'<tr><td class=l title="{e(r["source"])}">{e(_short(r["source"]))}</td><td>{r["samples"]}</td>'
             f'<td>{r["scored"]}</td><td>{r["errors"]}</td><td>{r["flagged"]}</td>'
-            f"<td>{bar}{e(_pct(frac))}</td><td>{e(_pct(r['ci_low']))} – {e(_pct(r['ci_high']))}</td>"
+            f"<td>{bar}{e(percent(frac))}</td><td>{e(percent(r['ci_low']))} – {e(percent(r['ci_high']))}</td>"
             f"<td>{e(_num(r['median_score']))}</td><td>{e(_num(r['max_score']))}</td>"
             + (f"<td>{e(_num(r.get('median_step'), '.1f'))}</td>" if has_step else "") + "</tr>")
     more = (f'<p class="note">{len(df) - MAX_TABLE_ROWS} more sources are listed in summary.json.</p>'
@@ -204,7 +199,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f'<meta http-equiv="Content-Security-Policy" content="{e(CSP)}">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>collapseguard audit: {e(_pct(s['flagged_fraction']))} flagged</title>",
+           f"<title>collapseguard audit: {e(percent(s['flagged_fraction']))} flagged</title>",
            f"<style>{STYLE}{GROUPS_STYLE if groups_html is not None else ''}</style></head><body><main>",
            "<h1>Dataset audit: model-degraded images</h1>",
            f'<div class="sub">{len(s["inputs"])} input(s): {e(", ".join(s["inputs"][:5]))}'
@@ -240,7 +235,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
 
     if s.get("storage"):
         rows = "".join(f'<tr><td class=l>{e(r["storage"])}</td><td>{r["samples"]}</td><td>{r["scored"]}</td>'
-                       f'<td>{r["flagged"]}</td><td>{e(_pct(r["fraction"]))}</td></tr>' for r in s["storage"])
+                       f'<td>{r["flagged"]}</td><td>{e(percent(r["fraction"]))}</td></tr>' for r in s["storage"])
         note = f'<p class="estimate">{e(s["storage_note"])}</p>' if s.get("storage_note") else ""
         if s.get("transparent"):
             note += (f'<p class="note">{s["transparent"]} scored image(s) have transparent pixels '
@@ -279,7 +274,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 f"<h3>{e(main)} vs {e(c.name)}</h3><p class=\"note\">{d['images_compared']} images "
                 f"scored by both; {e(main)} flags {c.main_flagged}, {e(c.name)} flags "
                 f"{c.other_flagged}{ties} at its threshold {e(_num(c.threshold))}; agreement "
-                f"{e(_pct(c.agreement))}, Cohen's κ {e(_num(c.cohen_kappa, '.2f'))}, Spearman ρ "
+                f"{e(percent(c.agreement))}, Cohen's κ {e(_num(c.cohen_kappa, '.2f'))}, Spearman ρ "
                 f"{e(_num(c.spearman, '.2f'))}; {d['main_flags_other_calls_fine']} flagged only by "
                 f"{e(main)}, {d['other_flags_main_calls_fine']} only by {e(c.name)}.</p>"
                 + _plot(figures, f"compare:{c.name}", f"scores of {main} against {c.name}")

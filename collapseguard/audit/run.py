@@ -44,7 +44,7 @@ from collapseguard.errors import CollapseguardError, missing_extra
 from collapseguard.io.csv_cells import csv_cell
 from collapseguard.io.inputs import expand
 from collapseguard.io.strict_json import json_ready
-from collapseguard.io.terminal import printable
+from collapseguard.io.terminal import percent, printable
 from collapseguard.scoring import readback
 from collapseguard.scoring.run import run_score
 
@@ -412,10 +412,6 @@ def _write(path: Path, writer) -> None:
         raise AuditError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _pct(x) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:.1f}%"
-
-
 def format_summary(summary: dict, max_sources: int = 5) -> str:
     """The short table printed in the terminal."""
     lines = [f"detector   {summary['detector']}@{summary['detector_version']}",
@@ -426,8 +422,8 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
                      "figures are ESTIMATES")
     lines.append(f"audited    {summary['samples']} samples, {summary['scored']} scored, "
                  f"{summary['errors']} could not be scored")
-    lines.append(f"flagged    {summary['flagged']} = {_pct(summary['flagged_fraction'])} "
-                 f"({100 * summary['confidence']:.0f}% CI {_pct(summary['ci_low'])} - {_pct(summary['ci_high'])})")
+    lines.append(f"flagged    {summary['flagged']} = {percent(summary['flagged_fraction'])} "
+                 f"({100 * summary['confidence']:.0f}% CI {percent(summary['ci_low'])} - {percent(summary['ci_high'])})")
     est = summary.get("estimated_flagged_in_dataset")
     if est:
         lines.append(f"estimate   about {est['count']} flagged in the whole dataset ({est['low']} - {est['high']})")
@@ -443,7 +439,7 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
         lines.append(f"{'source':<{width}}  {'scored':>7}  {'flagged':>7}  {'fraction':>8}")
         for r in rows:
             lines.append(f"{label[r['source']]:<{width}}  {r['scored']:>7}  {r['flagged']:>7}  "
-                         f"{_pct(r['fraction']):>8}")
+                         f"{percent(r['fraction']):>8}")
         if len(summary["per_source"]) > max_sources:
             lines.append(f"... {len(summary['per_source']) - max_sources} more sources in summary.json")
     if summary.get("storage"):
@@ -453,7 +449,7 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
     for c in summary["compare"]:
         t = c["matched_threshold"]
         lines.append(f"compare    {c['detector']} at {'n/a' if t is None else f'{t:.4g}'} "
-                     f"(flags the share {summary['detector']} flags): agreement {_pct(c['agreement'])}, "
+                     f"(flags the share {summary['detector']} flags): agreement {percent(c['agreement'])}, "
                      f"{c['main_flags_other_calls_fine']} flagged only by {summary['detector']}, "
                      f"{c['other_flags_main_calls_fine']} only by {c['detector']}")
     for f in summary["failures"]:

@@ -15,7 +15,7 @@ from collapseguard.calibration.build import (
     top_clean_text,
 )
 from collapseguard.calibration.thresholds import DEFAULTS_DIR, load_calibration
-from collapseguard.io.terminal import printable
+from collapseguard.io.terminal import percent, printable
 
 
 def shipped_paths() -> list[str]:
@@ -30,17 +30,11 @@ def title(path) -> str:
     return f"{p.name} (shipped with the package)" if p.parent.resolve() == DEFAULTS_DIR.resolve() else str(path)
 
 
-def _pct(x) -> str:
-    """A rate as a percentage (two decimals: held-out rates are small), or as given when it is
-    not a number (absent: None)."""
-    return f"{x:.2%}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
-
-
 def _interval(ci) -> str:
     """A [low, high] interval as percentages, or as given."""
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in ci):
-        return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+        return f"[{percent(ci[0], 2)}, {percent(ci[1], 2)}]"
     return str(ci)
 
 
@@ -57,9 +51,9 @@ def show(path) -> str:
     counted = bound_count_text(cal)
     lines = [f"== {title(path)}", cal.describe(),
              f"bound: {cal.method}",
-             (f"{counted}; guaranteed false-drop rate {_pct(cal.guaranteed_false_drop)} at confidence "
+             (f"{counted}; guaranteed false-drop rate {percent(cal.guaranteed_false_drop, 2)} at confidence "
               f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
-              f"{_pct(split.get('heldout_false_drop'))} "
+              f"{percent(split.get('heldout_false_drop'), 2)} "
               f"(n={split.get('n_clean_holdout')}, CI {_interval(split.get('heldout_false_drop_ci'))})"
               + (f"; by picture {split['heldout_pictures_dropped']} of {split.get('n_clean_holdout_pictures')} "
                  f"(CI {_interval(split.get('heldout_pictures_dropped_ci'))})"

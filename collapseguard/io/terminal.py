@@ -7,6 +7,9 @@ message that prints such a name passes it through :func:`printable`.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 def first_of(items, shown: int = 5, sep: str = "; ") -> str:
     """The first ``shown`` of ``items`` (strings, already escaped where they hold data) joined by
@@ -24,3 +27,11 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in s)
+
+
+def percent(x, digits: int = 1) -> str:
+    """A rate in [0, 1] as a percentage with ``digits`` decimals ("n/a" for None, NaN and a
+    value that is no number)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
+        return "n/a"
+    return f"{100 * x:.{digits}f}%"
