@@ -54,7 +54,8 @@ def _steps(text: str) -> list[int]:
 
 @click.command(cls=RecordsArgs)
 @click.option("--chains", "chains_dir", type=click.Path(exists=True, path_type=Path),
-              help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
+              help="Chains: a manifest file, a chains folder or a Banana100 download (any layout "
+              "`collapseguard chains ls` reads).")
 @click.option("--detector", "-d", "detector_name", default=None,
               help="Detector name (default: the package default, cnn).")
 @click.option("--max-false-drop", "alpha", type=float, default=0.01, show_default=True,
@@ -148,7 +149,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     if from_scores is not None and scores_out is not None:
         raise click.UsageError("--scores-out writes the scores this run computes; with --from-scores "
                                "it computes none (copy the table instead)")
-    sources = []
+    sources, warnings = [], []
     if from_scores is not None:
         if chains_dir is not None or clean_dirs:
             raise click.UsageError("--from-scores replaces --chains/--clean; give one or the other")
@@ -163,9 +164,17 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if chains_dir is None and not clean_dirs:
             raise click.UsageError("give --chains DIR, --clean DIR (repeatable) or both, or --from-scores")
         from collapseguard.detectors import DEFAULT_DETECTOR, create
-        from collapseguard.training_data_tools.manifest import read_manifest
+        from collapseguard.training_data_tools.loaders import load_chains
 
-        manifest = read_manifest(chains_dir) if chains_dir is not None else None
+        manifest = load_chains(chains_dir) if chains_dir is not None else None
+        if manifest is not None:
+            from collapseguard.training_data_tools.chain_check import (
+                unrelated_step_notes,
+            )
+
+            warnings = unrelated_step_notes(manifest)
+            for warning in warnings:  # before the scoring, which can take a while
+                click.echo(f"warning: {warning}", err=True)
         detector = create(detector_name or DEFAULT_DETECTOR)
         if device:
             detector = detector.to(device)
@@ -203,6 +212,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                                 clean_sources=sources, per_kind=per_kind)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
+    cal.notes += warnings
     n_unscored = (cal.split or {}).get("n_unscored", 0)
     if n_unscored:
         click.echo(f"note: {n_unscored} image(s) could not be scored and were left out: "

@@ -34,7 +34,8 @@ def _name_list(ctx, param, value):
 
 @click.command()
 @click.option("--chains", "chains", default=None, type=click.Path(exists=True),
-              help="Chains folder (with manifest.csv/.parquet) or a manifest file.")
+              help="Chains: a manifest file, a chains folder or a Banana100 download (any layout "
+              "`collapseguard chains ls` reads).")
 @click.option("--from-scores", "from_scores", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Recompute the tables from an earlier run's scores.csv instead of scoring "
               "(no speed figures then; --detector, --chains ignored).")

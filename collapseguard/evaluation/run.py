@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +13,8 @@ import pandas as pd
 from collapseguard.detectors import Detector, create
 from collapseguard.evaluation import breakdown, metrics
 from collapseguard.evaluation.scoring import Timing, score_manifest
-from collapseguard.training_data_tools.manifest import read_manifest
+from collapseguard.training_data_tools.chain_check import unrelated_step_notes
+from collapseguard.training_data_tools.loaders import load_chains
 
 
 @dataclass
@@ -75,18 +74,9 @@ class Evaluation:
 
 
 def load_chain_manifest(path: str | Path) -> pd.DataFrame:
-    """A chains folder or manifest file as a validated manifest DataFrame (absolute paths).
-
-    Uses ``collapseguard.training_data_tools.loaders.load_chains`` when that module exists (it may
-    understand more layouts), else ``manifest.read_manifest``.
-    """
-    if importlib.util.find_spec("collapseguard.training_data_tools.loaders") is not None:
-        loaders = importlib.import_module("collapseguard.training_data_tools.loaders")
-        if hasattr(loaders, "load_chains"):
-            df = loaders.load_chains(path)
-            if isinstance(df, pd.DataFrame):
-                return df
-    return read_manifest(path)
+    """Chains in any layout ``collapseguard chains ls`` reads (a manifest, a chains folder, a
+    Banana100 download) as a validated manifest DataFrame with absolute paths."""
+    return load_chains(path)
 
 
 def select_chains(manifest: pd.DataFrame, families: Sequence[str] | None = None,
@@ -232,39 +222,3 @@ def run_evaluation(
     ev.warnings = unrelated_step_notes(manifest)
     ev.notes += ev.warnings
     return ev
-
-
-#: below this thumbnail correlation a chain's first two steps are taken for two pictures (dedup
-#: joins copies at 0.80; a re-rendering keeps its picture well above 0.5)
-UNRELATED_CORR = 0.5
-
-
-def unrelated_step_notes(manifest: pd.DataFrame, max_chains: int = 50) -> list[str]:
-    """A note when the chains read from a folder without family folders (family ``unknown``) are
-    not chains: files numbered in one folder (``p0000.png`` ... or ``IMG_0001.jpg`` ...) are read
-    as one chain by the layout rule, and a folder of unrelated photos then gives a verdict on
-    nothing. The first two steps of up to ``max_chains`` such chains are compared by their
-    thumbnails (``detectors.fingerprint``); unreadable files are passed over."""
-    from collapseguard.detectors.fingerprint import correlation, fingerprint
-    from collapseguard.images import DecodeError, load_image
-
-    if "family" not in manifest.columns:
-        return []
-    loose = manifest[manifest["family"].astype(str) == "unknown"]
-    notes = []
-    for cid, g in list(loose.groupby("chain_id", sort=True))[:max_chains]:
-        g = g.sort_values("step")
-        if len(g) < 2:
-            continue
-        try:
-            (_, a), (_, b) = (fingerprint(load_image(p)) for p in g["path"].iloc[:2])
-        except (DecodeError, OSError):
-            continue
-        corr = float(correlation(a, b))
-        if corr < UNRELATED_CORR:
-            steps = g["step"].iloc[:2].tolist()
-            notes.append(f"chain {cid!s}: its steps {steps[0]} and {steps[1]} look like two different "
-                         f"pictures (thumbnail correlation {corr:.2f}); files numbered in one folder are "
-                         f"read as one chain of {len(g)} steps: a folder of unrelated pictures is no chain, "
-                         "and its verdict means nothing")
-    return notes

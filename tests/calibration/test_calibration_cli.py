@@ -401,3 +401,30 @@ def test_printing_calibrations_into_a_pipe_closed_early_stops_quietly():
     status, err = run_with_stdout_closed_early([sys.executable, "-c", "from collapseguard.cli import main; main()", "calibrations", *files])
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert (status, err) == (1, "")
+
+
+def test_a_folder_of_unrelated_numbered_pictures_is_called_no_chain(data, tmp_path, photos):
+    """Files numbered in one folder are one chain by the layout rule. Calibrating on a folder of
+    photos ``p0000.png`` ... warns that it is no chain, on stderr and in the calibration file's
+    notes; the same layout holding a real chain (one picture, noise growing) gets no warning."""
+    from collapseguard.images import encode_png
+
+    rng = np.random.default_rng(1)
+    base = photos[0][:96, :96].astype(np.float64)
+    for name in ("photos", "chain"):
+        (tmp_path / name).mkdir()
+    for i in range(8):
+        pic = photos[i % len(photos)]
+        crop = pic[:96, :96] if i % 2 == 0 else pic[-96:, -96:]
+        (tmp_path / "photos" / f"p{i:04d}.png").write_bytes(encode_png(np.ascontiguousarray(crop)))
+        noisy = np.clip(base + rng.normal(0, 3 * i, base.shape), 0, 255).astype(np.uint8)
+        (tmp_path / "chain" / f"p{i:04d}.png").write_bytes(encode_png(noisy))
+    for name, warned in (("photos", True), ("chain", False)):
+        out = tmp_path / f"{name}.json"
+        res = _run(["--chains", str(tmp_path / name), "--clean", str(data / "clean"), "--detector", "nss",
+                    "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0", "--no-plot", "-q",
+                    "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert ("look like two different pictures" in res.output) is warned, res.output
+        notes = " ".join(load_calibration(out).notes)
+        assert ("look like two different pictures" in notes) is warned, notes
