@@ -38,7 +38,7 @@ from collapseguard.calibration.thresholds import (
     CalibrationError,
     is_dropped,
 )
-from collapseguard.io.terminal import printable
+from collapseguard.io.terminal import percent, printable
 from collapseguard.training_data_tools.manifest import source_group, split_by_source
 
 #: drop levels for "first step at which this fraction is dropped"
@@ -377,13 +377,13 @@ def breakdown_text(cal: Calibration, steps=(1, 5, 10, 20)) -> str:
             continue
         by = {(r[col], r["step"]): r for r in part.get("steps", [])}
         lines.append(f"  by {title} ({cal.breakdown.get('measured_on', '')}):")
-        lines.append(f"    {title:<18}{'clean dropped':>24}" + "".join(f"{'step ' + str(s):>10}" for s in steps))
+        lines.append(f"    {title:<18}{'clean dropped':>30}" + "".join(f"{'step ' + str(s):>10}" for s in steps))
         for r in part.get("clean", []):
             name = r[col] if str(r[col]).isprintable() else ascii(r[col])
             cells = "".join(f"{by[(r[col], s)]['fraction']:>10.1%}" if (r[col], s) in by else f"{'-':>10}"
                             for s in steps)
-            clean = f"{r['fraction']:.1%} of {r['n']} [{r['ci_low']:.0%},{r['ci_high']:.0%}]"
-            lines.append(f"    {name:<18}{clean:>24}{cells}")
+            clean = f"{percent(r['fraction'])} of {r['n']} [{percent(r['ci_low'])},{percent(r['ci_high'])}]"
+            lines.append(f"    {name:<18}{clean:>30}{cells}")
     return "\n".join(lines)
 
 

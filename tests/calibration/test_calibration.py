@@ -573,7 +573,7 @@ def test_show_prints_rates_as_percentages_and_a_bare_threshold_as_uncalibrated(t
     """Intervals read as percentages with a decimal (one drop in 1,120 was shown "0.1% [0%,0%]",
     an interval below its own estimate; held-out CIs were raw floats), and a file that states no
     bound (a run's summary.json) says so instead of printing None fields and an empty table."""
-    from collapseguard.calibration.build import curve_table
+    from collapseguard.calibration.build import breakdown_text, curve_table
     from collapseguard.io.calibration_file import NO_BOUND_LABEL
 
     table = _synthetic_table(n_extra=200)
@@ -585,6 +585,10 @@ def test_show_prints_rates_as_percentages_and_a_bare_threshold_as_uncalibrated(t
                       drop_curve=[{"family": "f", "step": 5, "fraction": 1 / 1120, "ci_low": 2.3e-5,
                                    "ci_high": 0.00496, "n": 1120}])
     assert "0.1% [0.0%,0.5%]" in curve_table(cal, steps=(5,))
+    cal.breakdown = {"measured_on": "held-out", "source_kind": {
+        "clean": [{"source_kind": "photo", "fraction": 1 / 1120, "ci_low": 2.3e-5, "ci_high": 0.00496, "n": 1120}],
+        "steps": []}}
+    assert "0.1% of 1120 [0.0%,0.5%]" in breakdown_text(cal, steps=(5,))  # calibrate's per-kind table
     bare = save_calibration(Calibration(detector="d", detector_version="v", threshold=1.0), tmp_path / "b.json")
     assert show_main([str(bare)]) == 0
     out = capsys.readouterr().out
