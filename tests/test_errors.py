@@ -96,7 +96,7 @@ KNOWN_ERRORS = [
     ("filter {t}/none.tar --out {t}/f", "no such file or folder"),
     ("filter {t}/empty --out {t}/f --threshold 1", "no .tar shards found"),
     ("audit {t}/none.tar --out {t}/a -d nss", "no such file or folder"),
-    ("calibrate --chains {t}/empty --out {t}/c.json --detector nss", "no manifest.csv or manifest.parquet"),
+    ("calibrate --chains {t}/empty --out {t}/c.json --detector nss", "could not find replication chains"),
     ("evaluate --chains {t}/empty --out {t}/ev --detectors nss", "could not find replication chains"),
     ("train --chains {t}/empty --out {t}/w.safetensors", "no manifest.csv or manifest.parquet"),
     ("chains ls {t}/empty", "could not find replication chains"),

@@ -34,6 +34,27 @@ def workers_option(default: int | None = None):
                         help="Worker processes (each loads the detector once).")
 
 
+def quiet_option(help: str = "No progress bar."):
+    """``--quiet/-q``. Besides the command's own bars it quiets Hugging Face's ("Loading weights",
+    "Fetching files") in this process and in the workers it starts, where a detector loads a
+    transformers model (vlm:, rali:)."""
+    return click.option("--quiet", "-q", is_flag=True, help=help, callback=_quiet_libraries)
+
+
+def _quiet_libraries(ctx, param, value: bool) -> bool:
+    if value:
+        import sys
+
+        # read when huggingface_hub is imported (here or in a worker process) ...
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        # ... and switched where it already was
+        if "huggingface_hub" in sys.modules:
+            sys.modules["huggingface_hub"].utils.disable_progress_bars()
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
+    return value
+
+
 def no_pipe_option():
     return click.option("--no-pipe", is_flag=True, default=False,
                         help="Refuse pipe:CMD inputs: no argument runs as a shell command (a file "

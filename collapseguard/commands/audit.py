@@ -11,6 +11,7 @@ from collapseguard.commands._common import (
     detector_option,
     load_detector,
     no_pipe_option,
+    quiet_option,
     refuse_pipes,
     threshold_options,
     trust_pickle_option,
@@ -50,7 +51,7 @@ def _names(text: str | None) -> tuple[str, ...]:
                    "back: a source named only by the table is never opened or run.")
 @no_pipe_option()
 @trust_pickle_option()
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+@quiet_option("No progress bar and no summary table.")
 def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, workers,
           gallery_size, image_column, groups, no_pipe, trust_pickle, quiet):
     """Audit a dataset: score INPUTS (shards, folders, image files, brace patterns such as

@@ -14,6 +14,7 @@ from collapseguard.commands._common import (
     RecordsArgs,
     check_out_file,
     command_line,
+    quiet_option,
 )
 from collapseguard.io.terminal import first_of, printable
 
@@ -91,7 +92,7 @@ def _steps(text: str) -> list[int]:
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Images per detector call.")
 @click.option("--device", default=None, help="torch device for the detector (e.g. cuda).")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option()
 def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_dirs, per_kind, target,
               holdout, out, scores_out, from_scores, describe_clean, batch_size, device, no_plot, quiet):
     """Calibrate a detector's threshold against replication chains.

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from collapseguard.commands._common import check_out_dir, check_out_file
+from collapseguard.commands._common import check_out_dir, check_out_file, quiet_option
 from collapseguard.io.terminal import first_of, printable
 
 
@@ -92,7 +92,7 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workers", "-w", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
 @click.option("--max-sources", default=None, type=click.IntRange(min=1), help="Use at most this many sources.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option()
 @click.option("--progress/--no-progress", default=True, hidden=True,
               help="Older spelling: --no-progress is --quiet.")
 def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, max_sources, quiet,

@@ -9,6 +9,7 @@ import click
 from collapseguard.commands._common import (
     FiniteFloatRange,
     no_pipe_option,
+    quiet_option,
     refuse_pipes,
     workers_option,
 )
@@ -45,7 +46,7 @@ from collapseguard.io.terminal import printable
                    "the cnn runs on the CPU; the same scores within 1e-4, and worker processes "
                    "without torch) or torch.")
 @no_pipe_option()
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option()
 def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, fresh, workers,
           engine, image_column, runtime, no_pipe, quiet):
     """Find copies of one picture in PATHS (image files, folders, .tar shards, Parquet files with

@@ -12,6 +12,7 @@ import click
 from collapseguard.commands._common import (
     detector_option,
     load_detector,
+    quiet_option,
     workers_option,
 )
 
@@ -24,7 +25,7 @@ from collapseguard.commands._common import (
               help="Use this threshold instead of the detector's shipped calibration.")
 @click.option("--steps", default=12, show_default=True, type=click.IntRange(min=1),
               help="Re-renderings applied to the degraded copies.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@quiet_option("No progress bars.")
 def demo(directory, detector, workers, threshold, steps, quiet):
     """Build a small WebDataset in DIRECTORY (default: a new temporary folder) from photos that ship
     with installed packages, half of them degraded by a simulated replication loop, then filter it

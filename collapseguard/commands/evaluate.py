@@ -6,6 +6,7 @@ import os
 
 import click
 
+from collapseguard.commands._common import quiet_option
 from collapseguard.detectors import DetectorError
 
 
@@ -71,7 +72,7 @@ def _name_list(ctx, param, value):
                    "detector; with --from-scores, for the detector of the file it was made for), "
                    "or 'none'.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@quiet_option("No progress on stderr.")
 def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, clean_steps, scale_method,
              batch_size, device,
              threads, families, max_chains_per_family, calibration, no_plot, quiet):

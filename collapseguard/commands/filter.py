@@ -13,6 +13,7 @@ from collapseguard.commands._common import (
     detector_option,
     load_detector,
     no_pipe_option,
+    quiet_option,
     refuse_pipes,
     threshold_options,
     trust_pickle_option,
@@ -69,7 +70,7 @@ from collapseguard.io.terminal import printable
               help="With --groups: keep one copy per group (the least degraded), reject the "
                    "others as duplicate (classic deduplication).")
 @trust_pickle_option()
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+@quiet_option("No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
                max_sample_bytes, max_shard_bytes, image_column, no_pipe, groups, drop_duplicates,

@@ -10,6 +10,7 @@ from collapseguard.commands._common import (
     detector_option,
     load_detector,
     no_pipe_option,
+    quiet_option,
     refuse_pipes,
     threshold_options,
     trust_pickle_option,
@@ -31,7 +32,7 @@ from collapseguard.io.terminal import printable
 @no_pipe_option()
 @threshold_options("Flag")
 @trust_pickle_option()
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option()
 def score(paths, detector, out, workers, image_column, no_pipe, threshold, calibration,
           trust_pickle, quiet):
     """Score images in PATHS: image files, folders (recursive), shards (.tar, .tar.gz), Parquet

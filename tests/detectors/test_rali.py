@@ -214,3 +214,25 @@ def test_a_best_folder_without_clip_weights_says_so(tmp_path):
         with pytest.raises(DetectorError, match="no CLIP weights") as info:
             create(f"rali:{root}", trust_pickle=trust)
         assert "refusing" not in str(info.value)
+
+
+def test_quiet_also_quiets_the_model_loading_bar(rali_dir, tmp_path):
+    """``-q`` means no progress on stderr: transformers' "Loading weights" bar, drawn while the
+    detector loads its CLIP model, is quieted too (a real CLI process, whose stderr is a pipe)."""
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    root, _, _ = rali_dir
+    assert convert_main([str(root), "--out", str(tmp_path / "conv")]) == 0
+    Image.fromarray(_images()[0]).save(tmp_path / "x.png")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    for quiet in (False, True):
+        res = subprocess.run([sys.executable, "-m", "collapseguard.cli", "score", "-d", f"rali:{tmp_path / 'conv'}",
+                              str(tmp_path / "x.png"), "-o", str(tmp_path / f"s{quiet}.csv")] + ["-q"] * quiet,
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert ("Loading weights" in res.stderr) is not quiet, res.stderr
