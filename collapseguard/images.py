@@ -38,7 +38,12 @@ _OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
 
 
 class DecodeError(CollapseguardError, ValueError):
-    """Raised when bytes cannot be decoded into an image."""
+    """Raised when bytes cannot be decoded into an image. ``size`` is its (width, height) where
+    the header was read (an image over the pixel limit), else None."""
+
+    def __init__(self, message: str, size: tuple[int, int] | None = None):
+        super().__init__(message)
+        self.size = size
 
 
 def is_image_name(name: str) -> bool:
@@ -134,7 +139,7 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
                 w, h = img.size
                 if w * h > MAX_PIXELS:
                     raise DecodeError(f"image too large: {w}x{h} pixels, over the {MAX_PIXELS:,}-pixel "
-                                      "limit")
+                                      "limit", size=(w, h))
                 storage = _storage(img)
                 if draft_side and img.format == "JPEG" and img.mode in ("RGB", "L") \
                         and "transparency" not in img.info:

@@ -72,7 +72,7 @@ def decode_members(
     stops once the record's images hold over ``max_record_pixels`` together. ``transform`` (e.g. a
     JPEG re-encoding) is applied to each decoded image. Each error reads ``"<name>: <reason>"``.
     """
-    decoded, errors = _decode_members(members, max_record_pixels, transform)
+    decoded, errors, _ = _decode_members(members, max_record_pixels, transform)
     return [d[:4] for d in decoded], errors
 
 
@@ -83,10 +83,12 @@ def _decode_full(data: bytes) -> tuple[np.ndarray, str, bool, tuple[int, int]]:
 
 def _decode_members(members, max_record_pixels, transform, decode=None):
     """``decode_members`` with each image's full (height, width) as a fifth element (with a
-    ``transform``, the transformed image's); ``decode`` (``images.decode_reduced``'s signature,
-    bytes -> (array, storage, has_alpha, (height, width))) replaces the full decoding."""
+    ``transform``, the transformed image's), and the (height, width) of the first image refused
+    whose header gave its size (over the pixel limit; None when none did); ``decode``
+    (``images.decode_reduced``'s signature, bytes -> (array, storage, has_alpha, (height,
+    width))) replaces the full decoding."""
     decode = decode or _decode_full
-    decoded, errors, record_pixels = [], [], 0
+    decoded, errors, record_pixels, refused_shape = [], [], 0, None
     for name, data in members:
         if isinstance(data, np.ndarray):
             arr, storage = data, ""
@@ -97,6 +99,8 @@ def _decode_members(members, max_record_pixels, transform, decode=None):
                 arr, storage, alpha, shape = decode(data)
             except DecodeError as exc:
                 errors.append(f"{name}: {exc}")
+                if exc.size is not None and refused_shape is None:
+                    refused_shape = exc.size[::-1]
                 continue
         record_pixels += shape[0] * shape[1]
         if record_pixels > max_record_pixels:
@@ -107,7 +111,7 @@ def _decode_members(members, max_record_pixels, transform, decode=None):
             arr = transform(arr)
             shape = arr.shape[:2]
         decoded.append((name, arr, storage, alpha, tuple(shape)))
-    return decoded, errors
+    return decoded, errors, refused_shape
 
 
 def checked_scores(detector: Detector, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
@@ -232,10 +236,12 @@ def score_records(
         idx: list[int] = []
         if not members:
             res.status, res.error = "no_image", "no image file in the sample"
-        decoded, errors = _decode_members(members, max_record_pixels, transform, decode)
+        decoded, errors, refused_shape = _decode_members(members, max_record_pixels, transform, decode)
         if errors:
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored
             res.status, res.error = "decode_error", "; ".join(errors)
+            if refused_shape is not None:  # an image over the pixel limit: its header's size
+                res.height, res.width = refused_shape
         else:
             for name, arr, storage, alpha, shape in decoded:
                 if not res.width:

@@ -189,3 +189,20 @@ def test_a_table_that_fails_while_being_written_leaves_the_earlier_one_whole(tmp
         write_table(bad, out)
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.csv"]
+
+
+def test_an_image_over_the_pixel_limit_keeps_its_size_in_the_row():
+    """A PNG whose header claims 13000 x 11000 pixels (over ``MAX_PIXELS``) is refused without
+    decoding; its row says why and still carries the size its header gave."""
+    import struct
+    import zlib
+
+    from collapseguard.scoring.records import score_records
+
+    def chunk(t: bytes, d: bytes) -> bytes:
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+
+    header = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 13000, 11000, 8, 0, 0, 0, 0)) + chunk(b"IEND", b"")
+    (_, res), = list(score_records([[("big.png", header)]], create("nss")))
+    assert res.status == "decode_error" and "13000x11000 pixels" in res.error, res.error
+    assert (res.width, res.height) == (13000, 11000)
