@@ -56,10 +56,10 @@ def group_p_worse(utilities: np.ndarray, last: np.ndarray | None = None
     """``(kept, rank, p_worse)`` for one group from its members' utilities: the kept member has the
     lowest utility (ties: the first), ``rank`` orders members from least to most degraded, and
     ``p_worse[m]`` = P(member m is more degraded than the kept one) (NaN for the kept one).
-    ``last`` (a mask): members ranked after all the others (each part by utility), never kept
-    while another member is not in it."""
+    ``last`` (a mask, or tiers 0, 1, 2, ...): members ranked after all the others (each tier by
+    utility), never kept while a member of a lower tier is there."""
     u = np.asarray(utilities, np.float64)
-    after = np.zeros(len(u), bool) if last is None else np.asarray(last, bool)
+    after = np.zeros(len(u), np.int64) if last is None else np.asarray(last, np.int64)
     order = np.lexsort((np.arange(len(u)), u, after))
     rank = np.empty(len(u), np.int64)
     rank[order] = np.arange(len(u))

@@ -16,7 +16,8 @@ the one ``score`` gives it: its id column, else its row index). Two passes:
    kept under ``DIR/.parts/full/``. An image the comparator cannot describe leaves the grouping,
    which is made again (until every grouped image is described).
 4. Decide: in each group the comparator ranks the copies (``fit.group_p_worse``), a monochrome
-   copy after every colour copy (``colour.lost_colour``); the least degraded is kept and another
+   copy after every colour copy (``colour.lost_colour``) and a sample ``filter`` sets aside
+   whatever its score after both (``set_aside``); the least degraded is kept and another
    copy is a ``degraded_copy`` when P(it is more degraded than the kept one) is above the level.
    Singles are never described: their ``cnn`` is empty (NaN).
 5. Score each group's kept copy with the default no-reference detector (``kept_scores``), so
@@ -93,12 +94,15 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
     ``decode``), its rows packed into arrays (the hash as uint64, the thumbnail as int8, the
     features as float32; ``full``: the row has the cnn score and the features). Without
     ``fingerprints`` (a ``RungDescriber``: pass 3) a row is described without them."""
-    rows = score_task(task, detector, progress, decode)
+    rows = score_task(task, detector, progress, decode, set_aside=True)
     n = len(rows)
     out = {
         "source": [str(r["source"]) for r in rows],
         "key": [str(r["key"]) for r in rows],
         "error": [str(r.get("error") or "") for r in rows],
+        # filter rejects such a sample whatever its score: never a group's kept copy while
+        # another copy is not set aside (its copies would all be lost to the group rule)
+        "set_aside": [str(r.get("set_aside") or "") for r in rows],
         "storage": [str(r.get("storage") or "") for r in rows],
         "image": [str(r.get("image") or "") for r in rows],
         "width": np.array([r.get("width") or 0 for r in rows], np.int32),
@@ -267,6 +271,7 @@ def _save_part(path: Path, part: dict) -> None:
             np.savez(fh, source=np.array(part["source"], dtype=str), key=np.array(part["key"], dtype=str),
                      error=np.array(part["error"], dtype=str), storage=np.array(part["storage"], dtype=str),
                      image=np.array(part["image"], dtype=str),
+                     set_aside=np.array(part["set_aside"], dtype=str),
                      **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "full", "thumb",
                                              "features")})
 
@@ -281,7 +286,9 @@ def _load_part(path: Path) -> dict | None:
         part["image"] = np.full(len(part["key"]), "", dtype=str)
     if "full" not in part:  # kept when every image was described in full
         part["full"] = np.ones(len(part["key"]), bool)
-    for k in ("source", "key", "error", "storage", "image"):
+    if "set_aside" not in part:  # kept before set-aside samples were: described afresh
+        return None
+    for k in ("source", "key", "error", "storage", "image", "set_aside"):
         part[k] = [str(x) for x in part[k]]
     return part
 
@@ -351,7 +358,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
 
 def _merged(done: list[dict]) -> dict:
     merged: dict = {}
-    for k in ("source", "key", "error", "storage", "image"):
+    for k in ("source", "key", "error", "storage", "image", "set_aside"):
         merged[k] = [x for p in done for x in p[k]]
     for k, shape, dt in (("width", (), np.int32), ("height", (), np.int32), ("cnn", (), np.float64),
                          ("hash", (), np.uint64), ("ok", (), bool), ("full", (), bool),
@@ -458,7 +465,9 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
     for members in np.split(order, bounds) if order.size else []:
         descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
         grey = lost_colour(group_chroma(feats[members]))
-        kept, r, p = group_p_worse(group_utilities(descs, w, s), last=grey)
+        aside = np.array([bool(desc["set_aside"][m]) for m in members])
+        # tiers: copies filter keeps on their merits, then grey ones, then those it sets aside
+        kept, r, p = group_p_worse(group_utilities(descs, w, s), last=grey + 2 * aside)
         for j, m in enumerate(members):
             rank[m] = r[j]
             if j == kept:

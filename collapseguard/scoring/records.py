@@ -258,6 +258,18 @@ def score_records(
             yield from flush()
     yield from flush()
 
+def set_aside_reason(sample) -> str:
+    """Why ``filter`` sets a tar sample aside whatever its score (``filter.decisions``' reason):
+    ``unsafe_name``, ``refused_member``, ``repeated_key``, or "" for none."""
+    if sample.unsafe_names:
+        return "unsafe_name"
+    if sample.refused:
+        return "refused_member"
+    if sample.repeat > 0:
+        return "repeated_key"
+    return ""
+
+
 def sample_error(sample, error: str) -> str:
     """A row's error text: the scoring error plus what was wrong with the sample's members (left
     out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``)."""

@@ -24,7 +24,7 @@ from collapseguard.io.inputs import (
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar
-from collapseguard.scoring.records import sample_error, score_records
+from collapseguard.scoring.records import sample_error, score_records, set_aside_reason
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
@@ -51,22 +51,26 @@ def _selected(samples, source: str, select):
             yield s
 
 
-def score_task(task: tuple, detector, progress=None, decode=None) -> list[dict]:
+def score_task(task: tuple, detector, progress=None, decode=None, set_aside: bool = False) -> list[dict]:
     """Engine task: ``("shard", path)``, ``("parquet", (path, image column or None))`` or
     ``("files", [ImageFile, ...])`` -> list of rows.
 
     A shard or Parquet task may carry a third element, ``select(source, key, nth) -> bool``:
     samples (rows) it rejects are skipped before anything is decoded (used by ``audit --sample``).
-    ``decode`` is ``score_records``' (reduced decoding, for a detector that reads reduced images)."""
+    ``decode`` is ``score_records``' (reduced decoding, for a detector that reads reduced images).
+    With ``set_aside`` each row also holds ``set_aside``: why ``filter`` rejects the sample
+    whatever its score (``records.set_aside_reason``; "" for none, and for files and Parquet
+    rows)."""
     kind = task[0]
     if kind != "parquet":
-        return _score_task(task, detector, progress, decode=decode)
+        return _score_task(task, detector, progress, decode=decode, set_aside=set_aside)
     from collapseguard.io.parquet import parquet_file
     with parquet_file(task[1][0]) as pf:  # closed once its rows are scored
-        return _score_task(task, detector, progress, pf, decode)
+        return _score_task(task, detector, progress, pf, decode, set_aside)
 
 
-def _score_task(task: tuple, detector, progress=None, pf=None, decode=None) -> list[dict]:
+def _score_task(task: tuple, detector, progress=None, pf=None, decode=None, set_aside: bool = False
+                ) -> list[dict]:
     kind, payload = task[0], task[1]
     select = task[2] if len(task) > 2 else None
     rows: list[dict] = []
@@ -105,6 +109,8 @@ def _score_task(task: tuple, detector, progress=None, pf=None, decode=None) -> l
                "height": res.height, "storage": res.storage, "has_alpha": res.has_alpha,
                "error": error}
         row.update({f"{k}": v for k, v in res.extra.items()})
+        if set_aside:
+            row["set_aside"] = set_aside_reason(rec) if kind == "shard" else ""
         rows.append(row)
         n += 1
         if progress is not None and n % 16 == 0:

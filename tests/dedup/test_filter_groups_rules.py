@@ -36,3 +36,29 @@ def test_a_table_that_is_not_a_groups_table_is_refused_in_one_line(dedup_shards,
     res = run_cli(["filter", dedup_shards[0], "--out", tmp_path / "o", "--groups", other,
                    "--threshold", "3", "-q"], expect=1)
     assert "not a dedup groups.parquet" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_a_copy_filter_sets_aside_is_never_the_kept_one(photos, tmp_path):
+    """A shard holds one picture twice: as PNG under an unsafe member name (``../a.png``, which
+    ``filter`` rejects as ``unsafe_name`` whatever its score) and as a JPEG q75. ``dedup`` ranks
+    the set-aside copy after the other, so ``filter --groups --drop-duplicates`` keeps the JPEG:
+    the picture does not lose every copy."""
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg, encode_png
+
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "../a.png", encode_png(photos[1]))
+        add_member(tf, "b.jpg", encode_jpeg(photos[1], 75))
+    run_cli(["dedup", shard, "--out", tmp_path / "d", "-w", "1", "-q"])
+    groups = pd.read_parquet(tmp_path / "d" / "groups.parquet").set_index("key")
+    assert groups.loc["a", "group"] and groups.loc["a", "group"] == groups.loc["b", "group"]
+    assert groups.loc["b", "rank"] == 0 and groups.loc["a", "rank"] == 1
+    run_cli(["filter", shard, "--out", tmp_path / "f", "--groups", tmp_path / "d" / "groups.parquet",
+             "--drop-duplicates", "-w", "1", "-q"])
+    scores = pd.read_parquet(tmp_path / "f" / "scores" / "s.parquet").set_index("key")
+    assert scores.loc["a", "reason"] == "unsafe_name"
+    assert scores.loc["b", "decision"] == "kept", scores[["decision", "reason"]]
