@@ -84,6 +84,9 @@ def test_the_core_install_leaves_torch_out(light):
     r = light.run("train", "--chains", light.base, "--out", light.base / "w.safetensors", expect=1)
     assert r.stderr.strip() == ("collapseguard: error: `collapseguard train` needs torch, which the "
                                 "core install leaves out: pip install 'collapseguard[train]'")
+    # a pyiqa metric needs torch too, but [train] would not bring pyiqa: [iqa] is named
+    r = light.run("score", light.base, "-o", light.base / "s.csv", "-d", "pyiqa:piqe", expect=1)
+    assert "pip install 'collapseguard[iqa]'" in r.stderr and "[train]" not in r.stderr, r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -297,9 +297,8 @@ class PyIQADetector(Detector):
         batch_size: int = 8,
         **metric_opts,
     ):
+        pyiqa, download_util = _import_pyiqa()  # first: without torch it names [iqa], not [train]
         import torch
-
-        pyiqa, download_util = _import_pyiqa()
         from pyiqa.default_model_configs import DEFAULT_CONFIGS
 
         metric = metric.strip()

@@ -153,6 +153,37 @@ def read_row_groups(path: str, stem: str, digest: str = "") -> dict[int, dict] |
     return by_shard.get(stem, {}).get("rows", {})
 
 
+def table_stems(path: str) -> list[str]:
+    """The input stems (``shard`` column) a groups table holds rows for, sorted."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    stems = pc.unique(pq.read_table(path, columns=["shard"]).column("shard")).to_pylist()
+    return sorted(str(s) for s in stems if s is not None)
+
+
+def unmatched_inputs(inputs: list[tuple[str, str]], stems: list[str]) -> list[str]:
+    """The names of ``inputs`` (``(name, stem)``) whose stem is not among a table's ``stems``."""
+    have = set(stems)
+    return [name for name, stem in inputs if stem not in have]
+
+
+def unmatched_inputs_note(path: str, inputs: list[tuple[str, str]], stems: list[str]) -> str:
+    """A line for the inputs (``(name, stem)``) the groups table ``path`` has no rows for, ""
+    when every input has rows: a table made from other data would otherwise change nothing,
+    silently."""
+    missing = unmatched_inputs(inputs, stems)
+    if not missing:
+        return ""
+    if len(missing) == len(inputs):
+        seen = ", ".join(repr(printable(s)) for s in stems[:3]) or "none"
+        return (f"warning: --groups {printable(path)} holds no rows for any of these {len(inputs)} "
+                f"input(s) (it names input(s) {seen}{', ...' if len(stems) > 3 else ''}): no group "
+                "decision is applied; was it made by `collapseguard dedup` over these inputs?")
+    return (f"note: --groups {printable(path)} holds no rows for {len(missing)} of {len(inputs)} "
+            f"input(s) (e.g. {printable(missing[0])}): they are decided without groups")
+
+
 class GroupsOfAnotherInput(CollapseguardError, ValueError):
     """The groups table's rows for an input's stem were made from other bytes (one line)."""
 

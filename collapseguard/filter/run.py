@@ -27,6 +27,11 @@ except ImportError:  # pragma: no cover - not on Windows
 from collapseguard.engines import make_engine
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
+from collapseguard.filter.decisions import (
+    table_stems,
+    unmatched_inputs,
+    unmatched_inputs_note,
+)
 from collapseguard.filter.pipeline import (
     FilterOptions,
     file_digest,
@@ -37,6 +42,7 @@ from collapseguard.filter.pipeline import (
     outputs_match,
     read_marker,
     shard_name,
+    shard_stem,
 )
 from collapseguard.io.inputs import (
     Input,
@@ -451,6 +457,18 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
                   f"completed by an earlier run with other settings (e.g. {printable(name)}: {diff}); "
                   "they are not among these inputs and stay as that run wrote them, and "
                   "summary.json describes these inputs only", file=sys.stderr)
+    groups_summary = None
+    if options.groups:
+        named = [(s.name, shard_stem(s)) for s in inputs]
+        stems = table_stems(options.groups)
+        note = unmatched_inputs_note(options.groups, named, stems)
+        if note:  # about the inputs, so printed with --quiet too
+            bar.write(note, file=sys.stderr)
+        unmatched = unmatched_inputs(named, stems)
+        groups_summary = {"table": options.groups, "sha256": options.groups_digest,
+                          "drop_duplicates": options.drop_duplicates,
+                          "inputs_with_rows": len(named) - len(unmatched),
+                          "inputs_without_rows": unmatched}
     if todo:
         absolute = replace(options, out_dir=_absolute(options.out_dir),
                            scores_from=options.scores_from and _absolute(options.scores_from))
@@ -479,6 +497,8 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     # inputs that could not be listed (a URL folder answering 404/500, a redirect loop): failed
     summary["inputs_failed"] = [{"input": url, "error": why} for url, why in failed_inputs]
     summary["other_settings_shards"] = [name for name, _ in others]
+    if groups_summary is not None:  # --groups: the table, and which inputs it had rows for
+        summary["groups"] = groups_summary
     write_summary(options.out_dir, summary, options.run_id)
     return summary
 
@@ -609,8 +629,10 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     with out_lock(make_out_dir(str(out))) as run_id:  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
         prepass = join(str(out), ".prepass")
+        # the scoring pass decides nothing, so it applies no groups (the second pass does)
         first = FilterOptions(**{**base, "out_dir": prepass, "dry_run": True,
-                                 "threshold": float("inf")})
+                                 "threshold": float("inf"), "groups": "", "groups_digest": "",
+                                 "drop_duplicates": False})
         s1 = run_filter(inputs, first, threshold_source="scoring pass for --drop-fraction", **common)
         if s1["shards_failed"]:
             raise FilterError("scoring pass failed for: " + ", ".join(s1["shards_failed"]))

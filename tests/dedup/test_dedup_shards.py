@@ -179,6 +179,38 @@ def test_filter_groups_resumes_to_the_same_bytes_and_plain_runs_have_no_group_co
     assert "group" not in pq.read_table(sorted((plain / "scores").glob("*.parquet"))[0]).column_names
 
 
+def test_a_groups_table_of_other_inputs_is_named_and_the_summary_says_what_it_matched(
+        deduped, dedup_shards, photos, tmp_path):
+    """A groups table with no rows for an input changes nothing for it: ``filter`` says so (with
+    ``-q`` too) and summary.json records the table and the inputs it had rows for."""
+    import json
+
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_png
+
+    other = tmp_path / "other-0.tar"
+    with tarfile.open(other, "w") as tf:
+        add_member(tf, "x.png", encode_png(photos[-1][:200, :200]))
+    table = deduped / "groups.parquet"
+    res = run_cli(["filter", other, "--out", tmp_path / "f1", "--groups", table, "--threshold", "1e9",
+                   "-w", "1", "-q"])
+    assert "holds no rows for any of these 1 input(s)" in res.output, res.output
+    s1 = json.loads((tmp_path / "f1" / "summary.json").read_text())
+    assert s1["groups"]["inputs_with_rows"] == 0 and s1["groups"]["inputs_without_rows"] == [str(other)]
+    res = run_cli(["filter", *dedup_shards, other, "--out", tmp_path / "f2", "--groups", table,
+                   "--threshold", "1e9", "-w", "1", "-q"])
+    assert f"holds no rows for 1 of {len(dedup_shards) + 1} input(s)" in res.output, res.output
+    s2 = json.loads((tmp_path / "f2" / "summary.json").read_text())
+    assert s2["groups"]["inputs_with_rows"] == len(dedup_shards)
+    assert s2["groups"]["table"] == str(table) and not s2["groups"]["drop_duplicates"]
+    res = run_cli(["filter", *dedup_shards, "--out", tmp_path / "f3", "--groups", table,
+                   "--threshold", "1e9", "-w", "1", "-q"])
+    assert "holds no rows" not in res.output
+
+
 def test_drop_duplicates_needs_groups(dedup_shards, tmp_path):
     res = run_cli(["filter", *dedup_shards, "--out", tmp_path / "o", "--drop-duplicates"], expect=2)
     assert "--groups" in res.output
