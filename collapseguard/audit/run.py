@@ -377,9 +377,18 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     if group_rows is not None:
         from collapseguard.dedup.gallery import render_groups
         _log("reading the near-duplicate groups to show", quiet)
+        sources = _input_sources(inputs, df)
+        grouped = {r["source"] for r in group_rows if r["group"]}
+        if grouped and not grouped & sources:  # a table of other data: every tile "not read"
+            print(f"warning: --groups {printable(str(options.groups))} has no group among the "
+                  f"audited inputs (its groups are in {len(grouped)} other input(s), e.g. "
+                  f"{printable(sorted(grouped)[0])}): the report cannot show their copies; was it "
+                  "made by `collapseguard dedup` over these inputs?", file=sys.stderr, flush=True)
         groups_html, shown = render_groups(group_rows, options.gallery_size, options.image_column,
-                                           heading="h3", sources=_input_sources(inputs, df))
-        summary["groups"] = {"table": str(options.groups), "shown": shown}
+                                           heading="h3", sources=sources)
+        summary["groups"] = {"table": str(options.groups), "shown": shown,
+                             "inputs_with_groups": len(grouped & sources),
+                             "inputs_with_groups_not_audited": len(grouped - sources)}
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
 

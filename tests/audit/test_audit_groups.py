@@ -125,3 +125,22 @@ def test_copies_in_shards_a_sample_skipped_are_still_shown(grouped, tmp_path, mo
              "--groups", table])
     section = (out / "report.html").read_text().split('<section id="groups">')[1]
     assert "not read" not in section and section.count("class=crop src='data:image/png;base64,") == 3
+
+
+def test_a_groups_table_of_other_inputs_is_named(grouped, photos, tmp_path):
+    """A table whose groups are all in other inputs can show no copy: the audit says so on
+    stderr (with ``-q`` too) and its summary counts the inputs the groups are in; the table of
+    the audited shards gets no warning."""
+    import json
+
+    shards, table = grouped
+    other = tmp_path / "other.tar"
+    with tarfile.open(other, "w") as tf:
+        add_member(tf, "x.png", encode_png(photos[-1][:128, :128]))
+    run = run_cli(["audit", other, "--out", tmp_path / "a1", "--threshold", "1e9", "-q", "--groups", table])
+    assert "has no group among the audited inputs" in run.output, run.output
+    summary = json.loads((tmp_path / "a1" / "summary.json").read_text())["groups"]
+    assert summary["inputs_with_groups"] == 0 and summary["inputs_with_groups_not_audited"] == 2
+    run = run_cli(["audit", *shards, "--out", tmp_path / "a2", "--threshold", "1e9", "-q", "--groups", table])
+    assert "has no group" not in run.output
+    assert json.loads((tmp_path / "a2" / "summary.json").read_text())["groups"]["inputs_with_groups"] == 2

@@ -184,7 +184,6 @@ def test_a_groups_table_of_other_inputs_is_named_and_the_summary_says_what_it_ma
     """A groups table with no rows for an input changes nothing for it: ``filter`` says so (with
     ``-q`` too) and summary.json records the table and the inputs it had rows for."""
     import json
-
     import tarfile
 
     from cg_testutil import add_member
