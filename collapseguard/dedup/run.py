@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,6 +78,7 @@ from collapseguard.engines import LocalEngine, make_engine
 from collapseguard.images import decode_reduced
 from collapseguard.io.atomic import replaced_when_done
 from collapseguard.io.parse import basename_of, strip_suffix
+from collapseguard.io.terminal import printable
 from collapseguard.io.urls import identity
 from collapseguard.scoring.progress import progress_bar
 from collapseguard.scoring.run import plan_score_tasks, score_task
@@ -498,6 +500,11 @@ def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, q
         return _run_dedup(inputs, out_dir, workers=workers, quiet=quiet, level=level, params=params,
                           weights=weights, detector_obj=detector_obj, engine=engine,
                           image_column=image_column, threads=threads, runner=runner)
+    except KeyboardInterrupt:
+        print(f"interrupted: what was described is kept in {printable(str(Path(out_dir, '.parts')))} "
+              "(each task's part written whole); run the same command again to resume",
+              file=sys.stderr, flush=True)
+        raise
     finally:
         if runner is not None:
             runner.close()

@@ -137,6 +137,27 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
 
 
+def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path):
+    """Interrupted (SIGINT, as Ctrl-C sends), dedup says where its work is kept and how to resume,
+    as filter does, instead of click's bare "Aborted!"."""
+    out = tmp_path / "interrupted"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "dedup",
+           *map(str, dedup_shards), "--out", str(out), "-q", "-w", "1"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if list((out / ".parts").glob("*.npz")):
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it was interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and not (out / "groups.parquet").exists()
+    assert "interrupted:" in err and "run the same command again to resume" in err, err
+
+
 def _members(folder: Path) -> Counter:
     return Counter(m for p in sorted(folder.glob("*.tar")) for m in read_members(p))
 
