@@ -373,8 +373,10 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         for key, w in (("kept", kept_w), ("rejected", rej_w)):
             if w is not None:
                 outputs[key] = {"size": w.size, "sha256": w.sha256}
+        side_notes: list[str] = []
         side = sidecars.write_sidecars(
             shard, list(zip(rows["key"], rows["decision"], rows["reason"])), orphans=orphans,
+            notes=side_notes,
             outputs=tuple(k for k in ("kept", "rejected") if written[k]),
             summary={"detector": detector.name, "detector_version": detector.version,
                      "threshold": options.threshold, "kept": rows["decision"].count("kept"),
@@ -414,6 +416,8 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
         record["sidecars"] = {"inputs": side_identity, "outputs": side_outputs}
     if orphans:
         record["orphan_rows"] = orphans
+    if side_notes:
+        record["sidecar_notes"] = side_notes
     return commit_marker(record, out, staged["marker"], names["marker"], options)
 
 

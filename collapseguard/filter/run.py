@@ -544,7 +544,8 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
         per_shard.append({"shard": s, "status": "resumed" if s not in todo else "done",
                           **{k: rec[k] for k in ("samples", "images", "kept", "rejected",
                                                  "reasons", "skipped_members", "seconds")},
-                          **({"orphan_rows": rec["orphan_rows"]} if rec.get("orphan_rows") else {})})
+                          **({"orphan_rows": rec["orphan_rows"]} if rec.get("orphan_rows") else {}),
+                          **({"sidecar_notes": rec["sidecar_notes"]} if rec.get("sidecar_notes") else {})})
     ran = [records[s] for s in todo if s in records]
     # images scored by this run: none when it decides from an earlier pass's scores (scores_from)
     images_run = 0 if options.scores_from else sum(r["images"] for r in ran)

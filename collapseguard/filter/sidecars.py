@@ -23,7 +23,9 @@ Each output shard gets its own copy:
   the input's statuses with ``success`` replaced by that number and the samples now in the other
   output counted as ``collapseguard: <reason>``, so the statuses still add up to ``count`` when
   they did; ``collapseguard`` records the filter's result (detector, threshold, kept, rejected,
-  reasons, the input's ``successes``).
+  reasons, the input's ``successes``). A stats file that is no readable JSON object (cut short,
+  not UTF-8) is copied byte for byte, as the input has it, and the shard's record says so
+  (``sidecar_notes``): an optional bookkeeping file never keeps a shard from being filtered.
 - anything else is copied byte for byte.
 
 A sidecar that is a link to a file outside the shard's folder is refused (the shard fails with
@@ -96,15 +98,19 @@ def input_identity(paths: list[Path]) -> dict:
     return out
 
 
+class UnreadableStats(ValueError):
+    """A stats file that is no JSON object (the caller copies it unchanged)."""
+
+
 def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, summary: dict) -> bytes:
     try:
-        stats = json.loads(src.read_text())
-    except (OSError, ValueError) as exc:
-        raise SidecarError(f"{src}: cannot read the stats file ({exc})") from None
+        stats = json.loads(src.read_bytes())
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise UnreadableStats(f"{src.name}: not a readable stats file ({exc})") from None
     except RecursionError:  # data from elsewhere: nested deeper than the parser goes
-        raise SidecarError(f"{src}: cannot read the stats file (JSON nested too deeply)") from None
+        raise UnreadableStats(f"{src.name}: not a readable stats file (JSON nested too deeply)") from None
     if not isinstance(stats, dict):
-        raise SidecarError(f"{src}: the stats file is not a JSON object")
+        raise UnreadableStats(f"{src.name}: not a readable stats file (not a JSON object)")
     out = dict(stats)
     input_successes = stats.get("successes")
     out["successes"] = held
@@ -199,7 +205,8 @@ def _check_inside(src: Path, folder: Path) -> None:
 
 def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
                    outputs: tuple[str, ...], summary: dict, stage,
-                   orphans: list[dict] | None = None) -> list[tuple[str, str]]:
+                   orphans: list[dict] | None = None, notes: list[str] | None = None
+                   ) -> list[tuple[str, str]]:
     """Write each output's sidecars under staged names; returns ``(staged, name)`` pairs (name
     relative to ``--out``) for the caller to commit with the shard.
 
@@ -207,7 +214,8 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
     written (``"kept"``, and ``"rejected"`` unless it is not); ``stage(name)`` the local path to
     write an output to before it is committed (``io.outdir``). ``orphans`` (optional) receives,
     per parquet with rows that match no sample, what ``_orphan_record`` says of them; those rows
-    are written to ``orphan_rows/<name>`` when any output is.
+    are written to ``orphan_rows/<name>`` when any output is. ``notes`` (optional) receives a
+    line for each sidecar copied unchanged because it could not be read as its kind.
     """
     sidecars = find_sidecars(shard)
     if not sidecars:
@@ -240,8 +248,13 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
                 if src.name.endswith(".parquet"):
                     _write_rows(*tables[src.name], output, Path(staged))
                 elif src.name == f"{stem_of(shard)}_stats.json":
-                    Path(staged).write_bytes(_stats(src, output, held[output], reasons[other],
-                                                    reasons[output], summary))
+                    try:
+                        data = _stats(src, output, held[output], reasons[other], reasons[output], summary)
+                    except UnreadableStats as exc:
+                        data = src.read_bytes()
+                        if notes is not None and output == outputs[0]:
+                            notes.append(f"{exc}: copied unchanged")
+                    Path(staged).write_bytes(data)
                 else:
                     Path(staged).write_bytes(src.read_bytes())
     except BaseException:

@@ -169,20 +169,26 @@ def test_a_sidecar_linking_outside_the_shard_folder_is_not_copied(shard_set, tmp
     assert not (out / "kept" / "00001.tar").exists()
 
 
-def test_a_stats_file_nested_too_deeply_fails_its_shard_in_one_line_naming_it(shard_set, tmp_path):
-    # a downloaded dataset's stats file is data from elsewhere: JSON nested deeper than the parser
-    # goes must fail its shard with a message naming the file, not a RecursionError traceback
+@pytest.mark.parametrize("bad", ["[" * 100000 + "]" * 100000, '{"count": 6', "[1, 2]", "\udcff"])
+def test_an_unreadable_stats_file_is_copied_unchanged_and_its_shard_filtered(shard_set, tmp_path, bad):
+    """A downloaded dataset's stats file is data from elsewhere, and optional bookkeeping: nested
+    deeper than the parser goes, cut short, not an object or not UTF-8, it is copied to both
+    outputs as it is, the shard is filtered as usual, and summary.json says why the file was not
+    updated (no RecursionError, no failed shard)."""
     d, _, t = shard_set
-    (d / "00001_stats.json").write_text("[" * 100000 + "]" * 100000)
-    res = run_cli(["filter", d, "-o", tmp_path / "out", "-d", "nss", "--threshold", t, "-w", "1"],
-                  expect=1)
-    assert "00001_stats.json" in res.output and "RecursionError" not in res.output
+    raw = bad.encode("utf-8", "surrogateescape")
+    (d / "00001_stats.json").write_bytes(raw)
+    res = run_cli(["filter", d, "-o", tmp_path / "out", "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    assert "Traceback" not in res.output and "RecursionError" not in res.output
     summary = json.loads((tmp_path / "out/summary.json").read_text())
-    failed = [r for r in summary["per_shard"] if r["status"] == "failed"]
-    assert len(failed) == 1 and "00001_stats.json" in failed[0]["error"]
-    assert "Traceback" not in failed[0]["error"]
-    assert (tmp_path / "out/kept/00000_stats.json").is_file()
-    assert not (tmp_path / "out/kept/00001.tar").exists()
+    assert summary["shards_failed"] == []
+    rec = next(r for r in summary["per_shard"] if r["shard"].endswith("00001.tar"))
+    assert len(rec["sidecar_notes"]) == 1
+    assert rec["sidecar_notes"][0].startswith("00001_stats.json: not a readable stats file")
+    for output in ("kept", "rejected"):
+        assert (tmp_path / "out" / output / "00001_stats.json").read_bytes() == raw
+        assert (tmp_path / "out" / output / "00001.tar").is_file()
+    assert "successes" in json.loads((tmp_path / "out/kept/00000_stats.json").read_text())
 
 
 def test_an_upper_case_shard_suffix_keeps_its_sidecars(shard_set, tmp_path):
