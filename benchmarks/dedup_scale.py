@@ -38,6 +38,18 @@ pictures and harmless copies, and its grouping and ranking figures:
     python benchmarks/dedup_scale.py --chains MANIFEST --work WORK [--max-step 10]
         [--max-sources N] [--held-out] [--unrelated art:60:256-640,pixel:20,screen:20] [--copies 2] [--workers 1]
 
+With ``--copy-kinds KINDS`` (default kinds: ``COPY_KINDS``): which harmless copies of a picture
+``dedup`` joins to it, and which copy it keeps. Every bundled photo
+(``training_data_tools.sources.bundled_photos``, short side 256 or more) is written as a lossless
+PNG original beside one copy of one kind, each kind its own ``dedup`` run (so copies of two kinds
+never join through each other); printed per kind: the share of copies grouped with their
+original and, of those groups, the share that keep the original (``rank`` 0) and that mark it
+``degraded_copy``, and the range of the pairs' ``p_worse``. Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
+(S% of each side, Lanczos / bicubic, PNG), ``jpegQ`` (JPEG quality Q, 4:2:0), ``webQ`` (reduced
+to 70%, JPEG q80, enlarged back, JPEG quality Q):
+
+    python benchmarks/dedup_scale.py --copy-kinds crop1,crop2,crop3,crop5,crop10,resize60,upscale150,jpeg92,jpeg75,web85 --work WORK
+
 MANIFEST is a chain manifest (``chains make``, or ``chains store``'s with a ``storage`` column, as
 ``recipes/eval_set.sh`` writes it). WORK receives the images (each chain image at step <=
 ``--max-step`` as it is stored, ``--copies`` harmless copies of each source picture:
@@ -79,13 +91,18 @@ misplaced member ends the script with an error naming it:
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import re
 import resource
+import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from PIL import Image
 
 
 def make(n: int, n_groups: int, seed: int = 0):
@@ -151,6 +168,8 @@ def main() -> None:
                          "(default: dedup.describe.CNN_BATCH)")
     ap.add_argument("--threads", type=int, default=1,
                     help="with --throughput and one process: torch threads of the comparator (0: torch's own)")
+    ap.add_argument("--copy-kinds", default=None, metavar="KINDS",
+                    help=f"which copies dedup joins to their original and keeps (e.g. {COPY_KINDS})")
     ap.add_argument("--copy-share", type=float, default=0.0,
                     help="with --throughput: add copies so that about this share of images is in a group")
     ap.add_argument("--hashes", action="store_true",
@@ -174,6 +193,10 @@ def main() -> None:
         if not args.work:
             ap.error("--chains needs --work")
         return chains_main(args)
+    if args.copy_kinds:
+        if not args.work:
+            ap.error("--copy-kinds needs --work")
+        return copies_main(args)
     from collapseguard.dedup.groups import GroupingParams, group_ids
 
     t0 = time.perf_counter()
@@ -199,6 +222,90 @@ def main() -> None:
     print(f"planted copies found in their group: {found / planted:.4f}; unrelated fingerprints "
           f"in a group: {wrong} of {args.n - planted}")
 
+
+
+COPY_KINDS = "crop1,crop2,crop3,crop5,crop10,resize60,upscale150,jpeg92,jpeg75,web85"
+
+
+def _jpeg(img: Image.Image, quality: int) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=quality, subsampling=2)
+    return buf.getvalue()
+
+
+def copy_of(arr: np.ndarray, kind: str) -> tuple[bytes, str]:
+    """The bytes and file suffix of a ``--copy-kinds`` copy of ``arr``."""
+    img = Image.fromarray(arr)
+    w, h = img.size
+    m = re.fullmatch(r"([a-z]+)(\d+)", kind)
+    if m is None:
+        raise SystemExit(f"unknown kind {kind!r}")
+    name, n = m.group(1), int(m.group(2))
+    if name == "crop":
+        dx, dy = round(w * n / 100), round(h * n / 100)
+        out = img.crop((dx, dy, w - dx, h - dy))
+    elif name == "resize":
+        out = img.resize((round(w * n / 100), round(h * n / 100)), Image.LANCZOS)
+    elif name == "upscale":
+        out = img.resize((round(w * n / 100), round(h * n / 100)), Image.BICUBIC)
+    elif name == "jpeg":
+        return _jpeg(img, n), ".jpg"
+    elif name == "web":
+        small = img.resize((round(w * 0.7), round(h * 0.7)), Image.LANCZOS)
+        small = Image.open(io.BytesIO(_jpeg(small, 80))).convert("RGB")
+        return _jpeg(small.resize((w, h), Image.BICUBIC), n), ".jpg"
+    else:
+        raise SystemExit(f"unknown kind {kind!r}")
+    buf = io.BytesIO()
+    out.save(buf, format="PNG")
+    return buf.getvalue(), ".png"
+
+
+def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
+    from collapseguard.dedup.run import run_dedup
+
+    folder = work / kind / "images"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for name, arr in photos:
+        stem = name.replace("/", "_")
+        Image.fromarray(arr).save(folder / f"{stem}__original.png")
+        data, suffix = copy_of(arr, kind)
+        (folder / f"{stem}__copy{suffix}").write_bytes(data)
+    out = work / kind / "dedup"
+    if out.exists():
+        shutil.rmtree(out)
+    run_dedup([str(folder)], out, workers=workers, quiet=True)
+    t = pd.read_parquet(out / "groups.parquet")
+    t["photo"] = t["key"].str.rsplit("__", n=1).str[0].str.rsplit("/", n=1).str[-1]
+    t["role"] = t["key"].str.rsplit("__", n=1).str[1].str.split(".").str[0]
+    grouped = kept = marked = 0
+    p = []  # P(worse than the comparator's least degraded copy) of the other copy of each pair
+    for _, g in t.groupby("photo"):
+        roles = dict(zip(g["role"], zip(g["group"], g["rank"], g["decision"])))
+        orig, copy = roles.get("original"), roles.get("copy")
+        if orig is None or copy is None or not orig[0] or orig[0] != copy[0]:
+            continue
+        grouped += 1
+        kept += orig[1] == 0
+        marked += orig[2] == "degraded_copy"
+        p += [float(x) for x in g["p_worse"] if x == x]
+    n = len(photos)
+    nan = float("nan")
+    return {"kind": kind, "photos": n, "grouped": grouped / n,
+            "original_kept": kept / grouped if grouped else nan,
+            "original_marked_degraded": marked / grouped if grouped else nan,
+            "p_worse_min": min(p) if p else nan, "p_worse_max": max(p) if p else nan}
+
+
+def copies_main(args) -> None:
+    """``--copy-kinds``: each bundled photo beside one copy of each kind, one ``dedup`` run per kind."""
+    from collapseguard.training_data_tools.sources import bundled_photos
+
+    photos = bundled_photos(256)
+    rows = [copy_kind_figures(photos, k, Path(args.work), args.workers) for k in args.copy_kinds.split(",")]
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 def custom_comparator(args) -> bool:
@@ -523,6 +630,15 @@ def chains_main(args) -> None:
     cp = [r["decision"] == "degraded_copy" for r in rows if r["kind"] == "copy"]
     print(f"marked degraded_copy: step-0 images {np.mean(s0):.4f} of {len(s0)}; harmless copies "
           f"{np.mean(cp) if cp else float('nan'):.4f} of {len(cp)}")
+    # the copy each group keeps (rank 0), which `filter --groups --drop-duplicates` alone keeps
+    kept = Counter()
+    for ms in by_group.values():
+        k = next(m for m in ms if m["rank"] == 0)
+        kept["a harmless copy" if k["kind"] == "copy" else "unrelated" if k["kind"] != "chain"
+             else "step 0" if k["step"] == 0 else "step 1-2" if k["step"] <= 2 else "step >= 3"] += 1
+    print("kept copy of each group: " + ", ".join(
+        f"{name} {kept[name]}" for name in ("step 0", "a harmless copy", "step 1-2", "step >= 3", "unrelated")
+        if kept[name] or name != "unrelated") + f" of {len(by_group)} groups")
 
 
 def cnn_figures(rows: list[dict], fams: list[str], images: Path) -> None:

@@ -56,8 +56,9 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     Copies are found by a 64-bit perceptual hash (multi-index hashing: no all-pairs comparison),
     confirmed by a thumbnail correlation, and joined into groups whose members all stay close to
     the group's medoid. Inside a group the pairwise comparator (detector `compare`) ranks the
-    copies: rank 0 is kept; a copy is a `degraded_copy` when it is more degraded than the kept
-    one with probability above the level; other copies are duplicates that `filter` keeps unless
+    copies: rank 0 is kept (the least degraded copy, or a larger copy the comparator cannot tell
+    from it); a copy is a `degraded_copy` when it is more degraded than the least degraded one
+    with probability above the level; other copies are duplicates that `filter` keeps unless
     told --drop-duplicates. Writes OUT/groups.parquet (source, key, group, rank, decision,
     p_worse, reason, ...) and OUT/summary.json. Apply with `collapseguard filter --groups
     OUT/groups.parquet`. A stopped run, run again with the same OUT, resumes."""

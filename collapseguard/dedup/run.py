@@ -17,8 +17,10 @@ the one ``score`` gives it: its id column, else its row index). Two passes:
    which is made again (until every grouped image is described).
 4. Decide: in each group the comparator ranks the copies (``fit.group_p_worse``), a monochrome
    copy after every colour copy (``colour.lost_colour``) and a sample ``filter`` sets aside
-   whatever its score after both (``set_aside``); the least degraded is kept and another
-   copy is a ``degraded_copy`` when P(it is more degraded than the kept one) is above the level.
+   whatever its score after both (``set_aside``); the least degraded is kept, unless a larger
+   copy is one the comparator cannot tell from it (``TIE``): then the largest such copy is.
+   Another copy is a ``degraded_copy`` when P(it is more degraded than the least degraded one)
+   is above the level.
    Singles are never described: their ``cnn`` is empty (NaN).
 5. Score each group's kept copy with the default no-reference detector (``kept_scores``), so
    that ``filter --groups`` never rejects a picture's other copies for a kept copy it rejects;
@@ -31,6 +33,9 @@ the settings, so a resumed run writes the same files as an uninterrupted one.
 
 ``decision``/``reason`` of a row:
 - ``keep``/``least_degraded``: the copy the group keeps (``rank`` 0);
+- ``keep``/``larger_copy``: the copy the group keeps (``rank`` 0) in place of the least degraded
+  one, which the comparator cannot tell from it (``p_worse`` at most ``TIE``) and which has
+  fewer pixels (a reduced or cropped copy);
 - ``keep``/``duplicate``: another copy, not shown to be worse (``filter --drop-duplicates`` drops it);
 - ``degraded_copy``/``degraded_copy``: a copy more degraded than the kept one (``p_worse`` > level);
 - ``degraded_copy``/``lost_colour``: a monochrome copy in a group that keeps a colour copy
@@ -449,9 +454,17 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
     bar.close()
 
 
+#: P(worse than the least degraded copy) at or under which the comparator cannot tell two copies
+#: apart, and the larger is kept: crops of 1-2% a side, 60% reductions and JPEG q75-q92 re-saves
+#: of the bundled photos lie at 0.50-0.74 (``benchmarks/dedup_scale.py --copy-kinds``); the
+#: level that marks a degraded copy is far above (0.97)
+TIE = 0.75
+
+
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    """Pass 4's decisions: ``(rank, p_worse, decision, reason)`` per row."""
+    """Pass 4's decisions: ``(rank, p_worse, decision, reason)`` per row; ``p_worse`` is
+    relative to the group's least degraded copy (NaN for that copy)."""
     # imported here: worker processes import this module, and need not import scipy.stats
     from collapseguard.dedup.fit import group_p_worse
 
@@ -469,13 +482,19 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
         grey = lost_colour(group_chroma(feats[members]))
         aside = np.array([bool(desc["set_aside"][m]) for m in members])
         # tiers: copies filter keeps on their merits, then grey ones, then those it sets aside
-        kept, r, p = group_p_worse(group_utilities(descs, w, s), last=grey + 2 * aside)
+        tiers = grey + 2 * aside
+        best, r, p = group_p_worse(group_utilities(descs, w, s), last=tiers)
+        kept = larger_equal_copy(best, p, tiers, desc["width"][members].astype(np.int64)
+                                 * desc["height"][members].astype(np.int64))
+        if kept != best:  # the kept copy first, the others in the comparator's order
+            r = np.where(r < r[kept], r + 1, r)
+            r[kept] = 0
         for j, m in enumerate(members):
             rank[m] = r[j]
+            p_worse[m] = p[j]
             if j == kept:
-                decision[m], reason[m] = "keep", "least_degraded"
+                decision[m], reason[m] = "keep", "least_degraded" if j == best else "larger_copy"
             else:
-                p_worse[m] = p[j]
                 if grey[j]:
                     decision[m], reason[m] = "degraded_copy", "lost_colour"
                 elif p[j] > level:
@@ -483,6 +502,17 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
                 else:
                     decision[m], reason[m] = "keep", "duplicate"
     return rank, p_worse, decision, reason
+
+
+def larger_equal_copy(best: int, p: np.ndarray, tiers: np.ndarray, pixels: np.ndarray) -> int:
+    """The member a group keeps: ``best`` (the comparator's least degraded), or, when a copy of
+    its tier that the comparator cannot tell from it (``p`` at most ``TIE``) has more than 1%
+    more pixels, the one with the most pixels (ties: the lower ``p``)."""
+    cand = np.flatnonzero((p <= TIE) & (tiers == tiers[best]))  # p is NaN for best itself
+    if cand.size == 0:
+        return best
+    top = int(cand[np.lexsort((p[cand], -pixels[cand]))[0]])
+    return top if pixels[top] > pixels[best] * 1.01 else best
 
 
 def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,

@@ -125,10 +125,12 @@ def test_slightly_desaturated_copies_and_grey_only_groups_are_left_to_the_compar
 
 @pytest.fixture(scope="module")
 def three_copies(tmp_path_factory):
-    """Three copies of one photo (PNG, JPEG q90, a 256 px JPEG q70) in one shard, and dedup's table."""
+    """Three copies of one photo (PNG, a 384 px JPEG q90, a 256 px JPEG q70) in one shard, and
+    dedup's table: it keeps the full-size PNG, which the cnn scores higher than the reductions."""
     root = tmp_path_factory.mktemp("three")
     astro = Image.fromarray(sd.astronaut())
-    _shard(root / "00000.tar", [("png", "png", _enc(astro, "PNG")), ("q90", "jpg", _enc(astro, "JPEG", quality=90)),
+    _shard(root / "00000.tar", [("png", "png", _enc(astro, "PNG")),
+                                ("q90", "jpg", _enc(astro.resize((384, 384)), "JPEG", quality=90)),
                                 ("small", "jpg", _enc(astro.resize((256, 256)), "JPEG", quality=70))])
     run_cli(["dedup", root / "00000.tar", "--out", root / "dd", "-q"])
     return root
@@ -166,3 +168,41 @@ def test_another_detector_than_the_one_that_scored_the_kept_copy_applies_the_rul
     assert apply_group("kept", "kept", row, True, threshold=1.0, detector="cnn@abc") == ("kept", "kept")
     assert apply_group("kept", "kept", row, True, threshold=1.0, detector="cnn@other") == ("rejected", "duplicate")
     assert apply_group("kept", "kept", row, True, threshold=6.0, detector="cnn@abc") == ("rejected", "duplicate")
+
+
+def test_the_full_size_original_is_kept_over_reduced_copies_the_comparator_cannot_tell_from_it(tmp_path):
+    """Four photos, each as a full-size PNG and as a PNG reduced to 60% (Lanczos): the comparator
+    alone kept the reduction about half the time (its P(worse) between the two is near 0.5).
+    The larger copy it cannot tell apart is kept, with reason ``larger_copy`` where the
+    comparator preferred the reduction, so ``--drop-duplicates`` keeps the full-size picture."""
+    from collapseguard.dedup.run import TIE
+
+    src = tmp_path / "photos"
+    src.mkdir()
+    for name in ("chelsea", "coffee", "rocket", "astronaut"):
+        im = Image.fromarray(getattr(sd, name)())
+        im.save(src / f"{name}_full.png")
+        im.resize((im.width * 6 // 10, im.height * 6 // 10), Image.LANCZOS).save(src / f"{name}_small.png")
+    run_cli(["dedup", src, "--out", tmp_path / "d", "-w", "1", "-q"])
+    g = _groups(tmp_path / "d")
+    for name in ("chelsea", "coffee", "rocket", "astronaut"):
+        full, small = g.loc[f"{name}_full.png"], g.loc[f"{name}_small.png"]
+        assert full["group"] and full["group"] == small["group"]
+        assert (full["rank"], full["decision"]) == (0, "keep"), g
+        assert full["reason"] in ("least_degraded", "larger_copy")
+        if full["reason"] == "larger_copy":  # the comparator's pick, within TIE of it
+            assert np.isnan(small["p_worse"]) and full["p_worse"] <= TIE
+        else:
+            assert small["p_worse"] <= TIE
+
+
+def test_a_larger_copy_is_kept_only_within_the_tie_and_its_tier():
+    from collapseguard.dedup.run import TIE, larger_equal_copy
+
+    p = np.array([np.nan, 0.6, 0.9, 0.6])
+    px = np.array([100, 200, 400, 150])
+    flat = np.zeros(4, np.int64)
+    assert larger_equal_copy(0, p, flat, px) == 1  # 2 is larger, but the comparator tells it apart
+    assert larger_equal_copy(0, p, np.array([0, 1, 0, 0]), px) == 3  # 1 is a monochrome copy
+    assert larger_equal_copy(0, np.array([np.nan, TIE + 0.01, 0.9, 0.99]), flat, px) == 0
+    assert larger_equal_copy(0, p, flat, np.array([100, 101, 400, 100])) == 0  # within 1%: the best

@@ -71,7 +71,8 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
     keys = [r["key"] for r in t]
     feats = np.array([ladder(decode_image(data[k]), used).ravel() for k in keys], np.float32)
     desc = {"features": feats, "cnn": np.array([r["cnn"] for r in t]),
-            "ok": np.array([not r["error"] for r in t]), "set_aside": [""] * len(t)}
+            "ok": np.array([not r["error"] for r in t]), "set_aside": [""] * len(t),
+            "width": np.array([r["width"] for r in t]), "height": np.array([r["height"] for r in t])}
     ids = {g: i for i, g in enumerate(sorted({r["group"] for r in t} - {""}))}
     labels = np.array([ids[r["group"]] if r["group"] else -1 for r in t])
     w = load_weights()
