@@ -48,8 +48,8 @@ from collapseguard.io.urls import SHARD_SUFFIXES
 
 
 class SidecarError(CollapseguardError, ValueError):
-    """A sidecar file cannot be carried (unreadable parquet or stats, stats JSON nested too deeply,
-    no key column)."""
+    """A sidecar file cannot be carried (an unreadable parquet, one without a key column, a link
+    outside the shard's folder)."""
 
 
 def stem_of(shard: str) -> str:
@@ -98,7 +98,7 @@ def input_identity(paths: list[Path]) -> dict:
     return out
 
 
-class UnreadableStats(ValueError):
+class UnreadableStats(SidecarError):
     """A stats file that is no JSON object (the caller copies it unchanged)."""
 
 
