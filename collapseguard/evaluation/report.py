@@ -6,7 +6,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pandas as pd
 
 from collapseguard.evaluation.metrics import ALL_FAMILIES, overall_label
 from collapseguard.io.csv_cells import csv_cell, csv_uncell
+from collapseguard.io.markdown import md_cell, md_code, md_text
 from collapseguard.io.strict_json import json_ready
 
 #: distinct error texts listed per detector under "Scoring errors" (a judge's reasons can differ
@@ -22,33 +22,11 @@ from collapseguard.io.strict_json import json_ready
 ERRORS_LISTED = 10
 
 
-def _one_line(text: str) -> str:
-    """Text on one line: a line break (possible in a folder name) would end a table row or list
-    item, so each becomes a visible ``↵``."""
-    return text.replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵")
-
-
-def _code(text) -> str:
-    """``text`` as Markdown inline code on one line, whatever backticks it holds."""
-    text = _one_line(str(text))
-    fence = "`" * (max((len(m) for m in re.findall("`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _cell(text: str) -> str:
-    """Text from the data (family and chain names come from folder names) as one table cell:
-    on one line, ``|`` escaped, and ``&``, ``<``, ``>`` as entities, so a Markdown viewer that
-    renders HTML shows the name instead of running it."""
-    text = _one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("|", "\\|")
-
-
 def _fmt(v, digits: int = 3) -> str:
     if v is None:
         return "—"
     if isinstance(v, str):
-        return _cell(v)
+        return md_cell(v)
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (int, np.integer)):
@@ -56,7 +34,7 @@ def _fmt(v, digits: int = 3) -> str:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        return _cell(str(v))
+        return md_cell(str(v))
     if not math.isfinite(f):
         return "—"
     return f"{f:.{digits}f}"
@@ -183,7 +161,7 @@ def results_markdown(ev) -> str:
     """The human-readable report of an Evaluation (see ``collapseguard.evaluation.run``)."""
     ks = ev.delta_steps
     out = ["# collapseguard evaluate", ""]
-    out.append(f"- chains: {_code(ev.source)} — {ev.n_chains} chains, {ev.n_images} images, "
+    out.append(f"- chains: {md_code(ev.source)} — {ev.n_chains} chains, {ev.n_images} images, "
                f"families: {', '.join(_fmt(f) for f in ev.families)}; steps present: "
                f"{', '.join(str(s) for s in ev.steps_present)}")
     out.append(f"- criterion (Banana100 study): Δ_k = (s_k − s_{ev.base_step}) / scale for k = "
@@ -192,7 +170,7 @@ def results_markdown(ev) -> str:
                "missing one of those steps is skipped.")
     out.append("- scale per detector (over every finite score of that detector in this run):")
     for det, sc in ev.scales.items():
-        out.append(f"  - {_code(det)}: {sc.describe()}")
+        out.append(f"  - {md_code(det)}: {sc.describe()}")
     if ev.timings:
         out.append("- speed: images/s counts time inside `Detector.score` only (decode excluded, one "
                    f"untimed warm-up image per detector), batch size {ev.batch_size}, "
@@ -225,27 +203,27 @@ def results_markdown(ev) -> str:
         n_det = ev.scores["detector"].nunique()
         for (chain, reason), g in skipped.groupby(["chain_id", "reason"], sort=True):
             who = "all detectors" if len(g) == n_det else ", ".join(g["detector"])
-            out.append(f"- {_code(chain)}: {reason} ({_one_line(who)})")
+            out.append(f"- {md_code(chain)}: {reason} ({md_text(who)})")
     nan_fail = ev.per_chain[ev.per_chain["reason"].str.startswith("NaN")]
     if len(nan_fail):
         out += ["", "## Failures caused by NaN scores", ""]
         for _, r in nan_fail.iterrows():
-            out.append(f"- {_code(r['detector'])} on {_code(r['chain_id'])}: {r['reason']}")
+            out.append(f"- {md_code(r['detector'])} on {md_code(r['chain_id'])}: {r['reason']}")
     errs = ev.scores[ev.scores["error"].astype(str) != ""]
     if len(errs):
         out += ["", "## Scoring errors", ""]
         for det, g in errs.groupby("detector", sort=True):
             counts = g["error"].astype(str).value_counts(sort=True)  # most frequent first
             for err, k in counts.head(ERRORS_LISTED).items():
-                out.append(f"- {_code(det)}: {k} image(s): {_code(err)}")
+                out.append(f"- {md_code(det)}: {k} image(s): {md_code(err)}")
             rest = counts.iloc[ERRORS_LISTED:]
             if len(rest):
-                out.append(f"- {_code(det)}: {int(rest.sum())} image(s) with {len(rest)} other "
+                out.append(f"- {md_code(det)}: {int(rest.sum())} image(s) with {len(rest)} other "
                            "error text(s) (each image's is in scores.csv)")
     if ev.notes:
         out += ["", "## Notes", ""]
     for note in ev.notes:
-        out.append(f"- note: {_one_line(str(note))}")
+        out.append(f"- note: {md_text(note)}")
     return "\n".join(out) + "\n"
 
 
@@ -275,7 +253,7 @@ def breakdown_markdown(ev) -> list[str]:
     if ev.thresholds:
         out += ["", "## Drops at a threshold (score > threshold is dropped, as `filter` does)", ""]
         for det, (thr, desc) in ev.thresholds.items():
-            out.append(f"- {_code(det)}: {_one_line(desc)}")
+            out.append(f"- {md_code(det)}: {md_text(desc)}")
         cd = ev.clean_drops
         out += ["", "### Clean images dropped (step 0, one per source and storage), per kind and storage", ""]
         out.append(markdown_table(cd, ["detector", "source_kind", "storage", "n", "dropped", "fraction", "max_score"],

@@ -7,13 +7,14 @@ import json
 import math
 from pathlib import Path
 
+from collapseguard.io.markdown import md_cell, md_code, md_text
 from collapseguard.io.strict_json import json_ready
 
 
 def _fmt(v) -> str:
     if isinstance(v, float):
         return "n/a" if math.isnan(v) else f"{v:.3f}"
-    return str(v)
+    return md_cell(v)  # family and set names come from folder names and manifests
 
 
 def table(rows: list[dict], columns: list[str]) -> str:
@@ -27,7 +28,7 @@ def render_card(summary: dict) -> str:
     """Markdown model card from a training summary (see ``run.run_training``)."""
     d, cfg = summary["data"], summary["config"]
     lines = [
-        f"# Model card: {summary.get('name', 'cnn')} ({summary['weights_file']}, version {summary['version']})",
+        f"# Model card: {md_text(summary.get('name', 'cnn'))} ({md_text(summary['weights_file'])}, version {summary['version']})",
         "",
         ("Crop-based degradation detector: a small conv net on native-resolution crops, one score per "
          "image, higher = more degraded. Trained with a chain-aware objective (RankNet pairs within a "
@@ -37,8 +38,8 @@ def render_card(summary: dict) -> str:
         "## Data",
         (f"- chains: {d['n_chains_train']} train / {d['n_chains_test']} held-out (split by source image, "
          f"{d['n_sources_train']} / {d['n_sources_test']} sources)"),
-        f"- families trained on: {', '.join(d['families_train']) or '(none)'}",
-        f"- families excluded: {', '.join(d['families_excluded']) or '(none)'}",
+        f"- families trained on: {', '.join(map(md_text, d['families_train'])) or '(none)'}",
+        f"- families excluded: {', '.join(map(md_text, d['families_excluded'])) or '(none)'}",
         f"- steps present: {', '.join(map(str, d['steps']))}",
         (f"- clean negatives: {d['n_clean_train_files']} files x {d['clean_variants']} variants (as-is + "
          "camera-like: sensor grain, JPEG q70-95, mild sharpening, small upscales, web-size downscales, "
@@ -83,7 +84,7 @@ def _teacher_lines(t: dict | None) -> list[str]:
     if not t:
         return []
     rho = t["heldout_spearman_vs_teacher"]
-    return [(f"- teacher `{t['teacher']}` (version {t['teacher_version']}): its ranking of "
+    return [(f"- teacher {md_code(t['teacher'])} (version {t['teacher_version']}): its ranking of "
              f"{t['n_train']} labelled images is one more training term ({t['n_heldout']} held out by a "
              f"hash of the file name; {t['n_not_labelled']} of the images given not labelled: held-out "
              "chain or clean images, copies of them, duplicates, or an excluded family's); "
@@ -113,9 +114,9 @@ def render_distill_card(summary: dict) -> str:
                  "Spearman correlation with the teacher: n/a (fewer than 3 held-out images; label "
                  "more images to measure it)")
     return "\n".join([
-        f"# Model card: {summary.get('name', 'cnn')} ({summary['weights_file']}, version {summary['version']})",
+        f"# Model card: {md_text(summary.get('name', 'cnn'))} ({md_text(summary['weights_file'])}, version {summary['version']})",
         "",
-        (f"A student distilled from the judge `{summary['teacher']}` (version "
+        (f"A student distilled from the judge {md_code(summary['teacher'])} (version "
          f"{summary['teacher_version']}): the crop network learns the teacher's ranking of the "
          "labelled images (soft percentile targets and the teacher's pairwise order), so it "
          "scores as the teacher orders images, at the network's speed. It knows no more of "

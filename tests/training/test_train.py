@@ -667,3 +667,20 @@ def test_settings_that_cannot_work_together_are_refused_before_training(tmp_path
                                     "--out", str(tmp_path / "w2.safetensors"), "--steps", "1", "--no-eval",
                                     "--threads", "1", "--width", "6", "--crop-size", "32"])
     assert res.exit_code == 1 and "could be decoded" in res.output and "Traceback" not in res.output
+
+
+def test_a_family_name_that_is_markup_is_shown_as_text_in_the_card_and_in_evaluate(tmp_path):
+    """Family names come from manifests: in the model card (its list and table) and in
+    ``evaluate``'s results.md (tables and notes) markup is written as entities, never raw."""
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=10, families=("<img src=x onerror=alert(1)>", "noise"))
+    out = tmp_path / "w.safetensors"
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "5",
+                                    "--threads", "1", "--width", "6", "--crop-size", "32", "--n-crops", "10"])
+    assert res.exit_code == 0, res.output
+    card = out.with_suffix(".md").read_text()
+    assert "&lt;img src=x onerror=alert(1)&gt;" in card and "<img" not in card
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "-d", "nss", "--no-plot", "-q",
+                                    "--steps", "5,10", "--out", str(tmp_path / "ev")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "ev" / "results.md").read_text()
+    assert "onerror" in md and "<img" not in md
