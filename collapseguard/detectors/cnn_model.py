@@ -241,6 +241,7 @@ def save_net(net: DegradationNet, path, metadata: dict[str, str] | None = None) 
     from safetensors.torch import save_file
 
     from collapseguard.io.atomic import replaced_when_done
+    from collapseguard.io.safetensors_header import sort_metadata
 
     meta = {"format": "collapseguard-cnn", "config": json.dumps(net.config.to_dict())}
     for k, v in (metadata or {}).items():
@@ -250,6 +251,7 @@ def save_net(net: DegradationNet, path, metadata: dict[str, str] | None = None) 
     # umask's mode (and writes it whole or not at all)
     with replaced_when_done(path, suffix=".safetensors.tmp") as tmp:
         save_file(tensors, tmp, metadata=meta)
+        sort_metadata(tmp)  # the same weights, the same bytes
 
 
 def load_net(data: bytes) -> tuple[DegradationNet, dict[str, str]]:

@@ -161,6 +161,24 @@ def test_cnn_weights_with_a_broken_config_are_a_detector_error(tmp_path):
         create(f"cnn:{path}")
 
 
+def test_the_same_weights_are_written_as_the_same_bytes(tmp_path):
+    """The safetensors writer orders the header's metadata by a hash map; the metadata keys are
+    sorted, so one net saved five times gives one file (a checksum tells identical weights)."""
+    import hashlib
+
+    from collapseguard.detectors.cnn_model import DegradationNet, save_net
+
+    torch.manual_seed(0)
+    net = DegradationNet()
+    meta = {f"key{i}": f"value {i}" for i in range(6)}
+    digests = set()
+    for i in range(5):
+        save_net(net, tmp_path / f"w{i}.safetensors", metadata=meta)
+        digests.add(hashlib.sha256((tmp_path / f"w{i}.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
+    assert create(f"cnn:{tmp_path / 'w0.safetensors'}").version == create(f"cnn:{tmp_path / 'w4.safetensors'}").version
+
+
 @pytest.mark.parametrize("spec", ["cnn", "nss"])
 def test_one_image_on_its_own_is_refused_and_rgba_arrays_score_as_their_files(spec, photos):
     det = create(spec)
