@@ -3,6 +3,9 @@
 ``load_chains(path)`` accepts:
 
 - a manifest file (``.csv``, ``.tsv``, ``.parquet``) or a folder holding ``manifest.csv``;
+- a folder without a manifest whose subfolders hold them (several ``chains make`` outputs): each
+  manifest is read as ``read_manifest`` reads it and they are combined (a chain id given by two
+  of them with different images is refused); images no manifest names are reported as unplaced;
 - a folder of chains in common layouts: one folder per chain whose files carry the step in their
   names (``0.png``, ``step_012.png``, ``iter12.jpg``, ``012.webp``, ``image_0012.png``), optionally
   nested under family and task folders (``FAMILY/TASK/CHAIN/step.png`` or ``FAMILY/CHAIN/...``),
@@ -136,17 +139,20 @@ def discover_chains(path: str | Path, extract_dir: str | Path | None = None,
         if (path / name).is_file():
             return Discovery(read_manifest(path / name, check_files=check_files), f"manifest {name}")
     walked = walk(path)  # folder links followed, loops and outside file links reported (io.walk)
+    shown = [(p, real) for p, real in walked.files if not _hidden(p.relative_to(path))]
+    skipped = [(r, why) for r, why in walked.skipped
+               if not _hidden(Path(r)) and (is_image_name(r) or "folder" in why)]
+    nested = _nested_manifests(path, [p for p, _ in shown])
+    if nested:
+        return _from_nested_manifests(path, nested, shown, skipped, check_files)
     for name in ("metadata.csv", "metadata.jsonl"):
         meta = sorted(p for p, _ in walked.files if p.name == name)
         if meta:
             return _from_metadata(path, meta, one_based)
-    shown = [(p, real) for p, real in walked.files if not _hidden(p.relative_to(path))]
     parquets = sorted(p for p, _ in shown if p.suffix == ".parquet")
     images = sorted(p for p, _ in shown if is_image_name(p.name))
     if images:
         try:
-            skipped = [(r, why) for r, why in walked.skipped
-                       if not _hidden(Path(r)) and (is_image_name(r) or "folder" in why)]
             return _from_folders(path, images, one_based, dict(shown), skipped)
         except ChainLayoutError:
             if not parquets:
@@ -154,6 +160,84 @@ def discover_chains(path: str | Path, extract_dir: str | Path | None = None,
     if parquets:
         return _from_parquet(parquets, path, extract_dir, one_based)
     raise ChainLayoutError(_seen(path, "no image, manifest, metadata or parquet files"))
+
+
+def _nested_manifests(root: Path, files: list[Path]) -> list[Path]:
+    """The manifests of sets inside ``root`` (a folder holding several ``chains make`` outputs):
+    one per folder (``manifest.csv`` before ``manifest.parquet``, as ``read_manifest`` picks), and
+    none inside a folder whose own manifest is read (that manifest covers its folder)."""
+    by_folder: dict[Path, Path] = {}
+    for p in files:
+        if p.name in MANIFEST_NAMES and p.is_file():
+            have = by_folder.get(p.parent)
+            if have is None or MANIFEST_NAMES.index(p.name) < MANIFEST_NAMES.index(have.name):
+                by_folder[p.parent] = p
+    return [m for folder, m in sorted(by_folder.items())
+            if not any(other in folder.parents for other in by_folder)]
+
+
+def _listed(names: list[str], n: int = 5) -> str:
+    """The first ``n`` names and a count of the rest (messages are one line)."""
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def _same_chain(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """The same chain given twice: the same steps and labels, and files of the same bytes."""
+    import filecmp
+
+    cols = ["step", "source_image", "family", "task"]
+    a, b = a.sort_values("step"), b.sort_values("step")
+    if a[cols].astype(str).values.tolist() != b[cols].astype(str).values.tolist():
+        return False
+    try:
+        return all(filecmp.cmp(x, y, shallow=False) for x, y in zip(a["path"], b["path"]))
+    except OSError:
+        return False
+
+
+def _from_nested_manifests(root: Path, manifests: list[Path], shown: list[tuple[Path, Path]],
+                           skipped: list[tuple[str, str]], check_files: bool) -> Discovery:
+    """Chains from the manifests of several sets in subfolders of ``root`` (which has no manifest
+    of its own), each read and validated as ``read_manifest`` reads it (paths relative to its own
+    folder), combined. A chain id in two manifests is read once when both give the same images,
+    and refused otherwise: two chains under one id would be read as one chain, or ranked one
+    against the other. Images that no manifest names are reported as unplaced."""
+    frames, first, twice, named = [], {}, [], set()
+    rels = [m.relative_to(root).as_posix() for m in manifests]
+    for m, rel in zip(manifests, rels):
+        df = read_manifest(m, check_files=check_files)
+        named |= {Path(p).resolve() for p in df["path"]}
+        keep = pd.Series(True, index=df.index)
+        for cid, g in df.groupby("chain_id", sort=False):
+            if cid not in first:
+                first[cid] = (rel, g)
+                continue
+            where, other = first[cid]
+            if not _same_chain(other, g):
+                raise ChainLayoutError(
+                    f"chain {_shown(str(cid))!r} is in both {where} and {rel} with different images "
+                    f"or labels: two chains under one chain_id would be read as one (or ranked one "
+                    f"against the other); give them different chain_ids, or read each set on its own")
+            twice.append(str(cid))
+            keep &= df["chain_id"] != cid
+        frames.append(df[keep])
+    df = pd.concat(frames, ignore_index=True)
+    validate_manifest(df, check_files=False, where=f"the manifests under {root}")
+    notes = [f"read {len(manifests)} manifest(s) in subfolders: {_listed(rels)}"]
+    if twice:
+        notes.append(f"{len(twice)} chain(s) given with the same images by two manifests were read "
+                     f"once: {_listed([_shown(c) for c in twice])}")
+    inner = sorted(p.relative_to(root).as_posix() for p, _ in shown
+                   if p.name in MANIFEST_NAMES and p not in manifests)
+    if inner:
+        notes.append(f"not read: {_listed(inner)} (inside a folder whose own manifest was read)")
+    unplaced = list(skipped)
+    for seen, real in shown:
+        if is_image_name(seen.name) and real.resolve() not in named:
+            unplaced.append((_shown(seen.relative_to(root).as_posix()), "named by no manifest"))
+    df = df.sort_values(["family", "task", "chain_id", "step"], kind="stable").reset_index(drop=True)
+    return Discovery(df, f"manifests in subfolders ({len(manifests)})", notes, unplaced)
 
 
 def _hidden(rel: Path) -> bool:
