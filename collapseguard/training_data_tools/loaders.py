@@ -9,7 +9,10 @@
 - a folder of chains in common layouts: one folder per chain whose files carry the step in their
   names (``0.png``, ``step_012.png``, ``iter12.jpg``, ``012.webp``, ``image_0012.png``), optionally
   nested under family and task folders (``FAMILY/TASK/CHAIN/step.png`` or ``FAMILY/CHAIN/...``),
-  which become those columns; or flat files ``CHAIN_<step>.png`` grouped by their prefix;
+  which become those columns; or flat files ``CHAIN_<step>.png`` grouped by their prefix. A
+  folder named directly that holds its images at its top, with bare step numbers
+  (``IMG_0001.jpg``, ``step_000.png``), is one chain named after the folder, as when its parent
+  is named;
 - a Hugging Face ``imagefolder`` with ``metadata.csv``/``metadata.jsonl`` (a ``file_name`` column
   plus chain/step columns under common names);
 - a Hugging Face Parquet dataset (for example ``kenantang/Banana100`` as downloaded, whose exact
@@ -254,7 +257,7 @@ def _seen(root: Path, why: str, extra: list[str] | None = None) -> str:
              f"seen: {len(files)} file(s) in {len(dirs)} folder(s), by type: "
              + (", ".join(f"{e} {n}" for e, n in exts.most_common(10)) or "none")]
     if files:
-        parts.append("e.g. " + ", ".join(_shown(p.relative_to(root).as_posix()) for p in files[:12]))
+        parts.append("e.g. " + _listed([_shown(p.relative_to(root).as_posix()) for p in files]))
     parts += [x.strip() for x in extra or []]
     parts.append("supported: a manifest (.csv/.parquet with chain_id, source_image, family, task, "
                  "step, path), CHAIN/STEP.png folders (optionally under FAMILY/TASK/), flat "
@@ -348,8 +351,12 @@ def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
     return df.sort_values(["family", "task", "chain_id", "step"], kind="stable").reset_index(drop=True)
 
 
-def _rows_from_names(items: list[tuple[PurePosixPath, str]]) -> tuple[list[dict], list, Counter]:
-    """Place files by their relative names: ``(relative name, real path)`` -> chain rows."""
+def _rows_from_names(items: list[tuple[PurePosixPath, str]],
+                     top_chain: str | None = None) -> tuple[list[dict], list, Counter]:
+    """Place files by their relative names: ``(relative name, real path)`` -> chain rows.
+
+    ``top_chain``: the chain that files with a bare step number at the top level belong to (the
+    named folder is itself one chain's folder); ``None``: such files are unplaced."""
     rows, unplaced, kinds = [], [], Counter()
     for rel, real in items:
         parsed = parse_step(rel.stem)
@@ -362,6 +369,8 @@ def _rows_from_names(items: list[tuple[PurePosixPath, str]]) -> tuple[list[dict]
             chain_name, above = prefix, folders
             kinds["flat"] += 1
         else:  # one folder per chain
+            if not folders and top_chain:
+                folders = [top_chain]
             if not folders:
                 unplaced.append((rel.as_posix(), ("a bare step number at the top level: put each "
                                  "chain in its own folder")))
@@ -401,15 +410,28 @@ def _from_folders(root: Path, images: list[Path], one_based: bool | None,
             unplaced.append((_shown(rel), "the file name is not valid UTF-8"))
             continue
         items.append((PurePosixPath(rel), str(reals[p])))
-    rows, more, kinds = _rows_from_names(items)
-    unplaced += more
     notes: list[str] = []
+    # every image at the top, none in a subfolder: the named folder is one chain's folder
+    # (``IMG_0001.jpg``, ``step_000.png`` ...), read as it is when its parent is named: one chain
+    # named after the folder
+    top_chain = None
+    if items and all(len(rel.parts) == 1 for rel, _ in items):
+        name = root.name if root.name not in ("", ".", "..") else root.resolve().name
+        top_chain = _shown(name) or "chain"
+    rows, more, kinds = _rows_from_names(items, top_chain)
+    unplaced += more
+    if top_chain and any(r["chain_id"] == top_chain for r in rows):
+        notes.append(f"files numbered at the top of {_shown(str(root))} are read as one chain named "
+                     f"after the folder ({top_chain!r}), as they are when its parent folder is named")
     _image_model_layout(rows, notes)
     try:
         df = _finish(rows, unplaced, notes, one_based)
     except ChainLayoutError:
+        listed = [f"  unplaced {p}: {w}" for p, w in unplaced[:5]]
+        if len(unplaced) > 5:
+            listed.append(f"and {len(unplaced) - 5} more file(s) unplaced")
         raise ChainLayoutError(_seen(root, "no folder or file group forms a chain with numbered steps",
-                                     [f"  unplaced {p}: {w}" for p, w in unplaced[:10]])) from None
+                                     listed)) from None
     depth = Counter(len(Path(r).parts) for r in df["_rel"])
     df = df.drop(columns=["_rel"])
     layout = " + ".join(f"{k} ({n} files)" for k, n in kinds.items())

@@ -1,10 +1,13 @@
-"""Chain loaders: a folder holding several sets (each with its own manifest)."""
+"""Chain loaders: a folder holding several sets (each with its own manifest), and a folder that is
+itself one chain's folder."""
 
 import numpy as np
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 
+from collapseguard.cli import main
 from collapseguard.training_data_tools.loaders import ChainLayoutError, discover_chains
 from collapseguard.training_data_tools.manifest import ManifestError, write_manifest
 
@@ -68,3 +71,29 @@ def test_a_set_given_twice_is_read_once_and_a_bad_nested_manifest_is_refused(tmp
         "x,x,f,t,1,../setA/codec/astro-codec/step_001.png\n")
     with pytest.raises(ManifestError, match="outside"):
         discover_chains(sets)
+
+
+@pytest.mark.parametrize("names", [[f"IMG_{i:04d}.jpg" for i in range(1, 8)],
+                                   [f"step_{i:03d}.png" for i in range(4)]])
+def test_a_folder_that_is_one_chain_is_read_as_that_chain(tmp_path, names):
+    """Named directly, one chain's folder is read as it is when its parent is named: one chain
+    named after the folder (README: files numbered in one folder are one chain)."""
+    chain = tmp_path / "imgjpg"
+    for i, n in enumerate(names):
+        _img(chain / n, 10 * i)
+    d = discover_chains(chain)
+    parent = discover_chains(tmp_path)
+    cols = ["chain_id", "source_image", "family", "task", "step", "path"]
+    assert d.manifest[cols].equals(parent.manifest[cols])
+    assert list(d.manifest["chain_id"].unique()) == ["imgjpg"] and len(d.manifest) == len(names)
+    assert not d.unplaced and any("one chain named after the folder" in n for n in d.notes)
+
+
+def test_a_refusal_lists_a_few_files_not_all(tmp_path):
+    for i in range(30):
+        _img(tmp_path / "photos" / f"holiday photo {chr(97 + i // 26)}{chr(97 + i % 26)}.png")
+    res = CliRunner().invoke(main, ["chains", "ls", str(tmp_path / "photos")])
+    assert res.exit_code == 1
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.count("unplaced ") == 5, line
+    assert "and 25 more" in line and len(line) < 1200, len(line)
