@@ -85,8 +85,8 @@ def _teacher_lines(t: dict | None) -> list[str]:
         return []
     rho = t["heldout_spearman_vs_teacher"]
     return [(f"- teacher {md_code(t['teacher'])} (version {t['teacher_version']}): its ranking of "
-             f"{t['n_train']} labelled images is one more training term ({t['n_heldout']} held out by a "
-             f"hash of the file name; {t['n_not_labelled']} of the images given not labelled: held-out "
+             f"{t['n_train']} labelled images is one more training term ({t['n_heldout']} held out by "
+             f"picture (copies and re-renderings together); {t['n_not_labelled']} of the images given not labelled: held-out "
              "chain or clean images, copies of them, duplicates, or an excluded family's); "
              "Spearman correlation with it on the held-out ones: "
              + (_fmt(rho) if isinstance(rho, float) and math.isfinite(rho) else "n/a (fewer than 3)"))]
@@ -124,7 +124,7 @@ def render_distill_card(summary: dict) -> str:
         "",
         "## Data",
         (f"- images labelled by the teacher: {summary['n_labelled']} ({summary['n_train']} to train, "
-         f"{summary['n_heldout']} held out by a hash of the file name)"),
+         f"{summary['n_heldout']} held out by picture: copies and re-renderings together)"),
         "",
         "## Training",
         (f"- iterations {cfg['iterations']}, crop {cfg['net']['crop_size']} px, "

@@ -22,7 +22,7 @@ import pandas as pd
 from scipy.stats import rankdata, spearmanr
 
 from collapseguard.detectors.base import Detector
-from collapseguard.images import load_image
+from collapseguard.images import DecodeError, load_image
 from collapseguard.training.bank import CropBank, image_bank
 from collapseguard.training.card import render_distill_card, write_summary
 from collapseguard.training.loop import TrainConfig, train_net
@@ -57,9 +57,36 @@ def teacher_bank(labels: pd.DataFrame, size: int, per_image: int, seed: int) -> 
 
 
 def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
-    """Which labelled images distillation holds out: by a stable hash of the file *name*, as
-    ``negatives.split_clean`` does, so the split does not move when the folder does."""
-    return np.array([source_bucket(Path(p).name, "distill") < holdout for p in paths], dtype=bool)
+    """Which labelled images distillation holds out: whole pictures, so that no held-out image
+    has a copy or a re-rendering among the training ones. Images ``dedup`` would group (the steps
+    of a chain, a photo and its re-saves) are one picture, held out together, by a stable hash
+    of its first image's folder and file name (a chain folder's ``step_000.png`` names nothing on
+    its own); any other image by a stable hash of its file name, as ``negatives.split_clean``
+    splits, so the split does not move when the folder does. An image that cannot be read, or
+    that ``dedup`` cannot group (a flat picture), is split by its file name alone."""
+    from collapseguard.dedup.groups import group_ids
+    from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
+
+    names = [f"{Path(p).parent.name}/{Path(p).name}" for p in paths]
+    hashes = np.zeros(len(names), np.uint64)
+    thumbs = np.zeros((len(names), THUMB_SIDE * THUMB_SIDE), np.int8)
+    readable = np.zeros(len(names), bool)
+    for i, p in enumerate(paths):
+        try:
+            h, t = fingerprint(load_image(p))
+        except (OSError, DecodeError):
+            continue
+        hashes[i], thumbs[i], readable[i] = h, t, True
+    rows = np.flatnonzero(readable)
+    labels = np.full(len(names), -1, np.int64)
+    if rows.size:
+        labels[rows] = group_ids(hashes[rows], thumbs[rows])[0]
+    first: dict[int, str] = {}
+    for i in np.argsort(names, kind="stable"):
+        if labels[i] >= 0:
+            first.setdefault(int(labels[i]), names[i])
+    keys = [first[int(g)] if g >= 0 else Path(p).name for p, g in zip(paths, labels)]
+    return np.array([source_bucket(k, "distill") < holdout for k in keys], dtype=bool)
 
 
 def teacher_files(image_paths: Sequence[str | Path], leave_out: Sequence[str | Path] = (),

@@ -240,3 +240,28 @@ def test_an_excluded_family_stays_unseen_by_the_teacher(tmp_path):
     assert {Path(p).resolve() for p in test_df["path"]} <= out
     assert not out & {Path(p).resolve() for p in train_df["path"]}  # the training chains stay labelled
     assert teacher_leave_out([str(chains)], [], test_df, []) == [Path(p) for p in test_df["path"]]
+
+
+def test_the_held_out_split_keeps_each_chain_whole(tmp_path):
+    """Chain folders name their files alike (``step_000.png`` in every chain): a split by file
+    name held out every chain's step 0 while its other steps trained. A chain's steps, and a
+    picture's copies, are held out together."""
+    from collapseguard.training.distill import heldout_mask
+    from collapseguard.training_data_tools.chains import run_chain
+    from collapseguard.training_data_tools.sources import bundled_photos
+
+    paths, chain_of = [], []
+    for c, (_, photo) in enumerate(bundled_photos(256)[:10]):
+        h, w = photo.shape[:2]
+        centre = photo[h // 2 - 96: h // 2 + 96, w // 2 - 96: w // 2 + 96]
+        _, steps = run_chain(centre, "noise_tint", steps=3, keep=(0, 1, 2, 3), seed=c)
+        for k, img, _ in steps:
+            p = tmp_path / f"chain{c}" / f"step_{k:03d}.png"
+            p.parent.mkdir(exist_ok=True)
+            Image.fromarray(img).save(p)
+            paths.append(p)
+            chain_of.append(c)
+    held = heldout_mask(paths, 0.5)
+    by_chain = {c: {bool(h) for h, cc in zip(held, chain_of) if cc == c} for c in set(chain_of)}
+    assert all(len(v) == 1 for v in by_chain.values()), by_chain
+    assert 0 < sum(held) < len(held)  # some chains held out, some trained
