@@ -226,6 +226,9 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     except TrainingStopped as stop:
         click.echo(f"stopped after step {stop.step} as asked: resume with the same command and --resume")
         return
+    except KeyboardInterrupt:
+        _say_how_to_resume(ck.path)
+        raise
     except (ValueError, OSError) as exc:  # FileNotFoundError: a --clean that is not a folder
         raise click.ClickException(str(exc)) from None
     for row in summary["heldout_auroc"]:
@@ -250,3 +253,19 @@ def _teacher(spec: str):
 def _echo_agreement(rho: float) -> None:
     click.echo("held-out Spearman(student, teacher): "
                + (f"{rho:.3f}" if math.isfinite(rho) else "n/a (fewer than 3 held-out images)"))
+
+
+def _say_how_to_resume(ckpt: Path) -> None:
+    """After Ctrl-C: which step the run's checkpoint holds and how to go on from it."""
+    import json
+
+    try:
+        step = json.loads(Path(ckpt).read_text()).get("step")
+    except (OSError, ValueError):
+        step = None
+    if isinstance(step, int):
+        click.echo(f"interrupted: the checkpoint {ckpt} holds step {step} (later steps are lost); the "
+                   "same command with --resume goes on from it", err=True)
+    else:
+        click.echo("interrupted before the first checkpoint: nothing is kept (--checkpoint-minutes / "
+                   "--checkpoint-steps set how often one is written)", err=True)

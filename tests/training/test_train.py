@@ -684,3 +684,34 @@ def test_a_family_name_that_is_markup_is_shown_as_text_in_the_card_and_in_evalua
     assert res.exit_code == 0, res.output
     md = (tmp_path / "ev" / "results.md").read_text()
     assert "onerror" in md and "<img" not in md
+
+
+def test_ctrl_c_names_the_checkpoint_and_how_to_go_on(tmp_path):
+    """Interrupted (SIGINT, as Ctrl-C sends), train says which step its checkpoint holds and that
+    --resume goes on from it, instead of click's bare "Aborted!"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=6)
+    out = tmp_path / "w.safetensors"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", "from collapseguard.cli import main; main()", "train",
+                             "--chains", str(chains), "--out", str(out), "--steps", "100000", "--threads", "1",
+                             "--width", "6", "--crop-size", "32", "--n-crops", "10", "--no-eval",
+                             "--checkpoint-steps", "5"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True)
+    ckpt = tmp_path / "w.ckpt.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not ckpt.exists():
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it was interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    step = json.loads(ckpt.read_text())["step"]
+    assert f"interrupted: the checkpoint {ckpt} holds step {step}" in err, err
+    assert "--resume goes on from it" in err
