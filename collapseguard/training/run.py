@@ -239,6 +239,16 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
     return cb, clean_bank
 
 
+def unused_clean_files(clean_files: Sequence[Path], clean_bank: CropBank | None) -> list[Path]:
+    """The clean files none of whose images reached the clean bank (undecodable ones), by the
+    file names ``clean_variants`` gives its images (``NAME#VARIANT``)."""
+    if not clean_files:
+        return []
+    used = set() if clean_bank is None else {
+        str(n).rsplit("#", 1)[0] for n in clean_bank.meta["source_image"]}
+    return [f for f in clean_files if Path(f).name not in used]
+
+
 def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainConfig,
                  clean_dirs: Sequence[str | Path] = (), exclude: Sequence[str] = (),
                  crops_per_bank_image: int = 48, clean_variants_n: int = 4,
@@ -330,6 +340,14 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
                                  "a held-out chain: nothing is left for the teacher to label")
     cb, clean_bank = build_banks(train_df, clean_train, cfg, crops_per_bank_image, clean_variants_n, log,
                                  cache_dir=cache_dir)
+    unread = unused_clean_files(clean_train, clean_bank)
+    if unread:  # clean_variants passes over what it cannot decode: said here, and not counted
+        shown = ", ".join(str(f) for f in unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
+        log(f"note: {len(unread)} of {len(clean_train)} training --clean files could not be decoded and "
+            f"are not used: {shown}")
+        if len(unread) == len(clean_train):
+            log("warning: no --clean file could be used: the net sees no clean negatives but chain "
+                "step 0s")
     tb, t_scale, t_info = None, 1.0, None
     if teacher is not None:
         cache = Path(teacher_cache) if teacher_cache else out.with_suffix(".labels.parquet")
@@ -369,7 +387,8 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
             "families_train": families,
             "families_excluded": list(exclude),
             "steps": sorted(int(s) for s in set(df["step"])),
-            "n_clean_train_files": len(clean_train),
+            "n_clean_train_files": len(clean_train) - len(unread),
+            "n_clean_train_files_unreadable": len(unread),
             "n_clean_heldout_files": len(clean_held),
             "shared_clean": shared_clean,  # what happened to --clean files of the other side's sources
             "clean_left_out": left_out,

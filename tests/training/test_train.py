@@ -715,3 +715,24 @@ def test_ctrl_c_names_the_checkpoint_and_how_to_go_on(tmp_path):
     step = json.loads(ckpt.read_text())["step"]
     assert f"interrupted: the checkpoint {ckpt} holds step {step}" in err, err
     assert "--resume goes on from it" in err
+
+
+def test_undecodable_clean_files_are_named_and_not_counted(tmp_path):
+    """A --clean file that cannot be decoded gave no clean image yet was counted as a training
+    negative (summary, card) with no word; it is now named in a note and left out of the count."""
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=6)
+    clean = make_clean_dir(tmp_path / "clean", n=4)
+    for i in range(8):
+        (clean / f"broken{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes([i]) * 40)  # each its own bytes
+    out = tmp_path / "w.safetensors"
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--out", str(out),
+                                    "--steps", "2", "--threads", "1", "--width", "6", "--crop-size", "32",
+                                    "--n-crops", "10", "--no-eval"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.with_suffix(".json").read_text())["data"]
+    bad = data["n_clean_train_files_unreadable"]
+    assert bad > 0 and f"note: {bad} of {data['n_clean_train_files'] + bad} training --clean files could not be decoded" in res.output
+    assert "broken" in res.output
+    good = [p for p in clean.iterdir() if p.name.startswith("photo")]
+    assert data["n_clean_train_files"] <= len(good)
+    assert f"clean negatives: {data['n_clean_train_files']} files" in out.with_suffix(".md").read_text()
