@@ -91,7 +91,9 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
               help="Output folder (one that holds no manifest yet).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workers", "-w", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
-@click.option("--max-sources", default=None, type=click.IntRange(min=1), help="Use at most this many sources.")
+@click.option("--max-sources", default=None, type=click.IntRange(min=1),
+              help="Use the first N sources, in --sources order: a spec listed after the first N "
+                   "sources gives none.")
 @quiet_option()
 @click.option("--progress/--no-progress", default=True, hidden=True,
               help="Older spelling: --no-progress is --quiet.")
@@ -124,12 +126,14 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
                    "written", err=True)
     skipped: list[str] = []
     try:
-        src = resolve_sources(sources, seed=seed, skipped=skipped)
-        if max_sources:
-            src = itertools.islice(src, max_sources)
+        every = resolve_sources(sources, seed=seed, skipped=skipped)
+        src = itertools.islice(every, max_sources) if max_sources else every
         df = make_chains(src, fams, steps=steps, keep=_int_list(keep) or [0], out_dir=out_dir,
                          seed=seed, workers=workers, progress=progress and not quiet,
                          repeats=repeats, skipped=skipped)
+        if max_sources and next(every, None) is not None:  # sources were left: say so
+            click.echo(f"note: --max-sources {max_sources} used the first {max_sources} sources of "
+                       f"--sources {printable(sources)} in order; the rest were left out", err=True)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
     finally:  # undecodable and too small source images are left out, but never without a word

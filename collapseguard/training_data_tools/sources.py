@@ -324,6 +324,7 @@ def _note(skipped: list[str] | None, where, exc: BaseException) -> None:
     """Note an image skipped as undecodable: ``where: reason`` (the reason's first line)."""
     if skipped is not None:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = reason.removeprefix(f"{where}: ")  # load_image's errors name the file already
         skipped.append(f"{where}: {reason}")
 
 

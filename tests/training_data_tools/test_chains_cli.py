@@ -438,3 +438,27 @@ def test_make_leaves_out_a_source_too_small_for_a_replicator_and_names_it(tmp_pa
     assert res.exit_code == 0, res.output
     assert "skipped 1 source image(s)" in res.output and "icon: 1x1 is too small for a replicator" in res.output
     assert sorted(load_chains(out).query("step == 0")["source_image"]) == ["good"]
+
+
+def test_max_sources_says_when_it_leaves_sources_out(tmp_path):
+    """--max-sources takes the first N sources in --sources order, so a spec listed later can give
+    none: that is said, and not when every source was used."""
+    args = ["chains", "make", "--families", "noise_tint", "--steps", "1", "--keep", "0,1", "-w", "1", "-q"]
+    res = CliRunner().invoke(main, [*args, "--sources", "art:2,pixel:1", "--max-sources", "2",
+                                    "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "note: --max-sources 2 used the first 2 sources of --sources art:2,pixel:1 in order" in res.output
+    res = CliRunner().invoke(main, [*args, "--sources", "art:2", "--max-sources", "2", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0 and "--max-sources" not in res.output, res.output
+
+
+def test_a_skipped_source_names_its_file_once(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.fromarray(np.full((96, 96, 3), 120, np.uint8)).save(src / "good.png")
+    (src / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{src}", "--families", "noise_tint",
+                                    "--steps", "1", "--keep", "0,1", "-w", "1", "-q", "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "skipped 1 source image" in ln)
+    assert line.count("bad.png") == 1, line
