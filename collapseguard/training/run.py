@@ -60,9 +60,11 @@ def load_chains(chain_dirs: Sequence[str | Path], exclude: Sequence[str] = ()) -
     for d, f in zip(unique, frames):  # one chain in two folders would be ranked as one chain
         for cid in dict.fromkeys(f["chain_id"].astype(str)):
             if cid in seen:
-                raise ValueError(f"chain {cid!r} is in two --chains manifests ({seen[cid]} and {d}); "
-                                 "its steps would be ranked against the other chain's: give each "
-                                 "chain once")
+                raise ValueError(f"chain id {cid!r} is in two --chains manifests ({seen[cid]} and {d}); "
+                                 "its steps would be ranked against the other chain's. A chain given "
+                                 "twice: give it once. Two chains of one picture and family (made "
+                                 "with two --seed values, whose ids do not hold the seed): make them "
+                                 "in one `chains make` with --repeats, which numbers them")
             seen[cid] = d
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if exclude:

@@ -458,7 +458,7 @@ def test_train_refuses_a_chain_given_in_two_chains_folders(tmp_path):
     res = CliRunner().invoke(main, ["train", "--chains", str(a), "--chains", str(b), "--steps", "1",
                                     "--no-eval", "--out", str(tmp_path / "w.safetensors"), *TINY])
     assert res.exit_code == 1 and "Traceback" not in res.output
-    assert "is in two --chains manifests" in res.output
+    assert "is in two --chains manifests" in res.output and "with --repeats" in res.output
 
 
 def test_train_cli_checks_threads_width_net_settings_and_the_card_paths_first(tmp_path):
