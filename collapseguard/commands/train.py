@@ -235,7 +235,14 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         click.echo(f"held-out {row['family']:<12} " + "  ".join(
             f"{k[6:]}={v:.3f}" for k, v in row.items() if k.startswith("auroc")))
     for g in summary["clean"]["groups"]:
-        click.echo(f"clean FPR @95%-of-step-10 threshold: {g['set']}: {g['fpr']:.3f} (n={g['n']})")
+        fpr = g["fpr"]
+        if fpr == fpr:  # a number
+            shown = f"{fpr:.3f}"
+        elif not g["n"]:
+            shown = "n/a (no held-out clean image)"
+        else:
+            shown = "n/a (no held-out step-10 image sets the threshold)"
+        click.echo(f"clean FPR @95%-of-step-10 threshold: {g['set']}: {shown} (n={g['n']})")
     if summary.get("teacher"):
         _echo_agreement(summary["teacher"]["heldout_spearman_vs_teacher"])
 

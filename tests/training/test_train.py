@@ -736,3 +736,16 @@ def test_undecodable_clean_files_are_named_and_not_counted(tmp_path):
     good = [p for p in clean.iterdir() if p.name.startswith("photo")]
     assert data["n_clean_train_files"] <= len(good)
     assert f"clean negatives: {data['n_clean_train_files']} files" in out.with_suffix(".md").read_text()
+
+
+def test_a_held_out_rate_without_step_10_says_why_it_is_missing(tmp_path):
+    """Chains without step 10 leave the 95%-of-step-10 threshold undefined: the held-out clean
+    rate says why it is n/a instead of printing nan."""
+    chains = make_tiny_chains(tmp_path / "chains", n_sources=10, steps=(0, 1, 3, 5))
+    clean = make_clean_dir(tmp_path / "clean", n=12)
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean),
+                                    "--out", str(tmp_path / "w.safetensors"),
+                                    "--steps", "2", "--threads", "1", "--width", "6", "--crop-size", "32",
+                                    "--n-crops", "10"])
+    assert res.exit_code == 0, res.output
+    assert "n/a (no held-out step-10 image sets the threshold)" in res.output and ": nan" not in res.output
