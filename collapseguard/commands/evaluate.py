@@ -93,6 +93,11 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     from collapseguard.scoring.progress import PhaseBars
     progress = PhaseBars("evaluate: score", quiet)
 
+    earlier = [k for k in steps if k < base_step]
+    if earlier:  # Δk = score(k) - score(base) would pass a chain whose score fell with damage
+        raise click.BadParameter(f"--steps {','.join(map(str, earlier))} lie before the base step "
+                                 f"{base_step}: the criterion compares later steps with it",
+                                 param_hint="--steps")
     if base_step in steps:  # Δ at the base step is 0 by definition: every chain would fail
         raise click.BadParameter(f"--steps must not include the base step {base_step}",
                                  param_hint="--steps")

@@ -54,7 +54,9 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
                 path = path / name
                 break
         else:
-            raise ManifestError(f"no manifest.csv or manifest.parquet in {path}")
+            raise ManifestError(f"no manifest.csv or manifest.parquet in {path} (for chains in "
+                                f"another layout, `collapseguard chains ls {path} --manifest-out "
+                                f"{path / 'manifest.csv'}` writes one)")
     if path.suffix == ".parquet":
         df = pd.read_parquet(path)
     elif path.suffix in (".csv", ".tsv"):

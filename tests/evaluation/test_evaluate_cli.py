@@ -402,7 +402,7 @@ def test_steps_given_twice_or_including_the_base_step_are_refused(chains, tmp_pa
     first = tmp_path / "a"
     assert CliRunner().invoke(main, ["evaluate", "--chains", str(chains), "--detectors", "evaltest-track",
                                      "--out", str(first), "--no-plot", "-q"]).exit_code == 0
-    for steps, base, why in (("5,5", "1", "twice"), ("1,5", "1", "base step"), ("5,10", "5", "base step")):
+    for steps, base, why in (("5,5", "1", "twice"), ("1,5", "1", "base step"), ("5,10", "5", "base step"), ("5", "10", "lie before the base step 10")):
         res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(first / "scores.csv"), "--out",
                                         str(tmp_path / "b"), "--steps", steps, "--base-step", base])
         assert res.exit_code == 2 and why in res.output, (steps, res.output)
