@@ -87,3 +87,58 @@ def test_the_families_are_opt_in_and_chains_are_made_with_them(tmp_path, picture
     assert set(m["width"]) == {picture.shape[1]}
     with pytest.raises(ReplicatorError, match="unknown parameter"):
         create_replicator("waifu2x", 0, scale=2)
+
+
+def _nearest_net(seen):
+    """A stand-in for ``ncnn_nets._extract``: each network's geometry (its own crop of ``prepad``
+    pixels each side, its scale) with a nearest-neighbour upscale for the content, recording the
+    padded input sides it is given."""
+
+    def extract(name, x):
+        spec = ncnn_nets.NETS[name]
+        seen.append(x.shape[:2])
+        q, s = spec.prepad, spec.scale
+        core = x[q: x.shape[0] - q, q: x.shape[1] - q].astype(np.float32) / 255.0
+        return np.ascontiguousarray(core.repeat(s, 0).repeat(s, 1).transpose(2, 0, 1))
+
+    return extract
+
+
+@pytest.mark.parametrize("name", sorted(ncnn_nets.NETS))
+def test_a_large_image_is_run_in_tiles_no_larger_than_the_largest_whole_image(name, monkeypatch):
+    """Memory grows with the input (2.6 GB for Real-ESRGAN on an 800x600 photo, an OOM kill at
+    17 GB for 4000x3000): an image over the network's tile is cut into tiles, none of which reads
+    more than the largest image run whole, and the tiles' middles land in their places."""
+    spec = ncnn_nets.NETS[name]
+    assert 32 <= spec.tile <= 400  # about 1 GB at most (see ncnn_nets' docstring)
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(ncnn_nets, "_extract", _nearest_net(seen))
+    p = spec.prepad + 4 * (spec.prepad == 0)
+    largest = spec.tile + 2 * p  # the padded input of the largest image that is run whole
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (spec.tile, spec.tile - 3, 3), dtype=np.uint8)
+    assert np.array_equal(ncnn_nets.run(name, img), img.repeat(spec.scale, 0).repeat(spec.scale, 1))
+    assert len(seen) == 1  # fits: the whole-image path, as before tiling
+    seen.clear()
+    img = rng.integers(0, 256, (2 * spec.tile + 5, spec.tile + 3, 3), dtype=np.uint8)
+    out = ncnn_nets.run(name, img)
+    assert np.array_equal(out, img.repeat(spec.scale, 0).repeat(spec.scale, 1))  # every pixel in place
+    assert len(seen) >= 6 and max(max(s) for s in seen) <= largest, seen
+    assert all(h % spec.multiple == 0 and w % spec.multiple == 0 for h, w in seen)
+
+
+@pytest.mark.parametrize("name, mean_diff, max_diff", [
+    ("waifu2x-upconv7-photo-x2", 0.01, 0.01),  # valid convolutions with exactly their context: the same
+    ("realesr-animevideov3-x3", 0.05, 3.0),   # same-padded: 0.011 / 0.9 measured
+    ("waifu2x-cunet-noise1", 0.5, 12.0),      # squeeze-excitation averages the whole input: 0.21 / 4.6
+    ("waifu2x-cunet-noise2-x2", 0.4, 8.0),    # 0.13 / 2.4
+])
+def test_tiled_output_matches_the_whole_image_output(name, mean_diff, max_diff):
+    from skimage import data
+
+    img = np.ascontiguousarray(data.astronaut()[100:167, 150:221])  # 67 x 71: 2 x 2 tiles of 40
+    whole = ncnn_nets.run(name, img, tile=10**6)
+    tiled = ncnn_nets.run(name, img, tile=40)
+    assert tiled.shape == whole.shape
+    d = np.abs(tiled - whole)
+    assert d.mean() < mean_diff and d.max() < max_diff, (d.mean(), d.max())
