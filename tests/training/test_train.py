@@ -674,8 +674,7 @@ def test_a_family_name_that_is_markup_is_shown_as_text_in_the_card_and_in_evalua
     ``evaluate``'s results.md (tables and notes) markup is written as entities, never raw."""
     chains = make_tiny_chains(tmp_path / "chains", n_sources=10, families=("<img src=x onerror=alert(1)>", "noise"))
     out = tmp_path / "w.safetensors"
-    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "5",
-                                    "--threads", "1", "--width", "6", "--crop-size", "32", "--n-crops", "10"])
+    res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--out", str(out), "--steps", "5", *TINY])
     assert res.exit_code == 0, res.output
     card = out.with_suffix(".md").read_text()
     assert "&lt;img src=x onerror=alert(1)&gt;" in card and "<img" not in card
@@ -726,8 +725,7 @@ def test_undecodable_clean_files_are_named_and_not_counted(tmp_path):
         (clean / f"broken{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes([i]) * 40)  # each its own bytes
     out = tmp_path / "w.safetensors"
     res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean), "--out", str(out),
-                                    "--steps", "2", "--threads", "1", "--width", "6", "--crop-size", "32",
-                                    "--n-crops", "10", "--no-eval"])
+                                    "--steps", "2", "--no-eval", *TINY])
     assert res.exit_code == 0, res.output
     data = json.loads(out.with_suffix(".json").read_text())["data"]
     bad = data["n_clean_train_files_unreadable"]
@@ -745,7 +743,6 @@ def test_a_held_out_rate_without_step_10_says_why_it_is_missing(tmp_path):
     clean = make_clean_dir(tmp_path / "clean", n=12)
     res = CliRunner().invoke(main, ["train", "--chains", str(chains), "--clean", str(clean),
                                     "--out", str(tmp_path / "w.safetensors"),
-                                    "--steps", "2", "--threads", "1", "--width", "6", "--crop-size", "32",
-                                    "--n-crops", "10"])
+                                    "--steps", "2", *TINY])
     assert res.exit_code == 0, res.output
     assert "n/a (no held-out step-10 image sets the threshold)" in res.output and ": nan" not in res.output
