@@ -168,6 +168,9 @@ def main() -> None:
                          "(default: dedup.describe.CNN_BATCH)")
     ap.add_argument("--threads", type=int, default=1,
                     help="with --throughput and one process: torch threads of the comparator (0: torch's own)")
+    ap.add_argument("--tie", type=float, default=None, metavar="P",
+                    help="dedup.run.TIE for this run's decisions (made in this process): "
+                         "-1 keeps the comparator's least degraded copy alone, never a larger one")
     ap.add_argument("--copy-kinds", default=None, metavar="KINDS",
                     help=f"which copies dedup joins to their original and keeps (e.g. {COPY_KINDS})")
     ap.add_argument("--copy-share", type=float, default=0.0,
@@ -187,6 +190,12 @@ def main() -> None:
     from collapseguard.detectors.cnn_family import set_default_runtime
 
     set_default_runtime(args.runtime)  # this process, and the commands and workers it starts
+    if args.tie is not None:
+        if args.shards:
+            ap.error("--tie applies to dedup in this process, not to --shards' command line")
+        import collapseguard.dedup.run as dedup_run
+
+        dedup_run.TIE = args.tie  # decide_groups reads it when it decides
     if args.throughput:
         return throughput_main(args)
     if args.chains:
