@@ -156,6 +156,12 @@ def evaluate_scores(
     for det, s in scales.items():
         if s.degenerate:
             notes.append(f"detector {det}: every finite score equal (or none); scale set to 1.0")
+    for det, g in per_chain.groupby("detector", sort=False):
+        undefined = int((~np.isfinite(g["spearman"].to_numpy(np.float64))).sum())
+        if undefined:  # the Spearman table counts the chains it averages: say why some are missing
+            notes.append(f"detector {det}: Spearman ρ is undefined for {undefined} of {len(g)} chain(s) "
+                         "(a score that does not change with step, or fewer than two finite scores); "
+                         "the Spearman table leaves them out")
     auroc = metrics.auroc_table(scores, auroc_steps, clean_steps)
     notes += small_sample_notes(auroc, auroc_steps)
     thresholds = dict(thresholds or {})

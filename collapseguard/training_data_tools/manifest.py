@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -78,9 +79,12 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
         if not outside_ok:  # a manifest is data: it must not point the tools at any file on disk
             out = [p for p in df["path"] if isinstance(p, str) and not _under(p, root)]
             if out:
+                # a link under the folder that points out of it reads as a path inside: say so
+                shown = [p if not os.path.abspath(p).startswith(str(root) + os.sep)
+                         else f"{p} (a link to {Path(p).resolve()})" for p in out[:2]]
                 raise ManifestError(
-                    f"{path}: {len(out)} path(s) lie outside the manifest's folder, e.g. {out[:2]}; "
-                    "a manifest may only name files under its own folder")
+                    f"{path}: {len(out)} path(s) lie outside the manifest's folder or link to files "
+                    f"outside it, e.g. {shown}; a manifest may only name files under its own folder")
     validate_manifest(df, check_files=check_files, where=str(path))
     return df
 

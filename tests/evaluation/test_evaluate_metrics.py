@@ -248,3 +248,13 @@ def test_gap_steps_must_exclude_the_base_and_be_distinct():
         chain_deltas([0, 1, 5], [0.0, 1.0, 2.0], scale=1.0, ks=(1, 5))
     with pytest.raises(ValueError):
         chain_deltas([0, 1, 5], [0.0, 1.0, 2.0], scale=1.0, ks=(5, 5))
+
+
+def test_chains_with_an_undefined_spearman_are_counted_in_a_note():
+    up = {0: 0.0, 1: 1.0, 5: 2.0, 10: 3.0, 20: 4.0}
+    flat = dict.fromkeys(up, 1.0)
+    ev = evaluate_scores(_frame({("a", "f"): {"d": up, "e": up}, ("b", "f"): {"d": flat, "e": up}}))
+    sp = ev.spearman.set_index(["detector", "family"])
+    assert sp.loc[("d", "f"), "chains"] == 1 and sp.loc[("e", "f"), "chains"] == 2
+    notes = [n for n in ev.notes if "Spearman" in n]
+    assert len(notes) == 1 and notes[0].startswith("detector d: Spearman ρ is undefined for 1 of 2 chain(s)")

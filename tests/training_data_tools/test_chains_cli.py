@@ -154,6 +154,13 @@ def test_manifest_paths_outside_the_folder_are_refused(chains_dir, tmp_path):
         res = CliRunner().invoke(main, ["chains", "export", str(bad), "--out", str(tmp_path / "s")])
         assert res.exit_code == 1 and "outside the manifest's folder" in res.output
         assert not list((tmp_path / "s").glob("*.tar"))
+    # a link inside the folder to a file outside it: named as a link, with where it points
+    (bad / "inside.png").symlink_to(secret)
+    m.loc[0, "path"] = "inside.png"
+    m.to_csv(bad / "manifest.csv", index=False)
+    res = CliRunner().invoke(main, ["chains", "export", str(bad), "--out", str(tmp_path / "s")])
+    assert res.exit_code == 1 and "link to files outside it" in res.output
+    assert f"(a link to {secret.resolve()})" in " ".join(res.output.split())
 
 
 def test_export_refuses_to_mix_with_an_earlier_export(chains_dir, tmp_path):
