@@ -71,6 +71,33 @@ def echo_or_die(task, detector, progress=None):
     return task
 
 
+def stage_or_die(task, detector, progress=None):
+    """Engine task for tests: ``task`` is ``(folder, name)``; it stages ``folder/name.tmp`` and, for
+    a name starting with ``die``, kills its worker before committing it (renaming it to ``name``)."""
+    import os
+    import signal
+    folder, name = task
+    tmp = os.path.join(folder, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(name)
+    if name.startswith("die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.replace(tmp, os.path.join(folder, name))
+    return name
+
+
+def _discard_stage(task) -> None:
+    import os
+    folder, name = task
+    try:
+        os.unlink(os.path.join(folder, name + ".tmp"))
+    except FileNotFoundError:
+        pass
+
+
+stage_or_die.discard_abandoned = _discard_stage
+
+
 def pid_and_detector(task, detector, progress=None):
     """Engine task for tests: ``(pid, detector class name)`` of the process that ran it, after a
     progress report of 1 and, for a task ``"slow"``, half a second of sleep (``"die"``: as in

@@ -18,7 +18,9 @@ and waits up to ``STOP_SECONDS`` for them: on a Ray whose ``RuntimeContext`` has
 worker stopped by SIGINT, removes its staged files. Then the actors are killed, and once they are
 gone the driver removes what the tasks it had sent them staged (``discard_staged``: this run's
 ``NAME.<run id>.tmp`` files in ``--out``), so on an older Ray, after the wait, or for a task sent
-at the moment of the interrupt, no partial shard is left either.
+at the moment of the interrupt, no partial shard is left either. A task whose actor dies (a lost
+node, the out-of-memory killer) has its staged files removed the same way before it is retried
+on a new actor (``MAX_TRIES`` in all) or reported failed.
 
 An actor on the driver's machine also watches the driver's process (``driver_watch``): once the
 driver has ended (``kill -9`` included) its task stops at the next progress report and commits
@@ -268,6 +270,10 @@ class RayEngine:
                 except ray.exceptions.RayError as exc:  # the actor died (node lost, out of memory)
                     ray.kill(actor)
                     actors.remove(actor)
+                    try:  # what it staged can no longer be committed (a retry stages afresh)
+                        discard_staged(fn, t)
+                    except Exception:  # noqa: BLE001 - the next run on that --out removes it
+                        pass
                     if tries[i] < self.MAX_TRIES:
                         queue.insert(0, (i, t))  # another actor retries it
                     else:

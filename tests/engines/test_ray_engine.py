@@ -77,6 +77,25 @@ def test_a_dead_ray_actor_fails_only_its_own_task():
     assert [got[i] for i in (0, 2, 3)] == [("a", None), ("b", None), ("c", None)]
 
 
+def test_a_task_whose_actor_dies_leaves_nothing_staged(tmp_path):
+    from cg_testutil import stage_or_die
+
+    from collapseguard.engines.ray import RayEngine
+    got = {}
+    tasks = [(str(tmp_path), name) for name in ("a", "die", "b")]
+    here = str(Path(__file__).parents[1])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": here}})
+    try:
+        RayEngine(workers=2).run(stage_or_die, tasks, "nss", (), None,
+                                 lambda i, res, err: got.setdefault(i, (res, err)))
+    finally:
+        ray.shutdown()
+    assert got[1][0] is None and "Ray worker failed 2 times" in got[1][1]
+    # the dead actor's staged file is removed once it is gone; the others committed theirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
 def test_an_unreachable_ray_cluster_is_a_one_line_error(tmp_path, photos, monkeypatch):
     from click.testing import CliRunner
 
