@@ -16,6 +16,7 @@ import os
 import pandas as pd
 
 from collapseguard.audit import stats
+from collapseguard.audit.labels import source_labels
 from collapseguard.dedup.gallery import STYLE as GROUPS_STYLE
 from collapseguard.images import ALPHA_BACKGROUND
 from collapseguard.io.terminal import percent
@@ -71,6 +72,7 @@ def _num(x, fmt: str = ".4g") -> str:
 
 
 def _short(source: str) -> str:
+    """A file's own name (the groups table's): not for sources, which ``source_labels`` names."""
     return os.path.basename(str(source).rstrip("/")) or str(source)
 
 
@@ -114,7 +116,7 @@ def _headline(s: dict) -> str:
     return "".join(parts)
 
 
-def _sources_table(per_source: pd.DataFrame, has_step: bool) -> str:
+def _sources_table(per_source: pd.DataFrame, has_step: bool, labels: dict[str, str]) -> str:
     if per_source.empty:
         return "<p>No samples.</p>"
     df = per_source.sort_values(["fraction", "flagged"], ascending=False, na_position="last", kind="stable")
@@ -127,7 +129,7 @@ def _sources_table(per_source: pd.DataFrame, has_step: bool) -> str:
         bar = (f'<span class="bar" style="width:{max(1, round(60 * frac))}px"></span> '
                if isinstance(frac, float) and math.isfinite(frac) and frac > 0 else "")
         rows.append(
-            f'<tr><td class=l title="{e(r["source"])}">{e(_short(r["source"]))}</td><td>{r["samples"]}</td>'
+            f'<tr><td class=l title="{e(r["source"])}">{e(labels[r["source"]])}</td><td>{r["samples"]}</td>'
             f'<td>{r["scored"]}</td><td>{r["errors"]}</td><td>{r["flagged"]}</td>'
             f"<td>{bar}{e(percent(frac))}</td><td>{e(percent(r['ci_low']))} – {e(percent(r['ci_high']))}</td>"
             f"<td>{e(_num(r['median_score']))}</td><td>{e(_num(r['max_score']))}</td>"
@@ -142,8 +144,10 @@ ALPHA_NOTE = ("has transparent pixels: shown on a checkerboard, scored composite
               "(RGB {}, {}, {})".format(*ALPHA_BACKGROUND))
 
 
-def card(c: dict, main: str) -> str:
-    """One gallery card: thumbnail, native crop, key, scores, caption — all text escaped."""
+def card(c: dict, main: str, labels: dict[str, str] | None = None) -> str:
+    """One gallery card: thumbnail, native crop, key, scores, caption — all text escaped. The
+    source is named by its label in ``labels`` (``source_labels``: as the per-source table and
+    the terminal name it), else by its file name."""
     tag = '<span class="tag f">flagged</span>' if c["flagged"] else '<span class="tag k">kept</span>'
     meta = [f"{e(main)} score <b>{e(_num(c['score']))}</b>"]
     if math.isfinite(c["step"]):
@@ -168,14 +172,14 @@ def card(c: dict, main: str) -> str:
     cls = "card flagged" if c["flagged"] else "card"
     return (f'<figure class="{cls}"><div class="imgs">{imgs}</div><figcaption>{tag} '
             f'<span class="key">{e(c["key"])}</span><div>{" · ".join(meta)}</div>'
-            f'<div class="sub" title="{e(c["source"])}">in {e(_short(c["source"]))}</div>{cap}'
+            f'<div class="sub" title="{e(c["source"])}">in {e((labels or {}).get(c["source"]) or _short(c["source"]))}</div>{cap}'
             f"</figcaption></figure>")
 
 
-def _gallery(cards: list[dict], main: str, empty: str) -> str:
+def _gallery(cards: list[dict], main: str, empty: str, labels: dict[str, str]) -> str:
     if not cards:
         return f'<p class="note">{e(empty)}</p>'
-    return '<div class="grid">' + "".join(card(c, main) for c in cards) + "</div>"
+    return '<div class="grid">' + "".join(card(c, main, labels) for c in cards) + "</div>"
 
 
 #: shown where a figure would be when matplotlib (the ``[plots]`` extra) is not installed
@@ -196,6 +200,8 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
     s = summary
     main = s["detector"]
     has_step = s["equivalent_step"]["available"]
+    # sources named as the terminal table names them: two 00000.tar of different folders differ
+    labels = source_labels([r["source"] for r in s["per_source"]])
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f'<meta http-equiv="Content-Security-Policy" content="{e(CSP)}">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -231,7 +237,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
         body = f'<p class="note">Unavailable: {e(s["equivalent_step"]["reason"])}.</p>'
     out.append(f'<section id="steps"><h2>Estimated replication step</h2>{body}</section>')
     out.append(f'<section id="sources"><h2>Per source</h2><p class="note">Shards (or folders) with '
-               f"the highest flagged fraction first.</p>{_sources_table(per_source, has_step)}</section>")
+               f"the highest flagged fraction first.</p>{_sources_table(per_source, has_step, labels)}</section>")
 
     if s.get("storage"):
         rows = "".join(f'<tr><td class=l>{e(r["storage"])}</td><td>{r["samples"]}</td><td>{r["scored"]}</td>'
@@ -249,15 +255,15 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
            "lossless) from the most textured part — replication damage (grain, coloured dots, "
            "smeared texture, colour cast) is usually invisible in the reduced image.")
     out.append(f'<section id="degraded"><h2>Most degraded</h2><p class="note">The highest-scoring '
-               f'images, flagged or not. {e(how)}</p>{_gallery(cards.get("degraded", []), main, "No image was scored.")}</section>')
+               f'images, flagged or not. {e(how)}</p>{_gallery(cards.get("degraded", []), main, "No image was scored.", labels)}</section>')
     out.append(f'<section id="borderline"><h2>Borderline</h2><p class="note">Of the images not '
                f"shown above, those scoring nearest the threshold, on both sides: where the "
                f"decision is least certain.</p>"
-               f'{_gallery(cards.get("borderline", []), main, "No other scored images.")}</section>')
+               f'{_gallery(cards.get("borderline", []), main, "No other scored images.", labels)}</section>')
     out.append(f'<section id="kept"><h2>Random sample of kept images</h2><p class="note">What '
                f"passes the threshold and is not shown above (random, seeded): check that no damage slips "
                f"through.</p>"
-               f'{_gallery(cards.get("kept", []), main, "No kept image beyond those shown above.")}</section>')
+               f'{_gallery(cards.get("kept", []), main, "No kept image beyond those shown above.", labels)}</section>')
 
     if comparisons:
         parts = ['<section id="compare"><h2>Where other metrics disagree</h2><p class="note">Each '
@@ -279,9 +285,9 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                 f"{e(main)}, {d['other_flags_main_calls_fine']} only by {e(c.name)}.</p>"
                 + _plot(figures, f"compare:{c.name}", f"scores of {main} against {c.name}")
                 +                 f"<h3>{e(main)} flags, {e(c.name)} calls fine</h3>"
-                + _gallery(cards.get(f"main_only:{c.name}", []), main, "None.")
+                + _gallery(cards.get(f"main_only:{c.name}", []), main, "None.", labels)
                 + f"<h3>{e(c.name)} flags, {e(main)} calls fine</h3>"
-                + _gallery(cards.get(f"other_only:{c.name}", []), main, "None."))
+                + _gallery(cards.get(f"other_only:{c.name}", []), main, "None.", labels))
         parts.append("</section>")
         out.append("".join(parts))
 
@@ -294,7 +300,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                    f"part of the picture. Red: marked degraded_copy.</p>{groups_html}</section>")
 
     if s["errors"]:
-        rows = "".join(f'<tr><td class=l>{e(_short(r["source"]))}</td><td class=l>{e(r["key"])}</td>'
+        rows = "".join(f'<tr><td class=l title="{e(r["source"])}">{e(labels.get(r["source"]) or _short(r["source"]))}</td><td class=l>{e(r["key"])}</td>'
                        f'<td class=l>{e(r["error"])}</td></tr>' for r in s["error_examples"])
         more = (f'<p class="note">Showing {len(s["error_examples"])} of {s["errors"]}; all are in '
                 "scores.parquet (column error).</p>" if s["errors"] > len(s["error_examples"]) else "")

@@ -23,7 +23,6 @@ import math
 import os
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.audit import stats
+from collapseguard.audit.labels import source_labels
 from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
 from collapseguard.calibration.thresholds import (
@@ -465,25 +465,3 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
         lines.append(f"FAILED     {f.splitlines()[0]}")
     lines.append(f"report     {summary['outputs']['report.html']}")
     return "\n".join(printable(x) for x in lines)
-
-
-def source_labels(sources) -> dict[str, str]:
-    """A terminal label for each source: its shortest trailing run of path components that no
-    other source ends with (``a/shards`` and ``b/shards``, not ``shards`` twice; the file name
-    alone where it is unique), escaped with ``printable``. Components are compared escaped, so
-    labels of distinct sources differ as printed."""
-    sources = list(dict.fromkeys(sources))
-    parts = {s: tuple(printable(p) for p in s.rstrip("/").split("/") if p) or (printable(s),) for s in sources}
-    ends = Counter(p[-n:] for p in parts.values() for n in range(1, len(p) + 1))
-    label: dict[str, str] = {}
-    for s in sources:
-        mine = parts[s]
-        n = next((n for n in range(1, len(mine) + 1) if ends[mine[-n:]] == 1), None)
-        if n is not None:
-            label[s] = "/".join(mine[-n:])
-        else:  # every suffix is shared (``x`` and ``x/``): the whole source, escaped
-            same = any(printable(o) == printable(s) for o in sources if o != s)
-            label[s] = ascii(s) if same else printable(s)
-    return label
-
-

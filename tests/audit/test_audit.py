@@ -769,3 +769,36 @@ def test_galleries_of_a_small_dataset_say_what_they_leave_out(dataset, tmp_path)
     html = (out / "report.html").read_text()
     assert json.loads((out / "summary.json").read_text())["flagged"] == 0
     assert "No kept image beyond those shown above." in html and "No kept images." not in html
+
+
+def test_the_report_names_sources_of_one_basename_as_the_terminal_does(tmp_path, photos):
+    """Two ``00000.tar`` of different datasets and two folders named ``photos``: report.html's
+    per-source rows and gallery captions name each by the terminal's shortest unique suffix
+    (HTML-escaped), not by the same file name twice."""
+    imgs = small(photos)
+    hostile = "<b>coyo"
+    for parent, im in (("laion", imgs[0]), (hostile, imgs[1])):
+        (tmp_path / parent).mkdir()
+        with tarfile.open(tmp_path / parent / "00000.tar", "w") as tf:
+            add_member(tf, "k.png", encode_png(im))
+    for parent, im in (("x", imgs[2]), ("y", imgs[3])):
+        (tmp_path / parent / "photos").mkdir(parents=True)
+        (tmp_path / parent / "photos" / "p.png").write_bytes(encode_png(im))
+    inputs = [tmp_path / "laion" / "00000.tar", tmp_path / hostile / "00000.tar",
+              tmp_path / "x" / "photos", tmp_path / "y" / "photos"]
+    out = tmp_path / "o"
+    res = CliRunner().invoke(main, ["audit", *map(str, inputs), "--out", str(out), "-d", "nss",
+                                    "--threshold", "-100", "--gallery-size", "4"])
+    assert res.exit_code == 0, res.output
+    import re
+    html = (out / "report.html").read_text()
+    want = ["laion/00000.tar", html_escape(hostile) + "/00000.tar", "x/photos", "y/photos"]
+    rows = re.findall(r'<td class=l title="[^"]*">([^<]*)</td><td>\d+', html)
+    assert sorted(rows) == sorted(want)
+    captions = set(re.findall(r'class="sub" title="[^"]*">in ([^<]*)</div>', html))
+    assert captions == set(want)  # every image is flagged: each source has a card
+    assert "<b>coyo" not in html
+    lines = res.stdout.splitlines()  # the terminal names them the same way
+    head = next(i for i, x in enumerate(lines) if x.startswith("source "))
+    assert sorted(x.rsplit(None, 3)[0].strip() for x in lines[head + 1: head + 5]) == sorted(
+        [hostile + "/00000.tar", "laion/00000.tar", "x/photos", "y/photos"])
