@@ -57,7 +57,10 @@ def plot_calibration(cal: Calibration, table: pd.DataFrame | None, path: str | P
         clean = table["clean"].to_numpy(dtype=bool)
         ok = np.isfinite(s)
         lo, hi = np.nanpercentile(s[ok], [0.5, 99.5]) if ok.any() else (0, 1)
-        bins = np.linspace(min(lo, cal.threshold), max(hi, cal.threshold), 60)
+        lo, hi = min(lo, cal.threshold), max(hi, cal.threshold)
+        if not hi - lo > 1e-9 * max(1.0, abs(lo)):  # every score equal: zero-width bins divide by zero
+            lo, hi = lo - 0.5, hi + 0.5
+        bins = np.linspace(lo, hi, 60)
         for sel, name in ((ok & clean, "clean"), (ok & ~clean, "degraded")):
             if sel.any():  # an empty histogram with density=True divides by zero
                 ax2.hist(np.clip(s[sel], bins[0], bins[-1]), bins=bins, alpha=0.6, density=True, label=name)

@@ -249,10 +249,12 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
 
 
 def same_bytes_same_source(sources: list[str], digests: list[str]) -> tuple[list[str], int]:
-    """``sources`` with each clean image whose bytes are identical to an earlier one's given that
-    image's source id, and how many were: byte-identical files are one picture however they are
-    named, so copies of one file cannot pass for independent evidence in the bound (nor fall on
-    both sides of the split by source). Unreadable images (digest ``""``) keep their own."""
+    """``sources`` with each clean image whose digest (``_score_batches``': of its decoded pixels,
+    else of its bytes) equals an earlier one's given that image's source id, and how many were:
+    byte-identical files, and files of identical pixels (one picture re-saved with other metadata,
+    or losslessly in another format), are one picture however they are named, so copies of one
+    picture cannot pass for independent evidence in the bound (nor fall on both sides of the split
+    by source). Unreadable images (digest ``""``) keep their own."""
     first: dict[str, str] = {}
     out, n = [], 0
     for src, digest in zip(sources, digests):
@@ -275,13 +277,19 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
     """Scores for each reader (NaN when it cannot be read, decoded or scored), each one's reason
     (``""`` when scored), and each image's storage as its header says (``""`` when unreadable),
     through the one scoring loop (``scoring.records.score_records``). A detector that raises stops
-    the calibration. With ``digests`` (a list as long as ``readers``), each read image's SHA-256
-    is written into it (``""`` when unreadable)."""
+    the calibration. With ``digests`` (a list as long as ``readers``), each image's digest is
+    written into it: of its decoded pixels (and their shape) where it decodes, so that one picture
+    re-saved with other metadata or in another lossless format has one digest; of its bytes where
+    it does not; ``""`` when unreadable. The pixels are hashed where the scoring loop decodes them
+    (its ``transform``, called for each record right after ``members``), so nothing is decoded
+    twice."""
     out = np.full(len(readers), np.nan, dtype=np.float64)
     errors = [""] * len(readers)
     storage = [""] * len(readers)
+    current = [0]  # the record being decoded: score_records decodes each right after members()
 
     def members(i):
+        current[0] = i
         try:
             data = readers[i]()
         except OSError as exc:  # unreadable: empty bytes (a decode error), the reason kept
@@ -289,11 +297,18 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
             return [(f"image {i}", b"")]
         storage[i] = storage_label(data)
         if digests is not None:
-            digests[i] = hashlib.sha256(data).hexdigest()
+            digests[i] = "bytes:" + hashlib.sha256(data).hexdigest()
         return [(f"image {i}", data)]
 
+    def pixel_digest(arr: np.ndarray) -> np.ndarray:
+        h = hashlib.blake2b(f"{arr.shape}{arr.dtype}".encode(), digest_size=20)
+        h.update(np.ascontiguousarray(arr).data)
+        digests[current[0]] = "pixels:" + h.hexdigest()
+        return arr
+
     for i, res in score_records(range(len(readers)), detector, members_of=members,
-                                batch_size=batch_size, images_only=False):
+                                batch_size=batch_size, images_only=False,
+                                transform=pixel_digest if digests is not None else None):
         if res.status == "ok":
             out[i] = res.score
         else:

@@ -200,8 +200,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
             click.echo(f"note: {table.attrs['clean_in_chains']} --clean image(s) are also chain images of "
                        "--chains and were scored once, as chain images", err=True)
         if table.attrs.get("clean_identical"):
-            click.echo(f"note: {table.attrs['clean_identical']} --clean image(s) are byte-identical "
-                       "copies of other --clean images and count as one picture with them", err=True)
+            click.echo(f"note: {table.attrs['clean_identical']} --clean image(s) are copies of other "
+                       "--clean images (the same bytes, or the same decoded pixels under other metadata "
+                       "or another lossless format) and count as one picture with them", err=True)
         if scores_out is not None:
             save_scores(table, scores_out, det_name, det_version)
             click.echo(f"scores written to {scores_out}", err=True)

@@ -191,6 +191,70 @@ def test_byte_identical_clean_files_count_as_one_picture_whatever_their_names(tm
     res = _calibrate("--clean", clean, "--out", tmp_path / "cal.json", "--scores-out", scores, *LOOSE)
     assert res.exit_code == 0, res.output
     assert load_calibration(tmp_path / "cal.json").n_clean == 4
-    assert "12 --clean image(s) are byte-identical copies" in res.output
+    assert "12 --clean image(s) are copies of other --clean images" in res.output
     t = pd.read_csv(scores, keep_default_na=False)
     assert len(t) == 16 and t["source_image"].nunique() == 4
+
+
+def test_clean_files_of_identical_pixels_count_as_one_picture(tmp_path):
+    """One picture saved again with another PNG text chunk, or as lossless WebP, has other bytes
+    and the same pixels: it is one picture for the bound, as a byte-identical copy is, so that a
+    folder of re-saved copies cannot pass for many independent clean pictures."""
+    from PIL import PngImagePlugin
+
+    clean = _folder(tmp_path / "clean", 4)
+    img = Image.open(clean / "p0.png")
+    for i in range(10):
+        meta = PngImagePlugin.PngInfo()
+        meta.add_text("Comment", f"copy {i}")
+        img.save(clean / f"copy_{i:02d}.png", pnginfo=meta)
+    img.save(clean / "copy.webp", lossless=True)
+    assert len({(clean / f"copy_{i:02d}.png").read_bytes() for i in range(10)}) == 10
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", clean, "--out", tmp_path / "cal.json", "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    assert "11 --clean image(s) are copies of other --clean images" in res.output
+    assert load_calibration(tmp_path / "cal.json").n_clean == 4
+    t = pd.read_csv(scores, keep_default_na=False)
+    assert len(t) == 15 and t["source_image"].nunique() == 4
+
+
+def test_a_folder_of_one_picture_under_many_names_is_refused_as_one_picture(tmp_path):
+    """40 copies of one photo differing only in a PNG comment are one picture: too few for any
+    bound, never a "calibrated" file resting on one image."""
+    import skimage.data as sd
+    from PIL import PngImagePlugin
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    img = Image.fromarray(sd.astronaut()[::8, ::8])
+    for i in range(40):
+        meta = PngImagePlugin.PngInfo()
+        meta.add_text("Comment", f"copy {i}")
+        img.save(clean / f"copy{i:03d}.png", pnginfo=meta)
+    res = _calibrate("--clean", clean, "--out", tmp_path / "cal.json", *LOOSE)
+    assert res.exit_code != 0
+    assert "39 --clean image(s) are copies of other --clean images" in res.output
+    assert "\n1 distinct clean picture" in res.output or " 1 distinct clean picture" in res.output
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_the_plot_of_equal_scores_draws_without_warnings(tmp_path):
+    """Every score the same (a scores table of tied images): the histogram gets bins of a width,
+    with no divide-by-zero RuntimeWarning and no empty panel."""
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    clean = _folder(tmp_path / "clean", 12)
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", clean, "--out", tmp_path / "a.json", "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    t["score"] = -0.0957737
+    t.to_csv(scores, index=False)
+    loose = [a for a in LOOSE if a not in ("--no-plot", "--detector", "nss")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = _calibrate("--from-scores", scores, "--out", tmp_path / "b.json", *loose)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "b.png").stat().st_size > 0
