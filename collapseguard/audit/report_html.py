@@ -309,6 +309,8 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
 
     out.append('<section><h2>Files</h2><p class="note">summary.json (these figures), flagged.csv '
                "(source, key, score, equivalent_step of every flagged sample), scores.parquet (every "
-               "audited sample, all detectors' scores as columns), report.html (this page).</p></section>")
+               "audited sample, all detectors' scores as columns; its p_degraded_chain_mix is the "
+               "calibration's share of degraded images at each score, relative to the calibration's own mix "
+               "of clean and chain images: not the decision, no guarantee), report.html (this page).</p></section>")
     out.append("</main></body></html>")
     return "\n".join(out)

@@ -6,8 +6,8 @@ never decoded. With one process, ``--compare`` detectors score the same decoded 
 pass (``panel.ComparePanel``); with worker processes each compared detector gets its own pass. Outputs in ``out_dir``:
 
 - ``scores.parquet``  every audited sample: source, key, image, width, height, error, score,
-  flagged, equivalent_step, probability, and ``score:<name>`` / ``flagged:<name>`` per compared
-  detector;
+  flagged, equivalent_step, p_degraded_chain_mix (``PROBABILITY_COLUMN``), and ``score:<name>`` /
+  ``flagged:<name>`` per compared detector;
 - ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first;
   a source or key that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``,
   ``@``, tab or carriage return, or with ``'``) is written with a leading ``'`` (``io.csv_cells``); scores.parquet
@@ -49,6 +49,11 @@ from collapseguard.scoring import readback
 from collapseguard.scoring.run import run_score
 
 OUTPUT_FILES = ("report.html", "summary.json", "flagged.csv", "scores.parquet")
+#: scores.parquet's column of the calibration's score -> P(degraded) map: the share of degraded
+#: images (chain steps) among the calibration's own images that scored alike. It depends on that
+#: mix of clean and degraded images, not on the audited data; it is not the decision (``flagged``)
+#: and carries no guarantee, hence not a bare "probability"
+PROBABILITY_COLUMN = "p_degraded_chain_mix"
 
 
 class AuditError(CollapseguardError, RuntimeError):
@@ -283,7 +288,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     has_step = cal is not None and cal.step_map is not None
     has_prob = cal is not None and cal.probability_map is not None
     df["equivalent_step"] = cal.equivalent_step(s) if has_step else np.full(len(df), np.nan)
-    df["probability"] = cal.probability(s) if has_prob else np.full(len(df), np.nan)
+    df[PROBABILITY_COLUMN] = cal.probability(s) if has_prob else np.full(len(df), np.nan)
 
     comparisons = []
     for name, other_det in others.items():

@@ -158,7 +158,9 @@ def test_outputs_agree_with_independent_scores(audited):
     np.testing.assert_allclose(flagged["score"], expect["score"], rtol=1e-12)
     cal = Calibration.from_json(Path(cal_path).read_text())
     np.testing.assert_allclose(flagged["equivalent_step"], cal.equivalent_step(flagged["score"]))
-    np.testing.assert_allclose(df["probability"], cal.probability(df["score"]), equal_nan=True)
+    # the calibration's P(degraded), named for what it is relative to (not a bare "probability")
+    assert "probability" not in df.columns
+    np.testing.assert_allclose(df["p_degraded_chain_mix"], cal.probability(df["score"]), equal_nan=True)
 
     summary = json.loads((out / "summary.json").read_text())
     scored = df["score"].notna()
