@@ -248,6 +248,79 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
     return items, kinds
 
 
+#: a chain step's file name that says it is one (``step_005.png``, ``iter12.jpg``): bare numbers
+#: (``00012.jpg``) name clean dataset dumps as often as chains, so they are not taken for steps
+_STEP_NAME = re.compile(r"(?i)(?:step|steps|iter|iteration|round|gen|generation)[_-]?(\d+)")
+
+
+def _local_real(path_id: str) -> str | None:
+    """The real path of a clean item's file, None for a URL or a shard member."""
+    if is_remote(path_id) or not os.path.isfile(path_id):
+        return None
+    return os.path.realpath(path_id)
+
+
+def _manifests_near(loc) -> list[Path]:
+    """The chains manifests (``manifest.csv``/``.parquet``) that may name a local clean
+    location's images: in the location and its subfolders, and in the folders above it (a
+    ``chains make`` output's family folder named alone)."""
+    from collapseguard.training_data_tools.manifest import MANIFEST_NAMES
+
+    if is_remote(str(loc)) and not os.path.lexists(str(loc)):
+        return []
+    p = Path(loc).resolve()
+    found = []
+    for folder in [p if p.is_dir() else p.parent, *(p if p.is_dir() else p.parent).parents]:
+        found += [folder / n for n in MANIFEST_NAMES if (folder / n).is_file()]
+    if p.is_dir():
+        for name in MANIFEST_NAMES:
+            found += sorted(f for f in p.rglob(name) if f.is_file())
+    return list(dict.fromkeys(found))
+
+
+def chain_steps_in_clean(locations, items) -> list[tuple[Path, list[str]]]:
+    """Each chains manifest near the clean ``locations`` (``_manifests_near``) that names clean
+    ``items`` as chain images at steps after 0, with those items' path ids: degraded copies that
+    would count as clean pictures. A file that is no readable manifest is passed over."""
+    from collapseguard.training_data_tools.manifest import ManifestError, read_manifest
+
+    real = {}
+    for _, path_id, _ in items:
+        r = _local_real(path_id)
+        if r is not None:
+            real.setdefault(r, path_id)
+    out, seen = [], set()
+    for loc in locations:
+        for m in _manifests_near(loc[1] if isinstance(loc, tuple) else loc):
+            if m in seen:
+                continue
+            seen.add(m)
+            try:
+                t = read_manifest(m, check_files=False, outside_ok=True)
+            except (ManifestError, OSError, ValueError):
+                continue
+            later = {os.path.realpath(p) for p in t.loc[t["step"].astype(int) > 0, "path"].astype(str)}
+            hits = [real[r] for r in real if r in later]
+            if hits:
+                out.append((m, hits))
+    return out
+
+
+def chain_step_names(items) -> list[str]:
+    """The path ids of local clean items named as a chain step after 0 (``step_005.png``) in a
+    folder that also holds that name's step 0 (``step_000.png``): the layout of a chain folder
+    without a manifest. Names alone prove nothing, so the caller warns rather than refuses."""
+    by_folder: dict[str, list[tuple[int, str]]] = {}
+    for _, path_id, _ in items:
+        if is_remote(path_id) or not os.path.isfile(path_id):
+            continue
+        m = _STEP_NAME.fullmatch(Path(path_id).name.rsplit(".", 1)[0])
+        if m:
+            by_folder.setdefault(os.path.dirname(path_id), []).append((int(m.group(1)), path_id))
+    return [p for steps in by_folder.values() if any(n == 0 for n, _ in steps)
+            for n, p in steps if n > 0]
+
+
 def same_bytes_same_source(sources: list[str], digests: list[str]) -> tuple[list[str], int]:
     """``sources`` with each clean image whose digest (``_score_batches``': of its decoded pixels,
     else of its bytes) equals an earlier one's given that image's source id, and how many were:
@@ -321,7 +394,8 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
 
 
 def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[str | Path] = (),
-                *, target: str = "step", batch_size: int | None = None, progress=None) -> pd.DataFrame:
+                *, target: str = "step", batch_size: int | None = None, progress=None,
+                warn: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Score every chain image of ``manifest`` and every image under ``clean`` with ``detector``.
 
     A ``clean`` entry is a location or a ``(kind, location)`` pair; the kind goes into the
@@ -329,7 +403,12 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     images are listed first (``clean_items``: each image once; a folder holding what cannot be
     read, or a location holding no image file, is refused with a ValueError before any scoring).
     A ``clean`` image that is also one of the manifest's files is scored once, as its chain row;
-    ``table.attrs["clean_in_chains"]`` counts them.
+    ``table.attrs["clean_in_chains"]`` counts them. A ``clean`` image that a chains manifest in,
+    under or above its location names at a step after 0 (and that is not one of ``manifest``'s
+    images) is refused with a ValueError before any scoring: it is a degraded copy, and as a clean
+    picture it would raise the threshold. Images only *named* like chain steps after 0
+    (``CHAIN/step_005.png`` beside ``step_000.png``) are passed to ``warn`` (a message), since a
+    name alone proves nothing.
 
     With an ``fr:`` target, also computes each chain image's full-reference similarity to its
     chain's step-0 image (column ``fr``). Rows whose image cannot be read, decoded or scored keep
@@ -337,6 +416,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     """
     kind, measure, _ = parse_target(target)
     bs = int(batch_size or getattr(detector, "batch_size", 16) or 16)
+    clean = list(clean)
     items, item_kinds = clean_items(clean)  # listed, and refused if need be, before any scoring
     n_in_chains = 0
     if manifest is not None and len(manifest) and items:
@@ -347,6 +427,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
         n_in_chains = sum(keep)
         items = [it for it, drop in zip(items, keep) if not drop]
         item_kinds = [k for k, drop in zip(item_kinds, keep) if not drop]
+    _refuse_chain_steps(clean, items, warn)
     parts = []
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
@@ -380,6 +461,26 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     table.attrs["detector"] = getattr(detector, "name", "")
     table.attrs["detector_version"] = str(getattr(detector, "version", ""))
     return table
+
+
+def _refuse_chain_steps(clean, items, warn) -> None:
+    """``score_table``'s check of the clean images for chain steps after 0 (see there)."""
+    found = chain_steps_in_clean(clean, items)
+    if found:
+        n = sum(len(hits) for _, hits in found)
+        m, hits = found[0]
+        raise ValueError(
+            f"{n} --clean image(s) are chain images at steps after 0 of the chains manifest "
+            f"{printable(str(m))} (e.g. {printable(hits[0])}): degraded copies, which would count as "
+            f"clean pictures and raise the threshold. Pass that chains folder as --chains "
+            f"{printable(str(m.parent))} (its step-0 originals are clean), or name only step-0 images "
+            "with --clean")
+    named = chain_step_names(items)
+    if named and warn is not None:
+        warn(f"{len(named)} --clean image(s) are named like chain steps after 0 beside a step 0 in "
+             f"their folder (e.g. {printable(named[0])}), with no chains manifest naming them: if they "
+             "are replication-chain images they are degraded, not clean; pass the chains as --chains "
+             "(`collapseguard chains ls` reads such folders), or name only step-0 images with --clean")
 
 
 def full_reference_column(manifest: pd.DataFrame, measure: str) -> np.ndarray:

@@ -191,7 +191,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         progress = PhaseBars("calibrate: score", quiet)
         try:
             table = score_table(detector, manifest, clean_dirs, target=target, batch_size=batch_size,
-                                progress=progress)
+                                progress=progress,
+                                warn=lambda text: click.echo(f"warning: {text}", err=True))
         except (ValueError, OSError, tarfile.TarError) as exc:
             raise click.ClickException(str(exc)) from None
         finally:
