@@ -41,6 +41,7 @@ from collapseguard.calibration.thresholds import (
     resolve_threshold,
 )
 from collapseguard.errors import CollapseguardError, missing_extra
+from collapseguard.io.calibration_file import default_calibration
 from collapseguard.io.csv_cells import csv_cell
 from collapseguard.io.inputs import expand
 from collapseguard.io.strict_json import json_ready
@@ -254,6 +255,14 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
             how="pass --threshold T or --calibration FILE (made with `collapseguard calibrate`)")
     except NoThresholdError as exc:
         raise AuditError(str(exc)) from None
+    if cal is None and options.threshold is not None:
+        # the score maps belong to the detector's score scale, not to a threshold: with
+        # --threshold alone, the packaged calibration for this exact detector version still maps
+        # scores to replication steps (its guarantee, at its own threshold, is not claimed)
+        cal = default_calibration(det.name, str(det.version))
+        if cal is not None:
+            threshold_source += (f"; score maps from the packaged default calibration for "
+                                 f"{det.name}@{det.version} (its threshold {cal.threshold:.6g} is not used)")
     # compared detectors are created up front: a bad name fails before any scoring
     others = {}
     for name in options.compare:
@@ -344,10 +353,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
                                    # the map is clamped here: this value means "at least this step"
                                    "max_step": float(max(cal.step_map["y"]))}
                                   if has_step else
-                                  {"available": False, "reason": (
-                                      "no calibration with a step map is in use (pass --calibration "
-                                      "FILE made by `collapseguard calibrate`)" if cal is None else
-                                      "the calibration in use has no score -> step map")})
+                                  {"available": False, "reason": _no_step_reason(det, cal, options)})
     # the samples that could not be scored (not those scored with a note, e.g. an unsafe name)
     errs = df[~np.isfinite(s)].head(50)
     summary["error_examples"] = [{"source": a, "key": b, "error": c or "no finite score"}
@@ -409,6 +415,19 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
                               groups_html=groups_html)
     _write(out / "report.html", lambda p: Path(p).write_text(html, encoding="utf-8"))
     return summary
+
+
+def _no_step_reason(det, cal, options: AuditOptions) -> str:
+    """Why the report has no estimated replication step, and how to get one."""
+    made = f"made by `collapseguard calibrate` for {det.name}@{det.version}"
+    if cal is not None:
+        return (f"the calibration in use has no score -> step map (pass --calibration FILE {made} "
+                "from replication chains)")
+    if options.threshold is not None:
+        return (f"{det.name}@{det.version} has no packaged calibration, and the step map belongs to "
+                f"a calibration of the detector's scores, not to a threshold: add --calibration FILE "
+                f"{made} (your --threshold stays the one used)")
+    return f"no calibration with a step map is in use (pass --calibration FILE {made})"
 
 
 def _write(path: Path, writer) -> None:

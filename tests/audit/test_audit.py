@@ -804,3 +804,32 @@ def test_the_report_names_sources_of_one_basename_as_the_terminal_does(tmp_path,
     head = next(i for i, x in enumerate(lines) if x.startswith("source "))
     assert sorted(x.rsplit(None, 3)[0].strip() for x in lines[head + 1: head + 5]) == sorted(
         [hostile + "/00000.tar", "laion/00000.tar", "x/photos", "y/photos"])
+
+
+def test_threshold_alone_keeps_the_packaged_calibrations_step_map(dataset, tmp_path):
+    """The step map belongs to the detector's score scale, not to a threshold: `--threshold` without
+    `--calibration` still shows the replication step from the packaged calibration of this exact
+    detector version, and says its guarantee is not the one in use. A detector with no packaged
+    calibration says why there is no step and what to pass."""
+    from collapseguard.io.calibration_file import default_calibration
+    _, inputs, truth = dataset
+    t = nss_threshold(truth)
+    shipped = default_calibration("nss", create("nss").version)
+    assert shipped is not None and shipped.step_map is not None
+    summary = run_audit(inputs[:2], tmp_path / "a", AuditOptions(detector="nss", threshold=t, gallery_size=2),
+                        quiet=True)
+    assert summary["threshold"] == t and summary["equivalent_step"]["available"]
+    assert "packaged default calibration for nss" in summary["threshold_source"]
+    assert summary["calibration"]["guarantee_applies"] is False
+    df = pd.read_parquet(tmp_path / "a" / "scores.parquet")
+    np.testing.assert_allclose(df["equivalent_step"], shipped.equivalent_step(df["score"]), equal_nan=True)
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "holds at its own threshold" in html and "Unavailable" not in html
+
+    register("unshipped-nss", lambda: _Renamed("unshipped-nss"))
+    summary = run_audit(inputs[:1], tmp_path / "b", AuditOptions(detector="unshipped-nss", threshold=t,
+                                                                 gallery_size=2), quiet=True)
+    reason = summary["equivalent_step"]["reason"]
+    assert not summary["equivalent_step"]["available"] and summary["calibration"] is None
+    assert "no packaged calibration" in reason and "add --calibration FILE" in reason
+    assert html_escape(reason) in (tmp_path / "b" / "report.html").read_text()
