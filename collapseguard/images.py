@@ -13,8 +13,34 @@ from PIL import Image
 
 from collapseguard.errors import CollapseguardError
 
+#: Each file extension (lower case, no dot) treated as an image, with the Pillow format its bytes
+#: are expected in (they are decoded by content, within ``ALLOWED_FORMATS``, whatever the name
+#: says). The one list of what counts as an image file, in folders and as shard members; an
+#: extension whose format this Pillow cannot decode (AVIF before Pillow 11.2) is left out of
+#: ``IMAGE_EXTENSIONS``. ``.jfif``, ``.jpe``, ``.pjpeg`` and ``.pjp`` are JPEG under other names;
+#: HEIC needs a Pillow plugin (pillow-heif) that is not used.
+EXTENSION_FORMATS = (
+    ("png", "PNG"), ("jpg", "JPEG"), ("jpeg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"),
+    ("tif", "TIFF"), ("tiff", "TIFF"), ("ppm", "PPM"), ("pgm", "PPM"), ("gif", "GIF"),
+    ("jpe", "JPEG"), ("jfif", "JPEG"), ("pjpeg", "JPEG"), ("pjp", "JPEG"), ("avif", "AVIF"),
+    ("apng", "PNG"), ("pbm", "PPM"), ("pnm", "PPM"),
+)
+
+
+def _pillow_decodes(fmt: str) -> bool:
+    """Can this Pillow decode ``fmt``? Only AVIF is optional (a plugin of Pillow 11.2 and later,
+    built with libavif); the others are Pillow's own."""
+    if fmt != "AVIF":
+        return True
+    try:
+        from PIL import features
+        return "avif" in features.modules and bool(features.check_module("avif"))
+    except Exception:  # noqa: BLE001 - an older or partial Pillow: no AVIF
+        return False
+
+
 #: File extensions (lower case, no dot) treated as images, in order of preference.
-IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
+IMAGE_EXTENSIONS = tuple(ext for ext, fmt in EXTENSION_FORMATS if _pillow_decodes(fmt))
 
 #: Refuse to decode images larger than this many pixels (decompression bombs). Pillow's own
 #: ``DecompressionBombWarning`` (above ``Image.MAX_IMAGE_PIXELS``, 89.5 million by default) is
@@ -25,7 +51,7 @@ MAX_PIXELS = 128_000_000
 #: The Pillow formats bytes may be decoded as, whatever their name says: those of
 #: ``IMAGE_EXTENSIONS`` (PGM is Pillow's PPM plugin; the JPEG plugin also opens MPO). Left to
 #: itself Pillow picks a plugin from the content, and some (EPS) run external programs on the data.
-ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "PPM", "GIF")
+ALLOWED_FORMATS = tuple(dict.fromkeys(fmt for ext, fmt in EXTENSION_FORMATS if ext in IMAGE_EXTENSIONS))
 
 #: the colour transparent pixels are composited over before anything sees them (scoring,
 #: galleries): mid-grey, on which neither light nor dark content vanishes. Over white, a white

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import click
 
 from collapseguard.commands._common import (
@@ -16,7 +18,11 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
-from collapseguard.io.inputs import InputError, refuse_overwriting_inputs
+from collapseguard.io.inputs import (
+    InputError,
+    other_files_note,
+    refuse_overwriting_inputs,
+)
 from collapseguard.io.terminal import printable
 
 
@@ -70,7 +76,8 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
     check_spec(detector)  # an unknown name fails at once; a missing input before a model loads
     unread: list[tuple[str, str]] = []
     failed: list[tuple[str, str]] = []  # URL inputs that cannot be listed: they fail, the rest is scored
-    tasks = plan_score_tasks(paths, None, unread, image_column=image_column, failed=failed)
+    others: Counter = Counter()  # files of the folders given that are no image type: said once
+    tasks = plan_score_tasks(paths, None, unread, image_column=image_column, failed=failed, others=others)
     kwargs = detector_kwargs(detector, trust_pickle)
     det = load_detector(detector, kwargs)  # a model that cannot be built fails here, in one line,
     # not in every worker
@@ -91,6 +98,8 @@ def score(paths, detector, out, workers, image_column, no_pipe, threshold, calib
         raise click.ClickException(f"cannot write {out}: {exc}") from None
     click.echo(f"{count_line(df)}{flag_count(df)} -> {out}", err=True)
     click.echo(f"threshold: {printable(t_source)}", err=True)
+    if others:
+        click.echo(f"note: {other_files_note(others)}", err=True)
     for f in failures:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if failures:

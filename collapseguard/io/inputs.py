@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from collapseguard.images import is_image_name
+from collapseguard.images import IMAGE_EXTENSIONS, is_image_name
 from collapseguard.io.parse import (
     OTHER_TAR_SUFFIXES,
     OTHER_TAR_WHY,
@@ -58,6 +59,7 @@ __all__ = [
     "failed_text",
     "is_shard",
     "local_name",
+    "other_files_note",
     "unique_inputs",
 ]
 
@@ -114,8 +116,28 @@ def is_shard(path: str) -> bool:
     return is_shard_name(path)
 
 
+def other_extension(name: str) -> str:
+    """How ``other_files_note`` names the type of a file no reader takes: its extension in lower
+    case with the dot (``.heic``), ``"(no extension)"`` for a name without one."""
+    base = posixpath.basename(name)
+    return "." + base.rsplit(".", 1)[1].lower() if "." in base.lstrip(".") else "(no extension)"
+
+
+def other_files_note(others: Counter, shown: int = 6) -> str:
+    """One line on the files the folders given hold that are no image, shard or Parquet file by
+    name (``expand``'s ``others``: extension -> count) and were left out, "" for none."""
+    if not others:
+        return ""
+    top = sorted(others.items(), key=lambda kv: (-kv[1], kv[0]))
+    named = ", ".join(f"{printable(ext)} ({n})" for ext, n in top[:shown])
+    more = f" and {len(top) - shown} more type(s)" if len(top) > shown else ""
+    n = sum(others.values())
+    return (f"{n} file(s) in the folders given were not read, not being an image type: {named}{more} "
+            f"(images are .{', .'.join(IMAGE_EXTENSIONS)}; shards .tar, .tar.gz, .tgz; .parquet)")
+
+
 def _expand_url(url: str, data: list[Input], files: list[ImageFile],
-                failed: list[tuple[str, str]] | None = None) -> None:
+                failed: list[tuple[str, str]] | None = None, others: Counter | None = None) -> None:
     """Shards, Parquet files and image files named by an fsspec URL location (an object, a
     folder/prefix, a glob). Nothing a listing returns is ever a command. A URL that cannot be
     listed raises InputError, or, given ``failed``, is appended there as ``(url, why)`` and the
@@ -142,6 +164,8 @@ def _expand_url(url: str, data: list[Input], files: list[ImageFile],
             if key is None:
                 hint = "" if "." in posixpath.basename(url_path(u)) else " (a folder URL ends in /)"
                 raise InputError(f"{u}: not a .tar shard, a Parquet file or an image file{hint}")
+            if others is not None and not u.lower().endswith(OTHER_TAR_SUFFIXES):
+                others[other_extension(url_path(u))] += 1
         elif found.kind == "image":
             files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
                                    valid_text(url if key else u)))
@@ -176,7 +200,7 @@ def _is_sidecar(path: Path) -> bool:
 
 
 def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
-                   unread: list[tuple[str, str]] | None) -> None:
+                   unread: list[tuple[str, str]] | None, others: Counter | None = None) -> None:
     root = Path(p)
     try:
         os.scandir(p).close()
@@ -189,6 +213,9 @@ def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
     for full in walked.paths:
         found = parse_found(full)
         if found is None:
+            # a tar compressed otherwise is among ``unread`` (an error); a broken link is no file
+            if others is not None and not full.name.lower().endswith(OTHER_TAR_SUFFIXES) and full.is_file():
+                others[other_extension(full.name)] += 1
             continue
         if found.kind == "image":
             files.append(ImageFile(found.name, valid_text(full.relative_to(root).as_posix()),
@@ -199,7 +226,7 @@ def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
 
 def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
            failed: list[tuple[str, str]] | None = None, *,
-           allow_pipe: bool = True) -> tuple[list[Input], list[ImageFile]]:
+           allow_pipe: bool = True, others: Counter | None = None) -> tuple[list[Input], list[ImageFile]]:
     """The data inputs (tar shards and Parquet files, each an ``io.parse.Input``) and the image
     files named by ``inputs`` (command-line arguments, parsed by ``io.parse.parse_argument``),
     each in a stable order.
@@ -220,6 +247,10 @@ def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
     status, a redirect loop, a subfolder whose page cannot be read): that input fails and the
     others are expanded; without it, such a URL raises InputError.
 
+    ``others`` (optional) counts, by extension (``other_extension``), the files the folders and
+    URL locations hold that are no shard, Parquet file or image by name (``images.IMAGE_EXTENSIONS``)
+    and are left out (``other_files_note`` says it in one line).
+
     Raises InputError for a path that does not exist or is neither a shard, a Parquet file, an
     image nor a folder.
     """
@@ -228,9 +259,9 @@ def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
     for raw in inputs:
         for item in parse_argument(raw, allow_pipe=allow_pipe):
             if item.kind == "url":
-                _expand_url(item.name, data, files, failed)
+                _expand_url(item.name, data, files, failed, others)
             elif item.kind == "folder":
-                _expand_folder(item.display, data, files, unread)
+                _expand_folder(item.display, data, files, unread, others)
             elif item.kind == "image":
                 files.append(ImageFile(item.name, valid_text(os.path.basename(item.display)),
                                        valid_text(item.display)))

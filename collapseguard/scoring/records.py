@@ -22,7 +22,12 @@ from typing import Any
 import numpy as np
 
 from collapseguard.detectors.base import Detector, DetectorError
-from collapseguard.images import DecodeError, decode_detailed, is_image_name
+from collapseguard.images import (
+    IMAGE_EXTENSIONS,
+    DecodeError,
+    decode_detailed,
+    is_image_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,22 @@ class Scored:
 
 def image_members(members: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     return [(n, b) for n, b in members if is_image_name(n)]
+
+
+NO_IMAGE = "no image file in the sample"
+
+
+def no_image_text(names: Sequence[str], shown: int = 3) -> str:
+    """Why a record with the members ``names`` (none an image file) has nothing to score:
+    ``NO_IMAGE``, naming the first ``shown`` members and the image types when it has any (an
+    image under a name ``is_image_name`` does not take, such as ``x.heic``, is told apart from a
+    caption-only sample at a glance)."""
+    if not names:
+        return NO_IMAGE
+    listed = ", ".join(str(n)[:80] for n in names[:shown]) + (f" and {len(names) - shown} more"
+                                                             if len(names) > shown else "")
+    verb = "is not an image type" if len(names) == 1 else "are not image types"
+    return f"{NO_IMAGE} ({listed} {verb}; images are .{', .'.join(IMAGE_EXTENSIONS)})"
 
 
 def decode_members(
@@ -231,11 +252,12 @@ def score_records(
 
     for rec in records:
         members = members_of(rec)
-        members = image_members(members) if images_only else list(members)
+        every = list(members)
+        members = image_members(every) if images_only else every
         res = Scored(n_images=len(members))
         idx: list[int] = []
         if not members:
-            res.status, res.error = "no_image", "no image file in the sample"
+            res.status, res.error = "no_image", no_image_text([n for n, _ in every])
         decoded, errors, refused_shape = _decode_members(members, max_record_pixels, transform, decode)
         if errors:
             # one undecodable image makes the whole record untrustworthy: nothing of it is scored

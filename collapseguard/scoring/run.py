@@ -130,16 +130,19 @@ def data_task(inp, image_column: str | None = None) -> tuple:
 def plan_score_tasks(inputs: Sequence[str], select=None,
                      unread: list[tuple[str, str]] | None = None, *,
                      image_column: str | None = None,
-                     failed: list[tuple[str, str]] | None = None) -> list[tuple]:
+                     failed: list[tuple[str, str]] | None = None,
+                     others=None) -> list[tuple]:
     """One task per shard, per Parquet file and per chunk of image files.
     ``select(source, key, nth=0) -> bool`` (optional, picklable for worker processes) limits
     scoring to the samples it accepts; ``unread`` receives what the folders hold and cannot be
     read (``io.inputs.expand``); ``image_column`` names the image column of Parquet inputs;
     ``failed`` (optional) receives ``(url, why)`` for each URL input that cannot be listed (it
-    fails, the others are scored; InputError naming them when nothing is left)."""
+    fails, the others are scored; InputError naming them when nothing is left); ``others``
+    (optional, a ``Counter``) counts by extension the files the folders hold that are neither
+    image, shard nor Parquet file (``io.inputs.expand``)."""
     # a file named twice (or under two spellings, or also inside a folder given) is scored once,
     # under its first name: one row per image, no repeated (source, key)
-    data, files = expand(inputs, unread, failed)
+    data, files = expand(inputs, unread, failed, others=others)
     shards, files = unique_inputs(data, files)
     if failed and not shards and not files:
         raise InputError(failed_text(failed, "nothing is left to score"))
