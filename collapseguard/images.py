@@ -158,6 +158,8 @@ def decode_reduced(data: bytes, min_side: int) -> tuple[np.ndarray, str, bool, t
 
 def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
             ) -> tuple[np.ndarray, str, bool, tuple[int, int]]:
+    if not len(data):  # said as it is, not as Pillow's "cannot identify image file"
+        raise DecodeError("empty file (0 bytes)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)

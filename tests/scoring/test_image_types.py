@@ -90,3 +90,26 @@ def test_shard_members_of_every_image_type_are_judged_and_a_sample_without_one_s
     assert s.loc["k", "error"].startswith("no image file in the sample (k.xyz is not an image type; "
                                           "images are .png, .jpg"), s.loc["k", "error"]
     assert s.loc["t", "error"].startswith("no image file in the sample (t.txt, t.json are not image types")
+
+
+def test_an_empty_file_or_member_says_so(tmp_path, photos):
+    """Zero bytes read as "empty file (0 bytes)", not as Pillow's "cannot identify image file", in
+    a folder given to score and as a shard member given to filter."""
+    from collapseguard.images import DecodeError
+
+    with pytest.raises(DecodeError, match=r"^empty file \(0 bytes\)$"):
+        decode_image(b"")
+    d = tmp_path / "photos"
+    d.mkdir()
+    (d / "zero.png").write_bytes(b"")
+    (d / "ok.png").write_bytes(_encoded(photos[0], "PNG"))
+    run_cli(["score", d, "--out", tmp_path / "s.csv", *FILTER[:4], "-q"])
+    df = pd.read_csv(tmp_path / "s.csv").set_index("key")
+    assert df.loc["zero.png", "error"] == f"{d / 'zero.png'}: empty file (0 bytes)"
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "zero.jpg", b"")
+        add_member(tf, "ok.jpg", _encoded(photos[0], "JPEG"))
+    run_cli(["filter", shard, "--out", tmp_path / "out", *FILTER])
+    s = pd.read_parquet(tmp_path / "out" / "scores" / "s.parquet").set_index("key")
+    assert s.loc["zero", "reason"] == "decode_error" and s.loc["zero", "error"] == "zero.jpg: empty file (0 bytes)"
