@@ -295,3 +295,18 @@ def test_names_tar_wrote_from_dot_keep_their_keys(tmp_path, photos):
             for s in wds.WebDataset(str(tmp_path / "o" / part / "s.tar"), shardshuffle=False, empty_check=False)}
     assert keys == {"./000", "./001"}
     assert set(pd.read_parquet(tmp_path / "o/scores/s.parquet")["key"]) == {"./000", "./001"}
+
+
+def test_a_member_name_repeated_within_a_sample_is_renamed_as_reference_says(tmp_path, photos):
+    """``k.txt`` twice in one sample: the second is written as ``k.txt.dup1`` in rejected/ and the
+    sample set aside as ``unsafe_name``, its error naming the rename; REFERENCE.md's unsafe_name
+    bullet says so."""
+    shard = write_tar(tmp_path / "s.tar", [("k.png", png(photos)), ("k.txt", b"one"), ("k.txt", b"two")])
+    run_cli(["filter", shard, "--out", tmp_path / "out", *FILTER])
+    s = scores_of(tmp_path / "out", "s")
+    assert s.loc["k", "reason"] == "unsafe_name" and "<name>.dupN" in s.loc["k", "error"]
+    assert read_members(tmp_path / "out/rejected/s.tar") == [("k.png", png(photos)), ("k.txt", b"one"),
+                                                             ("k.txt.dup1", b"two")]
+    ref = (Path(__file__).resolve().parents[2] / "docs" / "REFERENCE.md").read_text()
+    bullet = ref[ref.index("`unsafe_name`\n  (member names"):ref.index("`refused_member` (a link")]
+    assert "repeated within a sample" in bullet and "`<name>.dupN`" in bullet and "k.txt.dup1" in bullet
