@@ -83,8 +83,21 @@ def bound_count_text(cal: Calibration) -> str:
     before the bound counted pictures say ``clean scores (N sources)``)."""
     split = cal.split or {}
     if cal.counts_pictures:
-        return f"k={cal.k} of n={cal.n_clean} clean pictures ({split.get('n_clean_threshold_images')} images)"
-    return f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources)"
+        text = f"k={cal.k} of n={cal.n_clean} clean pictures ({split.get('n_clean_threshold_images')} images)"
+    else:
+        text = f"k={cal.k} of n={cal.n_clean} clean scores ({split.get('n_clean_threshold_sources')} sources)"
+    binding = binding_kind(cal)
+    return text if binding is None else f"{text} of kind {_shown(binding['kind'])}, which sets the threshold"
+
+
+def binding_kind(cal: Calibration) -> dict | None:
+    """A ``--per-kind`` file's row of the kind that sets the threshold (whose n and k the file's
+    ``n_clean`` and ``k`` are); None for a pooled file."""
+    return max(cal.per_kind, key=lambda r: r["threshold"]) if cal.per_kind else None
+
+
+def _shown(name) -> str:
+    return str(name) if str(name).isprintable() else ascii(name)
 
 
 def per_kind_text(cal: Calibration) -> str:
@@ -145,6 +158,32 @@ def source_maxima(clean: pd.DataFrame, by_kind: bool = False) -> pd.DataFrame:
                      _kind=clean_kinds(clean) if by_kind else "")
     top = t.sort_values("score", ascending=False, kind="stable").drop_duplicates(["_kind", "_group"])
     return top.drop(columns=["_group", "_kind"]).sort_index()
+
+
+def _no_kind_text(t: pd.DataFrame, exc: NotEnoughCleanSamples) -> str:
+    """For a per-kind refusal naming the kind ``(none)`` among those short of pictures: what it
+    holds here (chain originals of a manifest without a ``kind`` column, --clean images given
+    without KIND=) and how to fix it; ``""`` when ``(none)`` is not short."""
+    none = BREAKDOWN["source_kind"]
+    if f"{none!r} has " not in (exc.detail or "") and exc.kind != none:
+        return ""
+    c = t[t["clean"]]
+    c = c[clean_kinds(c) == none]
+    chain = c[c["kind"] == "chain"]
+    extra = c[c["kind"] == "clean"]
+    held = []
+    if len(chain):
+        held.append(f"the clean steps of {chain['source_image'].nunique()} chain source(s) (the chains "
+                    "manifest has no `kind` column, or empty cells in it)")
+    if len(extra):
+        held.append(f"{len(extra)} --clean image(s) given without KIND=")
+    fixes = []
+    if len(chain):
+        fixes.append("add a `kind` column to the chains manifest, or leave --chains out")
+    if len(extra):
+        fixes.append("name their kind with --clean KIND=LOCATION")
+    return (f"; kind {none!r} is the clean images without a kind" + (": " + " and ".join(held) if held else "")
+            + (f"; bring more of them, or {' or '.join(fixes)}" if fixes else ""))
 
 
 def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) -> list[dict]:
@@ -245,6 +284,15 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
     # every kind of clean image, scored or not: with per_kind, a kind none of whose images could
     # be scored is refused by name, never left out of the guarantee
     kinds_named = clean_kinds(t[t["clean"]])
+    pooled_note = None
+    if per_kind and len(set(kinds_named.tolist())) <= 1:  # one kind: its guarantee is the pooled one
+        named = sorted(set(kinds_named.tolist()) - {BREAKDOWN["source_kind"]})
+        pooled_note = (f"--per-kind: every clean image is of one kind ({printable(named[0])}), so the "
+                       "guarantee is the pooled one" if named else
+                       "--per-kind: no clean kind is named (no --clean KIND=LOCATION, no `kind` column "
+                       "in the chains manifest), so all clean images are one kind and the guarantee is "
+                       "the pooled one")
+        per_kind = False
     # NaN = not scored, left out (and counted); +inf is a score, above every threshold: dropping
     # such clean images from the bound would make the guarantee optimistic
     scored = ~np.isnan(t["score"].to_numpy(dtype=np.float64))
@@ -278,6 +326,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
                               f"pictures (--holdout {holdout:g} keeps the other sources for the drop curve: "
                               f"bring about {math.ceil(exc.needed / (1 - holdout))} clean pictures in all, or "
                               "pass --holdout 0)" if holdout > 0 else "")
+        if per_kind:
+            detail += _no_kind_text(t, exc)
         if n_unscored:
             detail += f"; {n_unscored} image(s) could not be scored and were left out"
         raise NotEnoughCleanSamples(exc.n, exc.needed, alpha, confidence, exc.detail + detail,
@@ -328,6 +378,8 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         "one image each, at most alpha of its images.")
     if n_unscored:
         notes.append(f"{n_unscored} image(s) could not be scored (NaN) and were left out.")
+    if pooled_note:
+        notes.append(pooled_note)
     if kind_bounds:
         notes.append(
             f"Per clean kind: each of the {len(kind_bounds)} kinds has its own order-statistic "

@@ -49,10 +49,16 @@ def show(path) -> str:
         lines = [f"== {title(path)}", cal.describe()] + [f"  note: {note}" for note in cal.notes]
         return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
     counted = bound_count_text(cal)
+    guaranteed = f"guaranteed false-drop rate {percent(cal.guaranteed_false_drop, 2)} at confidence {cal.confidence}"
+    if cal.per_kind:  # the rate is the largest of the kinds' own bounds, not the binding kind's
+        worst = max(cal.per_kind, key=lambda r: r.get("guaranteed_false_drop") or 0)
+        guaranteed = (f"guaranteed false-drop rate of every kind at most {percent(cal.guaranteed_false_drop, 2)}, "
+                      f"jointly at confidence {cal.confidence} (the largest of the kinds' own bounds: kind "
+                      f"{worst['kind']}'s, k={worst['k']} of n={worst['n']} at its own threshold "
+                      f"{worst['threshold']:.6g})")
     lines = [f"== {title(path)}", cal.describe(),
              f"bound: {cal.method}",
-             (f"{counted}; guaranteed false-drop rate {percent(cal.guaranteed_false_drop, 2)} at confidence "
-              f"{cal.confidence}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
+             (f"{counted}; {guaranteed}; {'in-sample (--holdout 0)' if in_sample else 'held-out'} clean false drops "
               f"{percent(split.get('heldout_false_drop'), 2)} "
               f"(n={split.get('n_clean_holdout')}, CI {_interval(split.get('heldout_false_drop_ci'))})"
               + (f"; by picture {split['heldout_pictures_dropped']} of {split.get('n_clean_holdout_pictures')} "

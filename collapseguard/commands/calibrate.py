@@ -228,6 +228,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                f"{cal.split['heldout_false_drop']}")
     if cal.per_kind:
         click.echo(per_kind_text(cal))
+    for note in cal.notes:
+        if note.startswith("--per-kind:"):  # asked for per kind, and there was one kind
+            click.echo(f"note: {note}", err=True)
     click.echo(top_clean_text(cal))
     click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
     if cal.breakdown:

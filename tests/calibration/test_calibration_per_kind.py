@@ -209,3 +209,80 @@ def test_a_named_kind_without_a_scored_image_is_refused_not_left_out(two_kinds, 
         res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "h.json")])
         assert res.exit_code == 1 and "holds no image file" in res.output and "heic" in res.output, res.output
         assert "Traceback" not in res.output and not (tmp_path / "h.json").exists()
+
+
+def _chains_without_kinds(root, photos, n=6):
+    """A chains manifest with no `kind` column: its step-0 originals are clean images of no kind."""
+    from cg_testutil import degrade
+
+    from collapseguard.training_data_tools.manifest import write_manifest
+
+    rows = []
+    for i in range(n):
+        img = np.ascontiguousarray(photos[i % 4][64 * (i // 4):64 * (i // 4) + 64, :64])
+        for step, pic in ((0, img), (5, degrade(img, rounds=5, seed=i))):
+            p = root / "chains" / f"c{i}" / f"{step}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pic).save(p)
+            rows.append({"chain_id": f"c{i}", "source_image": f"s{i}", "family": "noise", "task": "t",
+                         "step": step, "path": str(p)})
+    write_manifest(pd.DataFrame(rows), root / "chains" / "manifest.csv")
+    return root / "chains"
+
+
+def test_the_kind_none_in_a_per_kind_refusal_is_explained(two_kinds, photos, tmp_path):
+    """Chains whose manifest names no kind beside --clean photos=...: the kind '(none)' that falls
+    short is the chains' originals, and the refusal says so and how to fix it."""
+    chains = _chains_without_kinds(tmp_path, photos)
+    res = CliRunner().invoke(main, ["calibrate", "--detector", "nss", "--chains", str(chains), "--clean",
+                                    f"photos={two_kinds / 'photos'}", "--per-kind", "--max-false-drop", "0.2",
+                                    "--confidence", "0.8", "--holdout", "0", "--no-plot", "--out",
+                                    str(tmp_path / "c.json")])
+    assert res.exit_code == 1, res.output
+    assert "the clean kind '(none)' has only 6" in res.output
+    assert "kind '(none)' is the clean images without a kind: the clean steps of 6 chain source(s)" in res.output
+    assert "add a `kind` column to the chains manifest, or leave --chains out" in res.output
+    res = CliRunner().invoke(main, ["calibrate", "--detector", "nss", "--clean", f"photos={two_kinds / 'photos'}",
+                                    "--clean", str(two_kinds / "grainy"), "--per-kind", "--max-false-drop",
+                                    "0.15", "--confidence", "0.8", "--holdout", "0", "--no-plot", "--out",
+                                    str(tmp_path / "d.json")])
+    assert res.exit_code == 1, res.output
+    assert "12 --clean image(s) given without KIND=" in res.output
+    assert "name their kind with --clean KIND=LOCATION" in res.output
+
+
+@pytest.mark.parametrize("clean, said", [("photos", "no clean kind is named"),
+                                         ("photos=photos", "every clean image is of one kind (photos)")])
+def test_per_kind_with_one_kind_says_the_guarantee_is_the_pooled_one(two_kinds, tmp_path, clean, said):
+    """--per-kind and every clean image of one kind (none named, or one): the file is the pooled
+    one, and the run says so rather than claiming "each of 1 clean kinds"."""
+    loc = clean.replace("photos", str(two_kinds / "photos"), 1) if "=" not in clean else \
+        f"photos={two_kinds / 'photos'}"
+    args = ["--detector", "nss", "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0",
+            "--no-plot"]
+    res = CliRunner().invoke(main, ["calibrate", "--clean", loc, "--per-kind", *args, "--out",
+                                    str(tmp_path / "k.json")])
+    assert res.exit_code == 0, res.output
+    assert f"note: --per-kind: {said}" in res.output and "the guarantee is the pooled one" in res.output
+    assert "each of 1 clean kinds" not in res.output
+    cal = load_calibration(tmp_path / "k.json")
+    pooled = CliRunner().invoke(main, ["calibrate", "--clean", loc, *args, "--out", str(tmp_path / "p.json")])
+    assert pooled.exit_code == 0 and "--per-kind:" not in pooled.output
+    assert cal.per_kind == [] and cal.threshold == load_calibration(tmp_path / "p.json").threshold
+
+
+def test_calibrations_does_not_put_one_kinds_count_beside_another_kinds_rate(two_kinds, tmp_path):
+    """A --per-kind file's summary line: k and n are the kind that sets the threshold, the rate is
+    the largest of the kinds' own bounds, possibly another kind's; each is named as such."""
+    from collapseguard.calibration.show import show
+
+    cal, _, out = _calibrate(two_kinds, tmp_path / "k.json", "--per-kind")
+    binding = max(cal.per_kind, key=lambda r: r["threshold"])
+    worst = max(cal.per_kind, key=lambda r: r["guaranteed_false_drop"])
+    assert binding["n"] == cal.n_clean and binding["k"] == cal.k
+    text = show(tmp_path / "k.json")
+    line = next(x for x in text.splitlines() if x.startswith(f"k={cal.k} of n={cal.n_clean}"))
+    assert f"of kind {binding['kind']}, which sets the threshold" in line
+    assert (f"the largest of the kinds' own bounds: kind {worst['kind']}'s, k={worst['k']} of n={worst['n']}"
+            in line)
+    assert f"of kind {binding['kind']}, which sets the threshold" in out  # calibrate's bound line too
