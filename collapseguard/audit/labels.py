@@ -6,6 +6,11 @@ from collections import Counter
 
 from collapseguard.io.terminal import printable
 
+#: ``filter``'s reasons for setting a sample aside whatever its score (``records.set_aside_reason``),
+#: as the report and the terminal say them
+SET_ASIDE_LABELS = {"unsafe_name": "unsafe name", "refused_member": "refused member",
+                    "repeated_key": "repeated key"}
+
 
 def source_labels(sources) -> dict[str, str]:
     """A label for each source: its shortest trailing run of path components that no other

@@ -16,7 +16,7 @@ import os
 import pandas as pd
 
 from collapseguard.audit import stats
-from collapseguard.audit.labels import source_labels
+from collapseguard.audit.labels import SET_ASIDE_LABELS, source_labels
 from collapseguard.dedup.gallery import STYLE as GROUPS_STYLE
 from collapseguard.images import ALPHA_BACKGROUND
 from collapseguard.io.terminal import percent
@@ -57,6 +57,7 @@ figcaption{font-size:12.5px;margin-top:6px}
 img.plot{max-width:100%;height:auto}
 img.alpha{background-color:#fff;background-image:linear-gradient(45deg,#c8ccd2 25%,transparent 25%,transparent 75%,#c8ccd2 75%),linear-gradient(45deg,#c8ccd2 25%,transparent 25%,transparent 75%,#c8ccd2 75%);background-size:16px 16px;background-position:0 0,8px 8px}
 .tag.a{background:#e4e7ec;color:#3c4450}
+.tag.s{background:#fbe3c4;color:#7a4304}
 """
 
 
@@ -90,6 +91,12 @@ def _headline(s: dict) -> str:
     if s["errors"]:
         parts.append(f'<div class="sub">{s["errors"]} sample(s) could not be scored '
                      f'(<a href="#errors">see below</a>); they are not in the fraction.</div>')
+    aside = s.get("set_aside") or {}
+    if aside.get("count"):
+        why = ", ".join(f"{n} {SET_ASIDE_LABELS.get(r, r)}" for r, n in aside["by_reason"].items())
+        parts.append(f'<div class="sub">{aside["count"]} sample(s) are set aside by <code>filter</code> '
+                     f'whatever their score ({e(why)}; <a href="#setaside">see below</a>): they are '
+                     "counted here by their scores, but none of them would be kept.</div>")
     smp = s["sample"]
     if smp["sampled"]:
         est = s.get("estimated_flagged_in_dataset")
@@ -148,7 +155,14 @@ def card(c: dict, main: str, labels: dict[str, str] | None = None) -> str:
     """One gallery card: thumbnail, native crop, key, scores, caption — all text escaped. The
     source is named by its label in ``labels`` (``source_labels``: as the per-source table and
     the terminal name it), else by its file name."""
-    tag = '<span class="tag f">flagged</span>' if c["flagged"] else '<span class="tag k">kept</span>'
+    aside = c.get("set_aside") or ""
+    if aside:  # filter rejects it whatever its score: never "kept"
+        tag = (f'<span class="tag s" title="filter rejects this sample whatever its score (reason '
+               f'{e(aside)})">set aside: {e(SET_ASIDE_LABELS.get(aside, aside))}</span>')
+        if c["flagged"]:
+            tag = '<span class="tag f">flagged</span> ' + tag
+    else:
+        tag = '<span class="tag f">flagged</span>' if c["flagged"] else '<span class="tag k">kept</span>'
     meta = [f"{e(main)} score <b>{e(_num(c['score']))}</b>"]
     if math.isfinite(c["step"]):
         meta.append(f"step ≈ {c['step']:.1f}")
@@ -202,6 +216,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
     has_step = s["equivalent_step"]["available"]
     # sources named as the terminal table names them: two 00000.tar of different folders differ
     labels = source_labels([r["source"] for r in s["per_source"]])
+    aside = s.get("set_aside") or {}
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f'<meta http-equiv="Content-Security-Policy" content="{e(CSP)}">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -218,6 +233,7 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
            '<a href="#borderline">borderline</a><a href="#kept">kept sample</a>'
            + ('<a href="#compare">other metrics</a>' if comparisons else "")
            + ('<a href="#groups">near-duplicate groups</a>' if groups_html is not None else "")
+           + ('<a href="#setaside">set aside</a>' if (s.get("set_aside") or {}).get("count") else "")
            + ('<a href="#errors">not scored</a>' if s["errors"] else "") + "</nav>",
            _headline(s)]
 
@@ -299,6 +315,23 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
                    "copy, then the others by rank, each as a thumbnail and a 1:1 crop of the same "
                    f"part of the picture. Red: marked degraded_copy.</p>{groups_html}</section>")
 
+    if aside.get("count"):
+        ex = aside["examples"]
+        rows = "".join(
+            f'<tr><td class=l title="{e(r["source"])}">{e(labels.get(r["source"]) or _short(r["source"]))}</td>'
+            f'<td class=l>{e(r["key"])}</td><td class=l>{e(SET_ASIDE_LABELS.get(r["reason"], r["reason"]))}</td>'
+            f'<td>{e(_num(r["score"]))}{" (flagged)" if r["flagged"] else ""}</td>'
+            f'<td class=l>{e(r["error"])}</td></tr>' for r in ex)
+        more = (f'<p class="note">Showing {len(ex)} of {aside["count"]}; all are in scores.parquet '
+                "(column set_aside).</p>" if aside["count"] > len(ex) else "")
+        out.append('<section id="setaside"><h2>Set aside by filter whatever the score</h2><p class="note">'
+                   "<code>filter</code> rejects these samples for how they are stored, not for their "
+                   "score: member names it had to change (unsafe name), members it did not read "
+                   "(refused member), or a key that already named an earlier sample of the shard "
+                   "(repeated key). Their galleries' tags say so; the random sample of kept images "
+                   "leaves them out.</p><table><tr><th class=l>source</th><th class=l>key</th>"
+                   f"<th class=l>reason</th><th>score</th><th class=l>note</th></tr>{rows}</table>{more}</section>")
+
     if s["errors"]:
         rows = "".join(f'<tr><td class=l title="{e(r["source"])}">{e(labels.get(r["source"]) or _short(r["source"]))}</td><td class=l>{e(r["key"])}</td>'
                        f'<td class=l>{e(r["error"])}</td></tr>' for r in s["error_examples"])
@@ -309,7 +342,8 @@ def render(summary: dict, per_source: pd.DataFrame, cards: dict, figures: dict, 
 
     out.append('<section><h2>Files</h2><p class="note">summary.json (these figures), flagged.csv '
                "(source, key, score, equivalent_step of every flagged sample), scores.parquet (every "
-               "audited sample, all detectors' scores as columns; its p_degraded_chain_mix is the "
+               "audited sample, all detectors' scores as columns; set_aside names filter's reason to "
+               "reject a sample whatever its score; p_degraded_chain_mix is the "
                "calibration's share of degraded images at each score, relative to the calibration's own mix "
                "of clean and chain images: not the decision, no guarantee), report.html (this page).</p></section>")
     out.append("</main></body></html>")

@@ -6,8 +6,10 @@ never decoded. With one process, ``--compare`` detectors score the same decoded 
 pass (``panel.ComparePanel``); with worker processes each compared detector gets its own pass. Outputs in ``out_dir``:
 
 - ``scores.parquet``  every audited sample: source, key, image, width, height, error, score,
-  flagged, equivalent_step, p_degraded_chain_mix (``PROBABILITY_COLUMN``), and ``score:<name>`` /
-  ``flagged:<name>`` per compared detector;
+  set_aside (``filter``'s reason to reject the sample whatever its score: ``unsafe_name``,
+  ``refused_member``, ``repeated_key``, "" for none), flagged, equivalent_step,
+  p_degraded_chain_mix (``PROBABILITY_COLUMN``), and ``score:<name>`` / ``flagged:<name>`` per
+  compared detector;
 - ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first;
   a source or key that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``,
   ``@``, tab or carriage return, or with ``'``) is written with a leading ``'`` (``io.csv_cells``); scores.parquet
@@ -32,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.audit import stats
-from collapseguard.audit.labels import source_labels
+from collapseguard.audit.labels import SET_ASIDE_LABELS, source_labels
 from collapseguard.audit.panel import ComparePanel, compare_column
 from collapseguard.audit.sampling import choose_sample
 from collapseguard.calibration.thresholds import (
@@ -164,18 +166,58 @@ def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
                     dtype=np.float64)
 
 
-def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quiet: bool):
-    """Score through the filter's ``run_score`` (one detector, the same reading and engines)."""
+def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quiet: bool,
+           set_aside: bool = False):
+    """Score through the filter's ``run_score`` (one detector, the same reading and engines).
+    With ``set_aside`` the rows also hold ``set_aside``: why ``filter`` would set the sample aside
+    whatever its score (``unsafe_name``, ``refused_member``, ``repeated_key``; "" for none)."""
     obj = det if options.workers <= 1 else None
-    df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
-                             detector_kwargs=kwargs, select=select,
-                             image_column=options.image_column)
+    if set_aside:
+        df, failures = _run_score_set_aside(inputs, name, obj, kwargs, options, select, quiet)
+    else:
+        df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
+                                 detector_kwargs=kwargs, select=select,
+                                 image_column=options.image_column)
     df["score"] = pd.to_numeric(df["score"], errors="coerce").astype(np.float64)
     return df, failures
 
 
+def _run_score_set_aside(inputs, name, obj, kwargs: tuple, options: AuditOptions, select, quiet: bool):
+    """``run_score`` (the same planning, engine and failure lines) with ``score_task``'s
+    ``set_aside`` column, which ``run_score`` does not ask for: the filter's own reasons, read as
+    the filter reads each shard, so the report never calls "kept" what ``filter`` sets aside."""
+    from functools import partial
+
+    from collapseguard.engines import make_engine
+    from collapseguard.scoring.progress import progress_bar
+    from collapseguard.scoring.run import COLUMNS, _total, plan_score_tasks, score_task
+
+    unread: list[tuple[str, str]] = []
+    failed: list[tuple[str, str]] = []
+    tasks = plan_score_tasks(inputs, select, unread, image_column=options.image_column, failed=failed)
+    results: list[list[dict]] = [[] for _ in tasks]
+    failures = [why for _url, why in failed] + [f"{path}: not read: {why}" for path, why in unread]
+    bar = progress_bar(_total(tasks) if select is None else None, desc="score", unit="img", quiet=quiet)
+
+    def on_done(i, rows, err):
+        if err is not None:
+            what = {"shard": tasks[i][1], "parquet": tasks[i][1][0]}.get(tasks[i][0], "image files")
+            failures.append(f"{what}: {err}")
+        results[i] = rows or []
+
+    make_engine("local", options.workers, obj).run(
+        partial(score_task, set_aside=True), tasks, name, kwargs, (bar.update if not quiet else None), on_done)
+    bar.close()
+    rows = [r for part in results for r in part]
+    cols = COLUMNS + sorted({k for r in rows for k in r} - set(COLUMNS) - {"set_aside"}) + ["set_aside"]
+    df = pd.DataFrame(rows, columns=cols)
+    df["set_aside"] = df["set_aside"].fillna("").astype(str)
+    return df, failures
+
+
 def _pick_galleries(df: pd.DataFrame, threshold: float, comparisons, options: AuditOptions) -> dict:
-    """Row indices per gallery: most degraded, borderline, random kept, and disagreements."""
+    """Row indices per gallery: most degraded, borderline, random kept (never a sample ``filter``
+    sets aside whatever its score), and disagreements."""
     k = options.gallery_size
     s = df["score"].to_numpy(np.float64)
     fin = np.isfinite(s)
@@ -186,7 +228,8 @@ def _pick_galleries(df: pd.DataFrame, threshold: float, comparisons, options: Au
     rest = np.array([i for i in idx if i not in shown], dtype=int)
     border = rest[np.argsort(np.abs(s[rest] - threshold), kind="stable")][:k].tolist() if len(rest) else []
     shown.update(border)
-    kept = np.array([i for i in idx if s[i] <= threshold and i not in shown], dtype=int)
+    aside = _set_aside(df)
+    kept = np.array([i for i in idx if s[i] <= threshold and i not in shown and not aside[i]], dtype=int)
     rng = np.random.default_rng(options.seed)
     rand = sorted(rng.choice(kept, size=min(k, len(kept)), replace=False).tolist()) if len(kept) else []
     out = {"degraded": top, "borderline": sorted(border, key=lambda i: -s[i]), "kept": rand}
@@ -224,12 +267,37 @@ def _items(df: pd.DataFrame, picks: dict, options: AuditOptions, select=None) ->
         card = {"source": str(row["source"]), "key": str(row["key"]), "score": float(row["score"]),
                 "flagged": bool(row["flagged"]), "step": float(row["equivalent_step"]),
                 "width": int(row["width"] or 0), "height": int(row["height"] or 0),
-                "caption": f.caption, "error": f.error,
+                "caption": f.caption, "error": f.error, "set_aside": str(row.get("set_aside") or ""),
                 "others": {n: (float(row[compare_column(n)]), bool(row[f"flagged:{n}"])) for n in compared}}
         if f.prepared is not None:
             card.update(f.prepared)
         cards[i] = card
     return {name: [cards[int(i)] for i in rows] for name, rows in picks.items()}
+
+
+def _set_aside(df: pd.DataFrame) -> np.ndarray:
+    """Per row: does ``filter`` set this sample aside whatever its score?"""
+    if "set_aside" not in df:
+        return np.zeros(len(df), bool)
+    return (df["set_aside"].fillna("").astype(str) != "").to_numpy()
+
+
+def set_aside_summary(df: pd.DataFrame, max_examples: int = 50) -> dict:
+    """The samples ``filter`` would set aside whatever their score: how many, by reason, and the
+    first ``max_examples`` (source, key, reason, score, flagged, error)."""
+    mask = _set_aside(df)
+    rows = df[mask]
+    reasons = rows["set_aside"].astype(str) if len(rows) else pd.Series([], dtype=str)
+    by = {r: int(n) for r, n in reasons.value_counts().items()}
+    by = {r: by[r] for r in [*SET_ASIDE_LABELS, *sorted(set(by) - set(SET_ASIDE_LABELS))] if r in by}
+    ex = rows.head(max_examples)
+    return {"count": int(mask.sum()), "by_reason": by,
+            "note": ("filter rejects these samples whatever their score (reasons unsafe_name, "
+                     "refused_member, repeated_key); they are counted above by their scores"),
+            "examples": [{"source": str(a), "key": str(b), "reason": str(c), "score": stats._num(float(d)),
+                          "flagged": bool(f), "error": str(g or "")}
+                         for a, b, c, d, f, g in zip(ex["source"], ex["key"], ex["set_aside"], ex["score"],
+                                                     ex["flagged"], ex["error"].fillna(""))]}
 
 
 def _input_sources(inputs: Sequence[str], df: pd.DataFrame) -> set[str]:
@@ -286,7 +354,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     # one process: the compared detectors score the same decoded images (one read, one decode)
     panel = ComparePanel(det, others) if others and options.workers <= 1 else None
     _log(f"scoring with {det.name}" + (f" and {', '.join(others)} (--compare)" if panel else ""), quiet)
-    df, failures = _score(inputs, det.name, panel or det, options.detector_kwargs, options, select, quiet)
+    df, failures = _score(inputs, det.name, panel or det, options.detector_kwargs, options, select, quiet,
+                          set_aside=True)
     main_failures = set(failures)
     if panel is not None:
         failures += panel.errors
@@ -359,6 +428,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     summary["error_examples"] = [{"source": a, "key": b, "error": c or "no finite score"}
                                  for a, b, c in zip(errs["source"], errs["key"],
                                                     errs["error"].fillna("").astype(str))]
+    summary["set_aside"] = set_aside_summary(df)
     summary["per_source"] = [{k: stats._num(v) for k, v in r.items()}
                              for r in per_source.to_dict(orient="records")]
     summary["storage"] = stats.storage_table(df)
@@ -475,6 +545,11 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
                          f"{percent(r['fraction']):>8}")
         if len(summary["per_source"]) > max_sources:
             lines.append(f"... {len(summary['per_source']) - max_sources} more sources in summary.json")
+    aside = summary.get("set_aside") or {}
+    if aside.get("count"):
+        lines.append(f"set aside  {aside['count']} sample(s) that filter rejects whatever their score ("
+                     + ", ".join(f"{n} {SET_ASIDE_LABELS.get(r, r)}" for r, n in aside["by_reason"].items())
+                     + "): listed in the report")
     if summary.get("storage"):
         lines.append("storage    " + ", ".join(f"{r['samples']} {r['storage']}" for r in summary["storage"]))
     if summary.get("storage_note"):

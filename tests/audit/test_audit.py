@@ -833,3 +833,53 @@ def test_threshold_alone_keeps_the_packaged_calibrations_step_map(dataset, tmp_p
     assert not summary["equivalent_step"]["available"] and summary["calibration"] is None
     assert "no packaged calibration" in reason and "add --calibration FILE" in reason
     assert html_escape(reason) in (tmp_path / "b" / "report.html").read_text()
+
+
+def test_samples_filter_sets_aside_whatever_their_score_are_never_tagged_kept(tmp_path, photos):
+    """Unsafe member names, a refused member (a link) and a repeated key: `filter` rejects these
+    samples whatever their score. The audit must say so (scores.parquet's set_aside, the summary,
+    the terminal, a report section and the cards' tags) instead of tagging them "kept", and agree
+    with what `filter` itself decides on the same shard."""
+    imgs = small(photos)
+    shard = tmp_path / "shards" / "x-000.tar"
+    shard.parent.mkdir()
+    with tarfile.open(shard, "w") as tf:
+        for name, im in (("../escape.png", imgs[0]), ("/abs/path.png", imgs[1]), ("fine.png", imgs[2]),
+                         ("other.png", imgs[3]), ("fine.png", imgs[0])):
+            add_member(tf, name, encode_png(im))
+        link = tarfile.TarInfo("linked.png")
+        link.type, link.linkname = tarfile.SYMTYPE, "fine.png"
+        tf.addfile(link)
+        add_member(tf, "linked.txt", b"a caption")
+    out = tmp_path / "audit"
+    res = CliRunner().invoke(main, ["audit", str(shard.parent), "--out", str(out), "-d", "nss",
+                                    "--threshold", "1e9", "--gallery-size", "12"])
+    assert res.exit_code == 0, res.output
+    df = pd.read_parquet(out / "scores.parquet")
+    got = list(zip(df["key"], df["set_aside"]))
+    assert got == [("escape", "unsafe_name"), ("abs/path", "unsafe_name"), ("fine", ""), ("other", ""),
+                   ("fine", "repeated_key"), ("linked", "refused_member")]
+    # the same reasons as filter's own decisions on this shard
+    run = CliRunner().invoke(main, ["filter", str(shard.parent), "--out", str(tmp_path / "f"), "-d", "nss",
+                                    "--threshold", "1e9", "-w", "1", "-q"])
+    assert run.exit_code == 0, run.output
+    fdf = pd.read_parquet(tmp_path / "f" / "scores" / "x-000.parquet")
+    assert [r if r in ("unsafe_name", "refused_member", "repeated_key") else "" for r in fdf["reason"]] == \
+        list(df["set_aside"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["set_aside"]["count"] == 4 and summary["set_aside"]["by_reason"] == {
+        "unsafe_name": 2, "refused_member": 1, "repeated_key": 1}
+    assert "set aside  4 sample(s)" in res.stdout and "2 unsafe name" in res.stdout
+    import re
+    html = (out / "report.html").read_text()
+    tags = re.findall(r'<span class="tag [a-z]"[^>]*>([^<]*)</span> <span class="key">([^<]*)', html)
+    by_key = {}
+    for t, k in tags:
+        by_key.setdefault(k, set()).add(t)
+    assert by_key["escape"] == {"set aside: unsafe name"} and by_key["abs/path"] == {"set aside: unsafe name"}
+    assert by_key["other"] == {"kept"}
+    assert "set aside: repeated key" in by_key["fine"] and "kept" in by_key["fine"]
+    assert 'id="setaside"' in html and html.count("<td class=l>unsafe name</td>") == 2
+    assert "<td class=l>refused member</td>" in html and "<td class=l>repeated key</td>" in html
+    kept = html[html.index('id="kept"'):html.index("</section>", html.index('id="kept"'))]
+    assert "set aside" not in kept  # the random sample of kept images holds none of them
