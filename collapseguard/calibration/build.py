@@ -263,6 +263,25 @@ def first_steps(curve: list[dict], levels=LEVELS) -> dict:
     return out
 
 
+def first_steps_text(cal: Calibration, line: str) -> str:
+    """``line`` (with ``{family}``, ``{0.9}`` and ``{0.99}`` fields) per family of the file's first
+    steps dropped: a step number, or ``never (to step N)`` when no step measured reached the level
+    (``n/a`` when the file does not say)."""
+    last = {}
+    for r in cal.drop_curve:
+        last[r["family"]] = max(last.get(r["family"], 0), int(r["step"]))
+    out = []
+    for fam, lv in cal.first_step_dropped.items():
+        cells = {}
+        for level in LEVELS:
+            v = (lv or {}).get(f"{level:g}")
+            cells[f"{level:g}"] = (str(v) if v is not None else
+                                   f"never (to step {last[fam]})" if fam in last else "never")
+        out.append(line.replace("{family}", printable(fam)).replace("{0.9}", cells["0.9"])
+                   .replace("{0.99}", cells["0.99"]))
+    return "\n".join(out)
+
+
 def build_calibration(table: pd.DataFrame, detector: str, detector_version: str, *,
                       alpha: float = 0.01, confidence: float = 0.95, clean_steps=(0,),
                       target: str = "step", holdout: float = 0.3, salt: str = "calibration",

@@ -11,6 +11,7 @@ from pathlib import Path
 from collapseguard.calibration.build import (
     bound_count_text,
     curve_table,
+    first_steps_text,
     per_kind_text,
     top_clean_text,
 )
@@ -69,8 +70,8 @@ def show(path) -> str:
         lines.insert(-1, per_kind_text(cal))
     if cal.top_clean:
         lines.insert(-1, top_clean_text(cal))
-    for fam, lv in cal.first_step_dropped.items():
-        lines.append(f"  {fam}: first step >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
+    if cal.first_step_dropped:
+        lines.append(first_steps_text(cal, "  {family}: first step >=90% dropped: {0.9}, >=99%: {0.99}"))
     lines += [f"  note: {note}" for note in cal.notes]
     # a calibration file may come from elsewhere: its names are printed with control characters escaped
     return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))

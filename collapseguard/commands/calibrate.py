@@ -16,7 +16,7 @@ from collapseguard.commands._common import (
     command_line,
     quiet_option,
 )
-from collapseguard.io.terminal import first_of, printable
+from collapseguard.io.terminal import first_of, percent, printable
 
 #: ``--clean KIND=LOCATION``: a kind is a short plain name
 _KIND = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63})=(.+)")
@@ -117,6 +117,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         breakdown_text,
         build_calibration,
         curve_table,
+        first_steps_text,
         label_clean,
         per_kind_text,
         top_clean_text,
@@ -223,9 +224,11 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
     save_calibration(cal, out)
     click.echo(f"wrote {out}")
     click.echo(printable(cal.describe()))  # the detector named by a --from-scores table
+    held = cal.split.get("heldout_false_drop")
     click.echo(f"  bound: {bound_count_text(cal)}; "
                f"{'held-out' if holdout > 0 else 'in-sample (--holdout 0)'} false-drop "
-               f"{cal.split['heldout_false_drop']}")
+               + (f"{percent(held, 2)} of {cal.split.get('n_clean_holdout')} clean images" if held is not None
+                  else "n/a (no clean image held out)"))
     if cal.per_kind:
         click.echo(per_kind_text(cal))
     for note in cal.notes:
@@ -243,8 +246,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                            f"({cal.breakdown.get('measured_on', '')}), above --max-false-drop "
                            f"{alpha:g}: the guarantee is for the pooled clean images; --per-kind "
                            "gives each kind its own", err=True)
-    for fam, lv in cal.first_step_dropped.items():
-        click.echo(f"  {printable(fam)}: first step with >=90% dropped: {lv.get('0.9')}, >=99%: {lv.get('0.99')}")
+    if cal.first_step_dropped:
+        click.echo(first_steps_text(cal, "  {family}: first step with >=90% dropped: {0.9}, >=99%: {0.99}"))
     if not no_plot and importlib.util.find_spec("matplotlib") is None:
         click.echo("no plot: drawing it needs matplotlib: pip install 'collapseguard[plots]'", err=True)
     elif not no_plot:

@@ -428,3 +428,28 @@ def test_a_folder_of_unrelated_numbered_pictures_is_called_no_chain(data, tmp_pa
         assert ("look like two different pictures" in res.output) is warned, res.output
         notes = " ".join(load_calibration(out).notes)
         assert ("look like two different pictures" in notes) is warned, notes
+
+
+def test_calibrate_and_calibrations_print_rates_as_percents_and_never_none(tmp_path):
+    """The held-out false-drop rate as a percent of a count (not 0.2857142857142857), and a family
+    that never reaches 90% or 99% dropped as "never (to step N)" (not None), in the run's output
+    and in `collapseguard calibrations`. Gentle chains of the bundled photos, scored by nss."""
+    import re
+
+    from collapseguard.calibration.show import show
+
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", "bundled", "--max-sources", "8",
+                                    "--families", "noise_tint", "--steps", "10", "--keep", "0,5,10",
+                                    "--out", str(tmp_path / "chains"), "-w", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    res = _run(["--chains", str(tmp_path / "chains"), "--detector", "nss", "--max-false-drop", "0.3",
+                "--confidence", "0.6", "--out", str(tmp_path / "c.json"), "--no-plot", "-q"])
+    assert res.exit_code == 0, res.output
+    cal = load_calibration(tmp_path / "c.json")
+    line = next(x for x in res.output.splitlines() if "false-drop" in x and "bound:" in x)
+    assert re.search(r"false-drop (\d+\.\d\d% of \d+ clean images|n/a \(no clean image held out\))$", line), line
+    assert not re.search(r"\d\.\d{8,}", res.output)
+    assert any(None in lv.values() for lv in cal.first_step_dropped.values()), cal.first_step_dropped
+    for text in (res.output, show(tmp_path / "c.json")):
+        assert "None" not in text
+        assert "never (to step 10)" in text
