@@ -52,8 +52,9 @@ class NotEnoughCleanSamples(CalibrationError):
         self.n, self.needed, self.alpha, self.confidence = n, needed, alpha, confidence
         self.detail, self.unit, self.kind = detail, unit, kind
         where = f"the clean kind {kind!r} has only " if kind is not None else ""
+        one = unit[:-1] if n == 1 and unit.endswith("s") else unit  # "1 distinct clean picture"
         super().__init__(
-            f"{where}{n} {unit}, which cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
+            f"{where}{n} {one}, which cannot support at most {alpha:.3g} false drops with {confidence:.3g} "
             f"confidence: at least {needed} {unit} are needed{detail} (add clean images with "
             f"--clean, more chains, or relax --max-false-drop / --confidence)")
 
@@ -164,7 +165,8 @@ def per_kind_threshold(clean_scores, kinds, alpha: float = 0.01, confidence: flo
         listed = ", ".join(f"{name!r} has {n}" for name, n in short)
         smallest, n_smallest = min(short, key=lambda kn: kn[1])
         raise NotEnoughCleanSamples(n_smallest, needed, a, c,
-                                    f" for each of the {len(names)} clean kinds ({listed}; "
+                                    (f" for each of the {len(names)} clean kinds" if len(names) > 1
+                                     else " for the one clean kind") + f" ({listed}; "
                                     f"{len(names)} kinds together need {needed} per kind)", kind=smallest)
     top = max(parts, key=lambda p: p.bound.threshold)
     t = top.bound.threshold
