@@ -192,10 +192,30 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
     except Image.DecompressionBombError as exc:  # Pillow's own refusal, at twice its limit
         n = re.search(r"\((\d+) pixels\)", str(exc))
         size = f"{int(n.group(1)):,} pixels" if n else "more pixels than Pillow opens"
-        raise DecodeError(f"image too large: {size}, over the {MAX_PIXELS:,}-pixel limit") from None
+        raise DecodeError(f"image too large: {size}, over the {MAX_PIXELS:,}-pixel limit",
+                          size=_header_size(data)) from None
     except Exception as exc:  # PIL raises many types for bad data
         # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
         raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    """The (width, height) the header of ``data`` claims, read by the plugin of an allowed format
+    that takes it, without Pillow's pixel-count check: ``Image.open`` raises its
+    ``DecompressionBombError`` before the size can be asked, and a refused image's row carries its
+    size as one refused against ``MAX_PIXELS`` does. Nothing is decoded; None when no plugin
+    reads the header."""
+    Image.init()
+    for fmt in ALLOWED_FORMATS:
+        factory, accept = Image.OPEN.get(fmt, (None, None))
+        try:
+            if factory is None or (accept and not accept(data[:16])):
+                continue
+            with factory(io.BytesIO(data)) as img:
+                return img.size
+        except Exception:  # noqa: BLE001 - PIL raises many types for bad data: not this format
+            continue
+    return None
 
 
 def shown_rgb_array(img: Image.Image) -> np.ndarray:

@@ -51,8 +51,10 @@ class Scored:
     status: str = "ok"
     extra: dict[str, float] = field(default_factory=dict)
     n_images: int = 0
-    width: int = 0
-    height: int = 0
+    #: of the image the score came from (else the first decoded, or the first refused whose header
+    #: gave its size); None when no image's size is known (none could be read)
+    width: int | None = None
+    height: int | None = None
     #: how the scored image is stored (``images.image_storage``: "png", "jpeg 4:2:0", ...)
     storage: str = ""
     #: does the scored image have transparent pixels (scored composited over

@@ -209,6 +209,9 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     bar.close()
     rows = [r for part in results if part for r in part]
     df = pd.DataFrame(rows, columns=COLUMNS + sorted({k for r in rows for k in r} - set(COLUMNS)))
+    # integers with empty cells where the size is unknown (an image that could not be read), not
+    # floats (640.0 in a CSV) nor 0
+    df[["width", "height"]] = df[["width", "height"]].astype("Int64")
     return df, failures
 
 
