@@ -215,7 +215,15 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
                                 clean_steps=steps, target=target, holdout=holdout, command=command,
                                 clean_sources=sources, per_kind=per_kind)
     except ValueError as exc:  # plain ValueErrors of argument checks
-        raise click.ClickException(str(exc)) from None
+        from collapseguard.calibration.bounds import NotEnoughCleanSamples
+
+        hint = ""
+        if isinstance(exc, NotEnoughCleanSamples) and from_scores is None:  # the scoring need not be redone
+            hint = (f"; the scores are saved in {scores_out}: try other --max-false-drop / --confidence / "
+                    f"--holdout with --from-scores {scores_out}, without scoring again" if scores_out is not None
+                    else "; to try other --max-false-drop / --confidence / --holdout without scoring again, "
+                         "rerun with --scores-out FILE, then --from-scores FILE")
+        raise click.ClickException(str(exc) + hint) from None
     cal.notes += warnings
     n_unscored = (cal.split or {}).get("n_unscored", 0)
     if n_unscored:

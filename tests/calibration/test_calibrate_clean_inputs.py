@@ -258,3 +258,17 @@ def test_the_plot_of_equal_scores_draws_without_warnings(tmp_path):
         res = _calibrate("--from-scores", scores, "--out", tmp_path / "b.json", *loose)
     assert res.exit_code == 0, res.output
     assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_the_too_few_refusal_points_to_scores_out_and_from_scores(tmp_path):
+    """Scoring can take long, and the refusal comes after it: it says how to keep the scores
+    (--scores-out) and reuse them (--from-scores), or where they already are."""
+    clean = _folder(tmp_path / "clean", 5)
+    strict = ["--max-false-drop", "0.01", "--confidence", "0.95"]
+    res = _calibrate("--clean", clean, "--out", tmp_path / "a.json", *LOOSE, *strict)
+    assert res.exit_code != 0 and "rerun with --scores-out FILE, then --from-scores FILE" in res.output
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", clean, "--out", tmp_path / "a.json", "--scores-out", scores, *LOOSE, *strict)
+    assert res.exit_code != 0 and f"--from-scores {scores}, without scoring again" in res.output
+    res = _calibrate("--from-scores", scores, "--out", tmp_path / "a.json", "--no-plot", *strict)
+    assert res.exit_code != 0 and "without scoring again" not in res.output
