@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -219,6 +220,26 @@ def drop_curve(table: pd.DataFrame, threshold: float, confidence: float = 0.95) 
 BREAKDOWN = {"storage": "(unknown)", "source_kind": "(none)"}
 
 
+#: JPEG quality bands of the per-storage table (lowest quality of each band), used when it would
+#: otherwise hold more than MAX_JPEG_ROWS JPEG rows (a few qualities, as `chains store` writes
+#: them, keep their own rows)
+JPEG_BANDS = (0, 50, 70, 80, 90, 95)
+MAX_JPEG_ROWS = 4
+
+
+def storage_band(label: str) -> str:
+    """A storage label with its JPEG quality put into a band (``jpeg q71 4:2:0`` -> ``jpeg
+    q70-79 4:2:0``): web JPEGs estimate to a score of qualities, and a row for each drowned the
+    table. Other labels are unchanged."""
+    m = re.fullmatch(r"jpeg q(\d+)(.*)", label)
+    if not m:
+        return label
+    q = int(m.group(1))
+    lo = max(b for b in JPEG_BANDS if b <= q)
+    hi = next((b - 1 for b in JPEG_BANDS if b > q), 100)
+    return f"jpeg q{lo}-{hi}{m.group(2)}"
+
+
 def breakdown(part: pd.DataFrame, threshold: float, confidence: float = 0.95) -> dict:
     """Per storage and per clean kind (``BREAKDOWN``) of ``part`` (rows with a ``clean`` label):
     ``{"storage": {"clean": [...], "steps": [...]}, "source_kind": {...}}``. ``clean`` rows give
@@ -232,6 +253,8 @@ def breakdown(part: pd.DataFrame, threshold: float, confidence: float = 0.95) ->
         if col not in t.columns or (col == "source_kind" and not (t[col].fillna("") != "").any()):
             continue
         labels = t[col].fillna("").astype(str)
+        if col == "storage" and labels[labels.str.startswith("jpeg q")].nunique() > MAX_JPEG_ROWS:
+            labels = labels.map(storage_band)  # web JPEGs: one row per quality band, not per quality
         clean_rows, step_rows = [], []
         for value, g in t.assign(_group=labels.where(labels != "", empty)).groupby("_group", sort=True):
             groups = [(None, _dedupe_clean(g[g["clean"]]))]

@@ -77,3 +77,29 @@ def test_a_breakdown_that_is_not_an_object_is_refused(calibrated):
     d["breakdown"] = [1, 2]
     with pytest.raises(CalibrationError, match="breakdown"):
         Calibration.from_dict(d)
+
+
+def test_the_storage_table_bands_jpeg_qualities(tmp_path):
+    """Clean JPEGs saved at 25 qualities (as web JPEGs arrive) give a few quality bands in the
+    per-storage table, not a row per quality."""
+    import skimage.data as sd
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from collapseguard.calibration.thresholds import load_calibration
+    from collapseguard.cli import main
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    pics = [sd.astronaut(), sd.chelsea(), sd.coffee(), sd.rocket()]
+    for i, q in enumerate(range(70, 95)):
+        s = pics[i % 4]
+        Image.fromarray(s[24 * (i // 4):24 * (i // 4) + 64, 24 * (i // 4):24 * (i // 4) + 64]).save(
+            clean / f"p{i}.jpg", quality=q)
+    res = CliRunner().invoke(main, ["calibrate", "--clean", str(clean), "--detector", "nss", "--max-false-drop",
+                                    "0.3", "--confidence", "0.6", "--holdout", "0", "--no-plot", "--out",
+                                    str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    rows = [r["storage"] for r in load_calibration(tmp_path / "c.json").breakdown["storage"]["clean"]]
+    assert 2 <= len(rows) <= 4 and all(r.startswith(("jpeg q70-79", "jpeg q80-89", "jpeg q90-94")) for r in rows), rows
+    assert "jpeg q80-89 4:2:0" in res.output
