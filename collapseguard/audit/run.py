@@ -172,46 +172,10 @@ def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quie
     With ``set_aside`` the rows also hold ``set_aside``: why ``filter`` would set the sample aside
     whatever its score (``unsafe_name``, ``refused_member``, ``repeated_key``; "" for none)."""
     obj = det if options.workers <= 1 else None
-    if set_aside:
-        df, failures = _run_score_set_aside(inputs, name, obj, kwargs, options, select, quiet)
-    else:
-        df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
-                                 detector_kwargs=kwargs, select=select,
-                                 image_column=options.image_column)
+    df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
+                             detector_kwargs=kwargs, select=select,
+                             image_column=options.image_column, set_aside=set_aside)
     df["score"] = pd.to_numeric(df["score"], errors="coerce").astype(np.float64)
-    return df, failures
-
-
-def _run_score_set_aside(inputs, name, obj, kwargs: tuple, options: AuditOptions, select, quiet: bool):
-    """``run_score`` (the same planning, engine and failure lines) with ``score_task``'s
-    ``set_aside`` column, which ``run_score`` does not ask for: the filter's own reasons, read as
-    the filter reads each shard, so the report never calls "kept" what ``filter`` sets aside."""
-    from functools import partial
-
-    from collapseguard.engines import make_engine
-    from collapseguard.scoring.progress import progress_bar
-    from collapseguard.scoring.run import COLUMNS, _total, plan_score_tasks, score_task
-
-    unread: list[tuple[str, str]] = []
-    failed: list[tuple[str, str]] = []
-    tasks = plan_score_tasks(inputs, select, unread, image_column=options.image_column, failed=failed)
-    results: list[list[dict]] = [[] for _ in tasks]
-    failures = [why for _url, why in failed] + [f"{path}: not read: {why}" for path, why in unread]
-    bar = progress_bar(_total(tasks) if select is None else None, desc="score", unit="img", quiet=quiet)
-
-    def on_done(i, rows, err):
-        if err is not None:
-            what = {"shard": tasks[i][1], "parquet": tasks[i][1][0]}.get(tasks[i][0], "image files")
-            failures.append(f"{what}: {err}")
-        results[i] = rows or []
-
-    make_engine("local", options.workers, obj).run(
-        partial(score_task, set_aside=True), tasks, name, kwargs, (bar.update if not quiet else None), on_done)
-    bar.close()
-    rows = [r for part in results for r in part]
-    cols = COLUMNS + sorted({k for r in rows for k in r} - set(COLUMNS) - {"set_aside"}) + ["set_aside"]
-    df = pd.DataFrame(rows, columns=cols)
-    df["set_aside"] = df["set_aside"].fillna("").astype(str)
     return df, failures
 
 

@@ -7,6 +7,7 @@ in input order: shards first in the order given, then loose image files.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -175,7 +176,7 @@ def _total(tasks: list[tuple]) -> int | None:
 def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
               detector_obj=None, detector_kwargs: tuple = (),
               select=None, planned: tuple[list, list] | None = None,
-              image_column: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+              image_column: str | None = None, set_aside: bool = False) -> tuple[pd.DataFrame, list[str]]:
     """Score every image named by ``inputs``; returns (table, errors of tasks that failed).
 
     ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
@@ -185,7 +186,9 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     (its ``why`` names the URL) and the other inputs are scored.
     ``planned``: ``(tasks, unread, failed)`` from an earlier
     ``plan_score_tasks(inputs, select, unread, failed=failed)`` (a caller that checks its inputs
-    before loading a detector), instead of planning here."""
+    before loading a detector), instead of planning here.
+    ``set_aside``: the table's last column, ``set_aside``, holds why ``filter`` would set a sample
+    aside whatever its score (``score_task(set_aside=True)``; "" for none)."""
     if planned is None:
         unread: list[tuple[str, str]] = []
         failed: list[tuple[str, str]] = []
@@ -204,11 +207,15 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
             failures.append(f"{what}: {err}")
         results[i] = rows or []
 
+    task = partial(score_task, set_aside=True) if set_aside else score_task
     make_engine("local", workers, detector_obj).run(
-        score_task, tasks, detector, detector_kwargs, (bar.update if not quiet else None), on_done)
+        task, tasks, detector, detector_kwargs, (bar.update if not quiet else None), on_done)
     bar.close()
     rows = [r for part in results if part for r in part]
-    df = pd.DataFrame(rows, columns=COLUMNS + sorted({k for r in rows for k in r} - set(COLUMNS)))
+    extra = sorted({k for r in rows for k in r} - set(COLUMNS) - {"set_aside"})
+    df = pd.DataFrame(rows, columns=COLUMNS + extra + (["set_aside"] if set_aside else []))
+    if set_aside:
+        df["set_aside"] = df["set_aside"].fillna("").astype(str)
     # integers with empty cells where the size is unknown (an image that could not be read), not
     # floats (640.0 in a CSV) nor 0
     df[["width", "height"]] = df[["width", "height"]].astype("Int64")
