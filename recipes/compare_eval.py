@@ -1,7 +1,7 @@
 """Rank figures of comparator weights on an evaluation set's chains, grouped by picture.
 
     python recipes/compare_eval.py EVAL/stored/manifest.csv --work WORK [--weights W.safetensors ...]
-        [--max-step 10] [--workers 2] [--psnr-bands 30,35,40,45]
+        [--max-step 10] [--workers 2] [--psnr-bands 30,35,40,45] [--cnn CNN.safetensors]
 
 Every chain image at steps <= ``--max-step`` (every storage) is described once by the comparator's
 own cnn and the ``pair_features`` ladder (``Comparator.describe``, all features), cached in WORK
@@ -20,8 +20,9 @@ misses on pairs the damage barely touched can be told from misses on visible dam
 This is the ranking half of ``benchmarks/dedup_scale.py --chains`` with grouping taken as perfect
 (each picture is one group, no harmless copies or unrelated pictures), so the figures are close to
 that benchmark's but not the same: it takes seconds per weights file once the descriptions are
-cached, where the benchmark runs ``dedup`` end to end. Weights fitted on another cnn
-(``compare_weights.py --cnn``) are refused: their descriptions differ.
+cached, where the benchmark runs ``dedup`` end to end. Weights fitted on a cnn other than the
+one describing (``compare_weights.py --cnn``; ``--cnn`` here) are skipped: their descriptions
+differ.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ import numpy as np
 import pandas as pd
 
 
-def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
+def describe_manifest(manifest: str, work: Path, max_step: int, workers: int, cnn_weights: str | None = None):
     """``(rows, cnn, ladders)`` of the manifest's chain images at steps <= ``max_step``
-    (``read_manifest``: paths checked, inside the manifest's folder)."""
+    (``read_manifest``: paths checked, inside the manifest's folder), the cnn input read by the
+    cnn ``cnn_weights`` (default: the comparator's own)."""
     from collapseguard.dedup.fit import (
         describe_all,
         describer_pool,
@@ -52,7 +54,7 @@ def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
     from collapseguard.io.atomic import replaced_when_done
     from collapseguard.training_data_tools.manifest import read_manifest
 
-    comp = untrained_comparator()
+    comp = untrained_comparator(cnn_weights)
     rows = read_manifest(manifest)
     rows = rows[rows["step"] <= max_step].reset_index(drop=True)
     digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()
@@ -66,7 +68,7 @@ def describe_manifest(manifest: str, work: Path, max_step: int, workers: int):
     t0 = time.time()
     cnn, lad = [], []
     chunk = 512  # images held at once
-    with describer_pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
+    with describer_pool(workers, cnn_weights) if workers > 1 else contextlib.nullcontext() as pool:
         for i in range(0, len(rows), chunk):
             imgs = [load_image(p) for p in rows["path"][i: i + chunk]]
             for d in describe_all(comp, imgs, pool=pool):
@@ -186,6 +188,9 @@ def main(argv=None) -> int:
                     help="comparator weights files (default: the packaged ones)")
     ap.add_argument("--max-step", type=int, default=10)
     ap.add_argument("--workers", type=int, default=1, help="processes that describe the images")
+    ap.add_argument("--cnn", default=None, metavar="FILE",
+                    help="cnn weights whose score is the cnn input (default: the comparator's own); "
+                         "only weights fitted on that cnn (compare_weights.py --cnn FILE) are ranked")
     ap.add_argument("--psnr-bands", default="",
                     help="band edges in dB, e.g. 35,40: also print step 0 vs >= 3 per family in bands "
                          "of the two steps' PSNR as PNG (how much the damage changed the picture)")
@@ -193,10 +198,11 @@ def main(argv=None) -> int:
     if args.max_step < 5:
         ap.error("--max-step: at least 5 (the figures compare step 0 with steps >= 3, step 1 with step 5)")
 
+    from collapseguard.detectors.base import create
     from collapseguard.detectors.compare import comparator_cnn, load_weights
 
-    rows, cnn, lad = describe_manifest(args.manifest, Path(args.work), args.max_step, args.workers)
-    own = comparator_cnn().version
+    rows, cnn, lad = describe_manifest(args.manifest, Path(args.work), args.max_step, args.workers, args.cnn)
+    own = (create("cnn", weights=args.cnn) if args.cnn else comparator_cnn()).version
     try:
         bands = [float(b) for b in args.psnr_bands.split(",") if b.strip()]
     except ValueError:
@@ -206,7 +212,7 @@ def main(argv=None) -> int:
         t = load_weights(path)
         fitted_on = t["meta"].get("cnn")
         if fitted_on and fitted_on != own:
-            print(f"{path}: fitted on cnn {fitted_on}, not the comparator's {own}; skipped",
+            print(f"{path}: fitted on cnn {fitted_on}, not the cnn describing ({own}); skipped",
                   file=sys.stderr)
             continue
         figures = rank_figures(rows, cnn, lad, t["w"], t["s"])

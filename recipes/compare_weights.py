@@ -193,6 +193,44 @@ def main(argv=None) -> int:
         return run(args, inputs, input_sets, pool)
 
 
+def chain_descriptions(manifest, work: Path, seed: int, comp, pool=None):
+    """``(rows, descriptions, row of each description)`` of a manifest's chain images: each image
+    as made and as one harmless copy (``random_copy``, stream ``seed``), cached in ``work``
+    (``descriptions-*.npz``, keyed by the manifest's path and bytes, the seed and what the
+    descriptions depend on)."""
+    from collapseguard.dedup.copies import random_copy
+    from collapseguard.dedup.fit import describe_all
+    from collapseguard.images import load_image
+    from collapseguard.io.atomic import replaced_when_done
+    from collapseguard.training_data_tools.manifest import read_manifest
+
+    t0 = time.time()
+    part = read_manifest(manifest).reset_index(drop=True)
+    key = hashlib.sha256(repr((str(Path(manifest).resolve()), file_digest(manifest), seed,
+                               comp.description_version)).encode()).hexdigest()[:12]
+    cache = work / f"descriptions-{key}.npz"
+    z = np.load(cache, allow_pickle=False) if cache.exists() else None
+    if z is not None and len(z["chain_rows"]) == 2 * len(part):
+        return part, unpack(z["chain_cnn"], z["chain_lad"]), z["chain_rows"]
+    rng = np.random.default_rng(seed)
+    imgs, rows = [], []
+    for r, path in enumerate(part["path"]):
+        img = load_image(path)
+        imgs.append(img)
+        rows.append(r)
+        imgs.append(random_copy(img, rng)[2])
+        rows.append(r)
+    descs = describe_all(comp, imgs, pool=pool)
+    rows = np.array(rows)
+    del imgs
+    cc, cl = pack(descs)
+    work.mkdir(parents=True, exist_ok=True)
+    with replaced_when_done(cache, suffix=".npz") as tmp:
+        np.savez(tmp, chain_cnn=cc, chain_lad=cl, chain_rows=rows)
+    print(f"{manifest}: described {len(descs)} chain images in {time.time() - t0:.0f} s", file=sys.stderr)
+    return part, descs, rows
+
+
 def run(args, inputs, input_sets, pool) -> int:
     """Describe, fit and calibrate as the module text says (``pool``: a ``describer_pool`` or
     None)."""
@@ -208,7 +246,7 @@ def run(args, inputs, input_sets, pool) -> int:
     from collapseguard.detectors.compare import pair_inputs
     from collapseguard.images import load_image
     from collapseguard.io.atomic import replaced_when_done
-    from collapseguard.training_data_tools.manifest import read_manifest, source_bucket
+    from collapseguard.training_data_tools.manifest import source_bucket
     from collapseguard.training_data_tools.sources import resolve_sources
 
     work = Path(args.work)
@@ -217,31 +255,8 @@ def run(args, inputs, input_sets, pool) -> int:
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):
-        part = read_manifest(manifest).reset_index(drop=True)
+        part, descs, rows = chain_descriptions(manifest, work, args.seed, comp, pool)
         part["chain_id"] = f"{m}:" + part["chain_id"].astype(str)  # chains stay within a manifest
-        key = hashlib.sha256(repr((str(Path(manifest).resolve()), file_digest(manifest), args.seed,
-                                   comp.description_version)).encode()).hexdigest()[:12]
-        cache = work / f"descriptions-{key}.npz"  # the chain images' descriptions
-        z = np.load(cache, allow_pickle=False) if cache.exists() else None
-        if z is not None and len(z["chain_rows"]) == 2 * len(part):
-            descs, rows = unpack(z["chain_cnn"], z["chain_lad"]), z["chain_rows"]
-        else:
-            rng = np.random.default_rng(args.seed)
-            imgs, rows = [], []
-            for r, path in enumerate(part["path"]):
-                img = load_image(path)
-                imgs.append(img)
-                rows.append(r)
-                imgs.append(random_copy(img, rng)[2])
-                rows.append(r)
-            descs = describe_all(comp, imgs, pool=pool)
-            rows = np.array(rows)
-            del imgs
-            cc, cl = pack(descs)
-            with replaced_when_done(cache, suffix=".npz") as tmp:
-                np.savez(tmp, chain_cnn=cc, chain_lad=cl, chain_rows=rows)
-            print(f"{manifest}: described {len(descs)} chain images in {time.time() - t0:.0f} s",
-                  file=sys.stderr)
         chain_descs += descs
         chain_rows.append(np.asarray(rows) + sum(len(f) for f in frames))
         frames.append(part)

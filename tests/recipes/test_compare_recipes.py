@@ -213,3 +213,39 @@ def test_compare_pairnet_families_read_what_a_filtered_manifest_reads(tmp_path, 
     assert all(np.array_equal(a, b) for a, b in zip(made + copy, made_f + copy_f))  # the same copies too
     with pytest.raises(SystemExit, match="no chains of nope"):
         rec.load_chains([str(chains / "manifest.csv")], 64, 0, ["grain2", "nope"])
+
+
+def test_compare_eval_describes_with_another_cnn_and_skips_weights_fitted_on_its_own(
+        tmp_path, recipe_script, capsys):
+    from importlib import resources
+
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=3, steps=(0, 1, 3, 5), families=("noise",))
+    rec = recipe_script("compare_eval.py")
+    other = str(resources.files("collapseguard") / "weights" / "cnn.safetensors")
+    _, own_cnn, own_lad = rec.describe_manifest(str(chains / "manifest.csv"), tmp_path / "w", 10, 1)
+    _, cnn, lad = rec.describe_manifest(str(chains / "manifest.csv"), tmp_path / "w", 10, 1, other)
+    np.testing.assert_array_equal(lad, own_lad)  # the features do not depend on the cnn
+    assert not np.allclose(cnn, own_cnn, atol=1e-3)  # its own cache entry, another cnn's scores
+    capsys.readouterr()
+    assert rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "w"), "--cnn", other]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "" and "fitted on cnn" in err and "skipped" in err  # packaged: the own cnn's
+
+
+def test_compare_mlp_fits_both_models_on_the_same_descriptions(tmp_path, recipe_script, capsys):
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=10, steps=(0, 1, 3, 5), families=("noise",))
+    rec = recipe_script("compare_mlp.py")
+    common = [str(chains / "manifest.csv"), "--work", str(tmp_path / "w"), "--eval",
+              str(chains / "manifest.csv"), "--eval-work", str(tmp_path / "ew"), "--steps", "150"]
+    got = {}
+    for hidden in ("0", "8"):
+        assert rec.main([*common, "--hidden", hidden]) == 0
+        got[hidden] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(tmp_path.joinpath("w").glob("descriptions-*.npz"))  # compare_weights.py's cache
+    for out in got.values():
+        for ranking in ("eval_borda", "eval_group_ctx"):
+            fam = out[ranking]["step0_vs_ge3"]["by_family"]
+            assert list(fam) == ["noise"] and out[ranking]["step0_vs_ge3"]["worst"] == fam["noise"]
+    lin = got["0"]["eval_group_ctx"]["step0_vs_ge3"]["worst"]
+    assert lin >= 0.75  # growing noise: the linear model orders it
+    assert got["0"]["eval_borda"]["step0_vs_ge3"]["worst"] == lin  # linear: both rankings agree
