@@ -61,6 +61,7 @@ def main(argv=None) -> int:
     from collapseguard.training_data_tools.manifest import source_bucket
 
     torch.manual_seed(args.seed)
+    torch.set_num_threads(1)  # small matrices: more threads only wait on each other
     part, descs, rows = chain_descriptions(args.manifest, Path(args.work), 0, untrained_comparator())
     cnn = np.array([d["cnn"] for d in descs])
     lad = np.array([d["ladder"] for d in descs])
