@@ -1,22 +1,22 @@
 """Fit the pairwise comparator (``compare``) and calibrate its level: collapseguard/weights/compare.safetensors.
 
+The packaged weights are fitted on simulated chains of 47 pictures and on the same pictures
+(their step 0 as 256 px views) through two real networks (``collapseguard[networks]``):
+
     collapseguard chains make --sources bundled,art:16,pixel:6,screen:6 --steps 10 \\
         --keep 0,1,2,3,5,10 --families noise_tint,contour_wrinkles,scattered_dots,texture_simplify,aspect_drift,codec,learned,mixed \\
         --seed 0 --out CHAINS
-    python recipes/compare_weights.py CHAINS/manifest.csv --work WORK \\
+    mkdir SRC && python -c "import pandas as p,shutil; m=p.read_csv('CHAINS/manifest.csv'); [shutil.copy('CHAINS/'+r.path,'SRC/'+r.source_image.replace('/','_')+'.png') for r in m[m.step==0].drop_duplicates('source_image').itertuples()]"
+    collapseguard chains make --sources views:SRC:256 --steps 10 --keep 0,1,2,3,5,10 \\
+        --families animevideov3,waifu2x --seed 0 -w 1 --out NETS
+    python recipes/compare_weights.py CHAINS/manifest.csv NETS/manifest.csv --work WORK \\
         --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
         --out collapseguard/weights/compare.safetensors
 
-Several manifests are fitted together (each chain stays within its own), e.g. the same pictures
-through real networks beside the chains above (measured, not shipped: docs/DEDUP.md, which has
-the commands):
-
-    collapseguard chains make --sources views:SRC:256 --steps 10 --keep 0,1,2,3,5,10 \\
-        --families animevideov3,waifu2x --seed 0 -w 1 --out NETS
-    python recipes/compare_weights.py CHAINS/manifest.csv NETS/manifest.csv --work WORK --out FIT
-
-or chains of 319 more training-side pictures of several kinds (``recipes/compare_chains.sh``;
-also measured, not shipped). ``--workers N`` describes the images in N processes (the same
+(with ``COLLAPSEGUARD_CNN_RUNTIME=onnx``). Several
+manifests are fitted together, each chain within its own. Chains of 319 more training-side
+pictures (``recipes/compare_chains.sh``) were measured and not shipped (docs/history/
+comparator_history.md). ``--workers N`` describes the images in N processes (the same
 descriptions; the fit does not depend on it). ``recipes/compare_eval.py`` ranks the evaluation
 set's chains with the weights written.
 

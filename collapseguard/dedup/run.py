@@ -456,8 +456,8 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 
 #: P(worse than the least degraded copy) at or under which the comparator cannot tell two copies
 #: apart, and the larger is kept: crops of 1-2% a side, 60% reductions and JPEG q75-q92 re-saves
-#: of the bundled photos lie at 0.50-0.74 (``benchmarks/dedup_scale.py --copy-kinds``); the
-#: level that marks a degraded copy is far above (0.97)
+#: of the bundled photos lie at 0.50-0.71 (``benchmarks/dedup_scale.py --copy-kinds``); the
+#: level that marks a degraded copy is far above (0.958)
 TIE = 0.75
 
 
