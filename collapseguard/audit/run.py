@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,7 +46,7 @@ from collapseguard.calibration.thresholds import (
 from collapseguard.errors import CollapseguardError, missing_extra
 from collapseguard.io.calibration_file import default_calibration
 from collapseguard.io.csv_cells import csv_cell
-from collapseguard.io.inputs import expand
+from collapseguard.io.inputs import expand, other_files_note
 from collapseguard.io.strict_json import json_ready
 from collapseguard.io.terminal import percent, printable
 from collapseguard.scoring import readback
@@ -167,14 +168,15 @@ def align_scores(base: pd.DataFrame, other: pd.DataFrame) -> np.ndarray:
 
 
 def _score(inputs, name, det, kwargs: tuple, options: AuditOptions, select, quiet: bool,
-           set_aside: bool = False):
+           set_aside: bool = False, others=None):
     """Score through the filter's ``run_score`` (one detector, the same reading and engines).
     With ``set_aside`` the rows also hold ``set_aside``: why ``filter`` would set the sample aside
-    whatever its score (``unsafe_name``, ``refused_member``, ``repeated_key``; "" for none)."""
+    whatever its score (``unsafe_name``, ``refused_member``, ``repeated_key``; "" for none).
+    ``others`` counts the folders' files that are no image type (``run_score``)."""
     obj = det if options.workers <= 1 else None
     df, failures = run_score(inputs, name, workers=options.workers, quiet=quiet, detector_obj=obj,
                              detector_kwargs=kwargs, select=select,
-                             image_column=options.image_column, set_aside=set_aside)
+                             image_column=options.image_column, set_aside=set_aside, others=others)
     df["score"] = pd.to_numeric(df["score"], errors="coerce").astype(np.float64)
     return df, failures
 
@@ -318,8 +320,9 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     # one process: the compared detectors score the same decoded images (one read, one decode)
     panel = ComparePanel(det, others) if others and options.workers <= 1 else None
     _log(f"scoring with {det.name}" + (f" and {', '.join(others)} (--compare)" if panel else ""), quiet)
+    other_files: Counter = Counter()  # folder files that are no image type: said, never silently left out
     df, failures = _score(inputs, det.name, panel or det, options.detector_kwargs, options, select, quiet,
-                          set_aside=True)
+                          set_aside=True, others=other_files)
     main_failures = set(failures)
     if panel is not None:
         failures += panel.errors
@@ -400,6 +403,7 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     summary["storage_note"] = stats.storage_note(summary["storage"], det.name)
     summary["compare"] = [c.as_dict() for c in comparisons]
     summary["failures"] = failures
+    summary["other_files"] = dict(sorted(other_files.items()))
 
     _log("building the report", quiet)
     picks = _pick_galleries(df, threshold, comparisons, options)
@@ -524,6 +528,8 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
                      f"(flags the share {summary['detector']} flags): agreement {percent(c['agreement'])}, "
                      f"{c['main_flags_other_calls_fine']} flagged only by {summary['detector']}, "
                      f"{c['other_flags_main_calls_fine']} only by {c['detector']}")
+    if summary.get("other_files"):
+        lines.append(f"note       {other_files_note(Counter(summary['other_files']))}")
     for f in summary["failures"]:
         lines.append(f"FAILED     {f.splitlines()[0]}")
     lines.append(f"report     {summary['outputs']['report.html']}")

@@ -176,7 +176,8 @@ def _total(tasks: list[tuple]) -> int | None:
 def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: bool = False,
               detector_obj=None, detector_kwargs: tuple = (),
               select=None, planned: tuple[list, list] | None = None,
-              image_column: str | None = None, set_aside: bool = False) -> tuple[pd.DataFrame, list[str]]:
+              image_column: str | None = None, set_aside: bool = False,
+              others=None) -> tuple[pd.DataFrame, list[str]]:
     """Score every image named by ``inputs``; returns (table, errors of tasks that failed).
 
     ``select(source, key) -> bool`` (optional) scores only the samples it accepts; the others are
@@ -188,11 +189,14 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     ``plan_score_tasks(inputs, select, unread, failed=failed)`` (a caller that checks its inputs
     before loading a detector), instead of planning here.
     ``set_aside``: the table's last column, ``set_aside``, holds why ``filter`` would set a sample
-    aside whatever its score (``score_task(set_aside=True)``; "" for none)."""
+    aside whatever its score (``score_task(set_aside=True)``; "" for none). ``others`` (a
+    ``Counter``) receives the extensions of the folders' files that no reader takes, as
+    ``plan_score_tasks`` counts them (``io.inputs.other_files_note`` says them in one line)."""
     if planned is None:
         unread: list[tuple[str, str]] = []
         failed: list[tuple[str, str]] = []
-        tasks = plan_score_tasks(inputs, select, unread, image_column=image_column, failed=failed)
+        tasks = plan_score_tasks(inputs, select, unread, image_column=image_column, failed=failed,
+                                 others=others)
     else:
         tasks, unread, failed = planned
     results: list[list[dict] | None] = [None] * len(tasks)

@@ -883,3 +883,20 @@ def test_samples_filter_sets_aside_whatever_their_score_are_never_tagged_kept(tm
     assert "<td class=l>refused member</td>" in html and "<td class=l>repeated key</td>" in html
     kept = html[html.index('id="kept"'):html.index("</section>", html.index('id="kept"'))]
     assert "set aside" not in kept  # the random sample of kept images holds none of them
+
+
+def test_folder_files_of_no_image_type_are_counted_and_named(tmp_path, photos):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for i, img in enumerate(photos[:2]):
+        (folder / f"p{i}.png").write_bytes(encode_png(img))
+    (folder / "phone.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "b.heic").write_bytes(b"\x00")
+    res = CliRunner().invoke(main, ["audit", str(folder), "--out", str(tmp_path / "o"), "-d", "nss",
+                                    "--threshold", "3.0", "-w", "1"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["other_files"] == {".heic": 2, ".txt": 1}
+    assert summary["scored"] == 2
+    assert "3 file(s) in the folders given were not read, not being an image type: .heic (2), .txt (1)" in res.output
