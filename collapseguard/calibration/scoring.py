@@ -20,6 +20,7 @@ import hashlib
 import os
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -27,7 +28,13 @@ import numpy as np
 import pandas as pd
 
 from collapseguard.images import IMAGE_EXTENSIONS, is_image_name, storage_label
-from collapseguard.io.inputs import local_name, unread_in, unread_text
+from collapseguard.io.inputs import (
+    local_name,
+    other_extension,
+    other_files_note,
+    unread_in,
+    unread_text,
+)
 from collapseguard.io.parse import basename_of
 from collapseguard.io.tar import ShardReader
 from collapseguard.io.terminal import printable
@@ -136,10 +143,11 @@ def iter_clean_images(locations: Iterable[str | Path],
             yield src, path, read
 
 
-def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None):
+def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None, others=None):
     """``(identity, source_id, path_id, read_bytes)`` for every image of one location. ``identity``
     is the same however the image was reached: the file's real path (a shard member: the shard's
-    real path and the member's position), or its URL."""
+    real path and the member's position), or its URL. ``others`` (a ``Counter``) counts a local
+    folder's files that are no image or shard, by extension (``io.inputs.other_extension``)."""
     if is_remote(str(loc)) and not os.path.lexists(str(loc)):  # an existing file is that file
         yield from _iter_url(str(loc))
         return
@@ -163,6 +171,8 @@ def _clean_entries(loc: str | Path, unread: list[tuple[str, str]] | None = None)
             parent = str(Path(rel).parent)
             src = f"{_no_at(loc.name)}/{'' if parent == '.' else _no_at(parent) + '/'}{_variant_source(f.name)}"
             yield str(real), src, str(f), (lambda f=f: read_local_bytes(f))  # regular files only, capped
+        elif others is not None and not loc.is_file():
+            others[other_extension(f.name)] += 1
 
 
 def _unread(root: Path, walked) -> list[tuple[str, str]]:
@@ -209,7 +219,7 @@ def _iter_url(url: str):
         yield f.path, src, f.path, (lambda p=f.path: read_bytes(p))
 
 
-def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], bytes]]], list[str]]:
+def clean_items(clean: Iterable, others=None) -> tuple[list[tuple[str, str, Callable[[], bytes]]], list[str]]:
     """The ``(source_id, path_id, read_bytes)`` of every image of the ``clean`` locations (each a
     location or a ``(kind, location)`` pair), and each one's kind, listed before anything is scored.
 
@@ -219,12 +229,13 @@ def clean_items(clean: Iterable) -> tuple[list[tuple[str, str, Callable[[], byte
     DIR --clean shots=DIR/sub`` makes DIR/sub's images ``shots``). ValueError naming what a folder
     holds and cannot be read (``_unread``), for a location holding no image file, and for an image
     two locations give different kinds: each would leave out of the calibration, or out of a
-    kind's guarantee, clean images it was named for.
+    kind's guarantee, clean images it was named for. ``others`` (a ``Counter``) counts the
+    folders' files that are no image or shard, by extension.
     """
     listed, unread = [], []
     for loc in clean:
         clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
-        listed.append((clean_kind, loc, list(_clean_entries(loc, unread))))
+        listed.append((clean_kind, loc, list(_clean_entries(loc, unread, others))))
     if unread:
         raise ValueError(unread_text(unread, "the clean images there would be left out of the "
                                              "calibration: fix or remove it, or name the folders to read with --clean"))
@@ -408,7 +419,8 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     images) is refused with a ValueError before any scoring: it is a degraded copy, and as a clean
     picture it would raise the threshold. Images only *named* like chain steps after 0
     (``CHAIN/step_005.png`` beside ``step_000.png``) are passed to ``warn`` (a message), since a
-    name alone proves nothing.
+    name alone proves nothing. Files of a ``clean`` folder that are no image or shard (``.heic``,
+    ``.txt``) are counted by extension in one ``warn`` message.
 
     With an ``fr:`` target, also computes each chain image's full-reference similarity to its
     chain's step-0 image (column ``fr``). Rows whose image cannot be read, decoded or scored keep
@@ -417,7 +429,10 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     kind, measure, _ = parse_target(target)
     bs = int(batch_size or getattr(detector, "batch_size", 16) or 16)
     clean = list(clean)
-    items, item_kinds = clean_items(clean)  # listed, and refused if need be, before any scoring
+    others: Counter = Counter()
+    items, item_kinds = clean_items(clean, others)  # listed, and refused if need be, before any scoring
+    if others and warn is not None:  # never left out without a word
+        warn(other_files_note(others, parquet=False).replace("the folders given", "the --clean folders", 1))
     n_in_chains = 0
     if manifest is not None and len(manifest) and items:
         # a chain's own image also named under --clean (the originals' folder, say) is the chain

@@ -453,3 +453,20 @@ def test_calibrate_and_calibrations_print_rates_as_percents_and_never_none(tmp_p
     for text in (res.output, show(tmp_path / "c.json")):
         assert "None" not in text
         assert "never (to step 10)" in text
+
+
+def test_clean_folder_files_of_no_image_type_are_named_before_scoring(tmp_path):
+    rng = np.random.default_rng(5)
+    folder = tmp_path / "clean"
+    folder.mkdir()
+    for i in range(4):
+        Image.fromarray(_clean_image(rng)).save(folder / f"p{i}.png")
+    (folder / "phone.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    (folder / "b.HEIC").write_bytes(b"\x00")
+    (folder / "table.parquet").write_bytes(b"PAR1")
+    res = _run(["--clean", str(folder), "--detector", "nss", "--max-false-drop", "0.5", "--confidence",
+                "0.5", "--holdout", "0", "--no-plot", "--out", str(tmp_path / "c.json")])
+    text = " ".join(res.output.split())
+    assert ("warning: 3 file(s) in the --clean folders were not read, not being an image type: "
+            ".heic (2), .parquet (1)") in text
+    assert "shards .tar, .tar.gz, .tgz)" in text  # a clean folder's Parquet files are not read
