@@ -159,16 +159,23 @@ def rank_figures(rows: pd.DataFrame, cnn: np.ndarray, lad: np.ndarray, w: np.nda
     """Per family, the share of (step 0, step >= 3) and (step 1, step 5) pairs of one picture
     ranked right by ``group_utilities`` over the picture's images; [share, pairs]. ``rows``'
     index gives each image's position in ``cnn`` and ``lad`` (a subset of rows ranks a subset)."""
-    u = utilities(rows, cnn, lad, w, s)
+    right0, right15 = ranked_right(rows, utilities(rows, cnn, lad, w, s))
+    out = {}
+    for name, right in (("step0_vs_ge3", right0), ("step1_vs_5", right15)):
+        out[name], out[name + "_worst"], out[name + "_mean"] = shares(right)
+    return out
+
+
+def ranked_right(rows: pd.DataFrame, u: np.ndarray) -> tuple[dict, dict]:
+    """Per family, whether each (step 0, step >= 3) and each (step 1, step 5) pair of one
+    picture is ranked right by the scores ``u`` (by ``rows``' index; lower = less degraded):
+    two ``{family: [bool, ...]}``."""
     right0, right15 = defaultdict(list), defaultdict(list)
     for (_, fam), g in rows.groupby(["source_image", "family"]):
         step, ug = g["step"].to_numpy(), u[g.index.to_numpy()]
         right0[fam] += list((ug[step == 0][:, None] < ug[step >= 3][None, :]).ravel())
         right15[fam] += list((ug[step == 1][:, None] < ug[step == 5][None, :]).ravel())
-    out = {}
-    for name, right in (("step0_vs_ge3", right0), ("step1_vs_5", right15)):
-        out[name], out[name + "_worst"], out[name + "_mean"] = shares(right)
-    return out
+    return right0, right15
 
 
 def shares(right: dict) -> tuple[dict, float | None, float | None]:

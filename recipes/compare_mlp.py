@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     use = list(range(len(FEATS))) if args.inputs == "all" else [FEATS.index(n) for n in args.inputs.split(",")]
 
     import torch
-    from compare_eval import describe_manifest
+    from compare_eval import describe_manifest, ranked_right
     from compare_weights import FIT_SHARE, chain_descriptions
 
     from collapseguard.dedup.fit import untrained_comparator
@@ -155,21 +155,19 @@ def main(argv=None) -> int:
             borda[idx] = pw.mean(axis=0)  # pw[i, j] = P(j worse than i)
             gctx[idx] = utility(x, x.mean(0, keepdim=True).expand_as(x)).numpy()
     for name, score in (("borda", borda), ("group_ctx", gctx)):
-        r0, r15 = defaultdict(list), defaultdict(list)
-        for (_, f), g in erows.groupby(["source_image", "family"]):
-            st, s = g["step"].to_numpy(), score[g.index.to_numpy()]
-            r0[f] += list((s[st == 0][:, None] < s[st >= 3][None, :]).ravel())
-            r15[f] += list((s[st == 1][:, None] < s[st == 5][None, :]).ravel())
+        r0, r15 = ranked_right(erows, score)
         out[f"eval_{name}"] = {"step0_vs_ge3": table(r0), "step1_vs_5": table(r15)}
     print(json.dumps(out))
     return 0
 
 
 def table(right: dict) -> dict:
-    """``{"worst": ..., "mean": ..., "by_family": {family: share}}`` of per-family booleans."""
-    by = {f: round(float(np.mean(v)), 3) for f, v in sorted(right.items()) if v}
-    return {"worst": min(by.values()) if by else None,
-            "mean": round(float(np.mean(list(by.values()))), 3) if by else None, "by_family": by}
+    """``{"worst": ..., "mean": ..., "by_family": {family: share}}`` of per-family booleans
+    (``compare_eval.shares``)."""
+    from compare_eval import shares
+
+    by, worst, mean = shares(right)
+    return {"worst": worst, "mean": mean, "by_family": {f: v[0] for f, v in by.items()}}
 
 
 if __name__ == "__main__":

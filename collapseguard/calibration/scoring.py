@@ -432,7 +432,7 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     others: Counter = Counter()
     items, item_kinds = clean_items(clean, others)  # listed, and refused if need be, before any scoring
     if others and warn is not None:  # never left out without a word
-        warn(other_files_note(others, parquet=False).replace("the folders given", "the --clean folders", 1))
+        warn(other_files_note(others, parquet=False, where="the --clean folders"))
     n_in_chains = 0
     if manifest is not None and len(manifest) and items:
         # a chain's own image also named under --clean (the originals' folder, say) is the chain

@@ -123,9 +123,10 @@ def other_extension(name: str) -> str:
     return "." + base.rsplit(".", 1)[1].lower() if "." in base.lstrip(".") else "(no extension)"
 
 
-def other_files_note(others: Counter, shown: int = 6, parquet: bool = True) -> str:
-    """One line on the files the folders given hold that are no image, shard or Parquet file by
-    name (``expand``'s ``others``: extension -> count) and were left out, "" for none
+def other_files_note(others: Counter, shown: int = 6, parquet: bool = True,
+                     where: str = "the folders given") -> str:
+    """One line on the files ``where`` holds that are no image, shard or Parquet file by name
+    (``expand``'s ``others``: extension -> count) and were left out, "" for none
     (``parquet=False``: for a reader of images and shards only, which counts Parquet files too)."""
     if not others:
         return ""
@@ -133,7 +134,7 @@ def other_files_note(others: Counter, shown: int = 6, parquet: bool = True) -> s
     named = ", ".join(f"{printable(ext)} ({n})" for ext, n in top[:shown])
     more = f" and {len(top) - shown} more type(s)" if len(top) > shown else ""
     n = sum(others.values())
-    return (f"{n} file(s) in the folders given were not read, not being an image type: {named}{more} "
+    return (f"{n} file(s) in {where} were not read, not being an image type: {named}{more} "
             f"(images are .{', .'.join(IMAGE_EXTENSIONS)}; shards .tar, .tar.gz, .tgz"
             f"{'; .parquet' if parquet else ''})")
 
