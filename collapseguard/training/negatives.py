@@ -143,7 +143,9 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
                    window_side: int | None = 640, native_windows: bool = False,
                    storage: bool = False, web_history: float = 0.0) -> Iterator[tuple[str, np.ndarray]]:
     """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
-    copies (each at its own web size). Yields (name, image).
+    copies (each at its own web size). Yields (name, image), the name ``PATH#VARIANT`` with the
+    file's path as given: two files of one name in two folders keep apart (``run.unused_clean_files``
+    tells by it which files gave no image).
 
     With ``window_side`` set, each augmented copy is a random window of that size (augmenting the
     whole of a 4K photo only to cut a few crops from it is wasted time); None keeps whole images.
@@ -188,4 +190,4 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
                 from collapseguard.training.storage import apply_storage, draw_storage
 
                 img = apply_storage(img, draw_storage(srng))
-            yield f"{Path(p).name}#{v}", img
+            yield f"{p}#{v}", img
