@@ -1,30 +1,39 @@
-"""Convert the x2 model of npm's @upscalerjs/esrgan-slim (MIT, Kevin Scott: an RDN super-resolution
-network, idealo's image-super-resolution architecture, 222 k parameters, trained on DIV2K) into the
-safetensors file the ``super_resolution`` replicator loads:
+"""Convert a super-resolution model of npm's @upscalerjs packages (MIT, Kevin Scott; idealo's
+image-super-resolution architectures, trained on DIV2K) into the safetensors files the replicators
+load:
 
     npm pack @upscalerjs/esrgan-slim@1.0.0            # the package as the registry ships it
     python recipes/convert_upscalerjs.py upscalerjs-esrgan-slim-1.0.0.tgz \\
         collapseguard/weights/replicator_sr_rdn_x2.safetensors
+    npm pack @upscalerjs/esrgan-legacy@1.0.0
+    python recipes/convert_upscalerjs.py upscalerjs-esrgan-legacy-1.0.0.tgz \\
+        collapseguard/weights/replicator_sr_rrdn_gan_x4.safetensors --model models/gans --input-range 0-1 --half
 
-The tarball is read in memory (nothing is extracted). TF.js kernels (H, W, in, out) become torch's
-(out, in, H, W); the layer graph (``modelTopology``) is stored in the file's metadata as JSON, with
-the package name, version, licence and the SHA-256 of the tarball.
+The first is the x2 RDN (222 k parameters) of the ``super_resolution`` family, the second the x4
+GAN-trained RRDN (1.04 M parameters, ``MultiplyBeta`` residual scaling and a ``PixelShuffle4x``
+layer, inputs in 0-1) of the ``rrdn_gan`` family. The tarball is read in memory (nothing is
+extracted). Quantized weights (uint8/uint16 affine, float16) are
+expanded; TF.js kernels (H, W, in, out) become torch's (out, in, H, W), stored as float16 with
+``--half``; the layer graph (``modelTopology``) is stored in the file's metadata as JSON, with the
+package name, version, licence, input range and the SHA-256 of the tarball.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 
-MODEL = "package/models/x2/model.json"
+#: the residual scale of idealo's RRDN (upscalerjs' ``MultiplyBeta`` layer hard-codes it)
+BETA = 0.2
 
 
-def convert(tgz: Path, out: Path) -> dict:
+def convert(tgz: Path, out: Path, model_dir: str = "models/x2", input_range: str = "0-255",
+            half: bool = False) -> dict:
     from safetensors.numpy import save_file
 
     data = tgz.read_bytes()
@@ -35,39 +44,61 @@ def convert(tgz: Path, out: Path) -> dict:
                 raise SystemExit(f"{tgz}: {name} is not a file")
             return tf.extractfile(member).read()
         pkg = json.loads(read("package/package.json"))
-        model = json.loads(read(MODEL))
+        folder = "package/" + model_dir.strip("/")
+        model = json.loads(read(f"{folder}/model.json"))
         manifest = model["weightsManifest"]
-        blob = b"".join(read(f"package/models/x2/{p}") for group in manifest for p in group["paths"])
+        blob = b"".join(read(f"{folder}/{p}") for group in manifest for p in group["paths"])
     tensors, offset = {}, 0
     for group in manifest:
         for w in group["weights"]:
             if w["dtype"] != "float32":
                 raise SystemExit(f"unexpected dtype {w['dtype']} for {w['name']}")
             n = int(np.prod(w["shape"]))
-            arr = np.frombuffer(blob, dtype="<f4", count=n, offset=offset).reshape(w["shape"])
-            offset += 4 * n
+            quant = w.get("quantization")
+            if quant is None:
+                arr = np.frombuffer(blob, dtype="<f4", count=n, offset=offset)
+                offset += 4 * n
+            elif quant["dtype"] in ("uint8", "uint16"):  # affine: min + scale * q
+                q = np.frombuffer(blob, dtype="<u1" if quant["dtype"] == "uint8" else "<u2", count=n, offset=offset)
+                offset += q.itemsize * n
+                arr = quant["min"] + quant["scale"] * q.astype(np.float64)
+            elif quant["dtype"] == "float16":
+                arr = np.frombuffer(blob, dtype="<f2", count=n, offset=offset)
+                offset += 2 * n
+            else:
+                raise SystemExit(f"unexpected quantization {quant['dtype']} for {w['name']}")
+            arr = arr.reshape(w["shape"])
             if arr.ndim == 4:  # HWIO -> OIHW
                 arr = arr.transpose(3, 2, 0, 1)
-            tensors[w["name"]] = np.ascontiguousarray(arr, dtype=np.float32)
+            tensors[w["name"]] = np.ascontiguousarray(arr, dtype=np.float16 if half else np.float32)
     if offset != len(blob):
         raise SystemExit(f"weights use {offset} of {len(blob)} bytes")
     layers = [{"class": layer["class_name"], "name": layer["name"],
                "inputs": [i[0] for i in layer["inbound_nodes"][0]] if layer["inbound_nodes"] else [],
                "config": {k: layer["config"][k] for k in ("filters", "kernel_size", "padding", "activation",
-                                                          "size", "interpolation", "axis")
+                                                          "size", "interpolation", "axis", "scale")
                           if k in layer["config"]}}
               for layer in model["modelTopology"]["model_config"]["config"]["layers"]]
-    meta = {"layers": json.dumps(layers), "source": f"npm {pkg['name']}@{pkg['version']} ({MODEL})",
+    for layer in layers:
+        if layer["class"] == "MultiplyBeta":
+            layer["config"]["beta"] = BETA
+    meta = {"layers": json.dumps(layers), "source": f"npm {pkg['name']}@{pkg['version']} ({model_dir}/model.json)",
             "license": pkg.get("license", ""), "author": str(pkg.get("author", "")),
-            "tarball_sha256": hashlib.sha256(data).hexdigest(), "input_range": "0-255"}
+            "tarball_sha256": hashlib.sha256(data).hexdigest(), "input_range": input_range}
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out), metadata=meta)
     return {"tensors": len(tensors), "parameters": int(sum(t.size for t in tensors.values())), **meta}
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: python recipes/convert_upscalerjs.py PACKAGE.tgz OUT.safetensors")
-    info = convert(Path(sys.argv[1]), Path(sys.argv[2]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tgz", type=Path, help="the package tarball (npm pack)")
+    ap.add_argument("out", type=Path, help="the safetensors file to write")
+    ap.add_argument("--model", default="models/x2", help="the model's folder in the package")
+    ap.add_argument("--input-range", choices=["0-255", "0-1"], default="0-255",
+                    help="the pixel range the network takes and returns (upscalerjs' inputRange)")
+    ap.add_argument("--half", action="store_true", help="store the kernels as float16")
+    args = ap.parse_args()
+    info = convert(args.tgz, args.out, args.model, args.input_range, args.half)
     print(f"{info['tensors']} tensors, {info['parameters']} parameters from {info['source']} "
           f"(licence {info['license']}, tarball sha256 {info['tarball_sha256'][:16]})")

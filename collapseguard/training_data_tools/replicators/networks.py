@@ -31,15 +31,17 @@ from collapseguard.training_data_tools.replicators.base import (
 FILTERS = {"box": Image.BOX, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "lanczos": Image.LANCZOS}
 
 
-def shrink_and_restore(image: np.ndarray, net: str, factor: float, filt: str, shift: tuple[int, int]) -> np.ndarray:
+def shrink_and_restore(image: np.ndarray, net: str, factor: float, filt: str, shift: tuple[int, int],
+                       run=None) -> np.ndarray:
     """``image`` shrunk by ``factor`` (after a ``shift`` of edge-replicated rows/columns),
-    upscaled by ``net``, resized back to the exact size: float32, 0-255."""
+    upscaled by ``net`` (through ``run(net, small)``, ncnn's by default), resized back to the
+    exact size: float32, 0-255."""
     h, w = image.shape[:2]
     dy, dx = shift
     x = np.pad(image, ((dy, 0), (dx, 0), (0, 0)), mode="edge") if dy or dx else image
     sh, sw = max(8, round(x.shape[0] / factor)), max(8, round(x.shape[1] / factor))
     small = np.asarray(Image.fromarray(x).resize((sw, sh), FILTERS[filt]))
-    up = ncnn_nets.run(net, small)
+    up = (run or ncnn_nets.run)(net, small)
     th, tw = x.shape[:2]
     if up.shape[:2] != (th, tw):
         # back to the padded size, one float channel at a time (PIL keeps float32 for mode "F")

@@ -38,7 +38,10 @@ _CACHE: dict[str, object] = {}
 
 def build_network(layers: list[dict], tensors: dict):
     """A torch module running a converted TF.js layers graph (Conv2D, Activation relu/linear,
-    Concatenate, Add, UpSampling2D nearest, one InputLayer). Other layer types are refused."""
+    Concatenate, Add, UpSampling2D nearest, one InputLayer, and idealo's RRDN layers:
+    ``MultiplyBeta`` (times the ``beta`` the converter stores) and ``PixelShuffleNx``, TF's
+    ``depth_to_space`` in NHWC channel order). Other layer types are refused. Float16 kernels
+    are widened to float32."""
     import torch
     from torch import nn
 
@@ -57,14 +60,19 @@ def build_network(layers: list[dict], tensors: dict):
                     if tuple(conv.weight.shape) != tuple(w.shape):
                         raise ReplicatorError(f"{layer['name']}: kernel shape {tuple(w.shape)}")
                     with torch.no_grad():
-                        conv.weight.copy_(torch.as_tensor(w))
-                        conv.bias.copy_(torch.as_tensor(tensors[f"{layer['name']}/bias"]))
+                        conv.weight.copy_(torch.as_tensor(w.astype(np.float32)))
+                        conv.bias.copy_(torch.as_tensor(tensors[f"{layer['name']}/bias"].astype(np.float32)))
                     self.convs[layer["name"].replace(".", "_")] = conv
                 elif cls == "Activation" and cfg.get("activation") not in ("relu", "linear"):
                     raise ReplicatorError(f"unsupported activation {cfg.get('activation')!r}")
                 elif cls == "UpSampling2D" and cfg.get("interpolation", "nearest") != "nearest":
                     raise ReplicatorError("only nearest upsampling is supported")
-                elif cls not in ("Conv2D", "Activation", "Concatenate", "Add", "UpSampling2D", "InputLayer"):
+                elif cls == "MultiplyBeta" and "beta" not in cfg:
+                    raise ReplicatorError(f"{layer['name']}: MultiplyBeta without its beta")
+                elif cls.startswith("PixelShuffle") and not isinstance(cfg.get("scale"), int):
+                    raise ReplicatorError(f"{layer['name']}: PixelShuffle without an integer scale")
+                elif not (cls in ("Conv2D", "Activation", "Concatenate", "Add", "UpSampling2D", "InputLayer",
+                                  "MultiplyBeta") or cls.startswith("PixelShuffle")):
                     raise ReplicatorError(f"unsupported layer {cls!r} in the super-resolution graph")
 
         def forward(self, x):  # (N, 3, H, W), values 0-255
@@ -88,6 +96,10 @@ def build_network(layers: list[dict], tensors: dict):
                     y = ins[0]
                     for z in ins[1:]:
                         y = y + z
+                elif cls == "MultiplyBeta":
+                    y = ins[0] * cfg["beta"]
+                elif cls.startswith("PixelShuffle"):
+                    y = depth_to_space(ins[0], cfg["scale"])
                 else:  # UpSampling2D
                     y = F.interpolate(ins[0], scale_factor=tuple(cfg["size"]), mode="nearest")
                 out[layer["name"]] = y
@@ -96,8 +108,17 @@ def build_network(layers: list[dict], tensors: dict):
     return Graph().eval()
 
 
+def depth_to_space(x, r: int):
+    """TF's ``depth_to_space`` (NHWC channel order: channel ``(i * r + j) * C + c`` goes to
+    pixel offset ``(i, j)`` of output channel ``c``) on an (N, C*r*r, H, W) tensor."""
+    n, crr, h, w = x.shape
+    c = crr // (r * r)
+    return x.reshape(n, r, r, c, h, w).permute(0, 3, 4, 1, 5, 2).reshape(n, c, h * r, w * r)
+
+
 def load_network(path: str | Path = WEIGHTS):
-    """The converted network (once per process), eval mode, CPU."""
+    """The converted network (once per process), eval mode, CPU; it takes and returns 0-255
+    whatever range the network was trained on (the file's ``input_range``)."""
     key = str(path)
     if key not in _CACHE:
         path = Path(path)
@@ -113,8 +134,19 @@ def load_network(path: str | Path = WEIGHTS):
             layers = json.loads(meta["layers"])
         except (KeyError, ValueError):
             raise ReplicatorError(f"{path}: no layer graph in the metadata") from None
-        _CACHE[key] = build_network(layers, tensors)
+        net = build_network(layers, tensors)
+        _CACHE[key] = net if meta.get("input_range", "0-255") == "0-255" else _Scaled(net)
     return _CACHE[key]
+
+
+class _Scaled:
+    """A 0-1 network called with and returning 0-255 values."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def __call__(self, x):
+        return self.net(x / 255.0) * 255.0
 
 
 def upscale2(image: np.ndarray) -> np.ndarray:
