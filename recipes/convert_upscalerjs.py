@@ -15,7 +15,9 @@ layer, inputs in 0-1) of the ``rrdn_gan`` family. The tarball is read in memory 
 extracted). Quantized weights (uint8/uint16 affine, float16) are
 expanded; TF.js kernels (H, W, in, out) become torch's (out, in, H, W), stored as float16 with
 ``--half``; the layer graph (``modelTopology``) is stored in the file's metadata as JSON, with the
-package name, version, licence, input range and the SHA-256 of the tarball.
+package name, version, licence, input range and the SHA-256 of the tarball. ``--check SAMPLE``
+runs the converted network on the package's ``assets/fixture.png`` and prints how far its output is
+from the package's own result image (``assets/samples/2x/result.png``, ``assets/samples/gans/result.png``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,32 @@ def convert(tgz: Path, out: Path, model_dir: str = "models/x2", input_range: str
     return {"tensors": len(tensors), "parameters": int(sum(t.size for t in tensors.values())), **meta}
 
 
+def check(tgz: Path, weights: Path, sample: str) -> str:
+    """How far the converted network's output on the package's ``assets/fixture.png`` is from the
+    package's own result image ``sample``: mean and 99th-percentile absolute difference in grey levels."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    from collapseguard.training_data_tools.replicators.super_resolution import (
+        load_network,
+    )
+
+    with tarfile.open(tgz, "r:gz") as tf:
+        fixture, result = (np.asarray(Image.open(io.BytesIO(tf.extractfile(f"package/{m}").read())).convert("RGB"))
+                           for m in ("assets/fixture.png", sample))
+    x = torch.from_numpy(np.ascontiguousarray(fixture.transpose(2, 0, 1), dtype=np.float32))[None]
+    with torch.inference_mode():
+        y = load_network(weights)(x)[0].numpy().transpose(1, 2, 0)
+    out = np.clip(np.rint(y), 0, 255)
+    if out.shape != result.shape:
+        return f"output {out.shape} differs in shape from {sample} {result.shape}"
+    d = np.abs(out - result)
+    return (f"{fixture.shape[1]}x{fixture.shape[0]} -> {out.shape[1]}x{out.shape[0]}: mean |difference| to "
+            f"{sample} {d.mean():.3f} levels, 99th percentile {np.percentile(d, 99):.0f}, max {d.max():.0f}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tgz", type=Path, help="the package tarball (npm pack)")
@@ -98,7 +126,12 @@ if __name__ == "__main__":
     ap.add_argument("--input-range", choices=["0-255", "0-1"], default="0-255",
                     help="the pixel range the network takes and returns (upscalerjs' inputRange)")
     ap.add_argument("--half", action="store_true", help="store the kernels as float16")
+    ap.add_argument("--check", metavar="SAMPLE", default=None,
+                    help="a result image in the package (e.g. assets/samples/gans/result.png): run the "
+                         "converted network on its assets/fixture.png and print how far its output is")
     args = ap.parse_args()
     info = convert(args.tgz, args.out, args.model, args.input_range, args.half)
     print(f"{info['tensors']} tensors, {info['parameters']} parameters from {info['source']} "
           f"(licence {info['license']}, tarball sha256 {info['tarball_sha256'][:16]})")
+    if args.check:
+        print(check(args.tgz, args.out, args.check))
