@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 
 from collapseguard.io.terminal import printable
+from collapseguard.scoring.records import SET_ASIDE_REASONS
 
-#: ``filter``'s reasons for setting a sample aside whatever its score (``records.set_aside_reason``),
-#: as the report and the terminal say them
-SET_ASIDE_LABELS = {"unsafe_name": "unsafe name", "refused_member": "refused member",
-                    "repeated_key": "repeated key"}
+#: ``filter``'s reasons for setting a sample aside whatever its score (``records.SET_ASIDE_REASONS``,
+#: in their order), as the report and the terminal say them
+SET_ASIDE_LABELS = {reason: reason.replace("_", " ") for reason in SET_ASIDE_REASONS}
 
 
 def source_labels(sources) -> dict[str, str]:

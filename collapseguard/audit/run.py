@@ -258,8 +258,8 @@ def set_aside_summary(df: pd.DataFrame, max_examples: int = 50) -> dict:
     by = {r: by[r] for r in [*SET_ASIDE_LABELS, *sorted(set(by) - set(SET_ASIDE_LABELS))] if r in by}
     ex = rows.head(max_examples)
     return {"count": int(mask.sum()), "by_reason": by,
-            "note": ("filter rejects these samples whatever their score (reasons unsafe_name, "
-                     "refused_member, repeated_key); they are counted above by their scores"),
+            "note": ("filter rejects these samples whatever their score (reasons "
+                     f"{', '.join(SET_ASIDE_LABELS)}); they are counted above by their scores"),
             "examples": [{"source": str(a), "key": str(b), "reason": str(c), "score": stats._num(float(d)),
                           "flagged": bool(f), "error": str(g or "")}
                          for a, b, c, d, f, g in zip(ex["source"], ex["key"], ex["set_aside"], ex["score"],

@@ -28,21 +28,20 @@ import math
 
 from collapseguard.errors import CollapseguardError
 from collapseguard.io.terminal import printable
-from collapseguard.scoring.records import Scored
+from collapseguard.scoring.records import SET_ASIDE_REASONS, Scored, first_set_aside
 
-REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", "unsafe_name",
-           "refused_member", "repeated_key", "degraded_copy", "duplicate")
+REASONS = ("kept", "degraded", "decode_error", "no_image", "score_error", *SET_ASIDE_REASONS,
+           "degraded_copy", "duplicate")
 
 
 def decide(scored: Scored, threshold: float, *, unsafe: bool = False, refused: bool = False,
            repeated: bool = False, reject_no_image: bool = False) -> tuple[str, str]:
-    """Return ``(decision, reason)`` with decision ``"kept"`` or ``"rejected"``."""
-    if unsafe:
-        return "rejected", "unsafe_name"
-    if refused:
-        return "rejected", "refused_member"
-    if repeated:
-        return "rejected", "repeated_key"
+    """Return ``(decision, reason)`` with decision ``"kept"`` or ``"rejected"``. A sample set
+    aside (``unsafe``, ``refused``, ``repeated``: ``records.first_set_aside``, in the order of
+    ``records.SET_ASIDE_REASONS``) is rejected for that reason whatever its score."""
+    aside = first_set_aside(unsafe=unsafe, refused=refused, repeated=repeated)
+    if aside:
+        return "rejected", aside
     if scored.status == "decode_error":
         return "rejected", "decode_error"
     if scored.status == "no_image":

@@ -47,7 +47,12 @@ from collapseguard.io.urls import (
     join,
     open_stream,
 )
-from collapseguard.scoring.records import Scored, sample_error, score_records
+from collapseguard.scoring.records import (
+    Scored,
+    sample_error,
+    score_records,
+    set_aside_flags,
+)
 
 SCORE_COLUMNS = ("key", "score", "decision", "reason", "detector", "detector_version", "image",
                  "width", "height", "storage", "has_alpha", "error")
@@ -312,8 +317,7 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
             check_made_from(options.groups, shard_stem(shard), options.groups_digest, shard,
                             size=identity.get("size"))
         for sample, scored in stream:
-            decision, reason = decide(scored, options.threshold, unsafe=bool(sample.unsafe_names),
-                                      refused=bool(sample.refused), repeated=sample.repeat > 0,
+            decision, reason = decide(scored, options.threshold, **set_aside_flags(sample),
                                       reject_no_image=options.reject_no_image)
             if groups is not None:
                 group_row = groups.get(sample.key) if sample.repeat == 0 else None

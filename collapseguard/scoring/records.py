@@ -282,16 +282,33 @@ def score_records(
             yield from flush()
     yield from flush()
 
+#: ``filter``'s reasons for setting a tar sample aside whatever its score, in the order they are
+#: tested (a sample with several is set aside for the first): a member name changed to be written
+#: safely, a member not read (``io.tar``'s refused members), a key that named an earlier sample of
+#: the shard. ``filter.decisions.decide``, ``set_aside_reason`` and the audit's labels
+#: (``audit.labels.SET_ASIDE_LABELS``) are all made from this tuple, each reason with the flag of
+#: ``first_set_aside`` at its position.
+SET_ASIDE_REASONS = ("unsafe_name", "refused_member", "repeated_key")
+
+
+def first_set_aside(unsafe: bool = False, refused: bool = False, repeated: bool = False) -> str:
+    """The first reason of ``SET_ASIDE_REASONS`` whose flag holds ("" for none): ``unsafe``
+    (member names were changed), ``refused`` (a member was not read), ``repeated`` (the key named
+    an earlier sample of the shard)."""
+    holds = dict(zip(SET_ASIDE_REASONS, (unsafe, refused, repeated), strict=True))
+    return next((reason for reason in SET_ASIDE_REASONS if holds[reason]), "")
+
+
+def set_aside_flags(sample) -> dict[str, bool]:
+    """``first_set_aside``'s flags of a tar sample (``io.tar.Sample``)."""
+    return {"unsafe": bool(sample.unsafe_names), "refused": bool(sample.refused),
+            "repeated": sample.repeat > 0}
+
+
 def set_aside_reason(sample) -> str:
     """Why ``filter`` sets a tar sample aside whatever its score (``filter.decisions``' reason):
-    ``unsafe_name``, ``refused_member``, ``repeated_key``, or "" for none."""
-    if sample.unsafe_names:
-        return "unsafe_name"
-    if sample.refused:
-        return "refused_member"
-    if sample.repeat > 0:
-        return "repeated_key"
-    return ""
+    one of ``SET_ASIDE_REASONS``, or "" for none."""
+    return first_set_aside(**set_aside_flags(sample))
 
 
 def sample_error(sample, error: str) -> str:

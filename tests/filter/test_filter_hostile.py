@@ -310,3 +310,55 @@ def test_a_member_name_repeated_within_a_sample_is_renamed_as_reference_says(tmp
     ref = (Path(__file__).resolve().parents[2] / "docs" / "REFERENCE.md").read_text()
     bullet = ref[ref.index("`unsafe_name`\n  (member names"):ref.index("`refused_member` (a link")]
     assert "repeated within a sample" in bullet and "`<name>.dupN`" in bullet and "k.txt.dup1" in bullet
+
+
+def test_every_set_aside_reason_is_decided_told_and_labelled_alike(tmp_path, photos):
+    """One tuple (``records.SET_ASIDE_REASONS``) makes filter's set-aside reasons: every reason
+    ``decide`` rejects a well-scored sample for is the one ``set_aside_reason`` gives a shard
+    sample that has it (what score and audit write), and has an audit label."""
+    import inspect
+    import itertools
+
+    from collapseguard.audit.labels import SET_ASIDE_LABELS
+    from collapseguard.filter.decisions import REASONS, decide
+    from collapseguard.io.tar import Sample
+    from collapseguard.scoring.records import (
+        SET_ASIDE_REASONS,
+        set_aside_flags,
+        set_aside_reason,
+    )
+
+    link = tarfile.TarInfo("linked.png")
+    link.type, link.linkname = tarfile.SYMTYPE, "fine.png"
+    shard = write_tar(tmp_path / "s.tar", [("../escape.png", png(photos, 0)), ("fine.png", png(photos, 1)),
+                                           ("other.png", png(photos, 2)), ("fine.png", png(photos, 3)),
+                                           (link, None), ("linked.txt", b"a caption")])
+    seen = {}
+    for sample, scored in score_records(ShardReader(str(shard)), create("nss"),
+                                        members_of=lambda s: [(m.name, m.data) for m in s.members]):
+        assert scored.status == "ok" or sample.key == "linked", (sample.key, scored)
+        told = set_aside_reason(sample)
+        got = decide(scored, 1e9, **set_aside_flags(sample))  # as filter decides a shard sample
+        assert got == (("rejected", told) if told else ("kept", "kept")), (sample.key, got, told)
+        seen.setdefault(told, sample.key)
+    assert seen == {"unsafe_name": "escape", "": "fine", "repeated_key": "fine", "refused_member": "linked"}
+    assert set(seen) - {""} == set(SET_ASIDE_REASONS)  # a reason added to the tuple needs a sample here
+
+    # every flag decide takes, in every combination: the reasons it sets aside a clean score for
+    flags = [n for n, p in inspect.signature(decide).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and n != "reject_no_image"]
+    clean = next(s for _, s in score_records([[("p.png", png(photos))]], create("nss")))
+    decided = set()
+    for values in itertools.product([False, True], repeat=len(flags)):
+        given = dict(zip(flags, values))
+        decision, reason = decide(clean, 1e9, **given)
+        if decision == "rejected":
+            decided.add(reason)
+        sample = Sample(key="k", unsafe_names=["/k.png"] if given.get("unsafe") else [],
+                        refused=[("k.png", "a link")] if given.get("refused") else [],
+                        repeat=int(bool(given.get("repeated"))))
+        assert set_aside_reason(sample) == (reason if decision == "rejected" else ""), given
+    assert decided == set(SET_ASIDE_REASONS)
+    assert tuple(SET_ASIDE_LABELS) == SET_ASIDE_REASONS and all(SET_ASIDE_LABELS.values())
+    assert [r for r in REASONS if r in decided] == list(SET_ASIDE_REASONS)
+    assert decide(clean, 1e9, **dict.fromkeys(flags, True)) == ("rejected", SET_ASIDE_REASONS[0])
