@@ -16,20 +16,44 @@ from collapseguard.errors import CollapseguardError
 #: Each file extension (lower case, no dot) treated as an image, with the Pillow format its bytes
 #: are expected in (they are decoded by content, within ``ALLOWED_FORMATS``, whatever the name
 #: says). The one list of what counts as an image file, in folders and as shard members; an
-#: extension whose format this Pillow cannot decode (AVIF before Pillow 11.2) is left out of
-#: ``IMAGE_EXTENSIONS``. ``.jfif``, ``.jpe``, ``.pjpeg`` and ``.pjp`` are JPEG under other names;
-#: HEIC needs a Pillow plugin (pillow-heif) that is not used.
+#: extension whose format this Pillow cannot decode (AVIF before Pillow 11.2; HEIF without
+#: pillow-heif) is left out of ``IMAGE_EXTENSIONS``. ``.jfif``, ``.jpe``, ``.pjpeg`` and ``.pjp``
+#: are JPEG under other names; ``.heic``, ``.heif`` and ``.hif`` (iPhone and camera photos) are
+#: HEIF, read by the pillow-heif plugin where it is installed (the ``[heic]`` extra).
 EXTENSION_FORMATS = (
     ("png", "PNG"), ("jpg", "JPEG"), ("jpeg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"),
     ("tif", "TIFF"), ("tiff", "TIFF"), ("ppm", "PPM"), ("pgm", "PPM"), ("gif", "GIF"),
     ("jpe", "JPEG"), ("jfif", "JPEG"), ("pjpeg", "JPEG"), ("pjp", "JPEG"), ("avif", "AVIF"),
-    ("apng", "PNG"), ("pbm", "PPM"), ("pnm", "PPM"),
+    ("apng", "PNG"), ("pbm", "PPM"), ("pnm", "PPM"), ("heic", "HEIF"), ("heif", "HEIF"),
+    ("hif", "HEIF"),
 )
+
+#: the extensions of HEIF files, and what reads them where pillow-heif is not installed
+HEIF_EXTENSIONS = tuple(ext for ext, fmt in EXTENSION_FORMATS if fmt == "HEIF")
+HEIF_INSTALL = "pip install 'collapseguard[heic]'"
+
+#: the major brands (ISO/IEC 23008-12) of the HEIF files pillow-heif opens: HEVC-coded images and
+#: sequences, and the generic image and sequence brands (``mif1``, ``msf1``: AVIF is tried first)
+_HEIF_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1",
+                b"msf1")
+
+
+def _heif_installed() -> bool:
+    """Is pillow-heif installed? Found, not imported: it is imported with the first HEIF file
+    opened (``_open_heif``)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("pillow_heif") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds no module spec for it
+        return False
 
 
 def _pillow_decodes(fmt: str) -> bool:
-    """Can this Pillow decode ``fmt``? Only AVIF is optional (a plugin of Pillow 11.2 and later,
-    built with libavif); the others are Pillow's own."""
+    """Can this Pillow decode ``fmt``? AVIF (a plugin of Pillow 11.2 and later, built with
+    libavif) and HEIF (the pillow-heif plugin) are optional; the others are Pillow's own."""
+    if fmt == "HEIF":
+        return _heif_installed()
     if fmt != "AVIF":
         return True
     try:
@@ -52,6 +76,35 @@ MAX_PIXELS = 128_000_000
 #: ``IMAGE_EXTENSIONS`` (PGM is Pillow's PPM plugin; the JPEG plugin also opens MPO). Left to
 #: itself Pillow picks a plugin from the content, and some (EPS) run external programs on the data.
 ALLOWED_FORMATS = tuple(dict.fromkeys(fmt for ext, fmt in EXTENSION_FORMATS if ext in IMAGE_EXTENSIONS))
+
+
+def _is_heif(prefix: bytes) -> bool:
+    """Do these first bytes begin a HEIF file pillow-heif opens (an ISO media ``ftyp`` box with a
+    HEIF major brand)?"""
+    return prefix[4:8] == b"ftyp" and prefix[8:12] in _HEIF_BRANDS
+
+
+def _open_heif(fp, filename):
+    """Pillow's opener of HEIF files until the first one is opened: it imports pillow-heif,
+    registers pillow-heif's own opener in its place (once, in each process) and opens the file
+    with it. pillow-heif (and its libheif) is loaded only by a process that meets a HEIF file."""
+    try:
+        import pillow_heif
+
+        pillow_heif.register_heif_opener()
+    except Exception as exc:  # noqa: BLE001 - a broken install: said for each HEIF file
+        raise DecodeError(f"a HEIF image, and pillow-heif does not import ({type(exc).__name__}: "
+                          f"{exc}): {HEIF_INSTALL}") from None
+    factory, accept = Image.OPEN["HEIF"]
+    fp.seek(0)
+    if accept and not accept(fp.read(16)):
+        raise SyntaxError("not a HEIF file pillow-heif opens")
+    fp.seek(0)
+    return factory(fp, filename)
+
+
+if "HEIF" in ALLOWED_FORMATS and "HEIF" not in Image.OPEN:  # pillow-heif's own, if registered, is kept
+    Image.register_open("HEIF", _open_heif, _is_heif)
 
 #: the colour transparent pixels are composited over before anything sees them (scoring,
 #: galleries): mid-grey, on which neither light nor dark content vanishes. Over white, a white
@@ -76,6 +129,17 @@ def is_image_name(name: str) -> bool:
     """True when a file or tar member name ends with an image extension."""
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
     return ext in IMAGE_EXTENSIONS
+
+
+def heif_hint(names) -> str:
+    """How to read the HEIC/HEIF files among ``names`` (file names, or extensions with their dot)
+    where pillow-heif is not installed: ``"to read .heic files: pip install 'collapseguard[heic]'"``;
+    "" where it is, or where none of ``names`` is one."""
+    if "HEIF" in ALLOWED_FORMATS:
+        return ""
+    found = {str(n).rsplit(".", 1)[-1].lower() for n in names if "." in str(n)}
+    exts = [f".{e}" for e in HEIF_EXTENSIONS if e in found]
+    return f"to read {', '.join(exts)} files: {HEIF_INSTALL}" if exts else ""
 
 
 def to_rgb_array(img: Image.Image) -> np.ndarray:
@@ -196,7 +260,10 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
                           size=_header_size(data)) from None
     except Exception as exc:  # PIL raises many types for bad data
         # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
-        raise DecodeError(_OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")) from None
+        text = _OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")
+        if "HEIF" not in ALLOWED_FORMATS and _is_heif(data[:16]):  # a HEIC under another name
+            text += f" (a HEIF image: {HEIF_INSTALL} reads it)"
+        raise DecodeError(text) from None
 
 
 def _header_size(data: bytes) -> tuple[int, int] | None:

@@ -27,7 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from collapseguard.images import IMAGE_EXTENSIONS, is_image_name, storage_label
+from collapseguard.images import (
+    IMAGE_EXTENSIONS,
+    heif_hint,
+    is_image_name,
+    storage_label,
+)
 from collapseguard.io.inputs import (
     local_name,
     other_extension,
@@ -235,15 +240,20 @@ def clean_items(clean: Iterable, others=None) -> tuple[list[tuple[str, str, Call
     listed, unread = [], []
     for loc in clean:
         clean_kind, loc = loc if isinstance(loc, tuple) else ("", loc)
-        listed.append((clean_kind, loc, list(_clean_entries(loc, unread, others))))
+        here: Counter = Counter()
+        listed.append((clean_kind, loc, list(_clean_entries(loc, unread, here)), here))
+        if others is not None:
+            others.update(here)
     if unread:
         raise ValueError(unread_text(unread, "the clean images there would be left out of the "
                                              "calibration: fix or remove it, or name the folders to read with --clean"))
     items, kinds, at = [], [], {}
-    for clean_kind, loc, found in listed:
+    for clean_kind, loc, found, here in listed:
         if not found:
+            hint = heif_hint(here)  # a folder of iPhone photos without pillow-heif
             raise ValueError(f"clean location {printable(loc)} holds no image file (read: "
-                             f"{', '.join(IMAGE_EXTENSIONS)}, in folders and shards)")
+                             f"{', '.join(IMAGE_EXTENSIONS)}, in folders and shards)"
+                             f"{'; ' + hint if hint else ''}")
         for identity, *item in found:
             if identity not in at:
                 at[identity] = len(items)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from collapseguard.images import IMAGE_EXTENSIONS, is_image_name
+from collapseguard.images import IMAGE_EXTENSIONS, heif_hint, is_image_name
 from collapseguard.io.parse import (
     OTHER_TAR_SUFFIXES,
     OTHER_TAR_WHY,
@@ -127,16 +127,19 @@ def other_files_note(others: Counter, shown: int = 6, parquet: bool = True,
                      where: str = "the folders given") -> str:
     """One line on the files ``where`` holds that are no image, shard or Parquet file by name
     (``expand``'s ``others``: extension -> count) and were left out, "" for none
-    (``parquet=False``: for a reader of images and shards only, which counts Parquet files too)."""
+    (``parquet=False``: for a reader of images and shards only, which counts Parquet files too).
+    HEIC/HEIF files among them (pillow-heif not installed) come with what to install to read them
+    (``images.heif_hint``)."""
     if not others:
         return ""
     top = sorted(others.items(), key=lambda kv: (-kv[1], kv[0]))
     named = ", ".join(f"{printable(ext)} ({n})" for ext, n in top[:shown])
     more = f" and {len(top) - shown} more type(s)" if len(top) > shown else ""
     n = sum(others.values())
+    hint = heif_hint(others)
     return (f"{n} file(s) in {where} were not read, not being an image type: {named}{more} "
             f"(images are .{', .'.join(IMAGE_EXTENSIONS)}; shards .tar, .tar.gz, .tgz"
-            f"{'; .parquet' if parquet else ''})")
+            f"{'; .parquet' if parquet else ''}){'; ' + hint if hint else ''}")
 
 
 def _expand_url(url: str, data: list[Input], files: list[ImageFile],

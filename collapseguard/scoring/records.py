@@ -26,6 +26,7 @@ from collapseguard.images import (
     IMAGE_EXTENSIONS,
     DecodeError,
     decode_detailed,
+    heif_hint,
     is_image_name,
 )
 
@@ -72,14 +73,17 @@ NO_IMAGE = "no image file in the sample"
 def no_image_text(names: Sequence[str], shown: int = 3) -> str:
     """Why a record with the members ``names`` (none an image file) has nothing to score:
     ``NO_IMAGE``, naming the first ``shown`` members and the image types when it has any (an
-    image under a name ``is_image_name`` does not take, such as ``x.heic``, is told apart from a
-    caption-only sample at a glance)."""
+    image under a name ``is_image_name`` does not take, such as ``x.heic`` without pillow-heif,
+    is told apart from a caption-only sample at a glance), and what to install to read a
+    HEIC/HEIF member (``images.heif_hint``)."""
     if not names:
         return NO_IMAGE
     listed = ", ".join(str(n)[:80] for n in names[:shown]) + (f" and {len(names) - shown} more"
                                                              if len(names) > shown else "")
     verb = "is not an image type" if len(names) == 1 else "are not image types"
-    return f"{NO_IMAGE} ({listed} {verb}; images are .{', .'.join(IMAGE_EXTENSIONS)})"
+    hint = heif_hint(names)
+    return (f"{NO_IMAGE} ({listed} {verb}; images are .{', .'.join(IMAGE_EXTENSIONS)})"
+            f"{'; ' + hint if hint else ''}")
 
 
 def decode_members(

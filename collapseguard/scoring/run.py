@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from collapseguard.engines import make_engine
-from collapseguard.images import IMAGE_EXTENSIONS
+from collapseguard.images import IMAGE_EXTENSIONS, heif_hint
 from collapseguard.io.csv_cells import csv_cell
 from collapseguard.io.inputs import (
     ImageFile,
@@ -148,9 +148,10 @@ def plan_score_tasks(inputs: Sequence[str], select=None,
     if failed and not shards and not files:
         raise InputError(failed_text(failed, "nothing is left to score"))
     if not shards and not files:
+        hint = heif_hint(others or ())  # a folder of iPhone photos without pillow-heif
         raise InputError(f"no image files or .tar shards (nor Parquet files) in "
                          f"{', '.join(map(str, inputs))} (images: {', '.join(IMAGE_EXTENSIONS)}; "
-                         "shards: .tar, .tar.gz, .tgz; .parquet)")
+                         f"shards: .tar, .tar.gz, .tgz; .parquet){'; ' + hint if hint else ''}")
     tasks: list[tuple] = [data_task(s, image_column) + ((select,) if select is not None else ())
                           for s in shards]
     if select is not None:

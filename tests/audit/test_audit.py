@@ -890,13 +890,13 @@ def test_folder_files_of_no_image_type_are_counted_and_named(tmp_path, photos):
     folder.mkdir()
     for i, img in enumerate(photos[:2]):
         (folder / f"p{i}.png").write_bytes(encode_png(img))
-    (folder / "phone.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
+    (folder / "layers.psd").write_bytes(b"8BPS")
     (folder / "notes.txt").write_text("not an image")
-    (folder / "b.heic").write_bytes(b"\x00")
+    (folder / "b.psd").write_bytes(b"\x00")
     res = CliRunner().invoke(main, ["audit", str(folder), "--out", str(tmp_path / "o"), "-d", "nss",
                                     "--threshold", "3.0", "-w", "1"])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert summary["other_files"] == {".heic": 2, ".txt": 1}
+    assert summary["other_files"] == {".psd": 2, ".txt": 1}
     assert summary["scored"] == 2
-    assert "3 file(s) in the folders given were not read, not being an image type: .heic (2), .txt (1)" in res.output
+    assert "3 file(s) in the folders given were not read, not being an image type: .psd (2), .txt (1)" in res.output

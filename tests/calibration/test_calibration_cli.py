@@ -461,12 +461,12 @@ def test_clean_folder_files_of_no_image_type_are_named_before_scoring(tmp_path):
     folder.mkdir()
     for i in range(4):
         Image.fromarray(_clean_image(rng)).save(folder / f"p{i}.png")
-    (folder / "phone.heic").write_bytes(b"\x00\x00\x00\x18ftypheic")
-    (folder / "b.HEIC").write_bytes(b"\x00")
+    (folder / "layers.psd").write_bytes(b"8BPS")
+    (folder / "b.PSD").write_bytes(b"\x00")
     (folder / "table.parquet").write_bytes(b"PAR1")
     res = _run(["--clean", str(folder), "--detector", "nss", "--max-false-drop", "0.5", "--confidence",
                 "0.5", "--holdout", "0", "--no-plot", "--out", str(tmp_path / "c.json")])
     text = " ".join(res.output.split())
     assert ("warning: 3 file(s) in the --clean folders were not read, not being an image type: "
-            ".heic (2), .parquet (1)") in text
+            ".psd (2), .parquet (1)") in text
     assert "shards .tar, .tar.gz, .tgz)" in text  # a clean folder's Parquet files are not read

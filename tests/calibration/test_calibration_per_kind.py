@@ -196,18 +196,18 @@ def test_a_named_kind_without_a_scored_image_is_refused_not_left_out(two_kinds, 
     (tmp_path / "screens").mkdir()
     (tmp_path / "screens/a.png").write_bytes(b"not a png")
     (tmp_path / "screens/b.jpg").write_bytes(b"not a jpeg")
-    (tmp_path / "heic").mkdir()
-    (tmp_path / "heic/IMG_0001.HEIC").write_bytes(b"....ftypheic")
+    (tmp_path / "psd").mkdir()
+    (tmp_path / "psd/layers.PSD").write_bytes(b"8BPS")
     base = ["calibrate", "--detector", "nss", "--clean", f"photos={two_kinds / 'photos'}", "--per-kind",
             "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0", "--no-plot"]
     res = CliRunner().invoke(main, [*base, "--clean", f"screens={tmp_path / 'screens'}",
                                     "--out", str(tmp_path / "s.json")])
     assert res.exit_code == 1 and "'screens' has 0" in res.output, res.output
     assert not (tmp_path / "s.json").exists()
-    for extra in ([f"phone={tmp_path / 'heic'}", "--per-kind"], [str(tmp_path / "heic")]):
+    for extra in ([f"layers={tmp_path / 'psd'}", "--per-kind"], [str(tmp_path / "psd")]):
         args = [a for a in base if a != "--per-kind"] + ["--clean", extra[0], *extra[1:]]
         res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "h.json")])
-        assert res.exit_code == 1 and "holds no image file" in res.output and "heic" in res.output, res.output
+        assert res.exit_code == 1 and "holds no image file" in res.output and "psd" in res.output, res.output
         assert "Traceback" not in res.output and not (tmp_path / "h.json").exists()
 
 

@@ -41,7 +41,7 @@ def _members(photos) -> list[tuple[str, bytes]]:
 def test_jpeg_under_other_names_and_avif_are_image_names():
     for name in ("x.jfif", "x.JPE", "x.pjpeg", "x.pjp", "x.jpg", "x.png"):
         assert is_image_name(name), name
-    assert not is_image_name("x.xyz") and not is_image_name("x.txt") and not is_image_name("x.heic")
+    assert not is_image_name("x.xyz") and not is_image_name("x.txt") and not is_image_name("x.psd")
     if _avif_ok():
         assert is_image_name("x.avif")
 
@@ -57,19 +57,19 @@ def test_a_folder_scores_every_image_type_and_counts_the_rest_once(tmp_path, pho
     members = _members(photos)
     for name, data in members:
         (d / name).write_bytes(data)
-    (d / "g.heic").write_bytes(b"....ftypheic")
+    (d / "g.psd").write_bytes(b"8BPS")
     (d / "h.xyz").write_bytes(b"?")
     (d / "i.xyz").write_bytes(b"?")
     others: Counter = Counter()
     _, files = expand([str(d)], others=others)
     assert sorted(f.key for f in files) == sorted(n for n, _ in members)
-    assert others == {".heic": 1, ".xyz": 2}
+    assert others == {".psd": 1, ".xyz": 2}
     res = run_cli(["score", d, "--out", tmp_path / "s.csv", *FILTER[:4], "-q"])
     df = pd.read_csv(tmp_path / "s.csv")
     assert sorted(df["key"]) == sorted(n for n, _ in members)
     assert df["score"].notna().all() and df["error"].isna().all()
     assert "note: 3 file(s) in the folders given were not read, not being an image type: " \
-           ".xyz (2), .heic (1)" in res.output, res.output
+           ".xyz (2), .psd (1)" in res.output, res.output
     assert ".jfif" in res.output and res.output.count("not being an image type") == 1
 
 
