@@ -4,8 +4,9 @@ A group ranks its copies at the largest scale of ``pair_features.SCALES`` that a
 (``compare.group_utilities``), which the copies' sizes tell before any is described: the rung of
 the member with the shortest shorter side (``pair_features.reached_rung``). ``RungDescriber``
 describes an image as ``Comparator.describe`` does (the same cnn score, up to float rounding,
-the same features), but only at the rungs asked for, and without the fingerprints pass 1 already
-has: the features of the other rungs, which the decisions never read, are left NaN.
+the same features and ``top_octave``), but only at the rungs asked for, and without the
+fingerprints pass 1 already has: the features of the other rungs, which the decisions never
+read, are left NaN.
 ``group_rungs`` gives every grouped row its group's rung.
 """
 
@@ -18,7 +19,13 @@ from contextlib import contextmanager
 import numpy as np
 
 from collapseguard.detectors.base import Detector
-from collapseguard.detectors.pair_features import FEATURES, SCALES, ladder, reached_rung
+from collapseguard.detectors.pair_features import (
+    FEATURES,
+    SCALES,
+    ladder,
+    reached_rung,
+    top_octave,
+)
 
 #: images per call of the cnn: on a CPU its cost per image grows with the batch, as its crops'
 #: activations leave the cache (``benchmarks/dedup_scale.py --cnn-batch``; docs/DEDUP.md, "Speed")
@@ -48,8 +55,8 @@ class RungDescriber(Detector):
         cnn = np.concatenate([np.asarray(c.cnn.score(images[k: k + CNN_BATCH]), dtype=np.float64)
                               for k in range(0, len(images), CNN_BATCH)]) if images else np.zeros(0)
         want = [None if self.rungs is None else self.rungs.get(tuple(img.shape[:2])) for img in images]
-        return c.description_columns([{"cnn": float(s), "ladder": ladder(img, c.features_used, r)}
-                                      for s, img, r in zip(cnn, images, want)])
+        return c.description_columns([{"cnn": float(s), "ladder": ladder(img, c.features_used, r),
+                                       "octave": top_octave(img)} for s, img, r in zip(cnn, images, want)])
 
 
 def rungs_by_size(height: np.ndarray, width: np.ndarray, rungs: np.ndarray) -> list | None:

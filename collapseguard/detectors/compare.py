@@ -45,7 +45,13 @@ from collapseguard.detectors.base import (
     params_version,
 )
 from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
-from collapseguard.detectors.pair_features import FEATURES, SCALES, common_scale, ladder
+from collapseguard.detectors.pair_features import (
+    FEATURES,
+    SCALES,
+    common_scale,
+    ladder,
+    top_octave,
+)
 
 WEIGHTS_NAME = "compare.safetensors"
 #: the cnn weights the comparator reads (not necessarily the shipped ``cnn``'s)
@@ -158,11 +164,12 @@ class Comparator(Detector):
     # -- descriptions ---------------------------------------------------------------------------
 
     def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
-        """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``
-        (the images as every detector takes them: ``base.as_batch``)."""
+        """One description per image: ``{"cnn": float, "ladder": (scales, features) array,
+        "octave": float}`` (``pair_features.top_octave``; the images as every detector takes them:
+        ``base.as_batch``)."""
         images = as_batch(images)
         cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
-        return [{"cnn": float(c), "ladder": ladder(img, self.features_used)}
+        return [{"cnn": float(c), "ladder": ladder(img, self.features_used), "octave": top_octave(img)}
                 for c, img in zip(cnn, images)]
 
     def utility(self, desc: dict) -> float:
@@ -187,10 +194,12 @@ class Comparator(Detector):
     # -- as a detector --------------------------------------------------------------------------
 
     def description_columns(self, descs: list[dict]) -> dict[str, np.ndarray]:
-        """``score`` (the utility), ``cnn`` and the ``FEATURE_COLUMNS`` of some descriptions."""
+        """``score`` (the utility), ``cnn``, ``octave`` (NaN where a description has none) and the
+        ``FEATURE_COLUMNS`` of some descriptions."""
         out: dict[str, np.ndarray] = {
             "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
             "cnn": np.array([d["cnn"] for d in descs]),
+            "octave": np.array([d.get("octave", np.nan) for d in descs], dtype=np.float64),
         }
         flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), len(FEATURE_COLUMNS))
         for j, col in enumerate(FEATURE_COLUMNS):

@@ -206,3 +206,43 @@ def test_a_larger_copy_is_kept_only_within_the_tie_and_its_tier():
     assert larger_equal_copy(0, p, np.array([0, 1, 0, 0]), px) == 3  # 1 is a monochrome copy
     assert larger_equal_copy(0, np.array([np.nan, TIE + 0.01, 0.9, 0.99]), flat, px) == 0
     assert larger_equal_copy(0, p, flat, np.array([100, 101, 400, 100])) == 0  # within 1%: the best
+    # an enlargement (its fine detail under best's by more than OCTAVE_MARGIN) is not kept
+    from collapseguard.dedup.run import OCTAVE_MARGIN
+
+    oct_ = np.array([-0.5, -0.5 - OCTAVE_MARGIN - 0.01, -0.2, -0.6])
+    assert larger_equal_copy(0, p, flat, px, oct_) == 3  # 1 lost its top octave: the next largest
+    assert larger_equal_copy(0, p, flat, px, np.array([-0.5, np.nan, 0, 0])) == 1  # unknown: not refused
+    assert larger_equal_copy(0, p, flat, px, np.array([np.nan, -3.0, 0, -3.0])) == 1  # best's unknown
+
+
+def test_top_octave_tells_an_enlargement_from_a_reduction():
+    """The detail a copy holds at its own size: a photo's 60% Lanczos reduction keeps it, a 150%
+    bicubic enlargement loses it, a 2 px image has none to measure."""
+    from collapseguard.detectors.pair_features import top_octave
+
+    for name in ("chelsea", "coffee", "rocket", "astronaut"):
+        im = Image.fromarray(getattr(sd, name)())
+        o = top_octave(np.asarray(im))
+        up = top_octave(np.asarray(im.resize((im.width * 3 // 2, im.height * 3 // 2), Image.BICUBIC)))
+        down = top_octave(np.asarray(im.resize((im.width * 6 // 10, im.height * 6 // 10), Image.LANCZOS)))
+        assert up < o - 0.3 and abs(down - o) < 0.3, (name, o, up, down)
+    assert np.isnan(top_octave(np.zeros((2, 2, 3), np.uint8)))
+
+
+def test_the_original_is_kept_over_its_enlargement(tmp_path):
+    """Four photos, each as a PNG and as a 150% bicubic enlargement: both are the same picture to
+    the comparator (it compares at the side both reach), but the enlargement holds no detail the
+    original lacks, so the larger-copy rule does not keep it: the original is each group's copy."""
+    src = tmp_path / "photos"
+    src.mkdir()
+    for name in ("chelsea", "coffee", "rocket", "astronaut"):
+        im = Image.fromarray(getattr(sd, name)())
+        im.save(src / f"{name}.png")
+        im.resize((im.width * 3 // 2, im.height * 3 // 2), Image.BICUBIC).save(src / f"{name}_x150.png")
+    run_cli(["dedup", src, "--out", tmp_path / "d", "-w", "1", "-q"])
+    g = _groups(tmp_path / "d")
+    for name in ("chelsea", "coffee", "rocket", "astronaut"):
+        orig, big = g.loc[f"{name}.png"], g.loc[f"{name}_x150.png"]
+        assert orig["group"] and orig["group"] == big["group"]
+        assert (orig["rank"], orig["decision"], orig["reason"]) == (0, "keep", "least_degraded"), g
+        assert (big["decision"], big["reason"]) == ("keep", "duplicate")
