@@ -281,10 +281,36 @@ def _local_real(path_id: str) -> str | None:
     return os.path.realpath(path_id)
 
 
-def _manifests_near(loc) -> list[Path]:
+def _walk_manifests(folder: Path) -> list[Path]:
+    """The chains manifests in ``folder`` and its subfolders, in one walk (folder links are not
+    followed, as ``Path.rglob`` does not): those of each name of ``MANIFEST_NAMES`` in turn,
+    each name's sorted by path."""
+    from collapseguard.training_data_tools.manifest import MANIFEST_NAMES
+
+    by_name: dict[str, list[Path]] = {name: [] for name in MANIFEST_NAMES}
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            if name in by_name and os.path.isfile(os.path.join(dirpath, name)):
+                by_name[name].append(Path(dirpath, name))
+    return [f for name in MANIFEST_NAMES for f in sorted(by_name[name])]
+
+
+def _manifests_under(folder: Path, walked: dict[Path, list[Path]]) -> list[Path]:
+    """``_walk_manifests(folder)`` (a resolved folder), taken from the walk of a folder in
+    ``walked`` (walked root -> its manifests) that holds it where there is one, else walked now
+    and added to ``walked``: a tree is walked once however many of its folders are asked for."""
+    for root, found in walked.items():
+        if folder == root or root in folder.parents:
+            return [f for f in found if folder in f.parents]
+    walked[folder] = _walk_manifests(folder)
+    return walked[folder]
+
+
+def _manifests_near(loc, walked: dict[Path, list[Path]] | None = None) -> list[Path]:
     """The chains manifests (``manifest.csv``/``.parquet``) that may name a local clean
     location's images: in the location and its subfolders, and in the folders above it (a
-    ``chains make`` output's family folder named alone)."""
+    ``chains make`` output's family folder named alone). ``walked`` (``_manifests_under``'s)
+    shares the walks of folders between calls."""
     from collapseguard.training_data_tools.manifest import MANIFEST_NAMES
 
     if is_remote(str(loc)) and not os.path.lexists(str(loc)):
@@ -294,15 +320,17 @@ def _manifests_near(loc) -> list[Path]:
     for folder in [p if p.is_dir() else p.parent, *(p if p.is_dir() else p.parent).parents]:
         found += [folder / n for n in MANIFEST_NAMES if (folder / n).is_file()]
     if p.is_dir():
-        for name in MANIFEST_NAMES:
-            found += sorted(f for f in p.rglob(name) if f.is_file())
+        found += _manifests_under(p, {} if walked is None else walked)
     return list(dict.fromkeys(found))
 
 
 def chain_steps_in_clean(locations, items) -> list[tuple[Path, list[str]]]:
     """Each chains manifest near the clean ``locations`` (``_manifests_near``) that names clean
     ``items`` as chain images at steps after 0, with those items' path ids: degraded copies that
-    would count as clean pictures. A file that is no readable manifest is passed over."""
+    would count as clean pictures. A file that is no readable manifest is passed over. Each
+    folder tree is walked once: the outermost location folders first, and a location inside one
+    of them takes its part of that walk (a folder and its subfolder both given, or one given
+    twice); each manifest is read once."""
     from collapseguard.training_data_tools.manifest import ManifestError, read_manifest
 
     real = {}
@@ -310,9 +338,14 @@ def chain_steps_in_clean(locations, items) -> list[tuple[Path, list[str]]]:
         r = _local_real(path_id)
         if r is not None:
             real.setdefault(r, path_id)
+    paths = [loc[1] if isinstance(loc, tuple) else loc for loc in locations]
+    walked: dict[Path, list[Path]] = {}
+    folders = {Path(p).resolve() for p in paths if not is_remote(str(p)) or os.path.lexists(str(p))}
+    for folder in sorted((f for f in folders if f.is_dir()), key=lambda f: len(f.parts)):
+        _manifests_under(folder, walked)  # outermost first: nested ones find their tree walked
     out, seen = [], set()
-    for loc in locations:
-        for m in _manifests_near(loc[1] if isinstance(loc, tuple) else loc):
+    for loc in paths:
+        for m in _manifests_near(loc, walked):
             if m in seen:
                 continue
             seen.add(m)

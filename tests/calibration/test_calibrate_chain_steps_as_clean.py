@@ -96,3 +96,66 @@ def test_chain_step_names_without_a_manifest_are_warned_about(root, tmp_path):
     assert "step_005.png" in res.output and "--chains" in res.output
     res = _calibrate("--clean", root / "data/photos", "--out", tmp_path / "b.json", *LOOSE)
     assert res.exit_code == 0 and "named like chain steps" not in res.output
+
+
+def test_nested_clean_locations_walk_each_tree_once_and_find_the_same_manifests(tmp_path, monkeypatch):
+    """A folder, its subfolders and one of them twice as --clean locations: every location finds
+    the manifests it finds alone (in it, under it, above it: the rglob rule), the refusal names the
+    same manifests and images, and no folder is listed twice in the search."""
+    import os
+    from pathlib import Path
+
+    from collapseguard.calibration.scoring import (
+        _manifests_near,
+        chain_steps_in_clean,
+        clean_items,
+    )
+    from collapseguard.training_data_tools.manifest import MANIFEST_NAMES
+
+    top = (tmp_path / "a").resolve()
+    crops = _crops(3)
+    for chains, name, cid in ((top, "manifest.csv", "c0"), (top / "b", "manifest.parquet", "c1"),
+                              (top / "b" / "d", "manifest.csv", "c2")):
+        img, rows = next(crops), []
+        for step, pic in ((0, img), (5, degrade(img, rounds=5, seed=1))):
+            p = chains / "noise" / cid / f"step_{step:03d}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pic).save(p)
+            rows.append({"chain_id": cid, "source_image": cid, "family": "noise", "task": "t",
+                         "step": step, "path": str(p)})
+        write_manifest(pd.DataFrame(rows), chains / name)
+    (top / "b" / "e").mkdir()
+    Image.fromarray(next(_crops(1))).save(top / "b" / "e" / "photo.png")
+
+    def rglob_rule(loc):  # what a location's own search finds: above it, then rglob per name
+        p = Path(loc).resolve()
+        found = [f / n for f in [p, *p.parents] for n in MANIFEST_NAMES if (f / n).is_file()]
+        found += [f for n in MANIFEST_NAMES for f in sorted(p.rglob(n)) if f.is_file()]
+        return list(dict.fromkeys(found))
+
+    locations = [top / "b", top, top / "b" / "d", ("shots", top / "b"), top / "b" / "e"]
+    for loc in locations:
+        path = loc[1] if isinstance(loc, tuple) else loc
+        assert _manifests_near(path) == rglob_rule(path), path
+    items = clean_items(locations)[0]
+    listed = []
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        listed.append(os.path.realpath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = chain_steps_in_clean(locations, items)
+    monkeypatch.undo()
+    assert [str(d) for d in listed if listed.count(d) > 1] == []  # each folder listed once
+    assert {top / "b" / "d", top / "b" / "e"} <= {Path(d) for d in listed}
+    step5 = {c: str(w / "noise" / c / "step_005.png") for w, c in
+             ((top, "c0"), (top / "b", "c1"), (top / "b" / "d", "c2"))}
+    assert found == [(top / "b" / "manifest.parquet", [step5["c1"]]), (top / "manifest.csv", [step5["c0"]]),
+                     (top / "b" / "d" / "manifest.csv", [step5["c2"]])]
+    # a location alone: the manifests in it and above it, nearest first
+    d, b, a = ((m, [step5[c]]) for m, c in ((top / "b" / "d" / "manifest.csv", "c2"),
+                                            (top / "b" / "manifest.parquet", "c1"), (top / "manifest.csv", "c0")))
+    assert chain_steps_in_clean([top / "b" / "d"], items) == [d, b, a]
+    assert chain_steps_in_clean([top / "b" / "e", top / "b" / "e"], items) == [b, a]
