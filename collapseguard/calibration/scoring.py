@@ -408,8 +408,17 @@ def _score_batches(detector, readers: list[Callable[[], bytes]], batch_size: int
     written into it: of its decoded pixels (and their shape) where it decodes, so that one picture
     re-saved with other metadata or in another lossless format has one digest; of its bytes where
     it does not; ``""`` when unreadable. The pixels are hashed where the scoring loop decodes them
-    (its ``transform``, called for each record right after ``members``), so nothing is decoded
-    twice."""
+    (its ``transform``), so nothing is decoded twice.
+
+    Each result is paired with its reader by the record ``score_records`` yields it with, which is
+    the reader's index (the records are ``range(len(readers))``), never by the order results come
+    in. The pixel digest cannot be paired that way, since ``transform`` is given only an array: it
+    goes to the record whose ``members`` ran last (``current``). That is the right record by
+    construction: ``score_records`` handles one record at a time in one thread, calling
+    ``transform`` on a record's images in the same step as ``members_of`` for it, before any other
+    record's ``members_of`` and before any result is yielded (its docstring holds it to this),
+    and the calibration scores all its clean images, shard members and files alike, in one such
+    loop in this process (no engine, no workers)."""
     out = np.full(len(readers), np.nan, dtype=np.float64)
     errors = [""] * len(readers)
     storage = [""] * len(readers)

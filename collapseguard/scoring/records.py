@@ -214,6 +214,11 @@ def score_records(
     reads reduced images (widths and heights stay those of the full images). At most
     ``batch_size`` records wait for a decision, those without an image to score included: a
     stream of caption-only or undecodable samples is passed on as it comes, not held.
+
+    Records are taken one at a time, in this thread: ``transform`` is called on a record's images
+    right after ``members_of(record)`` returns, before the next record's ``members_of`` and before
+    anything is yielded, so a caller may attribute each ``transform`` call to the record it last
+    gave members for (calibration's pixel digests, ``calibration.scoring._score_batches``).
     """
     batch_size = batch_size or detector.batch_size or 16
     pending: list[tuple[Any, Scored, list[int]]] = []  # record, result, indices into images

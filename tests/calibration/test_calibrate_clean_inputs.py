@@ -219,6 +219,52 @@ def test_clean_files_of_identical_pixels_count_as_one_picture(tmp_path):
     assert len(t) == 15 and t["source_image"].nunique() == 4
 
 
+def test_identical_pixels_are_one_picture_across_a_shard_and_folders(tmp_path):
+    """Copies of one picture spread over a shard and two folders, with an undecodable member and
+    a caption between them and batches of 2 (results of several images come in together): each
+    image's digest is its own, so each copy takes the source of the first image of its pixels and
+    every other picture keeps its own."""
+    import io
+    import tarfile
+
+    from cg_testutil import add_member
+    from PIL import PngImagePlugin
+
+    a = _folder(tmp_path / "a", 4)
+    b = tmp_path / "b"
+    b.mkdir()
+    meta = PngImagePlugin.PngInfo()
+    meta.add_text("Comment", "re-saved")
+    Image.open(a / "p2.png").save(b / "again.png", pnginfo=meta)  # p2's pixels, other bytes
+
+    def encoded(img, **kw):
+        buf = io.BytesIO()
+        img.save(buf, **kw)
+        return buf.getvalue()
+
+    shard = tmp_path / "s" / "x-000.tar"
+    shard.parent.mkdir()
+    new = Image.fromarray(_picture(np.random.default_rng(9)))
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "k0.png", encoded(Image.open(a / "p0.png"), format="PNG", pnginfo=meta))
+        add_member(tf, "k1.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # undecodable
+        add_member(tf, "k1.txt", b"a caption")
+        add_member(tf, "k2.png", encoded(new, format="PNG"))
+        add_member(tf, "k3.webp", encoded(Image.open(a / "p1.png"), format="WEBP", lossless=True))
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--clean", shard, "--clean", a, "--clean", b, "--batch-size", "2",
+                     "--out", tmp_path / "cal.json", "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    assert "3 --clean image(s) are copies of other --clean images" in res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    src = dict(zip(t["path"].map(lambda p: p.replace(str(tmp_path), "")), t["source_image"]))
+    assert src == {"/s/x-000.tar:k0.png": "x-000.tar:k0", "/s/x-000.tar:k1.png": "x-000.tar:k1",
+                   "/s/x-000.tar:k2.png": "x-000.tar:k2", "/s/x-000.tar:k3.webp": "x-000.tar:k3",
+                   "/a/p0.png": "x-000.tar:k0", "/a/p1.png": "x-000.tar:k3", "/a/p2.png": "a/p2",
+                   "/a/p3.png": "a/p3", "/b/again.png": "a/p2"}
+    assert load_calibration(tmp_path / "cal.json").n_clean == 5  # p0, p1, p2, p3 and the new one
+
+
 def test_a_folder_of_one_picture_under_many_names_is_refused_as_one_picture(tmp_path):
     """40 copies of one photo differing only in a PNG comment are one picture: too few for any
     bound, never a "calibrated" file resting on one image."""

@@ -107,6 +107,33 @@ def test_training_scoring_applies_the_transform_and_scores_arrays(files, photos)
                                nss.score(arrays), rtol=1e-6)
 
 
+def test_the_transform_runs_on_a_record_right_after_its_members(files):
+    """score_records' contract that calibration's pixel digests rest on: each record's images go
+    through ``transform`` right after its ``members_of`` and before the next record's, whatever
+    the batches; results come in input order."""
+    good, cut, junk = files
+    paths = [good[0], cut, good[1], junk, good[2], None, good[0]]  # None: a caption-only record
+    events = []
+
+    def members(i):
+        events.append(("members", i))
+        return [("c.txt", b"a caption")] if paths[i] is None else [(str(paths[i]), paths[i].read_bytes())]
+
+    def transform(arr):
+        events.append(("transform",))
+        return arr
+
+    out = list(score_records(range(len(paths)), create("nss"), members_of=members, batch_size=2,
+                             transform=transform))
+    assert [i for i, _ in out] == list(range(len(paths)))
+    assert [e for e in events if e[0] == "members"] == [("members", i) for i in range(len(paths))]
+    decoded = [i for i, res in out if res.status == "ok"]
+    assert decoded == [0, 2, 4, 6]
+    # one transform call for each decoded record, right after that record's members call
+    assert [events[k - 1] for k, e in enumerate(events) if e[0] == "transform"] == [
+        ("members", i) for i in decoded]
+
+
 def test_a_refused_batch_is_retried_one_by_one_only_when_asked(photos, files):
     imgs = [photos[0][:200, :200], photos[1][:200, :300], photos[2][:200, :200]]
     det = RefusesBatches()
