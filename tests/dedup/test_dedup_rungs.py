@@ -48,7 +48,12 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
 
     from collapseguard.dedup.run import decide_groups, run_dedup
     from collapseguard.detectors.compare import Comparator, load_weights
-    from collapseguard.detectors.pair_features import FEATURES, SCALES, ladder
+    from collapseguard.detectors.pair_features import (
+        FEATURES,
+        SCALES,
+        ladder,
+        top_octave,
+    )
     from collapseguard.images import decode_image
 
     threads = torch.get_num_threads()
@@ -72,7 +77,8 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
     feats = np.array([ladder(decode_image(data[k]), used).ravel() for k in keys], np.float32)
     desc = {"features": feats, "cnn": np.array([r["cnn"] for r in t]),
             "ok": np.array([not r["error"] for r in t]), "set_aside": [""] * len(t),
-            "width": np.array([r["width"] for r in t]), "height": np.array([r["height"] for r in t])}
+            "width": np.array([r["width"] for r in t]), "height": np.array([r["height"] for r in t]),
+            "octave": np.array([top_octave(decode_image(data[k])) for k in keys], np.float32)}
     ids = {g: i for i, g in enumerate(sorted({r["group"] for r in t} - {""}))}
     labels = np.array([ids[r["group"]] if r["group"] else -1 for r in t])
     w = load_weights()
