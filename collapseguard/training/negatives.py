@@ -139,13 +139,23 @@ def camera_augment(img: np.ndarray, rng: np.random.Generator, jpeg_p: float = 0.
     return out
 
 
+def clean_labels(paths: Sequence[Path]):
+    """The name a clean file's images carry (``clean_variants``): its file name, or its path as
+    given when another file of ``paths`` has the same file name."""
+    from collections import Counter
+
+    shared = {n for n, c in Counter(Path(p).name for p in paths).items() if c > 1}
+    return lambda p: str(p) if Path(p).name in shared else Path(p).name
+
+
 def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(640, 2048),
                    window_side: int | None = 640, native_windows: bool = False,
                    storage: bool = False, web_history: float = 0.0) -> Iterator[tuple[str, np.ndarray]]:
     """For each clean file: one web-sized copy as it is, plus ``variants - 1`` camera-augmented
-    copies (each at its own web size). Yields (name, image), the name ``PATH#VARIANT`` with the
-    file's path as given: two files of one name in two folders keep apart (``run.unused_clean_files``
-    tells by it which files gave no image).
+    copies (each at its own web size). Yields (name, image), the name ``clean_label(path)#VARIANT``:
+    the file name, or the path as given where two files share a name (``run.unused_clean_files``
+    tells by it which files gave no image; the names of a set without such files, which resumed
+    runs' data fingerprints hash, stay file names).
 
     With ``window_side`` set, each augmented copy is a random window of that size (augmenting the
     whole of a 4K photo only to cut a few crops from it is wasted time); None keeps whole images.
@@ -158,6 +168,7 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
     (``training_data_tools.web_history``: 1-4 JPEG saves, resizes, upload sharpening, screenshots;
     its own random stream, so the other draws are those of a run without it): still clean.
     """
+    label = clean_labels(paths)
     rng = np.random.default_rng(seed)
     srng = np.random.default_rng([seed, 4099])
     hrng = np.random.default_rng([seed, 8191])
@@ -190,4 +201,4 @@ def clean_variants(paths: Sequence[Path], variants: int, seed: int, long_side=(6
                 from collapseguard.training.storage import apply_storage, draw_storage
 
                 img = apply_storage(img, draw_storage(srng))
-            yield f"{p}#{v}", img
+            yield f"{label(p)}#{v}", img

@@ -36,6 +36,7 @@ from collapseguard.training.metrics import (
     score_paths,
 )
 from collapseguard.training.negatives import (
+    clean_labels,
     clean_variants,
     drop_identical,
     list_images,
@@ -230,10 +231,12 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
         extra = {"storage": True} if web else {}  # the key of earlier banks stays as it was
         if cfg.web_history:
             extra["web_history"] = cfg.web_history
-        # names="path": the bank's images are named by their file's path (clean_variants), which
-        # unused_clean_files reads; a bank of file names only is not reused
+        if len({Path(f).name for f in clean_files}) < len(clean_files):
+            # two files of one name: the bank names their images by path (clean_labels), which
+            # unused_clean_files reads; a bank of bare names is not reused
+            extra["names"] = "path"
         key = cache_key(clean_files, kind="clean", variants=clean_variants_n, native_windows=True,
-                        names="path", **extra, **settings)
+                        **extra, **settings)
         clean_bank = cached(cache_dir, key, lambda: image_bank(
             clean_variants(clean_files, clean_variants_n, seed=cfg.seed + 1, native_windows=True,
                            storage=web, web_history=cfg.web_history),
@@ -245,13 +248,14 @@ def build_banks(train_df: pd.DataFrame, clean_files: Sequence[Path], cfg: TrainC
 
 def unused_clean_files(clean_files: Sequence[Path], clean_bank: CropBank | None) -> list[Path]:
     """The clean files none of whose images reached the clean bank (undecodable ones), by the
-    paths ``clean_variants`` names its images with (``PATH#VARIANT``, the path as given): two
-    files of one name in two folders are told apart."""
+    names ``clean_variants`` gives their images (``clean_labels``: the path where two files
+    share a file name, so they are told apart)."""
     if not clean_files:
         return []
     used = set() if clean_bank is None else {
         str(n).rsplit("#", 1)[0] for n in clean_bank.meta["source_image"]}
-    return [f for f in clean_files if str(f) not in used]
+    label = clean_labels(clean_files)
+    return [f for f in clean_files if label(f) not in used]
 
 
 def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainConfig,

@@ -299,7 +299,7 @@ def test_clean_variants_and_camera_noise(tmp_path):
     train, held = split_clean(files, holdout=0.5)
     assert sorted(train + held) == files and split_clean(files, holdout=0.5) == (train, held)
     out = list(clean_variants(files[:1], 3, seed=1, long_side=(200, 250), window_side=128))
-    assert [n for n, _ in out] == [f"{files[0]}#0", f"{files[0]}#1", f"{files[0]}#2"]
+    assert [n for n, _ in out] == ["p0.png#0", "p0.png#1", "p0.png#2"]  # a file name no other file has
     assert max(out[0][1].shape[:2]) <= 250 and max(out[1][1].shape[:2]) <= 128 * 1.6 + 1
     flat = np.full((200, 200, 3), 128, np.uint8)
     noisy = sensor_noise(flat, np.random.default_rng(2), iso_sigma=4.0).astype(float)
@@ -738,7 +738,7 @@ def test_undecodable_clean_files_are_named_and_not_counted(tmp_path):
 
 @pytest.mark.parametrize("broken", ["a", "b"])
 def test_an_undecodable_clean_file_is_told_from_a_good_one_of_the_same_name(tmp_path, broken):
-    """a/img.png and b/img.png, one of them undecodable: the clean bank's images name their file
+    """a/img.png and b/img.png, one of them undecodable: the clean bank's images name such files
     by path, so the undecodable one is the one reported, whichever folder holds it."""
     from collapseguard.training.negatives import clean_variants
     from collapseguard.training.run import unused_clean_files
@@ -755,6 +755,8 @@ def test_an_undecodable_clean_file_is_told_from_a_good_one_of_the_same_name(tmp_
         files.append(path)
     bank = image_bank(clean_variants(files, 2, seed=1, long_side=(96, 96), window_side=64), 32, 2, seed=0)
     assert len(bank) == 2  # the good file's two variants
+    good = files[1] if broken == "a" else files[0]
+    assert {str(n).rsplit("#", 1)[0] for n in bank.meta["source_image"]} == {str(good)}
     assert unused_clean_files(files, bank) == [tmp_path / broken / "img.png"]
 
 
