@@ -44,7 +44,9 @@ With ``--copy-kinds KINDS`` (default kinds: ``COPY_KINDS``): which harmless copi
 PNG original beside one copy of one kind, each kind its own ``dedup`` run (so copies of two kinds
 never join through each other); printed per kind: the share of copies grouped with their
 original and, of those groups, the share that keep the original (``rank`` 0) and that mark it
-``degraded_copy``, and the range of the pairs' ``p_worse``. Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
+``degraded_copy``, the range of the pairs' ``p_worse``, and the range of the copies'
+``top_octave`` minus their original's with the share more than 0.3 under it (an enlargement,
+which the larger-copy rule does not keep). Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
 (S% of each side, Lanczos / bicubic, PNG), ``jpegQ`` (JPEG quality Q, 4:2:0), ``webQ`` (reduced
 to 70%, JPEG q80, enlarged back, JPEG quality Q):
 
@@ -271,17 +273,25 @@ def copy_of(arr: np.ndarray, kind: str) -> tuple[bytes, str]:
 
 
 def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
-    from collapseguard.dedup.run import run_dedup
+    """One ``dedup`` run of the photos beside one copy of ``kind`` each: the share grouped, the
+    share keeping the original, the range of ``p_worse``, and the copies' ``top_octave`` minus
+    their original's (``octave_under_margin``: the share more than ``OCTAVE_MARGIN`` under it,
+    which the larger-copy rule never keeps over the original)."""
+    from collapseguard.dedup.run import OCTAVE_MARGIN, run_dedup
+    from collapseguard.detectors.pair_features import top_octave
+    from collapseguard.images import decode_image
 
     folder = work / kind / "images"
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
+    octave = []  # top_octave of the copy minus the original's (what the larger-copy rule reads)
     for name, arr in photos:
         stem = name.replace("/", "_")
         Image.fromarray(arr).save(folder / f"{stem}__original.png")
         data, suffix = copy_of(arr, kind)
         (folder / f"{stem}__copy{suffix}").write_bytes(data)
+        octave.append(top_octave(decode_image(data)) - top_octave(arr))
     out = work / kind / "dedup"
     if out.exists():
         shutil.rmtree(out)
@@ -305,7 +315,9 @@ def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
     return {"kind": kind, "photos": n, "grouped": grouped / n,
             "original_kept": kept / grouped if grouped else nan,
             "original_marked_degraded": marked / grouped if grouped else nan,
-            "p_worse_min": min(p) if p else nan, "p_worse_max": max(p) if p else nan}
+            "p_worse_min": min(p) if p else nan, "p_worse_max": max(p) if p else nan,
+            "octave_diff_min": min(octave), "octave_diff_max": max(octave),
+            "octave_under_margin": float(np.mean(np.array(octave) < -OCTAVE_MARGIN))}
 
 
 def copies_main(args) -> None:
