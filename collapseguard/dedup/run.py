@@ -512,8 +512,8 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
 
 #: how much less fine detail at its own size (``pair_features.top_octave``) a larger copy may hold
 #: than the least degraded one and still be kept as the same picture at more pixels: of the
-#: bundled photos, a 60% Lanczos reduction reads at most 0.23 over its original, a 1-3% crop 0.1,
-#: and a 150% bicubic enlargement more than 0.3 under its original in 17 of 18
+#: bundled photos, a 60% Lanczos reduction reads at most 0.24 over its original, a 1-3% crop 0.02,
+#: and a 150% bicubic enlargement more than 0.3 under its original in 16 of 18
 #: (``benchmarks/dedup_scale.py --copy-kinds``)
 OCTAVE_MARGIN = 0.3
 

@@ -108,9 +108,10 @@ def ladder(img: np.ndarray, only: frozenset[str] | None = None,
     return out
 
 
-#: the largest window (px a side, centred) ``top_octave`` reads: its cost stays about 7 ms whatever
-#: the image's size
-OCTAVE_WINDOW = 512
+#: the largest window (px a side, centred) ``top_octave`` reads: about 2 ms an image whatever its
+#: size (512 px: 5 ms, and no better apart on the bundled photos' copies; 256 px reads a 60%
+#: reduction up to 0.31 over its original)
+OCTAVE_WINDOW = 320
 
 
 def _laplacian_energy(y: np.ndarray) -> float:
