@@ -8,7 +8,9 @@ detector (``detectors.DEFAULT_DETECTOR``, the one ``filter`` runs unless told ot
 writes the score on every row of the group (``kept_score``) beside the detector that gave it
 (``kept_detector``, ``name@version``). ``filter`` running that detector compares the score with its
 own threshold (``filter.decisions.apply_group``). The kept copies are read back as the gallery
-reads them (``scoring.readback.fetch_samples``: each shard streamed once), one image at a time.
+reads them (``scoring.readback.fetch_samples``: each shard streamed once), one image at a time,
+unless the caller scores them (``score_rows``: ``dedup`` reads them again on its engine's workers,
+in parallel, as it described them); rows that way cannot tell are read back here.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import numpy as np
 
 
 def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
-                     image_column: str | None = None) -> tuple[np.ndarray, list[str]]:
+                     image_column: str | None = None, score_rows=None) -> tuple[np.ndarray, list[str]]:
     """``(kept_score, kept_detector)`` per row: the default detector's score of the row's group's
     kept copy (NaN for a single, or when the kept copy cannot be read back or scored) and
-    ``name@version`` of that detector ("" for a single)."""
+    ``name@version`` of that detector ("" for a single). ``score_rows(rows)``, when given, scores
+    the kept rows (indices into ``desc``) with that detector and returns ``(scores, unread)``:
+    the rows it could not read again (``unread``, a bool mask over ``rows``) are read back here."""
     from collapseguard.detectors import DEFAULT_DETECTOR
     from collapseguard.engines import get_detector
     from collapseguard.scoring.readback import fetch_samples, occurrence
@@ -32,14 +36,19 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
     if not kept.size:
         return scores, named
     det = get_detector(DEFAULT_DETECTOR)
+    by_group = {}
+    if score_rows is not None:
+        got, unread = score_rows(kept)
+        for i, s in zip(kept[~unread], got[~unread]):
+            by_group[labels[i]] = float(s)
+        kept = kept[unread]
     nth = occurrence(desc["source"], desc["key"])  # which sample of a key that repeats in its source
 
     def score(img: np.ndarray) -> float:  # an RGBA copy is composited by score, as from its file
         return float(np.asarray(det.score([img]), np.float64)[0])
 
     wanted = [(desc["source"][i], desc["key"][i], desc["image"][i], int(nth[i])) for i in kept]
-    fetched = fetch_samples(wanted, prepare=score, image_column=image_column)
-    by_group = {}
+    fetched = fetch_samples(wanted, prepare=score, image_column=image_column) if wanted else {}
     for i, w in zip(kept, wanted):
         f = fetched.get((w[0], w[1], w[3]))
         by_group[labels[i]] = float(f.prepared) if f is not None and f.prepared is not None else np.nan

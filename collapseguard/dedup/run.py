@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 
 from collapseguard.dedup.colour import group_chroma, lost_colour
 from collapseguard.dedup.describe import (
+    CNN_BATCH,
     RungDescriber,
     as_size_map,
     described_rungs,
@@ -206,6 +207,57 @@ def fingerprint_task(task: tuple, detector, progress=None) -> dict:
             return describe_task(task, detector.full(), progress)
         return describe_task(task, detector, progress, reduced_for_fingerprints)
     return describe_task(task, detector, progress)
+
+
+def kept_score_task(task: tuple, detector, progress=None) -> dict:
+    """Engine task of the kept-copy pass: the task's samples (a ``_sub_task``) scored by
+    ``detector`` (the default no-reference detector), decoded in full as ``score`` decodes them,
+    ``describe.CNN_BATCH`` images a call (on a CPU a cnn's cost per image grows with the batch):
+    ``{"key", "image", "score"}`` per row."""
+    import copy
+
+    detector = copy.copy(detector)  # the same network, scored in small batches
+    detector.batch_size = CNN_BATCH
+    rows = score_task(task, detector, progress, set_aside=True)
+    return {"key": [str(r["key"]) for r in rows], "image": [str(r.get("image") or "") for r in rows],
+            "score": np.array([r.get("score", np.nan) for r in rows], np.float64)}
+
+
+def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: int | None = 1):
+    """``kept_scores.kept_copy_scores``' ``score_rows``: the rows read again from their tasks
+    (``_sub_task``) and scored by the default detector on the engine (its workers, in parallel;
+    ``runner``: the engine to run on, None: a new one; ``threads``: torch's threads when this
+    process scores, as in pass 3, so that its scores are the workers' to the last bit). A task whose rows do not come back as the
+    ones asked for (a sample of several images, an input changed since) leaves them unread."""
+    from collapseguard.detectors import DEFAULT_DETECTOR
+
+    def score_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        jobs, start = [], 0
+        for task, _, part in desc["tasks"]:
+            n = len(part["key"])
+            mine = rows[(rows >= start) & (rows < start + n)]
+            if mine.size:
+                jobs.append((_sub_task(task, part, mine - start), mine))
+            start += n
+        where = {int(r): k for k, r in enumerate(rows)}
+        scores = np.full(len(rows), np.nan)
+        unread = np.ones(len(rows), bool)
+
+        def on_done(k, got, err):
+            own = jobs[k][1]
+            if err is None and got is not None and list(got["key"]) == [desc["key"][r] for r in own] \
+                    and list(got["image"]) == [desc["image"][r] for r in own]:
+                at = [where[int(r)] for r in own]
+                scores[at] = got["score"]
+                unread[at] = False
+
+        inline = workers <= 1 and engine == "local"
+        with torch_threads(threads if inline else None):
+            (runner or make_engine(engine, workers, None)).run(
+                kept_score_task, [j[0] for j in jobs], DEFAULT_DETECTOR, (), None, on_done)
+        return scores, unread
+
+    return score_rows
 
 
 def describe_rungs_task(job: tuple, detector, progress=None) -> dict:
@@ -609,7 +661,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         all_rungs |= need & (want < 0)
         lap("describe")
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
-    kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column)
+    kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column,
+                                                 score_rows_on(desc, engine, workers, runner, threads))
     source_size, source_sha256 = source_digests(desc)
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]

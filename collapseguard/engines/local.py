@@ -86,8 +86,12 @@ def spawn_context():
 
 
 def get_detector(name: str, kwargs: tuple = ()):
-    """The process-wide detector for ``name`` (created on first use, then reused)."""
-    key = (name, kwargs)
+    """The process-wide detector for ``name`` (created on first use, then reused), one for each
+    cnn runtime the process asks for (``$COLLAPSEGUARD_CNN_RUNTIME``, which ``--runtime`` sets for
+    a run): a detector made under one runtime is never served to a run under another."""
+    from collapseguard.detectors.cnn_family import RUNTIME_ENV
+
+    key = (name, kwargs, os.environ.get(RUNTIME_ENV, ""))
     if key not in _DETECTORS:
         from collapseguard.detectors import create
         _DETECTORS[key] = create(name, **dict(kwargs))
