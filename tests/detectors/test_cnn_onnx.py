@@ -81,7 +81,11 @@ def test_the_comparators_cnn_runs_from_its_packaged_graph(photos):
     from importlib import resources
 
     from collapseguard.detectors.cnn_onnx import packaged_export
-    from collapseguard.detectors.compare import CNN_WEIGHTS_NAME, Comparator, comparator_cnn
+    from collapseguard.detectors.compare import (
+        CNN_WEIGHTS_NAME,
+        Comparator,
+        comparator_cnn,
+    )
 
     data = (resources.files("collapseguard") / "weights" / CNN_WEIGHTS_NAME).read_bytes()
     _, meta = packaged_export("compare_cnn.onnx", "compare_cnn.onnx.json")
@@ -234,3 +238,22 @@ def test_filter_outputs_do_not_depend_on_the_runtime(tmp_path, photos):
     assert list(a["decision"]) == list(b["decision"])
     assert list(a["detector_version"]) == list(b["detector_version"])
     np.testing.assert_allclose(a["score"], b["score"], rtol=0, atol=SCORE_TOLERANCE)
+
+
+def test_the_process_wide_detector_follows_the_runtime_asked_for(monkeypatch):
+    """Engines reuse one detector per process: one made under --runtime onnx is never served to a
+    later run under --runtime torch in the same process (dedup's kept-copy pass scored with the
+    wrong runtime, and its table's bytes differed from a torch run's)."""
+    pytest.importorskip("onnxruntime")
+    from collapseguard.detectors.cnn import CNNDetector
+    from collapseguard.detectors.cnn_family import RUNTIME_ENV
+    from collapseguard.detectors.cnn_onnx import OnnxCNNDetector
+    from collapseguard.engines.local import get_detector
+
+    monkeypatch.setenv(RUNTIME_ENV, "onnx")
+    onnx = get_detector("cnn")
+    assert isinstance(onnx, OnnxCNNDetector) and get_detector("cnn") is onnx
+    monkeypatch.setenv(RUNTIME_ENV, "torch")
+    assert isinstance(get_detector("cnn"), CNNDetector)
+    monkeypatch.setenv(RUNTIME_ENV, "onnx")
+    assert get_detector("cnn") is onnx
