@@ -45,8 +45,9 @@ PNG original beside one copy of one kind, each kind its own ``dedup`` run (so co
 never join through each other); printed per kind: the share of copies grouped with their
 original and, of those groups, the share that keep the original (``rank`` 0) and that mark it
 ``degraded_copy``, the range of the pairs' ``p_worse``, and the range of the copies'
-``top_octave`` minus their original's with the share more than 0.3 under it (an enlargement,
-which the larger-copy rule does not keep). Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
+``top_octave`` minus their original's with the share more than 0.5 under it (an enlargement,
+which the larger-copy rule does not keep). ``--pictures samples`` runs it on the library sample
+images instead (skimage's and scikit-learn's, short side 200 px or more). Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
 (S% of each side, Lanczos / bicubic, PNG), ``jpegQ`` (JPEG quality Q, 4:2:0), ``webQ`` (reduced
 to 70%, JPEG q80, enlarged back, JPEG quality Q):
 
@@ -173,6 +174,12 @@ def main() -> None:
     ap.add_argument("--tie", type=float, default=None, metavar="P",
                     help="dedup.run.TIE for this run's decisions (made in this process): "
                          "-1 keeps the comparator's least degraded copy alone, never a larger one")
+    ap.add_argument("--octave-margin", type=float, default=None, metavar="M",
+                    help="dedup.run.OCTAVE_MARGIN for this run's decisions (made in this process): "
+                         "inf keeps a larger copy whatever its fine detail")
+    ap.add_argument("--pictures", choices=("bundled", "samples"), default="bundled",
+                    help="--copy-kinds' pictures: the bundled photos, or the library sample images "
+                         "(skimage.data's and scikit-learn's, short side 200 or more)")
     ap.add_argument("--copy-kinds", default=None, metavar="KINDS",
                     help=f"which copies dedup joins to their original and keeps (e.g. {COPY_KINDS})")
     ap.add_argument("--copy-share", type=float, default=0.0,
@@ -198,6 +205,12 @@ def main() -> None:
         import collapseguard.dedup.run as dedup_run
 
         dedup_run.TIE = args.tie  # decide_groups reads it when it decides
+    if args.octave_margin is not None:
+        if args.shards:
+            ap.error("--octave-margin applies to dedup in this process, not to --shards' command line")
+        import collapseguard.dedup.run as dedup_run
+
+        dedup_run.OCTAVE_MARGIN = args.octave_margin
     if args.throughput:
         return throughput_main(args)
     if args.chains:
@@ -320,11 +333,35 @@ def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
             "octave_under_margin": float(np.mean(np.array(octave) < -OCTAVE_MARGIN))}
 
 
+#: the ``skimage.data`` images ``--pictures samples`` reads (those of short side 200 px or more)
+SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "retina",
+                 "hubble_deep_field", "colorwheel", "logo", "cat", "horse", "camera", "moon", "brick",
+                 "grass", "gravel", "checkerboard", "clock", "coins", "shepp_logan_phantom")
+
+
+def sample_pictures() -> list[tuple[str, np.ndarray]]:
+    """``--pictures samples``: skimage's sample images and scikit-learn's two, as RGB uint8."""
+    import skimage.data as sd
+    from sklearn.datasets import load_sample_images
+
+    out = []
+    for name in SAMPLE_IMAGES:
+        a = np.asarray(getattr(sd, name)())
+        if a.dtype != np.uint8:
+            a = (np.clip(a, 0, 1) * 255).astype(np.uint8) if a.max() <= 1 else a.astype(np.uint8)
+        a = np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
+        if min(a.shape[:2]) >= 200:
+            out.append((f"skimage/{name}", np.ascontiguousarray(a)))
+    out += [(f"sklearn/{i}", a) for i, a in enumerate(load_sample_images().images)]
+    return out
+
+
 def copies_main(args) -> None:
-    """``--copy-kinds``: each bundled photo beside one copy of each kind, one ``dedup`` run per kind."""
+    """``--copy-kinds``: each picture (``--pictures``) beside one copy of each kind, one ``dedup``
+    run per kind."""
     from collapseguard.training_data_tools.sources import bundled_photos
 
-    photos = bundled_photos(256)
+    photos = bundled_photos(256) if args.pictures == "bundled" else sample_pictures()
     rows = [copy_kind_figures(photos, k, Path(args.work), args.workers) for k in args.copy_kinds.split(",")]
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 

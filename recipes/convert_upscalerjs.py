@@ -10,7 +10,7 @@ load:
         collapseguard/weights/replicator_sr_rrdn_gan_x4.safetensors --model models/gans --input-range 0-1 --half
 
 The first is the x2 RDN (222 k parameters) of the ``super_resolution`` family, the second the x4
-GAN-trained RRDN (1.04 M parameters, ``MultiplyBeta`` residual scaling and a ``PixelShuffle4x``
+GAN-trained RRDN (4.18 M parameters, ``MultiplyBeta`` residual scaling and a ``PixelShuffle4x``
 layer, inputs in 0-1) of the ``rrdn_gan`` family. The tarball is read in memory (nothing is
 extracted). Quantized weights (uint8/uint16 affine, float16) are
 expanded; TF.js kernels (H, W, in, out) become torch's (out, in, H, W), stored as float16 with

@@ -223,11 +223,13 @@ def kept_score_task(task: tuple, detector, progress=None) -> dict:
             "score": np.array([r.get("score", np.nan) for r in rows], np.float64)}
 
 
-def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: int | None = 1):
+def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: int | None = 1,
+                  quiet: bool = True):
     """``kept_scores.kept_copy_scores``' ``score_rows``: the rows read again from their tasks
     (``_sub_task``) and scored by the default detector on the engine (its workers, in parallel;
     ``runner``: the engine to run on, None: a new one; ``threads``: torch's threads when this
-    process scores, as in pass 3, so that its scores are the workers' to the last bit). A task whose rows do not come back as the
+    process scores, as in pass 3, so that its scores are the workers' to the last bit; a progress
+    bar unless ``quiet``, as the other passes, whose kept worker pool it then reuses). A task whose rows do not come back as the
     ones asked for (a sample of several images, an input changed since) leaves them unread."""
     from collapseguard.detectors import DEFAULT_DETECTOR
 
@@ -252,9 +254,12 @@ def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: i
                 unread[at] = False
 
         inline = workers <= 1 and engine == "local"
+        bar = progress_bar(None, desc="score kept copies", unit="img", quiet=quiet)
         with torch_threads(threads if inline else None):
             (runner or make_engine(engine, workers, None)).run(
-                kept_score_task, [j[0] for j in jobs], DEFAULT_DETECTOR, (), None, on_done)
+                kept_score_task, [j[0] for j in jobs], DEFAULT_DETECTOR, (),
+                (bar.update if not quiet else None), on_done)
+        bar.close()
         return scores, unread
 
     return score_rows
@@ -350,7 +355,9 @@ def _load_part(path: Path) -> dict | None:
         part["full"] = np.ones(len(part["key"]), bool)
     if "set_aside" not in part:  # kept before set-aside samples were: described afresh
         return None
-    if "octave" not in part:  # kept before top_octave was: the larger-copy rule goes without it
+    if "octave" not in part:  # kept before top_octave was
+        if part["full"].any():  # its descriptions lack what the larger-copy rule reads: afresh
+            return None
         part["octave"] = np.full(len(part["key"]), np.nan, np.float32)
     for k in ("source", "key", "error", "storage", "image", "set_aside"):
         part[k] = [str(x) for x in part[k]]
@@ -564,10 +571,11 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
 
 #: how much less fine detail at its own size (``pair_features.top_octave``) a larger copy may hold
 #: than the least degraded one and still be kept as the same picture at more pixels: of the
-#: bundled photos, a 60% Lanczos reduction reads at most 0.24 over its original, a 1-3% crop 0.02,
-#: and a 150% bicubic enlargement more than 0.3 under its original in 16 of 18
-#: (``benchmarks/dedup_scale.py --copy-kinds``)
-OCTAVE_MARGIN = 0.3
+#: bundled photos and library samples (22 pictures), a 60% Lanczos reduction reads at most 0.44
+#: over its original, a 1-3% crop 0.02, and a 150% bicubic enlargement more than 0.5 under its
+#: original in 18 (``benchmarks/dedup_scale.py --copy-kinds [--pictures samples]``). Keeping a
+#: reduction loses detail and keeping an enlargement does not, so the margin spares reductions.
+OCTAVE_MARGIN = 0.5
 
 
 def larger_equal_copy(best: int, p: np.ndarray, tiers: np.ndarray, pixels: np.ndarray,
@@ -662,7 +670,7 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         lap("describe")
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
     kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column,
-                                                 score_rows_on(desc, engine, workers, runner, threads))
+                                                 score_rows_on(desc, engine, workers, runner, threads, quiet))
     source_size, source_sha256 = source_digests(desc)
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]

@@ -250,3 +250,34 @@ def test_the_original_is_kept_over_its_enlargement(tmp_path):
         assert orig["group"] and orig["group"] == big["group"]
         assert (orig["rank"], orig["decision"], orig["reason"]) == (0, "keep", "least_degraded"), g
         assert (big["decision"], big["reason"]) == ("keep", "duplicate")
+
+
+def test_a_run_resumed_over_parts_without_top_octave_describes_them_again(tmp_path):
+    """Parts written before descriptions carried ``octave`` (as an earlier build wrote them) hold
+    nothing the larger-copy rule reads: a run resumed over them describes those images again
+    and writes the bytes of an uninterrupted run, keeping each original over its enlargement."""
+    import shutil
+
+    from collapseguard.dedup.run import run_dedup
+
+    src = tmp_path / "photos"
+    src.mkdir()
+    for name in ("chelsea", "coffee", "rocket"):
+        im = Image.fromarray(getattr(sd, name)())
+        im.save(src / f"{name}.png")
+        im.resize((im.width * 3 // 2, im.height * 3 // 2), Image.BICUBIC).save(src / f"{name}_x150.png")
+    fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
+    run_dedup([str(src)], fresh, workers=1, quiet=True)
+    shutil.copytree(fresh / ".parts", resumed / ".parts")
+    stripped = 0
+    for p in (resumed / ".parts").rglob("*.npz"):
+        with np.load(p) as z:
+            d = {k: z[k] for k in z.files if k != "octave"}
+        with open(p, "wb") as fh:
+            np.savez(fh, **d)
+        stripped += 1
+    assert stripped >= 2
+    run_dedup([str(src)], resumed, workers=1, quiet=True)
+    assert (resumed / "groups.parquet").read_bytes() == (fresh / "groups.parquet").read_bytes()
+    g = _groups(resumed)
+    assert all(g.loc[f"{n}.png", "rank"] == 0 for n in ("chelsea", "coffee", "rocket"))
