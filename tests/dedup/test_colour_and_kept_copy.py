@@ -35,6 +35,19 @@ def _groups(out) -> pd.DataFrame:
     return pd.read_parquet(out / "groups.parquet").set_index("key")
 
 
+PHOTOS = ("chelsea", "coffee", "rocket", "astronaut")
+
+
+def _photo_pairs(src, names, scale: float, resample, orig: str, copy: str) -> None:
+    """Each skimage photo of ``names`` in ``src`` as ``NAME{orig}`` and resized by ``scale`` as
+    ``NAME{copy}``, both PNG."""
+    src.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        im = Image.fromarray(getattr(sd, name)())
+        im.save(src / f"{name}{orig}")
+        im.resize((int(im.width * scale), int(im.height * scale)), resample).save(src / f"{name}{copy}")
+
+
 def test_a_grey_copy_never_outranks_its_colour_original(tmp_path):
     src = tmp_path / "gray"
     src.mkdir()
@@ -178,11 +191,7 @@ def test_the_full_size_original_is_kept_over_reduced_copies_the_comparator_canno
     from collapseguard.dedup.run import TIE
 
     src = tmp_path / "photos"
-    src.mkdir()
-    for name in ("chelsea", "coffee", "rocket", "astronaut"):
-        im = Image.fromarray(getattr(sd, name)())
-        im.save(src / f"{name}_full.png")
-        im.resize((im.width * 6 // 10, im.height * 6 // 10), Image.LANCZOS).save(src / f"{name}_small.png")
+    _photo_pairs(src, PHOTOS, 0.6, Image.LANCZOS, "_full.png", "_small.png")
     run_cli(["dedup", src, "--out", tmp_path / "d", "-w", "1", "-q"])
     g = _groups(tmp_path / "d")
     for name in ("chelsea", "coffee", "rocket", "astronaut"):
@@ -238,11 +247,7 @@ def test_the_original_is_kept_over_its_enlargement(tmp_path):
     the comparator (it compares at the side both reach), but the enlargement holds no detail the
     original lacks, so the larger-copy rule does not keep it: the original is each group's copy."""
     src = tmp_path / "photos"
-    src.mkdir()
-    for name in ("chelsea", "coffee", "rocket", "astronaut"):
-        im = Image.fromarray(getattr(sd, name)())
-        im.save(src / f"{name}.png")
-        im.resize((im.width * 3 // 2, im.height * 3 // 2), Image.BICUBIC).save(src / f"{name}_x150.png")
+    _photo_pairs(src, PHOTOS, 1.5, Image.BICUBIC, ".png", "_x150.png")
     run_cli(["dedup", src, "--out", tmp_path / "d", "-w", "1", "-q"])
     g = _groups(tmp_path / "d")
     for name in ("chelsea", "coffee", "rocket", "astronaut"):
@@ -261,11 +266,7 @@ def test_a_run_resumed_over_parts_without_top_octave_describes_them_again(tmp_pa
     from collapseguard.dedup.run import run_dedup
 
     src = tmp_path / "photos"
-    src.mkdir()
-    for name in ("chelsea", "coffee", "rocket"):
-        im = Image.fromarray(getattr(sd, name)())
-        im.save(src / f"{name}.png")
-        im.resize((im.width * 3 // 2, im.height * 3 // 2), Image.BICUBIC).save(src / f"{name}_x150.png")
+    _photo_pairs(src, PHOTOS[:3], 1.5, Image.BICUBIC, ".png", "_x150.png")
     fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
     run_dedup([str(src)], fresh, workers=1, quiet=True)
     shutil.copytree(fresh / ".parts", resumed / ".parts")
