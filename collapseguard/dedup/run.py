@@ -229,8 +229,9 @@ def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: i
     (``_sub_task``) and scored by the default detector on the engine (its workers, in parallel;
     ``runner``: the engine to run on, None: a new one; ``threads``: torch's threads when this
     process scores, as in pass 3, so that its scores are the workers' to the last bit; a progress
-    bar unless ``quiet``, as the other passes, whose kept worker pool it then reuses). A task whose rows do not come back as the
-    ones asked for (a sample of several images, an input changed since) leaves them unread."""
+    bar unless ``quiet``, as the other passes, whose kept worker pool it then reuses). A task
+    whose rows do not come back as the ones asked for (a sample of several images, an input
+    changed since) leaves them unread."""
     from collapseguard.detectors import DEFAULT_DETECTOR
 
     def score_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -164,12 +164,11 @@ class Comparator(Detector):
     # -- descriptions ---------------------------------------------------------------------------
 
     def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
-        """One description per image: ``{"cnn": float, "ladder": (scales, features) array,
-        "octave": float}`` (``pair_features.top_octave``; the images as every detector takes them:
-        ``base.as_batch``)."""
+        """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``
+        (the images as every detector takes them: ``base.as_batch``)."""
         images = as_batch(images)
         cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
-        return [{"cnn": float(c), "ladder": ladder(img, self.features_used), "octave": top_octave(img)}
+        return [{"cnn": float(c), "ladder": ladder(img, self.features_used)}
                 for c, img in zip(cnn, images)]
 
     def utility(self, desc: dict) -> float:
@@ -211,7 +210,10 @@ class Comparator(Detector):
 
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         images = as_batch(images)
-        out = self.description_columns(self.describe(images))
+        descs = self.describe(images)
+        for d, img in zip(descs, images):  # what dedup's larger-copy rule reads; compare() needs none
+            d["octave"] = top_octave(img)
+        out = self.description_columns(descs)
         if self.fingerprints:
             out.update(fingerprint_columns(images))
         return out
