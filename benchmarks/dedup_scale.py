@@ -103,8 +103,9 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+# light imports only at the top: spawned worker processes (plain decoding's and dedup's alike)
+# import this script, and a heavy import there would slow both by the same fixed time
 import numpy as np
-import pandas as pd
 from PIL import Image
 
 
@@ -309,6 +310,7 @@ def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
     if out.exists():
         shutil.rmtree(out)
     run_dedup([str(folder)], out, workers=workers, quiet=True)
+    import pandas as pd
     t = pd.read_parquet(out / "groups.parquet")
     t["photo"] = t["key"].str.rsplit("__", n=1).str[0].str.rsplit("/", n=1).str[-1]
     t["role"] = t["key"].str.rsplit("__", n=1).str[1].str.split(".").str[0]
@@ -363,6 +365,7 @@ def copies_main(args) -> None:
 
     photos = bundled_photos(256) if args.pictures == "bundled" else sample_pictures()
     rows = [copy_kind_figures(photos, k, Path(args.work), args.workers) for k in args.copy_kinds.split(",")]
+    import pandas as pd
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 

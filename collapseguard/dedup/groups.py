@@ -18,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs
 from collapseguard.detectors.fingerprint import correlation
@@ -69,6 +67,10 @@ def group_ids(hashes: np.ndarray, thumbs: np.ndarray, params: GroupingParams = G
     if n == 0 or gi.size == 0:
         stats.update(groups=0, grouped=0, left_medoid=0)
         return labels, stats
+    # here, not at import: the engine's workers import this module and never group
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     graph = coo_matrix((np.ones(gi.size, np.int8), (gi, gj)), shape=(n, n))
     _, comp = connected_components(graph, directed=False)
     sizes = np.bincount(comp)

@@ -42,7 +42,8 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
         for i, s in zip(kept[~unread], got[~unread]):
             by_group[labels[i]] = float(s)
         kept = kept[unread]
-    nth = occurrence(desc["source"], desc["key"])  # which sample of a key that repeats in its source
+    # which sample of a key that repeats in its source (only for the rows read back here)
+    nth = occurrence(desc["source"], desc["key"]) if kept.size else None
 
     def score(img: np.ndarray) -> float:  # an RGBA copy is composited by score, as from its file
         return float(np.asarray(det.score([img]), np.float64)[0])

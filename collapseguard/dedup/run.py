@@ -55,8 +55,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from collapseguard.dedup.colour import group_chroma, lost_colour
 from collapseguard.dedup.describe import (
@@ -673,6 +671,9 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
     kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column,
                                                  score_rows_on(desc, engine, workers, runner, threads, quiet))
     source_size, source_sha256 = source_digests(desc)
+    import pyarrow as pa  # here, not at import: the engine's workers never write the table
+    import pyarrow.parquet as pq
+
     width = max(6, len(str(len(ok))))
     group = [f"g{g:0{width}d}" if g >= 0 else "" for g in labels]
     table = pa.table({

@@ -48,10 +48,13 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri '
 def occurrence(sources: Iterable[str], keys: Iterable[str]) -> np.ndarray:
     """For each ``(source, key)``, how many earlier pairs are the same: a key may repeat in a
     shard, each repeat a sample of its own, and ``fetch_samples`` names it by this ``nth``."""
-    import pandas as pd
-
-    pairs = pd.DataFrame({"source": list(sources), "key": list(keys)})
-    return pairs.groupby(["source", "key"], sort=False).cumcount().to_numpy()
+    seen: dict[tuple[str, str], int] = {}
+    nth = []
+    for pair in zip(sources, keys):
+        k = seen.get(pair, 0)
+        nth.append(k)
+        seen[pair] = k + 1
+    return np.array(nth, np.int64)
 
 
 @dataclass

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from collapseguard.engines import make_engine
 from collapseguard.images import IMAGE_EXTENSIONS, heif_hint
@@ -26,6 +25,9 @@ from collapseguard.io.tar import ShardReader
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar
 from collapseguard.scoring.records import sample_error, score_records, set_aside_reason
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FILES_PER_TASK = 64
 COLUMNS = ["source", "key", "score", "detector", "detector_version", "image", "width", "height",
@@ -212,6 +214,8 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
             failures.append(f"{what}: {err}")
         results[i] = rows or []
 
+    import pandas as pd  # here, not at import: the engine's workers import this module and never need it
+
     task = partial(score_task, set_aside=True) if set_aside else score_task
     make_engine("local", workers, detector_obj).run(
         task, tasks, detector, detector_kwargs, (bar.update if not quiet else None), on_done)
@@ -242,6 +246,8 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     (``io.csv_cells.csv_cell``); Parquet keeps every value as it is. The table appears whole or
     not at all (written beside it, then renamed): a run killed while writing leaves no half table
     that reads as complete."""
+    import pandas as pd
+
     from collapseguard.io.atomic import replaced_when_done
 
     path = Path(path)
