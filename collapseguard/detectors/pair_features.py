@@ -109,9 +109,9 @@ def ladder(img: np.ndarray, only: frozenset[str] | None = None,
     return out
 
 
-#: the largest window (px a side, centred) ``top_octave`` reads: about 2 ms an image whatever its
-#: size (512 px: 5 ms, and no better apart on the bundled photos' copies; 256 px reads a 60%
-#: reduction up to 0.31 over its original)
+#: the largest window (px a side, centred) ``top_octave`` reads: about 0.6 ms an image whatever its
+#: size (512 px: 1.7 ms, and no better apart on the bundled photos' copies; 256 px reads a 60%
+#: reduction up to 0.31 over its original); the timing command is in docs/DEDUP.md
 OCTAVE_WINDOW = 320
 
 
