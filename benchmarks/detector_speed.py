@@ -2,6 +2,7 @@
 
     python benchmarks/detector_speed.py [--n 16] [--threads 1] [--batch-size 8] [--rounds 5]
         [--detectors cnn,pyiqa:piqe,nss] [--device cpu] [--weights PATH] [--n-crops K [K ...]]
+        [--run-images R [R ...]]
 
 Images: the bundled photos and procedural art of ``collapseguard.training_data_tools.sources``
 (when present, else seeded procedural images) brought to exactly 1024x768 once, before timing;
@@ -13,7 +14,8 @@ other round, and a round's ratio compares the detectors' rates within that round
 machine a burst of load then moves one round's ratio, not the reported median.
 
 ``--weights`` and ``--n-crops`` apply to ``cnn``: ``--n-crops 48 96`` times the cnn at each crop
-count (the speed/accuracy knob) beside the same other detectors. Detectors that cannot be created
+count (the speed/accuracy knob) beside the same other detectors; ``--run-images 1 2 4`` (the cnn on
+onnxruntime) times it at each number of images per onnxruntime call. Detectors that cannot be created
 (missing extra or weights) are reported and left out. Printed: each detector's median images/s,
 and the median (lowest-highest) per-round ratio of the first detector to each other one.
 """
@@ -81,6 +83,11 @@ def ratio_summary(rates: dict[str, list[float]], num: str, den: str) -> tuple[fl
     return float(np.median(r)), float(r.min()), float(r.max())
 
 
+def _label(name: str, det, run_images: int | None) -> str:
+    """A cnn variant's label: its crop count, and its images per onnxruntime call when given."""
+    return f"{name} ({det.n_crops} crops" + (f", {run_images}/call)" if run_images else ")")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=16, help="images to score per detector and round")
@@ -92,6 +99,9 @@ def main() -> None:
     ap.add_argument("--weights", default=None, help="cnn weights (default: the packaged ones)")
     ap.add_argument("--n-crops", type=int, nargs="+", default=[None],
                     help="crops per image for cnn, one cnn per count (default: the count stored with the weights)")
+    ap.add_argument("--run-images", type=int, nargs="+", default=[None],
+                    help="with the cnn on onnxruntime: images per onnxruntime call, one cnn per value "
+                         "(default: cnn_onnx.RUN_IMAGES)")
     args = ap.parse_args()
     if args.rounds < 1 or args.n < 1 or args.batch_size < 1:
         ap.error("--rounds, --n and --batch-size must be >= 1")
@@ -107,16 +117,22 @@ def main() -> None:
         variants = [{}]
         if name == "cnn":
             extra = {"weights": args.weights} if args.weights else {}
-            variants = [{**extra, **({"n_crops": k} if k else {})} for k in args.n_crops]
+            variants = [{**extra, **({"n_crops": k} if k else {}), "run_images": r}
+                        for k in args.n_crops for r in args.run_images]
         for kw in variants:
+            run_images = kw.pop("run_images", None)
             try:
                 det = create(name, **kw)
                 det = det.to(args.device) or det
             except (DetectorError, ImportError, OSError) as exc:
                 print(f"{name:<12} not available: {exc}")
                 break
+            if run_images is not None:
+                if not hasattr(det, "run_images"):
+                    ap.error("--run-images needs the cnn on onnxruntime (COLLAPSEGUARD_CNN_RUNTIME=onnx)")
+                det.run_images = run_images
             dets.append(det)
-            labels.append(f"{name} ({det.n_crops} crops)" if name == "cnn" and len(variants) > 1 else name)
+            labels.append(_label(name, det, run_images) if len(variants) > 1 else name)
     if not dets:
         ap.error("no detector could be created")
     print(f"images: {len(images)} x {W}x{H} ({what}); torch threads {args.threads}; batch {args.batch_size}; "

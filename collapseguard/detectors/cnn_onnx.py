@@ -31,9 +31,12 @@ from collapseguard.detectors.crops import CROP_LAYOUT, image_crops
 #: largest absolute difference from the torch network's score allowed (checked at every export
 #: and by tests/detectors/test_cnn_onnx.py; measured differences are around 1e-5)
 SCORE_TOLERANCE = 1e-4
-#: images per onnxruntime call: its buffers grow with the batch (32 images of 48 crops held
-#: ~560 MB at peak, 4 images ~70 MB) and smaller calls were no slower per image on the CPU
-RUN_IMAGES = 4
+#: images per onnxruntime call (``OnnxCNNDetector.run_images``): on a CPU a call's cost per image
+#: grows with the images in it, as the crops' activations leave the cache (one image a call: 4.6 ms
+#: at 1024x768 on one thread, four: 6.5 ms; ``OMP_NUM_THREADS=1 benchmarks/detector_speed.py
+#: --detectors cnn --run-images 1 2 4`` with ``COLLAPSEGUARD_CNN_RUNTIME=onnx``),
+#: and its buffers grow too (32 images of 48 crops held ~560 MB at peak)
+RUN_IMAGES = 1
 #: bump when ExportNet changes what it writes: older cached exports are then not used
 EXPORT_FORMAT = 1
 #: the shipped weights' graph and its metadata, beside ``cnn_family.WEIGHTS_NAME`` in the package
@@ -196,6 +199,7 @@ class OnnxCNNDetector(Detector):
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # shared cores
         self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+        self.run_images = RUN_IMAGES
 
     def to(self, device: str) -> OnnxCNNDetector:
         if str(device).strip() != "cpu":
@@ -213,8 +217,8 @@ class OnnxCNNDetector(Detector):
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
         """One float32 score per image, higher = more degraded."""
         out = np.empty(len(images), dtype=np.float32)
-        for start in range(0, len(images), RUN_IMAGES):
-            chunk = images[start : start + RUN_IMAGES]
+        for start in range(0, len(images), self.run_images):
+            chunk = images[start : start + self.run_images]
             res = self.session.run(None, {"crops": self.crops(chunk)})[0]
             out[start : start + len(chunk)] = res
         return out
