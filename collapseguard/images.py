@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import warnings
 
@@ -84,14 +85,28 @@ def _is_heif(prefix: bytes) -> bool:
     return prefix[4:8] == b"ftyp" and prefix[8:12] in _HEIF_BRANDS
 
 
+def _heif_decode_threads(current: int) -> dict:
+    """pillow-heif's decoding threads as ``register_heif_opener`` takes them: ``current`` (its
+    ``pillow_heif.options.DECODE_THREADS``, 4 by default) capped to the process's thread budget
+    (``OMP_NUM_THREADS``, which a worker's ``set_thread_budget`` sets); nothing where the process
+    has no budget."""
+    try:
+        budget = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return {}
+    return {"decode_threads": min(budget, int(current))}
+
+
 def _open_heif(fp, filename):
     """Pillow's opener of HEIF files until the first one is opened: it imports pillow-heif,
-    registers pillow-heif's own opener in its place (once, in each process) and opens the file
-    with it. pillow-heif (and its libheif) is loaded only by a process that meets a HEIF file."""
+    registers pillow-heif's own opener in its place (once, in each process, and for the whole
+    process: its other users of Pillow read HEIF from then on) and opens the file with it.
+    pillow-heif (and its libheif) is loaded only by a process that meets a HEIF file; its decoding
+    threads are capped to the process's thread budget (``_heif_decode_threads``)."""
     try:
         import pillow_heif
 
-        pillow_heif.register_heif_opener()
+        pillow_heif.register_heif_opener(**_heif_decode_threads(pillow_heif.options.DECODE_THREADS))
     except Exception as exc:  # noqa: BLE001 - a broken install: said for each HEIF file
         raise DecodeError(f"a HEIF image, and pillow-heif does not import ({type(exc).__name__}: "
                           f"{exc}): {HEIF_INSTALL}") from None

@@ -182,3 +182,105 @@ print(json.dumps({{
     assert s.loc["p", "error"].endswith(f"; to read .heic files: {HEIF_INSTALL}"), s.loc["p", "error"]
     assert s.loc["q", "reason"] == "kept"
     assert read_members(tmp_path / "out/kept/s.tar") == members  # nothing lost: kept unjudged, as it came
+
+
+def _with_ispe(data: bytes, width: int, height: int) -> bytes:
+    """``data`` (a HEIC holding one image item) with its ``ispe`` box (the image's size as the
+    container states it, ISO/IEC 23008-12) claiming ``width`` x ``height``; the coded HEVC stream
+    is left as it was."""
+    import struct
+
+    assert data.count(b"ispe") == 1, "one image item, no grid or thumbnail"
+    at = data.index(b"ispe") + 8  # the box type, then its version and flags (4 bytes)
+    return data[:at] + struct.pack(">II", width, height) + data[at + 8:]
+
+
+def _count_heif_decodes(monkeypatch) -> list:
+    """The size of each picture pillow-heif asks libheif to decode (``BaseImage.load`` with no
+    pixels yet), each call passed on to the real one."""
+    from pillow_heif.heif import BaseImage
+
+    calls, real = [], BaseImage.load
+
+    def load(self):
+        if not self._data:
+            calls.append(self.size)
+        return real(self)
+
+    monkeypatch.setattr(BaseImage, "load", load)
+    return calls
+
+
+@needs_heif
+def test_a_heic_claiming_a_huge_size_is_refused_before_decoding(photos, monkeypatch):
+    """A HEIC whose ``ispe`` claims 20000 x 20000 or 100000 x 100000 pixels (over ``MAX_PIXELS``)
+    is refused from its header: no picture is decoded, the reason says its size and the row carries
+    it. 20000 x 20000 (400 million) is over Pillow's own refusal (twice ``Image.MAX_IMAGE_PIXELS``),
+    so the refusal and its text are collapseguard's as for any format."""
+    from collapseguard.detectors import create
+    from collapseguard.images import DecodeError
+    from collapseguard.scoring.records import score_records
+
+    small = _heic(photos[3][:64, :64])
+    loads = _count_heif_decodes(monkeypatch)
+    for (w, h), pixels in (((20000, 20000), "400,000,000"), ((100000, 100000), "10,000,000,000")):
+        with pytest.raises(DecodeError) as err:
+            decode_image(_with_ispe(small, w, h))
+        assert str(err.value) == f"image too large: {pixels} pixels, over the 128,000,000-pixel limit"
+        assert err.value.size == (w, h)
+    (_, res), = list(score_records([[("IMG_0002.heic", _with_ispe(small, 20000, 20000))]], create("nss")))
+    assert res.status == "decode_error" and "400,000,000 pixels" in res.error, res.error
+    assert (res.width, res.height) == (20000, 20000)
+    assert loads == [], "nothing decoded"
+    assert decode_image(small).shape == (64, 64, 3) and loads == [(64, 64)]  # the spy sees a decode
+
+
+@needs_heif
+def test_a_heic_claiming_a_small_size_over_a_large_coded_picture_is_refused_by_libheif(photos, monkeypatch):
+    """A HEIC whose ``ispe`` claims 64 x 48 pixels over a coded picture of 640 x 480: the claim is
+    under ``MAX_PIXELS``, so collapseguard's size check passes it to pillow-heif to decode; there
+    libheif refuses it by its own security limit (the coded frame may exceed the ``ispe`` size by
+    one coding unit at most), before libde265 decodes the picture. A decode error, no array."""
+    from collapseguard.images import DecodeError
+
+    big = _heic(np.tile(photos[3][:240, :160], (2, 4, 1)))  # 640 x 480
+    assert decode_image(big).shape == (480, 640, 3)
+    loads = _count_heif_decodes(monkeypatch)
+    with pytest.raises(DecodeError) as err:
+        decode_image(_with_ispe(big, 64, 48))
+    assert loads == [(64, 48)], "passed to libheif as the 64 x 48 its header claims"
+    text = str(err.value)
+    assert text.startswith("RuntimeError: Memory allocation error: Security limit exceeded: Image size "
+                           "640x480 exceeds the maximum image size"), \
+        (text, pillow_heif.libheif_info()["libheif"])
+
+
+@needs_heif
+def test_pillow_heif_decodes_with_no_more_threads_than_the_workers_budget(photos, tmp_path):
+    """collapseguard registers pillow-heif's opener with the first HEIF file a process opens; its
+    decoding threads (``pillow_heif.options.DECODE_THREADS``) are then capped to the process's
+    thread budget as a worker sets it (``set_thread_budget``), and left at pillow-heif's default
+    where the process has none."""
+    path = tmp_path / "IMG_0003.heic"
+    path.write_bytes(_heic(photos[3][:64, :64]))
+    script = f"""
+import json, sys
+import pillow_heif
+from collapseguard.engines.local import set_thread_budget
+from collapseguard.images import decode_image
+before = pillow_heif.options.DECODE_THREADS
+if sys.argv[1] != "none":
+    set_thread_budget(int(sys.argv[1]))
+decode_image(open({str(path)!r}, "rb").read())
+print(json.dumps([before, pillow_heif.options.DECODE_THREADS]))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                              "OPENBLAS_NUM_THREADS")}
+    got = {}
+    for budget in ("1", "2", "64", "none"):
+        out = subprocess.run([sys.executable, "-c", script, budget], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        got[budget] = json.loads(out.stdout.strip().splitlines()[-1])
+    default = got["none"][0]
+    assert got == {"1": [default, 1], "2": [default, 2], "64": [default, default], "none": [default, default]}
