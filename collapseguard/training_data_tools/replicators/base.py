@@ -137,6 +137,14 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: families that need a file made once outside the package, each with the "module:function" that
+#: says what it lacks here ("" where the file is in place; asked only where the family's modules
+#: are installed)
+NEEDS_FILES: dict[str, str] = {
+    "rrdn_gan": "collapseguard.training_data_tools.replicators.gan_sr:missing_weights",
+}
+
+
 def replicator_class(family: str) -> type[Replicator]:
     """The class registered under ``family``."""
     target = REPLICATORS.get(family) or OPT_IN_REPLICATORS.get(family)
@@ -156,12 +164,18 @@ def list_families(opt_in: bool = False) -> list[str]:
 
 def missing_families(opt_in: bool = False) -> dict[str, list[str]]:
     """The registered families left out of ``list_families`` here, each with the modules it needs
-    and this install lacks (``learned`` without torch, on the core install)."""
+    and this install lacks (``learned`` without torch, on the core install) or, its modules all
+    there, the file it needs and this machine lacks (``NEEDS_FILES``: ``rrdn_gan`` before its
+    weights are made), in words."""
     table = {**REPLICATORS, **OPT_IN_REPLICATORS} if opt_in else REPLICATORS
     out = {}
     for name, target in table.items():
         lacking = [m for m in (target.partition(":")[0], *REQUIRES.get(name, ()))
                    if importlib.util.find_spec(m) is None]
+        if not lacking and name in NEEDS_FILES:
+            module, _, attr = NEEDS_FILES[name].partition(":")
+            why = getattr(importlib.import_module(module), attr)()
+            lacking = [why] if why else []
         if lacking:
             out[name] = lacking
     return out

