@@ -7,10 +7,12 @@ another shard, so ``dedup`` scores each group's kept copy (rank 0) with the defa
 detector (``detectors.DEFAULT_DETECTOR``, the one ``filter`` runs unless told otherwise) and
 writes the score on every row of the group (``kept_score``) beside the detector that gave it
 (``kept_detector``, ``name@version``). ``filter`` running that detector compares the score with its
-own threshold (``filter.decisions.apply_group``). The kept copies are read back as the gallery
-reads them (``scoring.readback.fetch_samples``: each shard streamed once), one image at a time,
-unless the caller scores them (``score_rows``: ``dedup`` reads them again on its engine's workers,
-in parallel, as it described them); rows that way cannot tell are read back here.
+own threshold (``filter.decisions.apply_group``). A kept sample of several images scores as
+``filter`` scores it: the highest score of its images (``scoring.records.score_records``). The
+caller may score the kept copies (``score_rows``: ``dedup`` reads them again on its engine's
+workers, in parallel, as ``filter`` reads them); the rows it leaves unread are read back here as
+the gallery reads them (``scoring.readback.fetch_samples``: each shard streamed once), each image
+of a sample scored on its own and the highest score taken.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import numpy as np
 def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
                      image_column: str | None = None, score_rows=None) -> tuple[np.ndarray, list[str]]:
     """``(kept_score, kept_detector)`` per row: the default detector's score of the row's group's
-    kept copy (NaN for a single, or when the kept copy cannot be read back or scored) and
-    ``name@version`` of that detector ("" for a single). ``score_rows(rows)``, when given, scores
+    kept copy (NaN for a single, or when the kept copy cannot be read back, one of its images
+    cannot be decoded, or none of its images can be scored) and ``name@version`` of that
+    detector ("" for a single); a kept sample of several images gets the highest score of its
+    images, as ``filter`` scores it. ``score_rows(rows)``, when given, scores
     the kept rows (indices into ``desc``) with that detector and returns ``(scores, unread)``:
     the rows it could not read again (``unread``, a bool mask over ``rows``) are read back here."""
     from collapseguard.detectors import DEFAULT_DETECTOR
@@ -49,10 +53,13 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
         return float(np.asarray(det.score([img]), np.float64)[0])
 
     wanted = [(desc["source"][i], desc["key"][i], desc["image"][i], int(nth[i])) for i in kept]
-    fetched = fetch_samples(wanted, prepare=score, image_column=image_column) if wanted else {}
+    fetched = fetch_samples(wanted, prepare=score, image_column=image_column,
+                            every_image=True) if wanted else {}
     for i, w in zip(kept, wanted):
         f = fetched.get((w[0], w[1], w[3]))
-        by_group[labels[i]] = float(f.prepared) if f is not None and f.prepared is not None else np.nan
+        got = np.asarray(f.prepared if f is not None and f.prepared is not None else [], np.float64)
+        got = got[np.isfinite(got)]  # as filter: the highest of the images scored (NaN: none)
+        by_group[labels[i]] = float(got.max()) if got.size else np.nan
     ident = f"{det.name}@{det.version}"
     for i in np.flatnonzero(labels >= 0):
         scores[i] = by_group.get(labels[i], np.nan)

@@ -211,7 +211,9 @@ def kept_score_task(task: tuple, detector, progress=None) -> dict:
     """Engine task of the kept-copy pass: the task's samples (a ``_sub_task``) scored by
     ``detector`` (the default no-reference detector), decoded in full as ``score`` decodes them,
     ``describe.CNN_BATCH`` images a call (on a CPU a cnn's cost per image grows with the batch):
-    ``{"key", "image", "score"}`` per row."""
+    ``{"key", "image", "score"}`` per row. A sample of several images scores as ``filter`` scores
+    it, the highest score of its images (``image``: that image, which need not be the one the
+    comparator described the sample by)."""
     import copy
 
     detector = copy.copy(detector)  # the same network, scored in small batches
@@ -228,8 +230,8 @@ def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: i
     ``runner``: the engine to run on, None: a new one; ``threads``: torch's threads when this
     process scores, as in pass 3, so that its scores are the workers' to the last bit; a progress
     bar unless ``quiet``, as the other passes, whose kept worker pool it then reuses). A task
-    whose rows do not come back as the ones asked for (a sample of several images, an input
-    changed since) leaves them unread."""
+    whose rows do not come back as the ones asked for (their keys, in order: an input changed
+    since) leaves them unread."""
     from collapseguard.detectors import DEFAULT_DETECTOR
 
     def score_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,8 +248,9 @@ def score_rows_on(desc: dict, engine: str, workers: int, runner=None, threads: i
 
         def on_done(k, got, err):
             own = jobs[k][1]
-            if err is None and got is not None and list(got["key"]) == [desc["key"][r] for r in own] \
-                    and list(got["image"]) == [desc["image"][r] for r in own]:
+            # keys alone: a sample of several images comes back named by the image the cnn
+            # scored highest, which need not be the comparator's ``image``
+            if err is None and got is not None and list(got["key"]) == [desc["key"][r] for r in own]:
                 at = [where[int(r)] for r in own]
                 scores[at] = got["score"]
                 unread[at] = False

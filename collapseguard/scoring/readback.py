@@ -59,9 +59,11 @@ def occurrence(sources: Iterable[str], keys: Iterable[str]) -> np.ndarray:
 
 @dataclass
 class Fetched:
-    """One sample read back for a gallery: its decoded image (or why not) and caption."""
+    """One sample read back for a gallery: its decoded image (or why not) and caption. Read with
+    ``fetch_samples(every_image=True)``, ``image`` is the list of the sample's images and
+    ``prepared`` the list of their ``prepare(image)``, in member order."""
 
-    image: np.ndarray | None = None
+    image: np.ndarray | list[np.ndarray] | None = None
     error: str = ""
     caption: str = ""
     #: ``prepare(image)`` when ``fetch_samples`` was given ``prepare`` (``image`` is then None)
@@ -82,8 +84,10 @@ def _decode_shown(data: bytes) -> np.ndarray:
     return decode_detailed(data, keep_alpha=True)[0]
 
 
-def _decode_member(members: list[tuple[str, bytes]], image: str) -> Fetched:
+def _decode_member(members: list[tuple[str, bytes]], image: str, every_image: bool = False) -> Fetched:
     imgs = image_members(members)
+    if every_image:
+        return _decode_every(imgs)
     chosen = next((d for n, d in imgs if n == image), None) if image else None
     if chosen is None and imgs:
         chosen = imgs[0][1]
@@ -93,6 +97,20 @@ def _decode_member(members: list[tuple[str, bytes]], image: str) -> Fetched:
         return Fetched(_decode_shown(chosen))
     except DecodeError as exc:
         return Fetched(error=str(exc))
+
+
+def _decode_every(imgs: list[tuple[str, bytes]]) -> Fetched:
+    """Every image of a sample, in member order (``Fetched.image`` a list). One image that cannot
+    be decoded makes the whole sample an error, as ``filter`` scores nothing of such a sample."""
+    if not imgs:
+        return Fetched(error="no image file in the sample")
+    out = []
+    for name, data in imgs:
+        try:
+            out.append(_decode_shown(data))
+        except DecodeError as exc:
+            return Fetched(error=f"{name}: {exc}")
+    return Fetched(out)
 
 
 def _file_path(source: str, key: str) -> str | None:
@@ -125,26 +143,29 @@ def _unescaped(source: str, key: str) -> str:
 
 
 def _prepared(f: Fetched, prepare) -> Fetched:
-    """``f`` with its image replaced by ``prepare(image)`` (so the full image is not kept)."""
+    """``f`` with its image replaced by ``prepare(image)`` (so the full image is not kept); a list
+    of images (``every_image``) by the list of ``prepare`` of each."""
     if prepare is not None and f.image is not None:
         try:
-            f.prepared = prepare(f.image)
+            f.prepared = [prepare(im) for im in f.image] if isinstance(f.image, list) else prepare(f.image)
         except Exception as exc:  # noqa: BLE001 - one image that cannot be shown is not fatal
             f.error = f"cannot show the image: {type(exc).__name__}: {exc}"
         f.image = None
     return f
 
 
-def _decode_row(row) -> Fetched:
+def _decode_row(row, every_image: bool = False) -> Fetched:
     if row.data is None:
         return Fetched(error=row.missing)
     try:
-        return Fetched(_decode_shown(row.data))
+        img = _decode_shown(row.data)
+        return Fetched([img] if every_image else img)
     except DecodeError as exc:
         return Fetched(error=str(exc))
 
 
-def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> dict[tuple, Fetched]:
+def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare,
+                every_image: bool = False) -> dict[tuple, Fetched]:
     """The wanted rows of a Parquet input, read once in order (only its image and key columns)."""
     from collapseguard.io.parquet import find_image_column, parquet_file, read_rows
     out: dict[tuple, Fetched] = {}
@@ -158,7 +179,7 @@ def _fetch_rows(source: str, keys: dict, image_column: str | None, prepare) -> d
                 seen[row.key] = nth + 1
                 if (row.key, nth) in left:
                     left.pop((row.key, nth))
-                    out[(source, row.key, nth)] = _prepared(_decode_row(row), prepare)
+                    out[(source, row.key, nth)] = _prepared(_decode_row(row, every_image), prepare)
                     if not left:
                         break
     except Exception as exc:  # noqa: BLE001 - a file that broke since scoring: said per row
@@ -180,7 +201,8 @@ def _source_kind(source: str) -> str | None:
 
 
 def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | None = None,
-                  sources: Collection[str] | None = None) -> dict[tuple, Fetched]:
+                  sources: Collection[str] | None = None, every_image: bool = False
+                  ) -> dict[tuple, Fetched]:
     """Read back ``(source, key, image member name[, nth])`` samples; returns ``{(source, key, nth):
     Fetched}``. ``nth`` (default 0) is which of the samples with that key in that shard: a key can
     repeat in a shard, and each repeat is a sample of its own.
@@ -194,6 +216,11 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
     file (a groups table) passes the ones it read as its own inputs, so a ``pipe:`` command, a URL
     or a local folder written into the file is never run, fetched or opened; its samples get an
     error instead.
+
+    ``every_image``: each sample's every image is read, in member order (the image member name
+    is not used): ``Fetched.image`` (``prepared`` with ``prepare``) is a list, of one image for an
+    image file or a Parquet row. One image of a sample that cannot be decoded makes the sample an
+    error, as ``filter`` scores nothing of such a sample.
     """
     allowed = None if sources is None else {path_key(s) for s in sources}
     by_source: dict[str, dict[tuple[str, int], str]] = {}
@@ -207,7 +234,7 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
             continue
         kind = _source_kind(source)
         if kind == "parquet":
-            out.update(_fetch_rows(source, keys, image_column, prepare))
+            out.update(_fetch_rows(source, keys, image_column, prepare, every_image))
             continue
         if scheme(source) == "pipe" or (is_shard(source) and (is_remote(source) or os.path.isfile(source))):
             left = dict(keys)
@@ -218,7 +245,8 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
                     seen[sample.key] = nth + 1
                     if (sample.key, nth) in left:
                         members = [(m.name, m.data) for m in sample.members]
-                        f = _prepared(_decode_member(members, left.pop((sample.key, nth))), prepare)
+                        f = _prepared(_decode_member(members, left.pop((sample.key, nth)), every_image),
+                                      prepare)
                         f.caption = _caption(members, sample.key)
                         out[(source, sample.key, nth)] = f
                         if not left:
@@ -236,7 +264,8 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
                     out[(source, key, n)] = Fetched(error="path outside its input folder")
                     continue
                 try:
-                    out[(source, key, n)] = _prepared(Fetched(_decode_shown(read_bytes(path))), prepare)
+                    img = _decode_shown(read_bytes(path))
+                    out[(source, key, n)] = _prepared(Fetched([img] if every_image else img), prepare)
                 except (OSError, DecodeError, ValueError) as exc:  # ValueError: a refused URL
                     out[(source, key, n)] = Fetched(error=str(exc))
     return out
