@@ -429,8 +429,10 @@ def throughput_main(args) -> None:
     f, d = statistics.median(floor), statistics.median(dedup)
     procs = (f"one process, {args.threads or 'torch default'} thread(s)" if workers == 1
              else f"{workers} processes")
+    per_round = [b / a for a, b in zip(floor, dedup)]
     print(f"{summary['images']} images 1024x768 JPEG, {procs}, {args.rounds} rounds (medians): "
-          f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x; "
+          f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x "
+          f"(rounds {min(per_round):.3f}x-{max(per_round):.3f}x); "
           f"{summary['grouped']} images in {summary['groups']} groups, {summary['described']} described "
           "by the comparator")
     med = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
