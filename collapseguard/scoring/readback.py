@@ -34,7 +34,7 @@ from collapseguard.io.urls import (
     read_bytes,
     scheme,
 )
-from collapseguard.scoring.records import image_members
+from collapseguard.scoring.records import MAX_RECORD_PIXELS, image_members
 
 #: member extensions read as captions (shown as text, escaped)
 CAPTION_EXTENSIONS = ("txt", "caption", "text")
@@ -84,10 +84,11 @@ def _decode_shown(data: bytes) -> np.ndarray:
     return decode_detailed(data, keep_alpha=True)[0]
 
 
-def _decode_member(members: list[tuple[str, bytes]], image: str, every_image: bool = False) -> Fetched:
+def _decode_member(members: list[tuple[str, bytes]], image: str, every_image: bool = False,
+                   prepare=None) -> Fetched:
     imgs = image_members(members)
     if every_image:
-        return _decode_every(imgs)
+        return _decode_every(imgs, prepare)
     chosen = next((d for n, d in imgs if n == image), None) if image else None
     if chosen is None and imgs:
         chosen = imgs[0][1]
@@ -99,18 +100,32 @@ def _decode_member(members: list[tuple[str, bytes]], image: str, every_image: bo
         return Fetched(error=str(exc))
 
 
-def _decode_every(imgs: list[tuple[str, bytes]]) -> Fetched:
-    """Every image of a sample, in member order (``Fetched.image`` a list). One image that cannot
-    be decoded makes the whole sample an error, as ``filter`` scores nothing of such a sample."""
+def _decode_every(imgs: list[tuple[str, bytes]], prepare=None) -> Fetched:
+    """Every image of a sample, in member order (``Fetched.image`` a list; with ``prepare``,
+    ``Fetched.prepared`` the list of ``prepare`` of each, each image handed over as soon as it is
+    decoded, so one full image is held at a time). One image that cannot be decoded, or images
+    holding over ``MAX_RECORD_PIXELS`` together, make the whole sample an error, as ``filter``
+    scores nothing of such a sample."""
     if not imgs:
         return Fetched(error="no image file in the sample")
-    out = []
+    out, pixels = [], 0
     for name, data in imgs:
         try:
-            out.append(_decode_shown(data))
+            img = _decode_shown(data)
         except DecodeError as exc:
             return Fetched(error=f"{name}: {exc}")
-    return Fetched(out)
+        pixels += img.shape[0] * img.shape[1]
+        if pixels > MAX_RECORD_PIXELS:
+            return Fetched(error=f"{name}: the sample's images hold over {MAX_RECORD_PIXELS} pixels "
+                                 "together; the rest were not decoded")
+        if prepare is None:
+            out.append(img)
+            continue
+        try:
+            out.append(prepare(img))
+        except Exception as exc:  # noqa: BLE001 - as _prepared: said for this sample, not fatal
+            return Fetched(error=f"cannot show the image: {type(exc).__name__}: {exc}")
+    return Fetched(prepared=out) if prepare is not None else Fetched(out)
 
 
 def _file_path(source: str, key: str) -> str | None:
@@ -245,8 +260,8 @@ def fetch_samples(wanted: Iterable[tuple], prepare=None, image_column: str | Non
                     seen[sample.key] = nth + 1
                     if (sample.key, nth) in left:
                         members = [(m.name, m.data) for m in sample.members]
-                        f = _prepared(_decode_member(members, left.pop((sample.key, nth)), every_image),
-                                      prepare)
+                        f = _prepared(_decode_member(members, left.pop((sample.key, nth)), every_image,
+                                                     prepare), prepare)
                         f.caption = _caption(members, sample.key)
                         out[(source, sample.key, nth)] = f
                         if not left:

@@ -138,6 +138,30 @@ def test_kept_copies_read_back_score_every_image_of_a_sample(pair, dedup_parquet
     assert got[(parquet, "chain_s0", 0)].prepared == [(256, 320)]
 
 
+def test_reading_back_every_image_holds_one_at_a_time_and_stops_at_the_record_cap(
+        pair, monkeypatch):
+    """As ``filter``: a sample whose images hold over the record cap together is an error; each
+    image is handed to ``prepare`` as soon as it is decoded, before the next is decoded."""
+    import collapseguard.scoring.readback as readback
+
+    shard = str(pair[0])
+    held = []
+
+    def prepare(im):
+        held.append(im.shape[:2])
+        return float(im.mean())
+
+    monkeypatch.setattr(readback, "MAX_RECORD_PIXELS", 256 * 320 * 2 - 1)  # the pair: 2 x 256x320
+    got = readback.fetch_samples([(shard, "pair", "")], prepare=prepare, every_image=True)
+    f = got[(shard, "pair", 0)]
+    assert f.prepared is None and f.image is None and "hold over 163839 pixels" in f.error
+    assert held == [(256, 320)]  # the first image was prepared before the second broke the cap
+    monkeypatch.setattr(readback, "MAX_RECORD_PIXELS", 256 * 320 * 2)
+    held.clear()
+    f = readback.fetch_samples([(shard, "pair", "")], prepare=prepare, every_image=True)[(shard, "pair", 0)]
+    assert f.error == "" and len(f.prepared) == 2 and held == [(256, 320)] * 2
+
+
 def test_one_and_two_workers_write_the_same_table(pair, tmp_path):
     shard, _, _ = pair
     run_cli(["dedup", shard, "--out", tmp_path / "w2", "-q", "-w", "2"])
