@@ -2,7 +2,7 @@
 
     python benchmarks/detector_speed.py [--n 16] [--threads 1] [--batch-size 8] [--rounds 5]
         [--detectors cnn,pyiqa:piqe,nss] [--device cpu] [--weights PATH] [--n-crops K [K ...]]
-        [--run-images R [R ...]]
+        [--runtime auto|onnx|torch] [--run-images R [R ...]]
 
 Images: the bundled photos and procedural art of ``collapseguard.training_data_tools.sources``
 (when present, else seeded procedural images) brought to exactly 1024x768 once, before timing;
@@ -13,7 +13,9 @@ batch). The whole timing is repeated in ``--rounds`` rounds, the detector order 
 other round, and a round's ratio compares the detectors' rates within that round: on a shared
 machine a burst of load then moves one round's ratio, not the reported median.
 
-``--weights`` and ``--n-crops`` apply to ``cnn``: ``--n-crops 48 96`` times the cnn at each crop
+``--runtime``, ``--weights`` and ``--n-crops`` apply to ``cnn`` (``--runtime auto``, the default, is
+what ``filter`` runs: onnxruntime on the CPU where it is installed; onnxruntime uses
+``OMP_NUM_THREADS`` threads, every core when unset): ``--n-crops 48 96`` times the cnn at each crop
 count (the speed/accuracy knob) beside the same other detectors; ``--run-images 1 2 4`` (the cnn on
 onnxruntime) times it at each number of images per onnxruntime call. Detectors that cannot be created
 (missing extra or weights) are reported and left out. Printed: each detector's median images/s,
@@ -99,6 +101,8 @@ def main() -> None:
     ap.add_argument("--weights", default=None, help="cnn weights (default: the packaged ones)")
     ap.add_argument("--n-crops", type=int, nargs="+", default=[None],
                     help="crops per image for cnn, one cnn per count (default: the count stored with the weights)")
+    ap.add_argument("--runtime", default="auto", choices=("auto", "onnx", "torch"),
+                    help="the cnn's runtime (default auto, as filter: onnxruntime on the CPU where installed)")
     ap.add_argument("--run-images", type=int, nargs="+", default=[None],
                     help="with the cnn on onnxruntime: images per onnxruntime call, one cnn per value "
                          "(default: cnn_onnx.RUN_IMAGES)")
@@ -117,6 +121,7 @@ def main() -> None:
         variants = [{}]
         if name == "cnn":
             extra = {"weights": args.weights} if args.weights else {}
+            extra["runtime"] = args.runtime
             variants = [{**extra, **({"n_crops": k} if k else {}), "run_images": r}
                         for k in args.n_crops for r in args.run_images]
         for kw in variants:
@@ -129,13 +134,15 @@ def main() -> None:
                 break
             if run_images is not None:
                 if not hasattr(det, "run_images"):
-                    ap.error("--run-images needs the cnn on onnxruntime (COLLAPSEGUARD_CNN_RUNTIME=onnx)")
+                    ap.error("--run-images needs the cnn on onnxruntime (--runtime onnx or auto)")
                 det.run_images = run_images
             dets.append(det)
             labels.append(_label(name, det, run_images) if len(variants) > 1 else name)
     if not dets:
         ap.error("no detector could be created")
-    print(f"images: {len(images)} x {W}x{H} ({what}); torch threads {args.threads}; batch {args.batch_size}; "
+    runtimes = sorted({getattr(d, "runtime", "torch") for d, lab in zip(dets, labels) if lab.startswith("cnn")})
+    print(f"images: {len(images)} x {W}x{H} ({what}); cnn runtime {', '.join(runtimes) or '-'}; "
+          f"torch threads {args.threads}; batch {args.batch_size}; "
           f"{args.rounds} rounds; device {args.device}; cpu {platform.processor() or platform.machine()}")
     print("timing: seconds inside Detector.score only (decode excluded), after one warm-up image")
     rates = round_rates(dets, labels, images, args.batch_size, args.rounds)

@@ -201,6 +201,17 @@ class OnnxCNNDetector(Detector):
         self.session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
         self.run_images = RUN_IMAGES
 
+    @property
+    def run_images(self) -> int:
+        """Images per onnxruntime call (``RUN_IMAGES`` unless set; at least 1)."""
+        return self._run_images
+
+    @run_images.setter
+    def run_images(self, n: int) -> None:
+        if int(n) != n or int(n) < 1:
+            raise DetectorError(f"run_images must be a whole number >= 1, got {n!r}")
+        self._run_images = int(n)
+
     def to(self, device: str) -> OnnxCNNDetector:
         if str(device).strip() != "cpu":
             raise DetectorError(f"the onnx runtime scores on the CPU only, not {device!r}; "

@@ -51,6 +51,22 @@ def test_shipped_weights_score_the_same_on_both_runtimes(photos):
     np.testing.assert_allclose(onnx.score(odd), ref.score(odd), rtol=0, atol=SCORE_TOLERANCE)
 
 
+def test_images_per_onnxruntime_call_change_no_score(photos):
+    """One image a call (the default) or several: the same scores within float rounding, in order;
+    a count under 1 is refused when set, not at scoring time."""
+    det = create("cnn", device="cpu", runtime="onnx")
+    assert det.run_images == 1
+    images = photos + [photos[0][:40, :70], np.ascontiguousarray(photos[1][::3, ::2])]
+    one = det.score(images)
+    for n in (2, 4, len(images) + 3):
+        det.run_images = n
+        np.testing.assert_allclose(det.score(images), one, rtol=0, atol=1e-5)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(DetectorError, match="run_images"):
+            det.run_images = bad
+    assert det.run_images == len(images) + 3
+
+
 def test_the_shipped_graph_is_the_export_of_the_shipped_weights(photos):
     """The graph in the package was made from the weights beside it (rerun
     ``python -m collapseguard.detectors.cnn_export`` after changing them), it is what the onnx

@@ -73,3 +73,43 @@ def test_only_the_features_the_weights_read_are_computed_and_the_probability_is_
     untrained = create("compare").__class__(untrained=True, cnn=comp.cnn)
     assert untrained.features_used is None
     assert untrained.description_version != comp.description_version
+
+
+def _top_octave_by_definition(img: np.ndarray, window: int) -> float:
+    """``top_octave`` as its docstring defines it, written plainly (float64 box means)."""
+    h, w = img.shape[:2]
+    top, left = max(0, (h - window) // 2), max(0, (w - window) // 2)
+    x = img[top: top + window, left: left + window].astype(np.float64)
+    y = (x[..., 0] * 0.299 + x[..., 1] * 0.587 + x[..., 2] * 0.114) / 255.0
+
+    def energy(a):
+        lap = a[1:-1, :-2] + a[1:-1, 2:] + a[:-2, 1:-1] + a[2:, 1:-1] - 4 * a[1:-1, 1:-1]
+        return (lap * lap).mean()
+
+    coarse = []
+    for o in (0, 1):
+        a = y[o:, o:]
+        hh, ww = a.shape[0] // 2 * 2, a.shape[1] // 2 * 2
+        coarse.append(energy(a[:hh, :ww].reshape(hh // 2, 2, ww // 2, 2).mean(axis=(1, 3))))
+    return float(np.log(energy(y) + 1e-8) - np.log(np.mean(coarse) + 1e-8))
+
+
+@pytest.mark.parametrize("shape", [(9, 9), (10, 17), (33, 64), (321, 320), (400, 515), (768, 1024)])
+def test_top_octave_and_the_colour_cast_match_their_definitions(shape):
+    """The fast reductions (strided 2x2 sums, per-channel means) give what the plain definitions
+    give, on odd and even sizes, windows cut or not, both grid phases."""
+    from collapseguard.detectors.pair_features import (
+        FEATURES,
+        OCTAVE_WINDOW,
+        features_at,
+        top_octave,
+    )
+
+    rng = np.random.default_rng(sum(shape))
+    img = (rng.random((*shape, 3)) ** 2 * 255).astype(np.uint8)
+    img[::3] //= 2  # some structure beside the noise
+    assert top_octave(img) == pytest.approx(_top_octave_by_definition(img, OCTAVE_WINDOW), abs=1e-4)
+    rgb = img.astype(np.float32) / 255.0
+    mean_rgb = rgb.astype(np.float64).reshape(-1, 3).mean(axis=0)
+    cast = float(np.sqrt(((mean_rgb - mean_rgb.mean()) ** 2).sum()))
+    assert features_at(rgb)[FEATURES.index("cast")] == pytest.approx(cast, abs=1e-5)
