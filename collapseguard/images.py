@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 import warnings
 
 import numpy as np
@@ -20,7 +21,7 @@ from collapseguard.errors import CollapseguardError
 #: extension whose format this Pillow cannot decode (AVIF before Pillow 11.2; HEIF without
 #: pillow-heif) is left out of ``IMAGE_EXTENSIONS``. ``.jfif``, ``.jpe``, ``.pjpeg`` and ``.pjp``
 #: are JPEG under other names; ``.heic``, ``.heif`` and ``.hif`` (iPhone and camera photos) are
-#: HEIF, read by the pillow-heif plugin where it is installed (the ``[heic]`` extra).
+#: HEIF, read by the pillow-heif plugin where it is installed (the ``[heic]`` extra, Python 3.11+).
 EXTENSION_FORMATS = (
     ("png", "PNG"), ("jpg", "JPEG"), ("jpeg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"),
     ("tif", "TIFF"), ("tiff", "TIFF"), ("ppm", "PPM"), ("pgm", "PPM"), ("gif", "GIF"),
@@ -29,9 +30,17 @@ EXTENSION_FORMATS = (
     ("hif", "HEIF"),
 )
 
-#: the extensions of HEIF files, and what reads them where pillow-heif is not installed
+#: the extensions of HEIF files
 HEIF_EXTENSIONS = tuple(ext for ext, fmt in EXTENSION_FORMATS if fmt == "HEIF")
-HEIF_INSTALL = "pip install 'collapseguard[heic]'"
+
+
+def heif_install() -> str:
+    """What reads HEIF files where pillow-heif is not installed, on the running Python: the
+    ``[heic]`` extra from Python 3.11 on; before it, where the extra installs nothing (pillow-heif
+    1.9 needs Python 3.11), a newer Python."""
+    if sys.version_info < (3, 11):
+        return "HEIC needs Python 3.11 or later (pillow-heif 1.9)"
+    return "pip install 'collapseguard[heic]'"
 
 #: the major brands (ISO/IEC 23008-12) of the HEIF files pillow-heif opens: HEVC-coded images and
 #: sequences, and the generic image and sequence brands (``mif1``, ``msf1``: AVIF is tried first)
@@ -109,7 +118,7 @@ def _open_heif(fp, filename):
         pillow_heif.register_heif_opener(**_heif_decode_threads(pillow_heif.options.DECODE_THREADS))
     except Exception as exc:  # noqa: BLE001 - a broken install: said for each HEIF file
         raise DecodeError(f"a HEIF image, and pillow-heif does not import ({type(exc).__name__}: "
-                          f"{exc}): {HEIF_INSTALL}") from None
+                          f"{exc}): {heif_install()}") from None
     factory, accept = Image.OPEN["HEIF"]
     fp.seek(0)
     if accept and not accept(fp.read(16)):
@@ -148,13 +157,13 @@ def is_image_name(name: str) -> bool:
 
 def heif_hint(names) -> str:
     """How to read the HEIC/HEIF files among ``names`` (file names, or extensions with their dot)
-    where pillow-heif is not installed: ``"to read .heic files: pip install 'collapseguard[heic]'"``;
-    "" where it is, or where none of ``names`` is one."""
+    where pillow-heif is not installed: ``"to read .heic files: pip install 'collapseguard[heic]'"``
+    (``heif_install``); "" where it is, or where none of ``names`` is one."""
     if "HEIF" in ALLOWED_FORMATS:
         return ""
     found = {str(n).rsplit(".", 1)[-1].lower() for n in names if "." in str(n)}
     exts = [f".{e}" for e in HEIF_EXTENSIONS if e in found]
-    return f"to read {', '.join(exts)} files: {HEIF_INSTALL}" if exts else ""
+    return f"to read {', '.join(exts)} files: {heif_install()}" if exts else ""
 
 
 def to_rgb_array(img: Image.Image) -> np.ndarray:
@@ -277,7 +286,7 @@ def _decode(data: bytes, keep_alpha: bool, draft_side: int | None = None
         # no memory addresses ("<_io.BytesIO object at 0x7f...>"): the same bytes give the same text
         text = _OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}")
         if "HEIF" not in ALLOWED_FORMATS and _is_heif(data[:16]):  # a HEIC under another name
-            text += f" (a HEIF image: {HEIF_INSTALL} reads it)"
+            text += f" (a HEIF image; to read it: {heif_install()})"
         raise DecodeError(text) from None
 
 
