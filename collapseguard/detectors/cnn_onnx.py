@@ -34,7 +34,7 @@ SCORE_TOLERANCE = 1e-4
 #: images per onnxruntime call (``OnnxCNNDetector.run_images``): on a CPU a call's cost per image
 #: grows with the images in it, as the crops' activations leave the cache (one image a call: 4.6 ms
 #: at 1024x768 on one thread, four: 6.5 ms; ``OMP_NUM_THREADS=1 benchmarks/detector_speed.py
-#: --detectors cnn --run-images 1 2 4`` with ``COLLAPSEGUARD_CNN_RUNTIME=onnx``),
+#: --detectors cnn --runtime onnx --run-images 1 2 4``),
 #: and its buffers grow too (32 images of 48 crops held ~560 MB at peak)
 RUN_IMAGES = 1
 #: bump when ExportNet changes what it writes: older cached exports are then not used
