@@ -266,11 +266,13 @@ def test_rrdn_gan_without_its_weights_is_refused_before_any_source_is_read(tmp_p
 
 
 def _weights_in_manifest(tmp_path, photos) -> dict:
-    """A one-step rrdn_gan chain made with the weights the family finds; the ``weights`` its
-    manifest rows record."""
+    """A one-step rrdn_gan chain made with the weights the family finds; the ``converted_weights``
+    its manifest rows record (and no ``weights``, the waifu2x family's "photo" or "art")."""
     m = make_chains([("p", photos[0][:48, :64])], ["rrdn_gan"], steps=1, keep=(0, 1), out_dir=tmp_path / "c",
                     workers=1, progress=False)
-    recorded = {json.dumps(json.loads(p)["weights"], sort_keys=True) for p in m["params"]}
+    params = [json.loads(p) for p in m["params"]]
+    assert not any("weights" in p for p in params), params
+    recorded = {json.dumps(p["converted_weights"], sort_keys=True) for p in params}
     assert len(recorded) == 1 and list(m["step"]) == [0, 1]
     return json.loads(recorded.pop())
 

@@ -101,8 +101,9 @@ class RRDNGan(_NetworkReplicator):
         if missing:
             raise ReplicatorError(f"the rrdn_gan family needs {missing}")
         Replicator.__init__(self, rng, **overrides)  # torch, not ncnn: no network wheels to check
-        #: the converted weights this chain runs, recorded with its drawn parameters
-        self.params["weights"] = weights_provenance(weights_path())
+        #: the converted weights this chain runs, recorded with its drawn parameters (not
+        #: ``weights``: the waifu2x family's drawn "photo" or "art")
+        self.params["converted_weights"] = weights_provenance(weights_path())
 
     def draw(self, rng):
         return {"strength": log_uniform(rng, 0.6, 1.7), "factor": float(rng.uniform(2.0, 4.0)),
