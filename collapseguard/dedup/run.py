@@ -86,6 +86,7 @@ from collapseguard.io.parse import basename_of, strip_suffix
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import identity
 from collapseguard.scoring.progress import progress_bar
+from collapseguard.scoring.readback import repeats
 from collapseguard.scoring.run import plan_score_tasks, score_task
 
 DETECTOR = "compare"
@@ -286,15 +287,13 @@ class Wanted:
 
 
 def _sub_task(task: tuple, part: dict, rows: np.ndarray) -> tuple:
-    """The task that reads again only the rows ``rows`` (indices into the task's part)."""
+    """The task that reads again only the rows ``rows`` (indices into the task's part); a shard's
+    or Parquet file's rows named by (key, nth), nth its earlier repeats in the part
+    (``readback.repeats``)."""
     if task[0] == "files":
         return ("files", [task[1][j] for j in rows])
-    seen: dict[str, int] = {}
-    nth = []
-    for k in part["key"]:
-        nth.append(seen.get(k, 0))
-        seen[k] = nth[-1] + 1
-    return (task[0], task[1], Wanted((part["key"][j], nth[j]) for j in rows))
+    nth = repeats(part["key"])
+    return (task[0], task[1], Wanted((part["key"][j], int(nth[j])) for j in rows))
 
 
 def task_name(task: tuple, version: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,16 +45,21 @@ MAX_CAPTION = 300
 CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
        "form-action 'none'")
 
+def repeats(items: Iterable[Hashable]) -> np.ndarray:
+    """For each item, how many earlier items are the same (0 for its first)."""
+    seen: dict[Hashable, int] = {}
+    nth = []
+    for item in items:
+        k = seen.get(item, 0)
+        nth.append(k)
+        seen[item] = k + 1
+    return np.array(nth, np.int64)
+
+
 def occurrence(sources: Iterable[str], keys: Iterable[str]) -> np.ndarray:
     """For each ``(source, key)``, how many earlier pairs are the same: a key may repeat in a
     shard, each repeat a sample of its own, and ``fetch_samples`` names it by this ``nth``."""
-    seen: dict[tuple[str, str], int] = {}
-    nth = []
-    for pair in zip(sources, keys):
-        k = seen.get(pair, 0)
-        nth.append(k)
-        seen[pair] = k + 1
-    return np.array(nth, np.int64)
+    return repeats(zip(sources, keys))
 
 
 @dataclass
