@@ -395,7 +395,7 @@ def throughput_main(args) -> None:
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from throughput import floor_phase, floor_task, make_shards
+    from throughput import floor_phase, floor_task, load_line, make_shards
 
     from collapseguard.dedup.run import run_dedup
     workers = args.workers
@@ -410,6 +410,7 @@ def throughput_main(args) -> None:
         shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
         if args.copy_share:
             shards = with_copies(shards, Path(tmp, "copies"), args.copy_share)
+        print(f"at the start: {load_line()}", flush=True)
         for _ in range(args.rounds):
             if workers == 1:
                 t = time.perf_counter()
@@ -425,6 +426,7 @@ def throughput_main(args) -> None:
                                 weights=args.compare_weights, threads=args.threads or None)
             dedup.append(summary["images"] / (time.perf_counter() - t))
             stages.append(summary["seconds"])
+        print(f"at the end: {load_line()}", flush=True)
         drift = reduced_drift(shards)
     f, d = statistics.median(floor), statistics.median(dedup)
     procs = (f"one process, {args.threads or 'torch default'} thread(s)" if workers == 1

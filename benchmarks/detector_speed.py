@@ -145,7 +145,15 @@ def main() -> None:
           f"torch threads {args.threads}; batch {args.batch_size}; "
           f"{args.rounds} rounds; device {args.device}; cpu {platform.processor() or platform.machine()}")
     print("timing: seconds inside Detector.score only (decode excluded), after one warm-up image")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from throughput import load_line
+
+    print(f"at the start: {load_line()}")
     rates = round_rates(dets, labels, images, args.batch_size, args.rounds)
+    print(f"at the end: {load_line()}")
     for det, lab in zip(dets, labels):
         print(f"{lab:<16} {np.median(rates[lab]):9.2f} images/s  (median of {args.rounds} rounds; "
               f"version {det.version})")

@@ -85,6 +85,13 @@ def _peak_mb(who: int) -> float:
     return resource.getrusage(who).ru_maxrss / 1024  # Linux: KiB
 
 
+def load_line() -> str:
+    """The machine's load average, printed beside a measurement: other work on the cores moves
+    absolute figures (and, less, ratios measured side by side)."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average (1, 5, 15 min): {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
 def floor_task(shard: str) -> int:
     """Decode every image of a shard with PIL (a floor worker's task)."""
     from PIL import Image
@@ -233,6 +240,7 @@ def main() -> None:
     if a.images < PER_SHARD:
         raise SystemExit(f"--images must be at least {PER_SHARD}")
     shards = [str(p) for p in make_shards(data, a.images)]
+    print(f"at the start: {load_line()}", flush=True)
     runtimes = [r.strip() for r in a.runtimes.split(",") if r.strip()]
     chosen = ["--weights", str(Path(a.weights).resolve()), "--threshold", repr(a.threshold)] if a.weights else []
 
@@ -271,6 +279,7 @@ def main() -> None:
                            str(a.profile_images), *chosen, "--shards", *shards])
                for rt in dict.fromkeys(split(e)[0] for e in runtimes)}
     shutil.rmtree(outs, ignore_errors=True)
+    print(f"at the end: {load_line()}", flush=True)
 
     def rate(kind):
         return statistics.median(x["images"] / x["seconds"] for x in res[kind])
