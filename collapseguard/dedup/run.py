@@ -102,7 +102,8 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
     ``decode``), its rows packed into arrays (the hash as uint64, the thumbnail as int8, the
     features as float32; ``full``: the row has the cnn score and the features). Without
     ``fingerprints`` (a ``RungDescriber``: pass 3) a row is described without them."""
-    rows = score_task(task, detector, progress, decode, set_aside=True)
+    # shards unhashed: the parent hashes each source once for ``source_sha256``
+    rows = score_task(task, detector, progress, decode, set_aside=True, digest=False)
     n = len(rows)
     out = {
         "source": [str(r["source"]) for r in rows],
@@ -219,7 +220,7 @@ def kept_score_task(task: tuple, detector, progress=None) -> dict:
 
     detector = copy.copy(detector)  # the same network, scored in small batches
     detector.batch_size = CNN_BATCH
-    rows = score_task(task, detector, progress, set_aside=True)
+    rows = score_task(task, detector, progress, set_aside=True, digest=False)
     return {"key": [str(r["key"]) for r in rows], "image": [str(r.get("image") or "") for r in rows],
             "score": np.array([r.get("score", np.nan) for r in rows], np.float64)}
 

@@ -60,28 +60,30 @@ class CountingReader:
 
 class DigestingReader:
     """The shard's raw bytes as read, counted and hashed (SHA-256): what ``ShardReader.digest``
-    reports once the shard has been read whole."""
+    reports once the shard has been read whole. ``hashed=False`` counts without hashing (a reader
+    that never asks for the digest spares about 1 ms of CPU per MB)."""
 
-    def __init__(self, f, limit: int | None = None, where: str = ""):
+    def __init__(self, f, limit: int | None = None, where: str = "", hashed: bool = True):
         import hashlib
         self._f = f
-        self._h = hashlib.sha256()
+        self._h = hashlib.sha256() if hashed else None
         self.size = 0
         self._limit, self._where = limit, where
 
     def read(self, n: int = -1) -> bytes:
         b = self._f.read(n)
-        self._h.update(b)
+        if self._h is not None:
+            self._h.update(b)
         self.size += len(b)
         check_shard_bytes(self.size, self._limit, self._where, "read")
         return b
 
     def finish(self) -> dict:
         """Read what is left to the end (nothing, for a shard read whole) and return
-        ``{"size", "sha256"}`` of every byte."""
+        ``{"size", "sha256"}`` of every byte (``sha256`` None when not hashed)."""
         while self.read(1 << 16):
             pass
-        return {"size": self.size, "sha256": self._h.hexdigest()}
+        return {"size": self.size, "sha256": self._h.hexdigest() if self._h is not None else None}
 
 
 class PeekableSource:

@@ -233,12 +233,14 @@ def split_key(name: str) -> tuple[str, str]:
 class ShardReader:
     """Iterate the samples of one tar shard in order. ``skipped`` lists refused members as
     ``"name (why)"``; ``digest`` is ``{"size", "sha256"}`` of the shard's bytes as read (compressed
-    or not), set once the shard has been read whole and found complete (None before)."""
+    or not), set once the shard has been read whole and found complete (None before, and always
+    with ``digest=False``: a reader that never asks for it is spared the hashing)."""
 
     def __init__(self, path: str, max_member_bytes: int = MAX_MEMBER_BYTES,
                  max_sample_bytes: int = MAX_SAMPLE_BYTES,
-                 max_shard_bytes: int | None = MAX_SHARD_BYTES):
+                 max_shard_bytes: int | None = MAX_SHARD_BYTES, digest: bool = True):
         self.path = path
+        self.hashed = digest
         self.max_member_bytes = max_member_bytes
         self.max_sample_bytes = max_sample_bytes
         self.max_shard_bytes = max_shard_bytes
@@ -291,7 +293,7 @@ class ShardReader:
     def __iter__(self) -> Iterator[Sample]:
         self.digest = None
         with self._open() as opened:
-            raw = DigestingReader(opened, self.max_shard_bytes, printable(self.path))
+            raw = DigestingReader(opened, self.max_shard_bytes, printable(self.path), self.hashed)
             stream = self._tar_stream(raw)
             try:
                 tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=CappedTarInfo)
@@ -318,7 +320,7 @@ class ShardReader:
                 f"{printable(self.path)}: the members stop at byte {end}, but what follows is not "
                 "an end of archive (a damaged header, or another archive appended): the rest of "
                 "the file cannot be read")
-        self.digest = digest
+        self.digest = digest if self.hashed else None
 
     def _rest_is_not_zeros(self, tf: tarfile.TarFile) -> bool:
         """Read the (decompressed) archive stream to its end: True if any byte is not zero."""

@@ -54,7 +54,8 @@ def _selected(samples, source: str, select):
             yield s
 
 
-def score_task(task: tuple, detector, progress=None, decode=None, set_aside: bool = False) -> list[dict]:
+def score_task(task: tuple, detector, progress=None, decode=None, set_aside: bool = False,
+               digest: bool = True) -> list[dict]:
     """Engine task: ``("shard", path)``, ``("parquet", (path, image column or None))`` or
     ``("files", [ImageFile, ...])`` -> list of rows.
 
@@ -63,17 +64,18 @@ def score_task(task: tuple, detector, progress=None, decode=None, set_aside: boo
     ``decode`` is ``score_records``' (reduced decoding, for a detector that reads reduced images).
     With ``set_aside`` each row also holds ``set_aside``: why ``filter`` rejects the sample
     whatever its score (``records.set_aside_reason``; "" for none, and for files and Parquet
-    rows)."""
+    rows). ``digest=False`` reads a shard without hashing its bytes (no row holds the digest;
+    a caller that hashes its sources elsewhere, or never, is spared the work)."""
     kind = task[0]
     if kind != "parquet":
-        return _score_task(task, detector, progress, decode=decode, set_aside=set_aside)
+        return _score_task(task, detector, progress, decode=decode, set_aside=set_aside, digest=digest)
     from collapseguard.io.parquet import parquet_file
     with parquet_file(task[1][0]) as pf:  # closed once its rows are scored
         return _score_task(task, detector, progress, pf, decode, set_aside)
 
 
-def _score_task(task: tuple, detector, progress=None, pf=None, decode=None, set_aside: bool = False
-                ) -> list[dict]:
+def _score_task(task: tuple, detector, progress=None, pf=None, decode=None, set_aside: bool = False,
+                digest: bool = True) -> list[dict]:
     kind, payload = task[0], task[1]
     select = task[2] if len(task) > 2 else None
     rows: list[dict] = []
@@ -86,7 +88,7 @@ def _score_task(task: tuple, detector, progress=None, pf=None, decode=None, set_
         members_of = lambda r: r.members
         ident = lambda r: (name, r.key)
     elif kind == "shard":
-        records = ShardReader(str(payload))
+        records = ShardReader(str(payload), digest=digest)
         if select is not None:
             records = _selected(records, str(payload), select)
         members_of = lambda s: [(m.name, m.data) for m in s.members]

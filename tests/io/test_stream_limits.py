@@ -259,3 +259,33 @@ def test_score_and_audit_fail_a_url_folder_whose_listing_fails_not_the_run(serve
     assert all(any(b in f for f in summary["failures"]) for b in bad)
     assert (out / "report.html").exists() and "3 input(s) failed" in res.output
     assert summary["samples"] == (sample or 2)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_shard_read_without_its_digest_reads_the_same_and_keeps_every_check(tmp_path, compress):
+    """``ShardReader(digest=False)`` (dedup's passes, whose parent hashes each source once) yields
+    the same samples and is refused as the hashed reader is: past ``max_shard_bytes``, and when
+    cut short; only ``digest`` stays None."""
+    import hashlib
+
+    from collapseguard.io.shard_errors import ShardError
+    from collapseguard.io.tar import ShardReader
+
+    path = tmp_path / ("s.tar.gz" if compress else "s.tar")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for i in range(3):
+            add_member(tf, f"k{i}.txt", os.urandom(5000))
+    data = gzip.compress(buf.getvalue()) if compress else buf.getvalue()
+    path.write_bytes(data)
+    hashed, plain = ShardReader(str(path)), ShardReader(str(path), digest=False)
+    got = [[(m.name, m.data) for m in s.members] for s in hashed]
+    assert [[(m.name, m.data) for m in s.members] for s in plain] == got and len(got) == 3
+    assert hashed.digest == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert plain.digest is None
+    with pytest.raises(ShardError):  # the byte cap is counted without the hash
+        list(ShardReader(str(path), max_shard_bytes=len(data) // 2, digest=False))
+    cut = tmp_path / ("cut.tar.gz" if compress else "cut.tar")
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(ShardError):
+        list(ShardReader(str(cut), digest=False))
