@@ -107,6 +107,39 @@ def test_a_kept_sample_of_two_images_gets_the_highest_score_of_its_images(pair):
     assert _assert_kept_scores(groups, scores) == [0]
 
 
+def test_filter_groups_leaves_the_copies_of_a_rejected_two_image_kept_sample_to_themselves(
+        chain_steps, tmp_path):
+    """End to end: at a threshold between the kept sample's two images, ``filter`` rejects the
+    sample on its highest score, so ``filter --groups --drop-duplicates`` leaves the group's other
+    copies to their own no-reference decision: a JPEG copy under the threshold is kept, not
+    dropped as a duplicate of a sample ``filter`` itself rejects."""
+    import pandas as pd
+    from cg_testutil import read_members
+
+    shard = tmp_path / "pairs.tar"
+    jpeg50 = encode_jpeg(chain_steps[0], 50)
+    _shard(shard, [("pair.a.png", encode_png(chain_steps[0])), ("pair.b.jpg", jpeg50),
+                   ("copy.jpg", encode_jpeg(chain_steps[0], 30)), ("s3.png", encode_png(chain_steps[3]))])
+    groups, scores = _dedup_and_score([shard], tmp_path)
+    g = {r["key"]: r for r in groups}
+    own = {r["key"]: r["score"] for r in scores}
+    assert g["pair"]["rank"] == 0 and g["copy"]["rank"] > 0 and g["copy"]["group"] == g["pair"]["group"]
+    _shard(tmp_path / "jpeg.tar", [("j.jpg", jpeg50)])  # the sample's JPEG alone, for its score
+    run_cli(["score", tmp_path / "jpeg.tar", "-o", tmp_path / "j.parquet", "-q"])
+    jpeg = pq.read_table(tmp_path / "j.parquet").to_pylist()[0]["score"]
+    threshold = (jpeg + own["pair"]) / 2
+    assert jpeg < threshold < own["pair"] and own["copy"] < threshold, (jpeg, own)
+    assert g["copy"]["kept_score"] == pytest.approx(own["pair"], abs=1e-4)
+    out = tmp_path / "f"
+    run_cli(["filter", shard, "--out", out, "--groups", tmp_path / "dd" / "groups.parquet",
+             "--drop-duplicates", "--threshold", f"{threshold:.6f}", "-q"])
+    got = pd.read_parquet(out / "scores" / "pairs.parquet").set_index("key")
+    assert (got.loc["pair", "decision"], got.loc["pair", "reason"]) == ("rejected", "degraded")
+    assert (got.loc["copy", "decision"], got.loc["copy", "reason"]) == ("kept", "kept")
+    members = sorted(read_members(out / "kept" / "pairs.tar") + read_members(out / "rejected" / "pairs.tar"))
+    assert members == sorted(read_members(shard))
+
+
 def test_kept_copies_read_back_score_every_image_of_a_sample(pair, dedup_parquets, tmp_path):
     """The kept copies ``score_rows`` leaves unread are read back, every image of a sample scored."""
     from collapseguard.dedup.kept_scores import kept_copy_scores
