@@ -14,8 +14,8 @@ other round, and a round's ratio compares the detectors' rates within that round
 machine a burst of load then moves one round's ratio, not the reported median.
 
 ``--runtime``, ``--weights`` and ``--n-crops`` apply to ``cnn`` (``--runtime auto``, the default, is
-what ``filter`` runs: onnxruntime on the CPU where it is installed; onnxruntime uses
-``OMP_NUM_THREADS`` threads, every core when unset): ``--n-crops 48 96`` times the cnn at each crop
+what ``filter`` runs: onnxruntime on the CPU where it is installed; ``--threads`` sets torch's
+and onnxruntime's threads alike): ``--n-crops 48 96`` times the cnn at each crop
 count (the speed/accuracy knob) beside the same other detectors; ``--run-images 1 2 4`` (the cnn on
 onnxruntime) times it at each number of images per onnxruntime call. Detectors that cannot be created
 (missing extra or weights) are reported and left out. Printed: each detector's median images/s,
@@ -93,7 +93,8 @@ def _label(name: str, det, run_images: int | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=16, help="images to score per detector and round")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (same for all)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads of every detector, torch's and onnxruntime's alike")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds (medians reported)")
     ap.add_argument("--detectors", default="cnn,pyiqa:piqe,nss")
@@ -115,6 +116,7 @@ def main() -> None:
     from collapseguard.detectors import DetectorError, create
 
     torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # onnxruntime's sessions read it when made
     images, what = test_images(args.n)
     dets, labels = [], []
     for name in [d.strip() for d in args.detectors.split(",") if d.strip()]:
@@ -142,7 +144,7 @@ def main() -> None:
         ap.error("no detector could be created")
     runtimes = sorted({getattr(d, "runtime", "torch") for d, lab in zip(dets, labels) if lab.startswith("cnn")})
     print(f"images: {len(images)} x {W}x{H} ({what}); cnn runtime {', '.join(runtimes) or '-'}; "
-          f"torch threads {args.threads}; batch {args.batch_size}; "
+          f"threads {args.threads}; batch {args.batch_size}; "
           f"{args.rounds} rounds; device {args.device}; cpu {platform.processor() or platform.machine()}")
     print("timing: seconds inside Detector.score only (decode excluded), after one warm-up image")
     import sys

@@ -86,7 +86,6 @@ from collapseguard.io.parse import basename_of, strip_suffix
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import identity
 from collapseguard.scoring.progress import progress_bar
-from collapseguard.scoring.readback import repeats
 from collapseguard.scoring.run import plan_score_tasks, score_task
 
 DETECTOR = "compare"
@@ -293,6 +292,9 @@ def _sub_task(task: tuple, part: dict, rows: np.ndarray) -> tuple:
     (``readback.repeats``)."""
     if task[0] == "files":
         return ("files", [task[1][j] for j in rows])
+    # imported here: the workers import this module, and only the parent makes sub-tasks
+    from collapseguard.scoring.readback import repeats
+
     nth = repeats(part["key"])
     return (task[0], task[1], Wanted((part["key"][j], int(nth[j])) for j in rows))
 

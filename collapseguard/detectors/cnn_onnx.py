@@ -32,8 +32,8 @@ from collapseguard.detectors.crops import CROP_LAYOUT, image_crops
 #: and by tests/detectors/test_cnn_onnx.py; measured differences are around 1e-5)
 SCORE_TOLERANCE = 1e-4
 #: images per onnxruntime call (``OnnxCNNDetector.run_images``): on a CPU a call's cost per image
-#: grows with the images in it, as the crops' activations leave the cache (one image a call: 4.6 ms
-#: at 1024x768 on one thread, four: 6.5 ms; ``OMP_NUM_THREADS=1 benchmarks/detector_speed.py
+#: grows with the images in it, as the crops' activations leave the cache (one image a call: 5.0 ms
+#: at 1024x768 on one thread, four: 6.6 ms; ``benchmarks/detector_speed.py --threads 1
 #: --detectors cnn --runtime onnx --run-images 1 2 4``),
 #: and its buffers grow too (32 images of 48 crops held ~560 MB at peak)
 RUN_IMAGES = 1
@@ -208,7 +208,11 @@ class OnnxCNNDetector(Detector):
 
     @run_images.setter
     def run_images(self, n: int) -> None:
-        if int(n) != n or int(n) < 1:
+        try:
+            whole = not isinstance(n, bool) and int(n) == n and int(n) >= 1
+        except (TypeError, ValueError, OverflowError):  # None, "x", nan, inf
+            whole = False
+        if not whole:
             raise DetectorError(f"run_images must be a whole number >= 1, got {n!r}")
         self._run_images = int(n)
 

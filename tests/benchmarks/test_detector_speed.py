@@ -37,6 +37,7 @@ def test_the_script_reports_medians_and_crop_counts(benchmark_script, capsys, mo
     mod = benchmark_script("detector_speed.py")
     imgs, what = mod.test_images(2)  # the script's own 1024x768 pictures, from the bundled photos
     assert what == "bundled photos + procedural art" and [i.shape for i in imgs] == [(768, 1024, 3)] * 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # main() sets it for onnxruntime; restored after
     monkeypatch.setattr("sys.argv", ["detector_speed.py", "--n", "2", "--rounds", "2", "--threads", "1",
                                      "--detectors", "cnn,pyiqa:piqe", "--n-crops", "24", "48"])
     mod.main()

@@ -57,11 +57,22 @@ def test_images_per_onnxruntime_call_change_no_score(photos):
     det = create("cnn", device="cpu", runtime="onnx")
     assert det.run_images == 1
     images = photos + [photos[0][:40, :70], np.ascontiguousarray(photos[1][::3, ::2])]
+    session, calls = det.session, []
+
+    class Counting:  # the real session, each call's image count recorded
+        def run(self, names, feeds):
+            calls.append(len(feeds["crops"]))
+            return session.run(names, feeds)
+
+    det.session = Counting()
     one = det.score(images)
+    assert calls == [1] * len(images)
     for n in (2, 4, len(images) + 3):
         det.run_images = n
+        calls.clear()
         np.testing.assert_allclose(det.score(images), one, rtol=0, atol=1e-5)
-    for bad in (0, -1, 1.5):
+        assert calls == [min(n, len(images) - k) for k in range(0, len(images), n)]
+    for bad in (0, -1, 1.5, True, None, float("nan"), "2"):
         with pytest.raises(DetectorError, match="run_images"):
             det.run_images = bad
     assert det.run_images == len(images) + 3
