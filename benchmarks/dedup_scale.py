@@ -4,8 +4,10 @@
 
 Synthetic fingerprints with planted near-duplicate groups: ``--groups`` groups of 2-8 copies each,
 every copy its group's original 64-bit hash with 0-8 bits flipped and the original's thumbnail
-plus noise (correlation with the original about 0.9), the rest unrelated (uniform random hashes and
-thumbnails). Prints the seconds of the candidate search, verification and grouping, the peak
+plus noise (correlation with the original about 0.9), a third of them made so from one of the
+original's central windows instead (a crop), the rest unrelated (uniform random hashes and
+thumbnails). Every fingerprint has its windows' too (``fingerprint.WINDOWS``), which the search
+looks up against the others' whole fingerprints. Prints the seconds of the candidate search, verification and grouping, the peak
 resident memory of the process (generation included), the share of planted copies found in their
 group, and how many unrelated fingerprints joined any group.
 
@@ -109,34 +111,63 @@ import numpy as np
 from PIL import Image
 
 
-def make(n: int, n_groups: int, seed: int = 0):
+def _unit_int8(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` as zero-mean, unit-norm int8 thumbnails (x 127)."""
+    x = x - x.mean(axis=-1, keepdims=True)
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    return np.round(x * 127).astype(np.int8)
+
+
+def make(n: int, n_groups: int, seed: int = 0, crop_share: float = 1 / 3):
+    """``(hashes, thumbs, window_hashes, window_thumbs, truth, planted)``: ``n`` synthetic
+    fingerprints, each with ``len(WINDOWS)`` window fingerprints, ``n_groups`` planted groups of
+    2-8 copies. A copy is its original's hash with 0-8 bits flipped and thumbnail plus noise; a
+    ``crop_share`` of the copies are crops: the same made from one of the original's windows
+    (the others' windows are the original's, with the same noise)."""
+    from collapseguard.detectors.fingerprint import WINDOWS
+
     rng = np.random.default_rng(seed)
+    k_win = len(WINDOWS)
     sizes = rng.integers(2, 9, n_groups)
     planted = int(sizes.sum())
     if planted > n:
         raise SystemExit(f"{planted} planted copies do not fit in {n}")
-    hashes = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
-    hashes |= rng.integers(0, 2, n).astype(np.uint64)
+
+    def random_hashes(shape):
+        h = rng.integers(0, 2**63, shape, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+        return h | rng.integers(0, 2, shape).astype(np.uint64)
+
+    hashes, whashes = random_hashes(n), random_hashes((n, k_win))
     thumbs = np.empty((n, 256), np.int8)
-    base = rng.standard_normal((n, 256), dtype=np.float32)  # unrelated rows stay as drawn
+    wthumbs = np.empty((n, k_win, 256), np.int8)
+    step = 1 << 16
+    for s in range(0, n, step):  # unrelated rows as drawn; in chunks (float32 of all would be GBs)
+        thumbs[s: s + step] = _unit_int8(rng.standard_normal((min(step, n - s), 256), dtype=np.float32))
+        wthumbs[s: s + step] = _unit_int8(rng.standard_normal((min(step, n - s), k_win, 256), dtype=np.float32))
     truth = np.full(n, -1, np.int64)
+    noise = 0.45 / 16  # per element of a unit-norm thumbnail: a correlation of about 0.9
     row = 0
     for g, k in enumerate(sizes):
         rows = np.arange(row, row + k)
         truth[rows] = g
         flips = rng.integers(0, 9, k)
-        flips[0] = 0  # the group's original
-        for r, f in zip(rows, flips):
+        crop = rng.random(k) < crop_share
+        win = rng.integers(0, k_win, k)
+        for i, (r, f) in enumerate(zip(rows, flips)):
+            if i == 0:  # the group's original
+                continue
             bits = rng.choice(64, f, replace=False).astype(np.uint64)
             mask = np.bitwise_or.reduce(np.uint64(1) << bits) if f else np.uint64(0)
-            hashes[r] = hashes[row] ^ mask
-        base[rows[1:]] = base[row] + 0.45 * rng.standard_normal((k - 1, 256), dtype=np.float32)
+            src_hash, src_thumb = (whashes[row, win[i]], wthumbs[row, win[i]]) if crop[i] else (hashes[row], thumbs[row])
+            hashes[r] = src_hash ^ mask
+            thumbs[r] = _unit_int8(src_thumb.astype(np.float32) / 127 + noise * rng.standard_normal(256, dtype=np.float32))
+            if not crop[i]:  # the same framing: its windows are the original's, with as much noise
+                whashes[r] = whashes[row] ^ mask
+                wthumbs[r] = _unit_int8(wthumbs[row].astype(np.float32) / 127
+                                        + noise * rng.standard_normal((k_win, 256), dtype=np.float32))
         row += k
-    base -= base.mean(axis=1, keepdims=True)
-    base /= np.linalg.norm(base, axis=1, keepdims=True)
-    thumbs[:] = np.round(base * 127)
     perm = rng.permutation(n)  # planted copies spread over the whole table
-    return hashes[perm], thumbs[perm], truth[perm], planted
+    return hashes[perm], thumbs[perm], whashes[perm], wthumbs[perm], truth[perm], planted
 
 
 def main() -> None:
@@ -225,9 +256,9 @@ def main() -> None:
     from collapseguard.dedup.groups import GroupingParams, group_ids
 
     t0 = time.perf_counter()
-    hashes, thumbs, truth, planted = make(args.n, args.groups)
+    hashes, thumbs, whashes, wthumbs, truth, planted = make(args.n, args.groups)
     t1, c1 = time.perf_counter(), time.process_time()
-    labels, stats = group_ids(hashes, thumbs, GroupingParams())
+    labels, stats = group_ids(hashes, thumbs, GroupingParams(), whashes, wthumbs)
     t2, c2 = time.perf_counter(), time.process_time()
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     found = 0
@@ -241,7 +272,8 @@ def main() -> None:
     wrong = int(((truth < 0) & (labels >= 0)).sum())
     print(f"fingerprints: {args.n}  planted copies: {planted} in {args.groups} groups")
     print(f"made in {t1 - t0:.1f} s; grouped in {t2 - t1:.1f} s ({c2 - c1:.1f} s of CPU) "
-          f"(candidates {stats['candidate_pairs']}, verified {stats['verified_pairs']}, "
+          f"(candidates {stats['candidate_pairs']}, verified {stats['verified_pairs']}; of windows "
+          f"{stats['window_candidate_pairs']}, verified {stats['window_verified_pairs']}; "
           f"groups {stats['groups']})")
     print(f"peak memory: {peak_gb:.2f} GB")
     print(f"planted copies found in their group: {found / planted:.4f}; unrelated fingerprints "

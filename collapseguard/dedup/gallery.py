@@ -109,7 +109,7 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
             p = m["p_worse"]
             why = m.get("reason")  # decisions the comparator's P alone did not make
             label = (f"{e(m['key'])}<br>{e(m['decision'])}"
-                     + (f" ({e(why)})" if why in ("lost_colour", "larger_copy") else "")
+                     + (f" ({e(why)})" if why in ("lost_colour", "larger_copy", "other_framing") else "")
                      + f" · rank {e(m['rank'])}"
                      + ("" if p is None or p != p else f" · P(worse) {p:.3f}"))
             if f is None or f.image is None:

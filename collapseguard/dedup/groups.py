@@ -1,12 +1,17 @@
 """Near-duplicate groups from fingerprints: candidate pairs, verification, transitive groups.
 
-1. Candidates: pairs whose pHashes are within ``max_distance`` bits (``search.candidate_pairs``).
-2. Verification: a candidate becomes an edge only if the two thumbnails correlate at
-   ``min_corr`` or more (a second, independent look at the two images).
+1. Candidates: pairs whose pHashes are within ``max_distance`` bits (``search.candidate_pairs``),
+   and, when the images' central windows are given (``fingerprint.windows``), pairs of one
+   image's window and another's whole picture within as many bits
+   (``search.candidate_pairs_between``): a copy cropped by up to about 10% a side.
+2. Verification: a candidate becomes an edge only if the two thumbnails (the window's, for a
+   window's candidate) correlate at ``min_corr`` or more (a second, independent look).
 3. Groups: connected components of the verified edges (copies of copies join one group).
 4. No chaining of unrelated pictures: in each component the medoid (the member with the highest
    summed correlation to the others) is found, and a member whose thumbnail correlates with the
-   medoid below ``min_medoid_corr`` leaves the group (it becomes a single). Two pictures that only
+   medoid below ``min_medoid_corr`` leaves the group (it becomes a single). With windows, a
+   member's correlation with the medoid is the best of whole against whole and of either's
+   windows against the other's whole: a crop stays beside the picture it was cut from. Two pictures that only
    meet through a chain of small steps are therefore never kept together unless both stay close
    to the picture the group is centred on.
 
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs
+from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs, candidate_pairs_between
 from collapseguard.detectors.fingerprint import correlation
 
 #: groups larger than this get their medoid from a sample of this many members
@@ -38,31 +43,90 @@ class GroupingParams:
 
 
 def verified_edges(hashes: np.ndarray, thumbs: np.ndarray, params: GroupingParams,
-                   chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(i, j, stats)``: candidate pairs whose thumbnails agree."""
+                   chunk: int = 1 << 20, window_hashes: np.ndarray | None = None,
+                   window_thumbs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(i, j, stats)``: candidate pairs whose thumbnails agree, ``i < j``, each once. With
+    ``window_hashes`` (n, K) and ``window_thumbs`` (n, K, 256), pairs of a window and another
+    image's whole picture too (``window_pairs`` of them)."""
     ci, cj, _ = candidate_pairs(hashes, params.max_distance)
-    keep = np.zeros(ci.size, bool)
-    for s in range(0, ci.size, chunk):
-        keep[s: s + chunk] = correlation(thumbs[ci[s: s + chunk]], thumbs[cj[s: s + chunk]]) >= params.min_corr
-    return ci[keep], cj[keep], {"candidate_pairs": int(ci.size), "verified_pairs": int(keep.sum())}
+    keep = _agree(thumbs, ci, thumbs, cj, params.min_corr, chunk)
+    gi, gj = ci[keep], cj[keep]
+    stats = {"candidate_pairs": int(ci.size), "verified_pairs": int(keep.sum())}
+    if window_hashes is None or not len(hashes):
+        return gi, gj, stats
+    n_win = window_hashes.shape[1]
+    q, j, _ = candidate_pairs_between(window_hashes.reshape(-1), hashes, params.max_distance)
+    i, w = q // n_win, q % n_win
+    other = i != j
+    i, w, j = i[other], w[other], j[other]
+    flat = window_thumbs.reshape(-1, window_thumbs.shape[-1])
+    keep = _agree(flat, i * n_win + w, thumbs, j, params.min_corr, chunk)
+    wi, wj = np.minimum(i[keep], j[keep]), np.maximum(i[keep], j[keep])
+    stats.update(window_candidate_pairs=int(i.size), window_verified_pairs=int(keep.sum()))
+    pairs = np.unique(np.concatenate([gi * len(hashes) + gj, wi * len(hashes) + wj]))
+    return pairs // len(hashes), pairs % len(hashes), stats
+
+
+def _agree(a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray, min_corr: float,
+           chunk: int) -> np.ndarray:
+    """``correlation(a[ia], b[ib]) >= min_corr``, in chunks of ``chunk`` pairs."""
+    keep = np.zeros(ia.size, bool)
+    for s in range(0, ia.size, chunk):
+        keep[s: s + chunk] = correlation(a[ia[s: s + chunk]], b[ib[s: s + chunk]]) >= min_corr
+    return keep
+
+
+def _correlations(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
+                  to: int) -> tuple[np.ndarray, np.ndarray]:
+    """Correlation of each of ``rows`` with row ``to`` whole against whole, and the best of
+    either's windows against the other's whole (-1 without windows)."""
+    whole = correlation(thumbs[rows], thumbs[to][None, :])
+    if window_thumbs is None:
+        return whole, np.full(whole.shape, -1.0)
+    mine = correlation(window_thumbs[rows], thumbs[to][None, None, :]).max(axis=1)
+    theirs = correlation(window_thumbs[to][None, :, :], thumbs[rows][:, None, :]).max(axis=1)
+    return whole, np.maximum(mine, theirs)
+
+
+def best_correlation(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
+                     to: int) -> np.ndarray:
+    """Correlation of each of ``rows`` with row ``to``: whole against whole, or with windows the
+    best of that and of either's windows against the other's whole."""
+    return np.maximum(*_correlations(thumbs, window_thumbs, rows, to))
+
+
+def framed_apart(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
+                 to: int) -> np.ndarray:
+    """Is each of ``rows`` framed differently from row ``to`` (a crop of it, or it a crop of the
+    row)? True where a window of one matches the other's whole better than the wholes match."""
+    whole, window = _correlations(thumbs, window_thumbs, rows, to)
+    return window > whole
 
 
 def _medoid_filter(members: np.ndarray, thumbs: np.ndarray, params: GroupingParams,
-                   rng: np.random.Generator) -> np.ndarray:
+                   rng: np.random.Generator, window_thumbs: np.ndarray | None = None) -> np.ndarray:
     """The members that stay: those correlating with the medoid at ``min_medoid_corr`` or more."""
     pool = members if members.size <= MEDOID_SAMPLE else np.sort(rng.choice(members, MEDOID_SAMPLE, replace=False))
     t = thumbs[pool].astype(np.int32)
-    sums = (t @ t.T).sum(axis=1)
-    medoid = pool[int(np.argmax(sums))]
-    corr = correlation(thumbs[members], thumbs[medoid][None, :])
+    sim = t @ t.T
+    if window_thumbs is not None:  # the best of whole against whole and windows against wholes:
+        wt = window_thumbs[pool].astype(np.int32)  # the picture a group's crops were cut from
+        mine = np.einsum("akt,bt->abk", wt, t).max(axis=2)  # is the medoid, not one of its crops
+        sim = np.maximum(sim, np.maximum(mine, mine.T))
+    medoid = pool[int(np.argmax(sim.sum(axis=1)))]
+    corr = best_correlation(thumbs, window_thumbs, members, medoid)
     return members[corr >= params.min_medoid_corr]
 
 
-def group_ids(hashes: np.ndarray, thumbs: np.ndarray, params: GroupingParams = GroupingParams()
+def group_ids(hashes: np.ndarray, thumbs: np.ndarray, params: GroupingParams = GroupingParams(),
+              window_hashes: np.ndarray | None = None, window_thumbs: np.ndarray | None = None
               ) -> tuple[np.ndarray, dict]:
-    """Group id per row (-1 for a single), and statistics of the search."""
+    """Group id per row (-1 for a single), and statistics of the search. ``window_hashes`` (n, K)
+    and ``window_thumbs`` (n, K, 256): the fingerprints of each row's central windows, which find
+    cropped copies (None: whole pictures only)."""
     n = len(hashes)
-    gi, gj, stats = verified_edges(hashes, thumbs, params)
+    gi, gj, stats = verified_edges(hashes, thumbs, params, window_hashes=window_hashes,
+                                   window_thumbs=window_thumbs)
     labels = np.full(n, -1, np.int64)
     if n == 0 or gi.size == 0:
         stats.update(groups=0, grouped=0, left_medoid=0)
@@ -82,7 +146,7 @@ def group_ids(hashes: np.ndarray, thumbs: np.ndarray, params: GroupingParams = G
     for c in multi:
         members = order[bounds[c]: bounds[c + 1]]  # ascending row order (stable sort)
         if members.size > 2:
-            kept = _medoid_filter(members, thumbs, params, rng)
+            kept = _medoid_filter(members, thumbs, params, rng, window_thumbs)
             left += members.size - kept.size
             members = kept
         if members.size > 1:

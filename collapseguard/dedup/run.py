@@ -67,17 +67,19 @@ from collapseguard.dedup.describe import (
     size_rungs,
     torch_threads,
 )
-from collapseguard.dedup.groups import GroupingParams, group_ids
+from collapseguard.dedup.groups import GroupingParams, framed_apart, group_ids
 from collapseguard.dedup.kept_scores import kept_copy_scores, source_digests
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
     THUMB_COLUMNS,
+    WINDOW_HASH_COLUMNS,
+    WINDOW_THUMB_COLUMNS,
     FingerprintOnly,
     group_utilities,
     load_weights,
 )
-from collapseguard.detectors.fingerprint import FINGERPRINT_VERSION, REDUCED_SIDE
+from collapseguard.detectors.fingerprint import FINGERPRINT_VERSION, REDUCED_SIDE, WINDOWS
 from collapseguard.detectors.pair_features import FEATURES, SCALES
 from collapseguard.engines import LocalEngine, make_engine
 from collapseguard.images import decode_reduced
@@ -120,6 +122,9 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
         "ok": np.zeros(n, bool),
         "full": np.zeros(n, bool),
         "thumb": np.zeros((n, len(THUMB_COLUMNS)), np.int8),
+        # the central windows' (``fingerprint.WINDOWS``): what finds a cropped copy
+        "whash": np.zeros((n, len(WINDOWS)), np.uint64),
+        "wthumb": np.zeros((n, len(WINDOWS), len(THUMB_COLUMNS)), np.int8),
         "features": np.full((n, len(FEATURE_COLUMNS)), np.nan, np.float32),
         # fine detail at the image's own size (``pair_features.top_octave``): the larger-copy rule
         "octave": np.array([r.get("octave", np.nan) for r in rows], np.float32),
@@ -128,19 +133,30 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
         if not np.isfinite(r.get("score", np.nan)):
             continue
         if fingerprints:
-            parts = [r.get(c) for c in HASH_COLUMNS]
-            if any(p is None or not np.isfinite(p) for p in parts):
+            hashes = [_hash_of(r, cols) for cols in (HASH_COLUMNS, *WINDOW_HASH_COLUMNS)]
+            if any(h is None for h in hashes):
                 continue
-            h = 0
-            for p in parts:
-                h = (h << 16) | int(p)
-            out["hash"][i] = h
+            out["hash"][i] = hashes[0]
+            out["whash"][i] = hashes[1:]
             out["thumb"][i] = [int(r[c]) for c in THUMB_COLUMNS]
+            for k, cols in enumerate(WINDOW_THUMB_COLUMNS):
+                out["wthumb"][i, k] = [int(r[c]) for c in cols]
         out["ok"][i] = True
         if FEATURE_COLUMNS[0] in r:
             out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
             out["full"][i] = True
     return out
+
+
+def _hash_of(row: dict, columns: tuple[str, ...]) -> int | None:
+    """The 64-bit hash a row holds as four 16-bit parts (None when a part is missing)."""
+    h = 0
+    for c in columns:
+        p = row.get(c)
+        if p is None or not np.isfinite(p):
+            return None
+        h = (h << 16) | int(p)
+    return h
 
 
 def _multi_image_samples(task: tuple) -> bool:
@@ -344,7 +360,7 @@ def _save_part(path: Path, part: dict) -> None:
                      image=np.array(part["image"], dtype=str),
                      set_aside=np.array(part["set_aside"], dtype=str),
                      **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "full", "thumb",
-                                             "features", "octave")})
+                                             "whash", "wthumb", "features", "octave")})
 
 
 def _load_part(path: Path) -> dict | None:
@@ -357,8 +373,8 @@ def _load_part(path: Path) -> dict | None:
         part["image"] = np.full(len(part["key"]), "", dtype=str)
     if "full" not in part:  # kept when every image was described in full
         part["full"] = np.ones(len(part["key"]), bool)
-    if "set_aside" not in part:  # kept before set-aside samples were: described afresh
-        return None
+    if "set_aside" not in part or "whash" not in part:  # kept before set-aside samples or
+        return None  # the windows' fingerprints were: described afresh
     if "octave" not in part:  # kept before top_octave was
         if part["full"].any():  # its descriptions lack what the larger-copy rule reads: afresh
             return None
@@ -438,6 +454,8 @@ def _merged(done: list[dict]) -> dict:
     for k, shape, dt in (("width", (), np.int32), ("height", (), np.int32), ("cnn", (), np.float64),
                          ("hash", (), np.uint64), ("ok", (), bool), ("full", (), bool),
                          ("thumb", (len(THUMB_COLUMNS),), np.int8),
+                         ("whash", (len(WINDOWS),), np.uint64),
+                         ("wthumb", (len(WINDOWS), len(THUMB_COLUMNS)), np.int8),
                          ("features", (len(FEATURE_COLUMNS),), np.float32), ("octave", (), np.float32)):
         arrs = [p[k] for p in done]
         merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
@@ -533,7 +551,11 @@ TIE = 0.75
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
     """Pass 4's decisions: ``(rank, p_worse, decision, reason)`` per row; ``p_worse`` is
-    relative to the group's least degraded copy (NaN for that copy)."""
+    relative to the group's least degraded copy (NaN for that copy). A copy framed differently
+    from the kept one (``groups.framed_apart``: a crop of it, or it a crop of this) is never a
+    ``degraded_copy`` by ``p_worse`` (reason ``other_framing``): the comparator's features read
+    the picture's content as well as its damage, and a crop shows less of the picture (cropped
+    by 5-12% a side, 1-2 of the 18 bundled photos' crops read above the level)."""
     # imported here: worker processes import this module, and need not import scipy.stats
     from collapseguard.dedup.fit import group_p_worse
 
@@ -558,6 +580,7 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
         if kept != best:  # the kept copy first, the others in the comparator's order
             r = np.where(r < r[kept], r + 1, r)
             r[kept] = 0
+        apart = framed_apart(desc["thumb"], desc.get("wthumb"), members, members[kept])
         for j, m in enumerate(members):
             rank[m] = r[j]
             p_worse[m] = p[j]
@@ -566,6 +589,8 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
             else:
                 if grey[j]:
                     decision[m], reason[m] = "degraded_copy", "lost_colour"
+                elif p[j] > level and apart[j]:
+                    decision[m], reason[m] = "keep", "other_framing"
                 elif p[j] > level:
                     decision[m], reason[m] = "degraded_copy", "degraded_copy"
                 else:
@@ -658,7 +683,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         # a row described at a rung it does not reach is smaller than its size said
         reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
         idx = np.flatnonzero(ok)
-        sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params)
+        sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params,
+                                      desc["whash"][idx], desc["wthumb"][idx])
         labels = np.full(len(ok), -1, np.int64)
         labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
         target = group_rungs(labels, np.maximum(reach, 0))
@@ -721,7 +747,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "comparator_cnn_version": (detector_obj.cnn.version if detector_obj is not None
                                    else t["meta"].get("cnn", "")),
         "grouping": params.as_dict(),
-        "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "left_medoid") if k in stats},
+        "search": {k: stats[k] for k in ("candidate_pairs", "verified_pairs", "window_candidate_pairs",
+                                         "window_verified_pairs", "left_medoid") if k in stats},
         "failures": failures,
     }
     with replaced_when_done(out_dir / "summary.json", suffix=".json") as tmp:

@@ -9,6 +9,8 @@ look-up is two array reads and the whole search is a fixed number of vectorised 
 hashes: its time grows with the number of hashes times the bucket load, never with their square.
 Each pair is reported once (``i < j``), by the first block that finds it. Up to ``BRUTE_FORCE``
 hashes every pair is compared instead (the same pairs, without building the tables).
+``candidate_pairs_between`` does the same between a set of query hashes (the windows' of
+``fingerprint.windows``) and the tables of another set.
 """
 
 from __future__ import annotations
@@ -40,39 +42,63 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int = MAX_DISTANCE,
                     chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(i, j, distance)`` of every pair ``i < j`` of ``hashes`` (uint64) within ``max_distance``
     bits of each other. ``chunk`` bounds the candidate pairs held at once."""
-    if not 0 <= max_distance <= MAX_DISTANCE:
-        raise ValueError(f"max_distance must be within 0..{MAX_DISTANCE}, got {max_distance}")
-    hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+    hashes = _checked(hashes, max_distance)
     if hashes.size <= BRUTE_FORCE:
         return _all_pairs(hashes, max_distance)
+    return _probe(hashes, hashes, max_distance, chunk, same=True)
+
+
+def candidate_pairs_between(queries: np.ndarray, index: np.ndarray, max_distance: int = MAX_DISTANCE,
+                            chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(q, j, distance)`` of every pair of a query hash ``queries[q]`` and an indexed hash
+    ``index[j]`` within ``max_distance`` bits of each other (each pair once; the tables are built
+    over ``index`` only, so many queries cost their look-ups, not a larger table)."""
+    queries = _checked(queries, max_distance)
+    index = _checked(index, max_distance)
+    if queries.size * index.size <= BRUTE_FORCE * BRUTE_FORCE // 2:
+        return _all_pairs_between(queries, index, max_distance)
+    return _probe(queries, index, max_distance, chunk, same=False)
+
+
+def _checked(hashes: np.ndarray, max_distance: int) -> np.ndarray:
+    if not 0 <= max_distance <= MAX_DISTANCE:
+        raise ValueError(f"max_distance must be within 0..{MAX_DISTANCE}, got {max_distance}")
+    return np.ascontiguousarray(hashes, dtype=np.uint64).reshape(-1)
+
+
+def _probe(queries: np.ndarray, index: np.ndarray, max_distance: int, chunk: int,
+           same: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The multi-index search: every query's blocks, with up to ``radius`` bits flipped, looked up
+    in one direct-address table per block of ``index``. ``same``: ``queries`` is ``index`` (pairs
+    ``i < j`` only)."""
     radius = max_distance // len(BLOCKS)  # a pair within max_distance is within this on some block
     found_i, found_j, found_d = [], [], []
-    keys = [_block(hashes, lo, hi) for lo, hi in BLOCKS]
+    qkeys = [_block(queries, lo, hi) for lo, hi in BLOCKS]
+    ikeys = qkeys if same else [_block(index, lo, hi) for lo, hi in BLOCKS]
+    step = max(1, chunk // 8)
     for b, (lo, hi) in enumerate(BLOCKS):
-        k = keys[b]
+        k = ikeys[b]
         order = np.argsort(k, kind="stable").astype(np.int64)
         counts = np.bincount(k, minlength=1 << (hi - lo))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         for f in _flips(hi - lo, radius):
-            q = k ^ f
+            q = qkeys[b] ^ f
             c = counts[q]
             src = np.flatnonzero(c)
-            if not src.size:
-                continue
-            for s in range(0, src.size, max(1, chunk // 8)):
-                part = src[s: s + max(1, chunk // 8)]
+            for s in range(0, src.size, step):
+                part = src[s: s + step]
                 cnt = c[part]
                 i = np.repeat(part, cnt)
                 first = np.repeat(starts[q[part]], cnt)
                 offs = np.arange(i.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
                 j = order[first + offs]
-                keep = i < j
-                i, j = i[keep], j[keep]
-                for e in range(b):  # found by an earlier block already: reported there
-                    de = popcount(keys[e][i] ^ keys[e][j])
-                    keep = de > radius
+                if same:
+                    keep = i < j
                     i, j = i[keep], j[keep]
-                d = popcount(hashes[i] ^ hashes[j])
+                for e in range(b):  # found by an earlier block already: reported there
+                    keep = popcount(qkeys[e][i] ^ ikeys[e][j]) > radius
+                    i, j = i[keep], j[keep]
+                d = popcount(queries[i] ^ index[j])
                 keep = d <= max_distance
                 found_i.append(i[keep])
                 found_j.append(j[keep])
@@ -89,3 +115,11 @@ def _all_pairs(hashes: np.ndarray, max_distance: int) -> tuple[np.ndarray, np.nd
     d = popcount(hashes[i] ^ hashes[j])
     keep = d <= max_distance
     return i[keep].astype(np.int64), j[keep].astype(np.int64), d[keep].astype(np.int8)
+
+
+def _all_pairs_between(queries: np.ndarray, index: np.ndarray,
+                       max_distance: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``candidate_pairs_between`` by comparing every query with every indexed hash."""
+    d = popcount(queries[:, None] ^ index[None, :])
+    q, j = np.nonzero(d <= max_distance)
+    return q.astype(np.int64), j.astype(np.int64), d[q, j].astype(np.int8)

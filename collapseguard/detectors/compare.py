@@ -44,7 +44,7 @@ from collapseguard.detectors.base import (
     as_batch,
     params_version,
 )
-from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
+from collapseguard.detectors.fingerprint import THUMB_SIDE, WINDOWS, fingerprint_and_windows
 from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
@@ -61,6 +61,9 @@ INPUTS = (*FEATURES, "cnn")
 FEATURE_COLUMNS = tuple(f"f{s}_{n}" for s in SCALES for n in FEATURES)
 HASH_COLUMNS = tuple(f"ph{i}" for i in range(4))
 THUMB_COLUMNS = tuple(f"th{i}" for i in range(THUMB_SIDE * THUMB_SIDE))
+#: the same of each central window (``fingerprint.WINDOWS``): ``w0ph0..``, ``w0th0..``, ``w1ph0..``
+WINDOW_HASH_COLUMNS = tuple(tuple(f"w{k}{c}" for c in HASH_COLUMNS) for k in range(len(WINDOWS)))
+WINDOW_THUMB_COLUMNS = tuple(tuple(f"w{k}{c}" for c in THUMB_COLUMNS) for k in range(len(WINDOWS)))
 
 
 def sigmoid(z):
@@ -221,15 +224,22 @@ class Comparator(Detector):
 
 def fingerprint_columns(images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """``ph0..ph3`` (the 64-bit pHash as four 16-bit parts) and ``th0..th255`` (the int8
-    thumbnail) of each image, as float64 columns."""
-    prints = [fingerprint(img) for img in images]
-    hashes = np.array([h for h, _ in prints], dtype=np.uint64)
-    thumbs = np.array([t for _, t in prints], dtype=np.int8).reshape(len(images), len(THUMB_COLUMNS))
+    thumbnail) of each image, and the same of each central window (``WINDOW_HASH_COLUMNS``,
+    ``WINDOW_THUMB_COLUMNS``), as float64 columns."""
+    prints = [fingerprint_and_windows(img) for img in images]
     out = {}
-    for i, col in enumerate(HASH_COLUMNS):
-        out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
-    for i, col in enumerate(THUMB_COLUMNS):
-        out[col] = thumbs[:, i].astype(np.float64)
+
+    def put(pairs, hash_cols, thumb_cols):
+        hashes = np.array([h for h, _ in pairs], dtype=np.uint64)
+        thumbs = np.array([t for _, t in pairs], dtype=np.int8).reshape(len(pairs), len(thumb_cols))
+        for i, col in enumerate(hash_cols):
+            out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
+        for i, col in enumerate(thumb_cols):
+            out[col] = thumbs[:, i].astype(np.float64)
+
+    put([(h, t) for h, t, _ in prints], HASH_COLUMNS, THUMB_COLUMNS)
+    for k in range(len(WINDOWS)):
+        put([w[k] for _, _, w in prints], WINDOW_HASH_COLUMNS[k], WINDOW_THUMB_COLUMNS[k])
     return out
 
 

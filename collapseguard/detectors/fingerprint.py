@@ -9,7 +9,13 @@
   dot product of two thumbnails is their correlation (x 127^2): the second, independent look
   that confirms a pair the hash proposed, insensitive to brightness, contrast and colour.
 
-Both take RGB ``uint8`` arrays (H, W, 3), or luma arrays (H, W), and need nothing beyond numpy,
+- ``windows(img)``: the pHash and thumbnail of the picture's central ``WINDOWS`` (94%, 88% and
+  82% of each side). A copy cropped by ``c`` on every side is its original's central ``1 - 2c``:
+  its own fingerprint lies near one of the original's windows' for crops of up to about 10% a
+  side (``dedup`` looks them up against the other images' full fingerprints), where the full
+  fingerprints alone find crops of up to about 2%.
+
+All take RGB ``uint8`` arrays (H, W, 3), or luma arrays (H, W), and need nothing beyond numpy,
 scipy and Pillow. The luma is BT.601's (Pillow's ``convert("L")``), the Y that JPEG stores, so a
 JPEG decoded reduced and luma only (``images.decode_reduced``: DCT scaling, the 8 x 8 block
 averages) gives nearly the fingerprint of its full decoding: the box average by ``box_factor``
@@ -30,7 +36,11 @@ THUMB_SCALE = 127.0
 #: antialiasing filter
 REDUCED_SIDE = 64
 #: what the fingerprints depend on: their values change with it (kept parts name it)
-FINGERPRINT_VERSION = "fp2-box64-lanczos"
+FINGERPRINT_VERSION = "fp3-box64-lanczos-w94-88-82"
+#: the central windows (share of each side) whose fingerprints find cropped copies: neighbours
+#: 6% apart, because one window's fingerprint stays within the search's tolerance (8 bits, a
+#: thumbnail correlation of 0.80) of a crop's for crops about 1.5% a side either way of its own
+WINDOWS = (0.94, 0.88, 0.82)
 
 
 def luminance(img: np.ndarray) -> np.ndarray:
@@ -59,12 +69,18 @@ def _grey(img: np.ndarray | Image.Image) -> Image.Image:
     return grey.reduce(f) if f > 1 else grey
 
 
-def _reduced(grey: Image.Image, side: int) -> np.ndarray:
-    return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS), dtype=np.float64)
+def _reduced(grey: Image.Image, side: int, share: float = 1.0) -> np.ndarray:
+    """``grey`` (its central ``share`` of each side, at sub-pixel precision) at ``side`` x ``side``."""
+    box = None
+    if share < 1.0:
+        w, h = grey.size
+        mx, my = w * (1 - share) / 2, h * (1 - share) / 2
+        box = (mx, my, w - mx, h - my)
+    return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS, box=box), dtype=np.float64)
 
 
-def _phash(grey: Image.Image) -> int:
-    coeffs = dctn(_reduced(grey, 32), type=2, norm="ortho")[:8, :8].ravel()
+def _phash(grey: Image.Image, share: float = 1.0) -> int:
+    coeffs = dctn(_reduced(grey, 32, share), type=2, norm="ortho")[:8, :8].ravel()
     bits = coeffs > np.median(coeffs)
     return int(np.packbits(bits).view(">u8")[0])
 
@@ -75,8 +91,8 @@ def phash(img: np.ndarray | Image.Image) -> int:
     return _phash(_grey(img))
 
 
-def _thumbnail(grey: Image.Image) -> np.ndarray:
-    t = _reduced(grey, THUMB_SIDE).ravel()
+def _thumbnail(grey: Image.Image, share: float = 1.0) -> np.ndarray:
+    t = _reduced(grey, THUMB_SIDE, share).ravel()
     t = t - t.mean()
     n = float(np.sqrt((t * t).sum()))
     if n < 1e-6:
@@ -93,6 +109,19 @@ def fingerprint(img: np.ndarray | Image.Image) -> tuple[int, np.ndarray]:
     """``(phash(img), thumbnail(img))`` from one luma reduction (the same values, half the work)."""
     grey = _grey(img)
     return _phash(grey), _thumbnail(grey)
+
+
+def windows(img: np.ndarray | Image.Image) -> list[tuple[int, np.ndarray]]:
+    """``(phash, thumbnail)`` of each of the central ``WINDOWS`` of the picture, in that order."""
+    grey = _grey(img)
+    return [(_phash(grey, w), _thumbnail(grey, w)) for w in WINDOWS]
+
+
+def fingerprint_and_windows(img: np.ndarray | Image.Image
+                            ) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray]]]:
+    """``fingerprint(img)`` and ``windows(img)`` from one luma reduction."""
+    grey = _grey(img)
+    return _phash(grey), _thumbnail(grey), [(_phash(grey, w), _thumbnail(grey, w)) for w in WINDOWS]
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -48,6 +48,7 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
 
     from collapseguard.dedup.run import decide_groups, run_dedup
     from collapseguard.detectors.compare import Comparator, load_weights
+    from collapseguard.detectors.fingerprint import fingerprint_and_windows
     from collapseguard.detectors.pair_features import (
         FEATURES,
         SCALES,
@@ -79,6 +80,9 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
             "ok": np.array([not r["error"] for r in t]), "set_aside": [""] * len(t),
             "width": np.array([r["width"] for r in t]), "height": np.array([r["height"] for r in t]),
             "octave": np.array([top_octave(decode_image(data[k])) for k in keys], np.float32)}
+    prints = [fingerprint_and_windows(decode_image(data[k])) for k in keys]  # framing: crops
+    desc["thumb"] = np.array([t for _, t, _ in prints], np.int8)
+    desc["wthumb"] = np.array([[wt for _, wt in w] for _, _, w in prints], np.int8)
     ids = {g: i for i, g in enumerate(sorted({r["group"] for r in t} - {""}))}
     labels = np.array([ids[r["group"]] if r["group"] else -1 for r in t])
     w = load_weights()
