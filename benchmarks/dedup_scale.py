@@ -1,15 +1,16 @@
 """Grouping 1,000,000 fingerprints: time and peak memory of ``dedup.groups.group_ids``.
 
-    OMP_NUM_THREADS=2 taskset -c 0,1 python benchmarks/dedup_scale.py [--n 1000000] [--groups 50000]
+    OMP_NUM_THREADS=2 taskset -c 0,1 python benchmarks/dedup_scale.py [--n 1000000] [--groups 50000] [--no-windows]
 
 Synthetic fingerprints with planted near-duplicate groups: ``--groups`` groups of 2-8 copies each,
 every copy its group's original 64-bit hash with 0-8 bits flipped and the original's thumbnail
 plus noise (correlation with the original about 0.9), a third of them made so from one of the
 original's central windows instead (a crop), the rest unrelated (uniform random hashes and
 thumbnails). Every fingerprint has its windows' too (``fingerprint.WINDOWS``), which the search
-looks up against the others' whole fingerprints. Prints the seconds of the candidate search, verification and grouping, the peak
-resident memory of the process (generation included), the share of planted copies found in their
-group, and how many unrelated fingerprints joined any group.
+looks up against the others' whole fingerprints (``--no-windows``: the whole fingerprints
+alone). Prints the seconds of the candidate search, verification and grouping, the peak
+resident memory of the process (generation included), the share of planted copies found in
+their group, and how many unrelated fingerprints joined any group.
 
 With ``--throughput IMAGES``: ``dedup`` end to end (``run_dedup``) against the floor, plain PIL
 decoding of the same shards (``throughput.floor_task``), both in one process or both in
@@ -46,9 +47,10 @@ With ``--copy-kinds KINDS`` (default kinds: ``COPY_KINDS``): which harmless copi
 PNG original beside one copy of one kind, each kind its own ``dedup`` run (so copies of two kinds
 never join through each other); printed per kind: the share of copies grouped with their
 original and, of those groups, the share that keep the original (``rank`` 0) and that mark it
-``degraded_copy``, the range of the pairs' ``p_worse``, and the range of the copies'
+``degraded_copy``, how many copies are marked ``degraded_copy``, the range of the pairs' ``p_worse``, and the range of the copies'
 ``top_octave`` minus their original's with the share more than 0.5 under it (an enlargement,
-which the larger-copy rule does not keep). ``--pictures samples`` runs it on the library sample
+which the larger-copy rule does not keep). ``--framing-margin inf`` compares every copy with
+the kept one, a crop too (``groups.FRAMING_MARGIN``). ``--pictures samples`` runs it on the library sample
 images instead (skimage's and scikit-learn's, short side 200 px or more). Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
 (S% of each side, Lanczos / bicubic, PNG), ``jpegQ`` (JPEG quality Q, 4:2:0), ``webQ`` (reduced
 to 70%, JPEG q80, enlarged back, JPEG quality Q):
@@ -206,6 +208,12 @@ def main() -> None:
     ap.add_argument("--tie", type=float, default=None, metavar="P",
                     help="dedup.run.TIE for this run's decisions (made in this process): "
                          "-1 keeps the comparator's least degraded copy alone, never a larger one")
+    ap.add_argument("--no-windows", action="store_true",
+                    help="group the 1,000,000 fingerprints by their whole fingerprints alone (the "
+                         "windows' cost; the planted crops are then mostly not found)")
+    ap.add_argument("--framing-margin", type=float, default=None, metavar="M",
+                    help="groups.FRAMING_MARGIN for this run (inf: every copy framed as the kept one, "
+                         "so a crop is compared with its original)")
     ap.add_argument("--octave-margin", type=float, default=None, metavar="M",
                     help="dedup.run.OCTAVE_MARGIN for this run's decisions (made in this process): "
                          "inf keeps a larger copy whatever its fine detail")
@@ -237,6 +245,12 @@ def main() -> None:
         import collapseguard.dedup.run as dedup_run
 
         dedup_run.TIE = args.tie  # decide_groups reads it when it decides
+    if args.framing_margin is not None:
+        if args.shards:
+            ap.error("--framing-margin applies to dedup in this process, not to --shards' command line")
+        import collapseguard.dedup.groups as dedup_groups
+
+        dedup_groups.FRAMING_MARGIN = args.framing_margin  # framed_apart reads it when it decides
     if args.octave_margin is not None:
         if args.shards:
             ap.error("--octave-margin applies to dedup in this process, not to --shards' command line")
@@ -258,7 +272,11 @@ def main() -> None:
     t0 = time.perf_counter()
     hashes, thumbs, whashes, wthumbs, truth, planted = make(args.n, args.groups)
     t1, c1 = time.perf_counter(), time.process_time()
-    labels, stats = group_ids(hashes, thumbs, GroupingParams(), whashes, wthumbs)
+    if args.no_windows:  # the whole fingerprints alone: what the windows cost
+        labels, stats = group_ids(hashes, thumbs, GroupingParams())
+        stats.update(window_candidate_pairs=0, window_verified_pairs=0)
+    else:
+        labels, stats = group_ids(hashes, thumbs, GroupingParams(), whashes, wthumbs)
     t2, c2 = time.perf_counter(), time.process_time()
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     found = 0
@@ -346,8 +364,8 @@ def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
     t = pd.read_parquet(out / "groups.parquet")
     t["photo"] = t["key"].str.rsplit("__", n=1).str[0].str.rsplit("/", n=1).str[-1]
     t["role"] = t["key"].str.rsplit("__", n=1).str[1].str.split(".").str[0]
-    grouped = kept = marked = 0
-    p = []  # P(worse than the comparator's least degraded copy) of the other copy of each pair
+    grouped = kept = marked = copy_marked = 0
+    p = []  # the other copy's p_worse (against its framing's least degraded copy: NaN for a crop of its own framing, left out)
     for _, g in t.groupby("photo"):
         roles = dict(zip(g["role"], zip(g["group"], g["rank"], g["decision"])))
         orig, copy = roles.get("original"), roles.get("copy")
@@ -356,12 +374,14 @@ def copy_kind_figures(photos, kind: str, work: Path, workers: int) -> dict:
         grouped += 1
         kept += orig[1] == 0
         marked += orig[2] == "degraded_copy"
+        copy_marked += copy[2] == "degraded_copy"
         p += [float(x) for x in g["p_worse"] if x == x]
     n = len(photos)
     nan = float("nan")
     return {"kind": kind, "photos": n, "grouped": grouped / n,
             "original_kept": kept / grouped if grouped else nan,
             "original_marked_degraded": marked / grouped if grouped else nan,
+            "copy_marked_degraded": copy_marked,
             "p_worse_min": min(p) if p else nan, "p_worse_max": max(p) if p else nan,
             "octave_diff_min": min(octave), "octave_diff_max": max(octave),
             "octave_under_margin": float(np.mean(np.array(octave) < -OCTAVE_MARGIN))}

@@ -9,11 +9,11 @@
 3. Groups: connected components of the verified edges (copies of copies join one group).
 4. No chaining of unrelated pictures: in each component the medoid (the member with the highest
    summed correlation to the others) is found, and a member whose thumbnail correlates with the
-   medoid below ``min_medoid_corr`` leaves the group (it becomes a single). With windows, a
-   member's correlation with the medoid is the best of whole against whole and of either's
-   windows against the other's whole: a crop stays beside the picture it was cut from. Two pictures that only
-   meet through a chain of small steps are therefore never kept together unless both stay close
-   to the picture the group is centred on.
+   medoid below ``min_medoid_corr`` leaves the group (it becomes a single). Two pictures that
+   only meet through a chain of small steps are therefore never kept together unless both stay
+   close to the picture the group is centred on. With windows, two members' correlation here is
+   the best of whole against whole and of either's windows against the other's whole: the
+   picture a group's crops were cut from is its medoid, and its crops stay beside it.
 
 Group ids are the smallest row index in the group, so they depend only on the input order.
 """
@@ -24,7 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs, candidate_pairs_between
+from collapseguard.dedup.search import (
+    MAX_DISTANCE,
+    candidate_pairs,
+    candidate_pairs_between,
+)
 from collapseguard.detectors.fingerprint import correlation
 
 #: groups larger than this get their medoid from a sample of this many members
@@ -47,14 +51,20 @@ def verified_edges(hashes: np.ndarray, thumbs: np.ndarray, params: GroupingParam
                    window_thumbs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """``(i, j, stats)``: candidate pairs whose thumbnails agree, ``i < j``, each once. With
     ``window_hashes`` (n, K) and ``window_thumbs`` (n, K, 256), pairs of a window and another
-    image's whole picture too (``window_pairs`` of them)."""
+    image's whole picture too (counted in ``window_candidate_pairs`` and
+    ``window_verified_pairs``, a pair the wholes verified too among them)."""
     ci, cj, _ = candidate_pairs(hashes, params.max_distance)
     keep = _agree(thumbs, ci, thumbs, cj, params.min_corr, chunk)
     gi, gj = ci[keep], cj[keep]
-    stats = {"candidate_pairs": int(ci.size), "verified_pairs": int(keep.sum())}
+    stats = {"candidate_pairs": int(ci.size), "verified_pairs": int(keep.sum()),
+             "window_candidate_pairs": 0, "window_verified_pairs": 0}
     if window_hashes is None or not len(hashes):
         return gi, gj, stats
     n_win = window_hashes.shape[1]
+    if window_hashes.shape != (len(hashes), n_win) or window_thumbs is None or \
+            window_thumbs.shape != (len(hashes), n_win, thumbs.shape[1]):
+        raise ValueError("window_hashes must be (n, K) and window_thumbs (n, K, thumbnail size) "
+                         f"for {len(hashes)} hashes")
     q, j, _ = candidate_pairs_between(window_hashes.reshape(-1), hashes, params.max_distance)
     i, w = q // n_win, q % n_win
     other = i != j
@@ -77,30 +87,69 @@ def _agree(a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray, min_cor
 
 
 def _correlations(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
-                  to: int) -> tuple[np.ndarray, np.ndarray]:
-    """Correlation of each of ``rows`` with row ``to`` whole against whole, and the best of
-    either's windows against the other's whole (-1 without windows)."""
+                  to: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(whole, mine, theirs)``: the correlation of each of ``rows`` with row ``to`` whole
+    against whole, of each row's windows with ``to``'s whole (rows, K: ``to`` a crop of the row),
+    and of ``to``'s windows with each row's whole (rows, K: the row a crop of ``to``); the last
+    two empty (rows, 0) without windows."""
     whole = correlation(thumbs[rows], thumbs[to][None, :])
     if window_thumbs is None:
-        return whole, np.full(whole.shape, -1.0)
-    mine = correlation(window_thumbs[rows], thumbs[to][None, None, :]).max(axis=1)
-    theirs = correlation(window_thumbs[to][None, :, :], thumbs[rows][:, None, :]).max(axis=1)
-    return whole, np.maximum(mine, theirs)
+        return whole, np.zeros((len(whole), 0)), np.zeros((len(whole), 0))
+    mine = correlation(window_thumbs[rows], thumbs[to][None, None, :])
+    theirs = correlation(window_thumbs[to][None, :, :], thumbs[rows][:, None, :])
+    return whole, mine, theirs
 
 
 def best_correlation(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
                      to: int) -> np.ndarray:
     """Correlation of each of ``rows`` with row ``to``: whole against whole, or with windows the
     best of that and of either's windows against the other's whole."""
-    return np.maximum(*_correlations(thumbs, window_thumbs, rows, to))
+    whole, mine, theirs = _correlations(thumbs, window_thumbs, rows, to)
+    return np.max(np.column_stack([whole, mine, theirs]), axis=1)
+
+
+#: how much better a window of one image must match another's whole than the wholes match for
+#: the two to be framed differently: copies framed alike differ by a few hundredths either way
+#: (int8 rounding, damage), a crop by 5% a side gains several tenths on most pictures
+FRAMING_MARGIN = 0.035
+#: the first window that tells a framing apart (``fingerprint.WINDOWS[1]``, 88%): a crop of up to
+#: about 3% a side best matches the 94% window and is compared with its original, as without
+#: windows (the comparator reads 1-3% crops of the bundled photos at ``p_worse`` 0.50-0.85)
+FRAMING_WINDOW = 1
+
+
+def _framing(thumbs, window_thumbs, rows, to) -> tuple[np.ndarray, np.ndarray]:
+    """``(apart, narrower)`` of each of ``rows`` against row ``to``: framed differently (one is a
+    crop of about 5% a side or more of the other: a window from ``FRAMING_WINDOW`` on matches the
+    other's whole better than the wholes match, by more than ``FRAMING_MARGIN``), and the row the
+    crop."""
+    whole, mine, theirs = _correlations(thumbs, window_thumbs, rows, to)
+    if mine.shape[1] <= FRAMING_WINDOW:
+        no = np.zeros(len(whole), bool)
+        return no, no.copy()
+    wider = mine[:, FRAMING_WINDOW:].max(axis=1)  # ``to`` is the crop
+    crop = theirs[:, FRAMING_WINDOW:].max(axis=1)  # the row is the crop
+    apart = np.maximum(wider, crop) > whole + FRAMING_MARGIN
+    return apart, apart & (crop >= wider)
 
 
 def framed_apart(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
                  to: int) -> np.ndarray:
-    """Is each of ``rows`` framed differently from row ``to`` (a crop of it, or it a crop of the
-    row)? True where a window of one matches the other's whole better than the wholes match."""
-    whole, window = _correlations(thumbs, window_thumbs, rows, to)
-    return window > whole
+    """Is each of ``rows`` framed differently from row ``to`` (a crop of about 5% a side or more
+    of it, or it such a crop of the row)?"""
+    return _framing(thumbs, window_thumbs, rows, to)[0]
+
+
+def narrower(thumbs: np.ndarray, window_thumbs: np.ndarray | None, members: np.ndarray,
+             sample: int = 64) -> np.ndarray:
+    """Is each of ``members`` a crop (``framed_apart``, the narrower one) of another member? Each
+    is checked against up to ``sample`` members (the first ones; all in a small group)."""
+    out = np.zeros(len(members), bool)
+    if window_thumbs is None:
+        return out
+    for m in members[:sample]:
+        out |= _framing(thumbs, window_thumbs, members, m)[1]
+    return out
 
 
 def _medoid_filter(members: np.ndarray, thumbs: np.ndarray, params: GroupingParams,

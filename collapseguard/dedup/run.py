@@ -67,19 +67,25 @@ from collapseguard.dedup.describe import (
     size_rungs,
     torch_threads,
 )
-from collapseguard.dedup.groups import GroupingParams, framed_apart, group_ids
+from collapseguard.dedup.groups import GroupingParams, framed_apart, group_ids, narrower
 from collapseguard.dedup.kept_scores import kept_copy_scores, source_digests
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
+    THUMB_BYTES,
     THUMB_COLUMNS,
     WINDOW_HASH_COLUMNS,
     WINDOW_THUMB_COLUMNS,
     FingerprintOnly,
     group_utilities,
     load_weights,
+    unpack_thumbnails,
 )
-from collapseguard.detectors.fingerprint import FINGERPRINT_VERSION, REDUCED_SIDE, WINDOWS
+from collapseguard.detectors.fingerprint import (
+    FINGERPRINT_VERSION,
+    REDUCED_SIDE,
+    WINDOWS,
+)
 from collapseguard.detectors.pair_features import FEATURES, SCALES
 from collapseguard.engines import LocalEngine, make_engine
 from collapseguard.images import decode_reduced
@@ -121,10 +127,10 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
         "hash": np.zeros(n, np.uint64),
         "ok": np.zeros(n, bool),
         "full": np.zeros(n, bool),
-        "thumb": np.zeros((n, len(THUMB_COLUMNS)), np.int8),
+        "thumb": np.zeros((n, THUMB_BYTES), np.int8),
         # the central windows' (``fingerprint.WINDOWS``): what finds a cropped copy
         "whash": np.zeros((n, len(WINDOWS)), np.uint64),
-        "wthumb": np.zeros((n, len(WINDOWS), len(THUMB_COLUMNS)), np.int8),
+        "wthumb": np.zeros((n, len(WINDOWS), THUMB_BYTES), np.int8),
         "features": np.full((n, len(FEATURE_COLUMNS)), np.nan, np.float32),
         # fine detail at the image's own size (``pair_features.top_octave``): the larger-copy rule
         "octave": np.array([r.get("octave", np.nan) for r in rows], np.float32),
@@ -138,9 +144,12 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
                 continue
             out["hash"][i] = hashes[0]
             out["whash"][i] = hashes[1:]
-            out["thumb"][i] = [int(r[c]) for c in THUMB_COLUMNS]
-            for k, cols in enumerate(WINDOW_THUMB_COLUMNS):
-                out["wthumb"][i, k] = [int(r[c]) for c in cols]
+            packed = np.array([[r.get(c, np.nan) for c in cols]
+                               for cols in (THUMB_COLUMNS, *WINDOW_THUMB_COLUMNS)], np.float64)
+            if not (np.isfinite(packed).all() and (packed >= 0).all() and (packed < 2 ** 48).all()):
+                continue  # not the detector's packed thumbnails: not fingerprinted
+            thumbs = unpack_thumbnails(packed)
+            out["thumb"][i], out["wthumb"][i] = thumbs[0], thumbs[1:]
         out["ok"][i] = True
         if FEATURE_COLUMNS[0] in r:
             out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
@@ -443,7 +452,9 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     # a Parquet file's rows, each its row index (a task reads every row of its file, in order)
     merged["row"] = [j if t[0] == "parquet" else None for p, t in zip(parts, tasks) if p is not None
                      for j in range(len(p["source"]))]
-    merged["tasks"] = [(t, n, p) for p, t, n in zip(parts, tasks, names) if p is not None]
+    # the later passes read only a part's keys: its fingerprints are in ``merged`` (at 1,000,000
+    # images the thumbnails alone are about 1 GB, held once)
+    merged["tasks"] = [(t, n, {"key": p["key"]}) for p, t, n in zip(parts, tasks, names) if p is not None]
     return merged, failures, reused
 
 
@@ -453,9 +464,9 @@ def _merged(done: list[dict]) -> dict:
         merged[k] = [x for p in done for x in p[k]]
     for k, shape, dt in (("width", (), np.int32), ("height", (), np.int32), ("cnn", (), np.float64),
                          ("hash", (), np.uint64), ("ok", (), bool), ("full", (), bool),
-                         ("thumb", (len(THUMB_COLUMNS),), np.int8),
+                         ("thumb", (THUMB_BYTES,), np.int8),
                          ("whash", (len(WINDOWS),), np.uint64),
-                         ("wthumb", (len(WINDOWS), len(THUMB_COLUMNS)), np.int8),
+                         ("wthumb", (len(WINDOWS), THUMB_BYTES), np.int8),
                          ("features", (len(FEATURE_COLUMNS),), np.float32), ("octave", (), np.float32)):
         arrs = [p[k] for p in done]
         merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
@@ -550,12 +561,18 @@ TIE = 0.75
 
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
                   ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    """Pass 4's decisions: ``(rank, p_worse, decision, reason)`` per row; ``p_worse`` is
-    relative to the group's least degraded copy (NaN for that copy). A copy framed differently
-    from the kept one (``groups.framed_apart``: a crop of it, or it a crop of this) is never a
-    ``degraded_copy`` by ``p_worse`` (reason ``other_framing``): the comparator's features read
-    the picture's content as well as its damage, and a crop shows less of the picture (cropped
-    by 5-12% a side, 1-2 of the 18 bundled photos' crops read above the level)."""
+    """Pass 4's decisions: ``(rank, p_worse, decision, reason)`` per row.
+
+    A copy that is a crop of another (``groups.narrower``: by about 5% a side or more) ranks after
+    the copies of its tier that are not, so the kept copy is of the widest framing. ``p_worse``
+    is relative to the least degraded copy of the row's framing (NaN for that copy): the copies
+    framed as the kept one (not ``groups.framed_apart`` from it) are compared with the
+    comparator's least degraded copy of them; the others, a crop of the picture and its copies,
+    with the least degraded copy framed as they are (``framings``), which is ``keep`` with
+    reason ``other_framing``. The comparator's features read the picture's content as well as
+    its damage, and a crop shows less of the picture: cropped by 5-10% a side, 1-2 of the 18
+    bundled photos' crops read above the level against their original. So a crop is a
+    ``degraded_copy`` only beside a less degraded copy of its own framing."""
     # imported here: worker processes import this module, and need not import scipy.stats
     from collapseguard.dedup.fit import group_p_worse
 
@@ -572,15 +589,21 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
         descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
         grey = lost_colour(group_chroma(feats[members]))
         aside = np.array([bool(desc["set_aside"][m]) for m in members])
-        # tiers: copies filter keeps on their merits, then grey ones, then those it sets aside
-        tiers = grey + 2 * aside
-        best, r, p = group_p_worse(group_utilities(descs, w, s), last=tiers)
+        # tiers: copies filter keeps on their merits, then grey ones, then those it sets aside;
+        # in each, the widest framing first (a crop is never kept over the picture it shows part of)
+        crop = narrower(desc["thumb"], desc.get("wthumb"), members)
+        tiers = 2 * (grey + 2 * aside) + crop
+        u = group_utilities(descs, w, s)
+        best, r, p = group_p_worse(u, last=tiers)
         kept = larger_equal_copy(best, p, tiers, desc["width"][members].astype(np.int64)
                                  * desc["height"][members].astype(np.int64), desc["octave"][members])
         if kept != best:  # the kept copy first, the others in the comparator's order
             r = np.where(r < r[kept], r + 1, r)
             r[kept] = 0
-        apart = framed_apart(desc["thumb"], desc.get("wthumb"), members, members[kept])
+        anchor = framings(desc["thumb"], desc.get("wthumb"), members, kept, r)
+        ref = np.where(anchor == kept, best if anchor[best] == kept else kept, anchor)
+        p = 1.0 / (1.0 + np.exp(-np.clip(u - u[ref], -60, 60)))  # against its framing's best copy
+        p[ref == np.arange(len(members))] = np.nan
         for j, m in enumerate(members):
             rank[m] = r[j]
             p_worse[m] = p[j]
@@ -589,13 +612,31 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
             else:
                 if grey[j]:
                     decision[m], reason[m] = "degraded_copy", "lost_colour"
-                elif p[j] > level and apart[j]:
+                elif anchor[j] == j:
                     decision[m], reason[m] = "keep", "other_framing"
                 elif p[j] > level:
                     decision[m], reason[m] = "degraded_copy", "degraded_copy"
                 else:
                     decision[m], reason[m] = "keep", "duplicate"
     return rank, p_worse, decision, reason
+
+
+def framings(thumbs: np.ndarray, window_thumbs: np.ndarray | None, members: np.ndarray, kept: int,
+             rank: np.ndarray) -> np.ndarray:
+    """For each member of a group (indices into ``members``), the member its decision is relative
+    to: ``kept`` for those not ``framed_apart`` from the kept copy; for the others, in ``rank``
+    order, the first left opens a framing of its own, joined by every member left that is not
+    framed apart from it."""
+    anchor = np.full(len(members), kept, np.int64)
+    left = np.flatnonzero(framed_apart(thumbs, window_thumbs, members, members[kept]))
+    left = left[np.argsort(rank[left], kind="stable")]
+    while left.size:
+        a = left[0]
+        same = ~framed_apart(thumbs, window_thumbs, members[left], members[a])
+        same[0] = True
+        anchor[left[same]] = a
+        left = left[~same]
+    return anchor
 
 
 #: how much less fine detail at its own size (``pair_features.top_octave``) a larger copy may hold
@@ -683,8 +724,9 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         # a row described at a rung it does not reach is smaller than its size said
         reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
         idx = np.flatnonzero(ok)
-        sub_labels, stats = group_ids(desc["hash"][idx], desc["thumb"][idx], params,
-                                      desc["whash"][idx], desc["wthumb"][idx])
+        pick = (lambda a: a) if idx.size == len(ok) else (lambda a: a[idx])  # no copy when all ok
+        sub_labels, stats = group_ids(pick(desc["hash"]), pick(desc["thumb"]), params,
+                                      pick(desc["whash"]), pick(desc["wthumb"]))
         labels = np.full(len(ok), -1, np.int64)
         labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
         target = group_rungs(labels, np.maximum(reach, 0))

@@ -25,6 +25,11 @@ BLOCKS = ((0, 21), (21, 42), (42, 64))  # bit ranges, least significant first
 MAX_DISTANCE = 3 * (2 + 1) - 1
 #: up to this many hashes, all pairs are compared (cheaper than the tables' fixed cost)
 BRUTE_FORCE = 2048
+#: up to this many query-index pairs, ``candidate_pairs_between`` compares every pair (about 0.1 s
+#: on one core; building the tables costs more below it)
+BRUTE_FORCE_PAIRS = 1 << 24
+#: pairs compared at once there
+BRUTE_FORCE_CHUNK = 1 << 22
 
 
 def _flips(bits: int, radius: int) -> np.ndarray:
@@ -55,7 +60,7 @@ def candidate_pairs_between(queries: np.ndarray, index: np.ndarray, max_distance
     over ``index`` only, so many queries cost their look-ups, not a larger table)."""
     queries = _checked(queries, max_distance)
     index = _checked(index, max_distance)
-    if queries.size * index.size <= BRUTE_FORCE * BRUTE_FORCE // 2:
+    if queries.size * index.size <= BRUTE_FORCE_PAIRS:
         return _all_pairs_between(queries, index, max_distance)
     return _probe(queries, index, max_distance, chunk, same=False)
 
@@ -119,7 +124,14 @@ def _all_pairs(hashes: np.ndarray, max_distance: int) -> tuple[np.ndarray, np.nd
 
 def _all_pairs_between(queries: np.ndarray, index: np.ndarray,
                        max_distance: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``candidate_pairs_between`` by comparing every query with every indexed hash."""
-    d = popcount(queries[:, None] ^ index[None, :])
-    q, j = np.nonzero(d <= max_distance)
-    return q.astype(np.int64), j.astype(np.int64), d[q, j].astype(np.int8)
+    """``candidate_pairs_between`` by comparing every query with every indexed hash,
+    ``BRUTE_FORCE_CHUNK`` pairs at a time."""
+    step = max(1, BRUTE_FORCE_CHUNK // max(1, index.size))
+    found_q, found_j, found_d = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int8)]
+    for s in range(0, queries.size, step):
+        d = popcount(queries[s: s + step, None] ^ index[None, :])
+        q, j = np.nonzero(d <= max_distance)
+        found_q.append(q.astype(np.int64) + s)
+        found_j.append(j.astype(np.int64))
+        found_d.append(d[q, j].astype(np.int8))
+    return np.concatenate(found_q), np.concatenate(found_j), np.concatenate(found_d)

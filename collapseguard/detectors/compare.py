@@ -24,7 +24,8 @@ As a registry entry (``create("compare")``) it is also a detector: ``score`` is 
 utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
 copies of the same picture. ``score_detailed`` returns the description as extra columns (``cnn``,
 ``f<scale>_<feature>``) and, with ``fingerprints=True``, the dedup fingerprints (``ph0..ph3``: the
-64-bit pHash as four 16-bit parts; ``th0..th255``: the int8 thumbnail). With ``fingerprints="only"``
+64-bit pHash as four 16-bit parts; ``tp0..tp42``: the int8 thumbnail, 6 bytes a value; the same
+of each central window as ``w0ph0..``, ``w0tp0..``, ...: ``fingerprint_columns``). With ``fingerprints="only"``
 the registry gives ``FingerprintOnly``: the fingerprints without the cnn or the features, the cheap
 first pass of ``dedup``.
 """
@@ -44,7 +45,11 @@ from collapseguard.detectors.base import (
     as_batch,
     params_version,
 )
-from collapseguard.detectors.fingerprint import THUMB_SIDE, WINDOWS, fingerprint_and_windows
+from collapseguard.detectors.fingerprint import (
+    THUMB_SIDE,
+    WINDOWS,
+    fingerprint_and_windows,
+)
 from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
@@ -60,8 +65,11 @@ CNN_WEIGHTS_NAME = "compare_cnn.safetensors"
 INPUTS = (*FEATURES, "cnn")
 FEATURE_COLUMNS = tuple(f"f{s}_{n}" for s in SCALES for n in FEATURES)
 HASH_COLUMNS = tuple(f"ph{i}" for i in range(4))
-THUMB_COLUMNS = tuple(f"th{i}" for i in range(THUMB_SIDE * THUMB_SIDE))
-#: the same of each central window (``fingerprint.WINDOWS``): ``w0ph0..``, ``w0th0..``, ``w1ph0..``
+THUMB_BYTES = THUMB_SIDE * THUMB_SIDE
+#: a thumbnail's bytes, 6 to a column (48 bits: exact in a float64), so a row carries 43 values
+#: for it rather than 256 (``pack_thumbnails`` / ``unpack_thumbnails``)
+THUMB_COLUMNS = tuple(f"tp{i}" for i in range(-(-THUMB_BYTES // 6)))
+#: the same of each central window (``fingerprint.WINDOWS``): ``w0ph0..``, ``w0tp0..``, ``w1ph0..``
 WINDOW_HASH_COLUMNS = tuple(tuple(f"w{k}{c}" for c in HASH_COLUMNS) for k in range(len(WINDOWS)))
 WINDOW_THUMB_COLUMNS = tuple(tuple(f"w{k}{c}" for c in THUMB_COLUMNS) for k in range(len(WINDOWS)))
 
@@ -222,20 +230,37 @@ class Comparator(Detector):
         return out
 
 
+def pack_thumbnails(thumbs: np.ndarray) -> np.ndarray:
+    """int8 thumbnails (n, 256) as (n, 43) float64 values, each 6 of their bytes."""
+    n = len(thumbs)
+    raw = np.zeros((n, len(THUMB_COLUMNS) * 6), np.uint8)
+    raw[:, :THUMB_BYTES] = np.asarray(thumbs, np.int8).reshape(n, THUMB_BYTES).view(np.uint8)
+    wide = np.zeros((n, len(THUMB_COLUMNS), 8), np.uint8)
+    wide[:, :, :6] = raw.reshape(n, len(THUMB_COLUMNS), 6)
+    return wide.view("<u8")[..., 0].astype(np.float64)
+
+
+def unpack_thumbnails(values: np.ndarray) -> np.ndarray:
+    """``pack_thumbnails``' values (..., 43) as int8 thumbnails (..., 256)."""
+    v = np.asarray(values, np.float64)
+    wide = v.astype("<u8")[..., None].view(np.uint8)  # (..., 43, 8)
+    return np.ascontiguousarray(wide[..., :6]).reshape(*v.shape[:-1], -1)[..., :THUMB_BYTES].view(np.int8)
+
+
 def fingerprint_columns(images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """``ph0..ph3`` (the 64-bit pHash as four 16-bit parts) and ``th0..th255`` (the int8
-    thumbnail) of each image, and the same of each central window (``WINDOW_HASH_COLUMNS``,
-    ``WINDOW_THUMB_COLUMNS``), as float64 columns."""
+    """``ph0..ph3`` (the 64-bit pHash as four 16-bit parts) and ``tp0..tp42`` (the int8
+    thumbnail, ``pack_thumbnails``) of each image, and the same of each central window
+    (``WINDOW_HASH_COLUMNS``, ``WINDOW_THUMB_COLUMNS``), as float64 columns."""
     prints = [fingerprint_and_windows(img) for img in images]
     out = {}
 
     def put(pairs, hash_cols, thumb_cols):
         hashes = np.array([h for h, _ in pairs], dtype=np.uint64)
-        thumbs = np.array([t for _, t in pairs], dtype=np.int8).reshape(len(pairs), len(thumb_cols))
+        packed = pack_thumbnails(np.array([t for _, t in pairs], dtype=np.int8).reshape(len(pairs), THUMB_BYTES))
         for i, col in enumerate(hash_cols):
             out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
         for i, col in enumerate(thumb_cols):
-            out[col] = thumbs[:, i].astype(np.float64)
+            out[col] = packed[:, i]
 
     put([(h, t) for h, t, _ in prints], HASH_COLUMNS, THUMB_COLUMNS)
     for k in range(len(WINDOWS)):

@@ -1,4 +1,5 @@
-"""Perceptual fingerprints of a picture, for finding copies of it: ``phash`` and ``thumbnail``.
+"""Perceptual fingerprints of a picture, for finding copies of it: ``phash``, ``thumbnail`` and
+the ``windows``' (for cropped copies).
 
 - ``phash(img)``: a 64-bit DCT hash (the classic pHash): luminance reduced to 32 x 32 (a box
   average by a power of two first, ``box_factor``, then an antialiasing filter), a 2-D DCT, the
@@ -8,7 +9,6 @@
 - ``thumbnail(img)``: the luminance at 16 x 16, zero mean and unit norm, as ``int8`` (x 127). The
   dot product of two thumbnails is their correlation (x 127^2): the second, independent look
   that confirms a pair the hash proposed, insensitive to brightness, contrast and colour.
-
 - ``windows(img)``: the pHash and thumbnail of the picture's central ``WINDOWS`` (94%, 88% and
   82% of each side). A copy cropped by ``c`` on every side is its original's central ``1 - 2c``:
   its own fingerprint lies near one of the original's windows' for crops of up to about 10% a
@@ -35,12 +35,12 @@ THUMB_SCALE = 127.0
 #: the short side a picture is box-averaged down to (at least this, under twice it) before the
 #: antialiasing filter
 REDUCED_SIDE = 64
-#: what the fingerprints depend on: their values change with it (kept parts name it)
-FINGERPRINT_VERSION = "fp3-box64-lanczos-w94-88-82"
 #: the central windows (share of each side) whose fingerprints find cropped copies: neighbours
 #: 6% apart, because one window's fingerprint stays within the search's tolerance (8 bits, a
 #: thumbnail correlation of 0.80) of a crop's for crops about 1.5% a side either way of its own
 WINDOWS = (0.94, 0.88, 0.82)
+#: what the fingerprints depend on: their values change with it (kept parts name it)
+FINGERPRINT_VERSION = f"fp3-box{REDUCED_SIDE}-lanczos-w" + "-".join(str(round(w * 100)) for w in WINDOWS)
 
 
 def luminance(img: np.ndarray) -> np.ndarray:
@@ -69,18 +69,23 @@ def _grey(img: np.ndarray | Image.Image) -> Image.Image:
     return grey.reduce(f) if f > 1 else grey
 
 
-def _reduced(grey: Image.Image, side: int, share: float = 1.0) -> np.ndarray:
-    """``grey`` (its central ``share`` of each side, at sub-pixel precision) at ``side`` x ``side``."""
-    box = None
-    if share < 1.0:
-        w, h = grey.size
-        mx, my = w * (1 - share) / 2, h * (1 - share) / 2
-        box = (mx, my, w - mx, h - my)
-    return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS, box=box), dtype=np.float64)
+def _reduced(grey: Image.Image, side: int) -> np.ndarray:
+    return np.asarray(grey.resize((side, side), Image.Resampling.LANCZOS), dtype=np.float64)
 
 
-def _phash(grey: Image.Image, share: float = 1.0) -> int:
-    coeffs = dctn(_reduced(grey, 32, share), type=2, norm="ortho")[:8, :8].ravel()
+def _window(grey: Image.Image, share: float) -> Image.Image:
+    """The central ``share`` of each side of ``grey`` (at sub-pixel precision) at 32 x 32."""
+    w, h = grey.size
+    mx, my = w * (1 - share) / 2, h * (1 - share) / 2
+    return grey.resize((32, 32), Image.Resampling.LANCZOS, box=(mx, my, w - mx, h - my))
+
+
+def _phash(grey: Image.Image) -> int:
+    return _hash_of(_reduced(grey, 32))
+
+
+def _hash_of(luma32: np.ndarray) -> int:
+    coeffs = dctn(luma32, type=2, norm="ortho")[:8, :8].ravel()
     bits = coeffs > np.median(coeffs)
     return int(np.packbits(bits).view(">u8")[0])
 
@@ -91,8 +96,12 @@ def phash(img: np.ndarray | Image.Image) -> int:
     return _phash(_grey(img))
 
 
-def _thumbnail(grey: Image.Image, share: float = 1.0) -> np.ndarray:
-    t = _reduced(grey, THUMB_SIDE, share).ravel()
+def _thumbnail(grey: Image.Image) -> np.ndarray:
+    return _thumb_of(_reduced(grey, THUMB_SIDE))
+
+
+def _thumb_of(luma16: np.ndarray) -> np.ndarray:
+    t = luma16.ravel()
     t = t - t.mean()
     n = float(np.sqrt((t * t).sum()))
     if n < 1e-6:
@@ -111,17 +120,25 @@ def fingerprint(img: np.ndarray | Image.Image) -> tuple[int, np.ndarray]:
     return _phash(grey), _thumbnail(grey)
 
 
+def _windows(grey: Image.Image) -> list[tuple[int, np.ndarray]]:
+    out = []
+    for w in WINDOWS:  # the thumbnail from the hash's 32 x 32 (a quarter of the cost of resampling
+        win = _window(grey, w)  # the window again; 2 x 2 means would alias fine texture)
+        out.append((_hash_of(np.asarray(win, np.float64)), _thumbnail(win)))
+    return out
+
+
 def windows(img: np.ndarray | Image.Image) -> list[tuple[int, np.ndarray]]:
-    """``(phash, thumbnail)`` of each of the central ``WINDOWS`` of the picture, in that order."""
-    grey = _grey(img)
-    return [(_phash(grey, w), _thumbnail(grey, w)) for w in WINDOWS]
+    """``(phash, thumbnail)`` of each of the central ``WINDOWS`` of the picture, in that order
+    (the thumbnail resampled from the 32 x 32 luma the hash reads)."""
+    return _windows(_grey(img))
 
 
 def fingerprint_and_windows(img: np.ndarray | Image.Image
                             ) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray]]]:
     """``fingerprint(img)`` and ``windows(img)`` from one luma reduction."""
     grey = _grey(img)
-    return _phash(grey), _thumbnail(grey), [(_phash(grey, w), _thumbnail(grey, w)) for w in WINDOWS]
+    return _phash(grey), _thumbnail(grey), _windows(grey)
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -65,22 +65,31 @@ def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
     splits, so the split does not move when the folder does. An image that cannot be read, or
     that ``dedup`` cannot group (a flat picture), is split by its file name alone."""
     from collapseguard.dedup.groups import group_ids
-    from collapseguard.detectors.fingerprint import THUMB_SIDE, fingerprint
+    from collapseguard.detectors.fingerprint import (
+        THUMB_SIDE,
+        WINDOWS,
+        fingerprint_and_windows,
+    )
 
     names = [f"{Path(p).parent.name}/{Path(p).name}" for p in paths]
     hashes = np.zeros(len(names), np.uint64)
     thumbs = np.zeros((len(names), THUMB_SIDE * THUMB_SIDE), np.int8)
+    whashes = np.zeros((len(names), len(WINDOWS)), np.uint64)  # crops group as dedup groups them
+    wthumbs = np.zeros((len(names), len(WINDOWS), THUMB_SIDE * THUMB_SIDE), np.int8)
     readable = np.zeros(len(names), bool)
     for i, p in enumerate(paths):
         try:
-            h, t = fingerprint(load_image(p))
+            h, t, wins = fingerprint_and_windows(load_image(p))
         except (OSError, DecodeError):
             continue
         hashes[i], thumbs[i], readable[i] = h, t, True
+        whashes[i] = [wh for wh, _ in wins]
+        wthumbs[i] = [wt for _, wt in wins]
     rows = np.flatnonzero(readable)
     labels = np.full(len(names), -1, np.int64)
     if rows.size:
-        labels[rows] = group_ids(hashes[rows], thumbs[rows])[0]
+        labels[rows] = group_ids(hashes[rows], thumbs[rows], window_hashes=whashes[rows],
+                                 window_thumbs=wthumbs[rows])[0]
     first: dict[int, str] = {}
     for i in np.argsort(names, kind="stable"):
         if labels[i] >= 0:

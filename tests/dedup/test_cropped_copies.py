@@ -10,7 +10,12 @@ import pytest
 from PIL import Image
 
 from collapseguard.dedup import search
-from collapseguard.dedup.groups import GroupingParams, framed_apart, group_ids
+from collapseguard.dedup.groups import (
+    GroupingParams,
+    framed_apart,
+    group_ids,
+    narrower,
+)
 from collapseguard.dedup.search import MAX_DISTANCE, candidate_pairs_between
 from collapseguard.detectors.fingerprint import (
     WINDOWS,
@@ -62,7 +67,9 @@ def test_the_windows_come_from_the_same_reduction_as_the_whole_fingerprint(pictu
 
 @pytest.mark.parametrize("tables", [True, False])
 def test_the_search_between_windows_and_wholes_finds_what_brute_force_finds(tables, monkeypatch):
-    monkeypatch.setattr(search, "BRUTE_FORCE", 0 if tables else 10_000)
+    # the tables, and the every-pair comparison (in chunks of a few queries) used below them
+    monkeypatch.setattr(search, "BRUTE_FORCE_PAIRS", 0 if tables else 1 << 30)
+    monkeypatch.setattr(search, "BRUTE_FORCE_CHUNK", 5000)  # a few queries a chunk
     rng = np.random.default_rng(3)
     index = rng.integers(0, 2**63, 900, dtype=np.int64).astype(np.uint64) << np.uint64(1)
     queries = rng.integers(0, 2**63, 1200, dtype=np.int64).astype(np.uint64)
@@ -73,10 +80,24 @@ def test_the_search_between_windows_and_wholes_finds_what_brute_force_finds(tabl
         queries[q] = h
     d = popcount(queries[:, None] ^ index[None, :])
     want = {(int(a), int(b)) for a, b in zip(*np.nonzero(d <= MAX_DISTANCE))}
-    q, j, dist = candidate_pairs_between(queries, index)
-    got = list(zip(q.tolist(), j.tolist()))
-    assert len(got) == len(set(got)) and set(got) == want and len(want) > 150
-    assert (dist == d[q, j]).all()
+    for chunk in (1 << 22, 16):  # in one piece, and in many
+        q, j, dist = candidate_pairs_between(queries, index, chunk=chunk)
+        got = list(zip(q.tolist(), j.tolist()))
+        assert len(got) == len(set(got)) and set(got) == want and len(want) > 150
+        assert (dist == d[q, j]).all()
+
+
+def test_packed_thumbnails_come_back_byte_for_byte():
+    from collapseguard.detectors.compare import THUMB_COLUMNS, pack_thumbnails, unpack_thumbnails
+
+    t = np.random.default_rng(4).integers(-128, 128, (7, 256)).astype(np.int8)
+    t[0] = -128
+    t[1] = 127
+    t[2, -4:] = [-1, -128, 127, 0]  # the last column holds 4 bytes
+    packed = pack_thumbnails(t)
+    assert packed.shape == (7, len(THUMB_COLUMNS)) and packed.max() < 2 ** 48
+    assert np.array_equal(unpack_thumbnails(packed), t)
+    assert np.array_equal(unpack_thumbnails(packed[2]), t[2])
 
 
 def _prints(images):
@@ -99,8 +120,10 @@ def test_a_group_keeps_its_crops_beside_the_picture_they_were_cut_from(pictures)
     assert stats["left_medoid"] == 0 and stats["window_verified_pairs"] > 0
     plain, _ = group_ids(hashes, thumbs, GroupingParams())  # whole pictures only
     assert (plain[[3, 4]] != plain[0]).all()  # the 6% and 9% crops join it only through the windows
+    # a 3% crop is compared with its original (it best matches the 94% window); 6% and more not
     apart = framed_apart(thumbs, wthumbs, np.arange(len(members)), 0)
-    assert apart.tolist() == [False, False, True, True, True, True]
+    assert apart.tolist() == [False, False, False, True, True, True]
+    assert narrower(thumbs, wthumbs, np.arange(len(members))).tolist() == apart.tolist()
 
 
 def test_a_crop_is_never_a_degraded_copy_where_a_resized_copy_is(pictures, tmp_path):
@@ -114,17 +137,96 @@ def test_a_crop_is_never_a_degraded_copy_where_a_resized_copy_is(pictures, tmp_p
     noisy = np.clip(img + np.random.default_rng(0).normal(0, 20, img.shape), 0, 255).astype(np.uint8)
     (folder / "a.png").write_bytes(encode_png(img))
     (folder / "a_noisy.png").write_bytes(encode_png(noisy))
-    (folder / "a_crop8.png").write_bytes(encode_png(_crop(img, 0.08)))
     (folder / "a_crop10.jpg").write_bytes(encode_jpeg(_crop(img, 0.10), 90))
     (folder / "b.png").write_bytes(encode_png(pictures[2]))
     # level 0: every copy the comparator ranks after the kept one is past it
     run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.0)
     rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
     group = rows["a.png"]["group"]
-    assert group and all(rows[k]["group"] == group for k in ("a_noisy.png", "a_crop8.png", "a_crop10.jpg"))
+    assert group and all(rows[k]["group"] == group for k in ("a_noisy.png", "a_crop10.jpg"))
     assert rows["b.png"]["decision"] == "single"
     kept = [k for k, r in rows.items() if r["group"] == group and r["rank"] == 0]
     assert kept == ["a.png"]
     assert rows["a_noisy.png"]["decision"] == "degraded_copy"  # same framing: the comparator decides
-    for k in ("a_crop8.png", "a_crop10.jpg"):
-        assert (rows[k]["decision"], rows[k]["reason"]) == ("keep", "other_framing")
+    # the crop opens a framing of its own: compared with nothing, whatever the level
+    assert (rows["a_crop10.jpg"]["decision"], rows["a_crop10.jpg"]["reason"]) == ("keep", "other_framing")
+    assert rows["a_crop10.jpg"]["p_worse"] != rows["a_crop10.jpg"]["p_worse"]  # NaN
+
+
+def test_a_crop_beside_a_less_degraded_copy_of_its_own_framing_is_a_degraded_copy(pictures, tmp_path):
+    """A chain of a cropped view (as the evaluation set's centre crops of a source picture): its
+    noisy step is decided against the clean crop, not against the uncropped picture."""
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.run import run_dedup
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    img = pictures[1]
+    crop = _crop(img, 0.09)
+    noisy = np.clip(crop + np.random.default_rng(1).normal(0, 25, crop.shape), 0, 255).astype(np.uint8)
+    (folder / "a.png").write_bytes(encode_png(img))
+    (folder / "a_crop.png").write_bytes(encode_png(crop))
+    (folder / "a_crop_noisy.png").write_bytes(encode_png(noisy))
+    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.6)
+    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    assert len({r["group"] for r in rows.values()}) == 1 and rows["a.png"]["rank"] == 0
+    assert (rows["a_crop.png"]["decision"], rows["a_crop.png"]["reason"]) == ("keep", "other_framing")
+    assert (rows["a_crop_noisy.png"]["decision"], rows["a_crop_noisy.png"]["reason"]) == (
+        "degraded_copy", "degraded_copy")
+    assert rows["a_crop_noisy.png"]["p_worse"] > 0.6
+
+
+def test_a_slightly_cropped_degraded_copy_is_compared_with_its_original(pictures, tmp_path):
+    """A 3% crop stays in its original's framing: cropped and noisy, it is compared with its original (``p_worse`` against it) and is a ``degraded_copy`` past the
+    level, as a copy of the same framing would be."""
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.run import run_dedup
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    img = pictures[0]
+    crop = _crop(img, 0.03)
+    noisy = np.clip(crop + np.random.default_rng(2).normal(0, 25, crop.shape), 0, 255).astype(np.uint8)
+    (folder / "a.png").write_bytes(encode_png(img))
+    (folder / "a_crop3.png").write_bytes(encode_png(noisy))
+    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.6)
+    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    assert rows["a.png"]["group"] == rows["a_crop3.png"]["group"] != "" and rows["a.png"]["rank"] == 0
+    assert (rows["a_crop3.png"]["decision"], rows["a_crop3.png"]["reason"]) == ("degraded_copy", "degraded_copy")
+    assert rows["a_crop3.png"]["p_worse"] > 0.6
+
+
+def test_the_kept_copy_is_of_the_widest_framing(pictures, tmp_path):
+    """A crop at full resolution beside a reduced copy of the whole picture: the whole picture is
+    kept (rank 0), so ``--drop-duplicates`` never keeps only part of it; the crop is
+    ``other_framing``."""
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.run import run_dedup
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    img = pictures[2]
+    h, w = img.shape[:2]
+    small = np.asarray(Image.fromarray(img).resize((w * 3 // 5, h * 3 // 5), Image.LANCZOS))
+    (folder / "a_small.png").write_bytes(encode_png(small))
+    (folder / "a_crop8.png").write_bytes(encode_png(_crop(img, 0.08)))
+    run_dedup([str(folder)], tmp_path / "out", quiet=True)
+    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    assert rows["a_small.png"]["group"] == rows["a_crop8.png"]["group"] != ""
+    assert (rows["a_small.png"]["rank"], rows["a_small.png"]["decision"]) == (0, "keep")
+    assert (rows["a_crop8.png"]["decision"], rows["a_crop8.png"]["reason"]) == ("keep", "other_framing")
+
+
+def test_window_fingerprints_of_the_wrong_shape_are_refused():
+    rng = np.random.default_rng(5)
+    h = rng.integers(0, 2**63, 4, dtype=np.int64).astype(np.uint64)
+    t = np.zeros((4, 256), np.int8)
+    labels, stats = group_ids(h, t, GroupingParams(), np.zeros((4, 3), np.uint64), np.zeros((4, 3, 256), np.int8))
+    assert stats["window_candidate_pairs"] >= 0 and (labels == -1).all()
+    with pytest.raises(ValueError, match="window_hashes must be"):
+        group_ids(h, t, GroupingParams(), np.zeros((4, 3), np.uint64), np.zeros((4, 2, 256), np.int8))
+    with pytest.raises(ValueError, match="window_hashes must be"):
+        group_ids(h, t, GroupingParams(), np.zeros((3, 3), np.uint64), np.zeros((3, 3, 256), np.int8))
