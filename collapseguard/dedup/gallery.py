@@ -4,7 +4,7 @@ One self-contained HTML file (images embedded as ``data:`` URIs, every text from
 Groups with a degraded copy come first, then the largest. Each group is a row: the kept copy,
 then the others by rank, each with a thumbnail and a 1:1 crop (not resampled, stored as PNG) of
 the same part of the picture (the kept copy's most textured window, at the same relative place in
-each copy; an image with transparency as PNG on a checkerboard, as the audit galleries show it), its key, decision, rank and P(more degraded than the kept copy). Only the images
+each copy, or through the matching window in a crop; an image with transparency as PNG on a checkerboard, as the audit galleries show it), its key, decision, rank and P(more degraded than the kept copy). Only the images
 shown are read back (``scoring.readback.fetch_samples``: each shard streamed once).
 """
 
@@ -43,6 +43,27 @@ def _crop_at(img: np.ndarray, fy: float, fx: float, size: int) -> np.ndarray:
     y = int(np.clip(round(fy * h - ch / 2), 0, h - ch))
     x = int(np.clip(round(fx * w - cw / 2), 0, w - cw))
     return img[y: y + ch, x: x + cw]
+
+
+def place_in(img: np.ndarray, kept: np.ndarray, fy: float, fx: float) -> tuple[float, float]:
+    """The relative place in ``img`` of the relative place ``(fy, fx)`` of ``kept``: the same
+    place, or, when one is a crop of the other (a central window of one matches the other's
+    whole better than the wholes match, ``groups.FRAMING_MARGIN``), that place through the
+    window: so a crop's 1:1 crop shows the same part of the picture as the kept copy's."""
+    from collapseguard.dedup.groups import FRAMING_MARGIN, window_relation
+    from collapseguard.detectors.fingerprint import WINDOWS, fingerprint_and_windows
+
+    prints = [fingerprint_and_windows(np.ascontiguousarray(a[..., :3]) if a.ndim == 3 else a)
+              for a in (img, kept)]
+    thumbs = np.array([t for _, t, _ in prints], np.int8)
+    wthumbs = np.array([[t for _, t in w] for _, _, w in prints], np.int8)
+    k, img_is_crop = window_relation(thumbs, wthumbs, 0, 1, FRAMING_MARGIN)
+    if k < 0:
+        return fy, fx
+    share, margin = WINDOWS[k], (1 - WINDOWS[k]) / 2
+    if img_is_crop:  # img is kept's central window
+        return float(np.clip((fy - margin) / share, 0, 1)), float(np.clip((fx - margin) / share, 0, 1))
+    return margin + fy * share, margin + fx * share
 
 
 def pick_groups(rows: list[dict], max_groups: int) -> list[list[dict]]:
@@ -106,6 +127,10 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
         tiles = []
         for m in ms:
             f = fetched.get((m["source"], m["key"], 0))
+            my, mx = fy, fx
+            if f is not None and f.image is not None and kept is not None and kept.image is not None \
+                    and m is not ms[0]:
+                my, mx = place_in(f.image, kept.image, fy, fx)
             p = m["p_worse"]
             why = m.get("reason")  # decisions the comparator's P alone did not make
             label = (f"{e(m['key'])}<br>{e(m['decision'])}"
@@ -120,7 +145,7 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
                 thumb_class, crop_class = ("alpha", "'crop alpha'") if alpha else ("", "crop")
                 body = (f"<img{' class=' + thumb_class if thumb_class else ''} "
                         f"src='{thumb_uri(thumbnail(f.image, 160))}' alt=''>"
-                        f"<img class={crop_class} src='{png_uri(_crop_at(f.image, fy, fx, CROP))}' alt=''>"
+                        f"<img class={crop_class} src='{png_uri(_crop_at(f.image, my, mx, CROP))}' alt=''>"
                         f"<div>{w}x{h}</div>")
             tiles.append(f"<div class='tile {e(m['decision'])}'>{body}<div>{label}</div></div>")
         parts.append(f"<{heading}>{e(ms[0]['group'])}</{heading}><div class=row>{''.join(tiles)}</div>")

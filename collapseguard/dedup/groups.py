@@ -133,6 +133,20 @@ def _framing(thumbs, window_thumbs, rows, to) -> tuple[np.ndarray, np.ndarray]:
     return apart, apart & (crop >= wider)
 
 
+def window_relation(thumbs: np.ndarray, window_thumbs: np.ndarray, row: int, to: int,
+                    margin: float) -> tuple[int, bool]:
+    """``(k, row_is_crop)``: the window ``k`` of one of the two rows that matches the other's whole
+    best, when it beats the wholes' correlation by more than ``margin`` (else ``(-1, False)``),
+    and whether ``row`` is the crop (``to``'s window ``k`` matches it)."""
+    whole, mine, theirs = _correlations(thumbs, window_thumbs, np.array([row]), to)
+    best = max(mine[0].max(), theirs[0].max()) if mine.shape[1] else -1.0
+    if best <= whole[0] + margin:
+        return -1, False
+    if theirs[0].max() >= mine[0].max():
+        return int(np.argmax(theirs[0])), True
+    return int(np.argmax(mine[0])), False
+
+
 def framed_apart(thumbs: np.ndarray, window_thumbs: np.ndarray | None, rows: np.ndarray,
                  to: int) -> np.ndarray:
     """Is each of ``rows`` framed differently from row ``to`` (a crop of about 5% a side or more

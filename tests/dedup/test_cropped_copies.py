@@ -230,3 +230,19 @@ def test_window_fingerprints_of_the_wrong_shape_are_refused():
         group_ids(h, t, GroupingParams(), np.zeros((4, 3), np.uint64), np.zeros((4, 2, 256), np.int8))
     with pytest.raises(ValueError, match="window_hashes must be"):
         group_ids(h, t, GroupingParams(), np.zeros((3, 3), np.uint64), np.zeros((3, 3, 256), np.int8))
+
+
+def test_the_gallery_shows_the_same_part_of_a_crop(pictures):
+    from collapseguard.dedup.gallery import _crop_at, place_in
+
+    img = pictures[0]
+    crop = _crop(img, 0.09)
+    for fy, fx in ((0.3, 0.6), (0.5, 0.5), (0.75, 0.25)):
+        my, mx = place_in(crop, img, fy, fx)
+        a = _crop_at(img, fy, fx, 64).astype(np.float64)
+        b = _crop_at(crop, my, mx, 64).astype(np.float64)
+        assert np.abs(a - b).mean() < 12  # the same pixels, within a window's rounding
+        # and the other way round: the whole picture's place of the crop's place
+        oy, ox = place_in(img, crop, my, mx)
+        assert abs(oy - fy) < 0.02 and abs(ox - fx) < 0.02
+    assert place_in(img, img, 0.3, 0.6) == (0.3, 0.6)  # framed alike: the same relative place
