@@ -246,3 +246,35 @@ def test_the_gallery_shows_the_same_part_of_a_crop(pictures):
         oy, ox = place_in(img, crop, my, mx)
         assert abs(oy - fy) < 0.02 and abs(ox - fx) < 0.02
     assert place_in(img, img, 0.3, 0.6) == (0.3, 0.6)  # framed alike: the same relative place
+
+
+def test_two_framings_in_one_group_and_a_grey_crop(pictures, tmp_path):
+    """The whole picture and a 9% crop, each with a noisy copy, and a greyscale 9% crop: each
+    noisy copy is decided against the clean copy of its own framing, the clean crop is its
+    framing's ``other_framing``, and the grey crop loses to colour (``lost_colour``) as any
+    monochrome copy does."""
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.run import run_dedup
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    img = pictures[1]
+    crop = _crop(img, 0.09)
+    rng = np.random.default_rng(6)
+
+    def noisy(a):
+        return np.clip(a + rng.normal(0, 25, a.shape), 0, 255).astype(np.uint8)
+
+    grey = np.repeat(np.asarray(Image.fromarray(crop).convert("L"))[..., None], 3, axis=2)
+    for name, a in (("a", img), ("a_noisy", noisy(img)), ("c", crop), ("c_noisy", noisy(crop)),
+                    ("c_grey", grey)):
+        (folder / f"{name}.png").write_bytes(encode_png(a))
+    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.6)
+    rows = {r["key"].rsplit("/", 1)[-1][:-4]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    assert len({r["group"] for r in rows.values()}) == 1 and rows["a"]["rank"] == 0
+    got = {k: (r["decision"], r["reason"]) for k, r in rows.items()}
+    assert got == {"a": ("keep", "least_degraded"), "a_noisy": ("degraded_copy", "degraded_copy"),
+                   "c": ("keep", "other_framing"), "c_noisy": ("degraded_copy", "degraded_copy"),
+                   "c_grey": ("degraded_copy", "lost_colour")}
+    assert rows["c"]["p_worse"] != rows["c"]["p_worse"] and rows["c_noisy"]["p_worse"] > 0.6

@@ -63,13 +63,23 @@ def test_a_hash_collision_without_thumbnail_agreement_makes_no_group():
     assert (labels == -1).all()
 
 
-def test_a_chain_of_small_steps_cannot_join_two_unrelated_pictures():
+@pytest.mark.parametrize("windows", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="a known limit (docs/DEDUP.md): the medoid check accepts a member through "
+    "one window relation, so a picture whose window matches a picture near the medoid stays"))])
+def test_a_chain_of_small_steps_cannot_join_two_unrelated_pictures(windows):
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal(256), rng.standard_normal(256)
     # 21 pictures morphing from a to b, each close to the next; the hashes all agree
     morph = [_thumb((1 - t) * a + t * b) for t in np.linspace(0, 1, 21)]
     h = np.full(21, _hashes(1, rng)[0])
-    labels, stats = group_ids(h, np.array(morph), GroupingParams(min_corr=0.8, min_medoid_corr=0.7))
+    extra = ()
+    if windows:  # each picture's windows look like pictures further along: more edges, and the
+        # medoid check's best-of correlations, must still not join the ends
+        step = [[min(i + d, 20) for d in (1, 2, 3)] for i in range(21)]
+        extra = (np.full((21, 3), h[0]), np.array([[morph[j] for j in row] for row in step]))
+    labels, stats = group_ids(h, np.array(morph), GroupingParams(min_corr=0.8, min_medoid_corr=0.7), *extra)
+    if windows:
+        assert stats["window_verified_pairs"] > 20
     assert stats["verified_pairs"] > 20
     grouped = np.flatnonzero(labels >= 0)
     ends = [0, 20]
