@@ -51,12 +51,10 @@ def place_in(img: np.ndarray, kept: np.ndarray, fy: float, fx: float) -> tuple[f
     whole better than the wholes match, ``groups.FRAMING_MARGIN``), that place through the
     window: so a crop's 1:1 crop shows the same part of the picture as the kept copy's."""
     from collapseguard.dedup.groups import FRAMING_MARGIN, window_relation
-    from collapseguard.detectors.fingerprint import WINDOWS, fingerprint_and_windows
+    from collapseguard.detectors.fingerprint import WINDOWS, fingerprint_arrays
 
-    prints = [fingerprint_and_windows(np.ascontiguousarray(a[..., :3]) if a.ndim == 3 else a)
-              for a in (img, kept)]
-    thumbs = np.array([t for _, t, _ in prints], np.int8)
-    wthumbs = np.array([[t for _, t in w] for _, _, w in prints], np.int8)
+    _, thumbs, _, wthumbs = fingerprint_arrays(
+        [np.ascontiguousarray(a[..., :3]) if a.ndim == 3 else a for a in (img, kept)])
     k, img_is_crop = window_relation(thumbs, wthumbs, 0, 1, FRAMING_MARGIN)
     if k < 0:
         return fy, fx

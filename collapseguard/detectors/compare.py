@@ -48,7 +48,7 @@ from collapseguard.detectors.base import (
 from collapseguard.detectors.fingerprint import (
     THUMB_SIDE,
     WINDOWS,
-    fingerprint_and_windows,
+    fingerprint_arrays,
 )
 from collapseguard.detectors.pair_features import (
     FEATURES,
@@ -251,20 +251,19 @@ def fingerprint_columns(images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """``ph0..ph3`` (the 64-bit pHash as four 16-bit parts) and ``tp0..tp42`` (the int8
     thumbnail, ``pack_thumbnails``) of each image, and the same of each central window
     (``WINDOW_HASH_COLUMNS``, ``WINDOW_THUMB_COLUMNS``), as float64 columns."""
-    prints = [fingerprint_and_windows(img) for img in images]
+    hashes, thumbs, whashes, wthumbs = fingerprint_arrays(images)
     out = {}
 
-    def put(pairs, hash_cols, thumb_cols):
-        hashes = np.array([h for h, _ in pairs], dtype=np.uint64)
-        packed = pack_thumbnails(np.array([t for _, t in pairs], dtype=np.int8).reshape(len(pairs), THUMB_BYTES))
+    def put(hashes, thumbs, hash_cols, thumb_cols):
+        packed = pack_thumbnails(thumbs)
         for i, col in enumerate(hash_cols):
             out[col] = ((hashes >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.float64)
         for i, col in enumerate(thumb_cols):
             out[col] = packed[:, i]
 
-    put([(h, t) for h, t, _ in prints], HASH_COLUMNS, THUMB_COLUMNS)
+    put(hashes, thumbs, HASH_COLUMNS, THUMB_COLUMNS)
     for k in range(len(WINDOWS)):
-        put([w[k] for _, _, w in prints], WINDOW_HASH_COLUMNS[k], WINDOW_THUMB_COLUMNS[k])
+        put(whashes[:, k], wthumbs[:, k], WINDOW_HASH_COLUMNS[k], WINDOW_THUMB_COLUMNS[k])
     return out
 
 

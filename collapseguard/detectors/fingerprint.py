@@ -97,11 +97,7 @@ def phash(img: np.ndarray | Image.Image) -> int:
 
 
 def _thumbnail(grey: Image.Image) -> np.ndarray:
-    return _thumb_of(_reduced(grey, THUMB_SIDE))
-
-
-def _thumb_of(luma16: np.ndarray) -> np.ndarray:
-    t = luma16.ravel()
+    t = _reduced(grey, THUMB_SIDE).ravel()
     t = t - t.mean()
     n = float(np.sqrt((t * t).sum()))
     if n < 1e-6:
@@ -139,6 +135,18 @@ def fingerprint_and_windows(img: np.ndarray | Image.Image
     """``fingerprint(img)`` and ``windows(img)`` from one luma reduction."""
     grey = _grey(img)
     return _phash(grey), _thumbnail(grey), _windows(grey)
+
+
+def fingerprint_arrays(images) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``fingerprint_and_windows`` of each image as arrays: hashes (n,) uint64, thumbnails
+    (n, 256) int8, the windows' hashes (n, K) and thumbnails (n, K, 256), what
+    ``dedup.groups.group_ids`` takes."""
+    prints = [fingerprint_and_windows(img) for img in images]
+    n, k, side = len(prints), len(WINDOWS), THUMB_SIDE * THUMB_SIDE
+    return (np.array([h for h, _, _ in prints], np.uint64).reshape(n),
+            np.array([t for _, t, _ in prints], np.int8).reshape(n, side),
+            np.array([[h for h, _ in w] for _, _, w in prints], np.uint64).reshape(n, k),
+            np.array([[t for _, t in w] for _, _, w in prints], np.int8).reshape(n, k, side))
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:

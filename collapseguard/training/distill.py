@@ -65,31 +65,20 @@ def heldout_mask(paths: Sequence[str | Path], holdout: float) -> np.ndarray:
     splits, so the split does not move when the folder does. An image that cannot be read, or
     that ``dedup`` cannot group (a flat picture), is split by its file name alone."""
     from collapseguard.dedup.groups import group_ids
-    from collapseguard.detectors.fingerprint import (
-        THUMB_SIDE,
-        WINDOWS,
-        fingerprint_and_windows,
-    )
+    from collapseguard.detectors.fingerprint import fingerprint_arrays
 
     names = [f"{Path(p).parent.name}/{Path(p).name}" for p in paths]
-    hashes = np.zeros(len(names), np.uint64)
-    thumbs = np.zeros((len(names), THUMB_SIDE * THUMB_SIDE), np.int8)
-    whashes = np.zeros((len(names), len(WINDOWS)), np.uint64)  # crops group as dedup groups them
-    wthumbs = np.zeros((len(names), len(WINDOWS), THUMB_SIDE * THUMB_SIDE), np.int8)
-    readable = np.zeros(len(names), bool)
+    prints, rows = [], []  # the windows too: crops group as dedup groups them
     for i, p in enumerate(paths):
         try:
-            h, t, wins = fingerprint_and_windows(load_image(p))
+            prints.append(fingerprint_arrays([load_image(p)]))  # one image held at a time
         except (OSError, DecodeError):
             continue
-        hashes[i], thumbs[i], readable[i] = h, t, True
-        whashes[i] = [wh for wh, _ in wins]
-        wthumbs[i] = [wt for _, wt in wins]
-    rows = np.flatnonzero(readable)
+        rows.append(i)
     labels = np.full(len(names), -1, np.int64)
-    if rows.size:
-        labels[rows] = group_ids(hashes[rows], thumbs[rows], window_hashes=whashes[rows],
-                                 window_thumbs=wthumbs[rows])[0]
+    if rows:
+        hashes, thumbs, whashes, wthumbs = (np.concatenate(a) for a in zip(*prints))
+        labels[rows] = group_ids(hashes, thumbs, window_hashes=whashes, window_thumbs=wthumbs)[0]
     first: dict[int, str] = {}
     for i in np.argsort(names, kind="stable"):
         if labels[i] >= 0:

@@ -22,6 +22,7 @@ from collapseguard.detectors.fingerprint import (
     correlation,
     fingerprint,
     fingerprint_and_windows,
+    fingerprint_arrays,
     hamming,
     popcount,
     windows,
@@ -39,6 +40,29 @@ def _crop(img: np.ndarray, share: float) -> np.ndarray:
     h, w = img.shape[:2]
     dy, dx = round(h * share), round(w * share)
     return np.ascontiguousarray(img[dy: h - dy, dx: w - dx])
+
+
+def _folder(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    return folder
+
+
+def _dedup_rows(tmp_path, level=None, strip_suffix=False) -> dict[str, dict]:
+    """``run_dedup`` over ``tmp_path/in``: its groups.parquet rows by file name (without the
+    suffix with ``strip_suffix``)."""
+    import pyarrow.parquet as pq
+
+    from collapseguard.dedup.run import run_dedup
+
+    run_dedup([str(tmp_path / "in")], tmp_path / "out", quiet=True, level=level)
+    rows = pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()
+    name = (lambda k: k.rsplit("/", 1)[-1].rsplit(".", 1)[0]) if strip_suffix else (lambda k: k.rsplit("/", 1)[-1])
+    return {name(r["key"]): r for r in rows}
+
+
+def _noisy(img: np.ndarray, rng: np.random.Generator, sigma: float = 25) -> np.ndarray:
+    return np.clip(img + rng.normal(0, sigma, img.shape), 0, 255).astype(np.uint8)
 
 
 def _matches(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> bool:
@@ -100,21 +124,12 @@ def test_packed_thumbnails_come_back_byte_for_byte():
     assert np.array_equal(unpack_thumbnails(packed[2]), t[2])
 
 
-def _prints(images):
-    prints = [fingerprint_and_windows(img) for img in images]
-    hashes = np.array([h for h, _, _ in prints], np.uint64)
-    thumbs = np.array([t for _, t, _ in prints], np.int8)
-    whashes = np.array([[h for h, _ in w] for _, _, w in prints], np.uint64)
-    wthumbs = np.array([[t for _, t in w] for _, _, w in prints], np.int8)
-    return hashes, thumbs, whashes, wthumbs
-
-
 def test_a_group_keeps_its_crops_beside_the_picture_they_were_cut_from(pictures):
     img = pictures[0]
     small = np.asarray(Image.fromarray(img).resize((400, 400), Image.LANCZOS))
     members = [img, small, _crop(img, 0.03), _crop(img, 0.06), _crop(img, 0.09), _crop(small, 0.08)]
     others = pictures[1:]
-    hashes, thumbs, whashes, wthumbs = _prints(members + others)
+    hashes, thumbs, whashes, wthumbs = fingerprint_arrays(members + others)
     labels, stats = group_ids(hashes, thumbs, GroupingParams(), whashes, wthumbs)
     assert (labels[: len(members)] == 0).all() and (labels[len(members):] == -1).all()
     assert stats["left_medoid"] == 0 and stats["window_verified_pairs"] > 0
@@ -127,21 +142,15 @@ def test_a_group_keeps_its_crops_beside_the_picture_they_were_cut_from(pictures)
 
 
 def test_a_crop_is_never_a_degraded_copy_where_a_resized_copy_is(pictures, tmp_path):
-    import pyarrow.parquet as pq
-
-    from collapseguard.dedup.run import run_dedup
-
-    folder = tmp_path / "in"
-    folder.mkdir()
+    folder = _folder(tmp_path)
     img = pictures[1]
-    noisy = np.clip(img + np.random.default_rng(0).normal(0, 20, img.shape), 0, 255).astype(np.uint8)
+    noisy = _noisy(img, np.random.default_rng(0), 20)
     (folder / "a.png").write_bytes(encode_png(img))
     (folder / "a_noisy.png").write_bytes(encode_png(noisy))
     (folder / "a_crop10.jpg").write_bytes(encode_jpeg(_crop(img, 0.10), 90))
     (folder / "b.png").write_bytes(encode_png(pictures[2]))
     # level 0: every copy the comparator ranks after the kept one is past it
-    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.0)
-    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    rows = _dedup_rows(tmp_path, level=0.0)
     group = rows["a.png"]["group"]
     assert group and all(rows[k]["group"] == group for k in ("a_noisy.png", "a_crop10.jpg"))
     assert rows["b.png"]["decision"] == "single"
@@ -156,20 +165,14 @@ def test_a_crop_is_never_a_degraded_copy_where_a_resized_copy_is(pictures, tmp_p
 def test_a_crop_beside_a_less_degraded_copy_of_its_own_framing_is_a_degraded_copy(pictures, tmp_path):
     """A chain of a cropped view (as the evaluation set's centre crops of a source picture): its
     noisy step is decided against the clean crop, not against the uncropped picture."""
-    import pyarrow.parquet as pq
-
-    from collapseguard.dedup.run import run_dedup
-
-    folder = tmp_path / "in"
-    folder.mkdir()
+    folder = _folder(tmp_path)
     img = pictures[1]
     crop = _crop(img, 0.09)
-    noisy = np.clip(crop + np.random.default_rng(1).normal(0, 25, crop.shape), 0, 255).astype(np.uint8)
+    noisy = _noisy(crop, np.random.default_rng(1))
     (folder / "a.png").write_bytes(encode_png(img))
     (folder / "a_crop.png").write_bytes(encode_png(crop))
     (folder / "a_crop_noisy.png").write_bytes(encode_png(noisy))
-    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.6)
-    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    rows = _dedup_rows(tmp_path, level=0.6)
     assert len({r["group"] for r in rows.values()}) == 1 and rows["a.png"]["rank"] == 0
     assert (rows["a_crop.png"]["decision"], rows["a_crop.png"]["reason"]) == ("keep", "other_framing")
     assert (rows["a_crop_noisy.png"]["decision"], rows["a_crop_noisy.png"]["reason"]) == (
@@ -178,21 +181,16 @@ def test_a_crop_beside_a_less_degraded_copy_of_its_own_framing_is_a_degraded_cop
 
 
 def test_a_slightly_cropped_degraded_copy_is_compared_with_its_original(pictures, tmp_path):
-    """A 3% crop stays in its original's framing: cropped and noisy, it is compared with its original (``p_worse`` against it) and is a ``degraded_copy`` past the
-    level, as a copy of the same framing would be."""
-    import pyarrow.parquet as pq
-
-    from collapseguard.dedup.run import run_dedup
-
-    folder = tmp_path / "in"
-    folder.mkdir()
+    """A 3% crop stays in its original's framing: cropped and noisy, it is compared with its
+    original (``p_worse`` against it) and is a ``degraded_copy`` past the level, as a copy of the
+    same framing would be."""
+    folder = _folder(tmp_path)
     img = pictures[0]
     crop = _crop(img, 0.03)
-    noisy = np.clip(crop + np.random.default_rng(2).normal(0, 25, crop.shape), 0, 255).astype(np.uint8)
+    noisy = _noisy(crop, np.random.default_rng(2))
     (folder / "a.png").write_bytes(encode_png(img))
     (folder / "a_crop3.png").write_bytes(encode_png(noisy))
-    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.6)
-    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    rows = _dedup_rows(tmp_path, level=0.6)
     assert rows["a.png"]["group"] == rows["a_crop3.png"]["group"] != "" and rows["a.png"]["rank"] == 0
     assert (rows["a_crop3.png"]["decision"], rows["a_crop3.png"]["reason"]) == ("degraded_copy", "degraded_copy")
     assert rows["a_crop3.png"]["p_worse"] > 0.6
@@ -202,19 +200,13 @@ def test_the_kept_copy_is_of_the_widest_framing(pictures, tmp_path):
     """A crop at full resolution beside a reduced copy of the whole picture: the whole picture is
     kept (rank 0), so ``--drop-duplicates`` never keeps only part of it; the crop is
     ``other_framing``."""
-    import pyarrow.parquet as pq
-
-    from collapseguard.dedup.run import run_dedup
-
-    folder = tmp_path / "in"
-    folder.mkdir()
+    folder = _folder(tmp_path)
     img = pictures[2]
     h, w = img.shape[:2]
     small = np.asarray(Image.fromarray(img).resize((w * 3 // 5, h * 3 // 5), Image.LANCZOS))
     (folder / "a_small.png").write_bytes(encode_png(small))
     (folder / "a_crop8.png").write_bytes(encode_png(_crop(img, 0.08)))
-    run_dedup([str(folder)], tmp_path / "out", quiet=True)
-    rows = {r["key"].rsplit("/", 1)[-1]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    rows = _dedup_rows(tmp_path)
     assert rows["a_small.png"]["group"] == rows["a_crop8.png"]["group"] != ""
     assert (rows["a_small.png"]["rank"], rows["a_small.png"]["decision"]) == (0, "keep")
     assert (rows["a_crop8.png"]["decision"], rows["a_crop8.png"]["reason"]) == ("keep", "other_framing")
@@ -253,25 +245,16 @@ def test_two_framings_in_one_group_and_a_grey_crop(pictures, tmp_path):
     noisy copy is decided against the clean copy of its own framing, the clean crop is its
     framing's ``other_framing``, and the grey crop loses to colour (``lost_colour``) as any
     monochrome copy does."""
-    import pyarrow.parquet as pq
-
-    from collapseguard.dedup.run import run_dedup
-
-    folder = tmp_path / "in"
-    folder.mkdir()
+    folder = _folder(tmp_path)
     img = pictures[1]
     crop = _crop(img, 0.09)
     rng = np.random.default_rng(6)
 
-    def noisy(a):
-        return np.clip(a + rng.normal(0, 25, a.shape), 0, 255).astype(np.uint8)
-
     grey = np.repeat(np.asarray(Image.fromarray(crop).convert("L"))[..., None], 3, axis=2)
-    for name, a in (("a", img), ("a_noisy", noisy(img)), ("c", crop), ("c_noisy", noisy(crop)),
+    for name, a in (("a", img), ("a_noisy", _noisy(img, rng)), ("c", crop), ("c_noisy", _noisy(crop, rng)),
                     ("c_grey", grey)):
         (folder / f"{name}.png").write_bytes(encode_png(a))
-    run_dedup([str(folder)], tmp_path / "out", quiet=True, level=0.6)
-    rows = {r["key"].rsplit("/", 1)[-1][:-4]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    rows = _dedup_rows(tmp_path, level=0.6, strip_suffix=True)
     assert len({r["group"] for r in rows.values()}) == 1 and rows["a"]["rank"] == 0
     got = {k: (r["decision"], r["reason"]) for k, r in rows.items()}
     assert got == {"a": ("keep", "least_degraded"), "a_noisy": ("degraded_copy", "degraded_copy"),
