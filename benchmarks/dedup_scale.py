@@ -224,6 +224,10 @@ def main() -> None:
                     help=f"which copies dedup joins to their original and keeps (e.g. {COPY_KINDS})")
     ap.add_argument("--copy-share", type=float, default=0.0,
                     help="with --throughput: add copies so that about this share of images is in a group")
+    ap.add_argument("--base", choices=("distinct", "crops"), default="distinct",
+                    help="with --throughput: the images before the copies: distinct framings, no two of "
+                         "one picture (so --copy-share is the share dedup groups), or the filter "
+                         "benchmark's overlapping crops, many of them crops of one another")
     ap.add_argument("--hashes", action="store_true",
                     help="with --chains: also compare the pHash with a difference and an average hash")
     ap.add_argument("--shards", type=int, default=0, metavar="N",
@@ -459,7 +463,8 @@ def throughput_main(args) -> None:
     det = comparator(args) if workers == 1 else None  # loaded once, outside the timing
     floor, dedup, stages = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        shards = [str(p) for p in make_shards(Path(tmp, "shards"), args.throughput)]
+        make = make_shards if args.base == "crops" else distinct_shards
+        shards = [str(p) for p in make(Path(tmp, "shards"), args.throughput)]
         if args.copy_share:
             shards = with_copies(shards, Path(tmp, "copies"), args.copy_share)
         print(f"at the start: {load_line()}", flush=True)
@@ -484,7 +489,8 @@ def throughput_main(args) -> None:
     procs = (f"one process, {args.threads or 'torch default'} thread(s)" if workers == 1
              else f"{workers} processes")
     per_round = [b / a for a, b in zip(floor, dedup)]
-    print(f"{summary['images']} images 1024x768 JPEG, {procs}, {args.rounds} rounds (medians): "
+    print(f"{summary['images']} images 1024x768 JPEG ({args.base} base, "
+          f"{summary['grouped'] / summary['images']:.2f} grouped), {procs}, {args.rounds} rounds (medians): "
           f"plain decode {f:.1f} images/s, dedup {d:.2f} images/s, ratio {d / f:.3f}x "
           f"(rounds {min(per_round):.3f}x-{max(per_round):.3f}x); "
           f"{summary['grouped']} images in {summary['groups']} groups, {summary['described']} described "
@@ -499,6 +505,58 @@ def throughput_main(args) -> None:
     print(f"fingerprints of the reduced JPEG decoding against the full decoding's: hash bits that "
           f"differ: mean {bits.mean():.2f}, max {bits.max()} ({np.mean(bits == 0):.3f} identical); "
           f"thumbnail correlation: min {corr.min():.4f}")
+
+
+#: (zoom, grid) of ``distinct_shards``' framings: at zoom z the crop spans 1/z of the covering
+#: size a side, on a grid x grid of positions that overlap at most a quarter of a side; no framing
+#: is a central window of another, which is what dedup's crop windows match
+FRAMINGS = ((1.0, 1), (1.5, 2), (2.0, 2))
+
+
+def distinct_shards(root: Path, n: int, seed: int = 0) -> list[Path]:
+    """``n`` 1024x768 JPEG q92 4:2:0 images in shards of 50, as ``throughput.make_shards`` writes
+    them, each a framing no other image shares: a bundled photo under one of its 8 flips and
+    rotations, at one zoom and grid position of ``FRAMINGS`` (up to 16 x 8 x 9 = 1,152 images;
+    the retina and the colour wheel are left out: their zoomed corners are flat black or one
+    hue, so every flip of one is the same picture)."""
+    import tarfile
+
+    from PIL import Image
+
+    from collapseguard.training_data_tools.sources import bundled_photos
+
+    w, h = 1024, 768
+    photos = [Image.fromarray(im) for name, im in bundled_photos(min_side=256)
+              if not name.endswith(("retina", "color"))]
+    slots = [(p, d, z, gx, gy) for p in range(len(photos)) for d in range(8)
+             for z, grid in FRAMINGS for gx in range(grid) for gy in range(grid)]
+    if n > len(slots):
+        raise SystemExit(f"--base distinct makes at most {len(slots)} images")
+    rng = np.random.default_rng(seed)
+    chosen = [slots[k] for k in rng.choice(len(slots), n, replace=False)]
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k in range(0, n, 50):
+        path = root / f"distinct-{k // 50:04d}.tar"
+        with tarfile.open(path, "w") as tf:
+            for i, (p, d, z, gx, gy) in enumerate(chosen[k: k + 50], start=k):
+                src = photos[p].rotate(90 * (d % 4), expand=True)
+                if d >= 4:
+                    src = src.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                scale = max(w / src.width, h / src.height) * z
+                big = src.resize((round(src.width * scale), round(src.height * scale)), Image.BICUBIC)
+                grid = dict(FRAMINGS)[z]
+                # the grid's corners, or centred when the zoom has one framing
+                x = round(gx * (big.width - w) / (grid - 1)) if grid > 1 else (big.width - w) // 2
+                y = round(gy * (big.height - h) / (grid - 1)) if grid > 1 else (big.height - h) // 2
+                buf = io.BytesIO()
+                big.crop((x, y, x + w, y + h)).save(buf, "JPEG", quality=92, subsampling=2)
+                for name, data in ((f"{i:06d}.jpg", buf.getvalue()), (f"{i:06d}.txt", b"a caption")):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
 
 
 def reduced_drift(shards: list[str]) -> tuple[np.ndarray, np.ndarray]:

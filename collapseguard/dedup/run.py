@@ -717,18 +717,21 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
     all_rungs = desc["full"].copy()
     reach = size_rungs(desc["width"], desc["height"])
     asked = np.full(len(ok), -2, np.int64)  # the rung a row was last described at (-1: every rung)
+    grouped_ok = None  # the ``ok`` the groups were last made from
     while True:  # group; describe the grouped images at their group's rung; again until all have it
         held = described_rungs(desc["features"])
         top = len(SCALES) - 1 - np.argmax(held[:, ::-1], axis=1)
         reach = np.where(all_rungs, np.where(held.any(axis=1), top, 0), reach)
         # a row described at a rung it does not reach is smaller than its size said
         reach[(asked >= 0) & ~held[np.arange(len(ok)), np.maximum(asked, 0)] & ~all_rungs] = -1
-        idx = np.flatnonzero(ok)
-        pick = (lambda a: a) if idx.size == len(ok) else (lambda a: a[idx])  # no copy when all ok
-        sub_labels, stats = group_ids(pick(desc["hash"]), pick(desc["thumb"]), params,
-                                      pick(desc["whash"]), pick(desc["wthumb"]))
-        labels = np.full(len(ok), -1, np.int64)
-        labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the whole table
+        if grouped_ok is None or not np.array_equal(grouped_ok, ok):  # the groups change only with ok
+            idx = np.flatnonzero(ok)
+            pick = (lambda a: a) if idx.size == len(ok) else (lambda a: a[idx])  # no copy when all ok
+            sub_labels, stats = group_ids(pick(desc["hash"]), pick(desc["thumb"]), params,
+                                          pick(desc["whash"]), pick(desc["wthumb"]))
+            labels = np.full(len(ok), -1, np.int64)
+            labels[idx[sub_labels >= 0]] = idx[sub_labels[sub_labels >= 0]]  # ids as rows of the table
+            grouped_ok = ok.copy()
         target = group_rungs(labels, np.maximum(reach, 0))
         need = (labels >= 0) & ~held[np.arange(len(ok)), np.maximum(target, 0)]
         lap("group")
