@@ -510,6 +510,30 @@ def test_file_stating_a_guarantee_the_bound_cannot_give_is_refused(tmp_path):
     assert Calibration.from_json(cal.to_json()).k == cal.k
 
 
+@pytest.mark.parametrize("n", [299, 501, 1339, 20_000, 250_000])
+@pytest.mark.parametrize("alpha", [0.01, 0.05])
+def test_the_guarantee_check_allows_exactly_the_ks_the_bound_allows(tmp_path, n, alpha):
+    """Loading a file checks its k with a binomial CDF of its own (no scipy.stats import at every
+    filter start): the largest k scipy's CDF allows loads, the next is refused, and the CDF
+    matches scipy's."""
+    from collapseguard.io.calibration_file import binomial_cdf
+
+    j = int(stats.binom.ppf(0.05, n, alpha))  # the smallest j with cdf(j) >= 0.05
+    best = j + 1 - int(stats.binom.cdf(j, n, alpha) > 0.05)  # the largest k with cdf(k - 1) <= 0.05
+    ks = np.arange(max(1, best - 30), best + 30)
+    ours = np.array([binomial_cdf(int(k) - 1, n, alpha) for k in ks])
+    np.testing.assert_allclose(ours, stats.binom.cdf(ks - 1, n, alpha), rtol=1e-7, atol=1e-300)
+    assert stats.binom.cdf(best - 1, n, alpha) <= 0.05 < stats.binom.cdf(best, n, alpha)
+    base = {"detector": "cnn", "detector_version": "v", "threshold": 1.0, "alpha": alpha,
+            "confidence": 0.95, "n_clean": n}
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({**base, "k": best}))
+    assert load_calibration(p).k == best
+    p.write_text(json.dumps({**base, "k": best + 1}))
+    with pytest.raises(CalibrationError, match=f"k={best + 1}"):
+        load_calibration(p)
+
+
 def test_views_of_one_picture_count_as_one_source():
     """Two views ``p@a``/``p@b`` of one photo stay on one side of the split (source_group) and are
     one clean picture for the bound: n_clean counts pictures, the images are counted beside it."""
