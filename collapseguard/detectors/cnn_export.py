@@ -5,8 +5,13 @@ which the TorchScript exporter cannot follow and which the dynamo exporter turns
 operations that make onnxruntime ~10x slower than torch. ``ExportNet`` computes the same function
 from whole-tensor operations: the same pixels scaled the same way, the 3x3 (and 7x7) box means as
 average pools over the pixels inside the crop, the same colour statistics, then the network's own
-body, head, aggregation and context term. Every export is checked against the network it came
-from before it is used (``export_onnx``).
+body, head, aggregation and context term. The stem's TensorFlow "same" padding at stride 2 pads
+one more pixel on the bottom and right than on the top and left, which torch's convolutions
+cannot state, so the exporter writes it as a Pad before the convolution; onnxruntime runs that Pad
+as a copy of the activations and reorders them around it, about a quarter of the graph's time.
+``fold_pads`` moves each such zero padding into its convolution's own (asymmetric) ``pads``,
+which computes the same sums. Every export is checked against the network it came from before it
+is used (``export_onnx``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,77 @@ class ExportNet(nn.Module):
         return out
 
 
+def fold_pads(data: bytes, sample: np.ndarray) -> bytes:
+    """The ONNX graph ``data`` with each zero-padding Pad whose one consumer is a Conv folded into
+    that Conv's ``pads`` attribute. The pad amounts are read by running the graph on ``sample``
+    (they follow from the crop size alone, which every input of the graph shares); a Pad on the
+    batch or channel axes, with a non-zero value, another mode or another consumer, is kept."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    model = onnx.load_from_string(data)
+    nodes = list(model.graph.node)
+    consumers: dict[str, list] = {}
+    for n in nodes:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+    def attr(node, name, default):
+        got = [helper.get_attribute_value(a) for a in node.attribute if a.name == name]
+        return got[0] if got else default
+
+    def foldable(n) -> bool:
+        if n.op_type != "Pad" or len(n.input) < 2 or not n.input[1]:
+            return False
+        if attr(n, "mode", b"constant") not in (b"constant", "constant"):
+            return False
+        if len(n.input) > 2 and n.input[2] and not (
+                n.input[2] in consts and not np.any(consts[n.input[2]])):
+            return False
+        users = consumers.get(n.output[0], [])
+        return (len(users) == 1 and users[0].op_type == "Conv" and users[0].input[0] == n.output[0]
+                and attr(users[0], "auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+                and n.output[0] not in {o.name for o in model.graph.output})
+
+    pads = [n for n in nodes if foldable(n)]
+    if not pads:
+        return data
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    names = [n.input[1] for n in pads]
+    probe.graph.output.extend(helper.ValueInfoProto(name=name) for name in names if name not in consts)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    wanted = [name for name in names if name not in consts]
+    got = dict(zip(wanted, ort.InferenceSession(probe.SerializeToString(), opts, providers=[
+        "CPUExecutionProvider"]).run(wanted, {"crops": sample}) if wanted else []))
+    got.update({k: v for k, v in consts.items() if k in names})
+    for n in pads:
+        v = [int(t) for t in np.asarray(got[n.input[1]]).ravel()]
+        if len(v) != 8 or min(v) < 0 or v[0] or v[1] or v[4] or v[5]:
+            continue  # NCHW only, spatial axes only, no cropping
+        (conv,) = consumers[n.output[0]]
+        old = list(attr(conv, "pads", [0, 0, 0, 0]))
+        kept = [a for a in conv.attribute if a.name != "pads"]
+        del conv.attribute[:]
+        conv.attribute.extend(kept)
+        conv.attribute.append(helper.make_attribute(
+            "pads", [old[0] + v[2], old[1] + v[3], old[2] + v[6], old[3] + v[7]]))
+        conv.input[0] = n.input[0]
+        model.graph.node.remove(n)
+    outputs = {o.name for o in model.graph.output}
+    while True:  # drop what only computed the folded pad amounts
+        used = {name for n in model.graph.node for name in n.input} | outputs
+        dead = [n for n in model.graph.node if not any(o in used for o in n.output)]
+        if not dead:
+            break
+        for n in dead:
+            model.graph.node.remove(n)
+    return model.SerializeToString()
+
+
 def export_onnx(net: DegradationNet, n_crops: int, tolerance: float, seed: int = 0) -> bytes:
     """The ONNX graph of ``net`` scoring ``n_crops`` crops per image (any batch size).
 
@@ -91,7 +167,7 @@ def export_onnx(net: DegradationNet, n_crops: int, tolerance: float, seed: int =
                           dynamic_axes={"crops": {0: "batch"}, "score": {0: "batch"}})
     if net.training:
         raise RuntimeError("the ONNX export left the network in training mode")
-    data = buf.getvalue()
+    data = fold_pads(buf.getvalue(), sample.numpy())
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

@@ -38,7 +38,7 @@ SCORE_TOLERANCE = 1e-4
 #: and its buffers grow too (32 images of 48 crops held ~560 MB at peak)
 RUN_IMAGES = 1
 #: bump when ExportNet changes what it writes: older cached exports are then not used
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2
 #: the shipped weights' graph and its metadata, beside ``cnn_family.WEIGHTS_NAME`` in the package
 SHIPPED_GRAPH = "cnn.onnx"
 SHIPPED_META = "cnn.onnx.json"

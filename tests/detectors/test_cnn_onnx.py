@@ -188,9 +188,17 @@ def test_the_imagenet_stem_exports_and_its_batch_norms_stay_in_eval_mode(tmp_pat
     from collapseguard.detectors.cnn_export import export_onnx
 
     net = ref.net
-    export_onnx(net, 3, SCORE_TOLERANCE)
+    graph = export_onnx(net, 3, SCORE_TOLERANCE)
     assert not any(m.training for m in net.modules())
     np.testing.assert_array_equal(ref.score(photos[:3]), b)  # the torch detector is untouched
+    # the "same" padding of every stride-2 convolution is folded into the convolution itself
+    # (asymmetric pads), not run as a Pad that copies the activations
+    import onnx as onnx_lib
+
+    nodes = onnx_lib.load_from_string(graph).graph.node
+    assert "Pad" not in [n.op_type for n in nodes]
+    assert [0, 0, 1, 1] in [list(a.ints) for n in nodes if n.op_type == "Conv" for a in n.attribute
+                            if a.name == "pads"]
 
 
 def test_a_network_the_export_gets_wrong_is_scored_by_torch(tmp_path, photos, monkeypatch):
