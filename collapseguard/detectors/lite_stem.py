@@ -68,11 +68,11 @@ def parse_stem(spec: str) -> tuple[str, int]:
 
 
 class SameConv2d(nn.Conv2d):
-    """Conv2d with TensorFlow "same" padding, without a padded copy of the input: a stride-1 or
-    odd-sized input pads symmetrically; an even-sized input at stride 2, where TensorFlow pads one
-    more pixel on the bottom/right, drops its first row and column and pads symmetrically, which
-    puts every window where TensorFlow's are. ``conv(x, bn)`` folds an eval-mode batch norm into
-    the weights (the same function, about a third of the inference time saved)."""
+    """Conv2d with TensorFlow "same" padding: at stride 1 the convolution's own symmetric padding;
+    at stride 2, where TensorFlow pads one more pixel on the bottom/right of an even-sized input,
+    an explicit ``F.pad`` (torch's convolutions pad symmetrically only; the ONNX export folds it
+    back into the convolution, ``cnn_export.fold_pads``). ``conv(x, bn)`` folds an eval-mode batch
+    norm into the weights (the same function, about a third of the inference time saved)."""
 
     def conv(self, x: torch.Tensor, bn: nn.BatchNorm2d | None = None) -> torch.Tensor:
         k, s = self.kernel_size[0], self.stride[0]
