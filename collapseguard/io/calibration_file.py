@@ -73,6 +73,10 @@ def min_clean_samples(alpha: float, confidence: float) -> int:
     return n
 
 
+#: the most terms ``binomial_cdf`` sums itself (about 0.1 s)
+SUMMED_TERMS = 200_000
+
+
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k) for X ~ Binomial(n, p), its terms summed in log space from P(X = 0) by their
     ratios (scipy.stats' ``binom.cdf`` to within 1e-7 relative for n up to 1,000,000 and p up to
@@ -82,6 +86,10 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
         return 0.0
     if k >= n:
         return 1.0
+    if k > SUMMED_TERMS:  # a file that claims millions of clean scores: scipy's CDF, not a long sum
+        from scipy.special import betainc
+
+        return float(betainc(n - k, k + 1, 1 - p))  # the regularised incomplete beta function
     logs = [n * math.log1p(-p)]
     odds = math.log(p) - math.log1p(-p)
     for i in range(k):

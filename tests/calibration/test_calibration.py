@@ -534,6 +534,25 @@ def test_the_guarantee_check_allows_exactly_the_ks_the_bound_allows(tmp_path, n,
         load_calibration(p)
 
 
+def test_a_file_claiming_a_huge_clean_set_is_checked_quickly(tmp_path):
+    import time
+
+    from collapseguard.io.calibration_file import SUMMED_TERMS, binomial_cdf
+
+    n, k = 10**12, 10**10 - 10**6  # a k the bound allows at 1% and 95% confidence
+    assert k > SUMMED_TERMS and binomial_cdf(k - 1, n, 0.01) == pytest.approx(stats.binom.cdf(k - 1, n, 0.01))
+    base = {"detector": "cnn", "detector_version": "v", "threshold": 1.0, "alpha": 0.01,
+            "confidence": 0.95, "n_clean": n}
+    p = tmp_path / "c.json"
+    t = time.perf_counter()
+    p.write_text(json.dumps({**base, "k": k}))
+    assert load_calibration(p).k == k
+    p.write_text(json.dumps({**base, "k": 10**10 + 10**6}))
+    with pytest.raises(CalibrationError, match="does not support"):
+        load_calibration(p)
+    assert time.perf_counter() - t < 5
+
+
 def test_views_of_one_picture_count_as_one_source():
     """Two views ``p@a``/``p@b`` of one photo stay on one side of the split (source_group) and are
     one clean picture for the bound: n_clean counts pictures, the images are counted beside it."""
