@@ -76,7 +76,8 @@ def fold_pads(data: bytes, sample: np.ndarray) -> bytes:
     """The ONNX graph ``data`` with each zero-padding Pad whose one consumer is a Conv folded into
     that Conv's ``pads`` attribute. The pad amounts are read by running the graph on ``sample``
     (they follow from the crop size alone, which every input of the graph shares); a Pad on the
-    batch or channel axes, with a non-zero value, another mode or another consumer, is kept."""
+    batch or channel axes or on named axes, with a non-zero value, another mode, negative
+    amounts or another consumer, is kept, and a graph with control flow is left as it is."""
     import onnx
     import onnxruntime as ort
     from onnx import helper, numpy_helper
@@ -96,6 +97,8 @@ def fold_pads(data: bytes, sample: np.ndarray) -> bytes:
     def foldable(n) -> bool:
         if n.op_type != "Pad" or len(n.input) < 2 or not n.input[1]:
             return False
+        if len(n.input) > 3 and n.input[3]:  # opset 18's axes: pads for other axes than all
+            return False
         if attr(n, "mode", b"constant") not in (b"constant", "constant"):
             return False
         if len(n.input) > 2 and n.input[2] and not (
@@ -106,6 +109,9 @@ def fold_pads(data: bytes, sample: np.ndarray) -> bytes:
                 and attr(users[0], "auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
                 and n.output[0] not in {o.name for o in model.graph.output})
 
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in nodes for a in n.attribute):
+        return data  # control flow: names read inside subgraphs are not followed here
     pads = [n for n in nodes if foldable(n)]
     if not pads:
         return data
@@ -140,6 +146,10 @@ def fold_pads(data: bytes, sample: np.ndarray) -> bytes:
             break
         for n in dead:
             model.graph.node.remove(n)
+    used = {name for n in model.graph.node for name in n.input} | outputs
+    unread = [i for i in model.graph.initializer if i.name not in used]
+    for i in unread:  # the folded pad amounts and values, when they were initializers
+        model.graph.initializer.remove(i)
     return model.SerializeToString()
 
 

@@ -60,16 +60,28 @@ def _check_rates(alpha: float, confidence: float) -> tuple[float, float]:
     return a, c
 
 
+#: the largest count of clean samples a bound may ask for (2**53: the last whole float)
+MAX_CLEAN_SAMPLES = 2**53
+
+
 def min_clean_samples(alpha: float, confidence: float) -> int:
-    """Smallest n for which the order-statistic bound exists: (1 - alpha)**n <= 1 - confidence."""
+    """Smallest n for which the order-statistic bound exists: (1 - alpha)**n <= 1 - confidence.
+    ValueError when that n is over ``MAX_CLEAN_SAMPLES`` (an alpha of about 1e-15 or less)."""
     a, c = _check_rates(alpha, confidence)
     delta = 1.0 - c
-    n = math.ceil(math.log(delta) / math.log1p(-a))
-    # guard against floating point at the boundary
-    while n > 1 and (1 - a) ** (n - 1) <= delta:
-        n -= 1
-    while (1 - a) ** n > delta:
-        n += 1
+    n = math.log(delta) / math.log1p(-a)
+    if not n <= MAX_CLEAN_SAMPLES:
+        raise ValueError(f"a false-drop rate of {alpha!r} at confidence {confidence!r} needs more "
+                         f"than {MAX_CLEAN_SAMPLES} clean samples")
+    n = math.ceil(n)
+    # guard against floating point at the boundary: the estimate is off by a step or two at most
+    for _ in range(8):
+        if n > 1 and (n - 1) * math.log1p(-a) <= math.log(delta) and (1 - a) ** (n - 1) <= delta:
+            n -= 1
+        elif (1 - a) ** n > delta and n * math.log1p(-a) > math.log(delta):
+            n += 1
+        else:
+            break
     return n
 
 
@@ -79,8 +91,7 @@ SUMMED_TERMS = 200_000
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k) for X ~ Binomial(n, p), its terms summed in log space from P(X = 0) by their
-    ratios (scipy.stats' ``binom.cdf`` to within 1e-7 relative for n up to 1,000,000 and p up to
-    0.1; loading a calibration file then needs no scipy.stats, whose import costs about 0.7 s of
+    ratios (scipy.stats' ``binom.cdf`` to within 1e-7 relative for n up to 1,000,000; loading a calibration file then needs no scipy.stats, whose import costs about 0.7 s of
     every ``filter`` start)."""
     if k < 0:
         return 0.0
@@ -99,7 +110,7 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
 
 
 #: relative slack of the guarantee check: the file's k was chosen with scipy.stats' CDF, which
-#: ``binomial_cdf`` matches only to within 1e-7, so a k exactly at the bound is not refused
+#: ``binomial_cdf`` matches only to within about 1e-7, so a k exactly at the bound is not refused
 _CDF_SLACK = 1e-6
 
 
@@ -388,7 +399,10 @@ def _check_guarantee(kw: dict) -> None:
                                f"got {rate!r} and {c!r}")
     n, k = kw.get("n_clean", 0), kw.get("k")
     what = f"at most {_pct(rate)} false drops with {_pct(c)} confidence"
-    needed = min_clean_samples(rate, c)
+    try:
+        needed = min_clean_samples(rate, c)
+    except ValueError as exc:
+        raise CalibrationError(f"calibration states {what}: {exc}") from None
     if n < needed:
         raise CalibrationError(f"calibration states {what} from n_clean={n} clean scores, but that "
                                f"needs at least {needed}")

@@ -534,22 +534,33 @@ def test_the_guarantee_check_allows_exactly_the_ks_the_bound_allows(tmp_path, n,
         load_calibration(p)
 
 
-def test_a_file_claiming_a_huge_clean_set_is_checked_quickly(tmp_path):
+def test_a_file_claiming_a_huge_clean_set_is_checked_quickly_and_exactly(tmp_path):
+    """A hostile file cannot stall loading: a k of billions is checked in one call of the
+    incomplete beta function (at the bound: the largest k scipy allows loads, the next is
+    refused), and an alpha so small that no count of clean samples can support it is refused."""
     import time
 
     from collapseguard.io.calibration_file import SUMMED_TERMS, binomial_cdf
 
-    n, k = 10**12, 10**10 - 10**6  # a k the bound allows at 1% and 95% confidence
-    assert k > SUMMED_TERMS and binomial_cdf(k - 1, n, 0.01) == pytest.approx(stats.binom.cdf(k - 1, n, 0.01))
+    n = 10**12
+    j = int(stats.binom.ppf(0.05, n, 0.01))
+    best = j + 1 - int(stats.binom.cdf(j, n, 0.01) > 0.05)  # the largest k with cdf(k - 1) <= 0.05
+    assert best > SUMMED_TERMS
+    for k in (best - 1000, best, best + 1):
+        assert binomial_cdf(k - 1, n, 0.01) == pytest.approx(stats.binom.cdf(k - 1, n, 0.01), rel=1e-7)
     base = {"detector": "cnn", "detector_version": "v", "threshold": 1.0, "alpha": 0.01,
             "confidence": 0.95, "n_clean": n}
     p = tmp_path / "c.json"
     t = time.perf_counter()
-    p.write_text(json.dumps({**base, "k": k}))
-    assert load_calibration(p).k == k
-    p.write_text(json.dumps({**base, "k": 10**10 + 10**6}))
+    p.write_text(json.dumps({**base, "k": best}))
+    assert load_calibration(p).k == best
+    p.write_text(json.dumps({**base, "k": best + 1}))
     with pytest.raises(CalibrationError, match="does not support"):
         load_calibration(p)
+    for alpha in (1e-17, 1e-300):
+        p.write_text(json.dumps({**base, "alpha": alpha, "k": 1}))
+        with pytest.raises(CalibrationError, match="needs more than"):
+            load_calibration(p)
     assert time.perf_counter() - t < 5
 
 

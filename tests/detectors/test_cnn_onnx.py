@@ -292,3 +292,56 @@ def test_the_process_wide_detector_follows_the_runtime_asked_for(monkeypatch):
     assert isinstance(get_detector("cnn"), CNNDetector)
     monkeypatch.setenv(RUNTIME_ENV, "onnx")
     assert get_detector("cnn") is onnx
+
+
+def _pad_conv_graph(mode="constant", value=None, pads=(0, 0, 0, 0, 0, 0, 1, 1), second_user=False):
+    """crops (B, 2, 8, 8) -> Pad -> Conv 3x3 stride 2 (-> also Relu of the Pad when
+    ``second_user``), the pad amounts as an initializer."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads"),
+             numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(np.float32), "w")]
+    pad_in = ["crops", "pads"]
+    if value is not None:
+        inits.append(numpy_helper.from_array(np.array(value, np.float32), "value"))
+        pad_in.append("value")
+    nodes = [helper.make_node("Pad", pad_in, ["padded"], mode=mode),
+             helper.make_node("Conv", ["padded", "w"], ["score"], kernel_shape=[3, 3], strides=[2, 2])]
+    outputs = [helper.make_tensor_value_info("score", TensorProto.FLOAT, None)]
+    if second_user:
+        nodes.append(helper.make_node("Relu", ["padded"], ["other"]))
+        outputs.append(helper.make_tensor_value_info("other", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("crops", TensorProto.FLOAT,
+                                                                        [None, 2, 8, 8])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["zero", "zero_value", "reflect", "nonzero_value", "negative", "shared"])
+def test_fold_pads_folds_exactly_the_zero_paddings_a_conv_alone_reads(kind):
+    import onnx
+    import onnxruntime as ort
+
+    from collapseguard.detectors.cnn_export import fold_pads
+
+    graph = {"zero": lambda: _pad_conv_graph(),
+             "zero_value": lambda: _pad_conv_graph(value=0.0),
+             "reflect": lambda: _pad_conv_graph(mode="reflect"),
+             "nonzero_value": lambda: _pad_conv_graph(value=0.5),
+             "negative": lambda: _pad_conv_graph(pads=(0, 0, 0, 0, 0, 0, -1, 1)),
+             "shared": lambda: _pad_conv_graph(second_user=True)}[kind]()
+    x = np.random.default_rng(1).standard_normal((3, 2, 8, 8)).astype(np.float32)
+    folded = fold_pads(graph, x)
+    run = lambda g: ort.InferenceSession(g, providers=["CPUExecutionProvider"]).run(None, {"crops": x})  # noqa: E731
+    for a, b in zip(run(graph), run(folded)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    model = onnx.load_from_string(folded)
+    ops = [n.op_type for n in model.graph.node]
+    if kind in ("zero", "zero_value"):
+        assert "Pad" not in ops
+        (conv,) = [n for n in model.graph.node if n.op_type == "Conv"]
+        assert [list(a.ints) for a in conv.attribute if a.name == "pads"] == [[0, 0, 1, 1]]
+        assert {i.name for i in model.graph.initializer} == {"w"}  # nothing left unread
+    else:
+        assert folded == graph
