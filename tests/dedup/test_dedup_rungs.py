@@ -136,3 +136,30 @@ def test_an_image_smaller_than_its_recorded_size_is_described_in_full_and_decide
             h = ~np.isnan(v.reshape(len(SCALES), len(FEATURES))[:, 0])
             held[str(k)] = held.get(str(k), np.zeros(len(SCALES), bool)) | h
     assert held["coffee"].tolist() == held["coffee_180"].tolist() == [True, True, False]  # every rung it reaches
+
+
+def test_a_grouped_image_the_comparator_cannot_describe_leaves_its_group(sized_shards, tmp_path, monkeypatch):
+    """Pass 3 fails on one of a pair (here: the comparator's task reports coffee_180 unreadable):
+    the groups are made again without it, so its partner is a single, and the row keeps the error."""
+    import collapseguard.dedup.run as run
+
+    shards = [str(p) for p in sized_shards]
+    ref = run.run_dedup(shards, tmp_path / "ref", quiet=True)
+    real = run.describe_rungs_task
+
+    def failing(job, detector, progress=None):
+        got = real(job, detector, progress)
+        bad = np.asarray(got["key"]) == "coffee_180"
+        got["ok"] = np.asarray(got["ok"]) & ~bad
+        got["error"] = np.where(bad, "decode failed (made up by the test)", np.asarray(got["error"], dtype=object))
+        return got
+
+    monkeypatch.setattr(run, "describe_rungs_task", failing)
+    got = run.run_dedup(shards, tmp_path / "out", quiet=True)
+    rows = {r["key"]: r for r in pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()}
+    before = {r["key"]: r for r in pq.read_table(tmp_path / "ref" / "groups.parquet").to_pylist()}
+    assert before["coffee"]["group"] == before["coffee_180"]["group"] != ""
+    assert rows["coffee_180"]["group"] == "" and "made up by the test" in rows["coffee_180"]["error"]
+    assert rows["coffee"]["group"] == "" and rows["coffee"]["decision"] == "single"
+    assert got["groups"] == ref["groups"] - 1
+    assert all(rows[k]["group"] != "" for k in ("s0", "s3", "s10", "rocket", "rocket_300"))
