@@ -14,9 +14,12 @@ their group, and how many unrelated fingerprints joined any group.
 
 With ``--throughput IMAGES``: ``dedup`` end to end (``run_dedup``) against the floor, plain PIL
 decoding of the same shards (``throughput.floor_task``), both in one process or both in
-``--workers`` processes, alternating, in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 photos
-in shards (``throughput.make_shards``). Prints images/s of each (median), the ratio, and the wall
-time of each of ``dedup``'s passes (``run_dedup``'s ``seconds``) per image it handles:
+``--workers`` processes, alternating, in ``--rounds`` rounds; IMAGES 1024 x 768 JPEG q92 images
+in shards: distinct framings of the bundled photos, no two of one picture (``distinct_shards``,
+at most 1,152), or with ``--base crops`` the filter benchmark's overlapping crops
+(``throughput.make_shards``, any number), many of which are crops of one another. Prints
+images/s of each (median), the ratio, the share of images grouped, and the wall time of each of
+``dedup``'s passes (``run_dedup``'s ``seconds``) per image it handles:
 
     python benchmarks/dedup_scale.py --throughput 64 [--rounds 3] [--copy-share 0.1] [--workers 2] [--threads 1]
 
@@ -32,8 +35,8 @@ and with ``--chains`` (not an option of ``dedup``).
 ``dedup.describe.CNN_BATCH``.
 
 ``--copy-share F`` adds resized JPEG q75 copies of some of the images so that about F of all
-images are in a group of two (the images the comparator describes); it also prints how many
-images were grouped and described.
+images are in a group of two (the images the comparator describes) on the distinct base (on
+``--base crops`` more group); it also prints how many images were grouped and described.
 
 With ``--chains MANIFEST``: ``dedup`` end to end on replication chains mixed with unrelated
 pictures and harmless copies, and its grouping and ranking figures:
@@ -226,8 +229,8 @@ def main() -> None:
                     help="with --throughput: add copies so that about this share of images is in a group")
     ap.add_argument("--base", choices=("distinct", "crops"), default="distinct",
                     help="with --throughput: the images before the copies: distinct framings, no two of "
-                         "one picture (so --copy-share is the share dedup groups), or the filter "
-                         "benchmark's overlapping crops, many of them crops of one another")
+                         "one picture (so --copy-share is the share dedup groups; at most 1,152 images), "
+                         "or the filter benchmark's overlapping crops, many of them crops of one another")
     ap.add_argument("--hashes", action="store_true",
                     help="with --chains: also compare the pHash with a difference and an average hash")
     ap.add_argument("--shards", type=int, default=0, metavar="N",
@@ -508,8 +511,8 @@ def throughput_main(args) -> None:
 
 
 #: (zoom, grid) of ``distinct_shards``' framings: at zoom z the crop spans 1/z of the covering
-#: size a side, on a grid x grid of positions that overlap at most a quarter of a side; no framing
-#: is a central window of another, which is what dedup's crop windows match
+#: size a side, on a grid x grid of corner positions; neighbours overlap by up to half a side, but
+#: no framing is a central window of another, which is what dedup's crop windows match
 FRAMINGS = ((1.0, 1), (1.5, 2), (2.0, 2))
 
 

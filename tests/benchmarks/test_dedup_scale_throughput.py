@@ -22,7 +22,7 @@ def test_distinct_base_groups_only_the_added_copies(benchmark_script, tmp_path):
     from collapseguard.dedup.run import run_dedup
 
     mod = benchmark_script("dedup_scale.py")
-    shards = mod.distinct_shards(tmp_path / "distinct", 60)
+    shards = mod.distinct_shards(tmp_path / "distinct", 24)
     sizes, digests = set(), set()
     for s in shards:
         with tarfile.open(s) as tf:
@@ -31,9 +31,9 @@ def test_distinct_base_groups_only_the_added_copies(benchmark_script, tmp_path):
                     data = tf.extractfile(m).read()
                     sizes.add(Image.open(io.BytesIO(data)).size)
                     digests.add(hash(data))
-    assert sizes == {(1024, 768)} and len(digests) == 60
+    assert sizes == {(1024, 768)} and len(digests) == 24
     assert _grouped(run_dedup, shards, tmp_path / "alone") == 0.0
-    with_copies = mod.with_copies([str(s) for s in shards], tmp_path / "copies", 0.2)
+    with_copies = mod.with_copies([str(s) for s in shards], tmp_path / "copies", 0.25)
     share = _grouped(run_dedup, with_copies, tmp_path / "copied")
-    assert np.isclose(share, 14 / 67)  # 7 copies, each grouped with its original
+    assert np.isclose(share, 6 / 27)  # 3 copies, each grouped with its original
 
