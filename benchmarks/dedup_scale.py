@@ -516,6 +516,15 @@ def throughput_main(args) -> None:
 FRAMINGS = ((1.0, 1), (1.5, 2), (2.0, 2))
 
 
+def _add_member(tf, name: str, data: bytes) -> None:
+    """Append one member ``name`` holding ``data`` to the open tar ``tf``."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tf.addfile(info, io.BytesIO(data))
+
+
 def distinct_shards(root: Path, n: int, seed: int = 0) -> list[Path]:
     """``n`` 1024x768 JPEG q92 4:2:0 images in shards of 50, as ``throughput.make_shards`` writes
     them, each a framing no other image shares: a bundled photo under one of its 8 flips and
@@ -555,9 +564,7 @@ def distinct_shards(root: Path, n: int, seed: int = 0) -> list[Path]:
                 buf = io.BytesIO()
                 big.crop((x, y, x + w, y + h)).save(buf, "JPEG", quality=92, subsampling=2)
                 for name, data in ((f"{i:06d}.jpg", buf.getvalue()), (f"{i:06d}.txt", b"a caption")):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
+                    _add_member(tf, name, data)
         paths.append(path)
     return paths
 
@@ -617,9 +624,7 @@ def with_copies(shards: list[str], root: Path, share: float, seed: int = 1) -> l
         with tarfile.open(p, "w") as tf:
             for i, data in enumerate(out[k: k + 50], start=k):
                 for name, blob in ((f"{i:06d}.jpg", data), (f"{i:06d}.txt", b"a caption")):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(blob)
-                    tf.addfile(info, io.BytesIO(blob))
+                    _add_member(tf, name, blob)
         paths.append(str(p))
     return paths
 
@@ -858,7 +863,6 @@ def pack_shards(images: Path, root: Path, n: int) -> list[str]:
     (its name is the member's name, its stem the key: unique random names), the bytes as stored,
     in name order (a shuffle of the order they were made in) cut into ``n`` shards of nearly equal
     size. A folder that ``shards.json`` marks complete for ``n`` is reused."""
-    import io
     import tarfile
 
     done = root / "shards.json"
@@ -876,9 +880,7 @@ def pack_shards(images: Path, root: Path, n: int) -> list[str]:
         with tarfile.open(tmp, "w") as tf:
             for name in part:
                 data = (images / name).read_bytes()
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+                _add_member(tf, name, data)
         tmp.replace(path)
         paths.append(str(path))
     done.write_text(json.dumps({"n": n, "shards": paths}))
