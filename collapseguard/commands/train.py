@@ -113,6 +113,10 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 @click.option("--stop-at-step", type=click.IntRange(min=1), default=None,
               help="save a checkpoint after this step and stop without weights (split a long run "
                    "across sessions; --resume continues it)")
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None,
+              help="write the weights of the latest checkpoint of the run named by --out to this file "
+                   "and exit (the run, stopped or still going, is untouched): judge a long run "
+                   "part-way with cnn:FILE. Takes no other option")
 @click.option("--teacher", default=None,
               help="distillation: a detector spec (e.g. vlm:/models/VisualQuality-R1-7B, nss, "
                    "cnn:teacher.safetensors) whose scores on --images become training labels "
@@ -124,7 +128,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
 def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device, width, crop_size, n_crops,
           init, context, delivery_jpeg, delivery_per, delivery_kind, storage_consistency, clean_variants, bank_crops, hard_clean, web_history, colour_permute, precision, average_from,
           generic_ladders, cache_dir, no_eval, shared_clean, checkpoint_minutes, checkpoint_steps, resume,
-          stop_at_step, teacher, images, teacher_cache):
+          stop_at_step, snapshot, teacher, images, teacher_cache):
     """Train the crop-based `cnn` detector with a chain-aware objective.
 
     Splits chains by source image (80% train / 20% held out), cuts native-resolution crops,
@@ -145,6 +149,9 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
       for f in *.deb; do dpkg -x $f wp; done
       collapseguard train --chains chains/ --clean /tmp/wp/usr/share/backgrounds --out cnn.safetensors
     """
+    if snapshot is not None:
+        _snapshot(out, snapshot)
+        return
     if iterations is not None and epochs is not None:
         raise click.UsageError("give --steps or --epochs, not both")
     if context and bank_crops < 2:
@@ -245,6 +252,30 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         click.echo(f"clean FPR @95%-of-step-10 threshold: {g['set']}: {shown} (n={g['n']})")
     if summary.get("teacher"):
         _echo_agreement(summary["teacher"]["heldout_spearman_vs_teacher"])
+
+
+def _snapshot(out: str, snapshot: str) -> None:
+    """``--snapshot``: the weights of the latest checkpoint of the run ``out``, written to ``snapshot``."""
+    ctx = click.get_current_context()
+    given = sorted(max(p.opts, key=len) for p in ctx.command.params  # as typed: --steps, not iterations
+                   if p.name not in ("out", "snapshot") and ctx.get_parameter_source(p.name).name != "DEFAULT")
+    if given:  # a snapshot reads none of them: refused, never silently dropped
+        raise click.UsageError(f"{', '.join(given)}: --snapshot takes only --out (the run) and the file to write")
+    if not str(snapshot).endswith(".safetensors"):
+        raise click.UsageError("--snapshot must end with .safetensors")
+    from collapseguard.training.checkpoint import CheckpointError, checkpoint_path, snapshot_weights
+
+    ck = checkpoint_path(out)
+    if Path(snapshot).resolve() in {Path(out).resolve(), ck.resolve()}:
+        raise click.UsageError("--snapshot must be another file than the run's weights and checkpoint")
+    check_out_file(snapshot, "--snapshot")
+    if not ck.is_file():
+        raise click.UsageError(f"--snapshot: no checkpoint {ck} of the run --out {out}")
+    try:
+        step, iterations = snapshot_weights(ck, Path(snapshot))
+    except CheckpointError as exc:  # e.g. a save of the running run replaced the pair mid-read
+        raise click.ClickException(f"{exc} (if the run is still going, try again)") from None
+    click.echo(f"wrote the weights of step {step} of {iterations} to {snapshot}")
 
 
 def _teacher(spec: str):

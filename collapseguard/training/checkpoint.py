@@ -204,6 +204,28 @@ def load_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return doc, load_bytes(data)
 
 
+def snapshot_weights(path: Path, out: Path) -> tuple[int, int]:
+    """Write the network of the checkpoint ``path`` (a ``.ckpt.json``) as a cnn weights file
+    ``out``, readable by ``cnn:OUT`` like a finished run's weights: a look at a long run part-way
+    (judge it, calibrate it) that leaves the run itself untouched. The weights are the run's last
+    ones at that step, not the weight average ``--average-from`` returns at the end. Returns
+    ``(step, iterations)``; the file's metadata names both (``checkpoint_step``, ``iterations``)."""
+    from collapseguard.detectors.cnn_model import DegradationNet, NetConfig, save_net
+
+    doc, tensors = load_checkpoint(path)
+    net_cfg = doc["config"].get("net") if isinstance(doc["config"], dict) else None
+    if not isinstance(net_cfg, dict):
+        raise CheckpointError(f"{path}: its config names no network")
+    try:
+        net = DegradationNet(NetConfig.from_dict(net_cfg))
+        net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, strict=True)
+    except (TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: tensors that do not fit
+        raise CheckpointError(f"{path}: its network cannot be rebuilt ({exc})") from None
+    step, iterations = int(doc["step"]), int(doc["config"].get("iterations", 0))
+    save_net(net.eval(), out, metadata={"checkpoint_step": str(step), "iterations": str(iterations)})
+    return step, iterations
+
+
 def restore(doc: dict, tensors: dict[str, torch.Tensor], *, cfg: dict, fingerprint: str,
             net: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
             sampler_rng: np.random.Generator, clean_score: np.ndarray, average: Any,

@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from cg_chains import make_clean_dir, make_tiny_chains
+from cg_chains import make_clean_dir, make_tiny_chains, smooth_art
 from cg_testutil import same_weights
 from click.testing import CliRunner
 
@@ -135,3 +136,45 @@ def test_a_killed_training_process_resumes_bit_for_bit(tmp_path, data):
     assert res.exit_code == 0, res.output
     assert f"at step {step}/200" in res.output
     assert same_weights(out, whole)
+
+
+def test_a_snapshot_is_the_checkpoints_network_as_weights_and_leaves_the_run_alone(tmp_path, data):
+    """`train --snapshot`: the checkpoint's network, loadable as `cnn:FILE`; the run's files are
+    not touched and it resumes from them."""
+    import torch
+    from safetensors.torch import load_file
+
+    from collapseguard.detectors import create
+    from collapseguard.training.checkpoint import load_checkpoint
+
+    at = data.index("--average-from")
+    plain = data[:at] + data[at + 2:]  # no weight average: the run returns its last weights
+    split = tmp_path / "split" / "w.safetensors"
+    snap = tmp_path / "peek" / "s.safetensors"
+    res = CliRunner().invoke(main, ["train", "--out", str(split), "--snapshot", str(snap)])
+    assert res.exit_code == 2 and "no checkpoint" in res.output and not snap.exists()
+    assert _train([*plain, "--steps", "8", "--stop-at-step", "4"], split).exit_code == 0
+    run_files = {p.name: p.read_bytes() for p in split.parent.iterdir()}
+    res = CliRunner().invoke(main, ["train", "--out", str(split), "--snapshot", str(snap)])
+    assert res.exit_code == 0 and "step 4 of 8" in res.output, res.output
+    assert {p.name: p.read_bytes() for p in split.parent.iterdir()} == run_files
+    _, tensors = load_checkpoint(split.parent / "w.ckpt.json")
+    got = load_file(snap)
+    net = {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
+    assert sorted(got) == sorted(net) and all(torch.equal(got[k], net[k]) for k in net)
+    det = create(f"cnn:{snap}")
+    assert det.metadata["checkpoint_step"] == "4" and det.metadata["iterations"] == "8"
+    img = smooth_art(np.random.default_rng(0), 96, 112)
+    early = float(det.score([img])[0])
+    assert np.isfinite(early)
+    # training options, the run's own files and another suffix are refused, never dropped
+    for args, said in ((["--snapshot", str(snap), "--steps", "8"], "--steps: --snapshot takes only"),
+                       (["--snapshot", str(split)], "another file"),
+                       (["--snapshot", str(tmp_path / "s.bin")], "must end with .safetensors")):
+        res = CliRunner().invoke(main, ["train", "--out", str(split), *args])
+        assert res.exit_code == 2 and said in res.output, res.output
+    res = _train([*plain, "--steps", "8", "--resume"], split)
+    assert res.exit_code == 0 and "at step 4/8" in res.output, res.output
+    final = load_file(split)
+    assert any(not torch.equal(got[k], final[k]) for k in net)  # step 4's weights, not step 8's
+    assert float(create(f"cnn:{split}").score([img])[0]) != early
