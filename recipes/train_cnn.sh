@@ -73,6 +73,10 @@ NET_CHAINS=${NET_CHAINS:-40}  # N > 0: N training-side photo views (256 px) thro
                               # families animevideov3 and waifu2x (collapseguard[networks]) as more
                               # chains in $WORK/chains_networks (realesrgan and waifu2x_upconv7 stay
                               # held out of training)
+GAN_CHAINS=${GAN_CHAINS:-0}  # N > 0: the first N of those views through rrdn_gan, idealo's GAN
+                            # upscaler (weights made once: docs/TRAINING_DATA.md), as more chains
+                            # in $WORK/chains_gan (a candidate recipe, not shipped;
+                            # docs/history/model_history.md)
 WEB_HISTORY=${WEB_HISTORY:-0.5}  # P > 0: that share of clean training images given a web history
                                  # (collapseguard train --web-history)
 EXCLUDE=${EXCLUDE:-codec}  # families left out of training (--exclude-family), space-separated
@@ -142,6 +146,11 @@ if [ "$NET_CHAINS" -gt 0 ] && [ ! -f "$WORK/chains_networks/manifest.csv" ]; the
   python recipes/make_train_chains.py "" "$WORK/chains_networks" --photos "$WORK/photos" --side 256 \
     --families animevideov3,waifu2x --limit "$NET_CHAINS" --workers "$WORKERS"
 fi
+if [ "$GAN_CHAINS" -gt 0 ] && [ ! -f "$WORK/chains_gan/manifest.csv" ]; then
+  rm -rf "$WORK/chains_gan"
+  python recipes/make_train_chains.py "" "$WORK/chains_gan" --photos "$WORK/photos" --side 256 \
+    --families rrdn_gan --limit "$GAN_CHAINS" --workers "$WORKERS"
+fi
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0
@@ -152,6 +161,7 @@ if [ "$WINDOWS" -gt 0 ]; then more_chains=(--chains "$WORK/chains_windows"); fi
 if [ "$TEX_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_textures"); fi
 if [ "$DRAWN" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_drawn"); fi
 if [ "$NET_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_networks"); fi
+if [ "$GAN_CHAINS" -gt 0 ]; then more_chains+=(--chains "$WORK/chains_gan"); fi
 if [ "$WEB_HISTORY" != 0 ]; then EXTRA="$EXTRA --web-history $WEB_HISTORY"; fi
 for fam in $EXCLUDE; do EXTRA="$EXTRA --exclude-family $fam"; done
 kind_clean=()
