@@ -216,12 +216,14 @@ def snapshot_weights(path: Path, out: Path) -> tuple[int, int]:
     net_cfg = doc["config"].get("net") if isinstance(doc["config"], dict) else None
     if not isinstance(net_cfg, dict):
         raise CheckpointError(f"{path}: its config names no network")
+    step, iterations = doc["step"], doc["config"].get("iterations")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (step, iterations)):
+        raise CheckpointError(f"{path}: its step and iterations must be whole numbers, got {step!r}, {iterations!r}")
     try:
         net = DegradationNet(NetConfig.from_dict(net_cfg))
         net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, strict=True)
     except (TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: tensors that do not fit
         raise CheckpointError(f"{path}: its network cannot be rebuilt ({exc})") from None
-    step, iterations = int(doc["step"]), int(doc["config"].get("iterations", 0))
     save_net(net.eval(), out, metadata={"checkpoint_step": str(step), "iterations": str(iterations)})
     return step, iterations
 

@@ -173,6 +173,16 @@ def test_a_snapshot_is_the_checkpoints_network_as_weights_and_leaves_the_run_alo
                        (["--snapshot", str(tmp_path / "s.bin")], "must end with .safetensors")):
         res = CliRunner().invoke(main, ["train", "--out", str(split), *args])
         assert res.exit_code == 2 and said in res.output, res.output
+    # a checkpoint JSON that is not what it claims gives one line, not a traceback
+    ck = split.parent / "w.ckpt.json"
+    good = ck.read_text()
+    for key, bad, said in (("step", "4", "whole numbers"),
+                           ("config", {"iterations": 8, "net": {"width": "x"}}, "cannot be rebuilt")):
+        ck.write_text(json.dumps({**json.loads(good), key: bad}))
+        res = CliRunner().invoke(main, ["train", "--out", str(split), "--snapshot", str(tmp_path / "bad.safetensors")])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit) and said in res.output, res.output
+        assert not (tmp_path / "bad.safetensors").exists()
+    ck.write_text(good)
     res = _train([*plain, "--steps", "8", "--resume"], split)
     assert res.exit_code == 0 and "at step 4/8" in res.output, res.output
     final = load_file(split)
