@@ -73,7 +73,7 @@ NET_CHAINS=${NET_CHAINS:-40}  # N > 0: N training-side photo views (256 px) thro
                               # families animevideov3 and waifu2x (collapseguard[networks]) as more
                               # chains in $WORK/chains_networks (realesrgan and waifu2x_upconv7 stay
                               # held out of training)
-GAN_CHAINS=${GAN_CHAINS:-0}  # N > 0: the first N of those views through rrdn_gan, idealo's GAN
+GAN_CHAINS=${GAN_CHAINS:-0}  # N > 0: N such views (NET_CHAINS' own when equal) through rrdn_gan, idealo's GAN
                             # upscaler (weights made once: docs/TRAINING_DATA.md), as more chains
                             # in $WORK/chains_gan (a candidate recipe, not shipped;
                             # docs/history/model_history.md)
