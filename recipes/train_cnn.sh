@@ -141,16 +141,15 @@ if [ "$DRAWN" -gt 0 ]; then
   python recipes/make_train_chains.py "pixel:$((DRAWN / 4)),screen:$((DRAWN / 4))" "$WORK/chains_drawn" \
     --workers "$WORKERS"
 fi
-if [ "$NET_CHAINS" -gt 0 ] && [ ! -f "$WORK/chains_networks/manifest.csv" ]; then
-  rm -rf "$WORK/chains_networks"
-  python recipes/make_train_chains.py "" "$WORK/chains_networks" --photos "$WORK/photos" --side 256 \
-    --families animevideov3,waifu2x --limit "$NET_CHAINS" --workers "$WORKERS"
-fi
-if [ "$GAN_CHAINS" -gt 0 ] && [ ! -f "$WORK/chains_gan/manifest.csv" ]; then
-  rm -rf "$WORK/chains_gan"
-  python recipes/make_train_chains.py "" "$WORK/chains_gan" --photos "$WORK/photos" --side 256 \
-    --families rrdn_gan --limit "$GAN_CHAINS" --workers "$WORKERS"
-fi
+network_chains() {  # DIR FAMILIES N: N training-side 256 px photo views through FAMILIES, made once
+  if [ "$3" -gt 0 ] && [ ! -f "$1/manifest.csv" ]; then
+    rm -rf "$1"
+    python recipes/make_train_chains.py "" "$1" --photos "$WORK/photos" --side 256 \
+      --families "$2" --limit "$3" --workers "$WORKERS"
+  fi
+}
+network_chains "$WORK/chains_networks" animevideov3,waifu2x "$NET_CHAINS"
+network_chains "$WORK/chains_gan" rrdn_gan "$GAN_CHAINS"
 echo "chains stage: $(( $(date +%s) - start )) s"
 fi
 [ "$STAGE" = chains ] && exit 0

@@ -204,6 +204,11 @@ def load_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return doc, load_bytes(data)
 
 
+def _net_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The network's own tensors of a checkpoint (saved under ``net.``), by their module names."""
+    return {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
+
+
 def snapshot_weights(path: Path, out: Path) -> tuple[int, int]:
     """Write the network of the checkpoint ``path`` (a ``.ckpt.json``) as a cnn weights file
     ``out``, readable by ``cnn:OUT`` like a finished run's weights: a look at a long run part-way
@@ -221,7 +226,7 @@ def snapshot_weights(path: Path, out: Path) -> tuple[int, int]:
         raise CheckpointError(f"{path}: its step and iterations must be whole numbers, got {step!r}, {iterations!r}")
     try:
         net = DegradationNet(NetConfig.from_dict(net_cfg))
-        net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, strict=True)
+        net.load_state_dict(_net_state(tensors), strict=True)
     except (TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: tensors that do not fit
         raise CheckpointError(f"{path}: its network cannot be rebuilt ({exc})") from None
     save_net(net.eval(), out, metadata={"checkpoint_step": str(step), "iterations": str(iterations)})
@@ -247,7 +252,7 @@ def restore(doc: dict, tensors: dict[str, torch.Tensor], *, cfg: dict, fingerpri
     if doc["data_fingerprint"] != fingerprint:
         raise CheckpointError("the checkpoint was made on other training data (the crop banks differ): "
                               "resume with the same --chains, --clean, --teacher, --images and bank options")
-    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, strict=True)
+    net.load_state_dict(_net_state(tensors), strict=True)
     state: dict[int, dict] = {}
     for idx, keys in doc["optimizer"]["state_keys"].items():
         state[int(idx)] = {k: tensors[f"opt.{idx}.{k}"] for k in keys}
