@@ -124,7 +124,10 @@ NET_SIDE = 192
 #: n-th source (a different offset per family), on the same centre window; realesrgan (about 4 s
 #: a step there on one core) on fewer. Training recipes may use animevideov3 and waifu2x;
 #: realesrgan and waifu2x_upconv7 are held out of every training and calibration recipe
-NETWORK_FAMILIES = {"realesrgan": 42, "animevideov3": 14, "waifu2x": 14, "waifu2x_upconv7": 14}
+#: held out too. The MAXIM families (npm tarballs, ``replicators.maxim``; about 8 s a step there)
+#: on every 24th source
+NETWORK_FAMILIES = {"realesrgan": 42, "animevideov3": 14, "waifu2x": 14, "waifu2x_upconv7": 14,
+                    "maxim_restore": 24, "maxim_retouch": 24}
 
 
 log = package_images.log
@@ -158,9 +161,10 @@ def _done(folder: Path, fam: str) -> pd.DataFrame | None:
 
 
 def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, workers: int,
-                    networks: bool = False) -> pd.DataFrame:
+                    networks: bool = False, only: tuple[str, ...] = ()) -> pd.DataFrame:
     """Every family's chains (one family at a time, each kept in ``manifest_<family>.csv`` so that
-    a rerun goes on where it stopped), merged into ``out/manifest.csv`` with the sources' kinds."""
+    a rerun goes on where it stopped), merged into ``out/manifest.csv`` with the sources' kinds;
+    with ``only``, just those families (a later run makes the rest)."""
     from collapseguard.images import load_image
     from collapseguard.training_data_tools.chains import make_chains
     from collapseguard.training_data_tools.manifest import source_group, write_manifest
@@ -176,6 +180,12 @@ def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, wo
         for j, fam in enumerate(nets):
             if i % NETWORK_FAMILIES[fam] == (j * 3) % NETWORK_FAMILIES[fam]:
                 by_family[fam].append(name)
+    if only:
+        unknown = sorted(set(only) - set(by_family))
+        if unknown:
+            raise SystemExit(f"--only: no such family here: {', '.join(unknown)} "
+                             f"(network families need --networks)")
+        by_family = {f: v for f, v in by_family.items() if f in only}
 
     def load(name: str, fam: str):
         img = load_image(src_dir / f"{name}.png")
@@ -225,8 +235,12 @@ def main(argv=None) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--networks", action="store_true",
-                    help="also the real re-rendering network families (NETWORK_FAMILIES; the networks extra)")
+                    help="also the real re-rendering network families (NETWORK_FAMILIES; the networks "
+                         "extra, and the MAXIM families' npm tarballs)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated families to make and store now (a later run makes the rest)")
     a = ap.parse_args(argv)
+    only = tuple(f for f in a.only.split(",") if f)
     out = a.out.resolve()
     t0 = time.time()
     package_images.fetch_packages(out / "debs", PACKAGES)
@@ -240,7 +254,8 @@ def main(argv=None) -> None:
     for _, k in sources:
         counts[k] = counts.get(k, 0) + 1
     log(f"{len(sources)} sources: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    chains = make_all_chains(out / "sources", sources, out / "chains", a.workers, networks=a.networks)
+    chains = make_all_chains(out / "sources", sources, out / "chains", a.workers, networks=a.networks,
+                             only=only)
     m = store_all(chains, out / "stored", a.workers)
     fam = m.groupby("family")["stored_from"].nunique()
     log(f"done in {time.time() - t0:.0f} s: {m['chain_id'].nunique()} stored chains "

