@@ -2,7 +2,8 @@
 # The evaluation set no training run touches (recipes/eval_set.py says how each stage works):
 #
 #   bash recipes/eval_set.sh OUT              # WORKERS=1 for one core; NETWORKS=1 adds the network
-#                                             # families (collapseguard[networks]; resumes an existing OUT)
+#                                             # families (collapseguard[networks] and the MAXIM
+#                                             # tarballs, docs/TRAINING_DATA.md; resumes an existing OUT)
 #   collapseguard evaluate --chains OUT/stored --detectors cnn --calibration default --out OUT/eval
 #
 # Clean images of every kind users hold (photos, foliage, night photos, painted portraits,

@@ -3,7 +3,8 @@
 #
 #   bash recipes/judging_data.sh DIR        # WORKERS=1 for one core
 #
-# - DIR/eval: the evaluation set with its network families (NETWORKS=1 recipes/eval_set.sh);
+# - DIR/eval: the evaluation set with its network families (NETWORKS=1 recipes/eval_set.sh; the
+#   MAXIM families' npm tarballs are fetched first where missing);
 # - DIR/wh: the web-history clean set of its sources (recipes/web_history_set.py build);
 # - DIR/calib: the calibration's chains and clean images (recipes/make_default_calibration.sh up
 #   to its step 4, CG_CALIB_DATA_ONLY=1; the shipped calibration files are not rewritten).
@@ -18,6 +19,12 @@ set -euo pipefail
 DIR=$(realpath -m "$1")  # before cd: a relative DIR is the caller's
 cd "$(dirname "$0")/.."
 mkdir -p "$DIR"
+# the MAXIM families' npm tarballs (replicators/maxim.py), fetched once from the npm registry
+MAXIM_DIR=${COLLAPSEGUARD_MAXIM_DIR:-$HOME/.cache/collapseguard}
+mkdir -p "$MAXIM_DIR"
+for t in denoising deblurring retouching enhancement; do
+  [ -f "$MAXIM_DIR/upscalerjs-maxim-$t-0.1.0.tgz" ] || (cd "$MAXIM_DIR" && npm pack --silent "@upscalerjs/maxim-$t@0.1.0" >/dev/null)
+done
 NETWORKS=1 WORKERS=${WORKERS:-2} bash recipes/eval_set.sh "$DIR/eval"
 python recipes/web_history_set.py build "$DIR/eval" "$DIR/wh"
 CG_CALIB_WORK="$DIR/calib" CG_CALIB_WORKERS=${WORKERS:-2} CG_CALIB_DATA_ONLY=1 \

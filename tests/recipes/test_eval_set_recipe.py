@@ -99,3 +99,29 @@ def test_calibration_kinds_reads_no_package_of_training_evaluation_or_fresh_set(
                                                                    "textures.py", "lxqt_photos.sh"))
     used = {w for w in text.replace("\\", " ").split() if w in kinds.PACKAGES}
     assert used == set(), used
+
+
+def test_only_makes_the_families_named_and_a_later_run_adds_the_rest(tmp_path, photos, monkeypatch):
+    """``--only`` makes some families now (the MAXIM ones take minutes a chain); a later run makes
+    the rest and reuses what exists, and a family the plan does not hold is refused by name."""
+    import pytest
+
+    rec = _recipe()
+    monkeypatch.setattr(rec, "STEPS", 2)
+    monkeypatch.setattr(rec, "KEEP", (0, 1, 2))
+    monkeypatch.setattr(rec, "FAMILIES", ("codec", "aspect_drift"))
+    src = tmp_path / "src"
+    src.mkdir()
+    sources = []
+    for i in range(2):
+        Image.fromarray(photos[i][:48, :48]).save(src / f"p{i}.png")
+        sources.append((f"p{i}", "photo"))
+    out = tmp_path / "chains"
+    first = rec.make_all_chains(src, sources, out, workers=1, only=("codec",))
+    assert set(first["family"]) == {"codec"} and set(first["kind"]) == {"photo"}
+    made = sorted(p.stat().st_mtime_ns for p in (out / "codec").rglob("*.png"))
+    both = rec.make_all_chains(src, sources, out, workers=1)
+    assert set(both["family"]) == {"codec", "aspect_drift", *rec.NET_FAMILIES}  # every 10th: source 0
+    assert sorted(p.stat().st_mtime_ns for p in (out / "codec").rglob("*.png")) == made  # not redone
+    with pytest.raises(SystemExit, match="no such family here: maxim_retouch"):
+        rec.make_all_chains(src, sources, out, workers=1, only=("maxim_retouch",))
