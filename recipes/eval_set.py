@@ -123,9 +123,9 @@ NET_SIDE = 192
 #: with ``--networks`` (the ``networks`` extra): real re-rendering networks, each on every
 #: n-th source (a different offset per family), on the same centre window; realesrgan (about 4 s
 #: a step there on one core) on fewer. Training recipes may use animevideov3 and waifu2x;
-#: realesrgan and waifu2x_upconv7 are held out of every training and calibration recipe
-#: held out too. The MAXIM families (npm tarballs, ``replicators.maxim``; about 8 s a step there)
-#: on every 24th source
+#: realesrgan and waifu2x_upconv7 are held out of every training and calibration recipe, and so
+#: are the MAXIM families (npm tarballs, ``replicators.maxim``; about 8 s a step there), on every
+#: 24th source
 NETWORK_FAMILIES = {"realesrgan": 42, "animevideov3": 14, "waifu2x": 14, "waifu2x_upconv7": 14,
                     "maxim_restore": 24, "maxim_retouch": 24}
 
@@ -164,7 +164,8 @@ def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, wo
                     networks: bool = False, only: tuple[str, ...] = ()) -> pd.DataFrame:
     """Every family's chains (one family at a time, each kept in ``manifest_<family>.csv`` so that
     a rerun goes on where it stopped), merged into ``out/manifest.csv`` with the sources' kinds;
-    with ``only``, just those families (a later run makes the rest)."""
+    with ``only``, only those families are made now (a later run makes the rest) and the merged
+    manifest holds every family made so far."""
     from collapseguard.images import load_image
     from collapseguard.training_data_tools.chains import make_chains
     from collapseguard.training_data_tools.manifest import source_group, write_manifest
@@ -185,7 +186,6 @@ def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, wo
         if unknown:
             raise SystemExit(f"--only: no such family here: {', '.join(unknown)} "
                              f"(network families need --networks)")
-        by_family = {f: v for f, v in by_family.items() if f in only}
 
     def load(name: str, fam: str):
         img = load_image(src_dir / f"{name}.png")
@@ -199,6 +199,8 @@ def make_all_chains(src_dir: Path, sources: list[tuple[str, str]], out: Path, wo
     parts = []
     for fam, names in by_family.items():
         done = _done(out, fam)
+        if done is None and only and fam not in only:
+            continue
         if done is None:
             log(f"chains {fam}: {len(names)}")
             done = make_chains((load(n, fam) for n in names), [fam],
@@ -238,7 +240,8 @@ def main(argv=None) -> None:
                     help="also the real re-rendering network families (NETWORK_FAMILIES; the networks "
                          "extra, and the MAXIM families' npm tarballs)")
     ap.add_argument("--only", default="",
-                    help="comma-separated families to make and store now (a later run makes the rest)")
+                    help="comma-separated families to make now (a later run makes the rest); the "
+                         "merged manifests hold every family made so far")
     a = ap.parse_args(argv)
     only = tuple(f for f in a.only.split(",") if f)
     out = a.out.resolve()

@@ -120,8 +120,11 @@ def test_only_makes_the_families_named_and_a_later_run_adds_the_rest(tmp_path, p
     first = rec.make_all_chains(src, sources, out, workers=1, only=("codec",))
     assert set(first["family"]) == {"codec"} and set(first["kind"]) == {"photo"}
     made = sorted(p.stat().st_mtime_ns for p in (out / "codec").rglob("*.png"))
+    second = rec.make_all_chains(src, sources, out, workers=1, only=("aspect_drift",))
+    assert set(second["family"]) == {"codec", "aspect_drift"}  # the merged manifest keeps codec
     both = rec.make_all_chains(src, sources, out, workers=1)
     assert set(both["family"]) == {"codec", "aspect_drift", *rec.NET_FAMILIES}  # every 10th: source 0
     assert sorted(p.stat().st_mtime_ns for p in (out / "codec").rglob("*.png")) == made  # not redone
+    assert both[both["family"] != "super_resolution"].equals(second)
     with pytest.raises(SystemExit, match="no such family here: maxim_retouch"):
         rec.make_all_chains(src, sources, out, workers=1, only=("maxim_retouch",))
