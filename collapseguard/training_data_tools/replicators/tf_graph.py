@@ -21,11 +21,14 @@ from typing import Callable
 
 import numpy as np
 
+from collapseguard.training_data_tools.replicators.base import ReplicatorError
+
 _DTYPES = {"DT_FLOAT": "float32", "DT_INT32": "int64", "DT_BOOL": "bool"}
 
 
-class GraphError(ValueError):
-    """The graph or its weights cannot be run by ``TFGraph``."""
+class GraphError(ReplicatorError):
+    """The graph or its weights cannot be run by ``TFGraph`` (a ``ReplicatorError``: a family
+    whose network cannot load fails as any family that cannot run)."""
 
 
 def read_package(tgz: Path, model_json: str = "package/models/model.json") -> tuple[dict, dict]:
