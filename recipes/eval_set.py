@@ -124,7 +124,7 @@ NET_SIDE = 192
 #: n-th source (a different offset per family), on the same centre window; realesrgan (about 4 s
 #: a step there on one core) on fewer. Training recipes may use animevideov3 and waifu2x;
 #: realesrgan and waifu2x_upconv7 are held out of every training and calibration recipe, and so
-#: are the MAXIM families (npm tarballs, ``replicators.maxim``; about 8 s a step there), on every
+#: are the MAXIM families (npm tarballs, ``replicators.maxim``; about 7 s a step there), on every
 #: 24th source
 NETWORK_FAMILIES = {"realesrgan": 42, "animevideov3": 14, "waifu2x": 14, "waifu2x_upconv7": 14,
                     "maxim_restore": 24, "maxim_retouch": 24}

@@ -8,7 +8,6 @@ must reproduce the package's own sample result.
 import base64
 import io
 import json
-import os
 import tarfile
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from collapseguard.training_data_tools.replicators import (
     create_replicator,
     list_families,
 )
+from collapseguard.training_data_tools.replicators import maxim
 from collapseguard.training_data_tools.replicators.base import missing_families
 from collapseguard.training_data_tools.replicators.tf_graph import GraphError, TFGraph
 
@@ -223,15 +223,12 @@ def test_maxim_families_need_their_tarballs_and_keep_the_size(tmp_path, monkeypa
     assert lap(x) < 0.6 * lap(img)  # three passes of the stand-in smooth the picture
 
 
-@pytest.mark.skipif(not (Path(os.environ.get("COLLAPSEGUARD_MAXIM_DIR", "~/.cache/collapseguard")).expanduser()
-                         / "upscalerjs-maxim-denoising-0.1.0.tgz").is_file(),
+@pytest.mark.skipif(not maxim.tarball("denoising").is_file(),
                     reason="the real MAXIM tarball is fetched by .ci/run (npm pack)")
 def test_the_real_maxim_denoiser_reproduces_its_packages_sample():
     """The 22 M-parameter denoiser, its 25,000 nodes run in torch, on the package's own fixture:
     within one grey level of the package's result image (TF.js's, saved as 8-bit PNG), and far
     from its input."""
-    from collapseguard.training_data_tools.replicators import maxim
-
     tgz = maxim.tarball("denoising")
     with tarfile.open(tgz, "r:gz") as tf:
         fixture = np.asarray(Image.open(tf.extractfile("package/assets/fixture.png")).convert("RGB"))

