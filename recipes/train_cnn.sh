@@ -41,7 +41,8 @@
 # (about 20 with two) plus about 25 for the network chains, training about two hours on one busy
 # core. Add EXTRA="--checkpoint-minutes 10 --cache DIR" to save checkpoints, and "--resume" to
 # go on after an interruption, bit for bit (MODEL_CARD.md, "How to reproduce").
-# STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains.
+# STAGE=chains stops after step 2; STAGE=train runs only step 3 on existing chains. Rerunning the
+# command resumes: downloads, and chains folders with a manifest, are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:?set WORK to a work folder (packages, chains and crop banks go there)}
@@ -121,28 +122,34 @@ if [ "$KINDS" = 1 ]; then
 fi
 
 # 2. chains --------------------------------------------------------------------------------------
-rm -rf "$WORK/chains" "$WORK/clean_art"
-python recipes/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
-  --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS" \
-  --workers "$WORKERS"
-if [ "$WINDOWS" -gt 0 ]; then
+# Each chains folder is made once: a folder whose manifest.csv exists is kept (the manifest is
+# written last, whole), so a stopped stage resumes at the first folder without one. Delete a
+# folder to make it again (after changing SOURCES, say).
+made() { [ -f "$1/manifest.csv" ]; }
+if ! made "$WORK/chains"; then
+  rm -rf "$WORK/chains" "$WORK/clean_art"
+  python recipes/make_train_chains.py "$SOURCES" "$WORK/chains" --photos "$WORK/photos" --both-views \
+    --clean-art 120 --clean-art-dir "$WORK/clean_art" --extra-photos "$WORK/nightsky" --extra-n "$NIGHT_CHAINS" \
+    --workers "$WORKERS"
+fi
+if [ "$WINDOWS" -gt 0 ] && ! made "$WORK/chains_windows"; then
   rm -rf "$WORK/chains_windows"
   python recipes/make_train_chains.py "" "$WORK/chains_windows" --photos "$WORK/photos" \
     --windows "$WINDOWS" --windows-only
 fi
-if [ "$TEX_CHAINS" -gt 0 ]; then
+if [ "$TEX_CHAINS" -gt 0 ] && ! made "$WORK/chains_textures"; then
   rm -rf "$WORK/chains_textures"
   python recipes/make_train_chains.py "" "$WORK/chains_textures" --extra-photos "$WORK/textures" \
     --extra-n "$TEX_CHAINS"
 fi
-if [ "$DRAWN" -gt 0 ]; then
+if [ "$DRAWN" -gt 0 ] && ! made "$WORK/chains_drawn"; then
   rm -rf "$WORK/chains_drawn" "$WORK/clean_drawn"
   python -m collapseguard.training_data_tools.drawn_kinds "$WORK/clean_drawn" "$DRAWN" --seed 31
   python recipes/make_train_chains.py "pixel:$((DRAWN / 4)),screen:$((DRAWN / 4))" "$WORK/chains_drawn" \
     --workers "$WORKERS"
 fi
 network_chains() {  # DIR FAMILIES N: N training-side 256 px photo views through FAMILIES, made once
-  if [ "$3" -gt 0 ] && [ ! -f "$1/manifest.csv" ]; then
+  if [ "$3" -gt 0 ] && ! made "$1"; then
     rm -rf "$1"
     python recipes/make_train_chains.py "" "$1" --photos "$WORK/photos" --side 256 \
       --families "$2" --limit "$3" --workers "$WORKERS"

@@ -109,10 +109,14 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     out["path"] = [rel(p) for p in out["path"]]
     out = out.sort_values(["chain_id", "step"], kind="stable").reset_index(drop=True)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # written beside and renamed: a manifest that exists is whole, so recipes that make a chains
+    # folder once (when its manifest is missing) resume correctly after a kill
+    tmp = path.with_name(f".{path.name}.tmp")
     if path.suffix == ".parquet":
-        out.to_parquet(path, index=False)
+        out.to_parquet(tmp, index=False)
     else:
-        out.to_csv(path, index=False, sep="\t" if path.suffix == ".tsv" else ",")
+        out.to_csv(tmp, index=False, sep="\t" if path.suffix == ".tsv" else ",")
+    os.replace(tmp, path)
     return path
 
 

@@ -109,3 +109,29 @@ def test_make_chains_in_the_callers_process_gives_its_torch_threads_back(tmp_pat
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_manifest_is_whole_or_absent(tmp_path, sources, monkeypatch):
+    """Recipes make a chains folder once, when its manifest is missing; a write stopped halfway
+    must leave no manifest behind (it is written beside and renamed), and a rewrite replaces it."""
+    import pandas as pd
+
+    from collapseguard.training_data_tools.manifest import write_manifest
+
+    df = make_chains(sources, ["codec"], steps=1, keep=(0, 1), out_dir=tmp_path, seed=1, workers=1,
+                     progress=False, manifest_name="first.csv")
+    real = pd.DataFrame.to_csv
+
+    def stops_halfway(self, path, **kw):
+        with open(path, "w") as f:
+            f.write(real(self, **kw)[:40])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", stops_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        write_manifest(df, tmp_path / "manifest.csv")
+    assert not (tmp_path / "manifest.csv").exists()
+    monkeypatch.setattr(pd.DataFrame, "to_csv", real)
+    write_manifest(df, tmp_path / "manifest.csv")
+    assert len(read_manifest(tmp_path / "manifest.csv")) == len(df)
+    assert sorted(p.name for p in tmp_path.glob("*.csv")) == ["first.csv", "manifest.csv"]
