@@ -187,6 +187,27 @@ def shares(right: dict) -> tuple[dict, float | None, float | None]:
     return fams, min(v[0] for v in fams.values()), round(float(np.mean([v[0] for v in fams.values()])), 3)
 
 
+def shipped_cnn_scores(rows, work: Path) -> np.ndarray:
+    """The shipped detector's ``cnn`` score of each row's image, cached in ``work``
+    (``eval-shipped-cnn-*.npz``, keyed by the paths and the cnn's version): the second score of
+    ``--cnn-mix``."""
+    from collapseguard.detectors.base import create
+    from collapseguard.images import load_image
+    from collapseguard.io.atomic import replaced_when_done
+
+    det = create("cnn")
+    key = hashlib.sha256(repr((list(rows["path"]), det.version)).encode()).hexdigest()[:12]
+    cache = work / f"eval-shipped-cnn-{key}.npz"
+    if cache.exists():
+        return np.load(cache, allow_pickle=False)["score"]
+    paths = list(rows["path"])
+    score = np.concatenate([np.asarray(det.score([load_image(p) for p in paths[i: i + 8]]), np.float64)
+                            for i in range(0, len(paths), 8)])
+    with replaced_when_done(cache, suffix=".npz") as tmp:
+        np.savez(tmp, score=score)
+    return score
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("manifest", help="a chain manifest (recipes/eval_set.sh writes EVAL/stored/manifest.csv)")
@@ -198,6 +219,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cnn", default=None, metavar="FILE",
                     help="cnn weights whose score is the cnn input (default: the comparator's own); "
                          "only weights fitted on that cnn (compare_weights.py --cnn FILE) are ranked")
+    ap.add_argument("--cnn-mix", type=float, default=None, metavar="LAMBDA",
+                    help="the cnn input plus LAMBDA times the shipped detector's score (compare.MixedCnn): "
+                         "only weights fitted so (compare_weights.py --cnn-mix LAMBDA) are ranked")
     ap.add_argument("--psnr-bands", default="",
                     help="band edges in dB, e.g. 35,40: also print step 0 vs >= 3 per family in bands "
                          "of the two steps' PSNR as PNG (how much the damage changed the picture)")
@@ -210,6 +234,11 @@ def main(argv=None) -> int:
 
     rows, cnn, lad = describe_manifest(args.manifest, Path(args.work), args.max_step, args.workers, args.cnn)
     own = (create("cnn", weights=args.cnn) if args.cnn else comparator_cnn()).version
+    if args.cnn_mix is not None:
+        from collapseguard.dedup.fit import untrained_comparator
+
+        cnn = cnn + args.cnn_mix * shipped_cnn_scores(rows, Path(args.work))
+        own = untrained_comparator(args.cnn, args.cnn_mix).cnn.version
     try:
         bands = [float(b) for b in args.psnr_bands.split(",") if b.strip()]
     except ValueError:

@@ -168,6 +168,9 @@ def main(argv=None) -> int:
                     help="cnn weights whose score is the cnn input (default: the packaged "
                          "compare_cnn the comparator reads; a fit on other weights ships only "
                          "with them: docs/DEDUP.md, \"The comparator's cnn\")")
+    ap.add_argument("--cnn-mix", type=float, default=None, metavar="LAMBDA",
+                    help="the cnn input is the cnn's score plus LAMBDA times the shipped detector's "
+                         "(compare.MixedCnn; the weights file names LAMBDA as cnn_mix)")
     ap.add_argument("--choose-inputs", default=None, metavar="SETS",
                     help="sets of inputs separated by ';' (e.g. 'cnn,sat,hf,flat,cast;all'): print "
                          "each set's three-fold cross-validated figures on the fit part's chains "
@@ -193,14 +196,50 @@ def main(argv=None) -> int:
         return run(args, inputs, input_sets, pool)
 
 
+def chain_images(part, seed: int):
+    """``(images, row of each)``: each chain image of a manifest's rows as made, then its one
+    harmless copy (``random_copy``, stream ``seed``): the same images on every call."""
+    from collapseguard.dedup.copies import random_copy
+    from collapseguard.images import load_image
+
+    rng = np.random.default_rng(seed)
+    imgs, rows = [], []
+    for r, path in enumerate(part["path"]):
+        img = load_image(path)
+        imgs += [img, random_copy(img, rng)[2]]
+        rows += [r, r]
+    return imgs, rows
+
+
+def other_cnn_scores(name: str, key, images, work: Path) -> np.ndarray:
+    """The shipped detector's ``cnn`` scores of ``images()`` (a callable: called only when they
+    are not cached in ``work``), cached as ``other-cnn-{name}-*.npz`` keyed by ``key`` and that
+    cnn's version: the second score of ``--cnn-mix``."""
+    from collapseguard.detectors.base import create
+    from collapseguard.io.atomic import replaced_when_done
+
+    cnn = create("cnn")
+    cache = work / f"other-cnn-{name}-{hashlib.sha256(repr((key, cnn.version)).encode()).hexdigest()[:12]}.npz"
+    if cache.exists():
+        return np.load(cache, allow_pickle=False)["score"]
+    imgs = images()
+    score = np.concatenate([np.asarray(cnn.score(imgs[i: i + 8]), np.float64) for i in range(0, len(imgs), 8)])
+    with replaced_when_done(cache, suffix=".npz") as tmp:
+        np.savez(tmp, score=score)
+    return score
+
+
+def mixed(descs, other: np.ndarray, mix: float):
+    """``descs`` with ``mix`` times the other cnn's score added to their cnn input (``MixedCnn``)."""
+    return [{**d, "cnn": d["cnn"] + mix * float(o)} for d, o in zip(descs, other)]
+
+
 def chain_descriptions(manifest, work: Path, seed: int, comp, pool=None):
     """``(rows, descriptions, row of each description)`` of a manifest's chain images: each image
     as made and as one harmless copy (``random_copy``, stream ``seed``), cached in ``work``
     (``descriptions-*.npz``, keyed by the manifest's path and bytes, the seed and what the
     descriptions depend on)."""
-    from collapseguard.dedup.copies import random_copy
     from collapseguard.dedup.fit import describe_all
-    from collapseguard.images import load_image
     from collapseguard.io.atomic import replaced_when_done
     from collapseguard.training_data_tools.manifest import read_manifest
 
@@ -212,14 +251,7 @@ def chain_descriptions(manifest, work: Path, seed: int, comp, pool=None):
     z = np.load(cache, allow_pickle=False) if cache.exists() else None
     if z is not None and len(z["chain_rows"]) == 2 * len(part):
         return part, unpack(z["chain_cnn"], z["chain_lad"]), z["chain_rows"]
-    rng = np.random.default_rng(seed)
-    imgs, rows = [], []
-    for r, path in enumerate(part["path"]):
-        img = load_image(path)
-        imgs.append(img)
-        rows.append(r)
-        imgs.append(random_copy(img, rng)[2])
-        rows.append(r)
+    imgs, rows = chain_images(part, seed)
     descs = describe_all(comp, imgs, pool=pool)
     rows = np.array(rows)
     del imgs
@@ -252,10 +284,16 @@ def run(args, inputs, input_sets, pool) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     comp = untrained_comparator(args.cnn)
+    mixed_version = (untrained_comparator(args.cnn, args.cnn_mix).cnn.version
+                     if args.cnn_mix is not None else None)
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):
         part, descs, rows = chain_descriptions(manifest, work, args.seed, comp, pool)
+        if args.cnn_mix is not None:
+            other = other_cnn_scores("chains", (str(Path(manifest).resolve()), file_digest(manifest), args.seed),
+                                     lambda part=part: chain_images(part, args.seed)[0], work)
+            descs = mixed(descs, other, args.cnn_mix)
         part["chain_id"] = f"{m}:" + part["chain_id"].astype(str)  # chains stay within a manifest
         chain_descs += descs
         chain_rows.append(np.asarray(rows) + sum(len(f) for f in frames))
@@ -274,6 +312,17 @@ def run(args, inputs, input_sets, pool) -> int:
                             args.clean_copies, args.seed, comp.description_version),
                            lambda: [load_image(p) for p in held0["path"]], 2),
     }
+    def clean_images(pictures, stream):
+        crng = np.random.default_rng([args.seed, stream])
+        cimgs, group = [], []
+        for g, pic in enumerate(pictures()):
+            cimgs.append(pic)
+            group.append(g)
+            for _ in range(args.clean_copies):
+                cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
+                group.append(g)
+        return cimgs, group
+
     clean_descs, clean_group, clean_set = [], [], []
     for name, (key, pictures, stream) in clean_sets.items():
         cache = work / f"{name}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}.npz"
@@ -281,14 +330,7 @@ def run(args, inputs, input_sets, pool) -> int:
             z = np.load(cache, allow_pickle=False)
             descs, group = unpack(z["clean_cnn"], z["clean_lad"]), z["clean_group"]
         else:
-            crng = np.random.default_rng([args.seed, stream])
-            cimgs, group = [], []
-            for g, pic in enumerate(pictures()):
-                cimgs.append(pic)
-                group.append(g)
-                for _ in range(args.clean_copies):
-                    cimgs.append(random_copy(pic, crng, p_resize=0.6, p_crop=0.4)[2])
-                    group.append(g)
+            cimgs, group = clean_images(pictures, stream)
             descs = describe_all(comp, cimgs, pool=pool)
             group = np.array(group)
             kc, kl = pack(descs)
@@ -296,6 +338,9 @@ def run(args, inputs, input_sets, pool) -> int:
                 np.savez(tmp, clean_cnn=kc, clean_lad=kl, clean_group=group)
             print(f"{name}: described {len(descs)} clean copies in {time.time() - t0:.0f} s",
                   file=sys.stderr)
+        if args.cnn_mix is not None:
+            other = other_cnn_scores(name, key, lambda p=pictures, st=stream: clean_images(p, st)[0], work)
+            descs = mixed(descs, other, args.cnn_mix)
         clean_group.append(np.asarray(group) + sum(len(set(g)) for g in clean_group))
         clean_set += [name] * len(group)
         clean_descs += descs
@@ -364,7 +409,9 @@ def run(args, inputs, input_sets, pool) -> int:
             "guarantee": (f"at most {bound.alpha:g} of clean-only groups lose a member, with "
                           f"confidence {bound.confidence:g} ({bound.n} clean groups of a picture "
                           f"and {args.clean_copies} harmless copies; binomial order statistic)"),
-            "recipe": "recipes/compare_weights.py", "cnn": comp.cnn.version}
+            "recipe": "recipes/compare_weights.py", "cnn": mixed_version or comp.cnn.version}
+    if args.cnn_mix is not None:
+        meta["cnn_mix"] = repr(float(args.cnn_mix))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     save_file({"w": w.astype(np.float32), "s": s.astype(np.float32)}, args.out, metadata=meta)
     (work / "figures.json").write_text(json.dumps(figures, indent=1))

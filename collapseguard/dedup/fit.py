@@ -78,39 +78,43 @@ def calibrate_level(group_maxima, alpha: float = 0.01, confidence: float = 0.95)
 
 
 
-def untrained_comparator(cnn_weights: str | None = None):
+def untrained_comparator(cnn_weights: str | None = None, mix: float | None = None):
     """A comparator with no weights (descriptions only, for fitting) reading the cnn
-    ``cnn_weights`` (default: the comparator's own)."""
+    ``cnn_weights`` (default: the comparator's own), or with ``mix`` that cnn's ``MixedCnn`` with
+    the shipped detector's."""
     from collapseguard.detectors.base import create
-    from collapseguard.detectors.compare import Comparator
+    from collapseguard.detectors.compare import Comparator, MixedCnn, comparator_cnn
 
-    return Comparator(untrained=True, cnn=create("cnn", weights=cnn_weights) if cnn_weights else None)
+    cnn = create("cnn", weights=cnn_weights) if cnn_weights else comparator_cnn()
+    if mix is not None:
+        cnn = MixedCnn(cnn, create("cnn"), mix)
+    return Comparator(untrained=True, cnn=cnn)
 
 
 _WORKER_COMPARATOR = None
 
 
-def _init_describer(cnn_weights: str | None) -> None:
+def _init_describer(cnn_weights: str | None, mix: float | None = None) -> None:
     global _WORKER_COMPARATOR
     from collapseguard.engines.local import set_thread_budget
 
     set_thread_budget(1)  # before the cnn loads: the workers share the cores
-    _WORKER_COMPARATOR = untrained_comparator(cnn_weights)
+    _WORKER_COMPARATOR = untrained_comparator(cnn_weights, mix)
 
 
 def _describe_in_worker(images) -> list[dict]:
     return _WORKER_COMPARATOR.describe(images)
 
 
-def describer_pool(workers: int, cnn_weights: str | None = None):
-    """A pool of ``workers`` spawned processes, each holding ``untrained_comparator(cnn_weights)``
-    on one thread, for ``describe_all``; use it as a context manager (``with``)."""
+def describer_pool(workers: int, cnn_weights: str | None = None, mix: float | None = None):
+    """A pool of ``workers`` spawned processes, each holding ``untrained_comparator(cnn_weights,
+    mix)`` on one thread, for ``describe_all``; use it as a context manager (``with``)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from collapseguard.engines.local import spawn_context
 
     return ProcessPoolExecutor(workers, mp_context=spawn_context(), initializer=_init_describer,
-                               initargs=(cnn_weights,))
+                               initargs=(cnn_weights, mix))
 
 
 def describe_all(comparator, images, batch: int = 8, pool=None) -> list[dict]:

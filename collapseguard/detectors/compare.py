@@ -104,15 +104,35 @@ def load_weights(path: str | Path | None = None) -> dict[str, np.ndarray]:
             "version": version}
 
 
-def comparator_cnn(**kwargs) -> Detector:
+def comparator_cnn(mix: float | None = None, **kwargs) -> Detector:
     """The cnn the comparator reads: ``cnn`` on the packaged ``compare_cnn`` weights (``kwargs``
-    as for ``create("cnn")``: runtime, device, n_crops)."""
+    as for ``create("cnn")``: runtime, device, n_crops); with ``mix``, ``MixedCnn`` of it and the
+    shipped detector's ``cnn``."""
     from collapseguard.detectors.base import create
 
     ref = resources.files("collapseguard") / "weights" / CNN_WEIGHTS_NAME
     if not ref.is_file():
         raise DetectorError(f"the comparator's cnn weights are missing from the package ({ref})")
-    return create("cnn", weights=str(ref), **kwargs)
+    own = create("cnn", weights=str(ref), **kwargs)
+    return own if mix is None else MixedCnn(own, create("cnn", **kwargs), mix)
+
+
+class MixedCnn(Detector):
+    """``own(x) + mix * other(x)``: two cnns' scores as one input of the comparator. The
+    comparator's own cnn and the shipped detector's read damage differently (the shipped one was
+    trained with real networks' re-rendering and web histories), and the comparator's model has
+    one weight for its cnn input, so a weights file that names ``cnn_mix`` in its metadata reads
+    this sum, ``mix`` fitted by ``recipes/compare_weights.py --cnn-mix``."""
+
+    def __init__(self, own: Detector, other: Detector, mix: float):
+        self.own, self.other, self.mix = own, other, float(mix)
+        self.name = "cnn"
+        self.batch_size = own.batch_size
+        self.version = params_version("cnn-mix-v1", own.version, other.version, self.mix)
+
+    def score(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return (np.asarray(self.own.score(images), dtype=np.float64)
+                + self.mix * np.asarray(self.other.score(images), dtype=np.float64))
 
 
 def pair_inputs(desc_a: dict, desc_b: dict) -> np.ndarray:
@@ -146,7 +166,9 @@ class Comparator(Detector):
         ``cnn`` metadata), to measure what that costs; otherwise that is a DetectorError."""
         self.name = "compare"
         self.fingerprints = bool(fingerprints)
-        self.cnn = cnn if cnn is not None else comparator_cnn()
+        t = None if untrained else load_weights(weights)
+        mix = t["meta"].get("cnn_mix") if t is not None else None
+        self.cnn = cnn if cnn is not None else comparator_cnn(float(mix) if mix else None)
         #: what the descriptions depend on (the cnn, the features, the fingerprints), not the
         #: weights: descriptions kept by a ``dedup`` run stay valid when only the weights change
         self.description_version = params_version("describe-v1", self.cnn.version, SCALES, FEATURES,
@@ -158,7 +180,6 @@ class Comparator(Detector):
             #: every feature: a fit chooses among them
             self.features_used: frozenset[str] | None = None
         else:
-            t = load_weights(weights)
             fitted_on = t["meta"].get("cnn")
             if fitted_on and fitted_on != self.cnn.version and not other_cnn:
                 raise DetectorError(f"these comparator weights were fitted on cnn {fitted_on}, not on "

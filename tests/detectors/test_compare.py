@@ -113,3 +113,28 @@ def test_top_octave_and_the_colour_cast_match_their_definitions(shape):
     mean_rgb = rgb.astype(np.float64).reshape(-1, 3).mean(axis=0)
     cast = float(np.sqrt(((mean_rgb - mean_rgb.mean()) ** 2).sum()))
     assert features_at(rgb)[FEATURES.index("cast")] == pytest.approx(cast, abs=1e-5)
+
+
+def test_weights_naming_a_cnn_mix_read_the_sum_of_both_cnns_and_refuse_another_mix(tmp_path, photos):
+    from safetensors.numpy import save_file
+
+    from collapseguard.detectors.compare import Comparator, comparator_cnn
+    from collapseguard.detectors.base import DetectorError
+
+    t = load_weights()
+    own, shipped = comparator_cnn(), create("cnn")
+    mix = 0.7
+    path = tmp_path / "mixed.safetensors"
+    meta = {**t["meta"], "cnn_mix": repr(mix), "cnn": comparator_cnn(mix).version}
+    save_file({"w": t["w"].astype(np.float32), "s": t["s"].astype(np.float32)}, str(path), metadata=meta)
+    comp = Comparator(weights=str(path))
+    imgs = [photos[0], degrade(photos[0], rounds=4, seed=5)]
+    want = np.asarray(own.score(imgs)) + mix * np.asarray(shipped.score(imgs))
+    got = [d["cnn"] for d in comp.describe(imgs)]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert comp.version != create("compare").version
+    # the weights were fitted on this mix: another one (or the plain cnn) is refused
+    with pytest.raises(DetectorError, match="fitted on cnn"):
+        Comparator(weights=str(path), cnn=own)
+    with pytest.raises(DetectorError, match="fitted on cnn"):
+        Comparator(weights=str(path), cnn=comparator_cnn(0.5))

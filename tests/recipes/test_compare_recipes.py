@@ -249,3 +249,24 @@ def test_compare_mlp_fits_both_models_on_the_same_descriptions(tmp_path, recipe_
     lin = got["0"]["eval_group_ctx"]["step0_vs_ge3"]["worst"]
     assert lin >= 0.75  # growing noise: the linear model orders it
     assert got["0"]["eval_borda"]["step0_vs_ge3"]["worst"] == lin  # linear: both rankings agree
+
+
+def test_a_cnn_mix_fit_names_its_mix_and_is_ranked_only_with_it(tmp_path, recipe_script, capsys):
+    from collapseguard.detectors.compare import Comparator, comparator_cnn
+
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=8, steps=(0, 1, 3, 5), families=("noise",))
+    fit = recipe_script("compare_weights.py")
+    assert _fit(fit, chains / "manifest.csv", tmp_path / "w", tmp_path / "m.st", 1, "--cnn-mix", "0.5") == 0
+    t = load_weights(tmp_path / "m.st")
+    assert t["meta"]["cnn_mix"] == "0.5" and t["meta"]["cnn"] == comparator_cnn(0.5).version
+    assert sorted((tmp_path / "w").glob("other-cnn-chains-*.npz"))  # the shipped cnn's scores, cached
+    assert Comparator(weights=str(tmp_path / "m.st")).cnn.mix == 0.5
+    ev = recipe_script("compare_eval.py")
+    capsys.readouterr()
+    args = [str(chains / "manifest.csv"), "--work", str(tmp_path / "e"), "--weights", str(tmp_path / "m.st")]
+    assert ev.main(args) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "" and "skipped" in err  # described with the plain cnn: not its input
+    assert ev.main([*args, "--cnn-mix", "0.5"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["inputs"] == "cnn,sat,hf,flat,cast" and figures["step0_vs_ge3_worst"] is not None
