@@ -437,12 +437,15 @@ def comparator(args):
     """The comparator with fingerprints: its cnn on ``--cnn-crops`` crops an image, its weights
     from ``--compare-weights`` and its cnn from ``--compare-cnn`` when given."""
     from collapseguard.detectors.base import create
-    from collapseguard.detectors.compare import Comparator, comparator_cnn
+    from collapseguard.detectors.compare import Comparator, comparator_cnn, load_weights
 
     if args.compare_cnn:
         cnn = create("cnn", weights=args.compare_cnn, n_crops=args.cnn_crops)
+    elif args.cnn_crops:  # the cnn the weights read (with their mix), on fewer crops
+        mix = load_weights(args.compare_weights)["meta"].get("cnn_mix")
+        cnn = comparator_cnn(float(mix) if mix else None, n_crops=args.cnn_crops)
     else:
-        cnn = comparator_cnn(n_crops=args.cnn_crops) if args.cnn_crops else None
+        cnn = None
     return Comparator(weights=args.compare_weights, fingerprints=True, cnn=cnn,
                       other_cnn=bool(args.compare_cnn))
 

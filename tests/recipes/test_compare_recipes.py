@@ -270,3 +270,36 @@ def test_a_cnn_mix_fit_names_its_mix_and_is_ranked_only_with_it(tmp_path, recipe
     assert ev.main([*args, "--cnn-mix", "0.5"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["inputs"] == "cnn,sat,hf,flat,cast" and figures["step0_vs_ge3_worst"] is not None
+
+
+def test_pair_residual_tells_noise_spread_everywhere_from_smoothing_along_edges(tmp_path, recipe_script, photos, capsys):
+    import pandas as pd
+    from PIL import Image
+    from scipy import ndimage
+
+    rec = recipe_script("compare_pair_residual.py")
+    root = tmp_path / "chains"
+    rng = np.random.default_rng(0)
+    for fam in ("noise", "blur"):
+        rows = []
+        for i, img in enumerate(photos[:3]):
+            for step in (0, 1, 5, 10):
+                if fam == "noise":
+                    out = img + rng.normal(0, 2.0 * step, img.shape)
+                else:
+                    out = ndimage.gaussian_filter(img.astype(float), (0.25 * step, 0.25 * step, 0))
+                path = f"{fam}/{i}_{step}.png"
+                (root / fam).mkdir(parents=True, exist_ok=True)
+                Image.fromarray(np.clip(out, 0, 255).astype(np.uint8)).save(root / path)
+                rows.append({"chain_id": f"{fam}{i}", "family": fam, "step": step, "path": path})
+        pd.DataFrame(rows).to_csv(root / f"manifest_{fam}.csv", index=False)
+    assert rec.main([str(root), "--work", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    pairs = pd.read_csv(tmp_path / "w" / "pairs.csv")
+    assert len(pairs) == 2 * 3 * 3  # two families, three chains, three pairs each
+    by = pairs[pairs["sa"] == 0].groupby("family")
+    assert (by.get_group("noise")["dh"] > 0).all() and (by.get_group("blur")["dh"] < 0).all()
+    # the noise's difference is spread over flat areas as over edges, the blur's follows edges
+    assert by.get_group("noise")["r"].max() < by.get_group("blur")["r"].min()
+    assert (by.get_group("blur")["comp"] > 0).all()  # the packaged comparator orders blur right
+    assert "0v5+ worst:" in out and "comp+pair" in out
