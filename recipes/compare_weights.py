@@ -13,7 +13,8 @@ The packaged weights are fitted on simulated chains of 47 pictures and on the sa
         --clean art:1000:256-512,pixel:150,screen:150 --clean-copies 2 \\
         --out collapseguard/weights/compare.safetensors
 
-(with ``COLLAPSEGUARD_CNN_RUNTIME=onnx``). Several
+(with ``COLLAPSEGUARD_CNN_RUNTIME=onnx``). ``--cnn-mix L`` fits weights whose cnn input adds L
+times the shipped detector's score (``compare.MixedCnn``; measured, not shipped). Several
 manifests are fitted together, each chain within its own. Chains of 319 more training-side
 pictures (``recipes/compare_chains.sh``) were measured and not shipped (docs/history/
 comparator_history.md). ``--workers N`` describes the images in N processes (the same

@@ -18,7 +18,9 @@ metadata.
 The cnn it reads is its own: the weights ``weights/compare_cnn.safetensors`` (version
 49cd8979952f, with their ONNX graph), on which the comparator's weights were fitted and measured.
 They are pinned rather than following the shipped ``cnn``: a refit on the shipped detector's
-weights ranked copies worse in several families (docs/DEDUP.md, "The comparator's cnn").
+weights ranked copies worse in several families (docs/DEDUP.md, "The comparator's cnn"). A
+weights file whose metadata names ``cnn_mix`` reads ``MixedCnn``, its own cnn's score plus that
+share of the shipped detector's (the packaged file names none).
 
 As a registry entry (``create("compare")``) it is also a detector: ``score`` is the image's own
 utility ``w . x / s`` at its largest scale (higher = more degraded), only meaningful against other
