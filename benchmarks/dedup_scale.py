@@ -447,7 +447,7 @@ def comparator(args):
     else:
         cnn = None
     return Comparator(weights=args.compare_weights, fingerprints=True, cnn=cnn,
-                      other_cnn=bool(args.compare_cnn))
+                      other_cnn=bool(args.compare_cnn or args.cnn_crops))
 
 
 def throughput_main(args) -> None:

@@ -1,7 +1,7 @@
 """Rank figures of comparator weights on an evaluation set's chains, grouped by picture.
 
     python recipes/compare_eval.py EVAL/stored/manifest.csv --work WORK [--weights W.safetensors ...]
-        [--max-step 10] [--workers 2] [--psnr-bands 30,35,40,45] [--cnn CNN.safetensors]
+        [--max-step 10] [--workers 2] [--psnr-bands 30,35,40,45] [--cnn CNN.safetensors] [--cnn-mix L]
 
 Every chain image at steps <= ``--max-step`` (every storage) is described once by the comparator's
 own cnn and the ``pair_features`` ladder (``Comparator.describe``, all features), cached in WORK
@@ -22,7 +22,9 @@ This is the ranking half of ``benchmarks/dedup_scale.py --chains`` with grouping
 that benchmark's but not the same: it takes seconds per weights file once the descriptions are
 cached, where the benchmark runs ``dedup`` end to end. Weights fitted on a cnn other than the
 one describing (``compare_weights.py --cnn``; ``--cnn`` here) are skipped: their descriptions
-differ.
+differ. ``--cnn-mix L`` adds L times the shipped detector's score to the cnn input (``compare.MixedCnn``;
+the shipped cnn's scores cached in WORK as ``eval-shipped-cnn-*.npz``) and ranks only weights fitted
+so (``compare_weights.py --cnn-mix L``).
 """
 
 from __future__ import annotations
@@ -187,19 +189,23 @@ def shares(right: dict) -> tuple[dict, float | None, float | None]:
     return fams, min(v[0] for v in fams.values()), round(float(np.mean([v[0] for v in fams.values()])), 3)
 
 
-def shipped_cnn_scores(rows, work: Path) -> np.ndarray:
+def shipped_cnn_scores(rows, work: Path, manifest: str) -> np.ndarray:
     """The shipped detector's ``cnn`` score of each row's image, cached in ``work``
-    (``eval-shipped-cnn-*.npz``, keyed by the paths and the cnn's version): the second score of
-    ``--cnn-mix``."""
+    (``eval-shipped-cnn-*.npz``, keyed by the manifest's path and bytes, the rows' paths and the
+    cnn's version): the second score of ``--cnn-mix``."""
     from collapseguard.detectors.base import create
     from collapseguard.images import load_image
     from collapseguard.io.atomic import replaced_when_done
 
     det = create("cnn")
-    key = hashlib.sha256(repr((list(rows["path"]), det.version)).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()
+    key = hashlib.sha256(repr((str(Path(manifest).resolve()), digest, list(rows["path"]),
+                               det.version)).encode()).hexdigest()[:12]
     cache = work / f"eval-shipped-cnn-{key}.npz"
     if cache.exists():
-        return np.load(cache, allow_pickle=False)["score"]
+        score = np.load(cache, allow_pickle=False)["score"]
+        if len(score) == len(rows):
+            return score
     paths = list(rows["path"])
     score = np.concatenate([np.asarray(det.score([load_image(p) for p in paths[i: i + 8]]), np.float64)
                             for i in range(0, len(paths), 8)])
@@ -237,7 +243,7 @@ def main(argv=None) -> int:
     if args.cnn_mix is not None:
         from collapseguard.dedup.fit import untrained_comparator
 
-        cnn = cnn + args.cnn_mix * shipped_cnn_scores(rows, Path(args.work))
+        cnn = cnn + args.cnn_mix * shipped_cnn_scores(rows, Path(args.work), args.manifest)
         own = untrained_comparator(args.cnn, args.cnn_mix).cnn.version
     try:
         bands = [float(b) for b in args.psnr_bands.split(",") if b.strip()]

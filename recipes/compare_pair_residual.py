@@ -5,7 +5,7 @@
 For each chain of the evaluation set's chains as made (EVAL/chains/manifest_<family>.csv, PNG),
 the pairs (step 0, step 5), (step 0, step 10) and (step 1, step 5) are set side by side, the
 later step resized onto the earlier one (Lanczos) where a family changed the size. Per pair
-(cached in WORK/pairs.csv):
+(cached in WORK, a file per family keyed by its manifest and the comparator):
 
 - ``comp``: the packaged comparator's logit of P(later step worse);
 - ``dh``: the change of the luminance's log Laplacian energy (fine detail and noise);
@@ -27,6 +27,7 @@ family is never ranked by weights that saw it. ``comp`` alone is the packaged co
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -146,27 +147,39 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     fams = [f for f in args.families.split(",") if f] or sorted(
         p.stem[len("manifest_"):] for p in root.glob("manifest_*.csv"))
-    cache = work / "pairs.csv"
-    df = pd.read_csv(cache) if cache.exists() else pd.DataFrame()
-    have = set(df["family"]) if len(df) and (not args.mix_shipped or "wh" in df) else set()
-    jobs = []
+    from collapseguard.detectors.compare import Comparator
+
+    comp_version = Comparator().version
+    frames = []
     for fam in fams:
-        if fam in have:
+        # one file per family, keyed by what its rows depend on: the manifest (path and bytes), the
+        # comparator's weights and cnn, and whether the shipped cnn's column was asked for
+        manifest = root / f"manifest_{fam}.csv"
+        key = hashlib.sha256(repr((str(manifest.resolve()), hashlib.sha256(manifest.read_bytes()).hexdigest(),
+                                   comp_version, args.mix_shipped)).encode()).hexdigest()[:12]
+        cache = work / f"pairs-{fam}-{key}.csv"
+        if cache.exists():
+            frames.append(pd.read_csv(cache))
             continue
-        m = pd.read_csv(root / f"manifest_{fam}.csv")
+        m = pd.read_csv(manifest)
+        jobs = []
         for chain, g in m.groupby("chain_id"):
             path = dict(zip(g["step"], g["path"]))
             jobs += [(fam, chain, sa, sb, str(root / path[sa]), str(root / path[sb]), args.mix_shipped)
                      for sa, sb in PAIRS if sa in path and sb in path]
-    if jobs:
+        if not jobs:
+            continue
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         if args.workers > 1:
             with ProcessPoolExecutor(args.workers) as ex:
                 new = pd.DataFrame(list(ex.map(_job, jobs, chunksize=4)))
         else:
             new = pd.DataFrame([_job(j) for j in jobs])
-        df = pd.concat([df[df["family"].isin(have)] if len(df) else df, new], ignore_index=True)
-        df.to_csv(cache, index=False)
+        new.to_csv(cache, index=False)
+        frames.append(new)
+    if not frames:
+        ap.error(f"no chain pairs (steps {PAIRS}) in {root} for {', '.join(fams)}")
+    df = pd.concat(frames, ignore_index=True)
     df = df[df["family"].isin(fams)]
     late = df[df["sa"] == 0]
     print("step 0 against steps 5 and 10: share with more fine detail (dh > 0), a larger JPEG (dj > 0), "

@@ -14,7 +14,8 @@ The packaged weights are fitted on simulated chains of 47 pictures and on the sa
         --out collapseguard/weights/compare.safetensors
 
 (with ``COLLAPSEGUARD_CNN_RUNTIME=onnx``). ``--cnn-mix L`` fits weights whose cnn input adds L
-times the shipped detector's score (``compare.MixedCnn``; measured, not shipped). Several
+times the shipped detector's score (``compare.MixedCnn``; its figures: docs/history/
+comparator_history.md). Several
 manifests are fitted together, each chain within its own. Chains of 319 more training-side
 pictures (``recipes/compare_chains.sh``) were measured and not shipped (docs/history/
 comparator_history.md). ``--workers N`` describes the images in N processes (the same

@@ -94,27 +94,27 @@ def untrained_comparator(cnn_weights: str | None = None, mix: float | None = Non
 _WORKER_COMPARATOR = None
 
 
-def _init_describer(cnn_weights: str | None, mix: float | None = None) -> None:
+def _init_describer(cnn_weights: str | None) -> None:
     global _WORKER_COMPARATOR
     from collapseguard.engines.local import set_thread_budget
 
     set_thread_budget(1)  # before the cnn loads: the workers share the cores
-    _WORKER_COMPARATOR = untrained_comparator(cnn_weights, mix)
+    _WORKER_COMPARATOR = untrained_comparator(cnn_weights)
 
 
 def _describe_in_worker(images) -> list[dict]:
     return _WORKER_COMPARATOR.describe(images)
 
 
-def describer_pool(workers: int, cnn_weights: str | None = None, mix: float | None = None):
-    """A pool of ``workers`` spawned processes, each holding ``untrained_comparator(cnn_weights,
-    mix)`` on one thread, for ``describe_all``; use it as a context manager (``with``)."""
+def describer_pool(workers: int, cnn_weights: str | None = None):
+    """A pool of ``workers`` spawned processes, each holding ``untrained_comparator(cnn_weights)``
+    on one thread, for ``describe_all``; use it as a context manager (``with``)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from collapseguard.engines.local import spawn_context
 
     return ProcessPoolExecutor(workers, mp_context=spawn_context(), initializer=_init_describer,
-                               initargs=(cnn_weights, mix))
+                               initargs=(cnn_weights,))
 
 
 def describe_all(comparator, images, batch: int = 8, pool=None) -> list[dict]:

@@ -69,6 +69,7 @@ from collapseguard.dedup.describe import (
 )
 from collapseguard.dedup.groups import GroupingParams, framed_apart, group_ids, narrower
 from collapseguard.dedup.kept_scores import kept_copy_scores, source_digests
+from collapseguard.detectors.base import DetectorError
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
@@ -696,6 +697,16 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t = load_weights(weights)
+    if detector_obj is None and weights is not None:
+        # pass 3 describes with the packaged comparator's cnn: weights fitted on another cnn (or on
+        # a ``cnn_mix``) would rank descriptions their model never saw
+        from collapseguard.detectors.compare import comparator_cnn
+
+        fitted_on, own = t["meta"].get("cnn"), comparator_cnn().version
+        if fitted_on and fitted_on != own:
+            raise DetectorError(f"comparator weights {weights} were fitted on cnn {fitted_on}, but dedup "
+                                f"describes with the comparator's own cnn ({own}): give a detector_obj "
+                                "that reads their cnn")
     shipped_level = float(t["meta"].get("level", "nan"))
     level = shipped_level if level is None else float(level)
     clock = time.perf_counter()
@@ -788,7 +799,8 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         "level_guarantee": t["meta"].get("guarantee", "") if level == shipped_level else
         "a level given by hand: no calibrated guarantee",
         "comparator_weights_version": t["version"],
-        # the cnn behind the table's ``cnn`` column: the comparator's own, not the shipped detector's
+        # the cnn behind the table's ``cnn`` column: the comparator's (its own cnn, or the mix its
+        # weights name), not the shipped detector's
         "comparator_cnn_version": (detector_obj.cnn.version if detector_obj is not None
                                    else t["meta"].get("cnn", "")),
         "grouping": params.as_dict(),

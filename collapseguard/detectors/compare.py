@@ -124,7 +124,7 @@ class MixedCnn(Detector):
     comparator's own cnn and the shipped detector's read damage differently (the shipped one was
     trained with real networks' re-rendering and web histories), and the comparator's model has
     one weight for its cnn input, so a weights file that names ``cnn_mix`` in its metadata reads
-    this sum, ``mix`` fitted by ``recipes/compare_weights.py --cnn-mix``."""
+    this sum; ``recipes/compare_weights.py --cnn-mix MIX`` fits weights for a given ``mix``."""
 
     def __init__(self, own: Detector, other: Detector, mix: float):
         self.own, self.other, self.mix = own, other, float(mix)
@@ -170,7 +170,11 @@ class Comparator(Detector):
         self.fingerprints = bool(fingerprints)
         t = None if untrained else load_weights(weights)
         mix = t["meta"].get("cnn_mix") if t is not None else None
-        self.cnn = cnn if cnn is not None else comparator_cnn(float(mix) if mix else None)
+        try:
+            mix = float(mix) if mix else None
+        except ValueError:
+            raise DetectorError(f"comparator weights name cnn_mix {mix!r}, not a number") from None
+        self.cnn = cnn if cnn is not None else comparator_cnn(mix)
         #: what the descriptions depend on (the cnn, the features, the fingerprints), not the
         #: weights: descriptions kept by a ``dedup`` run stay valid when only the weights change
         self.description_version = params_version("describe-v1", self.cnn.version, SCALES, FEATURES,

@@ -138,3 +138,17 @@ def test_weights_naming_a_cnn_mix_read_the_sum_of_both_cnns_and_refuse_another_m
         Comparator(weights=str(path), cnn=own)
     with pytest.raises(DetectorError, match="fitted on cnn"):
         Comparator(weights=str(path), cnn=comparator_cnn(0.5))
+    # dedup describes with the packaged comparator's cnn: such weights are refused there
+    from PIL import Image
+
+    from collapseguard.dedup.run import run_dedup
+
+    (tmp_path / "in").mkdir()
+    Image.fromarray(photos[0]).save(tmp_path / "in" / "a.png")
+    with pytest.raises(DetectorError, match="fitted on cnn"):
+        run_dedup([str(tmp_path / "in")], tmp_path / "out", weights=str(path), quiet=True)
+    bad = tmp_path / "bad.safetensors"
+    save_file({"w": t["w"].astype(np.float32), "s": t["s"].astype(np.float32)}, str(bad),
+              metadata={**t["meta"], "cnn_mix": "half"})
+    with pytest.raises(DetectorError, match="cnn_mix 'half'"):
+        Comparator(weights=str(bad))

@@ -261,6 +261,9 @@ def test_a_cnn_mix_fit_names_its_mix_and_is_ranked_only_with_it(tmp_path, recipe
     assert t["meta"]["cnn_mix"] == "0.5" and t["meta"]["cnn"] == comparator_cnn(0.5).version
     assert sorted((tmp_path / "w").glob("other-cnn-chains-*.npz"))  # the shipped cnn's scores, cached
     assert Comparator(weights=str(tmp_path / "m.st")).cnn.mix == 0.5
+    # the same chains without the mix fit other weights (the mix reaches the fit's cnn input)
+    assert _fit(fit, chains / "manifest.csv", tmp_path / "w", tmp_path / "p.st", 1) == 0
+    assert not np.allclose(load_weights(tmp_path / "p.st")["w"], t["w"], atol=1e-4)
     ev = recipe_script("compare_eval.py")
     capsys.readouterr()
     args = [str(chains / "manifest.csv"), "--work", str(tmp_path / "e"), "--weights", str(tmp_path / "m.st")]
@@ -295,7 +298,7 @@ def test_pair_residual_tells_noise_spread_everywhere_from_smoothing_along_edges(
         pd.DataFrame(rows).to_csv(root / f"manifest_{fam}.csv", index=False)
     assert rec.main([str(root), "--work", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
-    pairs = pd.read_csv(tmp_path / "w" / "pairs.csv")
+    pairs = pd.concat([pd.read_csv(f) for f in sorted((tmp_path / "w").glob("pairs-*.csv"))])
     assert len(pairs) == 2 * 3 * 3  # two families, three chains, three pairs each
     by = pairs[pairs["sa"] == 0].groupby("family")
     assert (by.get_group("noise")["dh"] > 0).all() and (by.get_group("blur")["dh"] < 0).all()
