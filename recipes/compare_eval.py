@@ -189,15 +189,13 @@ def shares(right: dict) -> tuple[dict, float | None, float | None]:
     return fams, min(v[0] for v in fams.values()), round(float(np.mean([v[0] for v in fams.values()])), 3)
 
 
-def shipped_cnn_scores(rows, work: Path, manifest: str) -> np.ndarray:
-    """The shipped detector's ``cnn`` score of each row's image, cached in ``work``
-    (``eval-shipped-cnn-*.npz``, keyed by the manifest's path and bytes, the rows' paths and the
-    cnn's version): the second score of ``--cnn-mix``."""
-    from collapseguard.detectors.base import create
+def shipped_cnn_scores(det, rows, work: Path, manifest: str) -> np.ndarray:
+    """The score of ``det`` (the shipped detector's ``cnn``) on each row's image, cached in
+    ``work`` (``eval-shipped-cnn-*.npz``, keyed by the manifest's path and bytes, the rows' paths
+    and the cnn's version): the second score of ``--cnn-mix``."""
     from collapseguard.images import load_image
     from collapseguard.io.atomic import replaced_when_done
 
-    det = create("cnn")
     digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()
     key = hashlib.sha256(repr((str(Path(manifest).resolve()), digest, list(rows["path"]),
                                det.version)).encode()).hexdigest()[:12]
@@ -236,15 +234,15 @@ def main(argv=None) -> int:
         ap.error("--max-step: at least 5 (the figures compare step 0 with steps >= 3, step 1 with step 5)")
 
     from collapseguard.detectors.base import create
-    from collapseguard.detectors.compare import comparator_cnn, load_weights
+    from collapseguard.detectors.compare import MixedCnn, comparator_cnn, load_weights
 
     rows, cnn, lad = describe_manifest(args.manifest, Path(args.work), args.max_step, args.workers, args.cnn)
-    own = (create("cnn", weights=args.cnn) if args.cnn else comparator_cnn()).version
-    if args.cnn_mix is not None:
-        from collapseguard.dedup.fit import untrained_comparator
-
-        cnn = cnn + args.cnn_mix * shipped_cnn_scores(rows, Path(args.work), args.manifest)
-        own = untrained_comparator(args.cnn, args.cnn_mix).cnn.version
+    describing = create("cnn", weights=args.cnn) if args.cnn else comparator_cnn()
+    own = describing.version
+    if args.cnn_mix is not None:  # the mix the weights must name: MixedCnn's sum and version
+        shipped = create("cnn")
+        cnn = cnn + args.cnn_mix * shipped_cnn_scores(shipped, rows, Path(args.work), args.manifest)
+        own = MixedCnn(describing, shipped, args.cnn_mix).version
     try:
         bands = [float(b) for b in args.psnr_bands.split(",") if b.strip()]
     except ValueError:

@@ -50,11 +50,11 @@ SETS = {
 MIX_SETS = {"wh": ["wh"], "comp+wh": ["comp", "wh"], "comp+wh+jpeg": ["comp", "wh", "dj", "djr"]}
 
 
-def _load(path, size=None) -> np.ndarray:
-    im = Image.open(path).convert("RGB")
-    if size is not None and im.size != size:
-        im = im.resize(size, Image.Resampling.LANCZOS)
-    return np.asarray(im).astype(np.float32) / 255.0
+def _as_float(img: np.ndarray, size=None) -> np.ndarray:
+    """``img`` (RGB uint8) as float in [0, 1], resized (Lanczos) to ``size`` (w, h) if it differs."""
+    if size is not None and (img.shape[1], img.shape[0]) != size:
+        img = np.asarray(Image.fromarray(img).resize(size, Image.Resampling.LANCZOS))
+    return img.astype(np.float32) / 255.0
 
 
 def _lum(x):
@@ -72,10 +72,10 @@ def _jpeg_size(y) -> float:
     return float(np.log(len(bio.getvalue())))
 
 
-def pair_features(path_a, path_b) -> dict:
-    """The module text's features of one pair (``b`` the later step)."""
-    a = _load(path_a)
-    b = _load(path_b, (a.shape[1], a.shape[0]))
+def pair_features(img_a: np.ndarray, img_b: np.ndarray) -> dict:
+    """The module text's features of one pair of RGB uint8 images (``b`` the later step)."""
+    a = _as_float(img_a)
+    b = _as_float(img_b, (a.shape[1], a.shape[0]))
     ya, yb = _lum(a), _lum(b)
     d = yb - ya
     smoother = ya if _hf(ya) < _hf(yb) else yb
@@ -104,7 +104,7 @@ def _job(args) -> dict:
         _SHIPPED = create("cnn") if mix else None
     imgs = [np.asarray(Image.open(p).convert("RGB")) for p in (pa, pb)]
     p = _COMP.prob(*_COMP.describe(imgs))
-    out = {"family": fam, "chain": chain, "sa": sa, "sb": sb, **pair_features(pa, pb),
+    out = {"family": fam, "chain": chain, "sa": sa, "sb": sb, **pair_features(*imgs),
            "comp": float(np.log(p + 1e-12) - np.log(1 - p + 1e-12))}
     if _SHIPPED is not None:
         s = _SHIPPED.score(imgs)

@@ -213,14 +213,12 @@ def chain_images(part, seed: int):
     return imgs, rows
 
 
-def other_cnn_scores(name: str, key, images, work: Path) -> np.ndarray:
-    """The shipped detector's ``cnn`` scores of ``images()`` (a callable: called only when they
-    are not cached in ``work``), cached as ``other-cnn-{name}-*.npz`` keyed by ``key`` and that
-    cnn's version: the second score of ``--cnn-mix``."""
-    from collapseguard.detectors.base import create
+def other_cnn_scores(cnn, name: str, key, images, work: Path) -> np.ndarray:
+    """The scores of ``cnn`` (the shipped detector's) on ``images()`` (a callable: called only
+    when they are not cached in ``work``), cached as ``other-cnn-{name}-*.npz`` keyed by ``key``
+    and that cnn's version: the second score of ``--cnn-mix``."""
     from collapseguard.io.atomic import replaced_when_done
 
-    cnn = create("cnn")
     cache = work / f"other-cnn-{name}-{hashlib.sha256(repr((key, cnn.version)).encode()).hexdigest()[:12]}.npz"
     if cache.exists():
         return np.load(cache, allow_pickle=False)["score"]
@@ -277,7 +275,8 @@ def run(args, inputs, input_sets, pool) -> int:
         group_p_worse,
         untrained_comparator,
     )
-    from collapseguard.detectors.compare import pair_inputs
+    from collapseguard.detectors.base import create
+    from collapseguard.detectors.compare import MixedCnn, pair_inputs
     from collapseguard.images import load_image
     from collapseguard.io.atomic import replaced_when_done
     from collapseguard.training_data_tools.manifest import source_bucket
@@ -286,14 +285,15 @@ def run(args, inputs, input_sets, pool) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     comp = untrained_comparator(args.cnn)
-    mixed_version = (untrained_comparator(args.cnn, args.cnn_mix).cnn.version
-                     if args.cnn_mix is not None else None)
+    # the shipped detector's cnn, loaded once, and the version of the mix the weights will name
+    shipped = create("cnn") if args.cnn_mix is not None else None
+    mixed_version = MixedCnn(comp.cnn, shipped, args.cnn_mix).version if shipped is not None else None
     t0 = time.time()
     frames, chain_descs, chain_rows = [], [], []
     for m, manifest in enumerate(args.manifests):
         part, descs, rows = chain_descriptions(manifest, work, args.seed, comp, pool)
         if args.cnn_mix is not None:
-            other = other_cnn_scores("chains", (str(Path(manifest).resolve()), file_digest(manifest), args.seed),
+            other = other_cnn_scores(shipped, "chains", (str(Path(manifest).resolve()), file_digest(manifest), args.seed),
                                      lambda part=part: chain_images(part, args.seed)[0], work)
             descs = mixed(descs, other, args.cnn_mix)
         part["chain_id"] = f"{m}:" + part["chain_id"].astype(str)  # chains stay within a manifest
@@ -341,7 +341,7 @@ def run(args, inputs, input_sets, pool) -> int:
             print(f"{name}: described {len(descs)} clean copies in {time.time() - t0:.0f} s",
                   file=sys.stderr)
         if args.cnn_mix is not None:
-            other = other_cnn_scores(name, key, lambda p=pictures, st=stream: clean_images(p, st)[0], work)
+            other = other_cnn_scores(shipped, name, key, lambda p=pictures, st=stream: clean_images(p, st)[0], work)
             descs = mixed(descs, other, args.cnn_mix)
         clean_group.append(np.asarray(group) + sum(len(set(g)) for g in clean_group))
         clean_set += [name] * len(group)

@@ -698,11 +698,9 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
     out_dir.mkdir(parents=True, exist_ok=True)
     t = load_weights(weights)
     if detector_obj is None and weights is not None:
-        # pass 3 describes with the packaged comparator's cnn: weights fitted on another cnn (or on
-        # a ``cnn_mix``) would rank descriptions their model never saw
-        from collapseguard.detectors.compare import comparator_cnn
-
-        fitted_on, own = t["meta"].get("cnn"), comparator_cnn().version
+        # pass 3 describes with the packaged comparator's cnn (the one its weights name): weights
+        # fitted on another cnn (or on a ``cnn_mix``) would rank descriptions their model never saw
+        fitted_on, own = t["meta"].get("cnn"), load_weights()["meta"].get("cnn")
         if fitted_on and fitted_on != own:
             raise DetectorError(f"comparator weights {weights} were fitted on cnn {fitted_on}, but dedup "
                                 f"describes with the comparator's own cnn ({own}): give a detector_obj "
