@@ -306,3 +306,52 @@ def test_pair_residual_tells_noise_spread_everywhere_from_smoothing_along_edges(
     assert by.get_group("noise")["r"].max() < by.get_group("blur")["r"].min()
     assert (by.get_group("blur")["comp"] > 0).all()  # the packaged comparator orders blur right
     assert "0v5+ worst:" in out and "comp+pair" in out
+
+
+def test_drift_scores_rank_along_the_path_and_take_the_direction_from_the_utilities(recipe_script):
+    rec = recipe_script("compare_drift.py")
+    rng = np.random.default_rng(5)
+    origin, way = rng.normal(128, 30, 48), rng.normal(0, 1, 48)
+    step = np.array([3, 0, 5, 1, 2, 4])  # copies given out of order
+    thumbs = origin + 6.0 * step[:, None] * way
+    # utilities that trend with the step but misorder neighbours (1 and 2, 3 and 4)
+    u = np.array([0.45, 0.0, 0.6, 0.25, 0.2, 0.4])
+    assert list(step[np.argsort(rec.drift_scores(u, thumbs))]) == [0, 1, 2, 3, 4, 5]  # the geometry's order
+    assert list(step[np.argsort(u)]) != [0, 1, 2, 3, 4, 5]
+    assert list(step[np.argsort(rec.drift_scores(-u, thumbs))]) == [5, 4, 3, 2, 1, 0]  # direction: u's
+    two = np.array([0.7, 0.1])
+    np.testing.assert_array_equal(rec.drift_scores(two, thumbs[:2]), two)  # no geometry in a pair
+    # min-root keeps the comparator's least degraded copy first, whatever the geometry
+    assert np.argmin(rec.ranked("min-root", -u, thumbs)) == np.argmin(-u)
+
+
+def test_compare_drift_prints_both_rankings_for_every_setting(tmp_path, recipe_script, capsys):
+    chains = make_tiny_chains(tmp_path / "ch", n_sources=4, steps=(0, 1, 3, 5), families=("noise",))
+    rec = recipe_script("compare_drift.py")
+    assert rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"), "--draws", "1",
+                     "--clean-level", str(tmp_path / "fit"), "--clean", "art:3:64-96",
+                     "--alpha", "0.5", "--confidence", "0.5"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    level = lines.pop()["clean_level"]
+    means = lines.pop()["mean_over_draws"]
+    assert means["full"]["drift"]["step0_vs_ge3"]["worst"] == lines[1]["step0_vs_ge3"]["worst"]  # one draw
+    assert level["clean_groups"] == 3 and 0 <= level["kept_copy_moved"] <= 3
+    for rule in ("utility", "drift"):  # three groups: the level is the highest of their maxima
+        assert 0.5 <= level[rule]["level"] < 1 and level[rule]["k"] >= 1
+    # the root is never below the least degraded copy, so no group's highest P(worse than kept) rises
+    assert level["drift"]["level"] <= level["utility"]["level"]
+    assert list((tmp_path / "fit").glob("clean-*.npz"))
+    assert [(r["setting"], r["ranking"]) for r in lines] == [
+        (s, k) for s in ("full", "one_storage", "chain3", "chain6") for k in ("utility", "drift")]
+    full = lines[0]
+    assert full["images"] == 16 and full["step0_vs_ge3"]["worst"] >= 0.875  # as compare_eval ranks them
+    assert 0.75 <= full["kept_step0"] <= 1  # 4 pictures: step 0 first in at least 3 (noise grows with the step)
+    assert list((tmp_path / "work").glob("eval-thumbs-*.npz"))
+    for variant in ("corr", "root-only"):  # the other rankings, on the full groups only
+        assert rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"),
+                         "--settings", "full", "--variant", variant]) == 0
+        out = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+        assert [(r["setting"], r["ranking"]) for r in out[:-1]] == [("full", "utility"), ("full", "drift")]
+        assert out[0]["step0_vs_ge3"] == full["step0_vs_ge3"]  # the comparator's figures do not move
+    with pytest.raises(SystemExit):
+        rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"), "--settings", "chain9"])
