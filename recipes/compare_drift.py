@@ -48,8 +48,7 @@ import compare_eval  # noqa: E402  (a recipe beside this one)
 
 
 def colour_thumbnails(rows: pd.DataFrame, work: Path, manifest: str, side: int) -> np.ndarray:
-    """(n, side * side * 3) float32 RGB thumbnails (box filter, as ``dedup.drift.colour_thumbnail``
-    at its side of 16) of the rows' images, cached in WORK."""
+    """(n, side * side * 3) float32 RGB thumbnails (box filter) of the rows' images, cached in WORK."""
     from PIL import Image
 
     from collapseguard.images import load_image
