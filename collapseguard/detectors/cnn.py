@@ -28,6 +28,7 @@ from collapseguard.detectors.base import (
 from collapseguard.detectors.cnn_family import (  # noqa: F401 (names this module has exported)
     WEIGHTS_NAME,
     default_weights_bytes,
+    weights_bytes,
 )
 from collapseguard.detectors.cnn_model import DegradationNet, load_net
 from collapseguard.detectors.crops import CROP_LAYOUT, image_crops
@@ -87,13 +88,7 @@ class CNNDetector(Detector):
 
     def __init__(self, weights: str | Path | None = None, device: str | None = None,
                  n_crops: int | None = None):
-        if weights is None:
-            data = default_weights_bytes()
-        else:
-            p = Path(weights)
-            if not p.is_file():
-                raise DetectorError(f"cnn weights not found: {p}")
-            data = p.read_bytes()
+        data = weights_bytes(weights)
         try:
             net, meta = load_net(data)
         except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:

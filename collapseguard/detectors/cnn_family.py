@@ -43,6 +43,17 @@ def default_weights_bytes() -> bytes:
                             "`collapseguard train` and pass weights=PATH") from None
 
 
+def weights_bytes(weights: str | Path | None) -> bytes:
+    """The bytes of a cnn weights file, or the packaged weights for ``None`` (both runtimes load
+    weights this way, so a missing file reads the same whichever runs)."""
+    if weights is None:
+        return default_weights_bytes()
+    p = Path(weights)
+    if not p.is_file():
+        raise DetectorError(f"cnn weights not found: {p}")
+    return p.read_bytes()
+
+
 def is_cnn_family(name: str) -> bool:
     """Does the detector spec ``name`` create a cnn detector (the ones that take ``runtime``)?"""
     name = (name or "").strip()

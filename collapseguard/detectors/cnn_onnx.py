@@ -178,15 +178,9 @@ class OnnxCNNDetector(Detector):
     def __init__(self, weights: str | Path | None = None, n_crops: int | None = None):
         import onnxruntime as ort
 
-        if weights is None:
-            from collapseguard.detectors.cnn_family import default_weights_bytes
+        from collapseguard.detectors.cnn_family import weights_bytes
 
-            data = default_weights_bytes()
-        else:
-            p = Path(weights)
-            if not p.is_file():
-                raise DetectorError(f"cnn weights not found: {p}")
-            data = p.read_bytes()
+        data = weights_bytes(weights)
         if n_crops is not None and int(n_crops) < 1:  # before any export (crops_for checks the rest)
             raise DetectorError(f"n_crops must be >= 1, got {int(n_crops)}")
         graph, meta = load_export(data, n_crops)

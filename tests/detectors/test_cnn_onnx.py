@@ -345,3 +345,14 @@ def test_fold_pads_folds_exactly_the_zero_paddings_a_conv_alone_reads(kind):
         assert {i.name for i in model.graph.initializer} == {"w"}  # nothing left unread
     else:
         assert folded == graph
+
+
+def test_both_runtimes_refuse_missing_and_junk_weights_alike(tmp_path):
+    """Weights are read one way for both runtimes: a missing file or one that is no weights is a
+    DetectorError naming the cause, whichever runtime was asked for."""
+    (tmp_path / "junk.safetensors").write_bytes(b"not weights")
+    for runtime in ("torch", "onnx"):
+        with pytest.raises(DetectorError, match="cnn weights not found: .*missing.safetensors"):
+            create(f"cnn:{tmp_path / 'missing.safetensors'}", device="cpu", runtime=runtime)
+        with pytest.raises(DetectorError, match="cannot load cnn weights"):
+            create(f"cnn:{tmp_path / 'junk.safetensors'}", device="cpu", runtime=runtime)
