@@ -176,7 +176,10 @@ def drift_scores(u: np.ndarray, thumbs: np.ndarray) -> np.ndarray:
     x = np.asarray(thumbs, np.float64)
     d = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).mean(-1))
     slope = ((u[None, :] - u[:, None]) * d).sum(1) / ((d * d).sum(1) + 1e-9)
-    return d[int(np.argmax(slope))]
+    root = int(np.argmax(slope))
+    out = d[root].copy()
+    out[root] = -1.0  # first even beside a copy whose thumbnail is the root's own
+    return out
 
 
 def ranked(variant: str, u: np.ndarray, thumbs: np.ndarray) -> np.ndarray:
@@ -229,7 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument("--side", type=int, default=16, help="thumbnail side in pixels")
     ap.add_argument("--draws", type=int, default=2, help="draws of each sampled setting")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-step", type=int, default=10)
+    ap.add_argument("--max-step", type=int, default=10, help="the highest chain step in the groups")
     ap.add_argument("--clean-level", default=None, metavar="FIT_WORK",
                     help="also print the level under each kept-copy rule (compare_weights.py's work folder)")
     ap.add_argument("--alpha", type=float, default=0.01, help="the level's share of clean-only groups")

@@ -51,7 +51,10 @@ def weights_bytes(weights: str | Path | None) -> bytes:
     p = Path(weights)
     if not p.is_file():
         raise DetectorError(f"cnn weights not found: {p}")
-    return p.read_bytes()
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise DetectorError(f"cannot read cnn weights {p}: {exc.strerror or exc}") from None
 
 
 def is_cnn_family(name: str) -> bool:

@@ -321,8 +321,13 @@ def test_drift_scores_rank_along_the_path_and_take_the_direction_from_the_utilit
     assert list(step[np.argsort(rec.drift_scores(-u, thumbs))]) == [5, 4, 3, 2, 1, 0]  # direction: u's
     two = np.array([0.7, 0.1])
     np.testing.assert_array_equal(rec.drift_scores(two, thumbs[:2]), two)  # no geometry in a pair
-    # min-root keeps the comparator's least degraded copy first, whatever the geometry
-    assert np.argmin(rec.ranked("min-root", -u, thumbs)) == np.argmin(-u)
+    # a copy whose thumbnail is the root's own (a lossless copy) ranks after the root, not before
+    same = np.vstack([thumbs[1], thumbs])  # the step-0 thumbnail again, first in the group
+    order = np.argsort(rec.drift_scores(np.concatenate([[0.1], u]), same), kind="stable")
+    assert order[0] == 2 and order[1] == 0
+    # min-root keeps the comparator's least degraded copy first and orders the rest by the geometry
+    assert list(step[np.argsort(rec.ranked("min-root", -u, thumbs))]) == [5, 4, 3, 2, 1, 0]
+    assert list(step[np.argsort(rec.ranked("min-root", u, thumbs))]) == [0, 1, 2, 3, 4, 5]
 
 
 def test_compare_drift_prints_both_rankings_for_every_setting(tmp_path, recipe_script, capsys):
@@ -346,8 +351,10 @@ def test_compare_drift_prints_both_rankings_for_every_setting(tmp_path, recipe_s
     full = lines[0]
     assert full["images"] == 16 and full["step0_vs_ge3"]["worst"] >= 0.875  # as compare_eval ranks them
     assert 0.75 <= full["kept_step0"] <= 1  # 4 pictures: step 0 first in at least 3 (noise grows with the step)
+    drift = lines[1]  # along a noise chain the geometry agrees with the comparator
+    assert drift["images"] == 16 and drift["step0_vs_ge3"]["worst"] >= 0.875 and drift["kept_step0"] >= 0.75
     assert list((tmp_path / "work").glob("eval-thumbs-*.npz"))
-    for variant in ("corr", "root-only"):  # the other rankings, on the full groups only
+    for variant in ("corr", "root-only", "cov", "cos", "min-root"):  # the other rankings, full groups only
         assert rec.main([str(chains / "manifest.csv"), "--work", str(tmp_path / "work"),
                          "--settings", "full", "--variant", variant]) == 0
         out = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
