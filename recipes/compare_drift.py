@@ -42,15 +42,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_eval  # noqa: E402  (a recipe beside this one)
 
 
+def thumbnail(img: np.ndarray, side: int) -> np.ndarray:
+    """One image's ``side`` x ``side`` RGB thumbnail (box filter), flattened float32."""
+    return np.asarray(Image.fromarray(img).resize((side, side), Image.Resampling.BOX), np.float32).ravel()
+
+
 def colour_thumbnails(rows: pd.DataFrame, work: Path, manifest: str, side: int) -> np.ndarray:
     """(n, side * side * 3) float32 RGB thumbnails (box filter) of the rows' images, cached in WORK."""
-    from PIL import Image
-
     from collapseguard.images import load_image
     from collapseguard.io.atomic import replaced_when_done
 
@@ -59,8 +63,7 @@ def colour_thumbnails(rows: pd.DataFrame, work: Path, manifest: str, side: int) 
     cache = work / f"eval-thumbs-{key}.npz"
     if cache.exists():
         return np.load(cache, allow_pickle=False)["thumbs"]
-    thumbs = np.stack([np.asarray(Image.fromarray(load_image(p)).resize((side, side), Image.Resampling.BOX),
-                                  np.float32).ravel() for p in rows["path"]])
+    thumbs = np.stack([thumbnail(load_image(p), side) for p in rows["path"]])
     work.mkdir(parents=True, exist_ok=True)
     with replaced_when_done(cache, suffix=".npz") as tmp:
         np.savez(tmp, thumbs=thumbs)
@@ -74,8 +77,6 @@ def clean_levels(fit_work: Path, side: int, spec: str = CLEAN, alpha: float = 0.
                  confidence: float = 0.95) -> dict:
     """The level under each kept-copy rule (``--clean-level``), from ``compare_weights.py``'s
     default clean-only groups."""
-    from PIL import Image
-
     import compare_weights
     from collapseguard.dedup.copies import random_copy
     from collapseguard.dedup.fit import calibrate_level, describe_all, untrained_comparator
@@ -102,8 +103,7 @@ def clean_levels(fit_work: Path, side: int, spec: str = CLEAN, alpha: float = 0.
         fit_work.mkdir(parents=True, exist_ok=True)
         with replaced_when_done(cache, suffix=".npz") as tmp:
             np.savez(tmp, clean_cnn=kc, clean_lad=kl, clean_group=group)
-    thumbs = np.stack([np.asarray(Image.fromarray(im).resize((side, side), Image.Resampling.BOX),
-                                  np.float32).ravel() for im in images])
+    thumbs = np.stack([thumbnail(im, side) for im in images])
     t = load_weights(None)
     maxima, moved = {"utility": [], "drift": []}, 0
     for g in np.unique(group):
@@ -166,6 +166,20 @@ VARIANTS = {
 }
 
 
+def distances(thumbs: np.ndarray) -> np.ndarray:
+    """The RMS distance between every two copies' thumbnails."""
+    x = np.asarray(thumbs, np.float64)
+    return np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).mean(-1))
+
+
+def from_root(d: np.ndarray, root: int) -> np.ndarray:
+    """Each copy's distance from ``root``, the root first even beside a copy whose thumbnail is
+    the root's own."""
+    out = d[root].copy()
+    out[root] = -1.0
+    return out
+
+
 def drift_scores(u: np.ndarray, thumbs: np.ndarray) -> np.ndarray:
     """Scores that rank a group's copies (lower = nearer the original): each copy's distance from
     the root, the copy ``r`` with the largest slope of ``u - u[r]`` on the distances from ``r``.
@@ -173,26 +187,18 @@ def drift_scores(u: np.ndarray, thumbs: np.ndarray) -> np.ndarray:
     u = np.asarray(u, np.float64)
     if len(u) < 3:
         return u
-    x = np.asarray(thumbs, np.float64)
-    d = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).mean(-1))
+    d = distances(thumbs)
     slope = ((u[None, :] - u[:, None]) * d).sum(1) / ((d * d).sum(1) + 1e-9)
-    root = int(np.argmax(slope))
-    out = d[root].copy()
-    out[root] = -1.0  # first even beside a copy whose thumbnail is the root's own
-    return out
+    return from_root(d, int(np.argmax(slope)))
 
 
 def ranked(variant: str, u: np.ndarray, thumbs: np.ndarray) -> np.ndarray:
     """A group's ranking scores under ``--variant`` (lower = nearer the original)."""
     if variant == "slope" or len(u) < 3:
         return drift_scores(u, thumbs)
-    x = np.asarray(thumbs, np.float64)
-    d = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).mean(-1))
+    d = distances(thumbs)
     if variant == "min-root":
-        root = int(np.argmin(u))
-        out = d[root].copy()
-        out[root] = -1.0
-        return out
+        return from_root(d, int(np.argmin(u)))
     if variant in ("cov", "cos"):
         du = np.asarray(u, np.float64)[None, :] - np.asarray(u, np.float64)[:, None]
         num = (du * d).sum(1)
