@@ -85,9 +85,12 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
         from collapseguard.dedup.gallery import write_gallery
         write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery, image_column)
     d = summary["decisions"]
+    bad = summary["reasons"].get("not_fingerprinted", 0)  # singles with no decodable image
+    unreadable = f" ({bad} not decodable: reason not_fingerprinted, error in the table)" if bad else ""
     click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
                f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "
-               f"duplicates, {d['single']} singles -> {os.path.join(out, 'groups.parquet')}", err=True)
+               f"duplicates, {d['single']} singles{unreadable} -> {os.path.join(out, 'groups.parquet')}",
+               err=True)
     for f in summary["failures"]:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
     if summary["failures"]:

@@ -69,12 +69,19 @@ from collapseguard.io.terminal import printable
 @click.option("--drop-duplicates", is_flag=True,
               help="With --groups: keep one copy per group (the least degraded), reject the "
                    "others as duplicate (classic deduplication).")
+@click.option("--kept-elsewhere", type=click.Choice(["stand-in", "reference"]), default="stand-in",
+              show_default=True,
+              help="With --groups, for a group whose kept copy is not among INPUTS (a loose file "
+                   "dedup also read, or a shard left out of this run): 'stand-in' keeps its "
+                   "best-ranked copy among INPUTS in its place, so no picture loses every copy "
+                   "here to the group rule; 'reference' decides its copies against the copy kept "
+                   "elsewhere (filtering new data against a collection you already hold).")
 @trust_pickle_option()
 @quiet_option("No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
                no_rejected, reject_no_image, dry_run, engine, batch_size, reshard, runtime,
                max_sample_bytes, max_shard_bytes, image_column, no_pipe, groups, drop_duplicates,
-               trust_pickle, quiet):
+               kept_elsewhere, trust_pickle, quiet):
     """Filter WebDataset shards and Parquet files: score every image, drop degraded samples, copy
     everything else through byte for byte. INPUTS are shards (.tar, .tar.gz, .tgz), Parquet files
     with images as bytes (kept/NAME.parquet and rejected/NAME.parquet keep every row and column),
@@ -105,7 +112,8 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                                            ("max_shard_bytes", max_shard_bytes))
                                          if v is not None},
                                  allow_pipe=not no_pipe, image_column=image_column or "",
-                                 groups=groups, drop_duplicates=drop_duplicates)
+                                 groups=groups, drop_duplicates=drop_duplicates,
+                                 kept_elsewhere=kept_elsewhere)
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:

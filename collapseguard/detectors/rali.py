@@ -299,7 +299,8 @@ class RALIDetector(Detector):
             import torch  # noqa: F401  (the [vlm] extra: torch and transformers)
             from transformers import CLIPImageProcessor, CLIPModel
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise DetectorError(f"transformers is not installed ({exc}); pip install 'collapseguard[vlm]'") from exc
+            raise DetectorError(f"{exc.name or 'torch or transformers'} is not installed ({exc}); "
+                                f"pip install 'collapseguard[vlm]'") from exc
 
         folder = Path(str(ckpt_dir)).expanduser()
         if not folder.is_dir():

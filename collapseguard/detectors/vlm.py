@@ -131,7 +131,8 @@ class VLMJudge(Detector):
             import transformers
             from transformers import AutoConfig, AutoProcessor
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise DetectorError(f"transformers is not installed ({exc}); pip install 'collapseguard[vlm]'") from exc
+            raise DetectorError(f"{exc.name or 'torch or transformers'} is not installed ({exc}); "
+                                f"pip install 'collapseguard[vlm]'") from exc
 
         if not isinstance(model, str) or not model.strip():
             raise DetectorError("vlm: needs a model id or a local folder, e.g. vlm:/models/VisualQuality-R1-7B")

@@ -19,7 +19,10 @@ Reasons:
   keeps a different copy (classic deduplication: one copy per group).
 
 Neither group reason is given when the group's kept copy is itself rejected by the no-reference
-decision (``apply_group``): the group's other copies keep their own decision.
+decision (``apply_group``): the group's other copies keep their own decision. A group whose kept
+copy is not among the filter's inputs (a loose file, or a shard filtered in another run) has a
+stand-in among them, its best-ranked copy there, which no group reason rejects (``stand_ins``),
+unless the run filters against the copies kept elsewhere (``KEPT_ELSEWHERE``).
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ def apply_group(decision: str, reason: str, group_row: dict | None,
     rejected on its own, or without a group row, keeps its decision. So does every copy of a
     group whose kept copy this filter rejects: its row's ``kept_score`` (the kept copy's score
     by ``kept_detector``, ``name@version``) is above ``threshold`` and ``detector`` (the filter's
-    own ``name@version``) is that detector; the picture is then never lost to the group rule."""
-    if decision != "kept" or not group_row or not group_row.get("group"):
+    own ``name@version``) is that detector; the picture is then never lost to the group rule.
+    Nor is a row that ``stands_in`` for a kept copy outside the filter's inputs."""
+    if decision != "kept" or not group_row or not group_row.get("group") or group_row.get("stands_in"):
         return decision, reason
     if int(group_row.get("rank") or 0) > 0 and kept_copy_rejected(group_row, threshold, detector):
         return decision, reason
@@ -88,6 +92,58 @@ _GROUPS_CACHE: dict[str, object] = {}
 
 #: columns of a groups table that ``read_shard_groups`` passes on when the table has them
 OPTIONAL_COLUMNS = ("kept_score", "kept_detector")
+
+#: ``filter --kept-elsewhere``: what a group whose kept copy is not among the filter's inputs does.
+#: ``stand-in``: its best-ranked copy among the inputs takes the kept copy's place (no group reason
+#: rejects it, so the filtered data never loses the picture to the group rule); ``reference``:
+#: the inputs are filtered against the copies kept elsewhere (a reference collection), so every
+#: copy of such a picture here may be rejected.
+KEPT_ELSEWHERE = ("stand-in", "reference")
+
+
+def stand_ins(path: str, digest: str, inputs: tuple[str, ...]) -> dict[str, list]:
+    """The groups of table ``path`` whose kept copy (rank 0) is not among the input stems
+    ``inputs``: ``{"groups": [group ids], "rows": [(stem, key, row index or None)]}``, the second
+    the stand-in of each such group that has a copy among the inputs (its lowest rank; the first
+    row of the lowest). Read once per process, table and inputs."""
+    import os
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ident = (path, digest, os.stat(path).st_mtime_ns, tuple(inputs))
+    if _STAND_INS.get("ident") != ident:
+        names = set(pq.read_schema(path).names)
+        cols = ["shard", "key", "group", "rank", *(["row"] if "row" in names else [])]
+        t = pq.read_table(path, columns=cols)
+        t = t.filter(pc.not_equal(t.column("group"), ""))
+        mine = set(inputs)
+        best: dict[str, tuple] = {}  # group -> (rank, stem, key, row) of its best copy overall
+        here: dict[str, tuple] = {}  # ... and among the inputs
+        rows = t.column("row").to_pylist() if "row" in names else [None] * t.num_rows
+        for stem, key, group, rank, row in zip(*(t.column(c).to_pylist() for c in cols[:4]), rows):
+            entry = (int(rank or 0), stem or "", key, None if row is None else int(row))
+            if group not in best or entry[0] < best[group][0]:
+                best[group] = entry
+            if entry[1] in mine and (group not in here or entry[0] < here[group][0]):
+                here[group] = entry
+        away = sorted(g for g, e in best.items() if e[1] not in mine and g in here)
+        _STAND_INS.clear()
+        _STAND_INS.update(ident=ident, value={"groups": away, "rows": [here[g][1:] for g in away]})
+    return _STAND_INS["value"]
+
+
+_STAND_INS: dict[str, object] = {}
+
+
+def kept_elsewhere_note(n: int, mode: str) -> str:
+    """A line for the ``n`` groups whose kept copy is not among the filter's inputs."""
+    if mode == "reference":
+        return (f"note: {n} group(s) keep a copy outside these inputs (--kept-elsewhere reference): "
+                "their copies here are decided against it, so a picture may keep no copy in kept/")
+    return (f"note: {n} group(s) keep a copy outside these inputs: each keeps its best-ranked copy "
+            "among them in its place (--kept-elsewhere reference filters against the copy kept "
+            "elsewhere instead)")
 
 
 def _groups_of(path: str, digest: str) -> dict[str, dict]:
@@ -135,21 +191,32 @@ def _groups_of(path: str, digest: str) -> dict[str, dict]:
     return _GROUPS_CACHE["by_shard"]
 
 
-def read_shard_groups(path: str, shard_stem: str, digest: str = "") -> dict[str, dict]:
-    """``key -> {"group", "decision", "rank"[, "kept_score", "kept_detector"]}`` of one shard's
-    rows in a groups.parquet (the first row of a key that repeats); singles change no decision
-    and are left out."""
-    return _groups_of(path, digest).get(shard_stem, {}).get("keys", {})
+def read_shard_groups(path: str, shard_stem: str, digest: str = "",
+                      inputs: tuple[str, ...] = ()) -> dict[str, dict]:
+    """``key -> {"group", "decision", "rank"[, "kept_score", "kept_detector", "stands_in"]}`` of
+    one shard's rows in a groups.parquet (the first row of a key that repeats); singles change no
+    decision and are left out. ``inputs``: the filter's input stems; the stand-ins among the
+    rows (``stand_ins``) carry ``"stands_in": True`` (none when empty)."""
+    keys = _groups_of(path, digest).get(shard_stem, {}).get("keys", {})
+    marked = [k for stem, k, _ in _standing(path, digest, inputs) if stem == shard_stem and k in keys]
+    return {**keys, **{k: {**keys[k], "stands_in": True} for k in marked}} if marked else keys
 
 
-def read_row_groups(path: str, stem: str, digest: str = "") -> dict[int, dict] | None:
+def _standing(path: str, digest: str, inputs: tuple[str, ...]) -> list[tuple]:
+    return stand_ins(path, digest, inputs)["rows"] if inputs else []
+
+
+def read_row_groups(path: str, stem: str, digest: str = "",
+                    inputs: tuple[str, ...] = ()) -> dict[int, dict] | None:
     """``row index -> row`` (as ``read_shard_groups``'s) of one Parquet file's grouped rows, by
     the table's ``row`` column: a key that repeats in the file cannot name the row. None for a
     table without that column (then rows are matched by key, ``read_shard_groups``)."""
     by_shard = _groups_of(path, digest)
     if not _GROUPS_CACHE.get("has_rows"):
         return None
-    return by_shard.get(stem, {}).get("rows", {})
+    rows = by_shard.get(stem, {}).get("rows", {})
+    marked = [i for s, _, i in _standing(path, digest, inputs) if s == stem and i in rows]
+    return {**rows, **{i: {**rows[i], "stands_in": True} for i in marked}} if marked else rows
 
 
 def table_stems(path: str) -> list[str]:

@@ -13,6 +13,7 @@ or an object-storage prefix; ``io.outdir`` says how commits and the lock work on
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -32,6 +33,7 @@ from collapseguard.filter.decisions import (
     check_made_from,
     decide,
     read_shard_groups,
+    stand_ins,
 )
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import digest_stream
@@ -116,6 +118,15 @@ class FilterOptions:
     groups: str = ""
     groups_digest: str = ""
     drop_duplicates: bool = False
+    #: the stems of every input of the run (set by ``run_filter`` with ``groups``): a group whose
+    #: kept copy is not among them has a stand-in here (``decisions.stand_ins``) unless
+    #: ``kept_elsewhere`` is ``reference`` (``decisions.KEPT_ELSEWHERE``)
+    groups_inputs: tuple = ()
+    kept_elsewhere: str = "stand-in"
+
+    def stand_in_inputs(self) -> tuple:
+        """The input stems ``decisions.read_shard_groups`` marks stand-ins for (none: no stand-ins)."""
+        return self.groups_inputs if self.kept_elsewhere == "stand-in" else ()
 
     def fingerprint(self, parquet: bool = True) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal.
@@ -136,6 +147,13 @@ class FilterOptions:
         for k in ("groups_digest", "drop_duplicates"):
             if not d[k]:
                 d.pop(k)  # runs without --groups keep the settings they always had
+        d.pop("groups_inputs")
+        d.pop("kept_elsewhere")
+        away = (stand_ins(self.groups, self.groups_digest, self.groups_inputs)["groups"]
+                if self.groups and self.groups_inputs else [])
+        if away:  # only then do the inputs and --kept-elsewhere change a decision
+            d["kept_elsewhere"] = self.kept_elsewhere
+            d["groups_kept_elsewhere"] = hashlib.sha256("\n".join(away).encode()).hexdigest()[:16]
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -311,8 +329,8 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
             stream = score_records(reader, detector,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
-        groups = (read_shard_groups(options.groups, shard_stem(shard), options.groups_digest)
-                  if options.groups else None)
+        groups = (read_shard_groups(options.groups, shard_stem(shard), options.groups_digest,
+                                    options.stand_in_inputs()) if options.groups else None)
         if groups is not None:  # a shard of another size fails before it is read
             check_made_from(options.groups, shard_stem(shard), options.groups_digest, shard,
                             size=identity.get("size"))

@@ -28,6 +28,9 @@ from collapseguard.engines import make_engine
 from collapseguard.errors import CollapseguardError
 from collapseguard.filter import sidecars
 from collapseguard.filter.decisions import (
+    KEPT_ELSEWHERE,
+    kept_elsewhere_note,
+    stand_ins,
     table_stems,
     unmatched_inputs,
     unmatched_inputs_note,
@@ -419,6 +422,8 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     records: dict[str, dict] = {}
     todo: list[Input] = []
     shards = [s.name for s in inputs]  # the names markers, summaries and messages use
+    if options.groups:  # which groups keep a copy outside these inputs depends on all of them
+        options = replace(options, groups_inputs=tuple(sorted({shard_stem(s) for s in inputs})))
     for s in inputs:
         marker = completed_marker(s, options, out, detector_version) if resume else None
         if marker is not None:
@@ -465,10 +470,15 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
         if note:  # about the inputs, so printed with --quiet too
             bar.write(note, file=sys.stderr)
         unmatched = unmatched_inputs(named, stems)
+        away = stand_ins(options.groups, options.groups_digest, options.groups_inputs)["groups"]
+        if away:  # about the inputs, so printed with --quiet too
+            bar.write(kept_elsewhere_note(len(away), options.kept_elsewhere), file=sys.stderr)
         groups_summary = {"table": options.groups, "sha256": options.groups_digest,
                           "drop_duplicates": options.drop_duplicates,
                           "inputs_with_rows": len(named) - len(unmatched),
-                          "inputs_without_rows": unmatched}
+                          "inputs_without_rows": unmatched,
+                          "groups_kept_elsewhere": len(away),
+                          "kept_elsewhere": options.kept_elsewhere}
     if todo:
         absolute = replace(options, out_dir=_absolute(options.out_dir),
                            scores_from=options.scores_from and _absolute(options.scores_from))
@@ -573,7 +583,7 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
     }
 
 
-def groups_options(groups: str, drop_duplicates: bool) -> dict:
+def groups_options(groups: str, drop_duplicates: bool, kept_elsewhere: str = "stand-in") -> dict:
     """The ``FilterOptions`` fields of ``--groups``: the table's absolute path and SHA-256 (a
     setting like the others: resuming into an ``--out`` made with another table is refused,
     naming the difference), after checking that it is a groups table."""
@@ -589,7 +599,10 @@ def groups_options(groups: str, drop_duplicates: bool) -> dict:
     if missing:
         raise FilterError(f"--groups {groups} is not a dedup groups.parquet (no column "
                           f"{', '.join(sorted(missing))})")
-    return {"groups": path, "groups_digest": digest, "drop_duplicates": bool(drop_duplicates)}
+    if kept_elsewhere not in KEPT_ELSEWHERE:
+        raise FilterError(f"kept_elsewhere must be one of {', '.join(KEPT_ELSEWHERE)}, not {kept_elsewhere!r}")
+    return {"groups": path, "groups_digest": digest, "drop_duplicates": bool(drop_duplicates),
+            "kept_elsewhere": kept_elsewhere}
 
 
 def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple = (),
@@ -599,11 +612,12 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                    dry_run: bool = False, batch_size: int = 0, quiet: bool = False,
                    limits: dict | None = None, allow_pipe: bool = True,
                    image_column: str = "", groups: str | None = None,
-                   drop_duplicates: bool = False) -> dict:
+                   drop_duplicates: bool = False, kept_elsewhere: str = "stand-in") -> dict:
     """Resolve the threshold (explicit, calibration file, packaged default, or a drop-fraction
     cut over this data) and run the filter. ``detector`` is a created detector. ``limits``: the
     ``max_sample_bytes`` and ``max_shard_bytes`` of ``FilterOptions`` to set. ``groups``: a
-    ``dedup`` groups.parquet whose decisions are applied (``decisions.apply_group``)."""
+    ``dedup`` groups.parquet whose decisions are applied (``decisions.apply_group``);
+    ``kept_elsewhere``: ``decisions.KEPT_ELSEWHERE``."""
     from collapseguard.calibration.thresholds import (
         resolve_threshold,
         threshold_for_drop_fraction,
@@ -615,7 +629,7 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
                 write_rejected=write_rejected, dry_run=dry_run, image_column=image_column,
                 **(limits or {}))
     if groups:
-        base.update(groups_options(groups, drop_duplicates))
+        base.update(groups_options(groups, drop_duplicates, kept_elsewhere))
     inline = detector if workers <= 1 else None
     common = dict(workers=workers, engine=engine, resume=resume, quiet=quiet, detector=inline,
                   detector_version=detector.version, allow_pipe=allow_pipe)

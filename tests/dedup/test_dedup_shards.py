@@ -303,7 +303,8 @@ def test_inputs_without_one_decodable_image_give_a_table_of_singles(tmp_path):
         add_member(tf, "a.jpg", b"not a jpeg")
         add_member(tf, "b.txt", b"caption only")
     out = tmp_path / "out"
-    run_cli(["dedup", shard, "--out", out, "-q"])
+    res = run_cli(["dedup", shard, "--out", out, "-q"])
+    assert "2 singles (2 not decodable: reason not_fingerprinted" in res.output  # not silent
     rows = pq.read_table(out / "groups.parquet").to_pylist()
     assert [(r["key"], r["decision"], r["reason"]) for r in rows] == [
         ("a", "single", "not_fingerprinted"), ("b", "single", "not_fingerprinted")]

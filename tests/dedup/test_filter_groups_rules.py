@@ -3,6 +3,8 @@ dedup groups table."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from cg_testutil import run_cli
@@ -62,3 +64,68 @@ def test_a_copy_filter_sets_aside_is_never_the_kept_one(photos, tmp_path):
     scores = pd.read_parquet(tmp_path / "f" / "scores" / "s.parquet").set_index("key")
     assert scores.loc["a", "reason"] == "unsafe_name"
     assert scores.loc["b", "decision"] == "kept", scores[["decision", "reason"]]
+
+
+def test_a_group_kept_outside_the_inputs_keeps_a_stand_in_unless_filtered_as_a_reference(
+        dedup_shards, tmp_path):
+    """``dedup`` over three shards, ``filter`` over two of them: the groups whose kept copy lies in
+    the third keep their best-ranked copy among the two (by default), so no picture loses every
+    copy to the group rule; ``--kept-elsewhere reference`` filters the two against the copies kept
+    in the third, which drops every copy of those pictures here."""
+    run_cli(["dedup", *dedup_shards, "--out", tmp_path / "d", "-w", "1", "-q"])
+    table = tmp_path / "d" / "groups.parquet"
+    rows = pd.read_parquet(table)
+    grouped = rows[rows["group"] != ""]
+    kept_in_b = set(grouped.loc[(grouped["rank"] == 0) & (grouped["shard"] == "shard-b"), "group"])
+    here = grouped[grouped["shard"].isin(["shard-a", "shard-c"]) & grouped["group"].isin(kept_in_b)]
+    assert len(kept_in_b) >= 2 and here["group"].nunique() == len(kept_in_b)  # the chain and the clean picture
+    inputs = [dedup_shards[0], dedup_shards[2]]
+
+    def decided(mode):
+        out = tmp_path / mode
+        res = run_cli(["filter", *inputs, "--out", out, "--groups", table, "--drop-duplicates",
+                       "--threshold", "1e9", "--kept-elsewhere", mode, "-w", "1"])
+        assert f"{len(kept_in_b)} group(s) keep a copy outside these inputs" in res.output
+        scores = pd.concat([pd.read_parquet(out / "scores" / f"shard-{s}.parquet") for s in "ac"])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["groups"]["groups_kept_elsewhere"] == len(kept_in_b)
+        assert summary["groups"]["kept_elsewhere"] == mode
+        return scores.set_index("key").loc[here["key"]]
+
+    stand = decided("stand-in")  # one copy per picture, the best-ranked one here
+    best = here.sort_values("rank").drop_duplicates("group")["key"]
+    assert sorted(stand.index[stand["decision"] == "kept"]) == sorted(best)
+    assert set(stand.loc[~stand.index.isin(best), "reason"]) <= {"duplicate", "degraded_copy"}
+    ref = decided("reference")  # every copy decided against the one kept in shard-b
+    assert (ref["decision"] == "rejected").all(), ref[["decision", "reason"]]
+    # over all three shards no group is kept elsewhere, and the kept copies are the table's rank 0
+    res = run_cli(["filter", *dedup_shards, "--out", tmp_path / "all", "--groups", table,
+                   "--drop-duplicates", "--threshold", "1e9", "-w", "1"])
+    assert "outside these inputs" not in res.output
+
+
+def test_stand_ins_are_marked_by_key_and_by_parquet_row(tmp_path):
+    """A groups table written by hand: group g1 is kept in a loose file (no stem), g2 in ``p2``;
+    filtering ``p1`` alone, each has a stand-in in ``p1``, its lowest rank there, found by key
+    and, where the table has row indices, by row (the key ``k`` repeats in ``p1``)."""
+    from collapseguard.filter.decisions import read_row_groups, read_shard_groups, stand_ins
+
+    table = tmp_path / "groups.parquet"
+    pd.DataFrame({
+        "shard": ["", "p1", "p1", "p2", "p1", "p1"],
+        "key": ["loose.png", "k", "k", "x", "y", "z"],
+        "row": [None, 0, 1, 0, 2, 3],
+        "group": ["g1", "g1", "g1", "g2", "g2", ""],
+        "rank": [0, 2, 1, 0, 1, 0],
+        "decision": ["keep", "degraded_copy", "keep", "keep", "degraded_copy", "single"],
+    }).to_parquet(table)
+    found = stand_ins(str(table), "d1", ("p1",))
+    assert found == {"groups": ["g1", "g2"], "rows": [("p1", "k", 1), ("p1", "y", 2)]}
+    assert stand_ins(str(table), "d1", ("p1", "p2"))["groups"] == ["g1"]  # g2 is kept among them
+    by_row = read_row_groups(str(table), "p1", "d1", ("p1",))
+    assert [i for i, r in sorted(by_row.items()) if r.get("stands_in")] == [1, 2]
+    assert not any(r.get("stands_in") for r in read_row_groups(str(table), "p1", "d1").values())
+    by_key = read_shard_groups(str(table), "p1", "d1", ("p1",))
+    assert by_key["y"].get("stands_in") and by_key["k"].get("stands_in")
+    assert apply_group(*KEPT, by_row[2], True) == KEPT  # a degraded copy, standing in
+    assert apply_group(*KEPT, by_row[0], True) == ("rejected", "degraded_copy")
