@@ -56,7 +56,10 @@ which the larger-copy rule does not keep). ``--framing-margin inf`` compares eve
 the kept one, a crop too (``groups.FRAMING_MARGIN``). ``--pictures samples`` runs it on the library sample
 images instead (skimage's and scikit-learn's, short side 200 px or more). Kinds: ``cropP`` (P% cut from every side, PNG), ``resizeS`` / ``upscaleS``
 (S% of each side, Lanczos / bicubic, PNG), ``jpegQ`` (JPEG quality Q, 4:2:0), ``webQ`` (reduced
-to 70%, JPEG q80, enlarged back, JPEG quality Q):
+to 70%, JPEG q80, enlarged back, JPEG quality Q); damaged copies, which a group should not keep
+over its original: ``blurR`` (Gaussian blur of radius R/10 px, PNG), ``noiseS`` (Gaussian noise
+of standard deviation S, PNG), ``resaveN`` (N JPEG q50 saves), ``classicN`` (N rounds of a 1 px
+blur, noise of standard deviation 3 and a JPEG q70 save):
 
     python benchmarks/dedup_scale.py --copy-kinds crop1,crop2,crop3,crop5,crop10,resize60,upscale150,jpeg92,jpeg75,web85 --work WORK
 
@@ -113,7 +116,7 @@ from pathlib import Path
 # light imports only at the top: spawned worker processes (plain decoding's and dedup's alike)
 # import this script, and a heavy import there would slow both by the same fixed time
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 
 
 def _unit_int8(x: np.ndarray) -> np.ndarray:
@@ -336,6 +339,20 @@ def copy_of(arr: np.ndarray, kind: str) -> tuple[bytes, str]:
         small = img.resize((round(w * 0.7), round(h * 0.7)), Image.LANCZOS)
         small = Image.open(io.BytesIO(_jpeg(small, 80))).convert("RGB")
         return _jpeg(small.resize((w, h), Image.BICUBIC), n), ".jpg"
+    elif name == "blur":
+        out = img.filter(ImageFilter.GaussianBlur(n / 10))
+    elif name == "noise":
+        rng = np.random.default_rng(list(arr.shape) + [n])
+        out = Image.fromarray(np.clip(arr + rng.normal(0, n, arr.shape), 0, 255).astype(np.uint8))
+    elif name in ("resave", "classic"):
+        rng = np.random.default_rng(list(arr.shape) + [n])
+        for _ in range(max(1, n)):
+            if name == "classic":
+                x = np.asarray(img.filter(ImageFilter.GaussianBlur(1.0)), np.float64)
+                img = Image.fromarray(np.clip(x + rng.normal(0, 3, x.shape), 0, 255).astype(np.uint8))
+            data = _jpeg(img, 50 if name == "resave" else 70)
+            img = Image.open(io.BytesIO(data)).convert("RGB")
+        return data, ".jpg"
     else:
         raise SystemExit(f"unknown kind {kind!r}")
     buf = io.BytesIO()

@@ -135,6 +135,9 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
         "features": np.full((n, len(FEATURE_COLUMNS)), np.nan, np.float32),
         # fine detail at the image's own size (``pair_features.top_octave``): the larger-copy rule
         "octave": np.array([r.get("octave", np.nan) for r in rows], np.float32),
+        # its colour once chroma noise is averaged out (``pair_features.coarse_chroma``): the colour rule
+        "chroma": np.array([(r.get("colour_sat", np.nan), r.get("colour_cast", np.nan)) for r in rows],
+                           np.float32).reshape(n, 2),
     }
     for i, r in enumerate(rows):
         if not np.isfinite(r.get("score", np.nan)):
@@ -370,7 +373,7 @@ def _save_part(path: Path, part: dict) -> None:
                      image=np.array(part["image"], dtype=str),
                      set_aside=np.array(part["set_aside"], dtype=str),
                      **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "full", "thumb",
-                                             "whash", "wthumb", "features", "octave")})
+                                             "whash", "wthumb", "features", "octave", "chroma")})
 
 
 def _load_part(path: Path) -> dict | None:
@@ -389,6 +392,10 @@ def _load_part(path: Path) -> dict | None:
         if part["full"].any():  # its descriptions lack what the larger-copy rule reads: afresh
             return None
         part["octave"] = np.full(len(part["key"]), np.nan, np.float32)
+    if "chroma" not in part:  # kept before coarse_chroma was
+        if part["full"].any():  # its descriptions lack what the colour rule reads: afresh
+            return None
+        part["chroma"] = np.full((len(part["key"]), 2), np.nan, np.float32)
     for k in ("source", "key", "error", "storage", "image", "set_aside"):
         part[k] = [str(x) for x in part[k]]
     return part
@@ -468,7 +475,8 @@ def _merged(done: list[dict]) -> dict:
                          ("thumb", (THUMB_BYTES,), np.int8),
                          ("whash", (len(WINDOWS),), np.uint64),
                          ("wthumb", (len(WINDOWS), THUMB_BYTES), np.int8),
-                         ("features", (len(FEATURE_COLUMNS),), np.float32), ("octave", (), np.float32)):
+                         ("features", (len(FEATURE_COLUMNS),), np.float32), ("octave", (), np.float32),
+                         ("chroma", (2,), np.float32)):
         arrs = [p[k] for p in done]
         merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
     return merged
@@ -523,6 +531,7 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
         old = desc["features"][rows]
         desc["features"][rows] = np.where(np.isnan(got["features"]), old, got["features"])
         desc["octave"][rows] = np.where(np.isnan(got["octave"]), desc["octave"][rows], got["octave"])
+        desc["chroma"][rows] = np.where(np.isnan(got["chroma"]), desc["chroma"][rows], got["chroma"])
         desc["full"][rows] = True
         bad = ~got["ok"]
         desc["ok"][rows[bad]] = False
@@ -583,12 +592,13 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
     decision = ["single"] * n
     reason = ["single" if ok else "not_fingerprinted" for ok in desc["ok"]]
     feats = desc["features"].astype(np.float64).reshape(n, len(SCALES), len(FEATURES))
+    coarse = desc.get("chroma")  # the colour rule's coarse_chroma (None: read from ``features``)
     grouped = np.flatnonzero(labels >= 0)
     order = grouped[np.argsort(labels[grouped], kind="stable")]
     bounds = np.flatnonzero(np.diff(labels[order])) + 1
     for members in np.split(order, bounds) if order.size else []:
         descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
-        grey = lost_colour(group_chroma(feats[members]))
+        grey = lost_colour(group_chroma(feats[members]), None if coarse is None else coarse[members])
         aside = np.array([bool(desc["set_aside"][m]) for m in members])
         # tiers: copies filter keeps on their merits, then grey ones, then those it sets aside;
         # in each, the widest framing first (a crop is never kept over the picture it shows part of)

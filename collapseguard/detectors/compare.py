@@ -55,6 +55,7 @@ from collapseguard.detectors.fingerprint import (
 from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
+    coarse_chroma,
     common_scale,
     ladder,
     top_octave,
@@ -231,12 +232,15 @@ class Comparator(Detector):
     # -- as a detector --------------------------------------------------------------------------
 
     def description_columns(self, descs: list[dict]) -> dict[str, np.ndarray]:
-        """``score`` (the utility), ``cnn``, ``octave`` (NaN where a description has none) and the
-        ``FEATURE_COLUMNS`` of some descriptions."""
+        """``score`` (the utility), ``cnn``, ``octave`` and ``colour_sat``, ``colour_cast`` (its
+        ``chroma``; NaN where a description has none) and the ``FEATURE_COLUMNS`` of some
+        descriptions."""
         out: dict[str, np.ndarray] = {
             "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
             "cnn": np.array([d["cnn"] for d in descs]),
             "octave": np.array([d.get("octave", np.nan) for d in descs], dtype=np.float64),
+            "colour_sat": np.array([d.get("chroma", (np.nan, np.nan))[0] for d in descs], dtype=np.float64),
+            "colour_cast": np.array([d.get("chroma", (np.nan, np.nan))[1] for d in descs], dtype=np.float64),
         }
         flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), len(FEATURE_COLUMNS))
         for j, col in enumerate(FEATURE_COLUMNS):
@@ -249,8 +253,9 @@ class Comparator(Detector):
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         images = as_batch(images)
         descs = self.describe(images)
-        for d, img in zip(descs, images):  # what dedup's larger-copy rule reads; compare() needs none
+        for d, img in zip(descs, images):  # what dedup's larger-copy and colour rules read
             d["octave"] = top_octave(img)
+            d["chroma"] = coarse_chroma(img)
         out = self.description_columns(descs)
         if self.fingerprints:
             out.update(fingerprint_columns(images))

@@ -121,6 +121,25 @@ def _laplacian_energy(y: np.ndarray) -> float:
     return float((lap * lap).mean())
 
 
+#: the shorter side (px) ``coarse_chroma`` reduces an image to: colour is a picture's coarse
+#: content, chroma noise is not (averaged over blocks of 16-60 px a side it falls under a level)
+CHROMA_SIDE = 16
+
+
+def coarse_chroma(img: np.ndarray) -> tuple[float, float]:
+    """``(sat, cast)`` as ``features_at`` measures them, of ``img`` reduced (area filter, never
+    enlarged) to a shorter side of ``CHROMA_SIDE`` px: the colour a picture holds, which chroma
+    noise added to a grey picture does not reach (``dedup.colour``)."""
+    if img.ndim != 3:
+        return 0.0, 0.0
+    rgb = reduce_to(img, CHROMA_SIDE)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    sat = float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
+    mean_rgb = np.array([r.mean(), g.mean(), b.mean()], np.float64)
+    chroma = mean_rgb - mean_rgb.mean()
+    return sat, float(np.sqrt((chroma * chroma).sum()))
+
+
 def top_octave(img: np.ndarray) -> float:
     """How much fine detail an image holds at its own size: the log ratio of its luminance's
     Laplacian energy to that of its 2x box reduction (the mean over the reduction's two grid

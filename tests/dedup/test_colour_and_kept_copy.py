@@ -91,6 +91,35 @@ def test_a_tinted_copy_of_a_grey_original_does_not_outrank_it(tmp_path):
     assert {"camera.png", "moon.png"} <= kept
 
 
+def test_a_noisy_copy_of_a_grey_original_does_not_outrank_it(tmp_path):
+    """Chroma noise on a grey picture (independent noise of 8 levels on each channel) is no colour:
+    averaged over 16 px it is gone, so the originals are not ``lost_colour``, the comparator ranks
+    each group (the noisy copy the worse), and ``filter --groups`` keeps the originals. At the
+    scale the group is compared at the noise reads as colour (``sat`` about 0.05)."""
+    from collapseguard.detectors.pair_features import coarse_chroma
+
+    rng = np.random.default_rng(5)
+    samples = []
+    for name in ("camera", "moon", "coins"):
+        g = np.stack([getattr(sd, name)()] * 3, -1)
+        noisy = np.clip(g + rng.normal(0, 8, g.shape), 0, 255).astype(np.uint8)
+        sat, cast = coarse_chroma(noisy)
+        assert sat < COLOUR_CHROMA and cast < MONOCHROME_CHROMA, (name, sat, cast)
+        samples += [(name, "png", _enc(Image.fromarray(g), "PNG")),
+                    (f"{name}_noisy", "png", _enc(Image.fromarray(noisy), "PNG"))]
+    _shard(tmp_path / "noisy.tar", samples)
+    run_cli(["dedup", tmp_path / "noisy.tar", "--out", tmp_path / "dd", "-q"])
+    g = _groups(tmp_path / "dd")
+    assert "lost_colour" not in set(g["reason"]), g[["rank", "decision", "reason"]]
+    for name in ("camera", "moon", "coins"):
+        assert g.loc[name, "group"] == g.loc[f"{name}_noisy", "group"] != ""
+        assert (g.loc[name, "rank"], g.loc[name, "decision"]) == (0, "keep")
+    out = tmp_path / "f"
+    run_cli(["filter", tmp_path / "noisy.tar", "--out", out, "--groups", tmp_path / "dd" / "groups.parquet",
+             "--drop-duplicates", "-q"])
+    assert {n for n, _ in read_members(out / "kept" / "noisy.tar")} >= {"camera.png", "moon.png", "coins.png"}
+
+
 @pytest.fixture(scope="module")
 def bw_shard(tmp_path_factory):
     """A colour JPEG and two 1-bit dithered copies of it (which the shipped cnn rejects)."""

@@ -52,6 +52,7 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
     from collapseguard.detectors.pair_features import (
         FEATURES,
         SCALES,
+        coarse_chroma,
         ladder,
         top_octave,
     )
@@ -79,7 +80,8 @@ def test_groups_decide_from_their_rung_as_from_full_descriptions(sized_shards, t
     desc = {"features": feats, "cnn": np.array([r["cnn"] for r in t]),
             "ok": np.array([not r["error"] for r in t]), "set_aside": [""] * len(t),
             "width": np.array([r["width"] for r in t]), "height": np.array([r["height"] for r in t]),
-            "octave": np.array([top_octave(decode_image(data[k])) for k in keys], np.float32)}
+            "octave": np.array([top_octave(decode_image(data[k])) for k in keys], np.float32),
+            "chroma": np.array([coarse_chroma(decode_image(data[k])) for k in keys], np.float32)}
     prints = [fingerprint_and_windows(decode_image(data[k])) for k in keys]  # framing: crops
     desc["thumb"] = np.array([t for _, t, _ in prints], np.int8)
     desc["wthumb"] = np.array([[wt for _, wt in w] for _, _, w in prints], np.int8)
