@@ -426,8 +426,14 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
     if group_rows is not None:
         from collapseguard.dedup.gallery import render_groups
         _log("reading the near-duplicate groups to show", quiet)
+        from collapseguard.audit.group_sources import match_sources
         sources = _input_sources(inputs, df)
-        grouped = {r["source"] for r in group_rows if r["group"]}
+        # the table's sources as this audit names them (another spelling or folder: by stem),
+        # and none whose file changed since the table was made
+        group_rows, warnings = match_sources(group_rows, sources)
+        for line in warnings:
+            print(line, file=sys.stderr, flush=True)
+        grouped = {r["source"] for r in group_rows if r["group"] and not r.get("unreadable")}
         if grouped and not grouped & sources:  # a table of other data: every tile "not read"
             print(f"warning: --groups {printable(str(options.groups))} has no group among the "
                   f"audited inputs (its groups are in {len(grouped)} other input(s), e.g. "
@@ -437,7 +443,8 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
                                            heading="h3", sources=sources)
         summary["groups"] = {"table": str(options.groups), "shown": shown,
                              "inputs_with_groups": len(grouped & sources),
-                             "inputs_with_groups_not_audited": len(grouped - sources)}
+                             "inputs_with_groups_not_audited": len(grouped - sources),
+                             "inputs_changed_since_the_table": len(warnings)}
     summary["outputs"] = {name: str(out / name) for name in OUTPUT_FILES}
     summary["elapsed_seconds"] = round(time.perf_counter() - t0, 3)
 

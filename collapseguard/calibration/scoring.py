@@ -249,6 +249,10 @@ def clean_items(clean: Iterable, others=None) -> tuple[list[tuple[str, str, Call
                                              "calibration: fix or remove it, or name the folders to read with --clean"))
     items, kinds, at = [], [], {}
     for clean_kind, loc, found, here in listed:
+        if not found and str(loc).lower().rstrip("/").endswith(".parquet"):
+            raise ValueError(f"clean location {printable(loc)} is a Parquet file: --clean reads image "
+                             "files in folders and tar shards, not Parquet rows (write the clean "
+                             "images out as files, or as a shard)")
         if not found:
             hint = heif_hint(here)  # a folder of iPhone photos without pillow-heif
             raise ValueError(f"clean location {printable(loc)} holds no image file (read: "

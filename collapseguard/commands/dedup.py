@@ -87,11 +87,31 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     d = summary["decisions"]
     bad = summary["reasons"].get("not_fingerprinted", 0)  # singles with no decodable image
     unreadable = f" ({bad} not decodable: reason not_fingerprinted, error in the table)" if bad else ""
-    click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
-               f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "
-               f"duplicates, {d['single']} singles{unreadable} -> {os.path.join(out, 'groups.parquet')}",
-               err=True)
     for f in summary["failures"]:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
-    if summary["failures"]:
+    shared = shared_stems(os.path.join(out, "groups.parquet"))
+    if shared:  # filter matches a table's rows by stem: such inputs cannot be filtered together
+        stem, names = next(iter(shared.items()))
+        click.echo(f"warning: {len(shared)} stem(s) name more than one input (e.g. {printable(stem)}: "
+                   f"{', '.join(printable(n) for n in names[:2])}): `filter --groups` matches rows by "
+                   "stem, refuses such inputs in one run, and run by run each stands in for the "
+                   "other's kept copies; rename them apart and run dedup again", err=True)
+    failed = len(summary["failures"])
+    click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
+               f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "
+               f"duplicates, {d['single']} singles{unreadable} -> {os.path.join(out, 'groups.parquet')}"
+               + (f"; {failed} input(s) FAILED above, not in the table" if failed else ""), err=True)
+    if failed:
         raise SystemExit(1)
+
+
+def shared_stems(table: str) -> dict[str, list[str]]:
+    """The stems of a groups table that name more than one source (``{stem: sources}``)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(table, columns=["shard", "source"])
+    by: dict[str, set[str]] = {}
+    for stem, source in set(zip(t.column("shard").to_pylist(), t.column("source").to_pylist())):
+        if stem:
+            by.setdefault(stem, set()).add(source)
+    return {k: sorted(v) for k, v in sorted(by.items()) if len(v) > 1}

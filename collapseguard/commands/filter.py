@@ -69,13 +69,13 @@ from collapseguard.io.terminal import printable
 @click.option("--drop-duplicates", is_flag=True,
               help="With --groups: keep one copy per group (the least degraded), reject the "
                    "others as duplicate (classic deduplication).")
-@click.option("--kept-elsewhere", type=click.Choice(["stand-in", "reference"]), default="stand-in",
-              show_default=True,
+@click.option("--kept-elsewhere", type=click.Choice(["stand-in", "reference"]), default=None,
               help="With --groups, for a group whose kept copy is not among INPUTS (a loose file "
                    "dedup also read, or a shard left out of this run): 'stand-in' keeps its "
                    "best-ranked copy among INPUTS in its place, so no picture loses every copy "
                    "here to the group rule; 'reference' decides its copies against the copy kept "
-                   "elsewhere (filtering new data against a collection you already hold).")
+                   "elsewhere (filtering new data against a collection you already hold). "
+                   "[default: stand-in]")
 @trust_pickle_option()
 @quiet_option("No progress bar and no summary table.")
 def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, workers, resume,
@@ -93,8 +93,9 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
     refuse_pipes(inputs, no_pipe)
     if drop_fraction is not None and (threshold is not None or calibration is not None):
         raise click.UsageError("--drop-fraction cannot be combined with --threshold/--calibration")
-    if drop_duplicates and not groups:
-        raise click.UsageError("--drop-duplicates needs --groups (a dedup groups.parquet)")
+    for flag, given in (("--drop-duplicates", drop_duplicates), ("--kept-elsewhere", kept_elsewhere)):
+        if given and not groups:
+            raise click.UsageError(f"{flag} needs --groups (a dedup groups.parquet)")
     if reshard is not None and dry_run:
         raise click.UsageError("--reshard writes kept samples; it cannot be combined with --dry-run")
     from collapseguard.detectors.cnn_family import set_default_runtime
@@ -113,7 +114,7 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
                                          if v is not None},
                                  allow_pipe=not no_pipe, image_column=image_column or "",
                                  groups=groups, drop_duplicates=drop_duplicates,
-                                 kept_elsewhere=kept_elsewhere)
+                                 kept_elsewhere=kept_elsewhere or "stand-in")
     except ValueError as exc:  # plain ValueErrors of argument checks
         raise click.ClickException(str(exc)) from None
     if not quiet:

@@ -21,6 +21,7 @@ from collapseguard.errors import CollapseguardError
 from collapseguard.io.atomic import replaced_when_done
 from collapseguard.scoring.readback import (
     CSP,
+    Fetched,
     detail_window,
     fetch_samples,
     png_uri,
@@ -102,7 +103,29 @@ def read_gallery_rows(groups_parquet: str | Path) -> list[dict]:
     if missing:
         raise NotAGroupsTable(f"{groups_parquet} is not a dedup groups.parquet (no column "
                               f"{', '.join(sorted(missing))})")
-    return pq.read_table(groups_parquet, columns=list(COLUMNS)).to_pylist()
+    extra = [c for c in OPTIONAL_COLUMNS if c in names]
+    rows = pq.read_table(groups_parquet, columns=[*COLUMNS, *extra]).to_pylist()
+    return with_nth(rows)
+
+
+#: columns of a groups table the gallery reads when it has them: the stem and bytes each source's
+#: rows were made from (``audit --groups`` matches its inputs by them) and a Parquet row's index
+OPTIONAL_COLUMNS = ("shard", "row", "source_size", "source_sha256")
+
+
+def with_nth(rows: list[dict]) -> list[dict]:
+    """``rows`` with ``nth``: which of the samples (or Parquet rows) with its key in its source
+    the row is (``scoring.readback.fetch_samples``' ``nth``), by the row index where the table
+    has one, else by the table's order (``dedup`` writes each source's rows in reading order). A
+    key that repeats in a shard or file then shows its own image, not the first one's."""
+    by_key: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_key.setdefault((r["source"], r["key"]), []).append(i)
+    for idx in by_key.values():
+        order = sorted(idx, key=lambda i: (rows[i].get("row") is None, rows[i].get("row") or 0, i))
+        for nth, i in enumerate(order):
+            rows[i]["nth"] = nth
+    return rows
 
 
 def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | None = None,
@@ -112,11 +135,16 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
     the sources that may be read to show the copies (None: any; see
     ``scoring.readback.fetch_samples``)."""
     shown = pick_groups(rows, max_groups)
-    fetched = fetch_samples([(m["source"], m["key"], m["image"]) for ms in shown for m in ms],
+    fetched = fetch_samples([(m["source"], m["key"], m["image"], m.get("nth", 0)) for ms in shown
+                             for m in ms if not m.get("unreadable")],
                             image_column=image_column, sources=sources)
+    for ms in shown:  # rows the caller knows cannot be shown (``unreadable``: why)
+        for m in ms:
+            if m.get("unreadable"):
+                fetched[(m["source"], m["key"], m.get("nth", 0))] = Fetched(error=m["unreadable"])
     parts = []
     for ms in shown:
-        kept = fetched.get((ms[0]["source"], ms[0]["key"], 0))
+        kept = fetched.get((ms[0]["source"], ms[0]["key"], ms[0].get("nth", 0)))
         fy = fx = 0.5
         if kept is not None and kept.image is not None:
             y, x, ch, cw = detail_window(kept.image, CROP)
@@ -124,7 +152,7 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
             fy, fx = (y + ch / 2) / h, (x + cw / 2) / w
         tiles = []
         for m in ms:
-            f = fetched.get((m["source"], m["key"], 0))
+            f = fetched.get((m["source"], m["key"], m.get("nth", 0)))
             my, mx = fy, fx
             if f is not None and f.image is not None and kept is not None and kept.image is not None \
                     and m is not ms[0]:

@@ -208,7 +208,7 @@ def _spooled(name: str, max_bytes: int | None = None):
 def _parquet_file(name: str, f) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(f)
-    except pa.ArrowInvalid as exc:
+    except (pa.ArrowInvalid, OSError) as exc:  # OSError: a footer whose metadata does not parse
         f.close()
         raise ParquetInputError(f"{printable(name)}: not a readable Parquet file ({exc})") from None
     except BaseException:

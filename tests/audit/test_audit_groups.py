@@ -144,3 +144,42 @@ def test_a_groups_table_of_other_inputs_is_named(grouped, photos, tmp_path):
     run = run_cli(["audit", *shards, "--out", tmp_path / "a2", "--threshold", "1e9", "-q", "--groups", table])
     assert "has no group" not in run.output
     assert json.loads((tmp_path / "a2" / "summary.json").read_text())["groups"]["inputs_with_groups"] == 2
+
+
+def test_the_table_is_matched_from_another_folder_and_a_rewritten_shard_is_not_shown(
+        grouped, photos, tmp_path, monkeypatch):
+    """The audit names the shards from another folder than ``dedup`` did (the table holds other
+    paths): each is matched by its file name and recorded bytes, and its copies are shown. A
+    shard rewritten since (same name, same keys, other pictures) shows none: the audit says so
+    instead of showing unrelated pictures as copies."""
+    import json
+    import shutil
+
+    import numpy as np
+    import pandas as pd
+
+    shards, table = grouped
+    rel = _with_sources(table, tmp_path / "rel.parquet", lambda s: f"elsewhere/{s.rsplit('/', 1)[-1]}")
+    monkeypatch.chdir(shards[0].parent)
+    run = run_cli(["audit", shards[0].name, shards[1].name, "--out", tmp_path / "a1", "--threshold", "1e9",
+                   "-q", "--groups", rel])
+    assert "has no group" not in run.output and "not the file" not in run.output
+    section = (tmp_path / "a1" / "report.html").read_text().split('<section id="groups">')[1]
+    assert "not read" not in section and section.count("class=crop src='data:image/png;base64,") == 3
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for s in shards:
+        shutil.copy(s, copy / s.name)
+    keys = pd.read_parquet(table).query("source.str.endswith('b.tar')")["key"].tolist()
+    with tarfile.open(copy / shards[1].name, "w") as tf:  # the same keys, other pictures
+        for i, key in enumerate(keys):
+            add_member(tf, f"{key}.png", encode_png(np.roll(photos[1], 40 * (i + 1), axis=1)[:96, :96]))
+    monkeypatch.chdir(copy)
+    run = run_cli(["audit", shards[0].name, shards[1].name, "--out", tmp_path / "a2", "--threshold", "1e9",
+                   "-q", "--groups", rel])
+    assert f"{shards[1].name} is not the file the groups were made from" in run.output, run.output
+    section = (tmp_path / "a2" / "report.html").read_text().split('<section id="groups">')[1]
+    assert section.count("not shown: ") == 2  # the two copies in the rewritten shard
+    assert section.count("class=crop src='data:image/png;base64,") == 1  # step 0, in the intact one
+    assert json.loads((tmp_path / "a2" / "summary.json").read_text())["groups"]["inputs_changed_since_the_table"] == 1

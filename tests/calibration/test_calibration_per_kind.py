@@ -209,6 +209,13 @@ def test_a_named_kind_without_a_scored_image_is_refused_not_left_out(two_kinds, 
         res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "h.json")])
         assert res.exit_code == 1 and "holds no image file" in res.output and "psd" in res.output, res.output
         assert "Traceback" not in res.output and not (tmp_path / "h.json").exists()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"key": ["a"], "jpg": [(two_kinds / "photos").glob("*").__next__().read_bytes()]}),
+                   tmp_path / "clean.parquet")  # rows with images: said to be a Parquet file, not "no image"
+    res = CliRunner().invoke(main, [*[a for a in base if a != "--per-kind"], "--clean", str(tmp_path / "clean.parquet"),
+                                    "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 1 and "clean.parquet is a Parquet file" in res.output, res.output
 
 
 def _chains_without_kinds(root, photos, n=6):

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from cg_testutil import read_members, run_cli
@@ -410,3 +411,53 @@ def test_a_sample_of_several_images_is_described_by_its_most_degraded_image(chai
     assert rows["pair"]["group"] and rows["pair"]["group"] == rows["s1"]["group"] == rows["s3"]["group"]
     assert rows["pair"]["decision"] != "keep" or rows["pair"]["reason"] != "least_degraded"
     assert rows["other"]["group"] == ""
+
+
+def test_the_gallery_shows_each_repeat_of_a_key_as_its_own_image(photos, tmp_path):
+    """A key that repeats in a shard (``x, y, x``: one picture at 128 and at 256 px) is two rows of
+    the table, each shown with its own image in the gallery, not the first ``x`` twice."""
+    import tarfile
+
+    from cg_testutil import add_member
+    from PIL import Image
+
+    from collapseguard.images import encode_png
+    shard = tmp_path / "rep.tar"
+    big = np.asarray(Image.fromarray(photos[1]).resize((256, 256)))
+    with tarfile.open(shard, "w") as tf:
+        add_member(tf, "x.png", encode_png(np.asarray(Image.fromarray(big).resize((128, 128)))))
+        add_member(tf, "y.png", encode_png(np.asarray(Image.fromarray(photos[2]).resize((200, 150)))))
+        add_member(tf, "x.png", encode_png(big))
+    out = tmp_path / "out"
+    run_cli(["dedup", shard, "--out", out, "-q", "--gallery", "5"])
+    rows = [r for r in pq.read_table(out / "groups.parquet").to_pylist() if r["key"] == "x"]
+    assert [(r["width"], r["height"]) for r in rows] == [(128, 128), (256, 256)]
+    assert rows[0]["group"] == rows[1]["group"] != ""
+    page = (out / "groups.html").read_text()
+    assert page.count("<div>128x128</div>") == 1 and page.count("<div>256x256</div>") == 1
+
+
+def test_a_failed_input_is_named_and_the_last_line_says_so(dedup_shards, tmp_path):
+    """An input that cannot be read fails by name, the table holds the others, and the summary
+    line (the last one printed) says that an input failed: it does not read like success."""
+    bad = tmp_path / "zeros.parquet"
+    bad.write_bytes(b"PAR1" + bytes(64) + b"PAR1")
+    res = run_cli(["dedup", dedup_shards[0], bad, "--out", tmp_path / "out", "-q"], expect=1)
+    lines = res.output.strip().splitlines()
+    assert any(x.startswith("FAILED") and "zeros.parquet: not a readable Parquet file" in x for x in lines)
+    assert lines[-1].endswith("1 input(s) FAILED above, not in the table"), lines[-1]
+    rows = pq.read_table(tmp_path / "out" / "groups.parquet").to_pylist()
+    assert {r["shard"] for r in rows} == {"shard-a"}
+
+
+def test_inputs_that_share_a_stem_are_warned_about(dedup_shards, tmp_path):
+    """Two shards of one name in two folders: ``filter --groups`` matches rows by stem and cannot
+    take both in one run, so ``dedup`` says so (the table is still written)."""
+    import shutil
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(dedup_shards[1], other / dedup_shards[0].name)
+    res = run_cli(["dedup", dedup_shards[0], other / dedup_shards[0].name, "--out", tmp_path / "out", "-q"])
+    assert "warning: 1 stem(s) name more than one input (e.g. shard-a" in res.output, res.output
+    res = run_cli(["dedup", *dedup_shards, "--out", tmp_path / "out2", "-q"])
+    assert "stem(s) name more than one input" not in res.output

@@ -98,7 +98,9 @@ def test_a_group_kept_outside_the_inputs_keeps_a_stand_in_unless_filtered_as_a_r
     assert set(stand.loc[~stand.index.isin(best), "reason"]) <= {"duplicate", "degraded_copy"}
     ref = decided("reference")  # every copy decided against the one kept in shard-b
     assert (ref["decision"] == "rejected").all(), ref[["decision", "reason"]]
-    # over all three shards no group is kept elsewhere, and the kept copies are the table's rank 0
+    res = run_cli(["filter", *inputs, "--out", tmp_path / "x", "--kept-elsewhere", "reference"], expect=2)
+    assert "--kept-elsewhere needs --groups" in res.output  # as --drop-duplicates does
+    # over all three shards no group is kept elsewhere
     res = run_cli(["filter", *dedup_shards, "--out", tmp_path / "all", "--groups", table,
                    "--drop-duplicates", "--threshold", "1e9", "-w", "1"])
     assert "outside these inputs" not in res.output

@@ -204,11 +204,14 @@ def test_a_folder_reads_parquet_files_but_not_img2dataset_sidecars(tmp_path, pho
     (d / "scores").mkdir()  # a table with no bytes column (a filter's scores) holds no images
     pq.write_table(pa.table({"key": ["a"], "score": [1.0]}), d / "scores" / "data.parquet")
     (d / "broken.parquet").write_bytes(b"PAR1 not really")  # unreadable: an input, fails loudly
+    (d / "zeros.parquet").write_bytes(b"PAR1" + bytes(64) + b"PAR1")  # a footer that does not parse
     data, _ = expand([str(d)])
     assert sorted((Path(i.name).name, i.kind) for i in data) == [
-        ("00000.tar", "tar"), ("broken.parquet", "parquet"), ("data.parquet", "parquet")]
+        ("00000.tar", "tar"), ("broken.parquet", "parquet"), ("data.parquet", "parquet"),
+        ("zeros.parquet", "parquet")]
     res = run_cli(["score", d, "-d", "nss", "-o", tmp_path / "s.csv"], expect=1)
     assert "broken.parquet: not a readable Parquet file" in res.output
+    assert "zeros.parquet: not a readable Parquet file" in res.output
     assert len(pd.read_csv(tmp_path / "s.csv")) == 1 + len(images)  # the shard's sample, the rows
 
 
