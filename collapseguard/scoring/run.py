@@ -114,6 +114,8 @@ def _score_task(task: tuple, detector, progress=None, pf=None, decode=None, set_
                "height": res.height, "storage": res.storage, "has_alpha": res.has_alpha,
                "error": error}
         row.update({f"{k}": v for k, v in res.extra.items()})
+        if kind == "parquet":  # a key can repeat in a file: the row's index names it
+            row["row"] = rec.index
         if set_aside:
             row["set_aside"] = set_aside_reason(rec) if kind == "shard" else ""
         rows.append(row)
@@ -230,6 +232,8 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
     # integers with empty cells where the size is unknown (an image that could not be read), not
     # floats (640.0 in a CSV) nor 0
     df[["width", "height"]] = df[["width", "height"]].astype("Int64")
+    if "row" in df.columns:  # Parquet rows' indices; empty for shard samples and image files
+        df["row"] = df["row"].astype("Int64")
     return df, failures
 
 

@@ -173,6 +173,10 @@ def test_score_gives_the_scores_of_the_same_images_in_a_tar_shard(tmp_path, phot
         got = next(v for s, v in by.items() if s.endswith(name))
         np.testing.assert_array_equal(got, tar_scores)
         assert next(v for s, v in flags.items() if s.endswith(name)) == flags[str(shard)]
+    # a Parquet row is named by its index in its file too (a key can repeat there); shards have none
+    rows = {src: g["row"].tolist() for src, g in df.groupby("source", sort=False)}
+    assert rows[str(shard)] == [pd.NA] * len(images)
+    assert all(v == list(range(len(images))) for s, v in rows.items() if s.endswith(".parquet"))
     # the pyarrow file's rows are named by its key column, the datasets file's by row index
     assert df[df["source"].str.endswith("j.parquet")]["key"].tolist() == [k for k, _ in images]
 
