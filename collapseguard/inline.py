@@ -51,8 +51,12 @@ tar before any stage sees them, so a sample that ``filter`` sets aside as ``refu
 the stage without that member and is judged by what is left. Member names with ``..`` or a leading
 ``/`` are rejected as ``unsafe_name`` in both. The stage rejects a key that already named an
 earlier sample of the same shard as ``repeated_key``, as ``filter`` does; it knows a shard by
-``__url__``, so a shard streamed twice in a row (resampling) reads as one shard whose keys all
-repeat on the second pass. Ray's ``read_webdataset`` refuses such shards itself.
+``__url__``, and a sample whose key is the current pass's first key starts a new pass of that
+shard: webdataset's ``resampled=True`` streams a shard again, often right after itself, and each
+pass is judged afresh (else every sample of a second pass would be dropped, and a single
+resampled shard would never yield again). So in a shard ``k, j, k`` the stage judges the second
+``k`` by its score where ``filter`` sets it aside; a repeat of any other key (``j, k, i, k``) is
+``repeated_key`` in both. Ray's ``read_webdataset`` refuses repeated keys itself.
 """
 
 from __future__ import annotations
@@ -202,17 +206,19 @@ class _Decider:
         """Yield ``(sample, scored, decision, reason)`` in input order.
 
         With ``track_keys``, a sample whose ``__key__`` already named an earlier sample of the
-        same shard (``__url__``; the record starts afresh when the shard changes) is rejected as
-        ``repeated_key``, as ``filter`` rejects the later copies of ``k, j, k``."""
-        url, seen = object(), set()
+        same pass over a shard (``__url__``; the record starts afresh when the shard changes, and
+        when the pass's first key comes again: the module's notes) is rejected as
+        ``repeated_key``, as ``filter`` rejects the later copy of ``k`` in ``j, k, i, k``."""
+        url, seen, first = object(), set(), None
         for sample, scored in score_records(samples, self.detector, members_of=_members,
                                             batch_size=self.batch_size):
             unsafe, repeated = _unsafe(sample), False
             if track_keys:
-                if sample.get("__url__") != url:
-                    url, seen = sample.get("__url__"), set()
                 key = str(sample.get("__key__", ""))  # io.tar keeps a leading ./ in keys too
+                if sample.get("__url__") != url or (key == first and not unsafe):
+                    url, seen, first = sample.get("__url__"), set(), None  # a new shard, or pass
                 if not unsafe:  # as in io.tar, only samples with safe names claim a key
+                    first = key if first is None else first
                     repeated = key in seen
                     seen.add(key)
             decision, reason = decide(scored, self.threshold, unsafe=unsafe, repeated=repeated,

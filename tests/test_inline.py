@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tarfile
 
 import numpy as np
@@ -76,11 +77,11 @@ def test_wds_stage_and_filter_agree_on_an_explicit_threshold(shards, tmp_path):
 
 
 def test_wds_stage_rejects_a_repeated_key_as_filter_does(tmp_path, photos):
-    """Keys ``k, j, k`` in one shard, and ``k`` again in the next: filter rejects the second ``k``
-    of the first shard as repeated_key and keeps the next shard's ``k``; so must the stage."""
+    """Keys ``j, k, i, k`` in one shard, and ``k`` again in the next: filter rejects the second
+    ``k`` of the first shard as repeated_key and keeps the next shard's ``k``; so must the stage."""
     from collapseguard.inline import wds_filter
     shards = [tmp_path / "r0.tar", tmp_path / "r1.tar"]
-    for shard, keys in zip(shards, (["k", "j", "k"], ["k"])):
+    for shard, keys in zip(shards, (["j", "k", "i", "k"], ["k"])):
         with tarfile.open(shard, "w") as tf:
             for i, key in enumerate(keys):
                 add_member(tf, f"{key}.jpg", encode_jpeg(photos[i]))
@@ -88,9 +89,26 @@ def test_wds_stage_rejects_a_repeated_key_as_filter_does(tmp_path, photos):
     dropped = []
     stage = wds_filter("nss", threshold=1e9, on_reject=lambda s, why, score: dropped.append((s["__key__"], why)))
     kept = wds_samples(shards, stage)
-    assert scores["reason"].tolist()[2] == "repeated_key"
-    assert len(kept) == int((scores["decision"] == "kept").sum()) == 3
+    assert scores["reason"].tolist()[3] == "repeated_key"
+    assert len(kept) == int((scores["decision"] == "kept").sum()) == 4
     assert dropped == [("k", "repeated_key")] and stage.reasons["repeated_key"] == 1
+
+
+def test_a_resampled_shard_is_judged_afresh_on_every_pass(tmp_path, photos):
+    """webdataset's ``resampled=True`` streams one shard over and over: each pass starts at the
+    shard's first key and is judged as the first was (no ``repeated_key``), so 12 samples
+    streamed from a shard of 3 all come through, every pass keeping what the first keeps."""
+    import webdataset as wds
+
+    from collapseguard.inline import wds_filter
+    shard = tmp_path / "one.tar"
+    with tarfile.open(shard, "w") as tf:
+        for i, key in enumerate(["a", "b", "c"]):
+            add_member(tf, f"{key}.jpg", encode_jpeg(photos[i]))
+    stage = wds_filter("nss", threshold=1e9)
+    ds = wds.WebDataset(str(shard), resampled=True, shardshuffle=False)  # endless: 12 samples of it
+    keys = [s["__key__"] for s in ds.compose(lambda src: itertools.islice(src, 12)).compose(stage)]
+    assert keys == ["a", "b", "c"] * 4 and stage.reasons == {"kept": 12}
 
 
 def test_wds_stage_refuses_decoded_samples(shards):
