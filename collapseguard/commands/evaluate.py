@@ -60,6 +60,10 @@ def _name_list(ctx, param, value):
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1),
               help="Images decoded and handed to every detector at a time.")
 @click.option("--device", default=None, help="Torch device for detectors that use one (e.g. cuda).")
+@click.option("--runtime", type=click.Choice(["auto", "torch", "onnx"]), default="auto", show_default=True,
+              help="What runs the cnn detectors: onnxruntime on the CPU (auto: when installed and the "
+                   "device is the CPU, as filter scores; the same scores within 1e-4) or torch. "
+                   "The report names it beside the speed figures.")
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1),
               help="Torch CPU threads.")
 @click.option("--family", "families", multiple=True, help="Evaluate only this family (repeatable).")
@@ -74,7 +78,7 @@ def _name_list(ctx, param, value):
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @quiet_option("No progress on stderr.")
 def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps, clean_steps, scale_method,
-             batch_size, device,
+             batch_size, device, runtime,
              threads, families, max_chains_per_family, calibration, no_plot, quiet):
     """Score replication chains with each detector and apply the study's criterion.
 
@@ -84,14 +88,16 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
     Chains missing a needed step are skipped with a note; a NaN score is a failure with a reason.
     Also: AUROC of clean (steps 0, 1) vs step k per family and overall, Spearman ρ of score with
     step per chain, and images/s of each detector measured in this run (scoring time only, decode
-    excluded). Every table is also split by storage (the manifest's `storage` column, as `chains
+    excluded; the cnn on onnxruntime by default, as filter scores it: --runtime). Every table is also split by storage (the manifest's `storage` column, as `chains
     store` writes it, else the file header: png, jpeg q90 4:2:0, webp ...) and, when the manifest
     has a `kind` column, by the kind of each chain's source; with a threshold (--calibration), the
     share of clean images dropped per kind and storage and of step-k images per storage and family. Detectors such as pyiqa:* and vlm:* may need optional extras (see `detectors`).
     """
+    from collapseguard.detectors.cnn_family import set_default_runtime
     from collapseguard.evaluation import report, run_evaluation
     from collapseguard.scoring.progress import PhaseBars
     progress = PhaseBars("evaluate: score", quiet)
+    click.get_current_context().call_on_close(set_default_runtime(runtime))
 
     earlier = [k for k in steps if k < base_step]
     if earlier:  # Δk = score(k) - score(base) would pass a chain whose score fell with damage
@@ -112,6 +118,13 @@ def evaluate(chains, from_scores, detectors, out, steps, base_step, auroc_steps,
         raise click.BadParameter("a calibration file is for one detector; give one --detector name "
                                  "or --calibration default", param_hint="--calibration")
     if from_scores:
+        from click.core import ParameterSource
+        ctx = click.get_current_context()
+        unused = [flag for flag, name in (("--detector", "detectors"), ("--chains", "chains"))
+                  if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+        if unused:  # said, not silently dropped: the tables are every detector's of the file
+            click.echo(f"note: {' and '.join(unused)} not used with --from-scores: the tables are "
+                       f"those of every detector in {from_scores}", err=True)
         ev = _from_scores(from_scores, calibration=calibration, **kw)
     elif not chains:
         raise click.UsageError("give --chains (or --from-scores)")

@@ -154,6 +154,9 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
         return
     if iterations is not None and epochs is not None:
         raise click.UsageError("give --steps or --epochs, not both")
+    if stop_at_step is not None and epochs is None and stop_at_step > (iterations or 3000):
+        raise click.BadParameter(f"{stop_at_step} is beyond the run's {iterations or 3000} steps "
+                                 "(--steps)", param_hint="--stop-at-step")
     if context and bank_crops < 2:
         raise click.UsageError("--context needs --bank-crops >= 2 (it uses the spread over an image's crops)")
     if not str(out).endswith(".safetensors"):

@@ -41,8 +41,8 @@ def as_batch(images) -> list:
     float array in [0, 1], 16-bit pixels or a channels-first array would otherwise be read as another picture by some
     detectors and give a silently wrong score, so each is refused with the same message by every
     detector. RGBA arrays are composited over ``images.ALPHA_BACKGROUND``, as a decoded RGBA file
-    is, and grey arrays are repeated to three channels, so one picture gets one score whichever
-    way it arrives.
+    is, and grey arrays ((H, W) or (H, W, 1)) are repeated to three channels, so one picture gets
+    one score whichever way it arrives.
     """
     if isinstance(images, np.ndarray) and images.ndim in (2, 3):
         raise TypeError(f"score() takes a batch of images (a list, or an (N, H, W, 3) array); got one "
@@ -61,10 +61,13 @@ def _as_rgb(img, i: int) -> np.ndarray:
     arr = np.asarray(img)
     if arr.dtype != np.uint8:
         raise ValueError(f"image {i}: expected uint8 pixels (0-255), got {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[2] == 1:  # grey with a channel axis: as plain grey
+        arr = arr[..., 0]
     if arr.ndim == 2:
         arr = np.repeat(arr[..., None], 3, axis=2)
     if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"image {i}: expected an (H, W, 3) RGB image, got shape {arr.shape}")
+        raise ValueError(f"image {i}: expected an (H, W, 3) RGB, (H, W, 4) RGBA or (H, W) grey "
+                         f"image, got shape {arr.shape}")
     if arr.shape[2] == 4:
         from collapseguard.images import rgba_composite
 

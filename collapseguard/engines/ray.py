@@ -34,6 +34,7 @@ the next run on that ``--out``.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -197,7 +198,8 @@ class RayEngine:
                                 "include_dashboard": False}
                 _RAY_INIT_RUNNING = True
                 try:
-                    ray.init(**settings, log_to_driver=False)
+                    # Ray's own INFO lines (the local instance started) are not this tool's to print
+                    ray.init(**settings, log_to_driver=False, logging_level=logging.WARNING)
                 finally:
                     _RAY_INIT_RUNNING = False
             except (ConnectionError, TimeoutError, ValueError) as exc:

@@ -174,8 +174,9 @@ def results_markdown(ev) -> str:
     if ev.timings:
         out.append("- speed: images/s counts time inside `Detector.score` only (decode excluded, one "
                    f"untimed warm-up image per detector), batch size {ev.batch_size}, "
-                   f"{ev.threads or 'default'} torch thread(s), device {ev.device}; decode took "
-                   f"{ev.decode_seconds:.1f} s for {ev.n_images} images.")
+                   f"{ev.threads or 'default'} thread(s), device {ev.device}"
+                   + "".join(f", {md_code(d)} on {r}" for d, r in ev.runtimes.items() if r)
+                   + f"; decode took {ev.decode_seconds:.1f} s for {ev.n_images} images.")
     else:
         out.append("- speed: not measured in this run.")
     out += ["", "## Failures per detector (the study's criterion)", ""]

@@ -38,6 +38,8 @@ class Evaluation:
     batch_size: int = 16
     threads: int | None = None
     device: str = "default"
+    #: detector name -> what ran its network (``runtime_of``; "" where nothing to say)
+    runtimes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: the notes that put the whole result in doubt (also in ``notes``); the command prints them
     warnings: list[str] = field(default_factory=list)
@@ -184,6 +186,13 @@ def evaluate_scores(
     )
 
 
+def runtime_of(det: Detector) -> str:
+    """What runs a detector's network, as the speed figures should say: ``onnxruntime`` or
+    ``torch`` for the cnn family, "" for the others."""
+    kind = type(det).__name__
+    return "onnxruntime" if kind == "OnnxCNNDetector" else "torch" if kind == "CNNDetector" else ""
+
+
 def run_evaluation(
     chains: str | Path | pd.DataFrame,
     detectors: Sequence[str | Detector],
@@ -202,10 +211,12 @@ def run_evaluation(
     ``threshold_of(detector)`` -> (threshold, description) or None gives the thresholds of the
     drop tables (``evaluate --calibration``)."""
     if threads is not None:
+        # onnxruntime sessions (the cnn on the onnx runtime) take their threads from here
+        os.environ["OMP_NUM_THREADS"] = str(int(threads))
         try:
             import torch
-        except ImportError:  # the core install: onnxruntime sessions take their threads from here
-            os.environ["OMP_NUM_THREADS"] = str(int(threads))
+        except ImportError:  # the core install
+            pass
         else:
             torch.set_num_threads(int(threads))
     manifest = chains if isinstance(chains, pd.DataFrame) else load_chain_manifest(chains)
@@ -225,6 +236,7 @@ def run_evaluation(
     ev = evaluate_scores(scores, timings, source=str(chains) if not isinstance(chains, pd.DataFrame)
                          else "<DataFrame>", decode_seconds=decode_s, batch_size=batch_size,
                          threads=threads, device=device or "default", thresholds=thresholds, **kwargs)
+    ev.runtimes = {det.name: runtime_of(det) for det in dets}
     ev.warnings = unrelated_step_notes(manifest)
     ev.notes += ev.warnings
     return ev

@@ -211,16 +211,17 @@ def test_an_animated_image_is_decoded_as_its_first_frame():
 @pytest.mark.parametrize("spec", ["nss", "npr", "fixedpoint", "cnn", "compare"])
 def test_every_detector_refuses_pixels_it_would_misread_with_one_message(spec):
     """A float image in [0, 1], 16-bit pixels or a channels-first array gave nss five different
-    scores for one picture; every detector now refuses them alike, and takes a grey (H, W) array
-    or a PIL image as the RGB picture it is."""
+    scores for one picture; every detector now refuses them alike, and takes a grey (H, W) or
+    (H, W, 1) array or a PIL image as the RGB picture it is."""
     det = create(spec)
     u8 = (np.random.default_rng(0).random((96, 96, 3)) * 255).astype(np.uint8)
     for bad, says in ((u8 / 255.0, "expected uint8 pixels"), (u8.astype(np.uint16) * 257, "expected uint8 pixels"),
-                      (u8.transpose(2, 0, 1).copy(), r"expected an \(H, W, 3\) RGB image")):
+                      (u8.transpose(2, 0, 1).copy(), r"expected an \(H, W, 3\) RGB, \(H, W, 4\) RGBA or \(H, W\) grey")):
         with pytest.raises(ValueError, match=says):
             det.score([bad])
     grey = u8[..., 0]
     assert np.allclose(det.score([grey]), det.score([np.repeat(grey[..., None], 3, axis=2)]))
+    assert np.allclose(det.score([grey[..., None]]), det.score([grey]))  # (H, W, 1) is grey too
     assert np.allclose(det.score([Image.fromarray(u8)]), det.score([u8]))
     assert len(det.score([])) == 0
 

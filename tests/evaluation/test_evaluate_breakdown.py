@@ -88,6 +88,10 @@ def test_from_scores_gives_the_same_tables(evaluated, tmp_path):
     res = CliRunner().invoke(main, ["evaluate", "--from-scores", str(evaluated / "scores.csv"),
                                     "--out", str(tmp_path), "--no-plot"])
     assert res.exit_code == 0, res.output
+    assert "not used with --from-scores" not in res.output
+    res_d = CliRunner().invoke(main, ["evaluate", "--from-scores", str(evaluated / "scores.csv"), "-d", "nss",
+                                      "--out", str(tmp_path / "d"), "--no-plot"])
+    assert res_d.exit_code == 0 and "note: --detector not used with --from-scores" in res_d.output, res_d.output
     for name in ("auroc_by_storage", "auroc_by_kind", "clean_drops", "drops", "failures_by_kind"):
         a, b = pd.read_csv(evaluated / f"{name}.csv"), pd.read_csv(tmp_path / f"{name}.csv")
         pd.testing.assert_frame_equal(a, b)
@@ -206,3 +210,18 @@ def test_eval_set_figures_kind_oracle_allows_exactly_alpha_of_a_kind(benchmark_s
               "source_kind": "photo", "detector": "cnn", "score": float(i) + 0.5} for i in range(100)]
     line = mod.kind_oracle(pd.DataFrame(rows), "cnn", 0.29)[0]
     assert float(line.split("threshold ")[1].split()[0]) == 70.0
+
+
+def test_the_runtime_is_chosen_and_named_and_scores_agree(stored, evaluated):
+    """By default the cnn runs as filter runs it (onnxruntime on a CPU); --runtime torch runs the
+    network as trained. Each report names what ran it beside its speed, and the scores agree."""
+    out = stored / "eval_torch"
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(stored / "stored"), "--detectors", "cnn",
+                                    "--out", str(out), "--no-plot", "-q", "--threads", "1",
+                                    "--runtime", "torch"])
+    assert res.exit_code == 0, res.output
+    assert "`cnn` on onnxruntime" in (evaluated / "results.md").read_text()
+    assert "`cnn` on torch" in (out / "results.md").read_text()
+    a = pd.read_csv(evaluated / "scores.csv").sort_values("path")["score"].to_numpy()
+    b = pd.read_csv(out / "scores.csv").sort_values("path")["score"].to_numpy()
+    assert len(a) == len(b) > 0 and abs(a - b).max() < 1e-3

@@ -61,6 +61,10 @@ def test_a_stopped_and_resumed_run_writes_the_weights_of_an_unbroken_run(tmp_pat
     res = _train([*data, "--steps", "40", "--resume", "--stop-at-step", "12"], split)
     assert res.exit_code == 1 and "is not after the checkpoint's step 17" in res.output, res.output
     assert not split.exists()
+    # nor is a stop past the run's end, before anything is built
+    res = _train([*data, "--steps", "40", "--resume", "--stop-at-step", "99"], split)
+    assert res.exit_code == 2 and "Invalid value for --stop-at-step: 99 is beyond the run's 40 steps" in res.output
+    assert "crop bank" not in res.output.lower()
     # a setting the checkpoint does not name (newer than it) passes at its default value
     doc["config"].pop("web_history")
     ck.write_text(json.dumps(doc))
