@@ -16,27 +16,39 @@ import os
 from collections.abc import Collection
 
 from collapseguard.io.inputs import path_key
+from collapseguard.io.parse import URLError
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import local_path
 
 
-def match_sources(rows: list[dict], audited: Collection[str]) -> tuple[list[dict], list[str]]:
+def _local(name: str) -> str | None:
+    try:
+        return local_path(name)
+    except URLError:  # a file: URL naming another host (the table is data): no local file
+        return None
+
+
+def match_sources(rows: list[dict], audited: Collection[str],
+                  shown: Collection[str] | None = None) -> tuple[list[dict], list[str]]:
     """``rows`` (``dedup.gallery.read_gallery_rows``') with each ``source`` that names an audited
     input replaced by that input's name, and the warnings to print. A row whose source was
-    rewritten since the table was made gets ``unreadable`` (why its copy is not shown)."""
+    rewritten since the table was made gets ``unreadable`` (why its copy is not shown).
+    ``shown``: the table sources whose copies the report shows (None: all); only those are
+    matched by file name and have their bytes checked (a file is hashed whole), the others by
+    where they are alone."""
     from collapseguard.filter.pipeline import file_digest
 
     by_key = {path_key(a): a for a in audited}
     by_name: dict[str, dict[str, str]] = {}  # file name -> {path_key: one spelling of it}
     for a in sorted(audited):
-        path = local_path(a)
+        path = _local(a)
         if path and os.path.isfile(path):
             by_name.setdefault(os.path.basename(path), {}).setdefault(path_key(a), a)
     digests: dict[str, dict] = {}
 
     def digest(name: str) -> dict:
         if name not in digests:
-            digests[name] = file_digest(local_path(name))
+            digests[name] = file_digest(_local(name))
         return digests[name]
 
     first: dict[str, dict] = {}
@@ -47,13 +59,17 @@ def match_sources(rows: list[dict], audited: Collection[str]) -> tuple[list[dict
     for source, r in first.items():
         sha, size = r.get("source_sha256"), r.get("source_size")
         name = by_key.get(path_key(source))
+        if shown is not None and source not in shown:
+            if name is not None:  # counted as audited; nothing of it is shown, so not hashed
+                mapped[source] = name
+            continue
         if name is None:
-            path = local_path(source)
+            path = _local(source)
             cands = list(by_name.get(os.path.basename(path), {}).values()) if path and sha else []
             if len(cands) != 1:
                 continue
             name = cands[0]  # the same name elsewhere: shown only if the bytes are the same
-        path = local_path(name)
+        path = _local(name)
         if sha and path and os.path.isfile(path):
             got = digest(name)
             if got["sha256"] != sha or (size is not None and got["size"] != size):

@@ -430,7 +430,9 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
         sources = _input_sources(inputs, df)
         # the table's sources as this audit names them (another spelling or folder: by stem),
         # and none whose file changed since the table was made
-        group_rows, warnings = match_sources(group_rows, sources)
+        from collapseguard.dedup.gallery import pick_groups
+        shown = {m["source"] for ms in pick_groups(group_rows, options.gallery_size) for m in ms}
+        group_rows, warnings = match_sources(group_rows, sources, shown)
         for line in warnings:
             print(line, file=sys.stderr, flush=True)
         grouped = {r["source"] for r in group_rows if r["group"] and not r.get("unreadable")}

@@ -127,8 +127,8 @@ CHROMA_SIDE = 16
 
 
 def coarse_chroma(img: np.ndarray) -> tuple[float, float]:
-    """``(sat, cast)`` as ``features_at`` measures them, of ``img`` reduced (area filter, never
-    enlarged) to a shorter side of ``CHROMA_SIDE`` px: the colour a picture holds, which chroma
+    """``(sat, cast)`` as ``features_at`` measures them, of ``img`` resized (area filter) to a
+    shorter side of ``CHROMA_SIDE`` px: the colour a picture holds, which chroma
     noise added to a grey picture does not reach (``dedup.colour``)."""
     if img.ndim != 3:
         return 0.0, 0.0

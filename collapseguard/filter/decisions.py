@@ -28,6 +28,7 @@ unless the run filters against the copies kept elsewhere (``KEPT_ELSEWHERE``).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 from collapseguard.errors import CollapseguardError
 from collapseguard.io.terminal import printable
@@ -101,39 +102,44 @@ OPTIONAL_COLUMNS = ("kept_score", "kept_detector")
 KEPT_ELSEWHERE = ("stand-in", "reference")
 
 
-def stand_ins(path: str, digest: str, inputs: tuple[str, ...]) -> dict[str, list]:
-    """The groups of table ``path`` whose kept copy (rank 0) is not among the input stems
-    ``inputs``: ``{"groups": [group ids], "rows": [(stem, key, row index or None)]}``, the second
-    the stand-in of each such group that has a copy among the inputs (its lowest rank; the first
-    row of the lowest). Read once per process, table and inputs."""
-    import os
-
-    import pyarrow.compute as pc
+def stand_ins(path: str, inputs: Collection[str]) -> dict[str, object]:
+    """The groups of table ``path`` with a copy among the input stems ``inputs`` whose kept copy
+    (rank 0) is not among them: ``{"groups": [group ids], "by_stem": {stem: ((key, row index or
+    None), ...)}}``,
+    the second the stand-ins among the inputs, one per such group that has a copy there: its
+    lowest rank (the first row of the lowest) among the rows ``filter`` applies a group row to,
+    so not a later sample of a key that repeats in a tar shard (matched by key, the first one
+    only; a Parquet row is matched by its index). Read once, by the run's parent process."""
     import pyarrow.parquet as pq
 
-    ident = (path, digest, os.stat(path).st_mtime_ns, tuple(inputs))
-    if _STAND_INS.get("ident") != ident:
-        names = set(pq.read_schema(path).names)
-        cols = ["shard", "key", "group", "rank", *(["row"] if "row" in names else [])]
-        t = pq.read_table(path, columns=cols)
-        t = t.filter(pc.not_equal(t.column("group"), ""))
-        mine = set(inputs)
-        best: dict[str, tuple] = {}  # group -> (rank, stem, key, row) of its best copy overall
-        here: dict[str, tuple] = {}  # ... and among the inputs
-        rows = t.column("row").to_pylist() if "row" in names else [None] * t.num_rows
-        for stem, key, group, rank, row in zip(*(t.column(c).to_pylist() for c in cols[:4]), rows):
-            entry = (int(rank or 0), stem or "", key, None if row is None else int(row))
-            if group not in best or entry[0] < best[group][0]:
-                best[group] = entry
-            if entry[1] in mine and (group not in here or entry[0] < here[group][0]):
-                here[group] = entry
-        away = sorted(g for g, e in best.items() if e[1] not in mine and g in here)
-        _STAND_INS.clear()
-        _STAND_INS.update(ident=ident, value={"groups": away, "rows": [here[g][1:] for g in away]})
-    return _STAND_INS["value"]
-
-
-_STAND_INS: dict[str, object] = {}
+    names = set(pq.read_schema(path).names)
+    cols = ["shard", "key", "group", "rank", *(["row"] if "row" in names else [])]
+    t = pq.read_table(path, columns=cols)
+    mine = set(inputs)
+    best: dict[str, tuple] = {}  # group -> (rank, stem, key, row) of its best copy overall
+    here: dict[str, tuple] = {}  # ... and among the rows of the inputs a group row applies to
+    seen: set[tuple[str, str]] = set()  # (stem, key) of the samples matched by key so far
+    present: set[str] = set()  # groups with a copy among the inputs
+    rows = t.column("row").to_pylist() if "row" in names else [None] * t.num_rows
+    for stem, key, group, rank, row in zip(*(t.column(c).to_pylist() for c in cols[:4]), rows):
+        stem = stem or ""
+        first = row is not None or (stem, key) not in seen
+        seen.add((stem, key))
+        if not group:
+            continue
+        entry = (int(rank or 0), stem, key, None if row is None else int(row))
+        if group not in best or entry[0] < best[group][0]:
+            best[group] = entry
+        if stem in mine:
+            present.add(group)
+        if first and stem in mine and (group not in here or entry[0] < here[group][0]):
+            here[group] = entry
+    away = sorted(g for g, e in best.items() if e[1] not in mine and g in present)
+    by_stem: dict[str, list] = {}
+    for g in away:
+        if g in here:
+            by_stem.setdefault(here[g][1], []).append(here[g][2:])
+    return {"groups": away, "by_stem": {k: tuple(sorted(v, key=repr)) for k, v in by_stem.items()}}
 
 
 def kept_elsewhere_note(n: int, mode: str) -> str:
@@ -192,22 +198,18 @@ def _groups_of(path: str, digest: str) -> dict[str, dict]:
 
 
 def read_shard_groups(path: str, shard_stem: str, digest: str = "",
-                      inputs: tuple[str, ...] = ()) -> dict[str, dict]:
+                      standing: tuple = ()) -> dict[str, dict]:
     """``key -> {"group", "decision", "rank"[, "kept_score", "kept_detector", "stands_in"]}`` of
     one shard's rows in a groups.parquet (the first row of a key that repeats); singles change no
-    decision and are left out. ``inputs``: the filter's input stems; the stand-ins among the
-    rows (``stand_ins``) carry ``"stands_in": True`` (none when empty)."""
+    decision and are left out. ``standing``: the shard's stand-ins (``stand_ins``' ``by_stem``
+    entry: ``(key, row)`` pairs), whose rows carry ``"stands_in": True``."""
     keys = _groups_of(path, digest).get(shard_stem, {}).get("keys", {})
-    marked = [k for stem, k, _ in _standing(path, digest, inputs) if stem == shard_stem and k in keys]
+    marked = [k for k, row in standing if row is None and k in keys]
     return {**keys, **{k: {**keys[k], "stands_in": True} for k in marked}} if marked else keys
 
 
-def _standing(path: str, digest: str, inputs: tuple[str, ...]) -> list[tuple]:
-    return stand_ins(path, digest, inputs)["rows"] if inputs else []
-
-
 def read_row_groups(path: str, stem: str, digest: str = "",
-                    inputs: tuple[str, ...] = ()) -> dict[int, dict] | None:
+                    standing: tuple = ()) -> dict[int, dict] | None:
     """``row index -> row`` (as ``read_shard_groups``'s) of one Parquet file's grouped rows, by
     the table's ``row`` column: a key that repeats in the file cannot name the row. None for a
     table without that column (then rows are matched by key, ``read_shard_groups``)."""
@@ -215,7 +217,7 @@ def read_row_groups(path: str, stem: str, digest: str = "",
     if not _GROUPS_CACHE.get("has_rows"):
         return None
     rows = by_shard.get(stem, {}).get("rows", {})
-    marked = [i for s, _, i in _standing(path, digest, inputs) if s == stem and i in rows]
+    marked = [i for _, i in standing if i is not None and i in rows]
     return {**rows, **{i: {**rows[i], "stands_in": True} for i in marked}} if marked else rows
 
 

@@ -136,10 +136,10 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
             stream = score_records(source, detector, members_of=lambda r: r.members,
                                    batch_size=options.batch_size or None, images_only=False)
         groups = (read_shard_groups(options.groups, inp.stem, options.groups_digest,
-                                    options.stand_in_inputs()) if options.groups else None)
+                                    options.stand_ins) if options.groups else None)
         # the table's rows of this file by row index (None: a table without them, matched by key)
         by_row = (read_row_groups(options.groups, inp.stem, options.groups_digest,
-                                  options.stand_in_inputs()) if options.groups else None)
+                                  options.stand_ins) if options.groups else None)
         if groups is not None:  # only to the file the groups were made from
             check_made_from(options.groups, inp.stem, options.groups_digest, name,
                             **stream_digest(name))

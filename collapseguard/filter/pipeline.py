@@ -33,7 +33,6 @@ from collapseguard.filter.decisions import (
     check_made_from,
     decide,
     read_shard_groups,
-    stand_ins,
 )
 from collapseguard.images import is_image_name
 from collapseguard.io.outdir import digest_stream
@@ -118,15 +117,12 @@ class FilterOptions:
     groups: str = ""
     groups_digest: str = ""
     drop_duplicates: bool = False
-    #: the stems of every input of the run (set by ``run_filter`` with ``groups``): a group whose
-    #: kept copy is not among them has a stand-in here (``decisions.stand_ins``) unless
-    #: ``kept_elsewhere`` is ``reference`` (``decisions.KEPT_ELSEWHERE``)
-    groups_inputs: tuple = ()
+    #: ``decisions.KEPT_ELSEWHERE``: what a group whose kept copy is not among the run's inputs does
     kept_elsewhere: str = "stand-in"
-
-    def stand_in_inputs(self) -> tuple:
-        """The input stems ``decisions.read_shard_groups`` marks stand-ins for (none: no stand-ins)."""
-        return self.groups_inputs if self.kept_elsewhere == "stand-in" else ()
+    #: this shard's rows that stand in for a kept copy outside the run's inputs (``(key, row)``
+    #: pairs, ``decisions.stand_ins``), set per shard by ``run_filter`` with ``--kept-elsewhere
+    #: stand-in``: they depend on every input of the run, and are what the shard's decisions read
+    stand_ins: tuple = ()
 
     def fingerprint(self, parquet: bool = True) -> dict:
         """Settings that change a shard's outputs; a completed shard is reused only if equal.
@@ -147,13 +143,11 @@ class FilterOptions:
         for k in ("groups_digest", "drop_duplicates"):
             if not d[k]:
                 d.pop(k)  # runs without --groups keep the settings they always had
-        d.pop("groups_inputs")
-        d.pop("kept_elsewhere")
-        away = (stand_ins(self.groups, self.groups_digest, self.groups_inputs)["groups"]
-                if self.groups and self.groups_inputs else [])
-        if away:  # only then do the inputs and --kept-elsewhere change a decision
-            d["kept_elsewhere"] = self.kept_elsewhere
-            d["groups_kept_elsewhere"] = hashlib.sha256("\n".join(away).encode()).hexdigest()[:16]
+        d.pop("kept_elsewhere")  # it changes decisions only through the stand-ins
+        standing = d.pop("stand_ins")
+        if standing:  # only then do the run's other inputs change this shard's decisions
+            d["groups_stand_ins"] = hashlib.sha256(
+                json.dumps(sorted(map(list, standing), key=repr)).encode()).hexdigest()[:16]
         return json.loads(json.dumps(d, sort_keys=True))  # as it reads back from the marker
 
 
@@ -330,7 +324,7 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
                                    members_of=lambda s: [(m.name, m.data) for m in s.members],
                                    batch_size=options.batch_size or None)
         groups = (read_shard_groups(options.groups, shard_stem(shard), options.groups_digest,
-                                    options.stand_in_inputs()) if options.groups else None)
+                                    options.stand_ins) if options.groups else None)
         if groups is not None:  # a shard of another size fails before it is read
             check_made_from(options.groups, shard_stem(shard), options.groups_digest, shard,
                             size=identity.get("size"))

@@ -422,10 +422,18 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     records: dict[str, dict] = {}
     todo: list[Input] = []
     shards = [s.name for s in inputs]  # the names markers, summaries and messages use
-    if options.groups:  # which groups keep a copy outside these inputs depends on all of them
-        options = replace(options, groups_inputs=tuple(sorted({shard_stem(s) for s in inputs})))
+    # which groups keep a copy outside these inputs depends on all of them: read once, here, and
+    # each shard's options carry its own stand-ins (what its decisions and resume check read)
+    away = (stand_ins(options.groups, {shard_stem(s) for s in inputs}) if options.groups
+            else {"groups": [], "by_stem": {}})
+
+    def of(s: Input) -> FilterOptions:
+        if options.kept_elsewhere != "stand-in":
+            return options
+        return replace(options, stand_ins=away["by_stem"].get(shard_stem(s), ()))
+
     for s in inputs:
-        marker = completed_marker(s, options, out, detector_version) if resume else None
+        marker = completed_marker(s, of(s), out, detector_version) if resume else None
         if marker is not None:
             records[s.name] = {**marker, "shard": s.name}
         else:
@@ -470,21 +478,21 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
         if note:  # about the inputs, so printed with --quiet too
             bar.write(note, file=sys.stderr)
         unmatched = unmatched_inputs(named, stems)
-        away = stand_ins(options.groups, options.groups_digest, options.groups_inputs)["groups"]
-        if away:  # about the inputs, so printed with --quiet too
-            bar.write(kept_elsewhere_note(len(away), options.kept_elsewhere), file=sys.stderr)
+        if away["groups"]:  # about the inputs, so printed with --quiet too
+            bar.write(kept_elsewhere_note(len(away["groups"]), options.kept_elsewhere), file=sys.stderr)
         groups_summary = {"table": options.groups, "sha256": options.groups_digest,
                           "drop_duplicates": options.drop_duplicates,
                           "inputs_with_rows": len(named) - len(unmatched),
                           "inputs_without_rows": unmatched,
-                          "groups_kept_elsewhere": len(away),
+                          "groups_kept_elsewhere": len(away["groups"]),
                           "kept_elsewhere": options.kept_elsewhere}
     if todo:
         absolute = replace(options, out_dir=_absolute(options.out_dir),
                            scores_from=options.scores_from and _absolute(options.scores_from))
         try:
             make_engine(engine, workers, detector).run(
-                filter_task, [(s.with_name(_absolute(s.name)), absolute) for s in todo],
+                filter_task, [(s.with_name(_absolute(s.name)), replace(absolute, stand_ins=of(s).stand_ins))
+                              for s in todo],
                 options.detector,
                 options.detector_kwargs, on_progress if not quiet else None, on_done)
         except KeyboardInterrupt:

@@ -98,6 +98,14 @@ def test_a_group_kept_outside_the_inputs_keeps_a_stand_in_unless_filtered_as_a_r
     assert set(stand.loc[~stand.index.isin(best), "reason"]) <= {"duplicate", "degraded_copy"}
     ref = decided("reference")  # every copy decided against the one kept in shard-b
     assert (ref["decision"] == "rejected").all(), ref[["decision", "reason"]]
+    # resume: a shard whose stand-ins the added input does not move is reused; one whose do is refused
+    base = ["--groups", table, "--drop-duplicates", "--threshold", "1e9", "-w", "1", "-q"]
+    run_cli(["filter", dedup_shards[0], "--out", tmp_path / "o1", *base])
+    res = run_cli(["filter", *inputs, "--out", tmp_path / "o1", *base[:-1]])
+    assert "resuming: 1 of 2 shard(s) already complete" in res.output, res.output
+    run_cli(["filter", dedup_shards[2], "--out", tmp_path / "o2", *base])
+    res = run_cli(["filter", *inputs, "--out", tmp_path / "o2", *base], expect=1)
+    assert "shard-c.tar was completed" in res.output and "groups_stand_ins" in res.output, res.output
     res = run_cli(["filter", *inputs, "--out", tmp_path / "x", "--kept-elsewhere", "reference"], expect=2)
     assert "--kept-elsewhere needs --groups" in res.output  # as --drop-duplicates does
     # over all three shards no group is kept elsewhere
@@ -106,28 +114,35 @@ def test_a_group_kept_outside_the_inputs_keeps_a_stand_in_unless_filtered_as_a_r
     assert "outside these inputs" not in res.output
 
 
-def test_stand_ins_are_marked_by_key_and_by_parquet_row(tmp_path):
-    """A groups table written by hand: group g1 is kept in a loose file (no stem), g2 in ``p2``;
-    filtering ``p1`` alone, each has a stand-in in ``p1``, its lowest rank there, found by key
-    and, where the table has row indices, by row (the key ``k`` repeats in ``p1``)."""
+def test_stand_ins_are_the_rows_filter_applies_a_group_row_to(tmp_path):
+    """Groups tables written by hand: g1 is kept in a loose file (no stem), g2 in ``p2``. Filtering
+    ``p1`` alone, each has a stand-in in ``p1``, its lowest rank there. With row indices (a
+    Parquet file) the second row of the repeated key ``k`` can stand in and is marked by its
+    index; without them (matched by key, as a tar shard's samples are) only a key's first row
+    takes a group row, so the stand-in is the next best row, ``y``."""
     from collapseguard.filter.decisions import read_row_groups, read_shard_groups, stand_ins
 
-    table = tmp_path / "groups.parquet"
-    pd.DataFrame({
+    rows = pd.DataFrame({
         "shard": ["", "p1", "p1", "p2", "p1", "p1"],
         "key": ["loose.png", "k", "k", "x", "y", "z"],
         "row": [None, 0, 1, 0, 2, 3],
         "group": ["g1", "g1", "g1", "g2", "g2", ""],
         "rank": [0, 2, 1, 0, 1, 0],
         "decision": ["keep", "degraded_copy", "keep", "keep", "degraded_copy", "single"],
-    }).to_parquet(table)
-    found = stand_ins(str(table), "d1", ("p1",))
-    assert found == {"groups": ["g1", "g2"], "rows": [("p1", "k", 1), ("p1", "y", 2)]}
-    assert stand_ins(str(table), "d1", ("p1", "p2"))["groups"] == ["g1"]  # g2 is kept among them
-    by_row = read_row_groups(str(table), "p1", "d1", ("p1",))
-    assert [i for i, r in sorted(by_row.items()) if r.get("stands_in")] == [1, 2]
-    assert not any(r.get("stands_in") for r in read_row_groups(str(table), "p1", "d1").values())
-    by_key = read_shard_groups(str(table), "p1", "d1", ("p1",))
-    assert by_key["y"].get("stands_in") and by_key["k"].get("stands_in")
-    assert apply_group(*KEPT, by_row[2], True) == KEPT  # a degraded copy, standing in
-    assert apply_group(*KEPT, by_row[0], True) == ("rejected", "degraded_copy")
+    })
+    indexed, by_key = tmp_path / "indexed.parquet", tmp_path / "by_key.parquet"
+    rows.to_parquet(indexed)
+    rows.assign(group=["g1", "g1", "g1", "g2", "g1", ""]).drop(columns="row").to_parquet(by_key)
+    found = stand_ins(str(indexed), {"p1"})
+    assert found == {"groups": ["g1", "g2"], "by_stem": {"p1": (("k", 1), ("y", 2))}}
+    assert stand_ins(str(indexed), {"p1", "p2"})["groups"] == ["g1"]  # g2 is kept among them
+    marked = read_row_groups(str(indexed), "p1", "d1", found["by_stem"]["p1"])
+    assert [i for i, r in sorted(marked.items()) if r.get("stands_in")] == [1, 2]
+    assert not any(r.get("stands_in") for r in read_row_groups(str(indexed), "p1", "d1").values())
+    assert apply_group(*KEPT, marked[2], True) == KEPT  # a degraded copy, standing in
+    assert apply_group(*KEPT, marked[0], True) == ("rejected", "degraded_copy")
+
+    keyed = stand_ins(str(by_key), {"p1"})  # k's second row is no candidate: y (rank 1) stands in
+    assert keyed == {"groups": ["g1"], "by_stem": {"p1": (("y", None),)}}
+    got = read_shard_groups(str(by_key), "p1", "d2", keyed["by_stem"]["p1"])
+    assert got["y"].get("stands_in") and not got["k"].get("stands_in")
