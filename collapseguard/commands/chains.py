@@ -230,9 +230,13 @@ def sheet_cmd(path, out, crop, steps, max_chains, families, where):
 
     fams = [f.strip() for f in families.split(",")] if families else None
     check_out_file(out)
+    unreadable: list[str] = []
     try:
         p = contact_sheet(path, out, crop=crop, steps=_int_list(steps), max_chains=max_chains,
-                          families=fams, where=where)
+                          families=fams, where=where, unreadable=unreadable)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
     click.echo(f"contact sheet -> {p}")
+    if unreadable:
+        click.echo(f"note: {len(unreadable)} image(s) could not be read, shown as 'unreadable' "
+                   f"(e.g. {printable(unreadable[0])})", err=True)

@@ -48,10 +48,23 @@ def pick_chains(df: pd.DataFrame, max_chains: int) -> list[str]:
     return out
 
 
+def _load(path, unreadable: list[str]) -> np.ndarray | None:
+    """The image, or None (its path and why appended to ``unreadable``) when it cannot be read."""
+    try:
+        return load_image(path)
+    except (OSError, ValueError) as exc:  # DecodeError is a ValueError
+        unreadable.append(f"{path}: {exc}" if str(path) not in str(exc) else str(exc))
+        return None
+
+
 def contact_sheet(chains: str | Path | pd.DataFrame, out: str | Path, crop: int = 160,
                   steps: list[int] | None = None, max_chains: int = 16,
-                  families: list[str] | None = None, where: str = "detail") -> Path:
-    """Write a PNG contact sheet of ``chains`` (a manifest or anything ``load_chains`` reads)."""
+                  families: list[str] | None = None, where: str = "detail",
+                  unreadable: list[str] | None = None) -> Path:
+    """Write a PNG contact sheet of ``chains`` (a manifest or anything ``load_chains`` reads).
+    An image that cannot be read is a tile that says so (its path and why appended to
+    ``unreadable``), not the end of the sheet."""
+    unreadable = [] if unreadable is None else unreadable
     df = chains if isinstance(chains, pd.DataFrame) else load_chains(chains)
     if families:
         unknown = sorted(set(families) - set(df["family"]))
@@ -67,10 +80,10 @@ def contact_sheet(chains: str | Path | pd.DataFrame, out: str | Path, crop: int 
     cols = kept if not steps else sorted(set(steps))
     ids = pick_chains(df, max_chains)
     chains_rows = [df[df["chain_id"] == cid].set_index("step") for cid in ids]
-    bases = [load_image(rows.loc[rows.index.min(), "path"]) for rows in chains_rows]
+    bases = [_load(rows.loc[rows.index.min(), "path"], unreadable) for rows in chains_rows]
     # tiles as large as the crops can be: a --crop beyond every image would only add white
-    tile_h = min(crop, max((b.shape[0] for b in bases), default=crop)) + _GAP
-    tile_w = min(crop, max((b.shape[1] for b in bases), default=crop)) + _GAP
+    tile_h = min(crop, max((b.shape[0] for b in bases if b is not None), default=crop)) + _GAP
+    tile_w = min(crop, max((b.shape[1] for b in bases if b is not None), default=crop)) + _GAP
     sheet = Image.new("RGB", (_LABEL_W + tile_w * len(cols), _HEAD_H + tile_h * len(ids)),
                       (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
@@ -83,11 +96,15 @@ def contact_sheet(chains: str | Path | pd.DataFrame, out: str | Path, crop: int 
         name = str(cid)
         for k in range(0, min(len(name), 84), 28):
             draw.text((4, y0 + 20 + k // 28 * 14), name[k:k + 28], fill=(60, 60, 60))
-        by, bx = _crop_box(base, crop, where)
+        by, bx = _crop_box(base, crop, where) if base is not None else (0, 0)
         for j, s in enumerate(cols):
             if s not in rows.index:
                 continue
-            img = load_image(rows.loc[s, "path"])
+            img = (base if base is not None and s == rows.index.min()
+                   else _load(rows.loc[s, "path"], unreadable))
+            if img is None:
+                draw.text((_LABEL_W + j * tile_w + 4, y0 + 4), "unreadable", fill=(200, 0, 0))
+                continue
             patch = img[by:by + crop, bx:bx + crop]
             sheet.paste(Image.fromarray(np.ascontiguousarray(patch)), (_LABEL_W + j * tile_w, y0))
     out = Path(out)

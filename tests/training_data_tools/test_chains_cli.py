@@ -469,3 +469,29 @@ def test_a_skipped_source_names_its_file_once(tmp_path):
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "skipped 1 source image" in ln)
     assert line.count("bad.png") == 1, line
+
+
+def test_sheet_shows_an_unreadable_image_as_a_tile_and_draws_the_rest(chains_dir, tmp_path):
+    """One truncated step image (a copy of the chains folder) is a tile that says so and a note
+    naming it; the other tiles are drawn as from the intact folder."""
+    import shutil
+    broken = tmp_path / "chains"
+    shutil.copytree(chains_dir, broken)
+    df = load_chains(broken)
+    ids = pick_chains(df, 16)
+    victim = Path(df[(df.chain_id == ids[0]) & (df.step == 3)].path.iloc[0])
+    victim.write_bytes(victim.read_bytes()[:100])
+    out, whole = tmp_path / "s.png", tmp_path / "whole.png"
+    args = ["--crop", "32", "--where", "centre"]
+    res = CliRunner().invoke(main, ["chains", "sheet", str(broken), "--out", str(out), *args])
+    assert res.exit_code == 0, res.output
+    assert "note: 1 image(s) could not be read" in res.output and victim.name in res.output
+    assert CliRunner().invoke(main, ["chains", "sheet", str(chains_dir), "--out", str(whole), *args]).exit_code == 0
+    a, b = np.asarray(Image.open(out).convert("RGB")), np.asarray(Image.open(whole).convert("RGB"))
+    from collapseguard.training_data_tools import sheet as sheet_mod
+    x0 = sheet_mod._LABEL_W + 2 * 36  # row 0, column of step 3: differs; the rest is the same
+    mask = np.ones(a.shape[:2], bool)
+    mask[sheet_mod._HEAD_H:sheet_mod._HEAD_H + 36, x0:x0 + 36] = False
+    mask[:, :sheet_mod._LABEL_W] = False  # chain names are the folder's own
+    assert a.shape == b.shape and (a[mask] == b[mask]).all()
+    assert not (a[sheet_mod._HEAD_H:sheet_mod._HEAD_H + 32, x0:x0 + 32] == b[sheet_mod._HEAD_H:sheet_mod._HEAD_H + 32, x0:x0 + 32]).all()
