@@ -424,15 +424,14 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
                 s, df[compare_column(c.name)], threshold, c.threshold, det.name, c.name), "image/png")
     groups_html = None
     if group_rows is not None:
-        from collapseguard.dedup.gallery import render_groups
-        _log("reading the near-duplicate groups to show", quiet)
         from collapseguard.audit.group_sources import match_sources
+        from collapseguard.dedup.gallery import pick_groups, render_groups
+        _log("reading the near-duplicate groups to show", quiet)
         sources = _input_sources(inputs, df)
-        # the table's sources as this audit names them (another spelling or folder: by stem),
-        # and none whose file changed since the table was made
-        from collapseguard.dedup.gallery import pick_groups
-        shown = {m["source"] for ms in pick_groups(group_rows, options.gallery_size) for m in ms}
-        group_rows, warnings = match_sources(group_rows, sources, shown)
+        # the table's sources as this audit names them (another spelling, or the same file name
+        # and bytes elsewhere), and none whose file changed since the table was made
+        on_show = {m["source"] for ms in pick_groups(group_rows, options.gallery_size) for m in ms}
+        group_rows, warnings = match_sources(group_rows, sources, on_show)
         for line in warnings:
             print(line, file=sys.stderr, flush=True)
         grouped = {r["source"] for r in group_rows if r["group"] and not r.get("unreadable")}

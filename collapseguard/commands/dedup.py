@@ -89,6 +89,7 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     unreadable = f" ({bad} not decodable: reason not_fingerprinted, error in the table)" if bad else ""
     for f in summary["failures"]:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
+    from collapseguard.dedup.run import shared_stems
     shared = shared_stems(os.path.join(out, "groups.parquet"))
     if shared:  # filter matches a table's rows by stem: such inputs cannot be filtered together
         stem, names = next(iter(shared.items()))
@@ -104,14 +105,3 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     if failed:
         raise SystemExit(1)
 
-
-def shared_stems(table: str) -> dict[str, list[str]]:
-    """The stems of a groups table that name more than one source (``{stem: sources}``)."""
-    import pyarrow.parquet as pq
-
-    t = pq.read_table(table, columns=["shard", "source"])
-    by: dict[str, set[str]] = {}
-    for stem, source in set(zip(t.column("shard").to_pylist(), t.column("source").to_pylist())):
-        if stem:
-            by.setdefault(stem, set()).add(source)
-    return {k: sorted(v) for k, v in sorted(by.items()) if len(v) > 1}

@@ -19,6 +19,7 @@ from collapseguard.commands._common import (
     trust_pickle_option,
     workers_option,
 )
+from collapseguard.filter.decisions import KEPT_ELSEWHERE
 from collapseguard.io.tar import MAX_SAMPLE_BYTES, MAX_SHARD_BYTES
 from collapseguard.io.terminal import printable
 
@@ -69,7 +70,7 @@ from collapseguard.io.terminal import printable
 @click.option("--drop-duplicates", is_flag=True,
               help="With --groups: keep one copy per group (the least degraded), reject the "
                    "others as duplicate (classic deduplication).")
-@click.option("--kept-elsewhere", type=click.Choice(["stand-in", "reference"]), default=None,
+@click.option("--kept-elsewhere", type=click.Choice(KEPT_ELSEWHERE), default=None,
               help="With --groups, for a group whose kept copy is not among INPUTS (a loose file "
                    "dedup also read, or a shard left out of this run): 'stand-in' keeps its "
                    "best-ranked copy among INPUTS in its place, so no picture loses every copy "

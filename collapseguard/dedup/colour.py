@@ -11,20 +11,21 @@ already decoded for its description. A copy is monochrome at ``MONOCHROME_CHROMA
 less (2.55 levels of 255) at the scale the group is compared at. Whether a copy is colour is read
 on the copy reduced to 16 px on its shorter side (``pair_features.coarse_chroma``): colour is
 a picture's coarse content, while chroma noise added to a grey picture averages out there (noise
-of standard deviation 8-32 levels on each channel of skimage's grey samples reads at most 0.011
-there, 0.03-0.21 at full size), so a noisy copy of a grey original is no colour copy and the
-comparator decides between them. A copy is colour when that ``sat`` is above ``STRONG_CHROMA``,
+of 8 levels on each channel of skimage's camera, moon and coins reads under ``COLOUR_CHROMA``
+there: ``tests/dedup/test_colour_and_kept_copy.py``), so a noisy copy of a grey original is no
+colour copy and the comparator decides between them. A copy is colour when that ``sat`` is above ``STRONG_CHROMA``,
 or when its chroma beyond a uniform cast, ``sat - CAST_SHARE * cast``, is above
 ``COLOUR_CHROMA``. A uniform tint of a grey picture (the
 green cast of a damaged copy, a sepia toning) has ``sat`` at most 1.42 times its ``cast``, so
 under ``STRONG_CHROMA`` (25 levels) it never counts as colour and cannot outrank the grey
-original; most photos have one dominant hue (skimage's astronaut: ``sat`` 0.19, ``cast`` 0.13 at 16 px)
+original; most photos have one dominant hue (skimage's astronaut: ``sat`` 0.20, ``cast`` 0.13)
 and count by their strength. Greyscale and 1-bit copies decode to ``sat`` 0 (stored as RGB JPEG
 too), while a JPEG copy of a colour photo keeps nearly all of its chroma (astronaut 0.19, rocket
 0.15 as PNG and at JPEG q40 alike; at 70% saturation, JPEG q75, still 0.10 or more), so a
 slightly desaturated copy is never monochrome. A group with no colour copy ranks as the
 comparator alone ranks it: only grey copies, grey copies beside tinted or noisy ones, or a picture
-with as faint a colour as skimage's ``hubble_deep_field`` (``sat`` 0.011 at 16 px). Limits: a grey
+with as faint a colour as skimage's ``hubble_deep_field`` (the test of slightly desaturated copies
+below ``COLOUR_CHROMA``). Limits: a grey
 original beside a copy tinted by more than 25 levels loses to it; a photo of one faint hue
 (``sat`` under 0.10, nearly all of it the mean colour) does not count as colour, and its grey
 copy is left to the comparator.

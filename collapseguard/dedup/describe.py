@@ -4,7 +4,7 @@ A group ranks its copies at the largest scale of ``pair_features.SCALES`` that a
 (``compare.group_utilities``), which the copies' sizes tell before any is described: the rung of
 the member with the shortest shorter side (``pair_features.reached_rung``). ``RungDescriber``
 describes an image as ``Comparator.describe`` does (the same cnn score, up to float rounding,
-the same features, ``top_octave`` and ``coarse_chroma``), but only at the rungs asked for, and without the
+the same features and ``size_extras``), but only at the rungs asked for, and without the
 fingerprints pass 1 already has: the features of the other rungs, which the decisions never
 read, are left NaN.
 ``group_rungs`` gives every grouped row its group's rung.
@@ -22,10 +22,9 @@ from collapseguard.detectors.base import Detector
 from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
-    coarse_chroma,
     ladder,
     reached_rung,
-    top_octave,
+    size_extras,
 )
 
 #: images per call of the cnn: on a CPU its cost per image grows with the batch, as its crops'
@@ -57,8 +56,7 @@ class RungDescriber(Detector):
                               for k in range(0, len(images), CNN_BATCH)]) if images else np.zeros(0)
         want = [None if self.rungs is None else self.rungs.get(tuple(img.shape[:2])) for img in images]
         return c.description_columns([{"cnn": float(s), "ladder": ladder(img, c.features_used, r),
-                                       "octave": top_octave(img), "chroma": coarse_chroma(img)}
-                                      for s, img, r in zip(cnn, images, want)])
+                                       **size_extras(img)} for s, img, r in zip(cnn, images, want)])
 
 
 def rungs_by_size(height: np.ndarray, width: np.ndarray, rungs: np.ndarray) -> list | None:

@@ -833,4 +833,16 @@ def clear_parts(out_dir: str | Path) -> None:
                 p.unlink()
 
 
-__all__ = ["OUTPUT_COLUMNS", "clear_parts", "decide_groups", "describe_inputs", "run_dedup"]
+def shared_stems(table: str) -> dict[str, list[str]]:
+    """The stems of a groups table that name more than one source (``{stem: sources}``)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(table, columns=["shard", "source"])
+    by: dict[str, set[str]] = {}
+    for stem, source in set(zip(t.column("shard").to_pylist(), t.column("source").to_pylist())):
+        if stem:
+            by.setdefault(stem, set()).add(source)
+    return {k: sorted(v) for k, v in sorted(by.items()) if len(v) > 1}
+
+
+__all__ = ["OUTPUT_COLUMNS", "clear_parts", "shared_stems", "decide_groups", "describe_inputs", "run_dedup"]

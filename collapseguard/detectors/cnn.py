@@ -84,6 +84,8 @@ class CNNDetector(Detector):
     crops per image stored with the weights).
     """
 
+    runtime = "torch"
+
     batch_size = 32
 
     def __init__(self, weights: str | Path | None = None, device: str | None = None,

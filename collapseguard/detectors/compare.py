@@ -55,10 +55,9 @@ from collapseguard.detectors.fingerprint import (
 from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
-    coarse_chroma,
     common_scale,
     ladder,
-    top_octave,
+    size_extras,
 )
 
 WEIGHTS_NAME = "compare.safetensors"
@@ -254,8 +253,7 @@ class Comparator(Detector):
         images = as_batch(images)
         descs = self.describe(images)
         for d, img in zip(descs, images):  # what dedup's larger-copy and colour rules read
-            d["octave"] = top_octave(img)
-            d["chroma"] = coarse_chroma(img)
+            d.update(size_extras(img))
         out = self.description_columns(descs)
         if self.fingerprints:
             out.update(fingerprint_columns(images))

@@ -74,14 +74,24 @@ def features_at(rgb: np.ndarray, only: frozenset[str] | None = None) -> np.ndarr
         other = np.concatenate([cols, rows])
         out[8] = float(grid.mean() / (other.mean() + _EPS)) if grid.size else 1.0
     if "sat" in want:
-        r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]  # channel-wise: 25x faster than axis=2
-        out[6] = float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
+        out[6] = _sat(rgb)
     if "cast" in want:
-        # per channel: a reduction over the first axis of an (n, 3) array is 15x slower
-        mean_rgb = np.array([rgb[..., 0].mean(), rgb[..., 1].mean(), rgb[..., 2].mean()])
-        chroma = mean_rgb - mean_rgb.mean()
-        out[7] = float(np.sqrt((chroma * chroma).sum()))
+        out[7] = _cast(rgb)
     return out
+
+
+def _sat(rgb: np.ndarray) -> float:
+    """Mean over pixels of the channels' max - min (``sat``)."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]  # channel-wise: 25x faster than axis=2
+    return float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
+
+
+def _cast(rgb: np.ndarray) -> float:
+    """The chroma of the mean colour (``cast``)."""
+    # per channel: a reduction over the first axis of an (n, 3) array is 15x slower
+    mean_rgb = np.array([rgb[..., 0].mean(), rgb[..., 1].mean(), rgb[..., 2].mean()])
+    chroma = mean_rgb - mean_rgb.mean()
+    return float(np.sqrt((chroma * chroma).sum()))
 
 
 def reached_rung(short: int) -> int:
@@ -122,7 +132,8 @@ def _laplacian_energy(y: np.ndarray) -> float:
 
 
 #: the shorter side (px) ``coarse_chroma`` reduces an image to: colour is a picture's coarse
-#: content, chroma noise is not (averaged over blocks of 16-60 px a side it falls under a level)
+#: content, chroma noise is not (each pixel there averages a block of the image, and the noise
+#: with it)
 CHROMA_SIDE = 16
 
 
@@ -133,11 +144,14 @@ def coarse_chroma(img: np.ndarray) -> tuple[float, float]:
     if img.ndim != 3:
         return 0.0, 0.0
     rgb = reduce_to(img, CHROMA_SIDE)
-    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    sat = float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
-    mean_rgb = np.array([r.mean(), g.mean(), b.mean()], np.float64)
-    chroma = mean_rgb - mean_rgb.mean()
-    return sat, float(np.sqrt((chroma * chroma).sum()))
+    return _sat(rgb), _cast(rgb)
+
+
+def size_extras(img: np.ndarray) -> dict:
+    """What ``dedup``'s rules read of an image beside its description, at its own size: the
+    larger-copy rule's ``octave`` (``top_octave``) and the colour rule's ``chroma``
+    (``coarse_chroma``)."""
+    return {"octave": top_octave(img), "chroma": coarse_chroma(img)}
 
 
 def top_octave(img: np.ndarray) -> float:

@@ -189,8 +189,7 @@ def evaluate_scores(
 def runtime_of(det: Detector) -> str:
     """What runs a detector's network, as the speed figures should say: ``onnxruntime`` or
     ``torch`` for the cnn family, "" for the others."""
-    kind = type(det).__name__
-    return "onnxruntime" if kind == "OnnxCNNDetector" else "torch" if kind == "CNNDetector" else ""
+    return {"onnx": "onnxruntime", "torch": "torch"}.get(getattr(det, "runtime", ""), "")
 
 
 def run_evaluation(

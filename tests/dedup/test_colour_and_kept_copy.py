@@ -95,7 +95,7 @@ def test_a_noisy_copy_of_a_grey_original_does_not_outrank_it(tmp_path):
     """Chroma noise on a grey picture (independent noise of 8 levels on each channel) is no colour:
     averaged over 16 px it is gone, so the originals are not ``lost_colour``, the comparator ranks
     each group (the noisy copy the worse), and ``filter --groups`` keeps the originals. At the
-    scale the group is compared at the noise reads as colour (``sat`` about 0.05)."""
+    scale the group is compared at, the noise read as colour and the originals lost to it."""
     from collapseguard.detectors.pair_features import coarse_chroma
 
     rng = np.random.default_rng(5)
