@@ -22,9 +22,8 @@ from collapseguard.detectors.base import Detector
 from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
-    ladder,
+    described,
     reached_rung,
-    size_extras,
 )
 
 #: images per call of the cnn: on a CPU its cost per image grows with the batch, as its crops'
@@ -55,8 +54,8 @@ class RungDescriber(Detector):
         cnn = np.concatenate([np.asarray(c.cnn.score(images[k: k + CNN_BATCH]), dtype=np.float64)
                               for k in range(0, len(images), CNN_BATCH)]) if images else np.zeros(0)
         want = [None if self.rungs is None else self.rungs.get(tuple(img.shape[:2])) for img in images]
-        return c.description_columns([{"cnn": float(s), "ladder": ladder(img, c.features_used, r),
-                                       **size_extras(img)} for s, img, r in zip(cnn, images, want)])
+        return c.description_columns([{"cnn": float(s), **described(img, c.features_used, r)}
+                                      for s, img, r in zip(cnn, images, want)])
 
 
 def rungs_by_size(height: np.ndarray, width: np.ndarray, rungs: np.ndarray) -> list | None:

@@ -56,8 +56,8 @@ from collapseguard.detectors.pair_features import (
     FEATURES,
     SCALES,
     common_scale,
+    described,
     ladder,
-    size_extras,
 )
 
 WEIGHTS_NAME = "compare.safetensors"
@@ -177,7 +177,7 @@ class Comparator(Detector):
         self.cnn = cnn if cnn is not None else comparator_cnn(mix)
         #: what the descriptions depend on (the cnn, the features, the fingerprints), not the
         #: weights: descriptions kept by a ``dedup`` run stay valid when only the weights change
-        self.description_version = params_version("describe-v1", self.cnn.version, SCALES, FEATURES,
+        self.description_version = params_version("describe-v2", self.cnn.version, SCALES, FEATURES,
                                                   THUMB_SIDE, self.fingerprints)
         if untrained:  # descriptions only (for fitting the weights)
             self.w = np.zeros(len(INPUTS))
@@ -251,9 +251,9 @@ class Comparator(Detector):
 
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         images = as_batch(images)
-        descs = self.describe(images)
-        for d, img in zip(descs, images):  # what dedup's larger-copy and colour rules read
-            d.update(size_extras(img))
+        cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
+        # with what dedup's larger-copy and colour rules read
+        descs = [{"cnn": float(c), **described(img, self.features_used)} for c, img in zip(cnn, images)]
         out = self.description_columns(descs)
         if self.fingerprints:
             out.update(fingerprint_columns(images))

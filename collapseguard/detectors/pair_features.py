@@ -30,14 +30,16 @@ FEATURES = ("hf", "grad", "noise", "impulse", "texture", "flat", "sat", "cast", 
 _EPS = 1e-4
 
 
-def reduce_to(img: np.ndarray, side: int, pil: Image.Image | None = None) -> np.ndarray:
+def reduce_to(img: np.ndarray, side: int, pil: Image.Image | None = None,
+              reducing_gap: float | None = None) -> np.ndarray:
     """``img`` with its shorter side reduced to ``side`` px (area filter), float32 in [0, 1]
-    (``pil``: ``Image.fromarray(img)`` when the caller already has it)."""
+    (``pil``: ``Image.fromarray(img)`` when the caller already has it; ``reducing_gap``: PIL's)."""
     h, w = img.shape[:2]
     short = min(h, w)
     if short != side:
         size = (max(1, round(w * side / short)), max(1, round(h * side / short)))
-        img = np.asarray((pil or Image.fromarray(img)).resize(size, Image.Resampling.BOX))
+        img = np.asarray((pil or Image.fromarray(img)).resize(size, Image.Resampling.BOX,
+                                                              reducing_gap=reducing_gap))
     return img.astype(np.float32) / 255.0
 
 
@@ -101,14 +103,14 @@ def reached_rung(short: int) -> int:
 
 
 def ladder(img: np.ndarray, only: frozenset[str] | None = None,
-           rungs: frozenset[int] | None = None) -> np.ndarray:
+           rungs: frozenset[int] | None = None, pil: Image.Image | None = None) -> np.ndarray:
     """The features of ``img`` at every scale of ``SCALES``: shape (len(SCALES), len(FEATURES)),
     NaN rows at scales its shorter side does not reach (``only``: as in ``features_at``). With
     ``rungs`` (indices into ``SCALES``), only those rows (the others NaN): each is the same as in
-    the full ladder, which reduces every scale from the image itself."""
+    the full ladder, which reduces every scale from the image itself (``pil``: as in
+    ``reduce_to``)."""
     out = np.full((len(SCALES), len(FEATURES)), np.nan)
     short = min(img.shape[:2])
-    pil = None
     for i, side in enumerate(SCALES):
         if short >= side and (rungs is None or i in rungs):
             if pil is None and short != side:
@@ -137,21 +139,36 @@ def _laplacian_energy(y: np.ndarray) -> float:
 CHROMA_SIDE = 16
 
 
-def coarse_chroma(img: np.ndarray) -> tuple[float, float]:
+def coarse_chroma(img: np.ndarray, pil: Image.Image | None = None) -> tuple[float, float]:
     """``(sat, cast)`` as ``features_at`` measures them, of ``img`` resized (area filter) to a
     shorter side of ``CHROMA_SIDE`` px: the colour a picture holds, which chroma
-    noise added to a grey picture does not reach (``dedup.colour``)."""
+    noise added to a grey picture does not reach (``dedup.colour``). ``pil``: as in
+    ``reduce_to``."""
     if img.ndim != 3:
         return 0.0, 0.0
-    rgb = reduce_to(img, CHROMA_SIDE)
+    rgb = reduce_to(img, CHROMA_SIDE, pil, reducing_gap=CHROMA_REDUCING_GAP)
     return _sat(rgb), _cast(rgb)
 
 
-def size_extras(img: np.ndarray) -> dict:
+#: PIL's ``reducing_gap`` for ``coarse_chroma``: the image is first box-reduced by a whole factor
+#: (block means), then area-resampled the rest of the way, 2-3x faster than one area resample
+#: of the whole image and the same ``sat``, ``cast`` within about 2% on the bundled photos
+CHROMA_REDUCING_GAP = 2.0
+
+
+def size_extras(img: np.ndarray, pil: Image.Image | None = None) -> dict:
     """What ``dedup``'s rules read of an image beside its description, at its own size: the
     larger-copy rule's ``octave`` (``top_octave``) and the colour rule's ``chroma``
     (``coarse_chroma``)."""
-    return {"octave": top_octave(img), "chroma": coarse_chroma(img)}
+    return {"octave": top_octave(img), "chroma": coarse_chroma(img, pil)}
+
+
+def described(img: np.ndarray, only: frozenset[str] | None = None,
+              rungs: frozenset[int] | None = None) -> dict:
+    """``{"ladder": ladder(...), **size_extras(img)}`` of one RGB uint8 image, every reduction
+    made from one PIL copy of it."""
+    pil = Image.fromarray(img)
+    return {"ladder": ladder(img, only, rungs, pil), **size_extras(img, pil)}
 
 
 def top_octave(img: np.ndarray) -> float:
