@@ -16,6 +16,15 @@ saw, a second check of the shipped guarantee on images unlike the calibration's.
 
     python benchmarks/clean_check.py [WEIGHTS ...] --thumbnails 48,64,100,128,192,256
 
+    python benchmarks/clean_check.py [WEIGHTS ...] --folder DIR [DIR ...] --mirror
+
+adds how far each score moves when the image is mirrored left to right, which shows the same
+damage: the median and 90th percentile of the change, its largest, and the share of images whose
+side of the shipped threshold (or of each ``--threshold``) changes. A net with the ``mirror``
+option moves by nothing.
+
+    python benchmarks/clean_check.py [WEIGHTS ...] --thumbnails 48,64,100,128,192,256
+
 scores instead the top-left square crop of scikit-image's astronaut, coffee and chelsea photos at
 each size (nothing downloaded): whether a thumbnail scores like the same content at full size. A
 crop under the 48 px crop window is reflect-padded, and a few windows give little to average.
@@ -43,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout-split", action="store_true",
                     help="score only the files collapseguard train holds out of these folders")
     ap.add_argument("--threshold", type=float, nargs="*", default=[])
+    ap.add_argument("--mirror", action="store_true",
+                    help="also score every image mirrored left to right and print how far scores move")
     args = ap.parse_args(argv)
     if args.thumbnails:
         return thumbnails(args.weights, [int(v) for v in args.thumbnails.split(",")])
@@ -68,9 +79,23 @@ def main(argv=None) -> int:
             row["above shipped threshold"] = float(np.mean(s > cal.threshold))
         for t in args.threshold:
             row[f"above {t:g}"] = float(np.mean(s > t))
+        if args.mirror:
+            row.update(mirror_moves(det, files, s, [*([cal.threshold] if "shipped threshold" in row else []),
+                                                    *args.threshold]))
         rows.append(row)
     print(pd.DataFrame(rows).set_index("weights").T.to_string())
     return 0
+
+
+def mirror_moves(det, files: list[str], scores: np.ndarray, thresholds: list[float]) -> dict:
+    """How far ``det``'s ``scores`` of ``files`` move when each image is mirrored left to right."""
+    mirrored = score_paths(det, files, transform=lambda im: np.ascontiguousarray(im[:, ::-1]))
+    moved = np.abs(mirrored - scores)
+    out = {"mirror |change| q50": float(np.median(moved)), "mirror |change| q90": float(np.quantile(moved, 0.9)),
+           "mirror |change| max": float(moved.max())}
+    for t in thresholds:
+        out[f"mirror flips side of {t:.4g}"] = float(np.mean((scores > t) != (mirrored > t)))
+    return out
 
 
 def thumbnails(weights, sizes) -> int:

@@ -179,7 +179,7 @@ def stage_profile(shards: list[Path], runtime: str, n_images: int,
     size = getattr(det, "crop_size", None) or det.net.config.crop_size
     t0 = time.perf_counter()
     for im in images:
-        image_crops(im, size, det.n_crops)
+        image_crops(im, size, det.n_crops, det.mirror)
     t["crop"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     scores = det.score(images)

@@ -99,6 +99,8 @@ class CNNDetector(Detector):
         self.net: DegradationNet = net
         self.n_crops = crops_for(net, n_crops)
         self.version = weights_version(net, self.n_crops)
+        #: the crops of the image's mirror image are scored too (``NetConfig.mirror``)
+        self.mirror = net.config.mirror
         self.device = torch.device(resolve_device(device))
         self.net.to(self.device).eval()
 
@@ -115,7 +117,7 @@ class CNNDetector(Detector):
         with _full_fp32(self.device):  # once per call, not per batch
             for start in range(0, len(images), self.batch_size):
                 chunk = images[start : start + self.batch_size]
-                crops = np.stack([image_crops(im, size, self.n_crops) for im in chunk])
+                crops = np.stack([image_crops(im, size, self.n_crops, self.mirror) for im in chunk])
                 x = torch.from_numpy(crops).to(self.device)
                 out[start : start + len(chunk)] = self.net(x).float().cpu().numpy()
         return out

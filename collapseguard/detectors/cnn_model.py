@@ -48,6 +48,11 @@ class NetConfig:
     #: first N MBConv blocks of EfficientNet-LiteV (detectors.lite_stem) as the body, started from
     #: ImageNet weights in training (``collapseguard train --init``); ``width`` is then unused
     stem: str = ""
+    #: score the crops of the image and of its left-right mirror image together (2 x n_crops
+    #: views aggregated as one set, ``crops.image_crops``), so that an image and its mirror image,
+    #: which hold the same damage, get the same score; twice the net's work per image. Off by
+    #: default
+    mirror: bool = False
 
     def __post_init__(self):
         if not MIN_CROP <= self.crop_size <= MAX_CROP:
@@ -69,7 +74,7 @@ class NetConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for opt in ("bandpass", "context", "stem"):
+        for opt in ("bandpass", "context", "stem", "mirror"):
             if not d[opt]:  # written exactly as before the option existed (same weight bytes)
                 d.pop(opt)
         return d
@@ -81,6 +86,7 @@ class NetConfig:
         known.setdefault("bandpass", False)
         known.setdefault("context", False)
         known.setdefault("stem", "")
+        known.setdefault("mirror", False)
         return cls(**known)
 
 

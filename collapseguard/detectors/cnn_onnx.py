@@ -86,12 +86,13 @@ def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
         raise DetectorError(f"cannot load cnn weights: {exc}") from None
     k = crops_for(net, n_crops)
     try:
-        graph = export_onnx(net, k, SCORE_TOLERANCE)
+        # the graph reads every view: the crops, and with ``mirror`` the mirror image's as many
+        graph = export_onnx(net, 2 * k if net.config.mirror else k, SCORE_TOLERANCE)
     except RuntimeError as exc:
         raise ExportUnavailable(str(exc)) from None
     meta = {"format": EXPORT_FORMAT, "weights_sha256": hashlib.sha256(data).hexdigest(),
             "version": weights_version(net, k), "crop_size": net.config.crop_size, "n_crops": k,
-            "crop_layout": CROP_LAYOUT}  # the version holds it: an export of another layout is redone
+            "mirror": net.config.mirror, "crop_layout": CROP_LAYOUT}  # the version holds it: an export of another layout is redone
     return graph, meta
 
 
@@ -187,6 +188,7 @@ class OnnxCNNDetector(Detector):
         self.version = str(meta["version"])
         self.n_crops = int(meta["n_crops"])
         self.crop_size = int(meta["crop_size"])
+        self.mirror = bool(meta.get("mirror", False))
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = _threads()
         opts.inter_op_num_threads = 1
@@ -217,10 +219,12 @@ class OnnxCNNDetector(Detector):
         return self
 
     def crops(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        """(B, n_crops, S, S, 3) uint8: the pixels this detector reads of ``images``."""
-        out = np.empty((len(images), self.n_crops, self.crop_size, self.crop_size, 3), np.uint8)
+        """(B, views, S, S, 3) uint8: the pixels this detector reads of ``images`` (``n_crops``
+        views, twice as many with ``mirror``)."""
+        views = 2 * self.n_crops if self.mirror else self.n_crops
+        out = np.empty((len(images), views, self.crop_size, self.crop_size, 3), np.uint8)
         for i, im in enumerate(images):
-            out[i] = image_crops(im, self.crop_size, self.n_crops)
+            out[i] = image_crops(im, self.crop_size, self.n_crops, self.mirror)
         return out
 
     def score(self, images: Sequence[np.ndarray]) -> np.ndarray:

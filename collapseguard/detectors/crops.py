@@ -36,9 +36,11 @@ def crop_grid(img: np.ndarray, size: int, n: int) -> list[np.ndarray]:
     return out[:n]
 
 
-def image_crops(img: np.ndarray, size: int, n: int) -> np.ndarray:
+def image_crops(img: np.ndarray, size: int, n: int, mirror: bool = False) -> np.ndarray:
     """(n, size, size, 3) uint8 crops of one RGB image on the deterministic crop grid: what the
-    cnn family reads of an image (small images repeat their crops to keep n)."""
+    cnn family reads of an image (small images repeat their crops to keep n). With ``mirror``,
+    (2n, ...): these, then the crops of the image mirrored left to right (cut on its own grid, so
+    that an image and its mirror image give the same set of views; ``NetConfig.mirror``)."""
     arr = np.asarray(img)
     if arr.ndim == 2:
         arr = np.repeat(arr[..., None], 3, axis=2)
@@ -50,4 +52,6 @@ def image_crops(img: np.ndarray, size: int, n: int) -> np.ndarray:
     crops = crop_grid(arr, size, n)
     while len(crops) < n:  # small images give fewer distinct crops; repeat to keep K fixed
         crops = crops + crops[: n - len(crops)]
+    if mirror:
+        crops = crops + list(image_crops(arr[:, ::-1], size, n))
     return np.stack(crops)

@@ -160,7 +160,8 @@ def _random_weights(path: Path, noise=0.3, **options) -> Path:
     return path
 
 
-@pytest.mark.parametrize("options", [{"bandpass": True}, {"context": True, "n_crops": 5}])
+@pytest.mark.parametrize("options", [{"bandpass": True}, {"context": True, "n_crops": 5},
+                                     {"mirror": True, "context": True, "n_crops": 5}])
 def test_every_network_option_exports_to_the_same_scores(tmp_path, photos, options):
     w = _random_weights(tmp_path / "w.safetensors", **options)
     onnx = create(f"cnn:{w}", device="cpu", runtime="onnx")
@@ -169,6 +170,22 @@ def test_every_network_option_exports_to_the_same_scores(tmp_path, photos, optio
     a, b = onnx.score(photos[:3]), ref.score(photos[:3])
     assert np.ptp(b) > 1e-3  # the scores tell the photos apart: the test compares something
     np.testing.assert_allclose(a, b, rtol=0, atol=SCORE_TOLERANCE)
+
+
+def test_a_mirror_net_scores_an_image_and_its_mirror_image_alike_on_both_runtimes(tmp_path, photos):
+    """``NetConfig.mirror``: the crops of the image and of its mirror image are one set of views,
+    so mirroring changes no score; the same tensors without it do move, and its version differs.
+    Odd widths put the crop grid off-centre, where mirroring the crops alone would not do."""
+    plain = _random_weights(tmp_path / "plain.safetensors", context=True, n_crops=5)
+    mirror = _random_weights(tmp_path / "mirror.safetensors", context=True, n_crops=5, mirror=True)
+    images = [photos[0], photos[1][:, :301], photos[2][:200, :97], photos[3][:20, :45]]
+    flipped = [np.ascontiguousarray(im[:, ::-1]) for im in images]
+    moved = create(f"cnn:{plain}", device="cpu", runtime="torch")
+    assert np.abs(moved.score(images) - moved.score(flipped)).max() > 1e-2
+    for runtime in ("torch", "onnx"):
+        det = create(f"cnn:{mirror}", device="cpu", runtime=runtime)
+        assert det.mirror and det.version != moved.version and det.n_crops == 5
+        np.testing.assert_allclose(det.score(images), det.score(flipped), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("stem,noise", [("efficientnet-lite0:2", 0.3), ("efficientnet-lite2:7", 0.2)])
