@@ -3,7 +3,6 @@ with the mirror option scores an image and its mirror image alike, from the same
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from PIL import Image
 from safetensors.torch import load_file
