@@ -73,13 +73,13 @@ BROKEN_LINK = "a broken link (or a link loop)"
 def unread_in(root: str | os.PathLike, walked: Walk, every_broken_link: bool = False) -> list[tuple[str, str]]:
     """``(path, why)`` for what a walked folder holds and cannot be read: what ``io.walk``
     skipped and lost (not a link loop or a folder reached twice: those are read once), each
-    broken link not named like an image or shard (it may have pointed to a folder; a broken image
-    link is an error row of its own, unless ``every_broken_link``), and each tar compressed other
-    than with gzip."""
+    broken link not named like an image (a shard's, or one that may have pointed to a folder; a
+    broken image link is an error row of its own, unless ``every_broken_link``), and each tar
+    compressed other than with gzip."""
     out = [(os.path.join(root, rel), why) for rel, why in walked.skipped if not why.startswith(LOSSLESS_SKIPS)]
     for p in walked.paths:
         if p.is_symlink() and not p.exists():
-            if every_broken_link or not (is_shard(p.name) or is_image_name(p.name)):
+            if every_broken_link or not is_image_name(p.name):
                 out.append((str(p), BROKEN_LINK))
         elif p.name.lower().endswith(OTHER_TAR_SUFFIXES):
             out.append((str(p), OTHER_TAR_WHY))
@@ -218,6 +218,9 @@ def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
         unread.extend(unread_in(p, walked))
     for full in walked.paths:
         found = parse_found(full)
+        if found is not None and found.kind != "image" and unread is not None \
+                and full.is_symlink() and not full.exists():
+            continue  # a broken link named like a shard or Parquet file: among ``unread``
         if found is None:
             # a tar compressed otherwise is among ``unread`` (an error); a broken link is no file
             if others is not None and not full.name.lower().endswith(OTHER_TAR_SUFFIXES) and full.is_file():

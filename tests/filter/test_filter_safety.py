@@ -156,18 +156,20 @@ def test_a_dead_worker_fails_only_its_own_task(tasks):
             assert (res, err) == (t, None)
 
 
-def test_a_folder_the_input_holds_and_cannot_be_read_is_refused_not_skipped(tmp_path, photos):
-    # data/part2 links to a folder that moved away (an unmounted disk): its shards cannot be
-    # listed, and a run that went on would report every sample filtered while part2's are in no output
+@pytest.mark.parametrize("link", ["part2", "part2.tar"])
+def test_a_folder_the_input_holds_and_cannot_be_read_is_refused_not_skipped(tmp_path, photos, link):
+    # data/part2 links to a folder (or part2.tar to a shard) that moved away (an unmounted disk):
+    # its shards cannot be read, and a run that went on would filter the others first and fail
+    # late, or report every sample filtered while part2's are in no output
     data = tmp_path / "data"
     data.mkdir()
     make_shard(data / "s.tar", photos[:1])
     (tmp_path / "disk").mkdir()
     make_shard(tmp_path / "disk/t.tar", photos[1:2])
-    (data / "part2").symlink_to(tmp_path / "disk")
+    (data / link).symlink_to(tmp_path / "disk" / ("t.tar" if link.endswith(".tar") else ""))
     (tmp_path / "disk").rename(tmp_path / "unmounted")
     res = run_cli(["filter", data, "--out", tmp_path / "o", "--threshold", "1e9", *ARGS], expect=1)
-    assert "part2" in res.output and "broken link" in res.output and "Traceback" not in res.output
+    assert link in res.output and "broken link" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "o/summary.json").exists() and not (tmp_path / "o/kept").exists()
 
 
