@@ -21,7 +21,8 @@ Each output shard gets its own copy:
   ``failed_to_resize``, ``duration`` and the rest stay as the input has them (they describe the
   download); ``successes`` is the number of samples in this output shard; ``status_dict`` keeps
   the input's statuses with ``success`` replaced by that number and the samples now in the other
-  output counted as ``collapseguard: <reason>``, so the statuses still add up to ``count`` when
+  output counted as ``collapseguard: <reason>`` and the input's successes that are no sample of
+  its tar as ``collapseguard: missing_from_tar``, so the statuses still add up to ``count`` when
   they did; ``collapseguard`` records the filter's result (detector, threshold, kept, rejected,
   reasons, the input's ``successes``). A stats file that is no readable JSON object (cut short,
   not UTF-8) is copied byte for byte, as the input has it, and the shard's record says so
@@ -98,6 +99,10 @@ def input_identity(paths: list[Path]) -> dict:
     return out
 
 
+#: ``status_dict``'s entry for the successes of the input's stats that are no sample of its tar
+MISSING_STATUS = "collapseguard: missing_from_tar"
+
+
 class UnreadableStats(SidecarError):
     """A stats file that is no JSON object (the caller copies it unchanged)."""
 
@@ -116,9 +121,15 @@ def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, 
     out["successes"] = held
     status = stats.get("status_dict")
     status = dict(status) if isinstance(status, dict) else {}
+    claimed = status.get("success")
     status["success"] = held
     for reason, n in sorted(other.items()):
         status[f"collapseguard: {reason}"] = n
+    # successes the tar does not hold (their rows are orphan rows): counted, so the statuses add
+    # up to ``count`` in both outputs as they did in the input
+    missing = claimed - held - sum(other.values()) if type(claimed) is int else 0
+    if missing > 0:
+        status[MISSING_STATUS] = missing
     out["status_dict"] = status
     out["collapseguard"] = {**summary, "output": output, "input_successes": input_successes,
                             "reasons": dict(sorted(reasons.items()))}

@@ -83,6 +83,29 @@ def test_sidecars_follow_their_samples(shard_set, tmp_path):
     assert (out / "kept" / "00001.txt").read_text() == "changed\n"
 
 
+def test_a_success_missing_from_the_tar_is_counted_so_the_statuses_still_add_up(shard_set, tmp_path):
+    """img2dataset counted a download the tar does not hold (a row with status success, no
+    sample): its row is an orphan row, and each output's status_dict names it, adding up to count."""
+    d, sets, t = shard_set
+    table = pd.read_parquet(d / "00000.parquet")
+    lost = {**table.iloc[0].to_dict(), "key": "00000555", "url": "https://example.com/lost.jpg"}
+    pd.concat([table, pd.DataFrame([lost])], ignore_index=True).to_parquet(d / "00000.parquet", index=False)
+    stats = json.loads((d / "00000_stats.json").read_text())
+    stats["count"] += 1
+    stats["successes"] += 1
+    stats["status_dict"]["success"] += 1
+    (d / "00000_stats.json").write_text(json.dumps(stats))
+    out = tmp_path / "out"
+    run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    for output in ("kept", "rejected"):
+        got = json.loads((out / output / "00000_stats.json").read_text())
+        assert got["status_dict"]["collapseguard: missing_from_tar"] == 1
+        assert sum(got["status_dict"].values()) == got["count"] == len(sets[0][1]) + 3
+        assert "collapseguard: missing_from_tar" not in json.loads(
+            (out / output / "00001_stats.json").read_text())["status_dict"]
+    assert pd.read_parquet(out / "orphan_rows/00000.parquet")["key"].tolist()[-1] == "00000555"
+
+
 def test_parquet_without_key_column_fails_that_shard_by_name(shard_set, tmp_path):
     d, _, t = shard_set
     pd.DataFrame({"url": ["x"]}).to_parquet(d / "00001.parquet")
