@@ -38,9 +38,12 @@ writes the same files.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from collapseguard.errors import CollapseguardError
@@ -64,18 +67,64 @@ def _is_tar(name: str) -> bool:
     return name.lower().endswith(SHARD_SUFFIXES)
 
 
-def find_sidecars(shard: str) -> list[Path]:
-    """The sidecar files of a local ``shard`` (see the module docstring), sorted by name; none
-    for a URL or ``pipe:`` shard."""
-    from collapseguard.io.urls import is_remote
+@dataclass(frozen=True)
+class RemoteFile:
+    """A sidecar of a URL shard: what ``write_sidecars`` reads of a local ``Path`` (its name and
+    bytes), from the store."""
+
+    url: str
+    name: str
+
+    def read_bytes(self) -> bytes:
+        from collapseguard.io.urls import read_bytes
+        return read_bytes(self.url)
+
+
+def find_sidecars(shard: str) -> list:
+    """The sidecar files of ``shard`` (see the module docstring), sorted by name: ``Path``s
+    beside a local shard, ``RemoteFile``s beside a URL shard whose folder the store lists (an
+    object store's prefix, a web server's index page; none where it cannot be listed), none for
+    a ``pipe:`` shard."""
+    from collapseguard.io.urls import is_remote, scheme
     if is_remote(shard):
-        return []
+        if scheme(shard) == "pipe":
+            return []
+        urls = dict(_folder_listing(shard.rsplit("/", 1)[0] + "/"))
+        return [RemoteFile(urls[n], n) for n in _named_sidecars(shard, sorted(urls))]
     folder = Path(shard).parent
-    stem = stem_of(shard)
     try:
         names = sorted(e.name for e in os.scandir(folder) if e.is_file())
     except OSError:
         return []
+    return [folder / n for n in _named_sidecars(shard, names)]
+
+
+@functools.lru_cache(maxsize=16)
+def _folder_listing(folder: str) -> tuple[tuple[str, str], ...]:
+    """``(name, url)`` of the files directly in a URL folder (one listing per folder and
+    process: every shard of a folder reads it); empty when it cannot be listed."""
+    from collapseguard.io.urls import URLError, filesystem
+    try:
+        fs, path = filesystem(folder)
+        entries = fs.ls(path, detail=True)
+    except (OSError, URLError, ValueError):  # no index page, a 403, the network: no sidecars found
+        return ()
+    except Exception:  # noqa: BLE001 - a store's own error (aiohttp, botocore): no sidecars found
+        return ()
+    out = []
+    for e in entries:
+        if e.get("type") == "directory":
+            continue
+        url = e["name"] if "://" in e["name"] else fs.unstrip_protocol(e["name"])
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        if url.rsplit("/", 1)[0] == folder.rstrip("/") and name:  # in this folder, not a link elsewhere
+            out.append((name, url))
+    return tuple(sorted(out))
+
+
+def _named_sidecars(shard: str, names: list[str]) -> list[str]:
+    """The sidecars among the file ``names`` (sorted) of the shard's folder."""
+    stem = stem_of(shard)
     stems = {stem_of(n) for n in names if _is_tar(n)}
     longer = [s for s in stems if s != stem and s.startswith(stem + ".")]
     out = []
@@ -86,14 +135,19 @@ def find_sidecars(shard: str) -> list[Path]:
             continue
         if any(n == f"{s}_stats.json" or n.startswith(s + ".") for s in longer):
             continue
-        out.append(folder / n)
+        out.append(n)
     return out
 
 
-def input_identity(paths: list[Path]) -> dict:
-    """Name -> size and mtime of the sidecar inputs (a changed sidecar redoes the shard)."""
+def input_identity(paths: list) -> dict:
+    """Name -> size and mtime of the sidecar inputs, a remote one's as ``io.urls.identity``
+    states it (a changed sidecar redoes the shard)."""
+    from collapseguard.io.urls import identity
     out = {}
     for p in paths:
+        if isinstance(p, RemoteFile):
+            out[p.name] = identity(p.url)
+            continue
         st = p.stat()
         out[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     return out
@@ -175,7 +229,7 @@ def _read_parquet(src: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
-        table = pq.read_table(src)
+        table = pq.read_table(src if isinstance(src, Path) else io.BytesIO(src.read_bytes()))
     except (OSError, pa.ArrowException) as exc:
         raise SidecarError(f"{src}: cannot read the parquet sidecar ({exc})") from None
     if "key" not in table.column_names:
@@ -232,7 +286,8 @@ def write_sidecars(shard: str, decisions: list[tuple[str, str, str]], *,
     if not sidecars:
         return []
     for src in sidecars:
-        _check_inside(src, Path(shard).parent)
+        if isinstance(src, Path):  # a store's object is no link
+            _check_inside(src, Path(shard).parent)
     held = Counter(d for _, d, _ in decisions)  # samples per output (a repeated key counts each time)
     reasons = {o: Counter(r for _, d, r in decisions if d == o) for o in ("kept", "rejected")}
     pairs: list[tuple[str, str]] = []

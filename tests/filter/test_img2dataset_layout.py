@@ -355,3 +355,46 @@ def test_the_temporary_folders_of_a_killed_reshard_are_removed_by_the_next_run(s
     run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q", "--reshard", 1])
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".resharded")) == []
     assert sorted(p.name for p in (out / "resharded").iterdir()) == before
+
+
+def _serve(folder):
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _tree(out):
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.parts[len(out.parts)] in ("kept", "rejected", "orphan_rows")}
+
+
+@pytest.mark.parametrize("how", ["folder", "shard"])
+def test_sidecars_of_shards_read_by_url_travel_as_local_ones_do(shard_set, tmp_path, how):
+    """img2dataset's output served over http (a loopback server's index pages, as a store lists a
+    prefix): the sidecars are found beside each shard and written as for the local folder, byte
+    for byte, and a resumed run redoes nothing."""
+    d, _, t = shard_set
+    local = tmp_path / "local"
+    run_cli(["filter", d, "-o", local, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+    srv = _serve(d)
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}/"
+        args = [base] if how == "folder" else [base + "00000.tar", base + "00001.tar"]
+        out = tmp_path / "url"
+        run_cli(["filter", *args, "-o", out, "-d", "nss", "--threshold", t, "-w", "1", "-q"])
+        want = _tree(local)
+        assert "kept/00000_stats.json" in want and "orphan_rows/00001.parquet" in want
+        assert _tree(out) == want
+        res = run_cli(["filter", *args, "-o", out, "-d", "nss", "--threshold", t, "-w", "1"])
+        assert "resuming: 2 of 2 shard(s) already complete" in res.output
+    finally:
+        srv.shutdown()
+        srv.server_close()
