@@ -129,6 +129,13 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
         click.echo(f"note: {summary['loose_files_not_filtered']} loose image file(s) beside the shards "
                    f"were not filtered (e.g. {printable(summary['loose_file_example'])}); filter reads "
                    ".tar shards: `collapseguard score` reads loose files", err=True)
+    unjudged = [r for r in summary["per_shard"] if r.get("unjudged_image_columns")]
+    if unjudged:  # said even with -q: images of these columns were kept or rejected unjudged
+        r = unjudged[0]
+        click.echo(f"note: {len(unjudged)} Parquet file(s) hold more image columns than the one judged "
+                   f"(e.g. {printable(r['shard'])}: judged {printable(r['image_column'])!r}, not "
+                   f"{', '.join(repr(printable(c)) for c in r['unjudged_image_columns'])}); each row "
+                   "follows its judged image: name the column to judge with --image-column", err=True)
     if summary.get("orphan_rows_not_failed"):  # rows claiming samples the shards do not hold
         named = [f"{printable(o['file'])} ({o['not_failed']}: {', '.join(map(printable, o['not_failed_keys']))}"
                  f"{', ...' if o['not_failed'] > len(o['not_failed_keys']) else ''})"

@@ -53,6 +53,7 @@ from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parquet import (
     RowGroupWriter,
     find_image_column,
+    other_image_columns,
     open_parquet,
     read_rows,
 )
@@ -233,6 +234,10 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         "outputs": outputs,
         "image_column": column,
     }
+    if not options.image_column:  # found, not named: say which image columns nothing judged
+        unjudged = other_image_columns(schema, column)
+        if unjudged:
+            record["unjudged_image_columns"] = unjudged
     if options.scores_from:
         record["decided_from_scoring_pass"] = True
     return commit_marker(record, out, staged["marker"], names["marker"], options)

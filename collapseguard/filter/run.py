@@ -563,7 +563,10 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
                           **{k: rec[k] for k in ("samples", "images", "kept", "rejected",
                                                  "reasons", "skipped_members", "seconds")},
                           **({"orphan_rows": rec["orphan_rows"]} if rec.get("orphan_rows") else {}),
-                          **({"sidecar_notes": rec["sidecar_notes"]} if rec.get("sidecar_notes") else {})})
+                          **({"sidecar_notes": rec["sidecar_notes"]} if rec.get("sidecar_notes") else {}),
+                          **({"image_column": rec["image_column"]} if rec.get("image_column") else {}),
+                          **({"unjudged_image_columns": rec["unjudged_image_columns"]}
+                             if rec.get("unjudged_image_columns") else {})})
     ran = [records[s] for s in todo if s in records]
     # images scored by this run: none when it decides from an earlier pass's scores (scores_from)
     images_run = 0 if options.scores_from else sum(r["images"] for r in ran)

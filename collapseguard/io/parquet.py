@@ -170,6 +170,17 @@ def find_image_column(schema: pa.Schema, requested: str | None = None, where: st
                             f"columns: {', '.join(map(printable, schema.names))}")
 
 
+def other_image_columns(schema: pa.Schema, chosen: str) -> list[str]:
+    """The columns beside ``chosen`` that ``find_image_column`` would take for images (declared
+    ``Image`` features, image structs, binary columns with an image name): images a row holds and
+    nothing judges unless named."""
+    usable = {f.name for f in schema if _holds_image(f.type)}
+    named = {f.name for f in schema if f.name.lower() in IMAGE_COLUMN_NAMES}
+    structs = {f.name for f in schema if _is_image_struct(f.type)}
+    found = (set(_hf_image_columns(schema)) | structs | named) & usable
+    return [n for n in schema.names if n in found and n != chosen]
+
+
 def find_id_column(schema: pa.Schema) -> str | None:
     """The column a row's key is read from (text or integers), None when the row index is used."""
     for name in ID_COLUMN_NAMES:

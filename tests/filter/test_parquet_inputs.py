@@ -195,6 +195,26 @@ def test_image_column_found_or_named(tmp_path, photos):
     assert "no column 'nope'" in res.output
 
 
+def test_a_second_image_column_nothing_judges_is_named_not_passed_over_silently(tmp_path, photos):
+    """A row with a clean jpg and a degraded png: one column is judged (jpg, found first), and the
+    run says the png column was not, in its output and its summary; naming it judges it."""
+    t = _threshold(photos)
+    clean = [encode_jpeg(p, 92) for p in photos]
+    bad = [encode_png(degrade(p, seed=i)) for i, p in enumerate(photos)]
+    pq.write_table(pa.table({"key": [f"k{i}" for i in range(len(photos))], "png": bad, "jpg": clean}),
+                   tmp_path / "two.parquet")
+    res = run_cli(["filter", tmp_path / "two.parquet", "-o", tmp_path / "o", "-d", "nss",
+                   "--threshold", t, "-q"])
+    assert "judged 'jpg', not 'png'" in res.output and "--image-column" in res.output
+    shard = json.loads((tmp_path / "o/summary.json").read_text())["per_shard"][0]
+    assert (shard["image_column"], shard["unjudged_image_columns"], shard["kept"]) == ("jpg", ["png"], len(photos))
+    res = run_cli(["filter", tmp_path / "two.parquet", "-o", tmp_path / "o2", "-d", "nss",
+                   "--threshold", t, "-q", "--image-column", "png"])
+    shard = json.loads((tmp_path / "o2/summary.json").read_text())["per_shard"][0]
+    assert "not 'png'" not in res.output and "unjudged_image_columns" not in shard
+    assert shard["rejected"] == len(photos)
+
+
 def test_a_folder_reads_parquet_files_but_not_img2dataset_sidecars(tmp_path, photos):
     from collapseguard.io.inputs import expand
     images = _images(photos[:1])
