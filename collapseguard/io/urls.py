@@ -341,13 +341,19 @@ class _NetworkStream:
         self._name = name
         self._f = f
         self._count = 0  # bytes handed out
+        self._eof = False
 
     def read(self, n: int = -1) -> bytes:
+        # past the end, the body is not read again: readers probe there more than once (gzip
+        # for a further member), and aiohttp logs each probe past the fifth with a stack trace
+        if self._eof:
+            return b""
         try:
             b = self._f.read(n)
         except _network_errors() as exc:
             raise self._failed(exc) from None
         self._count += len(b)
+        self._eof = not b and n != 0
         return b
 
     def _failed(self, exc: BaseException) -> NetworkError:

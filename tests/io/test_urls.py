@@ -302,6 +302,35 @@ def test_tar_gz_shards_round_trip(tmp_path, shards, threshold, local_ref):
     assert (tmp_path / "again/kept/shard-0.tar.gz").read_bytes() == a["kept/shard-0.tar.gz"]
 
 
+def test_gzip_shards_over_http_filter_like_the_files_and_log_nothing(tmp_path, shards, threshold):
+    """A .tar.gz of two gzip members served over http: gzip probes past the end of the body for
+    a further member, which the stream answers without reading again (aiohttp logs every probe
+    past the fifth with a stack trace)."""
+    import subprocess
+    import sys
+
+    gz = tmp_path / "gz"
+    gz.mkdir()
+    data = (shards / "shard-0.tar").read_bytes()
+    (gz / "multi.tar.gz").write_bytes(gzip.compress(data[:5000]) + gzip.compress(data[5000:]))
+    (gz / "one.tgz").write_bytes(gzip.compress((shards / "shard-1.tar").read_bytes()))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(gz)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        args = ["-d", "nss", "--threshold", str(threshold), "-w", "1", "-q"]
+        res = subprocess.run([sys.executable, "-m", "collapseguard.cli", "filter", f"{base}/multi.tar.gz",
+                              f"{base}/one.tgz", "-o", str(tmp_path / "url"), *args],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert res.returncode == 0, res.stderr
+    assert "Multiple access" not in res.stderr and "Traceback" not in res.stderr and "Stack" not in res.stderr
+    run_cli(["filter", gz, "-o", tmp_path / "local", *args])
+    assert outputs(tmp_path / "url") == outputs(tmp_path / "local")
+
+
 def read_members_local(data: bytes):
     import io
     import tarfile
