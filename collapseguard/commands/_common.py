@@ -90,7 +90,7 @@ def threshold_options(verb: str):
         f = click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
                          help="calibration.json from `collapseguard calibrate` (must match the "
                               "detector); default: the calibration shipped for the detector.")(f)
-        return click.option("--threshold", type=float, default=None,
+        return click.option("--threshold", type=FiniteFloatRange(), default=None,
                             help=f"{verb} samples scoring above this (uncalibrated; overrides any "
                                  "calibration).")(f)
     return deco

@@ -172,6 +172,10 @@ def test_printing_into_a_pipe_closed_early_stops_quietly(argv):
     ["filter", ".", "--out", "OUT", "--drop-fraction", "nan"],
     ["calibrate", "--clean", ".", "--out", "OUT/c.json", "--holdout", "nan"],
     ["train", "--chains", ".", "--out", "OUT/w.safetensors", "--epochs", "inf"],
+    ["score", ".", "--out", "OUT/s.csv", "--threshold", "nan"],
+    ["audit", ".", "--out", "OUT", "--threshold", "-inf"],
+    ["filter", ".", "--out", "OUT", "--threshold", "inf"],
+    ["demo", "OUT", "--threshold", "nan"],
 ])
 def test_a_number_option_refuses_nan_and_inf_before_anything_runs(tmp_path, args):
     """A NaN passes every range comparison: `--min-corr nan` was taken and made every image a
