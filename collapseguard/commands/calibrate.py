@@ -168,13 +168,13 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         from collapseguard.detectors import DEFAULT_DETECTOR, create
         from collapseguard.training_data_tools.loaders import load_chains
 
-        manifest = load_chains(chains_dir) if chains_dir is not None else None
+        manifest = load_chains(chains_dir, notes=warnings) if chains_dir is not None else None
         if manifest is not None:
             from collapseguard.training_data_tools.chain_check import (
                 unrelated_step_notes,
             )
 
-            warnings = unrelated_step_notes(manifest)
+            warnings += unrelated_step_notes(manifest)
             for warning in warnings:  # before the scoring, which can take a while
                 click.echo(f"warning: {warning}", err=True)
         detector = create(detector_name or DEFAULT_DETECTOR)

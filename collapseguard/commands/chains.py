@@ -43,7 +43,9 @@ def chains():
 @click.option("--extract-dir", type=click.Path(), default=None,
               help="Where to extract images of a Parquet dataset (default PATH/.collapseguard_extracted).")
 @click.option("--one-based/--no-one-based", default=None,
-              help="Chains numbered from 1 with no original: renumber (default: yes, with a note) or drop.")
+              help="Chains numbered from 1 with no original: renumber, or drop. Default: renumber "
+                   "(with a note) when no chain of the set has a step 0, else drop (a set numbered "
+                   "from 0 whose chain lost its original).")
 @click.option("--manifest-out", type=click.Path(), default=None,
               help="Also write what was found as a manifest (.csv, .tsv or .parquet), in a folder that "
                    "holds every chain image (e.g. inside PATH): a manifest may only name files under "
@@ -206,10 +208,14 @@ def export_cmd(path, out_dir, maxcount, prefix, shuffle_seed):
     if not PREFIX_RULE.fullmatch(prefix):  # before --out is made: a refused command leaves no folder
         raise click.BadParameter(f"letters, digits, - or _ only: {prefix!r}", param_hint="--prefix")
     check_out_dir(out_dir)
+    notes: list[str] = []
     try:
-        paths = export_shards(path, out_dir, maxcount=maxcount, prefix=prefix, shuffle_seed=shuffle_seed)
+        paths = export_shards(path, out_dir, maxcount=maxcount, prefix=prefix, shuffle_seed=shuffle_seed,
+                              notes=notes)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
+    for note in notes:  # file names come from the data
+        click.echo(f"note: {printable(note)}", err=True)
     click.echo(f"{len(paths)} shard(s) -> {out_dir}")
 
 

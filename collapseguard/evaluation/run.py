@@ -75,10 +75,11 @@ class Evaluation:
         return sorted(int(s) for s in self.scores["step"].unique())
 
 
-def load_chain_manifest(path: str | Path) -> pd.DataFrame:
+def load_chain_manifest(path: str | Path, notes: list[str] | None = None) -> pd.DataFrame:
     """Chains in any layout ``collapseguard chains ls`` reads (a manifest, a chains folder, a
-    Banana100 download) as a validated manifest DataFrame with absolute paths."""
-    return load_chains(path)
+    Banana100 download) as a validated manifest DataFrame with absolute paths (``notes``: as
+    ``load_chains``'s)."""
+    return load_chains(path, notes=notes)
 
 
 def select_chains(manifest: pd.DataFrame, families: Sequence[str] | None = None,
@@ -218,7 +219,8 @@ def run_evaluation(
             pass
         else:
             torch.set_num_threads(int(threads))
-    manifest = chains if isinstance(chains, pd.DataFrame) else load_chain_manifest(chains)
+    unplaced: list[str] = []
+    manifest = chains if isinstance(chains, pd.DataFrame) else load_chain_manifest(chains, unplaced)
     manifest = select_chains(manifest, families, max_chains_per_family)
     dets = []
     for d in detectors:
@@ -236,6 +238,6 @@ def run_evaluation(
                          else "<DataFrame>", decode_seconds=decode_s, batch_size=batch_size,
                          threads=threads, device=device or "default", thresholds=thresholds, **kwargs)
     ev.runtimes = {det.name: runtime_of(det) for det in dets}
-    ev.warnings = unrelated_step_notes(manifest)
+    ev.warnings = unplaced + unrelated_step_notes(manifest)
     ev.notes += ev.warnings
     return ev

@@ -70,13 +70,14 @@ PREFIX_RULE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def export_shards(chains: str | Path | pd.DataFrame, out_dir: str | Path, maxcount: int = 1000,
-                  prefix: str = "chains", shuffle_seed: int | None = None) -> list[Path]:
+                  prefix: str = "chains", shuffle_seed: int | None = None,
+                  notes: list[str] | None = None) -> list[Path]:
     """Write chains (a manifest DataFrame or anything ``load_chains`` reads) as ``.tar`` shards.
 
     ``shuffle_seed`` shuffles samples across shards (seeded); by default they stay in chain/step
-    order. Returns the shard paths.
+    order. ``notes``: as ``load_chains``'s. Returns the shard paths.
     """
-    df = chains if isinstance(chains, pd.DataFrame) else load_chains(chains)
+    df = chains if isinstance(chains, pd.DataFrame) else load_chains(chains, notes=notes)
     if maxcount < 1:
         raise ValueError("maxcount must be >= 1")
     if not PREFIX_RULE.fullmatch(prefix):

@@ -49,7 +49,7 @@ from collapseguard.training_data_tools.manifest import (
 #: words that precede a step number in a file name (and are not a chain name)
 STEP_WORDS = {"", "step", "steps", "iter", "iteration", "iterations", "it", "round", "turn",
               "gen", "generation", "image", "img", "frame", "t", "s", "epoch", "edit", "output",
-              "out", "result", "sample", "pass", "v"}
+              "out", "result", "sample", "pass", "v", "p"}
 #: names of a chain's original (step 0) when it is not numbered
 ORIGINAL_NAMES = {"original", "orig", "source", "src", "input", "init", "start", "reference",
                   "ref", "gt", "base", "seed"}
@@ -111,9 +111,22 @@ def _ranges(values: list[int]) -> str:
 
 
 def load_chains(path: str | Path, extract_dir: str | Path | None = None,
-                check_files: bool = True) -> pd.DataFrame:
-    """Load chains from any supported input (see module doc) as a validated manifest DataFrame."""
-    return discover_chains(path, extract_dir=extract_dir, check_files=check_files).manifest
+                check_files: bool = True, notes: list[str] | None = None) -> pd.DataFrame:
+    """Load chains from any supported input (see module doc) as a validated manifest DataFrame.
+    ``notes`` (optional) receives one line when image files under ``path`` are in no chain
+    (``unplaced_note``): a reader that goes on without them says so."""
+    found = discover_chains(path, extract_dir=extract_dir, check_files=check_files)
+    if notes is not None and found.unplaced:
+        notes.append(unplaced_note(path, found.unplaced))
+    return found.manifest
+
+
+def unplaced_note(path: str | Path, unplaced: list[tuple[str, str]]) -> str:
+    """One line for the image files under ``path`` that are in no chain, the first named with
+    why, and where to see them all."""
+    first, why = unplaced[0]
+    return (f"{len(unplaced)} image file(s) under {_shown(str(path))} are in no chain and not read "
+            f"(e.g. {_shown(first)}: {why}); `collapseguard chains ls` lists each with its reason")
 
 
 def discover_chains(path: str | Path, extract_dir: str | Path | None = None,

@@ -419,8 +419,10 @@ def test_a_folder_of_unrelated_numbered_pictures_is_called_no_chain(data, tmp_pa
         (tmp_path / "photos" / f"p{i:04d}.png").write_bytes(encode_png(np.ascontiguousarray(crop)))
         noisy = np.clip(base + rng.normal(0, 3 * i, base.shape), 0, 255).astype(np.uint8)
         (tmp_path / "chain" / f"p{i:04d}.png").write_bytes(encode_png(noisy))
-    for name, warned in (("photos", True), ("chain", False)):
-        out = tmp_path / f"{name}.json"
+    (tmp_path / "up").mkdir()
+    (tmp_path / "photos").rename(tmp_path / "up" / "photos")  # named through its parent too
+    for name, warned in (("up/photos", True), ("up", True), ("chain", False)):
+        out = tmp_path / f"{name.replace('/', '_')}.json"
         res = _run(["--chains", str(tmp_path / name), "--clean", str(data / "clean"), "--detector", "nss",
                     "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0", "--no-plot", "-q",
                     "--out", str(out)])

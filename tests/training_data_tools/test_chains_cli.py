@@ -104,6 +104,21 @@ def test_export_writes_shards_with_metadata(chains_dir, tmp_path):
         assert res.exit_code == 2 and not (tmp_path / "refused").exists(), res.output
 
 
+def test_export_says_which_files_are_in_no_chain(tmp_path):
+    from collapseguard.images import encode_png
+
+    for i in range(3):
+        (tmp_path / "in" / "a").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / "b").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / "a" / f"{i}.png").write_bytes(encode_png(np.full((8, 8, 3), i, np.uint8)))
+        (tmp_path / "in" / "b" / f"IMG_{i + 1:04d}.png").write_bytes(encode_png(np.full((8, 8, 3), 9 + i, np.uint8)))
+    res = CliRunner().invoke(main, ["chains", "export", str(tmp_path / "in"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "3 image file(s)" in res.output and "in no chain" in res.output and "chains ls" in res.output
+    with tarfile.open(next((tmp_path / "o").glob("*.tar"))) as tf:
+        assert len([m for m in tf.getmembers() if m.name.endswith(".png")]) == 3
+
+
 def test_sheet_has_native_crops(chains_dir, tmp_path):
     out = tmp_path / "sheet.png"
     res = CliRunner().invoke(main, ["chains", "sheet", str(chains_dir), "--out", str(out), "--crop", "32",

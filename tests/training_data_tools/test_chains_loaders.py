@@ -34,6 +34,7 @@ def _png_bytes(value):
     ("0", ("", 0)), ("012", ("", 12)), ("step_012", ("", 12)), ("iter12", ("", 12)),
     ("image_0012", ("", 12)), ("Iteration-3", ("", 3)), ("original", ("", 0)),
     ("cat_007", ("cat", 7)), ("cat_iter_7", ("cat", 7)), ("readme", None), ("thumb", None),
+    ("p0000", ("", 0)), ("p_12", ("", 12)), ("pic_3", ("pic", 3)),
 ])
 def test_parse_step(stem, expected):
     assert parse_step(stem) == expected
@@ -429,3 +430,33 @@ def test_parquet_extraction_never_writes_through_a_link_the_dataset_ships(tmp_pa
     os.symlink(elsewhere, tmp_path / "ds3")  # ds3 is the dataset itself, reached by a link: fine
     (ds2 / ".collapseguard_extracted" / "data").unlink()
     assert len(discover_chains(ds2, extract_dir=tmp_path / "ds3").manifest) == 3
+
+
+def test_folders_of_p_numbered_files_are_one_chain_each_named_after_the_folder(tmp_path):
+    """``pic0/p0000.png`` ... (README's own example of files numbered in one folder): each folder
+    is a chain and its own picture, whether the folder or its parent is named, not one source
+    ``p`` under six families."""
+    for j in range(6):
+        for i in range(4):
+            _img(tmp_path / "set" / f"pic{j}" / f"p{i:04d}.png", 10 * j + i)
+    df = load_chains(tmp_path / "set")
+    assert sorted(df["chain_id"].unique()) == [f"pic{j}" for j in range(6)]
+    assert sorted(df["source_image"].unique()) == [f"pic{j}" for j in range(6)]
+    assert set(df["family"]) == {"unknown"} and len(df) == 24
+    one = load_chains(tmp_path / "set" / "pic2")
+    assert set(one["chain_id"]) == {"pic2"} and sorted(one["step"]) == [0, 1, 2, 3]
+
+
+def test_files_in_no_chain_are_a_note_for_readers_that_go_on_without_them(tmp_path):
+    """A chain numbered from 1 beside chains numbered from 0 has lost its original and is left
+    out: load_chains says so in one line (calibrate, evaluate and export print it)."""
+    for i in range(3):
+        _img(tmp_path / "a" / f"{i}.png", i)
+        _img(tmp_path / "b" / f"IMG_{i + 1:04d}.jpg", 50 + i)
+    notes = []
+    df = load_chains(tmp_path, notes=notes)
+    assert set(df["chain_id"]) == {"a"}
+    assert len(notes) == 1 and "3 image file(s)" in notes[0] and "no step 0" in notes[0], notes
+    notes.clear()
+    load_chains(tmp_path / "a", notes=notes)
+    assert notes == []
