@@ -58,8 +58,10 @@ def render_card(summary: dict) -> str:
         (f"- network: width {cfg['net']['width']}, crop {cfg['net']['crop_size']} px, "
          f"{cfg['net']['n_crops']} crops at inference, {summary['n_parameters']} parameters, "
          f"{summary['weights_bytes']} bytes"),
-        (f"- wall time: data {summary['seconds_data']:.0f} s, training {summary['seconds_train']:.0f} s, "
-         f"evaluation {summary['seconds_eval']:.0f} s"),
+        (f"- wall time: data {summary['seconds_data']:.0f} s, training {summary['seconds_train']:.0f} s"
+         + (f" ({summary['seconds_train_this_process']:.0f} s of it in this process, resumed at step "
+            f"{summary['resumed_from_step']})" if summary.get("resumed_from_step") else "")
+         + f", evaluation {summary['seconds_eval']:.0f} s"),
         f"- final loss {summary['final_loss']:.4f} (first logged {summary['first_loss']:.4f})",
         "",
         "## Held-out metrics (sources never seen in training)",

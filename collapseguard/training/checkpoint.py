@@ -165,6 +165,20 @@ def save_checkpoint(ck: Checkpointing, *, step: int, cfg: dict, fingerprint: str
     return ck.path
 
 
+def resumed_from(ck: Checkpointing | None) -> tuple[int, float]:
+    """``(step, seconds of training)`` of the checkpoint a run resumes, ``(0, 0.0)`` when it
+    starts afresh: what a resumed run's summary adds to its own time. A checkpoint that cannot be
+    read counts as none here (``load_checkpoint`` refuses it when the run resumes)."""
+    if ck is None or not ck.resume:
+        return 0, 0.0
+    try:
+        doc = json.loads(Path(ck.path).read_text())
+        step, seconds = int(doc["step"]), float(doc["seconds"])
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return 0, 0.0
+    return step, seconds
+
+
 def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint JSON and its tensors files (once the run's weights are written)."""
     path = Path(path)

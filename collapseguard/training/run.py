@@ -27,7 +27,7 @@ from collapseguard.training.bank import (
     ladder_bank,
 )
 from collapseguard.training.card import write_card, write_summary
-from collapseguard.training.checkpoint import Checkpointing, remove_checkpoint
+from collapseguard.training.checkpoint import Checkpointing, remove_checkpoint, resumed_from
 from collapseguard.training.loop import TrainConfig, train_net
 from collapseguard.training.metrics import (
     chain_auroc_table,
@@ -364,6 +364,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         t_info = {"teacher": teacher.name, "teacher_version": teacher.version, "n_train": len(t_train),
                   "n_heldout": len(t_test),
                   "n_not_labelled": n_given - len(files)}
+    resumed_step, resumed_seconds = resumed_from(checkpoint)
     t1 = time.time()
     net, history = train_net(cb, clean_bank, cfg, log=log, checkpoint=checkpoint, teacher=tb,
                              teacher_scale=t_scale)
@@ -408,7 +409,10 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         "first_loss": history[0]["loss"] if history else float("nan"),
         "final_loss": history[-1]["loss"] if history else float("nan"),
         "seconds_data": t1 - t0,
-        "seconds_train": t2 - t1,
+        # the whole run's training, earlier processes' included (their checkpoint's count)
+        "seconds_train": t2 - t1 + resumed_seconds,
+        "seconds_train_this_process": t2 - t1,
+        "resumed_from_step": resumed_step,
         "seconds_eval": 0.0,
         "heldout_auroc": [],
         "clean": {"threshold": float("nan"), "groups": []},

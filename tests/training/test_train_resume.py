@@ -75,6 +75,11 @@ def test_a_stopped_and_resumed_run_writes_the_weights_of_an_unbroken_run(tmp_pat
     assert not ck.exists() and not list(split.parent.glob("w.ckpt-*"))  # removed with the weights
     done = [json.loads(p.with_suffix(".json").read_text()) for p in (split, whole)]
     assert done[0]["version"] == done[1]["version"]
+    # the time is the whole run's: the stopped process's training counts too
+    assert done[0]["resumed_from_step"] == 17 and done[1]["resumed_from_step"] == 0
+    assert done[0]["seconds_train"] == pytest.approx(done[0]["seconds_train_this_process"] + doc["seconds"])
+    card = split.with_suffix(".md").read_text()
+    assert "in this process, resumed at step 17)" in card and "resumed" not in whole.with_suffix(".md").read_text()
     assert [h["loss"] for h in done[0]["history"]] == [h["loss"] for h in done[1]["history"]]
 
 
