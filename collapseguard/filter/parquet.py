@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collapseguard.filter.decisions import (
+    GroupsOfAnotherInput,
     apply_group,
     check_made_from,
     decide,
@@ -144,6 +145,13 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         if groups is not None:  # only to the file the groups were made from
             check_made_from(options.groups, inp.stem, options.groups_digest, name,
                             **stream_digest(name))
+        if by_row and not all(0 <= i < pf.metadata.num_rows for i in by_row):
+            # rows the file does not have (a table edited by hand, or made from a longer file with
+            # no record of its bytes): their decisions would never be applied, and nothing said so
+            bad = next(i for i in sorted(by_row) if not 0 <= i < pf.metadata.num_rows)
+            raise GroupsOfAnotherInput(
+                f"--groups {printable(options.groups)} names row {bad} of {printable(name)}, which has "
+                f"{pf.metadata.num_rows} rows: the table was not made from this file")
         seen_keys: set[str] = set()  # a key that repeats: its first row takes the group's decision
         batch, keep = None, []
         done_since = 0

@@ -124,6 +124,28 @@ def test_filter_groups_rejects_the_degraded_rows_and_conserves_every_row(deduped
             assert s["decision"] == "kept", s
 
 
+def test_a_table_naming_rows_the_file_does_not_have_is_refused(deduped, tmp_path):
+    """A groups table with no record of the bytes it was made from (as a hand-edited one, or an
+    older dedup's) whose row indices run past the file: refused by name, where those rows'
+    decisions were silently never applied."""
+    _, src, out = deduped
+    t = pq.read_table(out / "groups.parquet").drop(["source_size", "source_sha256"])
+    n = pq.ParquetFile(src).metadata.num_rows
+    grouped = [i for i, g in enumerate(t.column("group").to_pylist()) if g]
+    rows = t.column("row").to_pylist()
+    rows[grouped[-1]] = n + 5
+    edited = tmp_path / "edited.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("row"), "row", pa.array(rows, t.schema.field("row").type)), edited)
+    res = run_cli(["filter", src, "--out", tmp_path / "o", "--groups", edited, "--threshold", "1e9",
+                   "-w", "1", "-q"], expect=1)
+    assert f"names row {n + 5}" in res.output and f"which has {n} rows" in res.output, res.output
+    assert not (tmp_path / "o" / "kept" / src.name).exists()
+    ok = tmp_path / "ok.parquet"  # the same table with its own rows: applied
+    pq.write_table(t, ok)
+    run_cli(["filter", src, "--out", tmp_path / "o2", "--groups", ok, "--threshold", "1e9", "-w", "1", "-q"])
+    _check_conserved(src, tmp_path / "o2")
+
+
 @pytest.mark.parametrize("deduped", ["pyarrow"], indirect=True)  # keys repeat in a key column
 def test_the_first_row_of_a_repeated_key_takes_the_groups_decision(deduped, tmp_path):
     writer, src, out = deduped
