@@ -21,6 +21,17 @@ class FiniteFloatRange(click.FloatRange):
         return rv
 
 
+class FiniteFloat(click.types.FloatParamType):
+    """A float option that refuses ``nan`` and ``inf`` (``FiniteFloatRange`` without a range):
+    a NaN threshold compares false with every score, so nothing would ever be flagged."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv!r} is not a finite number", param, ctx)
+        return rv
+
+
 def detector_option(default: str = DEFAULT_DETECTOR):
     names = ", ".join(list_detectors())  # the registry's names, so the help never lags behind it
     return click.option("--detector", "-d", default=default, show_default=True,
@@ -90,7 +101,7 @@ def threshold_options(verb: str):
         f = click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
                          help="calibration.json from `collapseguard calibrate` (must match the "
                               "detector); default: the calibration shipped for the detector.")(f)
-        return click.option("--threshold", type=FiniteFloatRange(), default=None,
+        return click.option("--threshold", type=FiniteFloat(), default=None,
                             help=f"{verb} samples scoring above this (uncalibrated; overrides any "
                                  "calibration).")(f)
     return deco

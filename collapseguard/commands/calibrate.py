@@ -220,9 +220,11 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         hint = ""
         if isinstance(exc, NotEnoughCleanSamples) and from_scores is None:  # the scoring need not be redone
             hint = (f"; the scores are saved in {scores_out}: try other --max-false-drop / --confidence / "
-                    f"--holdout with --from-scores {scores_out}, without scoring again" if scores_out is not None
+                    f"--holdout with --from-scores {scores_out} in place of --chains and --clean, without "
+                    "scoring again" if scores_out is not None
                     else "; to try other --max-false-drop / --confidence / --holdout without scoring again, "
-                         "rerun with --scores-out FILE, then --from-scores FILE")
+                         "rerun with --scores-out FILE, then with --from-scores FILE in place of --chains "
+                         "and --clean")
         raise click.ClickException(str(exc) + hint) from None
     cal.notes += warnings
     n_unscored = (cal.split or {}).get("n_unscored", 0)

@@ -100,7 +100,8 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     failed = len(summary["failures"])
     click.echo(f"{summary['images']} image(s): {summary['groups']} group(s) of {summary['grouped']}; "
                f"{d['degraded_copy']} degraded copies, {summary['reasons'].get('duplicate', 0)} "
-               f"duplicates, {d['single']} singles{unreadable} -> {os.path.join(out, 'groups.parquet')}"
+               f"duplicates (decision keep, reason duplicate: rejected only by filter "
+               f"--drop-duplicates), {d['single']} singles{unreadable} -> {os.path.join(out, 'groups.parquet')}"
                + (f"; {failed} input(s) FAILED above, not in the table" if failed else ""), err=True)
     if failed:
         raise SystemExit(1)

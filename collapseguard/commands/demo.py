@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from collapseguard.commands._common import (
-    FiniteFloatRange,
+    FiniteFloat,
     detector_option,
     load_detector,
     quiet_option,
@@ -22,7 +22,7 @@ from collapseguard.commands._common import (
 @click.argument("directory", required=False, type=click.Path(file_okay=False))
 @detector_option()
 @workers_option()
-@click.option("--threshold", type=FiniteFloatRange(), default=None,
+@click.option("--threshold", type=FiniteFloat(), default=None,
               help="Use this threshold instead of the detector's shipped calibration.")
 @click.option("--steps", default=12, show_default=True, type=click.IntRange(min=1),
               help="Re-renderings applied to the degraded copies.")

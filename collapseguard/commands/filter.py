@@ -69,7 +69,8 @@ from collapseguard.io.terminal import printable
                    "column). Other copies are kept unless --drop-duplicates.")
 @click.option("--drop-duplicates", is_flag=True,
               help="With --groups: keep one copy per group (the least degraded), reject the "
-                   "others as duplicate (classic deduplication).")
+                   "others as duplicate (classic deduplication). Where dedup kept a damaged copy over "
+                   "its original (see its groups gallery), the original is the one rejected.")
 @click.option("--kept-elsewhere", type=click.Choice(KEPT_ELSEWHERE), default=None,
               help="With --groups, for a group whose kept copy is not among INPUTS (a loose file "
                    "dedup also read, or a shard left out of this run): 'stand-in' keeps its "
@@ -168,7 +169,7 @@ def filter_cmd(inputs, out, detector, threshold, calibration, drop_fraction, wor
 def format_summary(summary: dict, out: str) -> str:
     lines = [
         f"threshold: {summary['threshold_source']}",
-        (f"shards: {summary['shards']}  samples: {summary['samples']}  kept: {summary['kept']}  "
+        (f"inputs: {summary['shards']}  samples: {summary['samples']}  kept: {summary['kept']}  "
          f"rejected: {summary['rejected']}"),
         "reasons: " + json.dumps(summary["reasons"]),
     ]
