@@ -9,8 +9,10 @@ Common scale, in order of preference:
 1. **P(degraded)** — when *every* member has a calibration with a probability map (passed in
    ``calibrations={name: Calibration or path}``, or the packaged default calibration for the
    member's name *and* version from ``collapseguard.io.calibration_file.default_calibration``), each
-   score becomes ``calibration.probability(score)``. Mixing probabilities with quantiles would
-   compare unlike things, so if any member lacks one, all members use (2).
+   score becomes that map's probability, made strictly monotone (``ProbabilityMap``): the
+   isotonic map is flat over whole ranges of scores (the shipped nss map over 0.66-6.87), which
+   would tie images a member tells apart. Mixing probabilities with quantiles would compare
+   unlike things, so if any member lacks one, all members use (2).
 2. **Quantile against a fixed reference set** — each member scores the same reference images once
    at creation; a score becomes its position in that member's reference distribution (the
    empirical CDF, linearly interpolated, with hyperbolic tails outside the reference range so it
@@ -117,6 +119,41 @@ class QuantileMap:
         return np.where(np.isfinite(s), out, np.nan)
 
 
+class ProbabilityMap:
+    """A calibration's P(degraded) map (``{"x": knots, "y": non-decreasing levels}``, isotonic:
+    flat over whole ranges of scores) as a strictly increasing map in (0, 1): linear through the
+    centre of each level's run of knots, levels shrunk by ``SHRINK`` towards 1/2 so that the top
+    level is under 1, and hyperbolic tails towards 0 and 1 outside the centres (as
+    ``QuantileMap``'s). Scores that the isotonic map ties keep their order; the levels it gives
+    between runs are kept, to within ``SHRINK``."""
+
+    SHRINK = 1e-3
+
+    def __init__(self, probability_map: dict):
+        x = np.asarray(probability_map["x"], dtype=np.float64)
+        y = np.asarray(probability_map["y"], dtype=np.float64)
+        ok = np.isfinite(x) & np.isfinite(y)
+        x, y = x[ok], y[ok]
+        if x.size == 0:
+            raise DetectorError("a probability map with no finite knots")
+        levels, first = np.unique(y, return_index=True)  # y is non-decreasing: runs in x order
+        last = np.r_[first[1:], x.size] - 1
+        order = np.argsort(first)
+        self.knots_x = (x[first[order]] + x[last[order]]) / 2.0
+        self.knots_y = self.SHRINK + (1.0 - 2 * self.SHRINK) * np.clip(levels[order], 0.0, 1.0)
+        gaps = np.diff(self.knots_x)
+        self.scale = float(np.median(gaps)) if gaps.size and np.median(gaps) > 0 else float(np.ptp(x) or 1.0)
+
+    def __call__(self, scores) -> np.ndarray:
+        s = np.asarray(scores, dtype=np.float64)
+        kx, ky = self.knots_x, self.knots_y
+        out = np.interp(s, kx, ky) if kx.size > 1 else np.full_like(s, ky[0])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = np.where(s < kx[0], ky[0] / (1.0 + (kx[0] - s) / self.scale), out)
+            out = np.where(s > kx[-1], 1.0 - (1.0 - ky[-1]) / (1.0 + (s - kx[-1]) / self.scale), out)
+        return np.where(np.isfinite(s), out, np.nan)
+
+
 def _load_cal(value):
     from collapseguard.io.calibration_file import Calibration, load_calibration
 
@@ -211,8 +248,8 @@ class EnsembleDetector(Detector):
         ref_digest = b""
         if all(c is not None for c in cals):
             self.mode = "probability"
-            self._maps = [c.probability for c in cals]
-            map_ids = [repr(c.probability_map) for c in cals]
+            self._maps = [ProbabilityMap(c.probability_map) for c in cals]
+            map_ids = ["strict-p", *(repr(c.probability_map) for c in cals)]
         else:
             self.mode = "quantile"
             ref = list(reference) if reference is not None else builtin_reference_images()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from collapseguard.detectors import DetectorError, create
-from collapseguard.detectors.ensemble import QuantileMap, builtin_reference_images
+from collapseguard.detectors.ensemble import ProbabilityMap, QuantileMap, builtin_reference_images
 
 
 def _imgs(n=6, size=96, seed=0):
@@ -29,6 +29,22 @@ def test_quantile_map_is_strictly_monotone_and_bounded():
     assert np.all(np.diff(q[:-1]) >= 0) and np.all((q[:-1] > 0) & (q[:-1] < 1))
     assert q[0] < q[1] < q[2] and q[-3] < q[-2]  # tails keep order outside the reference range
     assert q[4] == pytest.approx(0.4)  # mid-rank of the tied value 2.0: (1 + 1) / 5
+
+
+def test_probability_map_keeps_the_order_an_isotonic_map_ties():
+    """The isotonic map is flat over runs of scores (the shipped nss map over 0.66-6.87) and at 1
+    above its last knot: an ensemble through it tied images its members tell apart. The strict
+    map is increasing everywhere, in (0, 1), and keeps each run's level at the run's centre."""
+    iso = {"x": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "y": [0.0, 0.2, 0.2, 0.2, 1.0, 1.0]}
+    m = ProbabilityMap(iso)
+    s = np.array([-100.0, -1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 6.0, 1e6, np.nan])
+    p = m(s)
+    assert np.isnan(p[-1]) and np.all(np.diff(p[:-1]) > 0) and np.all((p[:-1] > 0) & (p[:-1] < 1))
+    shrink = ProbabilityMap.SHRINK
+    assert m(2.0) == pytest.approx(shrink + (1 - 2 * shrink) * 0.2)  # the centre of the 0.2 run
+    assert m(4.5) == pytest.approx(1 - shrink)  # the centre of the run at 1
+    one = ProbabilityMap({"x": [3.0], "y": [0.4]})(np.array([2.0, 3.0, 4.0]))  # a single knot
+    assert np.all(np.diff(one) > 0) and one[1] == pytest.approx(shrink + (1 - 2 * shrink) * 0.4)
 
 
 def test_builtin_reference_is_deterministic():
@@ -81,8 +97,9 @@ def test_probability_mode_when_every_member_is_calibrated(reference):
     ens = create("ens:nss+pyiqa:piqe", calibrations=cals, members=[nss, piqe])
     assert ens.mode == "probability"
     out = ens.score_detailed(_imgs(3))
-    np.testing.assert_allclose(out["nss:p"], np.clip(out["nss"] / 10, 0, 1), rtol=1e-5)
-    np.testing.assert_allclose(out["pyiqa:piqe:p"], out["pyiqa:piqe"] / 100, rtol=1e-5)
+    shrink = ProbabilityMap.SHRINK  # the map's levels, shrunk by SHRINK towards 1/2
+    np.testing.assert_allclose(out["nss:p"], shrink + (1 - 2 * shrink) * out["nss"] / 10, rtol=1e-5)
+    np.testing.assert_allclose(out["pyiqa:piqe:p"], shrink + (1 - 2 * shrink) * out["pyiqa:piqe"] / 100, rtol=1e-5)
     np.testing.assert_allclose(out["score"], (out["nss:p"] + out["pyiqa:piqe:p"]) / 2, rtol=1e-6)
     # one member without a calibration: everything falls back to quantiles
     part = create("ens:nss+pyiqa:piqe", calibrations={"nss": cals["nss"]}, reference=reference,
