@@ -123,11 +123,11 @@ def chain_deltas(
     deltas = {k: float("nan") for k in ks}
     if missing:
         return ChainResult(deltas, SKIPPED, f"missing step(s) {missing}", rho)
+    for k in ks:  # NaN where either score is: the finite ones stay, for the tables' medians
+        deltas[k] = (by_step[k] - by_step[base]) / scale
     nan_steps = [s for s in (base, *ks) if not math.isfinite(by_step[s])]
     if nan_steps:
         return ChainResult(deltas, FAILED, f"NaN score at step(s) {nan_steps}", rho)
-    for k in ks:
-        deltas[k] = (by_step[k] - by_step[base]) / scale
     bad = [k for k in ks if not deltas[k] > 0]
     if bad:
         return ChainResult(deltas, FAILED, f"not worse than step {base} at step(s) {bad}", rho)

@@ -68,8 +68,11 @@ def test_tie_is_a_failure():
 def test_nan_score_is_a_failure_with_reason():
     r = chain_deltas([1, 5, 10, 20], [1.0, 2.0, float("nan"), 3.0], scale=1.0)
     assert r.status == metrics.FAILED and "NaN" in r.reason and "10" in r.reason
+    # the steps that did score keep their deltas (the tables' medians read them)
+    assert r.deltas[5] == 1.0 and r.deltas[20] == 2.0 and np.isnan(r.deltas[10])
     r = chain_deltas([1, 5, 10, 20], [float("nan"), 2.0, 3.0, 4.0], scale=1.0)
     assert r.status == metrics.FAILED and "[1]" in r.reason
+    assert all(np.isnan(v) for v in r.deltas.values())
 
 
 def test_missing_step_is_skipped_with_note():
