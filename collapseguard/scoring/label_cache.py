@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -127,6 +128,7 @@ def label_images(
     cache_path: str | os.PathLike,
     batch_size: int | None = None,
     flush_every: int = 512,
+    flush_seconds: float = 60.0,
     retry_nan: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
@@ -136,8 +138,10 @@ def label_images(
         detector: any :class:`Detector` (``create("vlm:...")``, ``create("rali:...")``, ...).
         items: image paths, encoded image bytes, or mappings with ``path`` and/or ``data``.
         cache_path: ``.parquet`` (default) or ``.csv`` file; created if missing, rewritten
-            atomically every ``flush_every`` new labels and at the end (so an interrupted run
-            loses at most that many).
+            atomically every ``flush_every`` new labels, at least every ``flush_seconds`` while
+            new labels come, and at the end: a run stopped by Ctrl-C or an error loses none, one
+            killed outright (SIGKILL, or SIGTERM, which skips the final write) at most that
+            many or that long of a slow teacher's work.
         batch_size: images per ``score_detailed`` call (default: the detector's ``batch_size``).
         retry_nan: re-score images whose cached status is ``nan``.
         progress: called with the number of items handled since the last call (e.g. tqdm.update).
@@ -161,6 +165,7 @@ def label_images(
     new_rows: list[dict] = []
     mine: set[str] = set()  # keys this run labelled (they win over what another writer stored)
     since_flush = 0
+    last_save = time.monotonic()
 
     def row(key, path, score, raw, status):
         return {"key": key, "path": path, "score": score, "raw": raw, "status": status,
@@ -169,7 +174,7 @@ def label_images(
     def save():
         # another process may have added labels since this one read the cache: read it back
         # under the lock and keep its rows, with this run's own labels on top
-        nonlocal since_flush
+        nonlocal since_flush, last_save
         with _cache_lock(cache_path):
             current = read_cache(cache_path)
             _check_owner(current, cache_path, name, version)
@@ -177,7 +182,7 @@ def label_images(
             merged.update({k: known[k] for k in mine})
             known.update(merged)
             _write_cache(pd.DataFrame(list(known.values()), columns=CACHE_COLUMNS), cache_path)
-        since_flush = 0
+        since_flush, last_save = 0, time.monotonic()
 
     def to_label():
         """The items that need a label, once per content hash, as (key, path, bytes)."""
@@ -209,7 +214,7 @@ def label_images(
             mine.add(key)
             if res.status != "decode_error":
                 since_flush += 1
-            if since_flush >= flush_every:
+            if since_flush >= flush_every or (since_flush and time.monotonic() - last_save >= flush_seconds):
                 save()
     finally:  # labels already made are kept, whatever stops the run (a slow teacher's hours)
         if new_rows or not cache_path.is_file():

@@ -211,3 +211,41 @@ def test_a_crash_keeps_every_label_made_and_an_unreadable_path_is_a_row(tmp_path
     text = cache.read_text()
     label_images(Counting(), [formula], cache, batch_size=1)
     assert cache.read_text() == text and "''=HYPERLINK" not in text
+
+
+def test_a_teacher_killed_outright_keeps_the_labels_of_its_last_seconds(tmp_path):
+    """SIGKILL (or SIGTERM, which skips the final write) ends a labelling process without its
+    ``finally``: the cache, rewritten at least every ``flush_seconds`` while labels come, holds
+    what was labelled before the last flush, not nothing (with fewer than ``flush_every``)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    paths = _files(tmp_path, 6, seed=9)
+    cache = tmp_path / "labels.parquet"
+    code = textwrap.dedent(f"""
+        import os, signal, numpy as np
+        from collapseguard.detectors import create
+        from collapseguard.detectors.base import Detector
+        from collapseguard.scoring.label_cache import label_images
+
+        class Slow(Detector):
+            def __init__(self):
+                self.inner = create("nss")
+                self.name, self.version, self.batch_size, self.seen = "nss", self.inner.version, 1, 0
+            def score(self, images):
+                if self.seen == 4:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                self.seen += len(images)
+                return self.inner.score(images).astype(np.float32)
+
+        label_images(Slow(), {[str(p) for p in paths]!r}, {str(cache)!r}, flush_every=512, flush_seconds=0.0)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == -9, res.stderr
+    got = read_cache(cache)
+    assert len(got) == 4 and set(got["status"]) == {"ok"}
+    # the next run labels only the rest
+    counting = Counting()
+    df = label_images(counting, paths, cache, batch_size=1)
+    assert counting.seen == 2 and list(df["status"]) == ["ok"] * 6
