@@ -234,7 +234,8 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
                                crops_per_bank_image=bank_crops, shared_clean=shared_clean, checkpoint=ck,
                                teacher=teacher_det, teacher_images=images, teacher_cache=teacher_cache)
     except TrainingStopped as stop:
-        click.echo(f"stopped after step {stop.step} as asked: resume with the same command and --resume")
+        click.echo(f"stopped after step {stop.step} as asked: resume with the same command and --resume, "
+                   "without --stop-at-step (or with a later step)")
         return
     except KeyboardInterrupt:
         _say_how_to_resume(ck.path)

@@ -74,7 +74,8 @@ def _refuse(path: Path, what: str, checkpoint: Path | None = None) -> DetectorEr
     """``checkpoint``: the RALI folder to convert, when ``path`` lies below it (best/...)."""
     return DetectorError(
         f"refusing to load {path} ({what}) without trust: unpickling can run arbitrary code. "
-        "Pass trust_pickle=True (CLI: --trust-pickle) if you trust its source, or convert it once "
+        "Pass trust_pickle=True (the score, audit and filter commands: --trust-pickle) if you trust "
+        "its source, or convert it once (what every other command reads) "
         f"with: python -m collapseguard.detectors.rali_convert {checkpoint or path.parent}"
     )
 

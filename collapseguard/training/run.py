@@ -82,8 +82,9 @@ def split_chains(df: pd.DataFrame, test_fraction: float = TEST_FRACTION) -> tupl
 
 
 def split_warnings(df: pd.DataFrame, test_df: pd.DataFrame, clean_dirs: Sequence, clean_train: Sequence,
-                   clean_held: Sequence, evaluate: bool) -> list[str]:
-    """What a run's splits leave out that its user should know before an hour of training."""
+                   clean_held: Sequence, evaluate: bool, held_left_out: int = 0) -> list[str]:
+    """What a run's splits leave out that its user should know before an hour of training
+    (``held_left_out``: held-out --clean files left out as pictures of training chain sources)."""
     out = []
     if not df.empty and int(df["step"].max()) < 3:  # bank.step_label: steps 1-2 weigh 0 there
         out.append(f"no chain has a step of 3 or more (the highest is {int(df['step'].max())}): the "
@@ -100,8 +101,11 @@ def split_warnings(df: pd.DataFrame, test_df: pd.DataFrame, clean_dirs: Sequence
                    f"images, {TEST_FRACTION:.0%} held out by name hash): the card will have no held-out "
                    "AUROC; give more source images")
     if evaluate and clean_dirs and not clean_held:
-        out.append(f"no --clean file fell in the held-out quarter ({len(clean_train)} files): the card "
-                   "will have no held-out clean false-positive rate")
+        why = (f"the {held_left_out} that fell in the held-out quarter are pictures of training chain "
+               "sources, left out (--shared-clean drop)" if held_left_out
+               else f"none of the {len(clean_train)} files fell in the held-out quarter")
+        out.append(f"no held-out --clean file is left ({why}): the card will have no held-out clean "
+                   "false-positive rate")
     return out
 
 
@@ -329,7 +333,8 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
             log(f"warning: {len(shared)} of {part['source_image'].nunique()} {side} chain sources share "
                 f"their name with a --clean file on the other side of the split (e.g. {shared[0]}): "
                 f"if they are the same picture, {effect} (--shared-clean drop leaves such files out)")
-    for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate):
+    for warning in split_warnings(df, test_df, clean_dirs, clean_train, clean_held, evaluate,
+                                  left_out["heldout"]):
         log(f"warning: {warning}")
     log(f"chains: {train_df['chain_id'].nunique()} train / {test_df['chain_id'].nunique()} held-out; "
         f"families {sorted(set(train_df['family']))}; clean files {len(clean_train)} train / {len(clean_held)} held-out")

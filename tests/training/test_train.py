@@ -443,7 +443,8 @@ def test_train_warns_about_splits_that_leave_nothing_out_and_refuses_an_empty_cl
     else:
         assert "fell in the held-out quarter" not in res.output
         res = CliRunner().invoke(main, common + ["--clean", str(one), "--out", str(tmp_path / "d.safetensors")])
-        assert res.exit_code == 0 and "warning: no --clean file fell in the held-out quarter (1 files)" in res.output
+        assert res.exit_code == 0 and ("warning: no held-out --clean file is left (none of the 1 files "
+                                       "fell in the held-out quarter)") in res.output
 
 
 TINY = ["--threads", "1", "--width", "4", "--crop-size", "32", "--n-crops", "4", "--bank-crops", "4"]
@@ -770,3 +771,19 @@ def test_a_held_out_rate_without_step_10_says_why_it_is_missing(tmp_path):
                                     "--steps", "2", *TINY])
     assert res.exit_code == 0, res.output
     assert "n/a (no held-out step-10 image sets the threshold)" in res.output and ": nan" not in res.output
+
+
+def test_a_held_out_clean_file_left_out_as_a_training_source_is_said_so(tmp_path):
+    """split_warnings names why no held-out clean file is left: none fell there, or those that did
+    are pictures of training chain sources (--shared-clean drop), not a contradiction of the line
+    before it."""
+    import pandas as pd
+
+    from collapseguard.training.run import split_warnings
+
+    df = pd.DataFrame({"step": [0, 5], "source_image": ["a", "a"]})
+    left = split_warnings(df, df, ["clean"], ["x.png"] * 6, [], True, held_left_out=1)
+    assert any("the 1 that fell in the held-out quarter are pictures of training chain sources" in w
+               for w in left), left
+    none = split_warnings(df, df, ["clean"], ["x.png"] * 6, [], True)
+    assert any("none of the 6 files fell in the held-out quarter" in w for w in none), none
