@@ -223,7 +223,9 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     ck = Checkpointing(checkpoint_path(out), every_minutes=checkpoint_minutes, every_steps=checkpoint_steps,
                        resume=resume, stop_at=stop_at_step)
     if resume and not ck.path.is_file():
-        raise click.UsageError(f"--resume: no checkpoint {ck.path} to go on from")
+        done = (f"; {out} is there: the run finished (a finished run leaves no checkpoint)"
+                if Path(out).is_file() else "")
+        raise click.UsageError(f"--resume: no checkpoint {ck.path} to go on from{done}")
     if not resume and ck.path.is_file():
         raise click.UsageError(f"{ck.path} holds a stopped run of this --out: --resume goes on from it "
                                "(delete it to start over)")

@@ -94,7 +94,8 @@ class CNNDetector(Detector):
         try:
             net, meta = load_net(data)
         except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-            raise DetectorError(f"cannot load cnn weights: {exc}") from None
+            raise DetectorError(f"cannot load cnn weights: {exc} (cnn:PATH takes a .safetensors file "
+                                "written by collapseguard train)") from None
         self.metadata = meta
         self.net: DegradationNet = net
         self.n_crops = crops_for(net, n_crops)

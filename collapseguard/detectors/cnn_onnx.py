@@ -83,7 +83,8 @@ def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
     try:
         net, _ = load_net(data)
     except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-        raise DetectorError(f"cannot load cnn weights: {exc}") from None
+        raise DetectorError(f"cannot load cnn weights: {exc} (cnn:PATH takes a .safetensors file "
+                                "written by collapseguard train)") from None
     k = crops_for(net, n_crops)
     try:
         # the graph reads every view: the crops, and with ``mirror`` the mirror image's as many

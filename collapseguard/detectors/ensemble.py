@@ -32,6 +32,7 @@ go in ``member_kwargs={name: {...}}``.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -202,6 +203,11 @@ class EnsembleDetector(Detector):
         trust_pickle: bool = False,
     ):
         names = split_members(str(spec))
+        if len(names) == 1 and "+" in names[0]:  # a '+' followed by no known detector name
+            from collapseguard.detectors.base import check_spec
+            for part in names[0].split("+")[1:]:
+                if re.fullmatch(r"[\w-]+:?", part.strip()):  # a name, not a path's piece
+                    check_spec(part.strip())  # names the unknown one, and the known ones
         if len(names) < 2 or any(not n for n in names):
             raise DetectorError(f"ens: needs two or more detector names joined by '+' (a '+' starts a "
                                 f"member only before a known detector name), got {spec!r}")

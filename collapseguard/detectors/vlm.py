@@ -155,7 +155,11 @@ class VLMJudge(Detector):
         try:
             config = AutoConfig.from_pretrained(src, **load_kw)
         except Exception as exc:
-            raise DetectorError(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
+            first = str(exc).replace("\\n", "\n").strip().splitlines()[0] if str(exc).strip() else ""
+            where = ("" if is_local else f"; there is no folder {model!r} here either, so it was taken "
+                     "for a model hub id")
+            raise DetectorError(f"cannot read the model config of {model!r}: {type(exc).__name__}: "
+                                f"{first}{where}") from exc
         model_type = getattr(config, "model_type", "")
         if model_type not in _MODEL_CLASSES:
             raise DetectorError(

@@ -116,6 +116,7 @@ def test_probability_mode_when_every_member_is_calibrated(reference):
     ("ens:nss+", "two or more"),
     ("ens:nss+nss", "twice"),
     ("ens:nss+ens:a+b", "nested"),
+    ("ens:nss+nosuch", "unknown detector 'nosuch'"),
 ])
 def test_bad_specs(spec, match):
     with pytest.raises(DetectorError, match=match):

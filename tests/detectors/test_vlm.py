@@ -188,6 +188,11 @@ def test_thinking_mode(model_dir):
 def test_bad_specs_are_clear_errors(tmp_path):
     with pytest.raises(DetectorError, match="not found"):
         create(f"vlm:{tmp_path}/no/such/model")
+    # a bare name that is no folder here is taken for a hub id (offline: not in the cache): one
+    # line that says so, without the library's escaped newlines
+    with pytest.raises(DetectorError, match="no folder 'nosuchdir' here either") as err:
+        create("vlm:nosuchdir")
+    assert "\\n" not in str(err.value) and "\n" not in str(err.value)
     from transformers import CLIPConfig
 
     CLIPConfig().save_pretrained(tmp_path)
