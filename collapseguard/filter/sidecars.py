@@ -103,14 +103,12 @@ def find_sidecars(shard: str) -> list:
 def _folder_listing(folder: str) -> tuple[tuple[str, str], ...]:
     """``(name, url)`` of the files directly in a URL folder (one listing per folder and
     process: every shard of a folder reads it); empty when it cannot be listed."""
-    from collapseguard.io.urls import URLError, filesystem
+    from collapseguard.io.urls import filesystem
     try:
         fs, path = filesystem(folder)
         entries = fs.ls(path, detail=True)
-    except (OSError, URLError, ValueError):  # no index page, a 403, the network: no sidecars found
-        return ()
-    except Exception:  # noqa: BLE001 - a store's own error (aiohttp, botocore): no sidecars found
-        return ()
+    except Exception:  # noqa: BLE001 - no index page, a 403, the network, a store's own error
+        return ()  # (aiohttp, botocore): no sidecars found, as for a folder that holds none
     out = []
     for e in entries:
         if e.get("type") == "directory":
