@@ -47,6 +47,7 @@ from collapseguard.filter.pipeline import (
     shard_name,
     shard_stem,
 )
+from collapseguard.filter.reshard import FOLDER as RESHARD_FOLDER
 from collapseguard.io.inputs import (
     Input,
     expand,
@@ -165,14 +166,18 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
                                       "writes its outputs; filter it into another --out")
     elif out_dir is not None:
         out = Path(out_dir).resolve()
+        # each output folder as it resolves: one that is a link (to an input's folder, say) would
+        # have the run remove and overwrite the inputs and their sidecars there
+        targets = {sub: (out / sub).resolve() for sub in (*OUT_FOLDERS, RESHARD_FOLDER)}
         for s in shards:
             if s.path is None:
                 continue
             real = Path(s.path).resolve()
-            for sub in ("kept", "rejected"):
-                if real.is_relative_to(out / sub):
-                    raise FilterError(f"input shard {s} lies in {out_dir}/{sub}, where this run writes "
-                                      "its outputs; filter it into another --out")
+            for sub, target in targets.items():
+                if real.is_relative_to(target) or real.parent == target:
+                    via = f" (a link to {printable(str(target))})" if target != out / sub else ""
+                    raise FilterError(f"input shard {s} lies in {out_dir}/{sub}{via}, where this run "
+                                      "writes its outputs; filter it into another --out")
     by_name: dict[str, Input] = {}
     by_stem: dict[str, Input] = {}
     for s in shards:

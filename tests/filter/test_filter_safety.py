@@ -156,6 +156,31 @@ def test_a_dead_worker_fails_only_its_own_task(tasks):
             assert (res, err) == (t, None)
 
 
+@pytest.mark.parametrize("entry", ["kept", "rejected", "scores", "orphan_rows"])
+def test_an_out_folder_that_links_to_the_inputs_folder_is_refused_before_anything_is_removed(
+        tmp_path, photos, entry):
+    """--out/kept (or any folder the run writes) a link to the inputs' own folder: the run would
+    remove the shard's earlier outputs there, which are the input and its sidecars, then fail
+    with every sample in no output. Refused in one line, and every input file is untouched."""
+    data = tmp_path / "data"
+    data.mkdir()
+    make_shard(data / "s0.tar", photos[:2])
+    (data / "s0_stats.json").write_text('{"count": 2}')
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / entry).symlink_to(data, target_is_directory=True)
+    res = run_cli(["filter", data / "s0.tar", "--out", out, "--threshold", "1e9", *ARGS], expect=1)
+    assert f"lies in {out}/{entry} (a link to {data})" in res.output and "Traceback" not in res.output
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+    # a link to a folder elsewhere (another disk) is a place to write, as before
+    (out / entry).unlink()
+    (tmp_path / "elsewhere").mkdir()
+    (out / entry).symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    run_cli(["filter", data / "s0.tar", "--out", out, "--threshold", "1e9", *ARGS])
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+
+
 @pytest.mark.parametrize("link", ["part2", "part2.tar"])
 def test_a_folder_the_input_holds_and_cannot_be_read_is_refused_not_skipped(tmp_path, photos, link):
     # data/part2 links to a folder (or part2.tar to a shard) that moved away (an unmounted disk):
