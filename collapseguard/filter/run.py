@@ -599,6 +599,34 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
     }
 
 
+def _check_group_ranks(shown: str, path: str) -> None:
+    """Refuse (``FilterError``, naming the table and the column) a groups table whose ``rank``
+    is not whole numbers from 0, or one of whose groups has no single rank-0 row: the rules read
+    the rank to know the kept copy, and a group without one would lose every copy to them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.read_table(path, columns=["group", "rank"])
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise FilterError(f"cannot read --groups {shown}: {exc}") from None
+    rank, group = t.column("rank"), t.column("group")
+    if not pa.types.is_integer(rank.type) or not (pa.types.is_string(group.type)
+                                                  or pa.types.is_large_string(group.type)):
+        raise FilterError(f"--groups {shown}: column rank holds {rank.type} and group {group.type}, "
+                          "not whole numbers and text as dedup writes them")
+    grouped = pc.fill_null(pc.not_equal(pc.fill_null(group, ""), ""), False)
+    ranks = pc.filter(rank, grouped)
+    if ranks.null_count or (len(ranks) and pc.min(ranks).as_py() < 0):
+        raise FilterError(f"--groups {shown}: a grouped row has no rank, or a negative one")
+    firsts = pc.value_counts(pc.filter(pc.filter(group, grouped), pc.equal(ranks, 0)))
+    n_groups = len(pc.unique(pc.filter(group, grouped)))
+    if len(firsts) != n_groups or (len(firsts) and pc.max(firsts.field("counts")).as_py() != 1):
+        raise FilterError(f"--groups {shown}: every group needs exactly one rank-0 row (its kept "
+                          f"copy); {n_groups} group(s), {len(firsts)} with a rank-0 row")
+
+
 def groups_options(groups: str, drop_duplicates: bool, kept_elsewhere: str = "stand-in") -> dict:
     """The ``FilterOptions`` fields of ``--groups``: the table's absolute path and SHA-256 (a
     setting like the others: resuming into an ``--out`` made with another table is refused,
@@ -615,6 +643,7 @@ def groups_options(groups: str, drop_duplicates: bool, kept_elsewhere: str = "st
     if missing:
         raise FilterError(f"--groups {groups} is not a dedup groups.parquet (no column "
                           f"{', '.join(sorted(missing))})")
+    _check_group_ranks(groups, path)
     if kept_elsewhere not in KEPT_ELSEWHERE:
         raise FilterError(f"kept_elsewhere must be one of {', '.join(KEPT_ELSEWHERE)}, not {kept_elsewhere!r}")
     return {"groups": path, "groups_digest": digest, "drop_duplicates": bool(drop_duplicates),

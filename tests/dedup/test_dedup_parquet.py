@@ -176,3 +176,39 @@ def test_no_pipe_refuses_a_command(dedup_parquets, tmp_path):
     res = run_cli(["dedup", f"pipe:cat {dedup_parquets['pyarrow']}", "--out", tmp_path / "o",
                    "--no-pipe"], expect=1)
     assert "--no-pipe" in res.output and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("no_kept", "every group needs exactly one rank-0 row"),
+    ("two_kept", "every group needs exactly one rank-0 row"),
+    ("float_rank", "column rank holds double"),
+    ("text_rank", "column rank holds string"),
+    ("negative", "no rank, or a negative one"),
+])
+def test_a_groups_table_whose_ranks_name_no_single_kept_copy_is_refused(deduped, tmp_path, bad, match):
+    """The rules read rank 0 as the group's kept copy: a table (hand-edited, or crafted) whose
+    group has none or two, or whose ranks are no whole numbers, is refused in one line naming the
+    table, before anything runs; a group without a kept copy would lose every copy."""
+    _, src, out = deduped
+    t = pq.read_table(out / "groups.parquet")
+    ranks, groups = t.column("rank").to_pylist(), t.column("group").to_pylist()
+    g = next(x for x in groups if x)
+    first = next(i for i, (x, r) in enumerate(zip(groups, ranks)) if x == g and r == 0)
+    other = next(i for i, (x, r) in enumerate(zip(groups, ranks)) if x == g and r != 0)
+    col = pa.array(ranks, t.schema.field("rank").type)
+    if bad == "no_kept":
+        col = pa.array([5 if i == first else r for i, r in enumerate(ranks)], t.schema.field("rank").type)
+    elif bad == "two_kept":
+        col = pa.array([0 if i == other else r for i, r in enumerate(ranks)], t.schema.field("rank").type)
+    elif bad == "float_rank":
+        col = pa.array([float("nan") if i == first else float(r) for i, r in enumerate(ranks)])
+    elif bad == "text_rank":
+        col = pa.array([str(r) for r in ranks])
+    elif bad == "negative":
+        col = pa.array([-1 if i == other else r for i, r in enumerate(ranks)], t.schema.field("rank").type)
+    crafted = tmp_path / "crafted.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("rank"), "rank", col), crafted)
+    res = run_cli(["filter", src, "--out", tmp_path / "o", "--groups", crafted, "--threshold", "1e9",
+                   "--drop-duplicates", "-w", "1", "-q"], expect=1)
+    assert match in res.output and str(crafted) in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "o" / "kept").exists()
