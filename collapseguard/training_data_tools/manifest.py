@@ -69,6 +69,10 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
                              "storage": str}, keep_default_na=False, na_values=[""])
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise ManifestError(f"{path}: not a readable manifest ({exc})") from None
+        from collapseguard.io.csv_cells import csv_uncell
+        for c in df.columns:  # as write_manifest wrote them (io.csv_cells)
+            if df[c].dtype == object or pd.api.types.is_string_dtype(df[c]):
+                df[c] = df[c].map(csv_uncell)
     else:
         raise ManifestError(f"manifest must be .csv, .tsv or .parquet, got {path.name}")
     root = path.parent.resolve()
@@ -114,7 +118,11 @@ def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     if path.suffix == ".parquet":
         out.to_parquet(tmp, index=False)
-    else:
+    else:  # names come from folders and keys: a cell that starts like a formula is made inert
+        from collapseguard.io.csv_cells import csv_cell
+        for c in out.columns:
+            if out[c].dtype == object or pd.api.types.is_string_dtype(out[c]):
+                out[c] = out[c].map(csv_cell)
         out.to_csv(tmp, index=False, sep="\t" if path.suffix == ".tsv" else ",")
     os.replace(tmp, path)
     return path

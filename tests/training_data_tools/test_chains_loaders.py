@@ -460,3 +460,22 @@ def test_files_in_no_chain_are_a_note_for_readers_that_go_on_without_them(tmp_pa
     notes.clear()
     load_chains(tmp_path / "a", notes=notes)
     assert notes == []
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_manifest_writes_names_that_start_like_formulas_inert_and_reads_them_back(tmp_path, suffix):
+    """Chain and family names come from folder names: ``=HYPERLINK(...)`` or ``+SUM(1)`` is
+    written with a leading ``'`` (as every CSV output does), and read back as the name it is."""
+    for name in ("=HYPERLINK(1)", "+SUM(1)", "'quoted"):
+        for i in range(2):
+            _img(tmp_path / "c" / name / f"{i}.png", i)
+    found = discover_chains(tmp_path / "c").manifest
+    out = tmp_path / "c" / f"manifest{suffix}"
+    write_manifest(found, out)
+    text = out.read_text()
+    assert "'=HYPERLINK(1)" in text and "'+SUM(1)" in text and "''quoted" in text
+    assert not any(cell.startswith(("=", "+")) for line in text.splitlines()
+                   for cell in line.split("\t" if suffix == ".tsv" else ","))
+    back = load_chains(out)
+    assert sorted(back["chain_id"].unique()) == sorted(found["chain_id"].unique())
+    assert set(back["source_image"]) == {"=HYPERLINK(1)", "+SUM(1)", "'quoted"}
