@@ -36,7 +36,7 @@ _CHAIN_TRAINING_ONLY = {"clean": "--clean", "exclude": "--exclude-family", "clea
               help="torch device to train on (cpu, cuda, cuda:1, ...). Batches are drawn on the CPU "
                    "from the same seeded generator; the shipped weights were trained on cpu, and a "
                    "CUDA run follows the same recipe but not bit for bit")
-@click.option("--width", type=click.IntRange(min=1), default=16, show_default=True, help="network width")
+@click.option("--width", type=click.IntRange(1, 256), default=16, show_default=True, help="network width")
 @click.option("--crop-size", type=click.IntRange(8, 256), default=48, show_default=True,
               help="crop side in pixels (crops are cut at native resolution, never resized)")
 @click.option("--n-crops", type=int, default=48, show_default=True,

@@ -22,6 +22,12 @@ import torch
 from torch import nn
 
 MIN_CROP, MAX_CROP = 8, 256  # crop side in pixels
+#: the widest conv body (``NetConfig.width``): 256 is ~16x the shipped parameters' memory per
+#: layer squared; a weights file's config is data, and a huge width would be allocated before
+#: its tensors are checked against it
+MAX_WIDTH = 256
+#: the most crops per image (``NetConfig.n_crops``): each is cut and scored on every image
+MAX_CROPS = 1024
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,10 @@ class NetConfig:
             # crops are cut at native resolution and a training run keeps --bank-crops of them per
             # image in memory (3 bytes a pixel): 256 px is already 28x the default's memory
             raise ValueError(f"crop_size must be between {MIN_CROP} and {MAX_CROP} pixels, got {self.crop_size}")
-        if self.n_crops < 1:
-            raise ValueError(f"n_crops must be >= 1, got {self.n_crops}")
+        if not 1 <= self.n_crops <= MAX_CROPS:
+            raise ValueError(f"n_crops must be between 1 and {MAX_CROPS}, got {self.n_crops}")
+        if not 1 <= self.width <= MAX_WIDTH:
+            raise ValueError(f"width must be between 1 and {MAX_WIDTH}, got {self.width}")
         if self.context and self.n_crops < 2:
             raise ValueError("context needs n_crops >= 2 (it uses the spread over the crops)")
         if self.stem:

@@ -373,3 +373,17 @@ def test_both_runtimes_refuse_missing_and_junk_weights_alike(tmp_path):
             create(f"cnn:{tmp_path / 'missing.safetensors'}", device="cpu", runtime=runtime)
         with pytest.raises(DetectorError, match="cannot load cnn weights"):
             create(f"cnn:{tmp_path / 'junk.safetensors'}", device="cpu", runtime=runtime)
+    # a config is data: a 170-byte file asking for a net 10 million channels wide is refused
+    # before anything is allocated (it took 4 GB and 9 s to fail)
+    import json
+    import time
+
+    from safetensors.torch import save_file
+    wide = tmp_path / "wide.safetensors"
+    save_file({"x": torch.zeros(1)}, str(wide),
+              metadata={"format": "collapseguard-cnn", "config": json.dumps({"width": 10_000_000})})
+    for runtime in ("torch", "onnx"):
+        t0 = time.perf_counter()
+        with pytest.raises(DetectorError, match="width must be between 1 and 256"):
+            create(f"cnn:{wide}", device="cpu", runtime=runtime)
+        assert time.perf_counter() - t0 < 5
