@@ -11,6 +11,7 @@ shown are read back (``scoring.readback.fetch_samples``: each shard streamed onc
 from __future__ import annotations
 
 import html
+from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 
@@ -66,14 +67,20 @@ def place_in(img: np.ndarray, kept: np.ndarray, fy: float, fx: float) -> tuple[f
 
 
 def pick_groups(rows: list[dict], max_groups: int) -> list[list[dict]]:
-    """Groups to show: those with a degraded copy first, then by size; members by rank."""
+    """Groups to show: those with a degraded copy first, then by size. Of a group larger than
+    ``MAX_MEMBERS``, the kept copy, then its degraded copies (the decisions a reader checks), then
+    the others by rank; shown by rank."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         if r["group"]:
             groups.setdefault(r["group"], []).append(r)
     ordered = sorted(groups.values(), key=lambda ms: (
         not any(m["decision"] == "degraded_copy" for m in ms), -len(ms), ms[0]["group"]))
-    return [sorted(ms, key=lambda m: m["rank"])[:MAX_MEMBERS] for ms in ordered[:max_groups]]
+    out = []
+    for ms in ordered[:max_groups]:
+        first = sorted(ms, key=lambda m: (m["rank"] != 0, m["decision"] != "degraded_copy", m["rank"]))
+        out.append(sorted(first[:MAX_MEMBERS], key=lambda m: m["rank"]))
+    return out
 
 
 #: the columns the gallery reads from a groups table
@@ -135,6 +142,7 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
     the sources that may be read to show the copies (None: any; see
     ``scoring.readback.fetch_samples``)."""
     shown = pick_groups(rows, max_groups)
+    sizes = Counter(r["group"] for r in rows if r["group"])
     fetched = fetch_samples([(m["source"], m["key"], m["image"], m.get("nth", 0)) for ms in shown
                              for m in ms if not m.get("unreadable")],
                             image_column=image_column, sources=sources)
@@ -174,7 +182,10 @@ def render_groups(rows: list[dict], max_groups: int = 30, image_column: str | No
                         f"<img class={crop_class} src='{png_uri(_crop_at(f.image, my, mx, CROP))}' alt=''>"
                         f"<div>{w}x{h}</div>")
             tiles.append(f"<div class='tile {e(m['decision'])}'>{body}<div>{label}</div></div>")
-        parts.append(f"<{heading}>{e(ms[0]['group'])}</{heading}><div class=row>{''.join(tiles)}</div>")
+        n = sizes[ms[0]["group"]]
+        hidden = (f" · {len(ms)} of its {n} copies shown: the kept one, its degraded copies first"
+                  if n > len(ms) else "")
+        parts.append(f"<{heading}>{e(ms[0]['group'])}{hidden}</{heading}><div class=row>{''.join(tiles)}</div>")
     return f"<div class=cg-groups>{''.join(parts)}</div>", len(shown)
 
 
