@@ -521,9 +521,38 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
     summary["inputs_failed"] = [{"input": url, "error": why} for url, why in failed_inputs]
     summary["other_settings_shards"] = [name for name, _ in others]
     if groups_summary is not None:  # --groups: the table, and which inputs it had rows for
+        if away["groups"] and options.kept_elsewhere == "stand-in":
+            lost = groups_without_kept_copy(options.out_dir, [s for s in inputs if s.name in records],
+                                            set(away["groups"]))
+            groups_summary["kept_elsewhere_without_kept_copy"] = len(lost)
+            if lost:  # said even with -q: a picture with no copy in kept/
+                print(f"warning: {len(lost)} group(s) kept outside these inputs have no copy in kept/ "
+                      f"(e.g. {printable(lost[0])}): the detector rejected the copy standing in for "
+                      "the kept one, and the others are degraded copies or duplicates of the copy kept "
+                      "elsewhere; the scores tables name them (column group)", file=sys.stderr)
         summary["groups"] = groups_summary
     write_summary(options.out_dir, summary, options.run_id)
     return summary
+
+
+def groups_without_kept_copy(out_dir: str, done: Sequence[Input], groups: set[str]) -> list[str]:
+    """Of ``groups`` (kept outside the inputs, each with a stand-in among them), those with no
+    row kept in the scores tables of the ``done`` inputs, sorted."""
+    import pyarrow.parquet as pq
+
+    out, seen, kept = open_out_dir(out_dir), set(), set()
+    for s in done:
+        try:
+            with out.open_read(f"scores/{shard_stem(s)}.parquet") as f:
+                t = pq.read_table(f, columns=["group", "decision"])
+        except Exception:  # noqa: BLE001 - a table without a group column (no rows of the groups)
+            continue
+        for g, d in zip(t.column("group").to_pylist(), t.column("decision").to_pylist()):
+            if g in groups:
+                seen.add(g)
+                if d == "kept":
+                    kept.add(g)
+    return sorted(seen - kept)
 
 
 def write_summary(out_dir: str, summary: dict, run_id: str = "") -> None:

@@ -98,6 +98,14 @@ def test_a_group_kept_outside_the_inputs_keeps_a_stand_in_unless_filtered_as_a_r
     assert set(stand.loc[~stand.index.isin(best), "reason"]) <= {"duplicate", "degraded_copy"}
     ref = decided("reference")  # every copy decided against the one kept in shard-b
     assert (ref["decision"] == "rejected").all(), ref[["decision", "reason"]]
+    # a stand-in the detector rejects leaves its picture no copy here: counted and said, not silent
+    res = run_cli(["filter", *inputs, "--out", tmp_path / "low", "--groups", table, "--drop-duplicates",
+                   "--threshold", "-1e9", "-w", "1", "-q"])
+    summary = json.loads((tmp_path / "low" / "summary.json").read_text())
+    assert summary["groups"]["kept_elsewhere_without_kept_copy"] == len(kept_in_b)
+    assert f"warning: {len(kept_in_b)} group(s) kept outside these inputs have no copy in kept/" in res.output
+    assert json.loads((tmp_path / "stand-in" / "summary.json").read_text())["groups"][
+        "kept_elsewhere_without_kept_copy"] == 0
     # resume: a shard whose stand-ins the added input does not move is reused; one whose do is refused
     base = ["--groups", table, "--drop-duplicates", "--threshold", "1e9", "-w", "1", "-q"]
     run_cli(["filter", dedup_shards[0], "--out", tmp_path / "o1", *base])
