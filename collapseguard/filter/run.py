@@ -310,6 +310,11 @@ def other_settings_shards(out: Path | str, inputs: Sequence[Input],
     return found
 
 
+#: what a fingerprint's missing setting stands for
+_LEFT_OUT = {"drop_duplicates": False, "groups_digest": "(no --groups)", "groups_stand_ins": "(none)",
+             "image_column": "(found)"}
+
+
 def settings_diff(before, now: dict) -> str:
     """Only the settings that differ between a completed shard's marker and this run:
     ``threshold 0.5 there, 0.7 now; detector nss there, cnn now``."""
@@ -317,7 +322,9 @@ def settings_diff(before, now: dict) -> str:
         return "settings not recorded"
     parts = []
     for k in sorted(set(before) | set(now)):
-        a, b = before.get(k, "(unset)"), now.get(k, "(unset)")
+        # a setting a fingerprint leaves out at its default (``FilterOptions.fingerprint``) is
+        # shown as that default
+        a, b = before.get(k, _LEFT_OUT.get(k, "(unset)")), now.get(k, _LEFT_OUT.get(k, "(unset)"))
         if a != b:
             parts.append(f"{k} {a!r} there, {b!r} now")
     return "; ".join(parts) or "settings differ"

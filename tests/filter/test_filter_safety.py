@@ -222,3 +222,14 @@ def test_a_loose_image_named_twice_is_counted_once(tmp_path, photos):
     run_cli(["filter", tmp_path / "in", tmp_path / "in/photo.jpg", "--out", tmp_path / "o",
              "--threshold", "1e9", *ARGS])
     assert json.loads((tmp_path / "o/summary.json").read_text())["loose_files_not_filtered"] == 1
+
+
+def test_a_settings_diff_names_a_left_out_setting_by_its_default():
+    """A fingerprint leaves --drop-duplicates out when it is off: a resume refused over it says
+    False there, not '(unset)'."""
+    from collapseguard.filter.run import settings_diff
+
+    said = settings_diff({"threshold": 1.0, "groups_digest": "ab"},
+                         {"threshold": 1.0, "groups_digest": "ab", "drop_duplicates": True})
+    assert said == "drop_duplicates False there, True now"
+    assert "'(found)' there" in settings_diff({"threshold": 1.0}, {"threshold": 1.0, "image_column": "png"})
