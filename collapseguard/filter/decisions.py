@@ -28,6 +28,7 @@ unless the run filters against the copies kept elsewhere (``KEPT_ELSEWHERE``).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Collection
 
 from collapseguard.errors import CollapseguardError
@@ -271,6 +272,11 @@ def check_made_from(path: str, stem: str, digest: str, name: str, size: int | No
     m = made[0]
     got = (f"{size} bytes" if size is not None else "") + (
         f"{', ' if size is not None else ''}SHA-256 {sha256[:12]}..." if sha256 else "")
+    then = f"{m['size']} bytes, SHA-256 {m['sha256'][:12]}..."
+    if os.path.realpath(str(m["source"])) == os.path.realpath(str(name)):  # the file, rewritten
+        raise GroupsOfAnotherInput(
+            f"{printable(name)} has changed since dedup made --groups {printable(path)} from it "
+            f"(then {then}; now {got}): its groups are not applied to it; run dedup again")
     raise GroupsOfAnotherInput(
-        f"--groups {printable(path)} was made from {printable(m['source'])} ({m['size']} bytes, SHA-256 "
-        f"{m['sha256'][:12]}...), not from {printable(name)} ({got}): its groups are not applied to it")
+        f"--groups {printable(path)} was made from {printable(m['source'])} ({then}), not from "
+        f"{printable(name)} ({got}): its groups are not applied to it")

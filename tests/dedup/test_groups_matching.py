@@ -133,3 +133,19 @@ def test_the_groups_apply_to_the_shard_they_were_made_from(two_datasets, tmp_pat
              "--drop-duplicates", "-q"])
     s = pd.read_parquet(out / "scores" / "00000.parquet")
     assert sorted(s["reason"]) == ["duplicate", "duplicate", "kept"]
+
+
+def test_a_shard_rewritten_since_dedup_is_said_to_have_changed(two_datasets, tmp_path):
+    """The same file, rewritten after dedup read it: refused as changed (then and now), not as
+    another file of the same name."""
+    import shutil
+
+    src = tmp_path / "gA"
+    shutil.copytree(two_datasets / "gA", src)
+    run_cli(["dedup", src, "--out", tmp_path / "dd", "-q"])
+    data = bytearray((src / "00000.tar").read_bytes())
+    data[-20000] ^= 0xFF
+    (src / "00000.tar").write_bytes(bytes(data))
+    res = run_cli(["filter", src / "00000.tar", "--out", tmp_path / "f", "--groups",
+                   tmp_path / "dd" / "groups.parquet", "-q"], expect=1)
+    assert "has changed since dedup made --groups" in res.output and "run dedup again" in res.output, res.output
