@@ -109,5 +109,9 @@ def contact_sheet(chains: str | Path | pd.DataFrame, out: str | Path, crop: int 
             sheet.paste(Image.fromarray(np.ascontiguousarray(patch)), (_LABEL_W + j * tile_w, y0))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(out)
+    # written beside and renamed over --out, as every other output: a link there is replaced,
+    # never written through (it could point at any file)
+    from collapseguard.io.atomic import replaced_when_done
+    with replaced_when_done(out, suffix=out.suffix or ".png") as tmp:
+        sheet.save(tmp, format=None if out.suffix else "PNG")
     return out

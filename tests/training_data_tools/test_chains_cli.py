@@ -137,6 +137,15 @@ def test_sheet_has_native_crops(chains_dir, tmp_path):
     tile = sheet[sheet_mod._HEAD_H:sheet_mod._HEAD_H + 32, sheet_mod._LABEL_W:sheet_mod._LABEL_W + 32]
     np.testing.assert_array_equal(tile, img[y:y + 32, x:x + 32])
     assert sheet.shape[0] == sheet_mod._HEAD_H + 4 * 36 and sheet.shape[1] == sheet_mod._LABEL_W + 3 * 36
+    # an --out that is a link to another file replaces the link, never writes through it
+    victim = tmp_path / "precious.txt"
+    victim.write_text("kept as it is")
+    linked = tmp_path / "linked.png"
+    linked.symlink_to(victim)
+    res = CliRunner().invoke(main, ["chains", "sheet", str(chains_dir), "--out", str(linked), "--crop", "32"])
+    assert res.exit_code == 0, res.output
+    assert victim.read_text() == "kept as it is" and not linked.is_symlink()
+    assert np.asarray(Image.open(linked)).shape == np.asarray(Image.open(out)).shape
     with pytest.raises(ValueError, match="no chains of"):
         contact_sheet(df, tmp_path / "x.png", families=["nope"])
     assert decode_image(out.read_bytes()).shape == sheet.shape
