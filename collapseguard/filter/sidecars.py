@@ -185,7 +185,10 @@ def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, 
     out["status_dict"] = status
     out["collapseguard"] = {**summary, "output": output, "input_successes": input_successes,
                             "reasons": dict(sorted(reasons.items()))}
-    return (json.dumps(out, indent=4, sort_keys=False) + "\n").encode()
+    try:  # a value JSON cannot hold (1e999999 read as inf): the file is copied as it is
+        return (json.dumps(out, indent=4, sort_keys=False, allow_nan=False) + "\n").encode()
+    except ValueError as exc:
+        raise UnreadableStats(f"{src.name}: not a readable stats file ({exc})") from None
 
 
 def row_outputs(row_keys: list, decisions: list[tuple[str, str, str]]) -> list[str | None]:
