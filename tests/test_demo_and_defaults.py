@@ -55,8 +55,8 @@ def test_demo_without_a_threshold_for_its_detector_fails_before_building(tmp_pat
 
 
 @pytest.mark.parametrize("args, code, says", [
-    (["--threshold", "nan"], 1, "threshold must be a finite number, got nan"),
-    (["--threshold", "inf"], 1, "threshold must be a finite number, got inf"),
+    (["--threshold", "nan"], 2, "nan is not a finite number"),
+    (["--threshold", "inf"], 2, "inf is not a finite number"),
     (["--steps", "0"], 2, "0 is not in the range x>=1"),
     (["--steps", "-1"], 2, "-1 is not in the range x>=1"),
 ])

@@ -312,7 +312,7 @@ def test_the_too_few_refusal_points_to_scores_out_and_from_scores(tmp_path):
     clean = _folder(tmp_path / "clean", 5)
     strict = ["--max-false-drop", "0.01", "--confidence", "0.95"]
     res = _calibrate("--clean", clean, "--out", tmp_path / "a.json", *LOOSE, *strict)
-    assert res.exit_code != 0 and "rerun with --scores-out FILE, then --from-scores FILE" in res.output
+    assert res.exit_code != 0 and "rerun with --scores-out FILE, then with --from-scores FILE in place of --chains" in res.output
     scores = tmp_path / "s.csv"
     res = _calibrate("--clean", clean, "--out", tmp_path / "a.json", "--scores-out", scores, *LOOSE, *strict)
     assert res.exit_code != 0 and f"--from-scores {scores}, without scoring again" in res.output
