@@ -315,6 +315,6 @@ def test_the_too_few_refusal_points_to_scores_out_and_from_scores(tmp_path):
     assert res.exit_code != 0 and "rerun with --scores-out FILE, then with --from-scores FILE in place of --chains" in res.output
     scores = tmp_path / "s.csv"
     res = _calibrate("--clean", clean, "--out", tmp_path / "a.json", "--scores-out", scores, *LOOSE, *strict)
-    assert res.exit_code != 0 and f"--from-scores {scores}, without scoring again" in res.output
+    assert res.exit_code != 0 and f"--from-scores {scores} in place of --chains and --clean, without scoring again" in res.output
     res = _calibrate("--from-scores", scores, "--out", tmp_path / "a.json", "--no-plot", *strict)
     assert res.exit_code != 0 and "without scoring again" not in res.output
