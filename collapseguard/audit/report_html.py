@@ -115,6 +115,10 @@ def _headline(s: dict) -> str:
                      "guarantee is claimed for its threshold.</div>")
     elif cal and cal.get("guarantee_applies", True):
         parts.append(f'<div class="sub">Calibration: {e(cal["guarantee"])}. {e(cal["scope"])}</div>')
+    elif cal and not (cal.get("has_step_map") or cal.get("has_probability_map")):
+        parts.append(f'<div class="sub">The calibration file holds no score maps (it was made without '
+                     f'chains) and adds nothing at the threshold used here; its guarantee '
+                     f'({e(cal["guarantee"])}) holds at its own threshold {e(_num(cal["threshold"], ".6g"))}.</div>')
     elif cal:  # --threshold with --calibration: the calibration's guarantee is not this threshold's
         parts.append(f'<div class="sub">Calibration used for its score maps only; its guarantee '
                      f'({e(cal["guarantee"])}) holds at its own threshold {e(_num(cal["threshold"], ".6g"))}, '

@@ -532,8 +532,11 @@ def format_summary(summary: dict, max_sources: int = 5) -> str:
         lines.append(f"note       {summary['storage_note']}")
     for c in summary["compare"]:
         t = c["matched_threshold"]
+        shares = (f"flags {c['other_flagged']} where {summary['detector']} flags {c['main_flagged']}: "
+                  "its scores tie at the threshold" if c.get("other_flagged") != c.get("main_flagged")
+                  else f"flags the share {summary['detector']} flags")
         lines.append(f"compare    {c['detector']} at {'n/a' if t is None else f'{t:.4g}'} "
-                     f"(flags the share {summary['detector']} flags): agreement {percent(c['agreement'])}, "
+                     f"({shares}): agreement {percent(c['agreement'])}, "
                      f"{c['main_flags_other_calls_fine']} flagged only by {summary['detector']}, "
                      f"{c['other_flags_main_calls_fine']} only by {c['detector']}")
     if summary.get("other_files"):

@@ -61,8 +61,10 @@ def resolve_threshold(
         if calibration is not None:
             cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
             check_detector(cal, detector, threshold_given=True)
+            maps = cal.step_map is not None or cal.probability_map is not None
             note = (f"; the calibration's own threshold {cal.threshold:.6g} is not used, only its "
-                    "score maps")
+                    "score maps" if maps else f"; the calibration's own threshold {cal.threshold:.6g} "
+                    "is not used, and it holds no score maps: it adds nothing here")
         return t, f"explicit threshold {t:.6g} (--threshold; uncalibrated, no stated guarantee{note})", cal
     if calibration is not None:
         if isinstance(calibration, Calibration):

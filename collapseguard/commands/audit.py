@@ -36,7 +36,7 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="Audit a seeded random subset of N samples (figures become estimates); the "
                    "others are never decoded.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
               help="Seed of --sample and of the random gallery of kept images.")
 @workers_option(default=1)
 @click.option("--gallery-size", type=click.IntRange(min=1, max=100), default=12, show_default=True,

@@ -514,6 +514,9 @@ def test_compare_report_says_when_ties_keep_the_other_from_flagging_as_many(data
     html = (tmp_path / "out" / "report.html").read_text()
     assert (f"nss flags {c['main_flagged']}, test-saturated flags 0 (not {c['main_flagged']}: its "
             "scores tie at the threshold") in html
+    from collapseguard.audit.run import format_summary  # the terminal line says it too
+    line = next(x for x in format_summary(summary).splitlines() if x.startswith("compare"))
+    assert f"(flags 0 where nss flags {c['main_flagged']}: its scores tie at the threshold)" in line, line
 
 
 def test_not_scored_table_lists_only_samples_that_were_not_scored(tmp_path, photos):

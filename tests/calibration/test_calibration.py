@@ -737,3 +737,26 @@ def test_a_picture_under_two_kinds_counts_once_in_a_pooled_bound():
     per_kind = build_calibration(pd.DataFrame(rows), "synthetic", "v1", holdout=0, alpha=0.05, confidence=0.9,
                                  per_kind=True)
     assert {r["kind"]: r["n"] for r in per_kind.per_kind} == {"photos": 400, "jpegs": 400}
+
+
+def test_a_threshold_beside_a_calibration_without_score_maps_says_it_adds_nothing():
+    """--threshold beside a calibration made without chains (no step or probability map): the
+    threshold source and the audit report say the file adds nothing, not that its maps are used."""
+    from collapseguard.audit.report_html import _headline
+    from collapseguard.io.calibration_file import Calibration
+
+    det = _Det("cnn", "v1")
+    bare = Calibration("cnn", "v1", 2.0, label="calibrated")
+    _, source, _ = resolve_threshold(det, threshold=0.5, calibration=bare)
+    assert "holds no score maps: it adds nothing here" in source and "only its score maps" not in source
+    mapped = Calibration("cnn", "v1", 2.0, label="calibrated", step_map={"x": [0.0, 1.0], "y": [0.0, 5.0]})
+    assert "only its score maps" in resolve_threshold(det, threshold=0.5, calibration=mapped)[1]
+    cal = {"guarantee": "at most 1%", "threshold": 2.0, "calibrated": True, "guarantee_applies": False,
+           "has_step_map": False, "has_probability_map": False}
+    summary = {"flagged_fraction": 0.1, "flagged": 1, "scored": 10, "confidence": 0.95, "ci_low": 0.0,
+               "ci_high": 0.4, "detector": "cnn", "detector_version": "v1", "threshold_source": source,
+               "decision_rule": "score > threshold", "errors": 0, "sample": {"sampled": False},
+               "failures": [], "calibration": cal}
+    assert "adds nothing at the threshold used here" in _headline(summary)
+    cal["has_step_map"] = True
+    assert "Calibration used for its score maps only" in _headline(summary)

@@ -186,3 +186,16 @@ def test_a_number_option_refuses_nan_and_inf_before_anything_runs(tmp_path, args
     res = CliRunner().invoke(main, [a.replace("OUT", str(tmp_path / "o")) for a in args])
     assert res.exit_code == 2 and "is not a finite number" in res.output, res.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("seed", ["-5", str(2**64)])
+def test_audit_refuses_a_seed_it_cannot_use_before_scoring(tmp_path, seed):
+    """A negative seed failed after the whole dataset was scored, one of 2**64 with a traceback:
+    both are a usage error naming --seed, before anything runs."""
+    from click.testing import CliRunner
+
+    from collapseguard.cli import main
+    res = CliRunner().invoke(main, ["audit", str(tmp_path), "--out", str(tmp_path / "o"), "--sample", "5",
+                                    "--seed", seed])
+    assert res.exit_code == 2 and "--seed" in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "o").exists()
