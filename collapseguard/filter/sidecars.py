@@ -172,7 +172,9 @@ def _stats(src: Path, output: str, held: int, other: Counter, reasons: Counter, 
     input_successes = stats.get("successes")
     out["successes"] = held
     status = stats.get("status_dict")
-    status = dict(status) if isinstance(status, dict) else {}
+    if status is not None and not isinstance(status, dict):  # not img2dataset's: kept as it is
+        raise UnreadableStats(f"{src.name}: not a readable stats file (its status_dict is no object)")
+    status = dict(status or {})
     claimed = status.get("success")
     status["success"] = held
     for reason, n in sorted(other.items()):

@@ -193,7 +193,8 @@ def test_a_sidecar_linking_outside_the_shard_folder_is_not_copied(shard_set, tmp
 
 
 @pytest.mark.parametrize("bad", ["[" * 100000 + "]" * 100000, '{"count": 6', "[1, 2]", "\udcff",
-                                 '{"count": 1e999999, "status_dict": {"success": 2}}'])
+                                 '{"count": 1e999999, "status_dict": {"success": 2}}',
+                                 '{"count": 2, "status_dict": [1, 2]}'])
 def test_an_unreadable_stats_file_is_copied_unchanged_and_its_shard_filtered(shard_set, tmp_path, bad):
     """A downloaded dataset's stats file is data from elsewhere, and optional bookkeeping: nested
     deeper than the parser goes, cut short, not an object or not UTF-8, it is copied to both
