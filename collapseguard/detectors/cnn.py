@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 
 from collapseguard.detectors.base import (
     Detector,
@@ -30,7 +29,7 @@ from collapseguard.detectors.cnn_family import (  # noqa: F401 (names this modul
     default_weights_bytes,
     weights_bytes,
 )
-from collapseguard.detectors.cnn_model import DegradationNet, load_net
+from collapseguard.detectors.cnn_model import DegradationNet, load_weights
 from collapseguard.detectors.crops import CROP_LAYOUT, image_crops
 
 
@@ -91,11 +90,7 @@ class CNNDetector(Detector):
     def __init__(self, weights: str | Path | None = None, device: str | None = None,
                  n_crops: int | None = None):
         data = weights_bytes(weights)
-        try:
-            net, meta = load_net(data)
-        except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-            raise DetectorError(f"cannot load cnn weights: {exc} (cnn:PATH takes a .safetensors file "
-                                "written by collapseguard train)") from None
+        net, meta = load_weights(data)
         self.metadata = meta
         self.net: DegradationNet = net
         self.n_crops = crops_for(net, n_crops)

@@ -268,6 +268,18 @@ def save_net(net: DegradationNet, path, metadata: dict[str, str] | None = None) 
         sort_metadata(tmp)  # the same weights, the same bytes
 
 
+def load_weights(data: bytes) -> tuple[DegradationNet, dict[str, str]]:
+    """``load_net``, its failures as one ``DetectorError`` (the cnn detectors on both runtimes)."""
+    from safetensors import SafetensorError
+
+    from collapseguard.detectors.base import DetectorError
+    try:
+        return load_net(data)
+    except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+        raise DetectorError(f"cannot load cnn weights: {exc} (cnn:PATH takes a .safetensors file "
+                            "written by collapseguard train)") from None
+
+
 def load_net(data: bytes) -> tuple[DegradationNet, dict[str, str]]:
     """Build a DegradationNet from safetensors bytes; returns (net in eval mode, metadata)."""
     import json

@@ -74,17 +74,11 @@ def _export(data: bytes, n_crops: int | None) -> tuple[bytes, dict]:
         raise ExportUnavailable(
             f"these cnn weights have no exported ONNX graph here, and making one needs torch and onnx "
             f"({exc}): pip install 'collapseguard[train]'") from None
-    from safetensors import SafetensorError
-
     from collapseguard.detectors.cnn import crops_for, weights_version
     from collapseguard.detectors.cnn_export import export_onnx
-    from collapseguard.detectors.cnn_model import load_net
+    from collapseguard.detectors.cnn_model import load_weights
 
-    try:
-        net, _ = load_net(data)
-    except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-        raise DetectorError(f"cannot load cnn weights: {exc} (cnn:PATH takes a .safetensors file "
-                                "written by collapseguard train)") from None
+    net, _ = load_weights(data)
     k = crops_for(net, n_crops)
     try:
         # the graph reads every view: the crops, and with ``mirror`` the mirror image's as many

@@ -201,11 +201,14 @@ class Comparator(Detector):
 
     # -- descriptions ---------------------------------------------------------------------------
 
-    def describe(self, images: Sequence[np.ndarray]) -> list[dict]:
+    def describe(self, images: Sequence[np.ndarray], extras: bool = False) -> list[dict]:
         """One description per image: ``{"cnn": float, "ladder": (scales, features) array}``
-        (the images as every detector takes them: ``base.as_batch``)."""
+        (the images as every detector takes them: ``base.as_batch``); with ``extras``, also what
+        dedup's larger-copy and colour rules read (``pair_features.size_extras``)."""
         images = as_batch(images)
         cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
+        if extras:
+            return [{"cnn": float(c), **described(img, self.features_used)} for c, img in zip(cnn, images)]
         return [{"cnn": float(c), "ladder": ladder(img, self.features_used)}
                 for c, img in zip(cnn, images)]
 
@@ -251,10 +254,7 @@ class Comparator(Detector):
 
     def score_detailed(self, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         images = as_batch(images)
-        cnn = np.asarray(self.cnn.score(images), dtype=np.float64)
-        # with what dedup's larger-copy and colour rules read
-        descs = [{"cnn": float(c), **described(img, self.features_used)} for c, img in zip(cnn, images)]
-        out = self.description_columns(descs)
+        out = self.description_columns(self.describe(images, extras=True))
         if self.fingerprints:
             out.update(fingerprint_columns(images))
         return out

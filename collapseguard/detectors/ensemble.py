@@ -91,6 +91,18 @@ def split_members(spec: str) -> list[str]:
             names.append(head)
     return [n.strip() for n in names]
 
+def _interp_with_tails(scores, knots_x: np.ndarray, knots_y: np.ndarray, scale: float) -> np.ndarray:
+    """Linear through the knots (their one level when there is one knot), and outside them
+    hyperbolic tails towards 0 and 1: strictly monotone and, unlike exp, not flattened by
+    underflow. NaN where a score is not finite."""
+    s = np.asarray(scores, dtype=np.float64)
+    out = np.interp(s, knots_x, knots_y) if knots_x.size > 1 else np.full_like(s, knots_y[0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(s < knots_x[0], knots_y[0] / (1.0 + (knots_x[0] - s) / scale), out)
+        out = np.where(s > knots_x[-1], 1.0 - (1.0 - knots_y[-1]) / (1.0 + (s - knots_x[-1]) / scale), out)
+    return np.where(np.isfinite(s), out, np.nan)
+
+
 class QuantileMap:
     """Strictly monotone map from a member's score to its quantile in a reference distribution."""
 
@@ -105,19 +117,9 @@ class QuantileMap:
         self.knots_y = (cum - counts / 2.0) / n  # mid-rank ECDF at each distinct value
         spread = np.subtract(*np.percentile(ref, [75, 25])) or ref.std() or 1.0
         self.scale = float(spread)
-        self.lo_y, self.hi_y = float(self.knots_y[0]), float(self.knots_y[-1])
 
     def __call__(self, scores) -> np.ndarray:
-        s = np.asarray(scores, dtype=np.float64)
-        out = np.interp(s, self.knots_x, self.knots_y) if self.knots_x.size > 1 else np.full_like(s, 0.5)
-        lo, hi = s < self.knots_x[0], s > self.knots_x[-1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            below = (self.knots_x[0] - s) / self.scale
-            above = (s - self.knots_x[-1]) / self.scale
-            # hyperbolic tails: strictly monotone and, unlike exp, not flattened by underflow
-            out = np.where(lo, self.lo_y / (1.0 + below), out)
-            out = np.where(hi, 1.0 - (1.0 - self.hi_y) / (1.0 + above), out)
-        return np.where(np.isfinite(s), out, np.nan)
+        return _interp_with_tails(scores, self.knots_x, self.knots_y, self.scale)
 
 
 class ProbabilityMap:
@@ -146,13 +148,7 @@ class ProbabilityMap:
         self.scale = float(np.median(gaps)) if gaps.size and np.median(gaps) > 0 else float(np.ptp(x) or 1.0)
 
     def __call__(self, scores) -> np.ndarray:
-        s = np.asarray(scores, dtype=np.float64)
-        kx, ky = self.knots_x, self.knots_y
-        out = np.interp(s, kx, ky) if kx.size > 1 else np.full_like(s, ky[0])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out = np.where(s < kx[0], ky[0] / (1.0 + (kx[0] - s) / self.scale), out)
-            out = np.where(s > kx[-1], 1.0 - (1.0 - ky[-1]) / (1.0 + (s - kx[-1]) / self.scale), out)
-        return np.where(np.isfinite(s), out, np.nan)
+        return _interp_with_tails(scores, self.knots_x, self.knots_y, self.scale)
 
 
 def _load_cal(value):
