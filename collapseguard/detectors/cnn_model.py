@@ -37,7 +37,7 @@ class NetConfig:
     width: int = 16
     crop_size: int = 48
     #: crops per image at inference (deterministic grid, see detectors.crops.crop_grid); the
-    #: shipped weights use 48 (`collapseguard train --n-crops`, default 48)
+    #: shipped weights use 24 (`collapseguard train --n-crops`, default 48; the recipe sets 24)
     n_crops: int = 24
     #: gain applied to the high-pass residual channel (pixels in [0, 1])
     residual_gain: float = 8.0

@@ -247,6 +247,19 @@ def snapshot_weights(path: Path, out: Path) -> tuple[int, int]:
     return step, iterations
 
 
+def _with_defaults(saved: dict, cfg: dict, defaults: dict) -> dict:
+    """``saved`` with each setting it does not name (one newer than the checkpoint, at any depth:
+    a network option sits in ``net``) filled in where ``cfg`` has it at its default value."""
+    out = dict(saved)
+    for k, v in defaults.items():
+        if k not in out:
+            if cfg.get(k) == v:
+                out[k] = v
+        elif isinstance(v, dict) and isinstance(out[k], dict) and isinstance(cfg.get(k), dict):
+            out[k] = _with_defaults(out[k], cfg[k], v)
+    return out
+
+
 def restore(doc: dict, tensors: dict[str, torch.Tensor], *, cfg: dict, fingerprint: str,
             net: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
             sampler_rng: np.random.Generator, clean_score: np.ndarray, average: Any,
@@ -255,10 +268,7 @@ def restore(doc: dict, tensors: dict[str, torch.Tensor], *, cfg: dict, fingerpri
     (step, history, acc, seconds). Refuses a checkpoint of other settings or other data; a
     setting the checkpoint does not name (added to the code since) passes when it is at its
     value in ``defaults``."""
-    saved = dict(doc["config"])
-    for k, v in (defaults or {}).items():  # a setting newer than the checkpoint, left at its default
-        if k not in saved and cfg.get(k) == v:
-            saved[k] = v
+    saved = _with_defaults(doc["config"], cfg, defaults or {})
     if saved != cfg:
         diff = sorted(k for k in set(cfg) | set(saved) if cfg.get(k) != saved.get(k))
         raise CheckpointError(f"the checkpoint was made with other settings ({', '.join(diff)}): "

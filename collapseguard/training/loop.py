@@ -377,7 +377,7 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             got = ckpt.restore(doc, tensors, cfg=json.loads(json.dumps(cfg.to_dict())), fingerprint=fingerprint,
                                net=net, opt=opt, gen=gen, sampler_rng=batcher.rng,
                                clean_score=batcher.clean_score, average=average,
-                               defaults=json.loads(json.dumps(asdict(TrainConfig(net=cfg.net)))))
+                               defaults=json.loads(json.dumps(asdict(TrainConfig()))))
             start, history, acc = got["step"], got["history"], got["acc"]
             t0 = time.time() - got["seconds"]
             if checkpoint.stop_at is not None and checkpoint.stop_at <= start:

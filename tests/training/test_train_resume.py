@@ -65,9 +65,16 @@ def test_a_stopped_and_resumed_run_writes_the_weights_of_an_unbroken_run(tmp_pat
     res = _train([*data, "--steps", "40", "--resume", "--stop-at-step", "99"], split)
     assert res.exit_code == 2 and "Invalid value for --stop-at-step: 99 is beyond the run's 40 steps" in res.output
     assert "crop bank" not in res.output.lower()
-    # a setting the checkpoint does not name (newer than it) passes at its default value
+    # a setting the checkpoint does not name (newer than it) passes at its default value, a
+    # network option too (the checkpoints of runs started before NetConfig.mirror existed)
     doc["config"].pop("web_history")
+    doc["config"]["net"].pop("mirror")
+    doc["config"]["net"].pop("context")
     ck.write_text(json.dumps(doc))
+    # ... only where the run asks for the option's default: a checkpoint that names no context was
+    # made without it
+    res = _train([*data, "--steps", "40", "--resume", "--context"], split)
+    assert res.exit_code == 1 and "other settings (net)" in res.output, res.output
     res = _train([*data, "--steps", "40", "--resume"], split)
     assert res.exit_code == 0, res.output
     assert "resumed from" in res.output and "at step 17/40" in res.output
