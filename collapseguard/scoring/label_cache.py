@@ -79,7 +79,26 @@ def read_cache(cache_path: str | os.PathLike) -> pd.DataFrame:
         from collapseguard.io.csv_cells import csv_uncell
 
         df = df.assign(path=df["path"].map(csv_uncell))
+    _check_rows(df, p)
     return df[CACHE_COLUMNS]
+
+
+def _check_rows(df: pd.DataFrame, p: Path) -> None:
+    """Refuse a cache that no labelling run writes: scores that are not numbers, an ``ok`` row
+    without a finite score (one NaN target makes a distilled student all NaN), a key twice (one
+    row a content hash: which of two would count?)."""
+    for col in ("score", "raw"):
+        if len(df) and not pd.api.types.is_numeric_dtype(df[col]):
+            raise DetectorError(f"{p}: its {col} column holds text, not numbers; label into a new cache file")
+    ok = (df["status"] == "ok").to_numpy()
+    bad = np.flatnonzero(ok & ~np.isfinite(df["score"].to_numpy(float)))
+    if bad.size:
+        raise DetectorError(f"{p}: row {bad[0] + 1} has status ok but its score is not a finite number "
+                            f"({df['score'].iloc[bad[0]]!r}); remove the row or set its status to nan")
+    twice = df["key"][df["key"].duplicated() & (df["key"] != "")]
+    if len(twice):
+        raise DetectorError(f"{p} holds the key {str(twice.iloc[0])[:12]}... twice (one row an image's "
+                            "content hash); keep one of the rows")
 
 
 @contextlib.contextmanager

@@ -418,6 +418,10 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
         if n_cons:
             ramp = (it / cfg.iterations - cfg.consistency_from) / 0.1
             loss = loss + cfg.storage_consistency * min(1.0, max(0.0, ramp)) * cons
+        if not torch.isfinite(loss):  # before the step: the weights stay finite, and none are written
+            raise ValueError(f"training diverged at step {it + 1}: the loss is not a finite number (classification "
+                             f"{cls.item():.4g}, ranking {rank.item():.4g}); nothing was written. Check the "
+                             "inputs' scores (a teacher's labels) and the loss weights (--storage-consistency)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)

@@ -7,6 +7,7 @@ import os
 import stat
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from collapseguard.detectors import Detector, DetectorError, create
@@ -249,3 +250,33 @@ def test_a_teacher_killed_outright_keeps_the_labels_of_its_last_seconds(tmp_path
     counting = Counting()
     df = label_images(counting, paths, cache, batch_size=1)
     assert counting.seen == 2 and list(df["status"]) == ["ok"] * 6
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_a_cache_edited_into_nonsense_is_refused_by_row_not_trained_on(tmp_path, suffix):
+    """A cache whose ok rows hold NaN or inf scores (one NaN made every soft target of a student
+    NaN and wrote a NaN network), whose key appears twice (the later row won without a word), or
+    whose scores are text, is refused with one line naming what is wrong."""
+    paths = _files(tmp_path, 4, seed=9)
+    cache = tmp_path / f"labels{suffix}"
+    label_images(Counting(), paths, cache)
+    good = read_cache(cache)
+
+    def write(df):
+        df.to_csv(cache, index=False) if suffix == ".csv" else df.to_parquet(cache, index=False)
+
+    for bad in (np.nan, np.inf):
+        df = good.copy()
+        df.loc[1, "score"] = bad
+        write(df)
+        with pytest.raises(DetectorError, match=r"row 2 .*status ok.* score is not a finite number"):
+            read_cache(cache)
+    doubled = pd.concat([good, good.assign(score=-good["score"])], ignore_index=True)
+    write(doubled)
+    with pytest.raises(DetectorError, match=f"holds the key {good['key'][0][:12]}.* twice"):
+        label_images(Counting(), paths, cache)
+    write(good.assign(score=["high", "low", "x", "y"]))
+    with pytest.raises(DetectorError, match="score column holds text, not numbers"):
+        read_cache(cache)
+    write(good)
+    assert len(label_images(Counting(), paths, cache)) == 4  # the repaired cache is read again

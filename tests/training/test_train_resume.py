@@ -204,3 +204,13 @@ def test_a_snapshot_is_the_checkpoints_network_as_weights_and_leaves_the_run_alo
     final = load_file(split)
     assert any(not torch.equal(got[k], final[k]) for k in net)  # step 4's weights, not step 8's
     assert float(create(f"cnn:{split}").score([img])[0]) != early
+
+
+def test_a_run_whose_loss_stops_being_a_number_fails_and_writes_nothing(tmp_path, data):
+    """A loss that is no longer a number (here an absurd consistency weight overflows it) stops the
+    run with one line before the optimiser step, instead of writing a NaN network and exiting 0."""
+    out = tmp_path / "w.safetensors"
+    res = _train([*data, "--steps", "30", "--storage-consistency", "1e300"], out)
+    assert res.exit_code == 1, res.output
+    assert "training diverged at step" in res.output and "nothing was written" in res.output
+    assert not out.exists() and not out.with_suffix(".json").exists()
