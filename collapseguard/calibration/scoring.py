@@ -470,7 +470,10 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     images are listed first (``clean_items``: each image once; a folder holding what cannot be
     read, or a location holding no image file, is refused with a ValueError before any scoring).
     A ``clean`` image that is also one of the manifest's files is scored once, as its chain row;
-    ``table.attrs["clean_in_chains"]`` counts them. A ``clean`` image that a chains manifest in,
+    ``table.attrs["clean_in_chains"]`` counts them. A ``clean`` image of the pixels of a chain's
+    step 0 (chains made from the clean folder) takes that chain's ``source_image``, one picture
+    with it (``clean_chain_pixels`` counts them); one of only a later step's pixels is refused with
+    a ValueError after scoring. A ``clean`` image that a chains manifest in,
     under or above its location names at a step after 0 (and that is not one of ``manifest``'s
     images) is refused with a ValueError before any scoring: it is a degraded copy, and as a clean
     picture it would raise the threshold. Images only *named* like chain steps after 0
@@ -503,7 +506,8 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     if manifest is not None and len(manifest):
         m = manifest.reset_index(drop=True)
         readers = [(lambda p=p: read_local_bytes(p)) for p in m["path"]]  # regular files only, capped
-        scores, errors, header = _score_batches(detector, readers, bs, progress)
+        chain_digests = [""] * len(m)
+        scores, errors, header = _score_batches(detector, readers, bs, progress, chain_digests)
         given = m["storage"].fillna("").astype(str) if "storage" in m.columns else [""] * len(m)
         t = pd.DataFrame({"source_image": m["source_image"].astype(str), "family": m["family"].astype(str),
                           "step": m["step"].astype(int), "kind": "chain", "path": m["path"].astype(str),
@@ -514,12 +518,14 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
         if kind == "fr":
             t["fr"] = full_reference_column(m, measure)
         parts.append(t)
-    n_identical = 0
+    n_identical = n_chain_pixels = 0
     if items:
         digests = [""] * len(items)
         scores, errors, header = _score_batches(detector, [r for _, _, r in items], bs, progress,
                                                 digests)
         sources, n_identical = same_bytes_same_source([s for s, _, _ in items], digests)
+        if parts:
+            sources, n_chain_pixels = _chain_pictures(parts[0], chain_digests, items, sources, digests)
         parts.append(pd.DataFrame({"source_image": sources, "family": CLEAN_FAMILY,
                                    "step": 0, "kind": "clean", "path": [p for _, p, _ in items],
                                    "score": scores, "chain_id": "", "storage": header,
@@ -529,9 +535,34 @@ def score_table(detector, manifest: pd.DataFrame | None = None, clean: Iterable[
     table = pd.concat(parts, ignore_index=True)
     table.attrs["clean_in_chains"] = n_in_chains
     table.attrs["clean_identical"] = n_identical
+    table.attrs["clean_chain_pixels"] = n_chain_pixels
     table.attrs["detector"] = getattr(detector, "name", "")
     table.attrs["detector_version"] = str(getattr(detector, "version", ""))
     return table
+
+
+def _chain_pictures(chains: pd.DataFrame, chain_digests: list[str], items, sources: list[str],
+                    digests: list[str]) -> tuple[list[str], int]:
+    """``sources`` with each clean image of a chain step 0's pixels (or bytes) given that chain's
+    picture, and how many were: the chains made from a clean folder, calibrated beside it, would
+    count each picture twice and put its copies on both sides of the split. A clean image of only a
+    later step's pixels is a degraded copy under another name: ValueError."""
+    first_step: dict[str, tuple[int, int]] = {}  # digest -> (lowest step, its chain row)
+    for i, (d, step) in enumerate(zip(chain_digests, chains["step"])):
+        if d and (d not in first_step or step < first_step[d][0]):
+            first_step[d] = (int(step), i)
+    out, n = list(sources), 0
+    for j, d in enumerate(digests):
+        if d in first_step:
+            step, i = first_step[d]
+            if step > 0:
+                raise ValueError(
+                    f"the --clean image {printable(items[j][1])} has the pixels of the chain image "
+                    f"{printable(chains['path'].iloc[i])} (step {step}): a degraded copy, which would "
+                    "count as a clean picture and raise the threshold; leave it out of --clean")
+            out[j] = chains["source_image"].iloc[i]
+            n += 1
+    return out, n
 
 
 def _refuse_chain_steps(clean, items, warn) -> None:

@@ -201,6 +201,9 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if table.attrs.get("clean_in_chains"):
             click.echo(f"note: {table.attrs['clean_in_chains']} --clean image(s) are also chain images of "
                        "--chains and were scored once, as chain images", err=True)
+        if table.attrs.get("clean_chain_pixels"):
+            click.echo(f"note: {table.attrs['clean_chain_pixels']} --clean image(s) have the pixels of a chain's "
+                       "step-0 image and count as one picture with that chain", err=True)
         if table.attrs.get("clean_identical"):
             click.echo(f"note: {table.attrs['clean_identical']} --clean image(s) are copies of other "
                        "--clean images (the same bytes, or the same decoded pixels under other metadata "

@@ -318,3 +318,27 @@ def test_the_too_few_refusal_points_to_scores_out_and_from_scores(tmp_path):
     assert res.exit_code != 0 and f"--from-scores {scores} in place of --chains and --clean, without scoring again" in res.output
     res = _calibrate("--from-scores", scores, "--out", tmp_path / "a.json", "--no-plot", *strict)
     assert res.exit_code != 0 and "without scoring again" not in res.output
+
+
+def test_a_clean_file_of_a_chain_step_0s_pixels_is_that_chains_picture(tmp_path):
+    """Chains made from the clean folder and calibrated with it (the natural workflow): each clean
+    file has the pixels of a chain's step 0, so it is that chain's picture, counted once and kept
+    on one side of the split; and a clean file with a later step's pixels (a degraded copy under
+    another name) is refused."""
+    clean = _folder(tmp_path / "clean", 6)
+    chains = tmp_path / "chains"
+    res = CliRunner().invoke(main, ["chains", "make", "--sources", f"folder:{clean}", "--families", "codec",
+                                    "--steps", "2", "--keep", "0,2", "-o", str(chains), "-q", "-w", "1"])
+    assert res.exit_code == 0, res.output
+    scores = tmp_path / "s.csv"
+    res = _calibrate("--chains", chains, "--clean", clean, "--out", tmp_path / "cal.json",
+                     "--scores-out", scores, *LOOSE)
+    assert res.exit_code == 0, res.output
+    assert "6 --clean image(s) have the pixels of a chain's step-0 image" in res.output
+    t = pd.read_csv(scores, keep_default_na=False)
+    assert t["source_image"].nunique() == 6
+    assert load_calibration(tmp_path / "cal.json").n_clean == 6
+    step2 = sorted(chains.rglob("step_002.png"))[0]
+    Image.open(step2).save(clean / "renamed.png")
+    res = _calibrate("--chains", chains, "--clean", clean, "--out", tmp_path / "cal2.json", *LOOSE)
+    assert res.exit_code == 1 and "renamed.png" in res.output and "step 2" in res.output, res.output
