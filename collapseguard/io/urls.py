@@ -332,6 +332,16 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     return (TimeoutError, aiohttp.ClientError)
 
 
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """The exception types an object store's client raises that are no OSError: botocore's (no
+    credentials, an endpoint that cannot be reached, a bad region) when it is installed."""
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        return ()
+    return (BotoCoreError,)
+
+
 class _NetworkStream:
     """An http(s) body as a read-only stream whose failures on the way are ``NetworkError``s: a
     read that waits more than ``HTTP_READ_TIMEOUT`` seconds, a connection that closes before the
@@ -612,8 +622,6 @@ def list_url(url: str) -> list[tuple[str, str | None]]:
         fs.info(path)  # FileNotFoundError when nothing is there; the store's own error otherwise
     except FileNotFoundError as exc:
         raise _open_failed(url, exc, URLError) from None
-    except _network_errors() as exc:
-        if not web:
-            raise
+    except _network_errors() + _store_errors() as exc:
         raise _open_failed(url, exc, URLError) from None
     return [(url, None)]

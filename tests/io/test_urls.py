@@ -546,3 +546,33 @@ def test_two_spellings_are_one_url_only_when_they_name_one_object(a, b, same):
     from collapseguard.io.inputs import path_key
 
     assert (path_key(a) == path_key(b)) is same
+
+
+def test_an_s3_store_that_cannot_be_used_is_one_line_and_the_other_inputs_go_on(tmp_path, s3, photos, monkeypatch):
+    """No credentials, or an endpoint where nothing listens: the S3 input fails with one line (no
+    botocore traceback), as an http server that cannot be reached does, and a local input given
+    beside it is still scored."""
+    import s3fs
+
+    from collapseguard.images import encode_png
+    local = tmp_path / "local.png"
+    local.write_bytes(encode_png(photos[0]))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    cases = {"no credentials": {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+                                "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                                "AWS_CONFIG_FILE": str(tmp_path / "none")},
+             "the server cannot be reached": {"AWS_ENDPOINT_URL": "http://127.0.0.1:1"}}
+    for want, env in cases.items():
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.delenv(k, raising=False) if v is None else m.setenv(k, v)
+            s3fs.S3FileSystem.clear_instance_cache()
+            with pytest.raises(InputError, match=f"s3://data/set/: .*{want}" if want != "no credentials"
+                               else "s3://data/set/: .*(Unable to locate credentials|NoCredentialsError)"):
+                expand_inputs(["s3://data/set/"])
+            out = tmp_path / f"{len(want)}.csv"
+            res = run_cli(["score", "s3://data/set/", local, "-d", "nss", "-o", out], expect=1)
+            assert "Traceback" not in res.output and "s3://data/set/" in res.output
+            assert len(pd.read_csv(out)) == 1  # the local image is scored
+    s3fs.S3FileSystem.clear_instance_cache()
