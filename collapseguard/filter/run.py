@@ -545,13 +545,10 @@ def _run_locked(inputs: list[Input], options: FilterOptions, out: Path, t0: floa
 def groups_without_kept_copy(out_dir: str, done: Sequence[Input], groups: set[str]) -> list[str]:
     """Of ``groups`` (kept outside the inputs, each with a stand-in among them), those with no
     row kept in the scores tables of the ``done`` inputs, sorted."""
-    import pyarrow.parquet as pq
-
     out, seen, kept = open_out_dir(out_dir), set(), set()
     for s in done:
         try:
-            with out.open_read(f"scores/{shard_stem(s)}.parquet") as f:
-                t = pq.read_table(f, columns=["group", "decision"])
+            t = out.read_table(f"scores/{shard_stem(s)}.parquet", ["group", "decision"])
         except Exception:  # noqa: BLE001 - a table without a group column (no rows of the groups)
             continue
         for g, d in zip(t.column("group").to_pylist(), t.column("decision").to_pylist()):
@@ -732,14 +729,12 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
         s1 = run_filter(inputs, first, threshold_source="scoring pass for --drop-fraction", **common)
         if s1["shards_failed"]:
             raise FilterError("scoring pass failed for: " + ", ".join(s1["shards_failed"]))
-        import pyarrow.parquet as pq
         # only this run's shards: .prepass may hold scores of shards filtered here before
         pre = open_out_dir(prepass)
         scores = []
         for s in shards:
-            with pre.open_read(output_names(s)["scores"]) as f:
-                scores += [v for v in pq.read_table(f, columns=["score"]).column("score").to_pylist()
-                           if v is not None]
+            scores += [v for v in pre.read_table(output_names(s)["scores"], ["score"]).column("score").to_pylist()
+                       if v is not None]
         t = threshold_for_drop_fraction(scores, drop_fraction)
         n_cut = sum(1 for v in scores if not math.isnan(v))  # the cut ranks every score, +-inf too
         unscored = f", {len(scores) - n_cut} sample(s) without a score left out" if n_cut < len(scores) else ""

@@ -96,6 +96,15 @@ class LocalOutDir:
     def open_read(self, name: str):
         return open(self.url(name), "rb")
 
+    def read_table(self, name: str, columns: list[str]):
+        """Columns of the Parquet output ``name``, read by path (Arrow's own file reading). Read
+        through a Python file object, Arrow holds Python buffers that a worker thread of its pool
+        could free while the interpreter shut down, which aborted the process after its work
+        was done (``terminate called without an active exception``, exit 134)."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.url(name), columns=columns)
+
 
 def _kind(path: str) -> str:
     """What a path that is not what it should be is, in words."""
@@ -191,6 +200,16 @@ class ObjectOutDir:
 
     def open_read(self, name: str):
         return self.fs.open(self._key(name), "rb")
+
+    def read_table(self, name: str, columns: list[str]):
+        """Columns of the Parquet output ``name``, from its bytes read whole (see the local
+        folder's ``read_table``)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        with self.open_read(name) as f:
+            data = f.read()
+        return pq.read_table(pa.BufferReader(data), columns=columns, use_threads=False, pre_buffer=False)
 
     def invalidate(self) -> None:
         self.fs.invalidate_cache()

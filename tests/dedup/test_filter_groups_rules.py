@@ -154,3 +154,37 @@ def test_stand_ins_are_the_rows_filter_applies_a_group_row_to(tmp_path):
     assert keyed == {"groups": ["g1"], "by_stem": {"p1": (("y", None),)}}
     got = read_shard_groups(str(by_key), "p1", "d2", keyed["by_stem"]["p1"])
     assert got["y"].get("stands_in") and not got["k"].get("stands_in")
+
+
+def test_filter_with_stand_ins_exits_0_every_time(photos, tmp_path):
+    """The stand-in check reads the scores tables back in the parent process. Read through Python
+    file objects, Arrow kept Python buffers that a thread of its pool freed while the interpreter
+    shut down, aborting the finished process now and then (exit 134, ``terminate called without
+    an active exception``): a real process, run several times, must exit 0 each time. The kept
+    copies lie in a folder outside the filtered shard, which holds a JPEG q40 and a noisy copy of
+    each."""
+    import subprocess
+    import sys
+    import tarfile
+
+    import numpy as np
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg, encode_png
+
+    held, shard = tmp_path / "held", tmp_path / "new" / "new-000.tar"
+    held.mkdir()
+    shard.parent.mkdir()
+    rng = np.random.default_rng(0)
+    with tarfile.open(shard, "w") as tf:
+        for i, p in enumerate(photos):
+            (held / f"p{i}.png").write_bytes(encode_png(p))
+            add_member(tf, f"p{i}_q40.jpg", encode_jpeg(p, 40))
+            noisy = np.clip(p + rng.normal(0, 15, p.shape), 0, 255).astype(np.uint8)
+            add_member(tf, f"p{i}_noisy.png", encode_png(noisy))
+    run_cli(["dedup", held, shard, "--out", tmp_path / "d", "-w", "1", "-q"])
+    for i in range(8):
+        res = subprocess.run([sys.executable, "-m", "collapseguard", "filter", str(shard), "--out",
+                              str(tmp_path / f"f{i}"), "--groups", str(tmp_path / "d" / "groups.parquet"), "-q"],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and "terminate called" not in res.stderr, (i, res.returncode, res.stderr[-2000:])

@@ -1,0 +1,5 @@
+"""``python -m collapseguard``: the command line, as the ``collapseguard`` script runs it."""
+
+from collapseguard.cli import main
+
+main()
