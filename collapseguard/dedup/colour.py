@@ -80,3 +80,78 @@ def lost_colour(chroma: np.ndarray, coarse: np.ndarray | None = None) -> np.ndar
     if np.isnan(sat).any() or np.isnan(cast).any() or not colour.any():
         return np.zeros(len(sat), bool)
     return sat <= MONOCHROME_CHROMA
+
+
+# ---------------------------------------------------------------------------------------------
+# Colour variants: one layout in other colours is another picture
+# ---------------------------------------------------------------------------------------------
+# The fingerprints read luma only, so a product shot in red and the same shot in blue, or a
+# photo with its hues turned, group as copies, and the comparator would then drop one as a
+# degraded copy. Damage changes colour too, but otherwise: a uniform cast (the study's green
+# tint), a saturation change, noise that the 32 px reduction averages out. So two copies are
+# colour variants when, whatever cast of up to ``MAX_CAST`` levels is taken off one of them
+# (none, the median difference, or the difference of any one cell), at least ``VARIANT_SHARE``
+# of the cells of their ``pair_features.colour_layout`` change colour beyond it: the hue turns
+# by more than acos(``TURN_COS``) (about 41 degrees) where both hold a colour (``HUE_CHROMA``
+# levels or more), or a colour of ``STRONG_CELL`` levels or more falls to under ``GONE_SHARE``
+# of itself (a cell recoloured to grey or black). A copy with no colour anywhere (greyscale) is
+# no variant: that is damage (``lost_colour``, above). Measured by ``recipes/colour_variants.py``:
+# of the evaluation set's chains (15 families, four storages), no step 5 is a colour variant of
+# its step 0, and no step 10 but 6 of 120 of animevideov3's (an anime upscaler whose flat colours
+# drift; they leave the group and are decided on their own); no copy of the bundled photos
+# cropped by 5% or 10% a side, blurred, desaturated to 50% or saturated to 150%, or JPEG q10 is;
+# of copies tinted green by 34 and 67 levels, 1 and 6 of 10 are (singles then: nothing lost, one
+# copy fewer found). Of product shots that differ only in a shirt's colour every pair is told
+# apart, and 70-90% of photos with hues turned by 90 or 180 degrees or red and blue swapped.
+
+#: the share of a layout's cells that must change colour for two copies to be colour variants
+VARIANT_SHARE = 1 / 8
+#: the largest uniform cast (levels of 255, opponent chroma) taken for damage, not a recolouring
+MAX_CAST = 32.0
+#: a cell holds a colour at this chroma (levels) or more, and a strong one at ``STRONG_CELL``
+HUE_CHROMA = 25.0
+STRONG_CELL = 60.0
+#: a hue turns when the cosine between a cell's two chroma vectors is under this (about 41 degrees)
+TURN_COS = 0.75
+#: a strong colour is gone when the other copy keeps under this share of its chroma
+GONE_SHARE = 0.2
+
+
+def _changed_cells(a: np.ndarray, b: np.ndarray, cast: np.ndarray) -> int:
+    b = b - cast
+    ma, mb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = (a * b).sum(axis=1) / (ma * mb + 1e-9)
+    turned = (ma >= HUE_CHROMA) & (mb >= HUE_CHROMA) & (cos < TURN_COS)
+    hi, lo = np.maximum(ma, mb), np.minimum(ma, mb)
+    gone = (hi >= STRONG_CELL) & (lo < GONE_SHARE * hi)
+    return int((turned | gone).sum())
+
+
+def colour_variants(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
+    """Are two copies' ``colour_layout``s (int8, halves of levels) those of colour variants of
+    one layout rather than of one picture (see above)?"""
+    a = np.asarray(layout_a, np.float64).reshape(-1, 2) * 2
+    b = np.asarray(layout_b, np.float64).reshape(-1, 2) * 2
+    if min(np.linalg.norm(a, axis=1).max(), np.linalg.norm(b, axis=1).max()) < HUE_CHROMA:
+        return False  # a copy without colour anywhere: the lost-colour rule's case, not a variant
+    d = b - a
+    casts = [c for c in (np.zeros(2), np.median(d, axis=0), *d) if np.hypot(*c) <= MAX_CAST]
+    need = VARIANT_SHARE * len(a)
+    return min(_changed_cells(a, b, c) for c in casts) >= need
+
+
+def split_colour_variants(members: np.ndarray, layout: np.ndarray, framed_apart) -> list[np.ndarray]:
+    """``members`` (rows of one group) cut into sets of copies of one picture's colours: each
+    member joins the first set whose first member it is no colour variant of, or starts a set.
+    ``framed_apart(rows, to)`` tells members framed differently from ``to`` (a crop of it, or it
+    of them: their layouts' cells do not lie on the same places), which join any set."""
+    sets: list[list[int]] = []
+    for m in members:
+        for s in sets:
+            first = s[0]
+            if framed_apart(np.array([m]), first)[0] or not colour_variants(layout[first], layout[m]):
+                s.append(m)
+                break
+        else:
+            sets.append([m])
+    return [np.array(s, dtype=members.dtype) for s in sets]

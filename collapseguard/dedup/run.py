@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collapseguard.dedup.colour import group_chroma, lost_colour
+from collapseguard.dedup.colour import group_chroma, lost_colour, split_colour_variants
 from collapseguard.dedup.describe import (
     CNN_BATCH,
     RungDescriber,
@@ -73,6 +73,8 @@ from collapseguard.detectors.base import DetectorError
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
     HASH_COLUMNS,
+    LAYOUT_BYTES,
+    LAYOUT_COLUMNS,
     THUMB_BYTES,
     THUMB_COLUMNS,
     WINDOW_HASH_COLUMNS,
@@ -80,6 +82,7 @@ from collapseguard.detectors.compare import (
     FingerprintOnly,
     group_utilities,
     load_weights,
+    unpack_int8,
     unpack_thumbnails,
 )
 from collapseguard.detectors.fingerprint import (
@@ -138,6 +141,9 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
         # its colour once chroma noise is averaged out (``pair_features.coarse_chroma``): the colour rule
         "chroma": np.array([(r.get("colour_sat", np.nan), r.get("colour_cast", np.nan)) for r in rows],
                            np.float32).reshape(n, 2),
+        # its colours by place (``pair_features.colour_layout``; zeros where not described): the
+        # colour-variant rule
+        "layout": np.zeros((n, LAYOUT_BYTES), np.int8),
     }
     for i, r in enumerate(rows):
         if not np.isfinite(r.get("score", np.nan)):
@@ -158,6 +164,8 @@ def describe_task(task: tuple, detector, progress=None, decode=None, fingerprint
         if FEATURE_COLUMNS[0] in r:
             out["features"][i] = [r[c] for c in FEATURE_COLUMNS]
             out["full"][i] = True
+        if LAYOUT_COLUMNS[0] in r:
+            out["layout"][i] = unpack_int8(np.array([r[c] for c in LAYOUT_COLUMNS], np.float64), LAYOUT_BYTES)
     return out
 
 
@@ -373,7 +381,7 @@ def _save_part(path: Path, part: dict) -> None:
                      image=np.array(part["image"], dtype=str),
                      set_aside=np.array(part["set_aside"], dtype=str),
                      **{k: part[k] for k in ("width", "height", "cnn", "hash", "ok", "full", "thumb",
-                                             "whash", "wthumb", "features", "octave", "chroma")})
+                                             "whash", "wthumb", "features", "octave", "chroma", "layout")})
 
 
 def _load_part(path: Path) -> dict | None:
@@ -396,6 +404,10 @@ def _load_part(path: Path) -> dict | None:
         if part["full"].any():  # its descriptions lack what the colour rule reads: afresh
             return None
         part["chroma"] = np.full((len(part["key"]), 2), np.nan, np.float32)
+    if "layout" not in part:  # kept before colour_layout was
+        if part["full"].any():  # its descriptions lack what the colour-variant rule reads: afresh
+            return None
+        part["layout"] = np.zeros((len(part["key"]), LAYOUT_BYTES), np.int8)
     for k in ("source", "key", "error", "storage", "image", "set_aside"):
         part[k] = [str(x) for x in part[k]]
     return part
@@ -476,7 +488,7 @@ def _merged(done: list[dict]) -> dict:
                          ("whash", (len(WINDOWS),), np.uint64),
                          ("wthumb", (len(WINDOWS), THUMB_BYTES), np.int8),
                          ("features", (len(FEATURE_COLUMNS),), np.float32), ("octave", (), np.float32),
-                         ("chroma", (2,), np.float32)):
+                         ("chroma", (2,), np.float32), ("layout", (LAYOUT_BYTES,), np.int8)):
         arrs = [p[k] for p in done]
         merged[k] = np.concatenate(arrs) if arrs else np.zeros((0, *shape), dt)
     return merged
@@ -532,6 +544,7 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
         desc["features"][rows] = np.where(np.isnan(got["features"]), old, got["features"])
         desc["octave"][rows] = np.where(np.isnan(got["octave"]), desc["octave"][rows], got["octave"])
         desc["chroma"][rows] = np.where(np.isnan(got["chroma"]), desc["chroma"][rows], got["chroma"])
+        desc["layout"][rows] = got["layout"]
         desc["full"][rows] = True
         bad = ~got["ok"]
         desc["ok"][rows[bad]] = False
@@ -567,6 +580,27 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 #: of the bundled photos lie at 0.50-0.71 (``benchmarks/dedup_scale.py --copy-kinds``); the
 #: level that marks a degraded copy is far above (0.958)
 TIE = 0.75
+
+
+def split_colour_groups(desc: dict, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``labels`` with each group cut into its colour variants (``colour.split_colour_variants``:
+    one layout in other colours is another picture, which the luma fingerprints cannot tell):
+    a set of two or more copies stays a group (its id its first row), a set of one is a single.
+    Also returns the rows of the groups that were cut."""
+    out = labels.copy()
+    cut: list[int] = []
+    grouped = np.flatnonzero(labels >= 0)
+    order = grouped[np.argsort(labels[grouped], kind="stable")]
+    thumbs, wthumbs = desc["thumb"], desc.get("wthumb")
+    for members in np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if order.size else []:
+        sets = split_colour_variants(members, desc["layout"],
+                                     lambda rows, to: framed_apart(thumbs, wthumbs, rows, to))
+        if len(sets) == 1:
+            continue
+        for s in sets:
+            out[s] = s.min() if s.size > 1 else -1
+        cut += members.tolist()
+    return out, np.array(sorted(cut), np.int64)
 
 
 def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, level: float
@@ -762,7 +796,12 @@ def _run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int, quie
         asked[need] = want[need]
         all_rungs |= need & (want < 0)
         lap("describe")
+    labels, split = split_colour_groups(desc, labels)
+    if split.size:  # the counts of what stays grouped
+        stats = {**stats, "groups": int(np.unique(labels[labels >= 0]).size), "grouped": int((labels >= 0).sum())}
     rank, p_worse, decision, reason = decide_groups(desc, labels, t["w"], t["s"], level)
+    for r in split[labels[split] < 0]:  # alone: a single that a copy of it in other colours had grouped
+        reason[r] = "colour_variant"
     kept_score, kept_detector = kept_copy_scores(desc, labels, rank, image_column,
                                                  score_rows_on(desc, engine, workers, runner, threads, quiet))
     source_size, source_sha256 = source_digests(desc)

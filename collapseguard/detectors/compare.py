@@ -54,6 +54,7 @@ from collapseguard.detectors.fingerprint import (
 )
 from collapseguard.detectors.pair_features import (
     FEATURES,
+    LAYOUT_GRID,
     SCALES,
     common_scale,
     described,
@@ -72,6 +73,9 @@ THUMB_BYTES = THUMB_SIDE * THUMB_SIDE
 #: for it rather than 256 (``pack_thumbnails`` / ``unpack_thumbnails``)
 THUMB_COLUMNS = tuple(f"tp{i}" for i in range(-(-THUMB_BYTES // 6)))
 #: the same of each central window (``fingerprint.WINDOWS``): ``w0ph0..``, ``w0tp0..``, ``w1ph0..``
+#: ``pair_features.colour_layout`` (128 int8 values) packed 6 bytes a float64 column
+LAYOUT_BYTES = 2 * LAYOUT_GRID * LAYOUT_GRID
+LAYOUT_COLUMNS = tuple(f"cl{i}" for i in range(-(-LAYOUT_BYTES // 6)))
 WINDOW_HASH_COLUMNS = tuple(tuple(f"w{k}{c}" for c in HASH_COLUMNS) for k in range(len(WINDOWS)))
 WINDOW_THUMB_COLUMNS = tuple(tuple(f"w{k}{c}" for c in THUMB_COLUMNS) for k in range(len(WINDOWS)))
 
@@ -235,8 +239,8 @@ class Comparator(Detector):
 
     def description_columns(self, descs: list[dict]) -> dict[str, np.ndarray]:
         """``score`` (the utility), ``cnn``, ``octave`` and ``colour_sat``, ``colour_cast`` (its
-        ``chroma``; NaN where a description has none) and the ``FEATURE_COLUMNS`` of some
-        descriptions."""
+        ``chroma``; NaN where a description has none), its ``layout`` packed in ``LAYOUT_COLUMNS``
+        (where every description has one) and the ``FEATURE_COLUMNS`` of some descriptions."""
         out: dict[str, np.ndarray] = {
             "score": np.array([self.utility(d) for d in descs], dtype=np.float32),
             "cnn": np.array([d["cnn"] for d in descs]),
@@ -244,6 +248,10 @@ class Comparator(Detector):
             "colour_sat": np.array([d.get("chroma", (np.nan, np.nan))[0] for d in descs], dtype=np.float64),
             "colour_cast": np.array([d.get("chroma", (np.nan, np.nan))[1] for d in descs], dtype=np.float64),
         }
+        if descs and all("layout" in d for d in descs):
+            packed = pack_int8(np.array([d["layout"] for d in descs], np.int8))
+            for j, col in enumerate(LAYOUT_COLUMNS):
+                out[col] = packed[:, j]
         flat = np.array([d["ladder"].ravel() for d in descs]).reshape(len(descs), len(FEATURE_COLUMNS))
         for j, col in enumerate(FEATURE_COLUMNS):
             out[col] = flat[:, j]
@@ -260,21 +268,32 @@ class Comparator(Detector):
         return out
 
 
+def pack_int8(values: np.ndarray) -> np.ndarray:
+    """int8 rows (n, m) as (n, ceil(m / 6)) float64 values, each 6 of their bytes (exact)."""
+    n, m = len(values), int(np.prod(np.shape(values)[1:]))
+    cols = -(-m // 6)
+    raw = np.zeros((n, cols * 6), np.uint8)
+    raw[:, :m] = np.asarray(values, np.int8).reshape(n, m).view(np.uint8)
+    wide = np.zeros((n, cols, 8), np.uint8)
+    wide[:, :, :6] = raw.reshape(n, cols, 6)
+    return wide.view("<u8")[..., 0].astype(np.float64)
+
+
+def unpack_int8(values: np.ndarray, m: int) -> np.ndarray:
+    """``pack_int8``'s values (..., ceil(m / 6)) as int8 rows (..., m)."""
+    v = np.asarray(values, np.float64)
+    wide = v.astype("<u8")[..., None].view(np.uint8)  # (..., cols, 8)
+    return np.ascontiguousarray(wide[..., :6]).reshape(*v.shape[:-1], -1)[..., :m].view(np.int8)
+
+
 def pack_thumbnails(thumbs: np.ndarray) -> np.ndarray:
     """int8 thumbnails (n, 256) as (n, 43) float64 values, each 6 of their bytes."""
-    n = len(thumbs)
-    raw = np.zeros((n, len(THUMB_COLUMNS) * 6), np.uint8)
-    raw[:, :THUMB_BYTES] = np.asarray(thumbs, np.int8).reshape(n, THUMB_BYTES).view(np.uint8)
-    wide = np.zeros((n, len(THUMB_COLUMNS), 8), np.uint8)
-    wide[:, :, :6] = raw.reshape(n, len(THUMB_COLUMNS), 6)
-    return wide.view("<u8")[..., 0].astype(np.float64)
+    return pack_int8(np.asarray(thumbs, np.int8).reshape(len(thumbs), THUMB_BYTES))
 
 
 def unpack_thumbnails(values: np.ndarray) -> np.ndarray:
     """``pack_thumbnails``' values (..., 43) as int8 thumbnails (..., 256)."""
-    v = np.asarray(values, np.float64)
-    wide = v.astype("<u8")[..., None].view(np.uint8)  # (..., 43, 8)
-    return np.ascontiguousarray(wide[..., :6]).reshape(*v.shape[:-1], -1)[..., :THUMB_BYTES].view(np.int8)
+    return unpack_int8(values, THUMB_BYTES)
 
 
 def fingerprint_columns(images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:

@@ -156,11 +156,35 @@ def coarse_chroma(img: np.ndarray, pil: Image.Image | None = None) -> tuple[floa
 CHROMA_REDUCING_GAP = 2.0
 
 
+#: ``colour_layout``'s grid (cells a side) over the image reduced to ``LAYOUT_SIDE`` px on its
+#: shorter side: fine enough that an object recoloured in a product shot fills whole cells, coarse
+#: enough that chroma noise averages out and copies framed alike put each cell on the same place
+LAYOUT_GRID = 8
+LAYOUT_SIDE = 32
+
+
+def colour_layout(img: np.ndarray, pil: Image.Image | None = None) -> np.ndarray:
+    """The picture's colours by place: the mean opponent chroma (``R - G``, ``(R + G) / 2 - B``,
+    in levels of 255) of each cell of a ``LAYOUT_GRID`` x ``LAYOUT_GRID`` grid over the image
+    reduced to a shorter side of ``LAYOUT_SIDE`` px, as int8 halves of those levels (cells in
+    row order, the two chroma of a cell together: 128 values). What tells two colour variants of
+    one layout apart (``dedup.colour.colour_variants``); zeros for a grey image."""
+    out = np.zeros((LAYOUT_GRID, LAYOUT_GRID, 2), np.float32)
+    if img.ndim == 3:
+        rgb = reduce_to(img, LAYOUT_SIDE, pil, reducing_gap=CHROMA_REDUCING_GAP) * 255.0
+        opp = np.stack([rgb[..., 0] - rgb[..., 1], (rgb[..., 0] + rgb[..., 1]) / 2 - rgb[..., 2]], -1)
+        for i, rows in enumerate(np.array_split(np.arange(opp.shape[0]), LAYOUT_GRID)):
+            for j, cols in enumerate(np.array_split(np.arange(opp.shape[1]), LAYOUT_GRID)):
+                if rows.size and cols.size:
+                    out[i, j] = opp[rows[0]: rows[-1] + 1, cols[0]: cols[-1] + 1].mean(axis=(0, 1))
+    return np.clip(np.round(out / 2), -127, 127).astype(np.int8).ravel()
+
+
 def size_extras(img: np.ndarray, pil: Image.Image | None = None) -> dict:
     """What ``dedup``'s rules read of an image beside its description, at its own size: the
-    larger-copy rule's ``octave`` (``top_octave``) and the colour rule's ``chroma``
-    (``coarse_chroma``)."""
-    return {"octave": top_octave(img), "chroma": coarse_chroma(img, pil)}
+    larger-copy rule's ``octave`` (``top_octave``) and the colour rules' ``chroma``
+    (``coarse_chroma``) and ``layout`` (``colour_layout``)."""
+    return {"octave": top_octave(img), "chroma": coarse_chroma(img, pil), "layout": colour_layout(img, pil)}
 
 
 def described(img: np.ndarray, only: frozenset[str] | None = None,

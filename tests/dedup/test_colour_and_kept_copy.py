@@ -311,3 +311,43 @@ def test_a_run_resumed_over_parts_without_top_octave_describes_them_again(tmp_pa
     assert (resumed / "groups.parquet").read_bytes() == (fresh / "groups.parquet").read_bytes()
     g = _groups(resumed)
     assert all(g.loc[f"{n}.png", "rank"] == 0 for n in ("chelsea", "coffee", "rocket"))
+
+
+def _shirt(colour) -> Image.Image:
+    from PIL import ImageDraw
+    im = Image.new("RGB", (400, 400), "white")
+    ImageDraw.Draw(im).polygon([(120, 80), (170, 60), (230, 60), (280, 80), (340, 140), (300, 170),
+                                (280, 150), (280, 340), (120, 340), (120, 150), (100, 170), (60, 140)],
+                               fill=colour, outline=(20, 20, 20))
+    return im
+
+
+def test_colour_variants_of_one_layout_are_other_pictures_and_a_tinted_copy_is_not(tmp_path):
+    """One product shot in four colours, each as PNG and JPEG q60: the luma fingerprints group all
+    eight, but each colour is its own picture, so each colour's two copies form a group of their
+    own and no shirt is a degraded or duplicate copy of another colour's; a photo's copy with a
+    green cast of 15 levels stays in its group, and a shirt alone in its colour is a single with
+    reason colour_variant. (A grey shirt would be the lost-colour rule's: a copy with no colour.)"""
+    samples = []
+    for name, colour in (("red", (200, 30, 30)), ("blue", (30, 60, 200)), ("green", (30, 160, 60)),
+                         ("purple", (120, 40, 160))):
+        im = _shirt(colour)
+        samples.append((f"{name}_png", "png", _enc(im, "PNG")))
+        samples.append((f"{name}_jpg", "jpg", _enc(im, "JPEG", quality=60)))
+    samples.append(("yellow_png", "png", _enc(_shirt((240, 200, 40)), "PNG")))
+    photo = Image.fromarray(sd.coffee())
+    tinted = np.asarray(photo, np.float32) + np.array([-7.5, 15, -7.5], np.float32)
+    samples += [("coffee", "png", _enc(photo, "PNG")),
+                ("coffee_tint", "png", _enc(Image.fromarray(np.clip(tinted, 0, 255).astype(np.uint8)), "PNG"))]
+    _shard(tmp_path / "shirts.tar", samples)
+    run_cli(["dedup", tmp_path / "shirts.tar", "--out", tmp_path / "dd", "-w", "1", "-q"])
+    g = _groups(tmp_path / "dd")
+    names = ("red", "blue", "green", "purple")
+    for name in names:
+        png, jpg = g.loc[f"{name}_png"], g.loc[f"{name}_jpg"]
+        assert png["group"] and png["group"] == jpg["group"], g[["group", "rank", "reason"]]
+        assert set(g.loc[g["group"] == png["group"]].index) == {f"{name}_png", f"{name}_jpg"}
+    assert (g.loc["yellow_png", "decision"], g.loc["yellow_png", "reason"]) == ("single", "colour_variant")
+    assert g.loc["coffee", "group"] and g.loc["coffee", "group"] == g.loc["coffee_tint", "group"]
+    summary = __import__("json").loads((tmp_path / "dd" / "summary.json").read_text())
+    assert summary["groups"] == 5 and summary["grouped"] == 10
