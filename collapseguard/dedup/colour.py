@@ -101,8 +101,9 @@ def lost_colour(chroma: np.ndarray, coarse: np.ndarray | None = None) -> np.ndar
 # drift; they leave the group and are decided on their own); no copy of the bundled photos
 # cropped by 5% or 10% a side, blurred, desaturated to 50% or saturated to 150%, or JPEG q10 is;
 # of copies tinted green by 34 and 67 levels, 1 and 6 of 10 are (singles then: nothing lost, one
-# copy fewer found). Of product shots that differ only in a shirt's colour every pair is told
-# apart, and 70-90% of photos with hues turned by 90 or 180 degrees or red and blue swapped.
+# copy fewer found). Of product shots that differ only in a shirt's colour every pair of the
+# five coloured shirts is told apart (a black shirt on white has no colour: the lost-colour rule's
+# case), and 70-90% of photos with hues turned by 90 or 180 degrees or red and blue swapped.
 
 #: the share of a layout's cells that must change colour for two copies to be colour variants
 VARIANT_SHARE = 1 / 8
