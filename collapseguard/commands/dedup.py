@@ -63,7 +63,7 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     p_worse, reason, ...) and OUT/summary.json. Apply with `collapseguard filter --groups
     OUT/groups.parquet`. A stopped run, run again with the same OUT, resumes."""
     from collapseguard.dedup.groups import GroupingParams
-    from collapseguard.dedup.run import clear_parts, run_dedup
+    from collapseguard.dedup.run import run_dedup
     from collapseguard.detectors.cnn_family import set_default_runtime
     from collapseguard.detectors.compare import load_weights
     from collapseguard.scoring.run import plan_score_tasks
@@ -72,13 +72,11 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     click.get_current_context().call_on_close(set_default_runtime(runtime))
     load_weights()  # missing weights fail before any work
     plan_score_tasks(paths, None, [], image_column=image_column)  # inputs that name nothing fail at once
-    if fresh:
-        clear_parts(out)
     params = GroupingParams(max_distance=max_distance, min_corr=min_corr,
                             min_medoid_corr=min_medoid_corr)
     try:
         summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params,
-                            engine=engine, image_column=image_column)
+                            engine=engine, image_column=image_column, fresh=fresh)
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
     if gallery:

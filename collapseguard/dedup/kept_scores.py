@@ -67,26 +67,33 @@ def kept_copy_scores(desc: dict, labels: np.ndarray, rank: np.ndarray,
     return scores, named
 
 
-def source_digests(desc: dict) -> tuple[list[int | None], list[str]]:
-    """``(source_size, source_sha256)`` per row: the size and SHA-256 of the shard or Parquet file
-    the row was read from (None and "" for an image file, or a source that cannot be read again
-    as bytes: a ``pipe:`` command), each source read once. ``filter --groups`` refuses to apply the
-    table to an input of the same stem whose bytes differ."""
+def source_digest(source: str) -> tuple[int | None, str]:
+    """``(size, SHA-256)`` of a shard or Parquet file's bytes; ``(None, "")`` for a source that
+    cannot be read again as bytes (a ``pipe:`` command) or cannot be read."""
     from collapseguard.io.outdir import digest_stream
     from collapseguard.io.urls import open_stream, scheme
 
-    known: dict[str, tuple[int | None, str]] = {}
+    if scheme(source) == "pipe":
+        return None, ""
+    try:
+        with open_stream(source, allow_pipe=False) as f:
+            d = digest_stream(f)
+        return d["size"], d["sha256"]
+    except (OSError, ValueError):
+        return None, ""
+
+
+def source_digests(desc: dict) -> tuple[list[int | None], list[str]]:
+    """``(source_size, source_sha256)`` per row: the size and SHA-256 of the shard or Parquet file
+    the row was read from (None and "" for an image file, or a source that cannot be read again
+    as bytes: a ``pipe:`` command), each source read once (``desc["digests"]``: the digests the
+    parts were named by, not read again). ``filter --groups`` refuses to apply the table to an
+    input of the same stem whose bytes differ."""
+    known: dict[str, tuple[int | None, str]] = dict(desc.get("digests") or {})
     sizes, digests = [], []
     for source, stem in zip(desc["source"], desc["shard"]):
         if stem and source not in known:
-            known[source] = (None, "")
-            if scheme(source) != "pipe":
-                try:
-                    with open_stream(source, allow_pipe=False) as f:
-                        d = digest_stream(f)
-                    known[source] = (d["size"], d["sha256"])
-                except (OSError, ValueError):
-                    pass
+            known[source] = source_digest(source)
         size, digest = known.get(source, (None, "")) if stem else (None, "")
         sizes.append(size)
         digests.append(digest)

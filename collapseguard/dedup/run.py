@@ -47,6 +47,7 @@ the settings, so a resumed run writes the same files as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -68,7 +69,7 @@ from collapseguard.dedup.describe import (
     torch_threads,
 )
 from collapseguard.dedup.groups import GroupingParams, framed_apart, group_ids, narrower
-from collapseguard.dedup.kept_scores import kept_copy_scores, source_digests
+from collapseguard.dedup.kept_scores import kept_copy_scores, source_digest, source_digests
 from collapseguard.detectors.base import DetectorError
 from collapseguard.detectors.compare import (
     FEATURE_COLUMNS,
@@ -95,6 +96,7 @@ from collapseguard.engines import LocalEngine, make_engine
 from collapseguard.images import decode_reduced
 from collapseguard.io.atomic import replaced_when_done
 from collapseguard.io.parse import basename_of, strip_suffix
+from collapseguard.errors import CollapseguardError
 from collapseguard.io.terminal import printable
 from collapseguard.io.urls import identity
 from collapseguard.scoring.progress import progress_bar
@@ -336,14 +338,16 @@ def _sub_task(task: tuple, part: dict, rows: np.ndarray) -> tuple:
     return (task[0], task[1], Wanted((part["key"][j], int(nth[j])) for j in rows))
 
 
-def task_name(task: tuple, version: str) -> str:
-    """The name of a task's part: its inputs, their identity (size, modification time) and the
-    version of the descriptions (``Comparator.description_version``)."""
+def task_name(task: tuple, version: str, digest: str = "") -> str:
+    """The name of a task's part: its inputs, their identity (size, modification time; a shard's
+    or Parquet file's ``digest`` too, the SHA-256 of its bytes, so that one rewritten in place
+    with its size and time kept is read again, not taken from the parts) and the version of the
+    descriptions (``Comparator.description_version``)."""
     if task[0] == "shard":
-        ident = [[str(task[1]), _ident(str(task[1]))]]
+        ident = [[str(task[1]), _ident(str(task[1])), digest]]
     elif task[0] == "parquet":  # the file and the image column asked for (None: found)
         name, column = task[1]
-        ident = [[str(name), column, _ident(str(name))]]
+        ident = [[str(name), column, _ident(str(name)), digest]]
     else:
         ident = [[f.path, f.source, f.key, _ident(f.path)] for f in task[1]]
     blob = json.dumps([task[0], ident, version], sort_keys=True, default=str)
@@ -443,7 +447,10 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
         det = None  # each worker loads its own
     parts_dir = Path(out_dir, ".parts")
     parts_dir.mkdir(parents=True, exist_ok=True)
-    names = [task_name(t, version) for t in tasks]
+    # each shard's and Parquet file's bytes hashed once: what names its part, and the table's
+    # source_sha256 (``kept_scores.source_digests``)
+    digests = {_task_input(t): source_digest(_task_input(t)) for t in tasks if t[0] in ("shard", "parquet")}
+    names = [task_name(t, version, digests.get(_task_input(t), (None, ""))[1]) for t in tasks]
     parts: list[dict | None] = [_part_of(t, _load_part(parts_dir / f"{n}.npz"))
                                 if (parts_dir / f"{n}.npz").exists() else None
                                 for t, n in zip(tasks, names)]
@@ -475,6 +482,7 @@ def describe_inputs(inputs: Sequence[str], out_dir: str | Path, *, workers: int 
     # the later passes read only a part's keys: its fingerprints are in ``merged`` (at 1,000,000
     # images the thumbnails alone are about 1 GB, held once)
     merged["tasks"] = [(t, n, {"key": p["key"]}) for p, t, n in zip(parts, tasks, names) if p is not None]
+    merged["digests"] = digests
     return merged, failures, reused
 
 
@@ -709,16 +717,61 @@ def larger_equal_copy(best: int, p: np.ndarray, tiers: np.ndarray, pixels: np.nd
     return int(cand[np.lexsort((p[cand], -pixels[cand]))[0]])
 
 
+class DedupBusy(CollapseguardError):
+    """Another dedup run holds the output folder."""
+
+
+#: what a run writes into its output folder (the parts aside): removed when a run starts, so that
+#: a run that stops leaves no table, summary or gallery of an earlier run beside its parts
+OUTPUTS = ("groups.parquet", "summary.json", "groups.html")
+
+
+@contextlib.contextmanager
+def out_lock(out_dir: Path):
+    """Hold ``<out>/.lock`` (``flock``) for a run: a second run on the same folder is refused at
+    once instead of writing a table and a summary of other inputs over the first's."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "a") as fh:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no lock
+            yield
+            return
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DedupBusy(f"another dedup run is writing {printable(str(out_dir))} (its .lock is held): "
+                            "wait for it, or choose another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,
               level: float | None = None, params: GroupingParams = GroupingParams(),
               weights: str | None = None, detector_obj=None, engine: str = "local",
-              image_column: str | None = None, threads: int | None = 1) -> dict:
+              image_column: str | None = None, threads: int | None = 1, fresh: bool = False) -> dict:
     """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary,
     with ``parts_reused`` and the wall ``seconds`` of each pass (``fingerprint``, ``group``,
     ``describe``, ``decide``), which the file leaves out (its bytes depend only on the inputs).
     ``threads``: torch's CPU threads for the comparator in this process (``workers`` 1; None:
     torch's own setting). Worker processes serve both passes (one pool, started once; a worker
-    loads the comparator when its first grouped image comes)."""
+    loads the comparator when its first grouped image comes). The run holds ``out_dir``'s lock
+    (``out_lock``) and first removes an earlier run's ``OUTPUTS``; ``fresh`` also its parts."""
+    out_dir = Path(out_dir)
+    with out_lock(out_dir):
+        if fresh:
+            clear_parts(out_dir)
+        for name in OUTPUTS:
+            (out_dir / name).unlink(missing_ok=True)
+        return _run_dedup_locked(inputs, out_dir, workers=workers, quiet=quiet, level=level, params=params,
+                                 weights=weights, detector_obj=detector_obj, engine=engine,
+                                 image_column=image_column, threads=threads)
+
+
+def _run_dedup_locked(inputs, out_dir: Path, *, workers, quiet, level, params, weights, detector_obj,
+                      engine, image_column, threads) -> dict:
     runner = LocalEngine(workers, keep_pool=True) if engine == "local" and workers > 1 else None
     try:
         return _run_dedup(inputs, out_dir, workers=workers, quiet=quiet, level=level, params=params,
@@ -884,4 +937,4 @@ def shared_stems(table: str) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in sorted(by.items()) if len(v) > 1}
 
 
-__all__ = ["OUTPUT_COLUMNS", "clear_parts", "shared_stems", "decide_groups", "describe_inputs", "run_dedup"]
+__all__ = ["OUTPUT_COLUMNS", "OUTPUTS", "DedupBusy", "clear_parts", "out_lock", "shared_stems", "decide_groups", "describe_inputs", "run_dedup"]

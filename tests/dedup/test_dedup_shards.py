@@ -461,3 +461,63 @@ def test_inputs_that_share_a_stem_are_warned_about(dedup_shards, tmp_path):
     assert "warning: 1 stem(s) name more than one input (e.g. shard-a" in res.output, res.output
     res = run_cli(["dedup", *dedup_shards, "--out", tmp_path / "out2", "-q"])
     assert "stem(s) name more than one input" not in res.output
+
+
+def test_a_shard_rewritten_in_place_with_its_size_and_time_kept_is_read_again(photos, tmp_path):
+    """A kept part is named by its shard's bytes, not only its size and modification time: a shard
+    whose image was garbled in place, with the time put back, is fingerprinted again, so the
+    resumed table is a fresh run's (the garbled copy no longer grouped with its JPEG) and its
+    source_sha256 is the bytes the decisions were made from."""
+    import hashlib
+    import tarfile
+
+    from cg_testutil import add_member
+
+    from collapseguard.images import encode_jpeg
+
+    shard = tmp_path / "in" / "m-000.tar"
+    shard.parent.mkdir()
+    with tarfile.open(shard, "w") as tf:
+        for i, p in enumerate(photos[:2]):
+            add_member(tf, f"p{i}_q95.jpg", encode_jpeg(p, 95))
+            add_member(tf, f"p{i}_q80.jpg", encode_jpeg(p, 80))
+    run_cli(["dedup", shard.parent, "--out", tmp_path / "dd", "-w", "1", "-q"])
+    before = pq.read_table(tmp_path / "dd" / "groups.parquet").to_pandas().set_index("key")
+    assert before.loc["p0_q95", "group"] and before.loc["p0_q95", "group"] == before.loc["p0_q80", "group"]
+    st = os.stat(shard)
+    with tarfile.open(shard) as tf:
+        m = tf.getmember("p0_q95.jpg")
+        offset, size = m.offset_data, m.size
+    with open(shard, "r+b") as fh:  # the middle third of one JPEG's bytes overwritten
+        fh.seek(offset + size // 3)
+        fh.write(b"\x55" * (size // 3))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    run_cli(["dedup", shard.parent, "--out", tmp_path / "dd", "-w", "1", "-q"])
+    run_cli(["dedup", shard.parent, "--out", tmp_path / "fresh", "-w", "1", "-q"])
+    resumed = pq.read_table(tmp_path / "dd" / "groups.parquet").to_pandas()
+    fresh = pq.read_table(tmp_path / "fresh" / "groups.parquet").to_pandas()
+    cols = ["key", "group", "rank", "decision", "reason", "source_sha256"]
+    assert resumed[cols].equals(fresh[cols])
+    assert set(resumed["source_sha256"]) == {hashlib.sha256(shard.read_bytes()).hexdigest()}
+    after = resumed.set_index("key")
+    assert not (after.loc["p0_q95", "group"] and after.loc["p0_q95", "group"] == after.loc["p0_q80", "group"])
+
+
+def test_a_second_run_on_a_held_out_folder_is_refused_and_a_run_leaves_no_earlier_outputs(dedup_shards, tmp_path):
+    """While a run holds OUT/.lock another dedup into OUT is refused at once, touching nothing (two
+    runs used to both report success, the table of one beside the summary of the other); a run
+    that goes ahead first removes the earlier run's table, summary and gallery, so a gallery of
+    another table never stays beside a new one."""
+    import fcntl
+
+    out = tmp_path / "dd"
+    run_cli(["dedup", *dedup_shards, "--out", out, "--gallery", "2", "-w", "1", "-q"])
+    before = {n: (out / n).read_bytes() for n in ("groups.parquet", "summary.json", "groups.html")}
+    with open(out / ".lock", "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = run_cli(["dedup", dedup_shards[0], "--out", out, "-w", "1", "-q"], expect=1)
+        assert "another dedup run is writing" in res.output
+        assert {n: (out / n).read_bytes() for n in before} == before
+    run_cli(["dedup", dedup_shards[0], "--out", out, "-w", "1", "-q"])
+    assert not (out / "groups.html").exists()
+    assert set(pq.read_table(out / "groups.parquet").column("shard").to_pylist()) == {"shard-a"}
