@@ -730,6 +730,10 @@ OUTPUTS = ("groups.parquet", "summary.json", "groups.html")
 def out_lock(out_dir: Path):
     """Hold ``<out>/.lock`` (``flock``) for a run: a second run on the same folder is refused at
     once instead of writing a table and a summary of other inputs over the first's."""
+    if out_dir.is_symlink() and not out_dir.exists():  # mkdir would say only "File exists"
+        import errno
+        import os
+        raise FileNotFoundError(errno.ENOENT, f"it is a broken link (to {printable(os.readlink(out_dir))})")
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".lock", "a") as fh:
         try:

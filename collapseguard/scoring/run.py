@@ -22,6 +22,7 @@ from collapseguard.io.inputs import (
     unique_inputs,
 )
 from collapseguard.io.tar import ShardReader
+from collapseguard.io.terminal import printable
 from collapseguard.io.urls import read_bytes
 from collapseguard.scoring.progress import count_samples, progress_bar
 from collapseguard.scoring.records import sample_error, score_records, set_aside_reason
@@ -39,8 +40,21 @@ def _file_members(f: ImageFile, read_errors: dict[str, str] | None = None) -> li
         return [(f.path, read_bytes(f.path))]
     except OSError as exc:  # unreadable: empty bytes (a decode error), and the real reason kept
         if read_errors is not None:
-            read_errors[f.path] = f"cannot read the file: {exc.strerror or exc}"
+            read_errors[f.path] = f"cannot read the file: {_why_unreadable(f.path, exc)}"
         return [(f.path, b"")]
+
+
+def _why_unreadable(path: str, exc: OSError) -> str:
+    """The OS's reason, or that the file is a link to nothing (named: the table's row names the
+    link, not where it leads)."""
+    import os
+
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        try:
+            return f"a broken link (to {printable(os.readlink(path))})"
+        except OSError:
+            return "a broken link"
+    return str(exc.strerror or exc)
 
 
 def _selected(samples, source: str, select):

@@ -521,3 +521,10 @@ def test_a_second_run_on_a_held_out_folder_is_refused_and_a_run_leaves_no_earlie
     run_cli(["dedup", dedup_shards[0], "--out", out, "-w", "1", "-q"])
     assert not (out / "groups.html").exists()
     assert set(pq.read_table(out / "groups.parquet").column("shard").to_pylist()) == {"shard-a"}
+
+
+def test_an_out_that_is_a_broken_link_is_named_so(dedup_shards, tmp_path):
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "no" / "such" / "folder")
+    res = run_cli(["dedup", dedup_shards[0], "--out", link, "-w", "1", "-q"], expect=1)
+    assert f"cannot write {link}: it is a broken link (to {tmp_path / 'no' / 'such' / 'folder'})" in res.output

@@ -419,7 +419,7 @@ def test_score_names_the_os_error_of_a_file_it_cannot_read(tmp_path, photos):
     run_cli(["score", d, "--out", tmp_path / "s.csv", "-d", "nss", "-q"])
     rows = pd.read_csv(tmp_path / "s.csv").set_index("key")
     assert np.isfinite(rows.loc["ok.png", "score"]) and np.isnan(rows.loc["gone.png", "score"])
-    assert "cannot read the file: No such file or directory" in rows.loc["gone.png", "error"]
+    assert f"cannot read the file: a broken link (to {tmp_path / 'missing.png'})" in rows.loc["gone.png", "error"]
 
 
 def test_files_named_like_urls_in_the_current_folder_are_read_as_files(tmp_path, photos, monkeypatch):
