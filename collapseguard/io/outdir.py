@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from collapseguard.io.terminal import printable
-from collapseguard.io.urls import filesystem, is_fsspec, join, local_path
+from collapseguard.io.urls import filesystem, is_fsspec, join, local_path, store_call
 
 
 def digest_stream(f) -> dict:
@@ -164,7 +164,8 @@ class ObjectOutDir:
         return str(staged)
 
     def commit(self, staged: str, name: str) -> None:
-        self.fs.put_file(staged, self._key(name))  # one whole-object upload
+        with store_call(self.url(name)):
+            self.fs.put_file(staged, self._key(name))  # one whole-object upload
         self.discard(staged)
 
     def discard(self, staged: str) -> None:
@@ -174,16 +175,19 @@ class ObjectOutDir:
 
     def read_text(self, name: str) -> str | None:
         try:
-            return self.fs.cat_file(self._key(name)).decode("utf-8")
+            with store_call(self.url(name)):
+                return self.fs.cat_file(self._key(name)).decode("utf-8")
         except (FileNotFoundError, UnicodeDecodeError):
             return None
 
     def write_text(self, name: str, text: str) -> None:
-        self.fs.pipe_file(self._key(name), text.encode("utf-8"))
+        with store_call(self.url(name)):
+            self.fs.pipe_file(self._key(name), text.encode("utf-8"))
 
     def size(self, name: str) -> int | None:
         try:
-            info = self.fs.info(self._key(name))
+            with store_call(self.url(name)):
+                info = self.fs.info(self._key(name))
         except FileNotFoundError:
             return None
         return info.get("size") if info.get("type", "file") == "file" else None
@@ -191,15 +195,16 @@ class ObjectOutDir:
     def digest(self, name: str) -> dict | None:
         if self.size(name) is None:
             return None
-        with self.fs.open(self._key(name), "rb") as f:
+        with store_call(self.url(name)), self.fs.open(self._key(name), "rb") as f:
             return digest_stream(f)
 
     def remove(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError), store_call(self.url(name)):
             self.fs.rm_file(self._key(name))
 
     def open_read(self, name: str):
-        return self.fs.open(self._key(name), "rb")
+        with store_call(self.url(name)):
+            return self.fs.open(self._key(name), "rb")
 
     def read_table(self, name: str, columns: list[str]):
         """Columns of the Parquet output ``name``, from its bytes read whole (see the local
@@ -207,7 +212,7 @@ class ObjectOutDir:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with self.open_read(name) as f:
+        with store_call(self.url(name)), self.open_read(name) as f:
             data = f.read()
         return pq.read_table(pa.BufferReader(data), columns=columns, use_threads=False, pre_buffer=False)
 
@@ -227,8 +232,12 @@ class ObjectOutDir:
         try:
             yield run_id
         finally:
-            if (self.read_text(".lock") or "").strip() == run_id:
-                self.remove(".lock")
+            try:
+                if (self.read_text(".lock") or "").strip() == run_id:
+                    self.remove(".lock")
+            except OSError as exc:  # the store went away: the run's own error says what failed
+                print(f"note: could not remove {printable(self.url('.lock'))} ({printable(exc)}); the next "
+                      "run takes over from it", file=sys.stderr)
 
 
 def out_dir(root: str) -> LocalOutDir | ObjectOutDir:

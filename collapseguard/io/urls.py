@@ -34,6 +34,8 @@ a ``URLError``. Only a 404 (or a store's "not found") is a ``FileNotFoundError``
 
 from __future__ import annotations
 
+import contextlib
+
 import errno
 import io
 import os
@@ -340,6 +342,17 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         return ()
     return (BotoCoreError,)
+
+
+@contextlib.contextmanager
+def store_call(name: str):
+    """Run an object store's call: its failures on the way (a store that cannot be reached or
+    died, no credentials, a timeout) come out as ``NetworkError`` naming ``name``, an OSError as
+    every reader and writer of outputs expects, not botocore's or aiohttp's own exceptions."""
+    try:
+        yield
+    except _network_errors() + _store_errors() as exc:
+        raise _open_failed(name, exc) from None
 
 
 class _NetworkStream:

@@ -576,3 +576,17 @@ def test_an_s3_store_that_cannot_be_used_is_one_line_and_the_other_inputs_go_on(
             assert "Traceback" not in res.output and "s3://data/set/" in res.output
             assert len(pd.read_csv(out)) == 1  # the local image is scored
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_an_s3_out_that_cannot_be_reached_is_one_line(tmp_path, s3, shards, monkeypatch):
+    """Writing to a store that cannot be reached (or that dies mid-run: every output call goes
+    through ``urls.store_call``) is one line naming the object, not a botocore traceback."""
+    import s3fs
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    res = run_cli(["filter", shards / "shard-0.tar", "-o", "s3://out/dead", "-d", "nss", "--threshold", "1",
+                   "-w", "1", "-q"], expect=1)
+    assert "Traceback" not in res.output
+    assert "cannot write to --out s3://out/dead: s3://out/dead/.write-test: the server cannot be reached" in res.output
+    s3fs.S3FileSystem.clear_instance_cache()
