@@ -45,21 +45,51 @@ class CommandError(click.ClickException):
         click.echo(f"collapseguard: error: {printable(self.format_message())}", file=file, err=True)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, ``kill``), taken as Ctrl-C is: every command's interrupt path runs
+    (parts and checkpoints kept, labels flushed, how to resume said), then exit status 143."""
+
+
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM raise ``Terminated`` in this process (the main thread). A process forked from
+    it (a worker pool's) dies of SIGTERM as it would have, whatever it inherited; the engine's
+    own workers set their own handler."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    parent = os.getpid()
+
+    def terminated(signum, frame):
+        if os.getpid() != parent:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use, and the one place where errors
     become one line."""
 
     def invoke(self, ctx):
+        _stop_on_sigterm()
         try:
             return super().invoke(ctx)
         except CollapseguardError as exc:
             raise CommandError(str(exc)) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             # an engine may need to end the process its own way (the Ray engine, while Ray is
             # initialised here: os._exit(1)); none can have run when the engines were not loaded
             engines = sys.modules.get("collapseguard.engines.local")
             if engines is not None:
                 engines.on_interrupt()
+            if isinstance(exc, Terminated):
+                sys.exit(143)  # 128 + SIGTERM, as for a process the signal ended
             raise
         except ImportError as exc:  # an optional extra this command needs is not installed
             missing = missing_extra(exc, f"`collapseguard {ctx.invoked_subcommand}`"

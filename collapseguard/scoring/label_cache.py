@@ -158,9 +158,10 @@ def label_images(
         items: image paths, encoded image bytes, or mappings with ``path`` and/or ``data``.
         cache_path: ``.parquet`` (default) or ``.csv`` file; created if missing, rewritten
             atomically every ``flush_every`` new labels, at least every ``flush_seconds`` while
-            new labels come, and at the end: a run stopped by Ctrl-C or an error loses none, one
-            killed outright (SIGKILL, or SIGTERM, which skips the final write) at most that
-            many or that long of a slow teacher's work.
+            new labels come, and at the end: a run stopped by Ctrl-C or an error (or SIGTERM, which
+            the command line takes as Ctrl-C) loses none, one killed outright (SIGKILL, or SIGTERM
+            outside the command line, which skips the final write) at most that many or that
+            long of a slow teacher's work.
         batch_size: images per ``score_detailed`` call (default: the detector's ``batch_size``).
         retry_nan: re-score images whose cached status is ``nan``.
         progress: called with the number of items handled since the last call (e.g. tqdm.update).

@@ -138,9 +138,11 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
 
 
-def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path):
-    """Interrupted (SIGINT, as Ctrl-C sends), dedup says where its work is kept and how to resume,
-    as filter does, instead of click's bare "Aborted!"."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path, sig):
+    """Interrupted (SIGINT, as Ctrl-C sends, or SIGTERM, as a job scheduler sends), dedup says
+    where its work is kept and how to resume, as filter does, instead of click's bare "Aborted!"
+    or (SIGTERM) dying without a word; SIGTERM's exit status is 143, as a process it ended."""
     out = tmp_path / "interrupted"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
@@ -153,10 +155,12 @@ def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path):
             break
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before it was interrupted"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and not (out / "groups.parquet").exists()
     assert "interrupted:" in err and "run the same command again to resume" in err, err
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143 and "Traceback" not in err, err
 
 
 def _members(folder: Path) -> Counter:
