@@ -162,6 +162,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if detector_name is not None and detector_name != det_name:
             _same_detector_or_fail(detector_name, det_name, det_version, from_scores)
         sources.append(f"scores table {from_scores}")
+        sources += _clean_folders_of(table)
     else:
         if chains_dir is None and not clean_dirs:
             raise click.UsageError("give --chains DIR, --clean DIR (repeatable) or both, or --from-scores")
@@ -289,3 +290,15 @@ def _same_detector_or_fail(asked: str, name: str, version: str, table) -> None:
     if detector.name.split(":", 1)[0] != name.split(":", 1)[0] or str(detector.version) != version:
         raise click.ClickException(f"{table} holds scores of {name}@{version}, not of {asked} "
                                    f"({detector.name}@{detector.version})")
+
+
+def _clean_folders_of(table, shown: int = 5) -> list[str]:
+    """What ``clean_sources`` says of a scores table's clean images: the folders (or shards)
+    they were read from, as the run that scored them named them."""
+    import os
+
+    paths = table.loc[table["kind"] == "clean", "path"].astype(str)
+    folders = sorted({os.path.dirname(p.split("#", 1)[0]) or "." for p in paths})
+    more = f" and {len(folders) - shown} more" if len(folders) > shown else ""
+    return [f"clean images {', '.join(folders[:shown])}{more} (from the scores table)"] if folders else []
+

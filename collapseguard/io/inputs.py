@@ -96,7 +96,7 @@ def unread_text(unread: list[tuple[str, str]], consequence: str, shown: int = 5)
 def failed_text(failed: list[tuple[str, str]], consequence: str, shown: int = 5) -> str:
     """One line naming the URL inputs that could not be listed (``expand``'s ``failed``: each
     ``why`` names its URL) and what that costs."""
-    return f"cannot list: {first_of([printable(why) for _, why in failed], shown)}; {consequence}"
+    return f"cannot read: {first_of([printable(why) for _, why in failed], shown)}; {consequence}"
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,11 @@ def test_per_kind_from_scores_needs_no_rescoring(two_kinds, tmp_path):
                                     "--max-false-drop", "0.2", "--confidence", "0.8", "--holdout", "0",
                                     "--no-plot", "--out", str(tmp_path / "again.json")])
     assert res.exit_code == 0, res.output
-    assert load_calibration(tmp_path / "again.json").threshold == cal.threshold
+    again = load_calibration(tmp_path / "again.json")
+    assert again.threshold == cal.threshold
+    # the clean folders the table's images came from, not only the table's own name
+    assert [s for s in again.clean_sources if s.startswith("clean images")] == [
+        f"clean images {two_kinds / 'grainy'}, {two_kinds / 'photos'} (from the scores table)"]
 
 
 def test_per_kind_refuses_a_kind_too_small_for_the_guarantee(two_kinds, tmp_path):
