@@ -141,18 +141,41 @@ def colour_variants(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
     return min(_changed_cells(a, b, c) for c in casts) >= need
 
 
-def split_colour_variants(members: np.ndarray, layout: np.ndarray, framed_apart) -> list[np.ndarray]:
-    """``members`` (rows of one group) cut into sets of copies of one picture's colours: each
-    member joins the first set whose first member it is no colour variant of, or starts a set.
-    ``framed_apart(rows, to)`` tells members framed differently from ``to`` (a crop of it, or it
-    of them: their layouts' cells do not lie on the same places), which join any set."""
+def has_colour(layout: np.ndarray) -> bool:
+    """Does a ``colour_layout`` hold a colour anywhere (a cell of ``HUE_CHROMA`` or more)?"""
+    return bool(np.linalg.norm(np.asarray(layout, np.float64).reshape(-1, 2) * 2, axis=1).max() >= HUE_CHROMA)
+
+
+def split_colour_variants(members: np.ndarray, layout: np.ndarray, framed_apart,
+                          crop: np.ndarray | None = None) -> list[np.ndarray]:
+    """``members`` (rows of one group) cut into sets of copies of one picture's colours. Sets are
+    started only by members that hold a colour and are no crop of another member (``crop``, a
+    mask over ``members``), in row order: each joins the first set whose first member it is no
+    colour variant of, or starts one. Then every other member (one without colour, whose case the
+    lost-colour rule decides, or a crop) joins the first set whose first member is framed as it
+    is (``framed_apart(rows, to)`` False) and that it is no colour variant of; one with colour
+    that is a variant of every such set starts its own, and one framed apart from every set's
+    first member joins the largest set (a crop's layout cells do not lie where its original's
+    do). Which row comes first does not decide whether a group is cut."""
+    crop = np.zeros(len(members), bool) if crop is None else np.asarray(crop, bool)
+    seeds = [j for j, m in enumerate(members) if not crop[j] and has_colour(layout[m])]
     sets: list[list[int]] = []
-    for m in members:
+    for j in seeds:
+        m = members[j]
         for s in sets:
-            first = s[0]
-            if framed_apart(np.array([m]), first)[0] or not colour_variants(layout[first], layout[m]):
+            if not colour_variants(layout[s[0]], layout[m]):
                 s.append(m)
                 break
         else:
             sets.append([m])
-    return [np.array(s, dtype=members.dtype) for s in sets]
+    for j in (j for j in range(len(members)) if j not in set(seeds)):
+        m = members[j]
+        alike = [s for s in sets if not framed_apart(np.array([m]), s[0])[0]]
+        home = next((s for s in alike if not colour_variants(layout[s[0]], layout[m])), None)
+        if home is not None:
+            home.append(m)
+        elif (alike and has_colour(layout[m])) or not sets:  # a variant of every set it can be read against
+            sets.append([m])
+        else:  # framed apart from every set's first member: its colours cannot be read against them
+            max(sets, key=len).append(m)
+    return [np.array(sorted(s), dtype=members.dtype) for s in sets]

@@ -602,7 +602,8 @@ def split_colour_groups(desc: dict, labels: np.ndarray) -> tuple[np.ndarray, np.
     thumbs, wthumbs = desc["thumb"], desc.get("wthumb")
     for members in np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if order.size else []:
         sets = split_colour_variants(members, desc["layout"],
-                                     lambda rows, to: framed_apart(thumbs, wthumbs, rows, to))
+                                     lambda rows, to: framed_apart(thumbs, wthumbs, rows, to),
+                                     narrower(thumbs, wthumbs, members))
         if len(sets) == 1:
             continue
         for s in sets:
