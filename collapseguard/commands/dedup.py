@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -74,21 +75,22 @@ def dedup(paths, out, level, max_distance, min_corr, min_medoid_corr, gallery, f
     plan_score_tasks(paths, None, [], image_column=image_column)  # inputs that name nothing fail at once
     params = GroupingParams(max_distance=max_distance, min_corr=min_corr,
                             min_medoid_corr=min_medoid_corr)
+    from collapseguard.dedup.run import out_lock, shared_stems
     try:
-        summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params,
-                            engine=engine, image_column=image_column, fresh=fresh)
+        with out_lock(Path(out)):  # the gallery and the stem check read the table this run wrote
+            summary = run_dedup(paths, out, workers=workers, quiet=quiet, level=level, params=params,
+                                engine=engine, image_column=image_column, fresh=fresh, lock=False)
+            if gallery:
+                from collapseguard.dedup.gallery import write_gallery
+                write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery, image_column)
+            shared = shared_stems(os.path.join(out, "groups.parquet"))
     except OSError as exc:
         raise click.ClickException(f"cannot write {out}: {exc.strerror or exc}") from None
-    if gallery:
-        from collapseguard.dedup.gallery import write_gallery
-        write_gallery(f"{out}/groups.parquet", f"{out}/groups.html", gallery, image_column)
     d = summary["decisions"]
     bad = summary["reasons"].get("not_fingerprinted", 0)  # singles with no decodable image
     unreadable = f" ({bad} not decodable: reason not_fingerprinted, error in the table)" if bad else ""
     for f in summary["failures"]:
         click.echo(f"FAILED {printable(f.splitlines()[0])}", err=True)
-    from collapseguard.dedup.run import shared_stems
-    shared = shared_stems(os.path.join(out, "groups.parquet"))
     if shared:  # filter matches a table's rows by stem: such inputs cannot be filtered together
         stem, names = next(iter(shared.items()))
         click.echo(f"warning: {len(shared)} stem(s) name more than one input (e.g. {printable(stem)}: "

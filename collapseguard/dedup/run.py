@@ -756,16 +756,18 @@ def out_lock(out_dir: Path):
 def run_dedup(inputs: Sequence[str], out_dir: str | Path, *, workers: int = 1, quiet: bool = False,
               level: float | None = None, params: GroupingParams = GroupingParams(),
               weights: str | None = None, detector_obj=None, engine: str = "local",
-              image_column: str | None = None, threads: int | None = 1, fresh: bool = False) -> dict:
+              image_column: str | None = None, threads: int | None = 1, fresh: bool = False,
+              lock: bool = True) -> dict:
     """Group, rank and decide; writes ``groups.parquet`` and ``summary.json``; returns the summary,
     with ``parts_reused`` and the wall ``seconds`` of each pass (``fingerprint``, ``group``,
     ``describe``, ``decide``), which the file leaves out (its bytes depend only on the inputs).
     ``threads``: torch's CPU threads for the comparator in this process (``workers`` 1; None:
     torch's own setting). Worker processes serve both passes (one pool, started once; a worker
     loads the comparator when its first grouped image comes). The run holds ``out_dir``'s lock
-    (``out_lock``) and first removes an earlier run's ``OUTPUTS``; ``fresh`` also its parts."""
+    (``out_lock``; ``lock=False``: the caller holds it, to write the gallery under it too) and
+    first removes an earlier run's ``OUTPUTS``; ``fresh`` also its parts."""
     out_dir = Path(out_dir)
-    with out_lock(out_dir):
+    with (out_lock(out_dir) if lock else contextlib.nullcontext()):
         if fresh:
             clear_parts(out_dir)
         for name in OUTPUTS:
