@@ -50,16 +50,20 @@ class Terminated(KeyboardInterrupt):
     (parts and checkpoints kept, labels flushed, how to resume said), then exit status 143."""
 
 
-def _stop_on_sigterm() -> None:
-    """Make SIGTERM raise ``Terminated`` in this process (the main thread). A process forked from
-    it (a worker pool's) dies of SIGTERM as it would have, whatever it inherited; the engine's
-    own workers set their own handler."""
+def _stop_on_sigterm():
+    """Make SIGTERM raise ``Terminated`` in this process (the main thread) and pass it on to this
+    process's worker processes, which a ``kill PID`` (docker, a job scheduler) does not reach:
+    the engine's workers stop their tasks on it and clean up (``engines.local``), so the parent
+    is not left waiting for whole shards. A process forked from this one dies of SIGTERM as it
+    would have, whatever it inherited. Returns the handler it replaced (None: none set, not the
+    main thread), for ``invoke`` to put back."""
+    import multiprocessing
     import os
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return
+        return None
     parent = os.getpid()
 
     def terminated(signum, frame):
@@ -67,9 +71,14 @@ def _stop_on_sigterm() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        for child in multiprocessing.active_children():
+            try:
+                os.kill(child.pid, signal.SIGTERM)
+            except (OSError, TypeError):  # gone already, or not started
+                pass
         raise Terminated()
 
-    signal.signal(signal.SIGTERM, terminated)
+    return signal.signal(signal.SIGTERM, terminated)
 
 
 class LazyGroup(click.Group):
@@ -77,7 +86,7 @@ class LazyGroup(click.Group):
     become one line."""
 
     def invoke(self, ctx):
-        _stop_on_sigterm()
+        before = _stop_on_sigterm()
         try:
             return super().invoke(ctx)
         except CollapseguardError as exc:
@@ -101,6 +110,10 @@ class LazyGroup(click.Group):
             if type(exc) is click.ClickException:  # a command's own one-line failure
                 raise CommandError(exc.format_message()) from None
             raise
+        finally:
+            if before is not None:  # a caller running the command in its own process keeps its own
+                import signal
+                signal.signal(signal.SIGTERM, before)
 
     def list_commands(self, ctx):
         names = [n for n, target in COMMANDS.items()

@@ -119,7 +119,7 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "dedup",
-           *map(str, dedup_shards), "--out", str(out), "-q", "-w", "1"]
+           *map(str, dedup_shards), "--out", str(out), "-q", "-w", str(workers)]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.time() + 240
     # killed once the grouped images are being described (every shard fingerprinted): the
@@ -138,8 +138,8 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
         assert (out / name).read_bytes() == (deduped / name).read_bytes()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path, sig):
+@pytest.mark.parametrize("sig, workers", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
+def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path, sig, workers):
     """Interrupted (SIGINT, as Ctrl-C sends, or SIGTERM, as a job scheduler sends), dedup says
     where its work is kept and how to resume, as filter does, instead of click's bare "Aborted!"
     or (SIGTERM) dying without a word; SIGTERM's exit status is 143, as a process it ended."""
@@ -147,7 +147,7 @@ def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path, sig):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "dedup",
-           *map(str, dedup_shards), "--out", str(out), "-q", "-w", "1"]
+           *map(str, dedup_shards), "--out", str(out), "-q", "-w", str(workers)]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -156,11 +156,13 @@ def test_ctrl_c_says_how_to_resume(dedup_shards, tmp_path, sig):
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before it was interrupted"
     proc.send_signal(sig)
+    sent = time.time()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and not (out / "groups.parquet").exists()
     assert "interrupted:" in err and "run the same command again to resume" in err, err
-    if sig == signal.SIGTERM:
+    if sig == signal.SIGTERM:  # sent to the parent alone (kill PID), its workers too stop at once
         assert proc.returncode == 143 and "Traceback" not in err, err
+        assert time.time() - sent < 30
 
 
 def _members(folder: Path) -> Counter:
