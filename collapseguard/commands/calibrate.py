@@ -293,8 +293,9 @@ def _same_detector_or_fail(asked: str, name: str, version: str, table) -> None:
 
 
 def _clean_folders_of(table, shown: int = 5) -> list[str]:
-    """What ``clean_sources`` says of a scores table's clean images: the folders (or shards)
-    they were read from, as the run that scored them named them."""
+    """What ``clean_sources`` says of a scores table's clean images: the folders holding them
+    (each image's own: a nested clean tree names each subfolder; a shard member's, its shard's),
+    the first ``shown`` and how many more."""
     import os
 
     paths = table.loc[table["kind"] == "clean", "path"].astype(str)

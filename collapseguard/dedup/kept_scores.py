@@ -71,12 +71,12 @@ def source_digest(source: str) -> tuple[int | None, str]:
     """``(size, SHA-256)`` of a shard or Parquet file's bytes; ``(None, "")`` for a source that
     cannot be read again as bytes (a ``pipe:`` command) or cannot be read."""
     from collapseguard.io.outdir import digest_stream
-    from collapseguard.io.urls import open_stream, scheme
+    from collapseguard.io.urls import open_stream, scheme, store_call
 
     if scheme(source) == "pipe":
         return None, ""
-    try:
-        with open_stream(source, allow_pipe=False) as f:
+    try:  # a store's own errors (botocore's) as OSError: a source that cannot be read, not a traceback
+        with store_call(source), open_stream(source, allow_pipe=False) as f:
             d = digest_stream(f)
         return d["size"], d["sha256"]
     except (OSError, ValueError):

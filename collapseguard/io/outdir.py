@@ -203,6 +203,8 @@ class ObjectOutDir:
             self.fs.rm_file(self._key(name))
 
     def open_read(self, name: str):
+        """The object's stream; its opening's failures are ``NetworkError``s, its reads' are the
+        store's own (a caller reads inside ``urls.store_call``, as ``read_table`` does)."""
         with store_call(self.url(name)):
             return self.fs.open(self._key(name), "rb")
 

@@ -134,6 +134,14 @@ class TrainConfig:
         return asdict(self)
 
 
+def _diverged(it: int, what: str, checkpoint) -> None:
+    """Stop a run whose step ``it`` cannot be taken, before the optimiser moves any weight."""
+    kept = (f"; the checkpoint {checkpoint.path} holds the run as it was at its last save"
+            if checkpoint is not None and checkpoint.path.is_file() else "")
+    raise ValueError(f"training diverged at step {it + 1}: {what}; no weights were written{kept}. Check the "
+                     "inputs' scores (a teacher's labels) and the loss weights (--storage-consistency)")
+
+
 def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Random flips / transposition of (B, K, S, S, 3) crops (same for the whole batch)."""
     r = torch.randint(0, 8, (1,), generator=gen).item()
@@ -419,12 +427,13 @@ def train_net(chains: CropBank | None, clean: CropBank | None, cfg: TrainConfig,
             ramp = (it / cfg.iterations - cfg.consistency_from) / 0.1
             loss = loss + cfg.storage_consistency * min(1.0, max(0.0, ramp)) * cons
         if not torch.isfinite(loss):  # before the step: the weights stay finite, and none are written
-            raise ValueError(f"training diverged at step {it + 1}: the loss is not a finite number (classification "
-                             f"{cls.item():.4g}, ranking {rank.item():.4g}); nothing was written. Check the "
-                             "inputs' scores (a teacher's labels) and the loss weights (--storage-consistency)")
+            _diverged(it, f"the loss is not a finite number (classification {cls.item():.4g}, ranking "
+                      f"{rank.item():.4g})", checkpoint)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+        norm = torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+        if not torch.isfinite(norm):  # a finite loss whose gradients are not: clipping makes NaN weights
+            _diverged(it, "the gradients are not finite numbers", checkpoint)
         opt.step()
         if avg_start is not None and it >= avg_start and ((it + 1) % 50 == 0 or it + 1 == cfg.iterations):
             average.update(net)

@@ -212,5 +212,5 @@ def test_a_run_whose_loss_stops_being_a_number_fails_and_writes_nothing(tmp_path
     out = tmp_path / "w.safetensors"
     res = _train([*data, "--steps", "30", "--storage-consistency", "1e300"], out)
     assert res.exit_code == 1, res.output
-    assert "training diverged at step" in res.output and "nothing was written" in res.output
+    assert "training diverged at step" in res.output and "no weights were written" in res.output
     assert not out.exists() and not out.with_suffix(".json").exists()
