@@ -46,10 +46,13 @@ def test_every_domain_error_derives_from_the_base_and_keeps_its_other_base():
                        "collapseguard.cli.CommandError",  # click's exception that prints them
                        # a signal's unwinding, not an error: a BaseException, so that no
                        # `except Exception` (a per-image decode error, say) can swallow it
-                       "collapseguard.engines.local.WorkerStopped"))
+                       "collapseguard.engines.local.WorkerStopped",
+                       # SIGTERM taken as Ctrl-C: a KeyboardInterrupt, for the same reason
+                       "collapseguard.cli.Terminated"))
     assert not stray, f"not a CollapseguardError: {stray}"
+    from collapseguard.cli import Terminated
     from collapseguard.engines.local import WorkerStopped
-    assert not issubclass(WorkerStopped, Exception)
+    assert not issubclass(WorkerStopped, Exception) and not issubclass(Terminated, Exception)
     by_name = {k.rsplit(".", 1)[-1]: v for k, v in found.items()}
     for name in ("DecodeError", "InputError", "CalibrationError", "ManifestError", "SourceError"):
         assert issubclass(by_name[name], ValueError), name
