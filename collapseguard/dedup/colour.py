@@ -118,14 +118,15 @@ TURN_COS = 0.75
 GONE_SHARE = 0.2
 
 
-def _changed_cells(a: np.ndarray, b: np.ndarray, cast: np.ndarray) -> int:
-    b = b - cast
-    ma, mb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
-    cos = (a * b).sum(axis=1) / (ma * mb + 1e-9)
+def _changed_cells(a: np.ndarray, b: np.ndarray, casts: np.ndarray) -> np.ndarray:
+    """For each cast (C, 2), how many cells of ``b`` less it change colour from ``a``'s."""
+    b = b[None] - casts[:, None]  # (C, cells, 2)
+    ma, mb = np.linalg.norm(a, axis=1)[None], np.linalg.norm(b, axis=2)
+    cos = (a[None] * b).sum(axis=2) / (ma * mb + 1e-9)
     turned = (ma >= HUE_CHROMA) & (mb >= HUE_CHROMA) & (cos < TURN_COS)
     hi, lo = np.maximum(ma, mb), np.minimum(ma, mb)
     gone = (hi >= STRONG_CELL) & (lo < GONE_SHARE * hi)
-    return int((turned | gone).sum())
+    return (turned | gone).sum(axis=1)
 
 
 def colour_variants(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
@@ -136,9 +137,9 @@ def colour_variants(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
     if min(np.linalg.norm(a, axis=1).max(), np.linalg.norm(b, axis=1).max()) < HUE_CHROMA:
         return False  # a copy without colour anywhere: the lost-colour rule's case, not a variant
     d = b - a
-    casts = [c for c in (np.zeros(2), np.median(d, axis=0), *d) if np.hypot(*c) <= MAX_CAST]
-    need = VARIANT_SHARE * len(a)
-    return min(_changed_cells(a, b, c) for c in casts) >= need
+    casts = np.concatenate([np.zeros((1, 2)), np.median(d, axis=0)[None], d])
+    casts = casts[np.hypot(casts[:, 0], casts[:, 1]) <= MAX_CAST]
+    return int(_changed_cells(a, b, casts).min()) >= VARIANT_SHARE * len(a)
 
 
 def has_colour(layout: np.ndarray) -> bool:
