@@ -10,8 +10,9 @@ Pairs, each read through ``pair_features.colour_layout`` as dedup reads a descri
 - harmless or damaged copies of the bundled photos (scikit-image's and scikit-learn's samples):
   cropped 5% and 10% a side, a 3 px Gaussian blur, saturation x0.5 and x1.5, JPEG q10, a green
   tint of 34 and of 67 levels (opponent chroma);
-- colour variants that must part: product shots (one shirt in six colours, every pair), and the
-  photos with their hue turned by 90 and 180 degrees or their red and blue swapped.
+- colour variants that must part: product shots (one shirt in six colours, every pair; a shaded
+  garment in a catalogue's ten colours, every pair, naming the colour pairs not told apart), and
+  the photos with their hue turned by 90 and 180 degrees or their red and blue swapped.
 
 Prints, per kind of pair, how many pairs there are and the share the rule calls colour variants.
 """
@@ -39,6 +40,23 @@ def shirt(colour) -> Image.Image:
     im = Image.new("RGB", (400, 400), "white")
     ImageDraw.Draw(im).polygon(SHIRT, fill=colour, outline=(20, 20, 20))
     return im
+
+
+CATALOG = {"red": (200, 30, 30), "blue": (30, 50, 200), "green": (30, 160, 50), "yellow": (230, 200, 30),
+           "purple": (130, 40, 160), "navy": (20, 25, 80), "pink": (240, 150, 170), "grey": (128, 128, 128),
+           "black": (20, 20, 20), "orange": (240, 120, 20)}
+
+
+def catalog_shot(colour) -> Image.Image:
+    """A shaded garment on white in one colour, as a product catalogue shows each colour."""
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:320, :320]
+    mask = (((xx - 160) / 100) ** 2 + ((yy - 170) / 120) ** 2 < 1) | ((abs(xx - 160) < 150) & (abs(yy - 90) < 30))
+    shade = 0.75 + 0.25 * np.sin(xx / 9.0) * np.cos(yy / 13.0) + 0.05 * rng.normal(size=(320, 320))
+    a = np.full((320, 320, 3), 245.0)
+    for k in range(3):
+        a[..., k] = np.where(mask, np.clip(colour[k] * shade, 0, 255), 245)
+    return Image.fromarray(a.astype(np.uint8))
 
 
 def photos() -> list[Image.Image]:
@@ -89,6 +107,15 @@ def main() -> None:
         calls[kind].append(colour_variants(colour_layout(np.asarray(a.convert("RGB"))),
                                            colour_layout(np.asarray(b.convert("RGB")))))
 
+    names = list(CATALOG)
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            a, b = names[i], names[j]
+            grey = {"grey", "black"} & {a, b}
+            kind = "catalogue pair with grey or black" if grey else "catalogue pair of two colours"
+            pair(f"variant: {kind}", catalog_shot(CATALOG[a]), catalog_shot(CATALOG[b]))
+            if not grey and not calls[f"variant: {kind}"][-1]:
+                calls["  (catalogue colour pairs not told apart: " + f"{a}/{b})"].append(False)
     for i in range(len(COLOURS)):
         for j in range(i + 1, len(COLOURS)):
             pair("variant: shirt in another colour", shirt(COLOURS[i]), shirt(COLOURS[j]))

@@ -102,8 +102,12 @@ def lost_colour(chroma: np.ndarray, coarse: np.ndarray | None = None) -> np.ndar
 # cropped by 5% or 10% a side, blurred, desaturated to 50% or saturated to 150%, or JPEG q10 is;
 # of copies tinted green by 34 and 67 levels, 1 and 6 of 10 are (singles then: nothing lost, one
 # copy fewer found). Of product shots that differ only in a shirt's colour every pair of the
-# five coloured shirts is told apart (a black shirt on white has no colour: the lost-colour rule's
-# case), and 70-90% of photos with hues turned by 90 or 180 degrees or red and blue swapped.
+# five coloured shirts is told apart, 70-90% of photos with hues turned by 90 or 180 degrees or red
+# and blue swapped, and 19 of the 28 pairs of a catalogue's eight colours (a shaded garment):
+# neighbouring hues (red/orange/pink, yellow/orange, blue/purple) and one hue darker (purple/navy)
+# stay together. A grey or black product beside coloured ones has no colour: the lost-colour rule
+# marks it ``degraded_copy`` (a limit: the luma layout that would tell a grey product from a
+# greyscale copy is not read).
 
 #: the share of a layout's cells that must change colour for two copies to be colour variants
 VARIANT_SHARE = 1 / 8
@@ -147,36 +151,32 @@ def has_colour(layout: np.ndarray) -> bool:
     return bool(np.linalg.norm(np.asarray(layout, np.float64).reshape(-1, 2) * 2, axis=1).max() >= HUE_CHROMA)
 
 
-def split_colour_variants(members: np.ndarray, layout: np.ndarray, framed_apart,
-                          crop: np.ndarray | None = None) -> list[np.ndarray]:
-    """``members`` (rows of one group) cut into sets of copies of one picture's colours. Sets are
-    started only by members that hold a colour and are no crop of another member (``crop``, a
-    mask over ``members``), in row order: each joins the first set whose first member it is no
-    colour variant of, or starts one. Then every other member (one without colour, whose case the
-    lost-colour rule decides, or a crop) joins the first set whose first member is framed as it
-    is (``framed_apart(rows, to)`` False) and that it is no colour variant of; one with colour
-    that is a variant of every such set starts its own, and one framed apart from every set's
-    first member joins the largest set (a crop's layout cells do not lie where its original's
-    do). Which row comes first does not decide whether a group is cut."""
-    crop = np.zeros(len(members), bool) if crop is None else np.asarray(crop, bool)
-    seeds = [j for j, m in enumerate(members) if not crop[j] and has_colour(layout[m])]
+#: members of a set a copy is checked against before it joins it (all of a small set)
+SET_CHECK = 16
+
+
+def split_colour_variants(members: np.ndarray, layout: np.ndarray) -> list[np.ndarray]:
+    """``members`` (rows of one group) cut into sets of copies of one picture's colours, none a
+    colour variant of another in its set (of the first ``SET_CHECK`` members of a large set). The
+    copies that hold a colour are placed in an order read from their layouts, not their names or
+    rows (the same data gives the same sets however its files are called): each joins the first
+    set it is no variant of, or starts one. A crop is placed as any copy (cropped by up to 10% a
+    side its cells still read as its original's: ``recipes/colour_variants.py``). A copy without
+    colour anywhere joins the largest set (the lost-colour rule decides it there)."""
+    colourful = [m for m in members if has_colour(layout[m])]
+    colourful.sort(key=lambda m: (layout[m].tobytes(), int(m)))
     sets: list[list[int]] = []
-    for j in seeds:
-        m = members[j]
-        for s in sets:
-            if not colour_variants(layout[s[0]], layout[m]):
-                s.append(m)
-                break
+    for m in colourful:
+        home = next((s for s in sets if not any(colour_variants(layout[o], layout[m]) for o in s[:SET_CHECK])),
+                    None)
+        if home is None:
+            sets.append([m])
         else:
-            sets.append([m])
-    for j in (j for j in range(len(members)) if j not in set(seeds)):
-        m = members[j]
-        alike = [s for s in sets if not framed_apart(np.array([m]), s[0])[0]]
-        home = next((s for s in alike if not colour_variants(layout[s[0]], layout[m])), None)
-        if home is not None:
             home.append(m)
-        elif (alike and has_colour(layout[m])) or not sets:  # a variant of every set it can be read against
-            sets.append([m])
-        else:  # framed apart from every set's first member: its colours cannot be read against them
-            max(sets, key=len).append(m)
+    grey = [m for m in members if not has_colour(layout[m])]
+    if grey:
+        if sets:
+            max(sets, key=lambda s: (len(s), -min(s))).extend(grey)
+        else:
+            sets.append(grey)
     return [np.array(sorted(s), dtype=members.dtype) for s in sets]

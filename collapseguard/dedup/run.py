@@ -599,11 +599,8 @@ def split_colour_groups(desc: dict, labels: np.ndarray) -> tuple[np.ndarray, np.
     cut: list[int] = []
     grouped = np.flatnonzero(labels >= 0)
     order = grouped[np.argsort(labels[grouped], kind="stable")]
-    thumbs, wthumbs = desc["thumb"], desc.get("wthumb")
     for members in np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if order.size else []:
-        sets = split_colour_variants(members, desc["layout"],
-                                     lambda rows, to: framed_apart(thumbs, wthumbs, rows, to),
-                                     narrower(thumbs, wthumbs, members))
+        sets = split_colour_variants(members, desc["layout"])
         if len(sets) == 1:
             continue
         for s in sets:

@@ -353,3 +353,24 @@ def test_colour_variants_of_one_layout_are_other_pictures_and_a_tinted_copy_is_n
     assert g.loc["coffee", "group"] and g.loc["coffee", "group"] == g.loc["coffee_tint", "group"]
     summary = __import__("json").loads((tmp_path / "dd" / "summary.json").read_text())
     assert summary["groups"] == 5 and summary["grouped"] == 11  # the black shirt joins one colour's group
+
+
+def test_colour_sets_do_not_depend_on_row_order_and_hold_no_two_variants():
+    """The same copies in any row order give the same sets (their order is read from the layouts),
+    and no set holds two copies the rule tells apart: red, orange and yellow shirts (red and
+    yellow told apart, orange near both) never end in one set, however the rows are named."""
+    import itertools
+
+    from collapseguard.dedup.colour import colour_variants, split_colour_variants
+    from collapseguard.detectors.pair_features import colour_layout
+
+    colours = [(200, 30, 30), (240, 120, 20), (230, 200, 30), (30, 60, 200), (20, 20, 20)]
+    layout = np.array([colour_layout(np.asarray(_shirt(c))) for c in colours])
+    assert colour_variants(layout[0], layout[2]) and not colour_variants(layout[0], layout[1])
+    seen = set()
+    for perm in itertools.permutations(range(len(colours))):
+        sets = split_colour_variants(np.array(perm), layout)
+        seen.add(frozenset(frozenset(s.tolist()) for s in sets))
+        for s in sets:
+            assert not any(colour_variants(layout[a], layout[b]) for a in s for b in s if a < b)
+    assert len(seen) == 1, seen
