@@ -119,7 +119,7 @@ def test_a_killed_run_resumes_to_the_same_bytes(deduped, dedup_shards, tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-c", "from collapseguard.cli import main; main()", "dedup",
-           *map(str, dedup_shards), "--out", str(out), "-q", "-w", str(workers)]
+           *map(str, dedup_shards), "--out", str(out), "-q", "-w", "1"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.time() + 240
     # killed once the grouped images are being described (every shard fingerprinted): the
