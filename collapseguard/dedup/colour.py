@@ -1,4 +1,5 @@
-"""Colour lost: a monochrome copy never outranks a colour copy of the same picture.
+"""dedup's colour rules: a monochrome copy never outranks a colour copy of the same picture
+(colour lost, here), and one layout in other colours is another picture (colour variants, below).
 
 The comparator reads saturation as one input among five, and a copy with no chroma at all (a
 greyscale or 1-bit dithered copy) looks clean to it: no colour noise, no cast. Losing the colour
