@@ -14,7 +14,9 @@ Pairs, each read through ``pair_features.colour_layout`` as dedup reads a descri
   garment in a catalogue's ten colours, every pair, naming the colour pairs not told apart), and
   the photos with their hue turned by 90 and 180 degrees or their red and blue swapped.
 
-Prints, per kind of pair, how many pairs there are and the share the rule calls colour variants.
+Prints, per kind of pair, how many pairs there are and the share the rule parts: by their colours
+(``colour_variants``) where both copies hold a colour, by their tones (``tones_apart``) where one
+has none; two copies without colour are never parted.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections import defaultdict
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from collapseguard.dedup.colour import colour_variants
+from collapseguard.dedup.colour import colour_variants, has_colour, tones_apart
 from collapseguard.detectors.pair_features import colour_layout
 
 SHIRT = [(120, 80), (170, 60), (230, 60), (280, 80), (340, 140), (300, 170), (280, 150), (280, 340),
@@ -104,8 +106,12 @@ def main() -> None:
     calls: dict[str, list[bool]] = defaultdict(list)
 
     def pair(kind: str, a: Image.Image, b: Image.Image) -> None:
-        calls[kind].append(colour_variants(colour_layout(np.asarray(a.convert("RGB"))),
-                                           colour_layout(np.asarray(b.convert("RGB")))))
+        la, lb = colour_layout(np.asarray(a.convert("RGB"))), colour_layout(np.asarray(b.convert("RGB")))
+        # as ``split_colour_variants`` reads them: two colour copies by their colours, a copy
+        # without colour against a colour copy by their tones, two without colour never apart
+        ca, cb = has_colour(la), has_colour(lb)
+        apart = colour_variants(la, lb) if ca and cb else tones_apart(la, lb) if ca or cb else False
+        calls[kind].append(apart)
 
     names = list(CATALOG)
     for i in range(len(names)):
@@ -129,6 +135,8 @@ def main() -> None:
         pair("copy: saturation x0.5", p, saturation(p, 0.5))
         pair("copy: saturation x1.5", p, saturation(p, 1.5))
         pair("copy: JPEG q10", p, jpeg(p, 10))
+        pair("copy: greyscale (lost colour, decided by that rule)", p, p.convert("L").convert("RGB"))
+        pair("copy: greyscale, 20 levels darker", p, shifted(p.convert("L").convert("RGB"), (-20, -20, -20)))
         pair("copy: green tint 34 levels", p, shifted(p, (-10, 20, -10)))
         pair("copy: green tint 67 levels", p, shifted(p, (-20, 40, -20)))
     if args.eval:

@@ -95,20 +95,20 @@ def lost_colour(chroma: np.ndarray, coarse: np.ndarray | None = None) -> np.ndar
 # of the cells of their ``pair_features.colour_layout`` change colour beyond it: the hue turns
 # by more than acos(``TURN_COS``) (about 41 degrees) where both hold a colour (``HUE_CHROMA``
 # levels or more), or a colour of ``STRONG_CELL`` levels or more falls to under ``GONE_SHARE``
-# of itself (a cell recoloured to grey or black). A copy with no colour anywhere (greyscale) is
-# no variant: that is damage (``lost_colour``, above). Measured by ``recipes/colour_variants.py``:
-# of the evaluation set's chains (15 families, four storages), no step 5 is a colour variant of
-# its step 0, and no step 10 but 6 of 120 of animevideov3's (an anime upscaler whose flat colours
-# drift; they leave the group and are decided on their own); no copy of the bundled photos
-# cropped by 5% or 10% a side, blurred, desaturated to 50% or saturated to 150%, or JPEG q10 is;
-# of copies tinted green by 34 and 67 levels, 1 and 6 of 10 are (singles then: nothing lost, one
-# copy fewer found). Of product shots that differ only in a shirt's colour every pair of the
-# five coloured shirts is told apart, 70-90% of photos with hues turned by 90 or 180 degrees or red
-# and blue swapped, and 19 of the 28 pairs of a catalogue's eight colours (a shaded garment):
-# neighbouring hues (red/orange/pink, yellow/orange, blue/purple) and one hue darker (purple/navy)
-# stay together. A grey or black product beside coloured ones has no colour: the lost-colour rule
-# marks it ``degraded_copy`` (a limit: the luma layout that would tell a grey product from a
-# greyscale copy is not read).
+# of itself (a cell recoloured to grey or black). A copy with no colour anywhere is read by its
+# tones instead: a greyscale copy keeps its original's luma cell by cell (``tones_apart``: none
+# beyond a uniform brightness change) and stays, where the lost-colour rule decides it; a grey or
+# black product beside coloured versions does not. Measured by ``recipes/colour_variants.py``:
+# of the evaluation set's chains (15 families, four storages), no step 5 is a variant of its step
+# 0, and no step 10 but 7 of 120 of animevideov3's (an anime upscaler whose flat colours drift;
+# they leave the group and are decided on their own); no copy of the bundled photos cropped by 5%
+# or 10% a side, blurred, desaturated to 50% or saturated to 150%, JPEG q10 or greyscale (also 20
+# levels darker) is; of copies tinted green by 34 and 67 levels, 1 and 6 of 10 are (singles then:
+# nothing lost, one copy fewer found). A shirt in six colours, black included: every pair parts;
+# photos with hues turned by 90 or 180 degrees or red and blue swapped: 70-90%; a catalogue's
+# garment in ten colours: 19 of 28 pairs of two colours and 12 of 17 pairs with grey or black.
+# Neighbouring hues (red/orange/pink, yellow/orange, blue/purple), one hue darker (purple/navy)
+# and a grey whose tones match a colour's stay together.
 
 #: the share of a layout's cells that must change colour for two copies to be colour variants
 VARIANT_SHARE = 1 / 8
@@ -121,6 +121,9 @@ STRONG_CELL = 60.0
 TURN_COS = 0.75
 #: a strong colour is gone when the other copy keeps under this share of its chroma
 GONE_SHARE = 0.2
+#: a cell's luma differs, beyond the layouts' median difference, by this many levels (of 255)
+#: between two pictures (``tones_apart``)
+LUMA_APART = 24.0
 
 
 def _changed_cells(a: np.ndarray, b: np.ndarray, casts: np.ndarray) -> np.ndarray:
@@ -137,8 +140,7 @@ def _changed_cells(a: np.ndarray, b: np.ndarray, casts: np.ndarray) -> np.ndarra
 def colour_variants(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
     """Are two copies' ``colour_layout``s (int8, halves of levels) those of colour variants of
     one layout rather than of one picture (see above)?"""
-    a = np.asarray(layout_a, np.float64).reshape(-1, 2) * 2
-    b = np.asarray(layout_b, np.float64).reshape(-1, 2) * 2
+    a, b = _chroma(layout_a), _chroma(layout_b)
     if min(np.linalg.norm(a, axis=1).max(), np.linalg.norm(b, axis=1).max()) < HUE_CHROMA:
         return False  # a copy without colour anywhere: the lost-colour rule's case, not a variant
     d = b - a
@@ -149,7 +151,30 @@ def colour_variants(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
 
 def has_colour(layout: np.ndarray) -> bool:
     """Does a ``colour_layout`` hold a colour anywhere (a cell of ``HUE_CHROMA`` or more)?"""
-    return bool(np.linalg.norm(np.asarray(layout, np.float64).reshape(-1, 2) * 2, axis=1).max() >= HUE_CHROMA)
+    return bool(np.linalg.norm(_chroma(layout), axis=1).max() >= HUE_CHROMA)
+
+
+def _chroma(layout: np.ndarray) -> np.ndarray:
+    """A ``colour_layout``'s opponent chroma per cell, (cells, 2), levels of 255."""
+    return np.asarray(layout, np.float64).reshape(-1, 3)[:, 1:] * 2
+
+
+def _luma(layout: np.ndarray) -> np.ndarray:
+    """A ``colour_layout``'s mean luma per cell, levels of 255."""
+    return (np.asarray(layout, np.float64).reshape(-1, 3)[:, 0] + 64) * 2
+
+
+def tones_apart(layout_a: np.ndarray, layout_b: np.ndarray) -> bool:
+    """Do two layouts' tones differ as two pictures' do: beyond the uniform brightness change most
+    cells agree on (the cell difference with the most cells within ``LUMA_APART / 2`` of it), do
+    at least ``VARIANT_SHARE`` of the cells differ in luma by ``LUMA_APART`` levels or more? A
+    greyscale copy keeps its original's luma (BT.601, as the copy's grey is made) and a darker
+    copy moves every cell alike: neither is apart; a grey product beside its red version, whose
+    background agrees and whose garment does not, is."""
+    d = _luma(layout_a) - _luma(layout_b)
+    near = (np.abs(d[None] - d[:, None]) <= LUMA_APART / 2).sum(axis=1)
+    offset = d[int(np.argmax(near))]
+    return int((np.abs(d - offset) >= LUMA_APART).sum()) >= VARIANT_SHARE * len(d)
 
 
 #: members of a set a copy is checked against before it joins it (all of a small set)
@@ -163,7 +188,11 @@ def split_colour_variants(members: np.ndarray, layout: np.ndarray) -> list[np.nd
     rows (the same data gives the same sets however its files are called): each joins the first
     set it is no variant of, or starts one. A crop is placed as any copy (cropped by up to 10% a
     side its cells still read as its original's: ``recipes/colour_variants.py``). A copy without
-    colour anywhere joins the largest set (the lost-colour rule decides it there)."""
+    colour anywhere joins the largest colour set holding a copy whose tones it keeps (not
+    ``tones_apart``: a greyscale copy, of the whole or of a crop, which the lost-colour rule
+    decides there; a crop's tones lie where its own framing's do); the others
+    (a grey or black product beside its coloured versions, the copies of a grey picture) form one
+    set: copies without colour are never cut apart from each other."""
     colourful = [m for m in members if has_colour(layout[m])]
     colourful.sort(key=lambda m: (layout[m].tobytes(), int(m)))
     sets: list[list[int]] = []
@@ -174,10 +203,12 @@ def split_colour_variants(members: np.ndarray, layout: np.ndarray) -> list[np.nd
             sets.append([m])
         else:
             home.append(m)
-    grey = [m for m in members if not has_colour(layout[m])]
-    if grey:
-        if sets:
-            max(sets, key=lambda s: (len(s), -min(s))).extend(grey)
-        else:
-            sets.append(grey)
+    grey = sorted((m for m in members if not has_colour(layout[m])), key=lambda m: (layout[m].tobytes(), int(m)))
+    coloured, greys = list(sets), []
+    for m in grey:  # the largest colour set whose tones it keeps (a greyscale copy), else the grey set
+        home = max((s for s in coloured if any(not tones_apart(layout[o], layout[m]) for o in s[:SET_CHECK])),
+                   key=lambda s: (len(s), -min(s)), default=None)
+        (greys if home is None else home).append(m)
+    if greys:
+        sets.append(greys)
     return [np.array(sorted(s), dtype=members.dtype) for s in sets]

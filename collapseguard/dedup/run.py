@@ -408,7 +408,7 @@ def _load_part(path: Path) -> dict | None:
         if part["full"].any():  # its descriptions lack what the colour rule reads: afresh
             return None
         part["chroma"] = np.full((len(part["key"]), 2), np.nan, np.float32)
-    if "layout" not in part:  # kept before colour_layout was
+    if "layout" not in part or part["layout"].shape[1:] != (LAYOUT_BYTES,):  # kept before colour_layout was (or before its luma)
         if part["full"].any():  # its descriptions lack what the colour-variant rule reads: afresh
             return None
         part["layout"] = np.zeros((len(part["key"]), LAYOUT_BYTES), np.int8)

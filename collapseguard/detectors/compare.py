@@ -73,8 +73,8 @@ THUMB_BYTES = THUMB_SIDE * THUMB_SIDE
 #: for it rather than 256 (``pack_thumbnails`` / ``unpack_thumbnails``)
 THUMB_COLUMNS = tuple(f"tp{i}" for i in range(-(-THUMB_BYTES // 6)))
 #: the same of each central window (``fingerprint.WINDOWS``): ``w0ph0..``, ``w0tp0..``, ``w1ph0..``
-#: ``pair_features.colour_layout`` (128 int8 values) packed 6 bytes a float64 column
-LAYOUT_BYTES = 2 * LAYOUT_GRID * LAYOUT_GRID
+#: ``pair_features.colour_layout`` (192 int8 values) packed 6 bytes a float64 column
+LAYOUT_BYTES = 3 * LAYOUT_GRID * LAYOUT_GRID
 LAYOUT_COLUMNS = tuple(f"cl{i}" for i in range(-(-LAYOUT_BYTES // 6)))
 WINDOW_HASH_COLUMNS = tuple(tuple(f"w{k}{c}" for c in HASH_COLUMNS) for k in range(len(WINDOWS)))
 WINDOW_THUMB_COLUMNS = tuple(tuple(f"w{k}{c}" for c in THUMB_COLUMNS) for k in range(len(WINDOWS)))

@@ -164,20 +164,26 @@ LAYOUT_SIDE = 32
 
 
 def colour_layout(img: np.ndarray, pil: Image.Image | None = None) -> np.ndarray:
-    """The picture's colours by place: the mean opponent chroma (``R - G``, ``(R + G) / 2 - B``,
-    in levels of 255) of each cell of a ``LAYOUT_GRID`` x ``LAYOUT_GRID`` grid over the image
-    reduced to a shorter side of ``LAYOUT_SIDE`` px, as int8 halves of those levels (cells in
-    row order, the two chroma of a cell together: 128 values). What tells two colour variants of
-    one layout apart (``dedup.colour.colour_variants``); zeros for a grey image."""
-    out = np.zeros((LAYOUT_GRID, LAYOUT_GRID, 2), np.float32)
-    if img.ndim == 3:
-        rgb = reduce_to(img, LAYOUT_SIDE, pil, reducing_gap=CHROMA_REDUCING_GAP) * 255.0
-        opp = np.stack([rgb[..., 0] - rgb[..., 1], (rgb[..., 0] + rgb[..., 1]) / 2 - rgb[..., 2]], -1)
-        for i, rows in enumerate(np.array_split(np.arange(opp.shape[0]), LAYOUT_GRID)):
-            for j, cols in enumerate(np.array_split(np.arange(opp.shape[1]), LAYOUT_GRID)):
-                if rows.size and cols.size:
-                    out[i, j] = opp[rows[0]: rows[-1] + 1, cols[0]: cols[-1] + 1].mean(axis=(0, 1))
-    return np.clip(np.round(out / 2), -127, 127).astype(np.int8).ravel()
+    """The picture's tones and colours by place: in each cell of a ``LAYOUT_GRID`` x
+    ``LAYOUT_GRID`` grid over the image reduced to a shorter side of ``LAYOUT_SIDE`` px, its mean
+    luma (BT.601 Y, stored as ``round(Y / 2) - 64``) and opponent chroma (``R - G``,
+    ``(R + G) / 2 - B``, in levels of 255, stored as int8 halves): cells in row order, three
+    values a cell (192). What tells colour variants of one layout apart, and a grey product from
+    a greyscale copy of a coloured one (``dedup.colour``); a grey image's chroma is zeros."""
+    out = np.zeros((LAYOUT_GRID, LAYOUT_GRID, 3), np.float32)
+    rgb = reduce_to(img, LAYOUT_SIDE, pil, reducing_gap=CHROMA_REDUCING_GAP) * 255.0
+    if rgb.ndim == 2:
+        planes = np.stack([rgb, np.zeros_like(rgb), np.zeros_like(rgb)], -1)
+    else:
+        r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+        planes = np.stack([0.299 * r + 0.587 * g + 0.114 * b, r - g, (r + g) / 2 - b], -1)
+    for i, rows in enumerate(np.array_split(np.arange(planes.shape[0]), LAYOUT_GRID)):
+        for j, cols in enumerate(np.array_split(np.arange(planes.shape[1]), LAYOUT_GRID)):
+            if rows.size and cols.size:
+                out[i, j] = planes[rows[0]: rows[-1] + 1, cols[0]: cols[-1] + 1].mean(axis=(0, 1))
+    stored = np.round(out / 2)
+    stored[..., 0] -= 64
+    return np.clip(stored, -127, 127).astype(np.int8).ravel()
 
 
 def size_extras(img: np.ndarray, pil: Image.Image | None = None) -> dict:

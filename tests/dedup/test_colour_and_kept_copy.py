@@ -328,8 +328,8 @@ def test_colour_variants_of_one_layout_are_other_pictures_and_a_tinted_copy_is_n
     own and no shirt is a degraded or duplicate copy of another colour's; a photo's copy with a
     green cast of 15 levels stays in its group, and a shirt alone in its colour is a single with
     reason colour_variant. A black shirt, first in the shard, has no colour: it starts no set (the
-    order of the rows does not decide whether the group is cut) and joins one colour's group,
-    where the lost-colour rule decides it."""
+    order of the rows does not decide whether the group is cut), and its tones are no greyscale
+    copy's of a coloured shirt, so it is a product of its own, not a lost-colour copy."""
     samples = [("black_png", "png", _enc(_shirt((20, 20, 20)), "PNG"))]  # first: no colour, so no seed
     for name, colour in (("red", (200, 30, 30)), ("blue", (30, 60, 200)), ("green", (30, 160, 60)),
                          ("purple", (120, 40, 160))):
@@ -348,11 +348,13 @@ def test_colour_variants_of_one_layout_are_other_pictures_and_a_tinted_copy_is_n
     for name in names:
         png, jpg = g.loc[f"{name}_png"], g.loc[f"{name}_jpg"]
         assert png["group"] and png["group"] == jpg["group"], g[["group", "rank", "reason"]]
-        assert set(g.loc[g["group"] == png["group"]].index) - {"black_png"} == {f"{name}_png", f"{name}_jpg"}
+        assert set(g.loc[g["group"] == png["group"]].index) == {f"{name}_png", f"{name}_jpg"}
     assert (g.loc["yellow_png", "decision"], g.loc["yellow_png", "reason"]) == ("single", "colour_variant")
     assert g.loc["coffee", "group"] and g.loc["coffee", "group"] == g.loc["coffee_tint", "group"]
     summary = __import__("json").loads((tmp_path / "dd" / "summary.json").read_text())
-    assert summary["groups"] == 5 and summary["grouped"] == 11  # the black shirt joins one colour's group
+    # the black shirt's tones are not a greyscale copy's of any colour: a product of its own
+    assert (g.loc["black_png", "decision"], g.loc["black_png", "reason"]) == ("single", "colour_variant")
+    assert summary["groups"] == 5 and summary["grouped"] == 10
 
 
 def test_colour_sets_do_not_depend_on_row_order_and_hold_no_two_variants():
@@ -374,3 +376,19 @@ def test_colour_sets_do_not_depend_on_row_order_and_hold_no_two_variants():
         for s in sets:
             assert not any(colour_variants(layout[a], layout[b]) for a in s for b in s if a < b)
     assert len(seen) == 1, seen
+
+
+def test_a_greyscale_copy_keeps_its_tones_and_a_grey_product_does_not():
+    """The luma of the layout tells a greyscale copy of a red shirt (the lost-colour rule's: its
+    tones are the red shirt's, darker or not) from a grey shirt (another product)."""
+    from collapseguard.dedup.colour import has_colour, tones_apart
+    from collapseguard.detectors.pair_features import colour_layout
+
+    red = _shirt((200, 30, 30))
+    grey_copy = red.convert("L").convert("RGB")
+    darker = Image.fromarray(np.clip(np.asarray(grey_copy, np.int16) - 20, 0, 255).astype(np.uint8))
+    lay = {k: colour_layout(np.asarray(v)) for k, v in
+           (("red", red), ("copy", grey_copy), ("darker", darker), ("grey", _shirt((128, 128, 128))))}
+    assert has_colour(lay["red"]) and not has_colour(lay["copy"]) and not has_colour(lay["grey"])
+    assert not tones_apart(lay["red"], lay["copy"]) and not tones_apart(lay["red"], lay["darker"])
+    assert tones_apart(lay["red"], lay["grey"])
