@@ -590,6 +590,14 @@ def describe_grouped(desc: dict, need: np.ndarray, out_dir: str | Path, failures
 TIE = 0.75
 
 
+def group_members(labels: np.ndarray) -> list[np.ndarray]:
+    """The rows of each group of ``labels`` (-1: no group), a group's rows in row order, the
+    groups in the order of their labels."""
+    grouped = np.flatnonzero(labels >= 0)
+    order = grouped[np.argsort(labels[grouped], kind="stable")]
+    return np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if order.size else []
+
+
 def split_colour_groups(desc: dict, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``labels`` with each group cut into its colour variants (``colour.split_colour_variants``:
     one layout in other colours is another picture, which the luma fingerprints cannot tell):
@@ -597,9 +605,7 @@ def split_colour_groups(desc: dict, labels: np.ndarray) -> tuple[np.ndarray, np.
     Also returns the rows of the groups that were cut."""
     out = labels.copy()
     cut: list[int] = []
-    grouped = np.flatnonzero(labels >= 0)
-    order = grouped[np.argsort(labels[grouped], kind="stable")]
-    for members in np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if order.size else []:
+    for members in group_members(labels):
         sets = split_colour_variants(members, desc["layout"])
         if len(sets) == 1:
             continue
@@ -633,10 +639,7 @@ def decide_groups(desc: dict, labels: np.ndarray, w: np.ndarray, s: np.ndarray, 
     reason = ["single" if ok else "not_fingerprinted" for ok in desc["ok"]]
     feats = desc["features"].astype(np.float64).reshape(n, len(SCALES), len(FEATURES))
     coarse = desc.get("chroma")  # the colour rule's coarse_chroma (None: read from ``features``)
-    grouped = np.flatnonzero(labels >= 0)
-    order = grouped[np.argsort(labels[grouped], kind="stable")]
-    bounds = np.flatnonzero(np.diff(labels[order])) + 1
-    for members in np.split(order, bounds) if order.size else []:
+    for members in group_members(labels):
         descs = [{"cnn": float(desc["cnn"][m]), "ladder": feats[m]} for m in members]
         grey = lost_colour(group_chroma(feats[members]), None if coarse is None else coarse[members])
         aside = np.array([bool(desc["set_aside"][m]) for m in members])

@@ -214,7 +214,7 @@ class ObjectOutDir:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with store_call(self.url(name)), self.open_read(name) as f:
+        with store_call(self.url(name)), self.fs.open(self._key(name), "rb") as f:
             data = f.read()
         return pq.read_table(pa.BufferReader(data), columns=columns, use_threads=False, pre_buffer=False)
 
