@@ -10,7 +10,8 @@ pass (``panel.ComparePanel``); with worker processes each compared detector gets
   ``refused_member``, ``repeated_key``, "" for none), flagged, equivalent_step,
   p_degraded_chain_mix (``PROBABILITY_COLUMN``), and ``score:<name>`` / ``flagged:<name>`` per
   compared detector;
-- ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first;
+- ``flagged.csv``     source, key, score, equivalent_step of the flagged samples, highest first
+  (with Parquet inputs also ``row``, the row's index in its file, empty for other samples);
   a source or key that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``,
   ``@``, tab or carriage return, or with ``'``) is written with a leading ``'`` (``io.csv_cells``); scores.parquet
   keeps the exact strings;
@@ -451,8 +452,9 @@ def run_audit(inputs: Sequence[str], out_dir: str | Path, options: AuditOptions,
 
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "scores.parquet", lambda p: df.to_parquet(p, index=False))
-    flagged = df.loc[fl, ["source", "key", "score", "equivalent_step"]].sort_values(
-        "score", ascending=False, kind="stable")
+    # a Parquet row's index beside its key: keys a table repeats name their rows apart
+    flagged = df.loc[fl, ["source", "key", *(["row"] if "row" in df.columns else []), "score",
+                          "equivalent_step"]].sort_values("score", ascending=False, kind="stable")
     flagged = flagged.assign(source=flagged["source"].map(csv_cell), key=flagged["key"].map(csv_cell))
     _write(out / "flagged.csv", lambda p: flagged.to_csv(p, index=False))
     _write(out / "summary.json", lambda p: Path(p).write_text(

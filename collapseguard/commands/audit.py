@@ -54,8 +54,9 @@ def _names(text: str | None) -> tuple[str, ...]:
 @quiet_option("No progress bar and no summary table.")
 def audit(inputs, out, detector, threshold, calibration, compare, sample, seed, workers,
           gallery_size, image_column, groups, no_pipe, trust_pickle, quiet):
-    """Audit a dataset: score INPUTS (shards, folders, image files, brace patterns such as
-    'data/shard-{000..099}.tar'; paths or URLs such as 'pipe:CMD', http(s)://, s3://) and write a self-contained report.html with the flagged
+    """Audit a dataset: score INPUTS (shards, Parquet files, folders, image files, brace patterns
+    such as 'data/shard-{000..099}.tar'; paths or URLs such as 'pipe:CMD', http(s)://, s3://) and
+    write a self-contained report.html with the flagged
     fraction and its confidence interval, the score histogram, the estimated replication step,
     a per-shard table and galleries (most degraded, borderline, random kept), each image as a
     thumbnail plus a native-resolution crop. Nothing is modified; exits non-zero if an input

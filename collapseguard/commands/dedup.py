@@ -41,7 +41,7 @@ from collapseguard.io.terminal import printable
               help="Who describes the images: local worker processes, or a Ray cluster (extra [ray]).")
 @click.option("--image-column", default=None, metavar="NAME",
               help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
-                   "encoded bytes); default: found by type and name (image, jpg, png, webp).")
+                   "encoded bytes); default: found by type and name (image, img, jpg, jpeg, png, webp).")
 @click.option("--runtime", type=click.Choice(["auto", "torch", "onnx"]), default="auto", show_default=True,
               help="What runs the comparator's cnn: onnxruntime on the CPU (auto: when installed and "
                    "the cnn runs on the CPU; the same scores within 1e-4, and worker processes "

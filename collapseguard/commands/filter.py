@@ -56,12 +56,13 @@ from collapseguard.io.terminal import printable
                    f"by record batch instead). [default: {MAX_SAMPLE_BYTES} (512 MiB)]")
 @click.option("--max-shard-bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="A shard of which more than BYTES are read (as stored, or its tar stream "
-                   "decompressed) fails, named: a source that never ends stops there. A read that "
+                   "decompressed; a Parquet file: its size) fails, named: a source that never "
+                   "ends stops there. A read that "
                    "waits longer than COLLAPSEGUARD_READ_TIMEOUT seconds (default 60) for the next "
                    f"bytes fails its shard too. [default: {MAX_SHARD_BYTES} (64 GiB)]")
 @click.option("--image-column", default=None, metavar="NAME",
               help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
-                   "encoded bytes); default: found by type and name (image, jpg, png, webp).")
+                   "encoded bytes); default: found by type and name (image, img, jpg, jpeg, png, webp).")
 @no_pipe_option()
 @click.option("--groups", type=click.Path(exists=True, dir_okay=False), default=None,
               help="groups.parquet from `collapseguard dedup`: also reject each copy its group "

@@ -34,7 +34,7 @@ from collapseguard.io.terminal import printable
 @workers_option(default=1)
 @click.option("--image-column", default=None, metavar="NAME",
               help="Parquet inputs: the column holding the images (a Hugging Face Image struct or "
-                   "encoded bytes); default: found by type and name (image, jpg, png, webp).")
+                   "encoded bytes); default: found by type and name (image, img, jpg, jpeg, png, webp).")
 @no_pipe_option()
 @threshold_options("Flag")
 @trust_pickle_option()

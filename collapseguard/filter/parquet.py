@@ -23,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collapseguard.filter.decisions import (
@@ -94,6 +92,20 @@ def _precomputed(rows, scores_path: str, where: str):
                                 f"file changed since): {redo}")
 
 
+def decided_runs(keep: list[bool]) -> list[tuple[int, int, bool]]:
+    """``(start, length, kept)`` for each run of rows with one decision, in order. Rows are written
+    as slices of their batch: a slice is a view of any Arrow type (a filter or take has no kernel
+    for some, ``string_view`` and ``binary_view`` among them) and copies nothing."""
+    runs: list[tuple[int, int, bool]] = []
+    for i, k in enumerate(keep):
+        if runs and runs[-1][2] == k:
+            start, length, _ = runs[-1]
+            runs[-1] = (start, length + 1, k)
+        else:
+            runs.append((i, 1, k))
+    return runs
+
+
 def process_parquet(inp: Input, options: FilterOptions, detector=None,
                     progress: Callable[[int], None] | None = None) -> dict:
     """Filter one Parquet file; returns the completion record (also written as the marker)."""
@@ -157,10 +169,10 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         done_since = 0
 
         def write_batch() -> None:
-            mask = pa.array(keep, pa.bool_())
-            for key, m in (("kept", mask), ("rejected", pc.invert(mask))):
+            for start, length, kept in decided_runs(keep):
+                key = "kept" if kept else "rejected"
                 if key in writers:
-                    writers[key].write(batch.filter(m))
+                    writers[key].write(batch.slice(start, length))
 
         for row, scored in stream:
             if row.batch is not batch:
@@ -210,9 +222,9 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
     finally:
         if pf is not None:
             pf.close(force=True)
-    table = scores_table(rows, inp.stem, rows["row"],
-                         group=rows.get("group", []) if groups is not None else None)
-    try:
+    try:  # from here to the commits, an interrupt too (``WorkerStopped``) discards what is staged
+        table = scores_table(rows, inp.stem, rows["row"],
+                             group=rows.get("group", []) if groups is not None else None)
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}
         for key in ("kept", "rejected"):

@@ -119,7 +119,7 @@ def _file_identity(name: str):
 
 def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
                   failed: list[tuple[str, str]] | None = None, *,
-                  allow_pipe: bool = True) -> list[Input]:
+                  allow_pipe: bool = True, image_column: str | None = None) -> list[Input]:
     """The shards and Parquet files ``inputs`` name; FilterError naming what an input folder
     holds and cannot be read (a broken link to a folder, a subfolder that cannot be listed): the
     shards there would be in no output and no summary. ``loose`` (optional) receives the loose
@@ -127,7 +127,7 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
     ``failed`` (optional) receives ``(url, why)`` for each URL input that cannot be listed
     (``io.inputs``): it fails, the others are filtered; FilterError when no shard is left."""
     unread: list[tuple[str, str]] = []
-    shards, files = expand(inputs, unread, failed, allow_pipe=allow_pipe)
+    shards, files = expand(inputs, unread, failed, allow_pipe=allow_pipe, image_column=image_column)
     if failed and not shards:
         raise FilterError(failed_text(failed, "no shard is left to filter"))
     if unread:
@@ -141,11 +141,12 @@ def _input_shards(inputs: Sequence[str], loose: list[str] | None = None,
 def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
                 loose: list[str] | None = None,
                 failed: list[tuple[str, str]] | None = None, *,
-                allow_pipe: bool = True) -> list[Input]:
+                allow_pipe: bool = True, image_column: str | None = None) -> list[Input]:
     """Expand inputs to shards and Parquet files (``io.parse.Input``), once per file however
     often or however spelled it was given; ``loose`` (optional) receives the loose image files
     found beside them, which are not filtered; ``failed`` (optional) receives the URL inputs that
-    cannot be listed; ``allow_pipe=False`` refuses ``pipe:`` commands.
+    cannot be listed; ``allow_pipe=False`` refuses ``pipe:`` commands; ``image_column``
+    (``--image-column``) makes a Parquet file in a folder that has that column an input.
 
     Refuses what an input folder holds and cannot be read, two different shards that would write
     to the same output name, and (given ``out_dir``) a shard lying in ``out_dir``'s kept/ or
@@ -153,7 +154,7 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
     """
     shards: list[Input] = []
     seen: set = set()
-    for s in _input_shards(inputs, loose, failed, allow_pipe=allow_pipe):
+    for s in _input_shards(inputs, loose, failed, allow_pipe=allow_pipe, image_column=image_column):
         ident = _file_identity(s.name)
         if ident not in seen:
             seen.add(ident)
@@ -305,7 +306,7 @@ def other_settings_shards(out: Path | str, inputs: Sequence[Input],
         if not isinstance(marker, dict):
             continue
         now = options.fingerprint(parquet=str(marker.get("shard", "")).endswith(".parquet"))
-        if marker.get("options") != now:
+        if marker.get("options") != now and not _named_the_column_found(marker, now):
             found.append((f.stem, settings_diff(marker.get("options"), now)))
     return found
 
@@ -334,6 +335,17 @@ def _threshold_alone_differs(before, now: dict) -> bool:
     return isinstance(before, dict) and {**before, "threshold": now.get("threshold")} == now
 
 
+def _named_the_column_found(marker: dict, now: dict) -> bool:
+    """Does this run name (``--image-column``) the very column an earlier run found in a Parquet
+    file by itself? Then the outputs are the same, and the completed file is reused: the earlier
+    run's own note asks for the option to silence its warning about other image columns."""
+    before = marker.get("options")
+    return (isinstance(before, dict) and "image_column" not in before
+            and now.get("image_column") is not None
+            and marker.get("image_column") == now["image_column"]
+            and {**before, "image_column": now["image_column"]} == now)
+
+
 def completed_marker(inp: Input | str, options: FilterOptions, out: Path,
                      detector_version: str | None) -> dict | None:
     """The marker of the input's earlier completion in ``out`` if it can be reused; None when the
@@ -347,7 +359,7 @@ def completed_marker(inp: Input | str, options: FilterOptions, out: Path,
         raise FilterError(
             f"{shard_name(inp)} was completed in {out} from another shard "
             f"({marker.get('shard')}); use --overwrite or another --out")
-    if marker.get("options") != now:
+    if marker.get("options") != now and not _named_the_column_found(marker, now):
         if (options.scores_from and marker.get("decided_from_scoring_pass")
                 and _threshold_alone_differs(marker.get("options"), now)):
             return None  # a --drop-fraction split, cut again: split again from the kept scores
@@ -412,7 +424,8 @@ def run_filter(inputs: Sequence[str], options: FilterOptions, *, workers: int = 
     refuse_out_inside_inputs(inputs, options.out_dir)
     loose: list[str] = []
     failed_inputs: list[tuple[str, str]] = []  # URL folders that cannot be listed: failed, named
-    shards = plan_shards(inputs, options.out_dir, loose, failed_inputs, allow_pipe=allow_pipe)
+    shards = plan_shards(inputs, options.out_dir, loose, failed_inputs, allow_pipe=allow_pipe,
+                         image_column=options.image_column or None)
     out = make_out_dir(options.out_dir)
     for url, why in failed_inputs:
         if not quiet:
@@ -718,7 +731,8 @@ def run_filter_cli(inputs: Sequence[str], out: str, detector, *, kwargs: tuple =
     t0 = time.perf_counter()
     refuse_out_inside_inputs(inputs, str(out))
     # run_filter records the failed inputs
-    shards = plan_shards(inputs, str(out), failed=[], allow_pipe=allow_pipe)
+    shards = plan_shards(inputs, str(out), failed=[], allow_pipe=allow_pipe,
+                         image_column=image_column or None)
     with out_lock(make_out_dir(str(out))) as run_id:  # one lock over both passes
         # pass 1: score everything (resumable like any run), pass 2: decide from those scores
         prepass = join(str(out), ".prepass")

@@ -143,7 +143,8 @@ def other_files_note(others: Counter, shown: int = 6, parquet: bool = True,
 
 
 def _expand_url(url: str, data: list[Input], files: list[ImageFile],
-                failed: list[tuple[str, str]] | None = None, others: Counter | None = None) -> None:
+                failed: list[tuple[str, str]] | None = None, others: Counter | None = None,
+                image_column: str | None = None) -> None:
     """Shards, Parquet files and image files named by an fsspec URL location (an object, a
     folder/prefix, a glob). Nothing a listing returns is ever a command. A URL that cannot be
     listed raises InputError, or, given ``failed``, is appended there as ``(url, why)`` and the
@@ -176,14 +177,14 @@ def _expand_url(url: str, data: list[Input], files: list[ImageFile],
             files.append(ImageFile(u, valid_text(key or posixpath.basename(url_path(u))),
                                    valid_text(url if key else u)))
         elif found.kind != "parquet" or key is None or (not _is_sidecar_url(u, entries)
-                                                         and may_hold_images(u)):
+                                                         and may_hold_images(u, image_column)):
             data.append(found)
 
 
-def may_hold_images(name: str) -> bool:
+def may_hold_images(name: str, image_column: str | None = None) -> bool:
     """``io.parquet.may_hold_images``, imported when a Parquet file is found (pyarrow loads then)."""
     from collapseguard.io.parquet import may_hold_images as check
-    return check(name)
+    return check(name, image_column)
 
 
 def _is_sidecar_url(u: str, entries) -> bool:
@@ -206,7 +207,8 @@ def _is_sidecar(path: Path) -> bool:
 
 
 def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
-                   unread: list[tuple[str, str]] | None, others: Counter | None = None) -> None:
+                   unread: list[tuple[str, str]] | None, others: Counter | None = None,
+                   image_column: str | None = None) -> None:
     root = Path(p)
     try:
         os.scandir(p).close()
@@ -229,13 +231,15 @@ def _expand_folder(p: str, data: list[Input], files: list[ImageFile],
         if found.kind == "image":
             files.append(ImageFile(found.name, valid_text(full.relative_to(root).as_posix()),
                                    valid_text(str(root))))
-        elif found.kind != "parquet" or (not _is_sidecar(full) and may_hold_images(found.name)):
+        elif found.kind != "parquet" or (not _is_sidecar(full)
+                                         and may_hold_images(found.name, image_column)):
             data.append(found)
 
 
 def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
            failed: list[tuple[str, str]] | None = None, *,
-           allow_pipe: bool = True, others: Counter | None = None) -> tuple[list[Input], list[ImageFile]]:
+           allow_pipe: bool = True, others: Counter | None = None,
+           image_column: str | None = None) -> tuple[list[Input], list[ImageFile]]:
     """The data inputs (tar shards and Parquet files, each an ``io.parse.Input``) and the image
     files named by ``inputs`` (command-line arguments, parsed by ``io.parse.parse_argument``),
     each in a stable order.
@@ -244,8 +248,9 @@ def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
     location is listed the same way. A Parquet file found there is an input unless it is an
     img2dataset sidecar (beside a shard whose stem starts its name, ``00000.parquet`` beside
     ``00000.tar``: it travels with its shard) or a table with no column that could hold image
-    bytes (``io.parquet.may_hold_images``: a scores table, say); a Parquet file named on the
-    command line is always an input. ``unread``
+    bytes (``io.parquet.may_hold_images``: a scores table, say; one that has the column
+    ``image_column`` names, ``--image-column``, is an input whatever that column holds); a Parquet
+    file named on the command line is always an input. ``unread``
     (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a subfolder
     that cannot be listed, an entry that cannot be examined, a broken link that is not named like
     an image or shard (it may have pointed to a folder). A link loop or a second link to a folder
@@ -268,9 +273,9 @@ def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
     for raw in inputs:
         for item in parse_argument(raw, allow_pipe=allow_pipe):
             if item.kind == "url":
-                _expand_url(item.name, data, files, failed, others)
+                _expand_url(item.name, data, files, failed, others, image_column)
             elif item.kind == "folder":
-                _expand_folder(item.display, data, files, unread, others)
+                _expand_folder(item.display, data, files, unread, others, image_column)
             elif item.kind == "image":
                 files.append(ImageFile(item.name, valid_text(os.path.basename(item.display)),
                                        valid_text(item.display)))

@@ -6,10 +6,14 @@ and ``path``), or a binary column of encoded images, plain or dictionary-encoded
 the dictionary). It is named by the caller (``--image-column``) or found: a column the file's
 Hugging Face metadata (``huggingface`` schema key) declares an ``Image``, else a struct with a
 binary ``bytes`` field, else a binary column named ``image``, ``img``, ``jpg``, ``jpeg``, ``png``
-or ``webp`` (in that order). A column holding a list of images per row (a Hugging Face
-``Sequence(Image)`` / ``List(Image)``, ``list<binary>``) is not read: a file whose images are only
-there is a ParquetInputError that says so. A row's key is its ``key``, ``__key__`` or ``id``
-column as text when the table has one, else its row index.
+or ``webp`` (in that order), else a column of that name whose every cell is null (Arrow's null
+type, as pandas writes an all-None column): its rows hold no image. A column holding a list of
+images per row (a Hugging Face ``Sequence(Image)`` / ``List(Image)``, ``list<binary>``) is not
+read: a file whose images are only there is a ParquetInputError that says so, as is a column of
+an image name holding anything else (text, numbers), and an image column whose name the file
+gives to two columns. A row's key is its ``key``, ``__key__`` or ``id`` column as text when the
+table has one of text, integers or text categories (dictionary-encoded), else its row index; a
+row whose key cell is null takes its row index too.
 
 Files are read in record batches of ``BATCH_ROWS`` rows, every column as stored; image bytes are
 never decoded or re-encoded here. A local file must be a regular file; an fsspec URL is opened
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -74,6 +79,17 @@ def _is_image_struct(t: pa.DataType) -> bool:
 def _holds_image(t: pa.DataType) -> bool:
     """A column of one image per row, as read here."""
     return _is_binary(t) or _is_binary_dictionary(t) or _is_image_struct(t)
+
+
+def _is_null_image_column(f: pa.Field) -> bool:
+    """A column of Arrow's null type with an image column's name: what pandas writes for an image
+    column whose every cell is None. Its rows hold no image (``no_image``), like null cells."""
+    return pa.types.is_null(f.type) and f.name.lower() in IMAGE_COLUMN_NAMES
+
+
+def _duplicated(schema: pa.Schema) -> set[str]:
+    seen: set[str] = set()
+    return {n for n in schema.names if n in seen or seen.add(n)}
 
 
 #: the list types (the list views where this pyarrow has them)
@@ -139,12 +155,24 @@ def find_image_column(schema: pa.Schema, requested: str | None = None, where: st
     """The column holding the images (see the module docstring); ParquetInputError if none, or
     if the images are in a column holding a list of images per row."""
     prefix = f"{printable(where)}: " if where else ""
+    name = _find_image_column(schema, requested, prefix)
+    if name in _duplicated(schema):
+        raise ParquetInputError(f"{prefix}the file has two columns named {printable(name)!r}: "
+                                "which holds the images is ambiguous")
+    return name
+
+
+def _find_image_column(schema: pa.Schema, requested: str | None, prefix: str) -> str:
     usable = {f.name for f in schema if _holds_image(f.type)}
     lists = _image_list_columns(schema)
     if requested:
         if requested not in schema.names:
             raise ParquetInputError(f"{prefix}no column {requested!r} (--image-column); columns: "
                                     f"{', '.join(map(printable, schema.names))}")
+        if requested in _duplicated(schema):
+            return requested  # refused by the caller, which names the duplicate
+        if pa.types.is_null(schema.field(requested).type):
+            return requested  # every cell null: rows without an image
         if requested in lists:
             raise _image_list_error(prefix, schema, requested, others=bool(usable))
         if requested not in usable:
@@ -165,6 +193,15 @@ def find_image_column(schema: pa.Schema, requested: str | None = None, where: st
                 return f.name
     if lists:
         raise _image_list_error(prefix, schema, lists[0], others=bool(usable))
+    empty = [f.name for f in schema if _is_null_image_column(f)]
+    if empty:  # no column holds image bytes, and this one holds no value at all
+        return empty[0]
+    named = [f for f in schema if f.name.lower() in IMAGE_COLUMN_NAMES]
+    if named:
+        raise ParquetInputError(f"{prefix}column {printable(named[0].name)!r} holds "
+                                f"{named[0].type}, not image bytes (binary, dictionary-encoded "
+                                "binary, or a struct with a binary 'bytes' field; base64 text is "
+                                "not decoded); name the column of image bytes with --image-column")
     raise ParquetInputError(f"{prefix}no image column (a Hugging Face Image struct, or binary "
                             f"{', '.join(IMAGE_COLUMN_NAMES)}); name it with --image-column; "
                             f"columns: {', '.join(map(printable, schema.names))}")
@@ -184,11 +221,19 @@ def other_image_columns(schema: pa.Schema, chosen: str) -> list[str]:
 def find_id_column(schema: pa.Schema) -> str | None:
     """The column a row's key is read from (text or integers), None when the row index is used."""
     for name in ID_COLUMN_NAMES:
-        if name in schema.names:
+        if schema.names.count(name) == 1:
             t = schema.field(name).type
-            if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t):
+            if pa.types.is_dictionary(t):
+                t = t.value_type
+            if _is_key_type(t):
                 return name
     return None
+
+
+def _is_key_type(t: pa.DataType) -> bool:
+    view = getattr(pa.types, "is_string_view", None)
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+            or bool(view and view(t)))
 
 
 def _spooled(name: str, max_bytes: int | None = None):
@@ -227,18 +272,36 @@ def _parquet_file(name: str, f) -> pq.ParquetFile:
         raise
 
 
+def _check_size(f, size: int | None, limit: int, name: str, check) -> None:
+    """A file read with random access counts its whole size against the limit on one shard
+    (``--max-shard-bytes``), as a tar shard counts the bytes it is read to."""
+    if size is None:
+        return
+    try:
+        check(size, limit, printable(name), "in the file")
+    except BaseException:
+        f.close()
+        raise
+
+
 def open_parquet(name: str, max_bytes: int | None = None) -> pq.ParquetFile:
     """A Parquet file by name: a local regular file, an fsspec URL read with random access, or
     (a ``pipe:`` command the user gave, or an http(s) server that answers no range requests) the
-    whole body copied once into an anonymous temporary file, up to ``max_bytes`` (``_spooled``)."""
-    from collapseguard.io.tar import open_regular_file
+    whole body copied once into an anonymous temporary file, up to ``max_bytes`` (``_spooled``;
+    default ``io.tar.MAX_SHARD_BYTES``). A file read with random access larger than ``max_bytes``
+    is ``io.tar.ShardTooLargeError`` too."""
+    from collapseguard.io.tar import MAX_SHARD_BYTES, check_shard_bytes, open_regular_file
+    limit = MAX_SHARD_BYTES if max_bytes is None else max_bytes
     path = local_path(name)
     if path is not None:
-        return _parquet_file(name, open_regular_file(path))
+        f = open_regular_file(path)
+        _check_size(f, os.fstat(f.fileno()).st_size, limit, name, check_shard_bytes)
+        return _parquet_file(name, f)
     if scheme(name) == "pipe":
         return _parquet_file(name, _spooled(name, max_bytes))
     fs, p = filesystem(name)
     f = fs.open(p, "rb")
+    _check_size(f, getattr(f, "size", None), limit, name, check_shard_bytes)
     try:
         return _parquet_file(name, f)
     except ValueError as exc:  # fsspec's http: "doesn't appear to support range requests"
@@ -312,19 +375,45 @@ def read_rows(pf: pq.ParquetFile, image_column: str, *, all_columns: bool = True
         start += batch.num_rows
 
 
-def may_hold_images(name: str) -> bool:
+def may_hold_images(name: str, image_column: str | None = None) -> bool:
     """Could the Parquet file ``name`` hold images: has it a column of image bytes (binary,
     dictionary-encoded binary, a struct with a binary ``bytes`` field), a column of lists of those,
-    or a column its Hugging Face metadata declares an ``Image`` or a list of them? False only for
-    a file whose schema reads and has none (a scores or metadata table found in a folder); a file
-    that cannot be read counts as one that may, so its reader says what is wrong with it."""
+    a column its Hugging Face metadata declares an ``Image`` or a list of them, a struct with a
+    ``bytes`` field of any type, a column of an image name whose every cell is null (pandas'
+    all-None column) or whose first value is an image as base64 text, or the column
+    ``image_column`` names (``--image-column``)? False only for a file whose schema reads and has
+    none (a scores, groups or metadata table found in a folder, whose ``image`` column holds
+    member names as text); a file that cannot be read, or whose image column holds something else
+    than bytes, counts as one that may, so its reader says what is wrong with it or reads its rows
+    as rows without images, instead of the folder passing over it without a word."""
     try:
         with parquet_file(name) as pf:
             schema = pf.schema_arrow
             return (any(_holds_image(f.type) for f in schema) or bool(_image_list_columns(schema))
-                    or bool(_hf_image_columns(schema)))
+                    or bool(_hf_image_columns(schema))
+                    or any(_is_null_image_column(f) or f.name == image_column
+                           or (pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0)
+                           for f in schema)
+                    or any(_holds_base64_images(pf, f) for f in schema))
     except Exception:  # noqa: BLE001 - judged by the reader, which names the error
         return True
+
+
+#: how base64 text of an image begins (PNG, JPEG, GIF, WebP, a data URL)
+_BASE64_IMAGE_STARTS = ("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR", "data:image/")
+
+
+def _holds_base64_images(pf: pq.ParquetFile, f: pa.Field) -> bool:
+    """Is ``f`` a text column of an image name whose first value is an image as base64 text (a
+    table someone exported that way)? Read from the first rows of that column alone."""
+    if f.name.lower() not in IMAGE_COLUMN_NAMES or not (
+            pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
+        return False
+    for batch in pf.iter_batches(batch_size=8, columns=[f.name], use_threads=False):
+        for value in batch.column(0).to_pylist():
+            if value is not None:
+                return value.lstrip().startswith(_BASE64_IMAGE_STARTS)
+    return False
 
 
 def count_rows(name: str) -> int | None:

@@ -163,7 +163,7 @@ def plan_score_tasks(inputs: Sequence[str], select=None,
     image, shard nor Parquet file (``io.inputs.expand``)."""
     # a file named twice (or under two spellings, or also inside a folder given) is scored once,
     # under its first name: one row per image, no repeated (source, key)
-    data, files = expand(inputs, unread, failed, others=others)
+    data, files = expand(inputs, unread, failed, others=others, image_column=image_column)
     shards, files = unique_inputs(data, files)
     if failed and not shards and not files:
         raise InputError(failed_text(failed, "nothing is left to score"))
@@ -239,7 +239,10 @@ def run_score(inputs: Sequence[str], detector: str, *, workers: int = 1, quiet: 
         task, tasks, detector, detector_kwargs, (bar.update if not quiet else None), on_done)
     bar.close()
     rows = [r for part in results if part for r in part]
-    extra = sorted({k for r in rows for k in r} - set(COLUMNS) - {"set_aside"})
+    extra = {k for r in rows for k in r} - set(COLUMNS) - {"set_aside"}
+    if any(t[0] == "parquet" for t in tasks):  # a table of Parquet rows has the column even if
+        extra.add("row")                       # no row was read: one header for every run
+    extra = sorted(extra)
     df = pd.DataFrame(rows, columns=COLUMNS + extra + (["set_aside"] if set_aside else []))
     if set_aside:
         df["set_aside"] = df["set_aside"].fillna("").astype(str)
