@@ -373,17 +373,17 @@ def process_shard(shard: Input | str, options: FilterOptions, detector=None,
             except (OSError, RunLostError):
                 pass  # the run fails on this shard all the same; the error is the shard's
         raise
-    if rej_w is not None:
-        for i, key in rej_w.renamed.items():  # neighbours of one key: moved aside in rejected/
-            rows["error"][i] = "; ".join(x for x in (
-                rows["error"][i], f"written to rejected/ under the key {key!r}, so that a reader "
-                f"cannot merge it with a neighbour (a sample of the key {rows['key'][i]!r}, or one "
-                "whose name gives webdataset no key)") if x)
-    # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
-    # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
-    table = scores_table(rows, shard_stem(inp),
-                         group=rows.get("group", []) if groups is not None else None)
-    try:
+    try:  # from here to the commits, an interrupt too (``WorkerStopped``) discards what is staged
+        if rej_w is not None:
+            for i, key in rej_w.renamed.items():  # neighbours of one key: moved aside in rejected/
+                rows["error"][i] = "; ".join(x for x in (
+                    rows["error"][i], f"written to rejected/ under the key {key!r}, so that a reader "
+                    f"cannot merge it with a neighbour (a sample of the key {rows['key'][i]!r}, or one "
+                    "whose name gives webdataset no key)") if x)
+        # the shard's stem (as scores/<stem>.parquet and kept/<stem>.tar are named), so tables
+        # concatenated still say where a row is; the same whether the shard is .tar or .tar.gz
+        table = scores_table(rows, shard_stem(inp),
+                             group=rows.get("group", []) if groups is not None else None)
         pq.write_table(table, staged["scores"])
         outputs = {"scores": file_digest(Path(staged["scores"]))}
         for key, w in (("kept", kept_w), ("rejected", rej_w)):

@@ -691,3 +691,35 @@ def test_fuzzed_shards_are_read_whole_or_refused_clearly_and_conservation_holds(
     assert sorted(written) == sorted(m.data for s in samples for m in s.members)
     for sub in ("kept", "rejected"):
         wds_keys(out / sub / "s.tar")  # webdataset reads every output without a duplicate name
+
+
+
+@pytest.mark.parametrize("kind", ["tar", "parquet"])
+def test_an_interrupt_while_the_scores_are_tabled_leaves_no_staged_file(tmp_path, photos, monkeypatch, kind):
+    """Ctrl-C or SIGTERM (a worker's ``WorkerStopped``) that lands after kept/ and rejected/ are
+    written and before they are committed, while the scores table is built: what was staged
+    goes (it stayed in kept/ and rejected/ as ``*.tmp`` when ``filter -w 2`` was killed there)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from collapseguard.filter import parquet as parquet_filter
+    from collapseguard.filter import pipeline
+
+    if kind == "tar":
+        src = tmp_path / "s.tar"
+        make_shard(src, photos)
+    else:
+        src = tmp_path / "s.parquet"
+        pq.write_table(pa.table({"image": [encode_png(p) for p in photos]}), src)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "scores_table", interrupted)
+    monkeypatch.setattr(parquet_filter, "scores_table", interrupted)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["filter", str(src), "-o", str(out), "-d", "nss", "--threshold",
+                                    "0", "-w", "1", "-q"])
+    assert isinstance(res.exception, KeyboardInterrupt) or res.exit_code == 1, res.output
+    assert (out / "kept").is_dir() and sorted(p.name for p in out.rglob("*.tmp")) == []
+    assert not list((out / "kept").iterdir()) and not (out / ".done" / "s.json").exists()
