@@ -137,11 +137,17 @@ def clean_kinds(t: pd.DataFrame) -> np.ndarray:
 
 def _dedupe_clean(t: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct image: a chain's step 0 is shared by every chain of the same source
-    (and storage: the copies of one original that ``chains store`` wrote are different files)."""
+    (and storage: the copies of one original that ``chains store`` wrote are different files).
+    Where rows of one name hold different images (two chains of one ``source_image`` from
+    different originals, a key a shard repeats) the highest score stands for them: the bound
+    never leaves out a clean image that scores above the one kept."""
     step0 = (t["kind"] == "chain") & (t["step"] == 0)
-    a = t[step0].drop_duplicates(["source_image", "storage"] if "storage" in t.columns else "source_image")
-    b = t[~step0].drop_duplicates("path")
-    return pd.concat([a, b]).sort_index()
+    top = t.assign(_step0=step0).sort_values("score", ascending=False, kind="stable",
+                                             na_position="last")
+    a = top[top["_step0"]].drop_duplicates(["source_image", "storage"] if "storage" in t.columns
+                                           else "source_image")
+    b = top[~top["_step0"]].drop_duplicates("path")
+    return pd.concat([a, b]).sort_index().drop(columns="_step0")
 
 
 def source_maxima(clean: pd.DataFrame, by_kind: bool = False) -> pd.DataFrame:
@@ -481,9 +487,29 @@ def breakdown_text(cal: Calibration, steps=(1, 5, 10, 20)) -> str:
     return "\n".join(lines)
 
 
-def curve_table(cal: Calibration, steps=(1, 3, 5, 10, 20)) -> str:
-    """A small text table: dropped fraction [CI] per family at the given steps (family names, from
-    a chains manifest or a calibration file, with control characters escaped)."""
+#: the steps a drop-curve table shows first, where the chains hold them
+TABLE_STEPS = (0, 1, 3, 5, 10, 20)
+#: at most this many step columns
+TABLE_COLUMNS = 7
+
+
+def table_steps(present) -> tuple[int, ...]:
+    """The steps of a drop-curve table: every step the chains hold when they fit, else those of
+    ``TABLE_STEPS`` they hold and then the others in order, ``TABLE_COLUMNS`` in all."""
+    present = sorted({int(s) for s in present})
+    if len(present) <= TABLE_COLUMNS:
+        return tuple(present)
+    chosen = [s for s in TABLE_STEPS if s in present]
+    chosen += [s for s in present if s not in chosen][:TABLE_COLUMNS - len(chosen)]
+    return tuple(sorted(chosen))
+
+
+def curve_table(cal: Calibration, steps=None) -> str:
+    """A small text table: dropped fraction [CI] per family at ``steps`` (default: the steps the
+    calibration's chains hold, ``table_steps``), family names from a chains manifest or a
+    calibration file with control characters escaped."""
+    if steps is None:
+        steps = table_steps(r["step"] for r in cal.drop_curve)
     by = {(r["family"], r["step"]): r for r in cal.drop_curve}
     fams = list(dict.fromkeys(r["family"] for r in cal.drop_curve))
     head = f"{'family':<22}" + "".join(f"{'step ' + str(s):>29}" for s in steps)

@@ -342,3 +342,38 @@ def test_a_clean_file_of_a_chain_step_0s_pixels_is_that_chains_picture(tmp_path)
     Image.open(step2).save(clean / "renamed.png")
     res = _calibrate("--chains", chains, "--clean", clean, "--out", tmp_path / "cal2.json", *LOOSE)
     assert res.exit_code == 1 and "renamed.png" in res.output and "step 2" in res.output, res.output
+
+
+def test_a_key_a_clean_shard_repeats_enters_the_bound_by_its_highest_score(tmp_path):
+    """Two members of one key in a --clean shard (or two chains of one source from different
+    originals) are one picture: the bound takes its highest score, as if only that image were
+    there, not the first one read."""
+    import io
+    import tarfile
+    rng = np.random.default_rng(3)
+    pictures = [_picture(rng) for _ in range(10)]
+    noisy = np.clip(pictures[0].astype(float) + rng.normal(0, 40, pictures[0].shape), 0, 255)
+
+    def shard(path, members):
+        with tarfile.open(path, "w") as tf:
+            for name, img in members:
+                buf = io.BytesIO()
+                Image.fromarray(np.asarray(img, np.uint8)).save(buf, "PNG")
+                info = tarfile.TarInfo(name)
+                info.size = buf.tell()
+                tf.addfile(info, io.BytesIO(buf.getvalue()))
+        return path
+
+    rest = [(f"c{i}.png", p) for i, p in enumerate(pictures[1:])]
+    twice = shard(tmp_path / "twice.tar", [("k.png", pictures[0]), *rest, ("k.png", noisy)])
+    once = shard(tmp_path / "once.tar", [*rest, ("k.png", noisy)])
+    thresholds = []
+    for src in (twice, once):
+        out = tmp_path / f"{src.stem}.json"
+        res = _calibrate("--clean", src, "--out", out, "--max-false-drop", "0.2", "--confidence", "0.7",
+                         *[a for a in LOOSE if a not in ("0.3", "0.6", "--max-false-drop", "--confidence")])
+        assert res.exit_code == 0, res.output
+        cal = load_calibration(out)
+        assert cal.n_clean == 10
+        thresholds.append(cal.threshold)
+    assert thresholds[0] == thresholds[1]

@@ -148,9 +148,10 @@ def _synthetic_table(n_sources=300, families=("noise", "dots"), steps=(0, 1, 2, 
                      n_extra=0):
     rng = np.random.default_rng(seed)
     rows = []
+    bases = rng.normal(size=n_sources)  # the step-0 score of a source is shared by its chains
     for fi, fam in enumerate(families):
         for s in range(n_sources):
-            base = rng.normal()  # the step-0 score of this source is shared by its chains
+            base = bases[s]
             for st in steps:
                 score = base if st == 0 else base + (1.0 + 0.5 * fi) * np.sqrt(st) + 0.3 * rng.normal()
                 path = f"src{s}/0.png" if st == 0 else f"{fam}/src{s}/{st}.png"
@@ -760,3 +761,19 @@ def test_a_threshold_beside_a_calibration_without_score_maps_says_it_adds_nothin
     assert "adds nothing at the threshold used here" in _headline(summary)
     cal["has_step_map"] = True
     assert "Calibration used for its score maps only" in _headline(summary)
+
+
+def test_the_drop_curve_table_shows_the_steps_the_chains_hold():
+    """Chains kept at steps 0, 2 and 30 show those columns (the table showed 0, 1, 3, 5, 10 and 20
+    whatever the chains held: dashes only, beside a summary line naming steps 2 and 30); many
+    steps show the usual ones first, seven columns at most."""
+    from collapseguard.calibration.build import curve_table, table_steps
+
+    cal = Calibration(detector="d", detector_version="v", threshold=1.0, drop_curve=[
+        {"family": "codec", "step": s, "fraction": f, "ci_low": 0.0, "ci_high": 1.0, "n": 8}
+        for s, f in ((0, 0.0), (2, 0.5), (30, 1.0))])
+    head, row = curve_table(cal).splitlines()[:2]
+    assert head.split()[1:] == ["step", "0", "step", "2", "step", "30"]
+    assert "50.0%" in row and "100.0%" in row and " - " not in row + " "
+    assert table_steps([0, 1, 2, 3, 5, 10, 20, 30, 50, 100]) == (0, 1, 2, 3, 5, 10, 20)
+    assert table_steps([0, 2, 4, 6, 8, 12, 14, 16]) == (0, 2, 4, 6, 8, 12, 14)
