@@ -65,7 +65,7 @@ def show(path) -> str:
               + (f"; by picture {split['heldout_pictures_dropped']} of {split.get('n_clean_holdout_pictures')} "
                  f"(CI {_interval(split.get('heldout_pictures_dropped_ci'))})"
                  if "heldout_pictures_dropped" in split else "")),
-             curve_table(cal, steps=(0, 1, 3, 5, 10, 20))]
+             curve_table(cal)]
     if cal.per_kind:
         lines.insert(-1, per_kind_text(cal))
     if cal.top_clean:

@@ -188,7 +188,8 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         sources += [f"clean images {d}" + (f" (kind {k})" if k else "") for k, d in clean_dirs]
         n_total = (len(manifest) if manifest is not None else 0)
         extra = f" and the --clean images ({len(clean_dirs)} folder(s)/shard(s))" if clean_dirs else ""
-        click.echo(f"scoring {n_total} chain images{extra} with {det_name}@{det_version} ...", err=True)
+        if not quiet:
+            click.echo(f"scoring {n_total} chain images{extra} with {det_name}@{det_version} ...", err=True)
         from collapseguard.scoring.progress import PhaseBars
         progress = PhaseBars("calibrate: score", quiet)
         try:
@@ -249,7 +250,7 @@ def calibrate(chains_dir, detector_name, alpha, confidence, clean_steps, clean_d
         if note.startswith("--per-kind:"):  # asked for per kind, and there was one kind
             click.echo(f"note: {note}", err=True)
     click.echo(top_clean_text(cal))
-    click.echo(curve_table(cal, steps=(0, 1, 3, 5, 10, 20)))
+    click.echo(curve_table(cal))
     if cal.breakdown:
         click.echo(breakdown_text(cal))
     if not per_kind:

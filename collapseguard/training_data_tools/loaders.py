@@ -110,14 +110,23 @@ def _ranges(values: list[int]) -> str:
     return ",".join(str(v) for v in values)
 
 
+#: the note on chains whose steps were shifted down by one (``_finish``): every reader says it,
+#: since a step k of the user's files is then step k - 1 of every figure
+RENUMBERED = ("chain(s) numbered from 1 without an original were renumbered from 0 (their first "
+              "image is taken as the original, and each step is one less than its file's number)")
+
+
 def load_chains(path: str | Path, extract_dir: str | Path | None = None,
                 check_files: bool = True, notes: list[str] | None = None) -> pd.DataFrame:
     """Load chains from any supported input (see module doc) as a validated manifest DataFrame.
     ``notes`` (optional) receives one line when image files under ``path`` are in no chain
-    (``unplaced_note``): a reader that goes on without them says so."""
+    (``unplaced_note``): a reader that goes on without them says so; and one when chains
+    numbered from 1 were renumbered from 0 (``RENUMBERED``)."""
     found = discover_chains(path, extract_dir=extract_dir, check_files=check_files)
-    if notes is not None and found.unplaced:
-        notes.append(unplaced_note(path, found.unplaced))
+    if notes is not None:
+        notes.extend(n for n in found.notes if RENUMBERED in n)
+        if found.unplaced:
+            notes.append(unplaced_note(path, found.unplaced))
     return found.manifest
 
 
@@ -355,8 +364,7 @@ def _finish(rows: list[dict], unplaced: list[tuple[str, str]], notes: list[str],
             renumbered += 1
         out += rs
     if renumbered:
-        notes.append(f"{renumbered} chain(s) numbered from 1 without an original were renumbered "
-                     "from 0 (their first image is taken as the original)")
+        notes.append(f"{renumbered} {RENUMBERED}")
     if not out:
         raise ChainLayoutError("")
     df = pd.DataFrame(out)

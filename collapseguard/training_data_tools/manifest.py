@@ -94,23 +94,24 @@ def read_manifest(path: str | Path, *, check_files: bool = True, outside_ok: boo
 
 
 def write_manifest(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write a manifest as CSV, TSV or Parquet (by suffix, as ``read_manifest`` reads them); paths
-    under its folder become relative."""
+    """Write a manifest as CSV, TSV or Parquet (by suffix, as ``read_manifest`` reads them), its
+    paths relative to its folder. ManifestError, before anything is written, when a path lies
+    outside that folder: ``read_manifest`` refuses such a manifest (a manifest is data, and must
+    not point the tools at any file on disk), so it is never written."""
     path = Path(path)
     if path.suffix not in (".csv", ".tsv", ".parquet"):
         raise ManifestError(f"manifest must be .csv, .tsv or .parquet, got {path.name}")
     validate_manifest(df, check_files=False, where=str(path))
     root = path.parent.resolve()
+    outside = [p for p in df["path"] if not _under(str(p), root)]
+    if outside:
+        raise ManifestError(
+            f"{path}: {len(outside)} chain image(s) lie outside its folder (e.g. {outside[0]}), "
+            "and a manifest may only name files under its own folder; write it inside the "
+            "chains folder")
     out = df.copy()
 
-    def rel(p: str) -> str:
-        pp = Path(p).resolve()
-        try:
-            return pp.relative_to(root).as_posix()
-        except ValueError:
-            return str(pp)
-
-    out["path"] = [rel(p) for p in out["path"]]
+    out["path"] = [Path(p).resolve().relative_to(root).as_posix() for p in out["path"]]
     out = out.sort_values(["chain_id", "step"], kind="stable").reset_index(drop=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     # written beside and renamed: a manifest that exists is whole, so recipes that make a chains

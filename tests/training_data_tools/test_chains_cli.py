@@ -62,6 +62,11 @@ def test_ls_refuses_a_manifest_out_its_readers_would_refuse(chains_dir, tmp_path
     res = CliRunner().invoke(main, ["chains", "ls", str(chains_dir), "--manifest-out", str(inside)])
     assert res.exit_code == 0, res.output
     assert len(load_chains(inside)) == 12
+    # the library's writer refuses it too: it wrote what its reader then refused
+    from collapseguard.training_data_tools.manifest import ManifestError, read_manifest, write_manifest
+    with pytest.raises(ManifestError, match="lie outside its folder"):
+        write_manifest(read_manifest(inside), out)
+    assert not out.exists()
 
 
 def test_ls_fails_clearly(tmp_path):
@@ -519,3 +524,26 @@ def test_sheet_shows_an_unreadable_image_as_a_tile_and_draws_the_rest(chains_dir
     mask[:, :sheet_mod._LABEL_W] = False  # chain names are the folder's own
     assert a.shape == b.shape and (a[mask] == b[mask]).all()
     assert not (a[sheet_mod._HEAD_H:sheet_mod._HEAD_H + 32, x0:x0 + 32] == b[sheet_mod._HEAD_H:sheet_mod._HEAD_H + 32, x0:x0 + 32]).all()
+
+
+def test_evaluate_and_calibrate_say_chains_numbered_from_1_were_renumbered(tmp_path):
+    """Files step_001..step_003 with no original: read as steps 0-2 (the first taken as the
+    original), and every reader says so: a step of the figures is one less than its file's."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:64, 0:64] / 64.0
+    for c in range(4):
+        base = np.stack([x * 200, y * 180, (x + y) * 60 + 20 * c], -1)
+        for i in (1, 2, 3):
+            (tmp_path / "ren" / f"c{c}").mkdir(parents=True, exist_ok=True)
+            img = np.clip(base + rng.normal(0, 6 * i, base.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(tmp_path / "ren" / f"c{c}" / f"step_{i:03d}.png")
+    res = CliRunner().invoke(main, ["evaluate", "--chains", str(tmp_path / "ren"), "-d", "nss",
+                                    "-o", str(tmp_path / "ev"), "--steps", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "renumbered from 0" in (tmp_path / "ev" / "results.md").read_text()
+    res = CliRunner().invoke(main, ["calibrate", "--chains", str(tmp_path / "ren"), "-d", "nss",
+                                    "--max-false-drop", "0.5", "--confidence", "0.5", "--holdout", "0",
+                                    "--no-plot", "-q", "-o", str(tmp_path / "cal.json")])
+    assert "renumbered from 0" in res.output, res.output
+    assert "scoring" not in res.output  # -q: warnings only, no progress line

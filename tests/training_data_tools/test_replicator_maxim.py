@@ -238,3 +238,39 @@ def test_the_real_maxim_denoiser_reproduces_its_packages_sample():
     diff = np.abs(out - result.astype(np.float32))
     assert diff.mean() < 0.6 and diff.max() <= 1.0 + 1e-3
     assert np.abs(fixture.astype(np.float32) - result).mean() > 15
+
+
+def test_a_damaged_maxim_tarball_or_gan_weights_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A tarball cut short (a download stopped) or not gzip at all, and a weights file of noise:
+    `chains make` stops with one line naming the file and how to fetch it again, not click's bare
+    "Aborted!" (gzip's EOFError) or a traceback."""
+    import io
+    import os
+    import tarfile
+
+    from cg_testutil import run_cli
+
+    (tmp_path / "src").mkdir()
+    Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(tmp_path / "src" / "a.png")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        data = os.urandom(300_000)
+        info = tarfile.TarInfo("package/models/x.bin")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    monkeypatch.setenv("COLLAPSEGUARD_MAXIM_DIR", str(tmp_path))
+    for i, body in enumerate((buf.getvalue()[:150_000], b"not gzip at all" * 100)):
+        for task in ("retouching", "enhancement"):
+            maxim.tarball(task).write_bytes(body)
+        res = run_cli(["chains", "make", "--sources", f"folder:{tmp_path / 'src'}", "--families",
+                       "maxim_retouch", "--steps", "1", "--out", tmp_path / f"m{i}", "-w", "1"],
+                      expect=1)
+        assert "Aborted" not in res.output and "Traceback" not in res.output, res.output
+        assert "upscalerjs-maxim-" in res.output and "fetch it again" in res.output, res.output
+    noise = tmp_path / "g.safetensors"
+    noise.write_bytes(os.urandom(5000))
+    monkeypatch.setenv("COLLAPSEGUARD_RRDN_GAN_WEIGHTS", str(noise))
+    res = run_cli(["chains", "make", "--sources", f"folder:{tmp_path / 'src'}", "--families",
+                   "rrdn_gan", "--steps", "1", "--out", tmp_path / "g", "-w", "1"], expect=1)
+    assert "g.safetensors: not readable safetensors weights" in res.output, res.output
+    assert "Traceback" not in res.output

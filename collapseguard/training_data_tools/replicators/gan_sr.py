@@ -70,9 +70,14 @@ def weights_provenance(path: Path) -> dict:
     (``float16`` as ``--half`` stores them, else ``float32``). Read from the file's header alone."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata() or {}
-        dtypes = sorted({str(f.get_slice(k).get_dtype()) for k in f.keys()})  # noqa: SIM118 - not a dict
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            dtypes = sorted({str(f.get_slice(k).get_dtype()) for k in f.keys()})  # noqa: SIM118 - not a dict
+    except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a damaged file
+        raise ReplicatorError(f"{path}: not readable safetensors weights ({type(exc).__name__}: "
+                              f"{exc}): damaged or cut short? make them again with: "
+                              f"{make_command(path)}") from None
     names = {"F16": "float16", "F32": "float32", "BF16": "bfloat16", "F64": "float64"}
     return {"tarball_sha256": meta.get("tarball_sha256", ""),
             "dtype": ",".join(names.get(d, d.lower()) for d in dtypes)}

@@ -127,9 +127,14 @@ def load_network(path: str | Path = WEIGHTS):
                                   "recipes/convert_upscalerjs.py")
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open, not a dict
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open, not a dict
+        except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a damaged file
+            raise ReplicatorError(f"{path}: not readable safetensors weights ({type(exc).__name__}: "
+                                  f"{exc}): damaged or cut short? make them again with "
+                                  "recipes/convert_upscalerjs.py") from None
         try:
             layers = json.loads(meta["layers"])
         except (KeyError, ValueError):

