@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         cache = a.cache / f"cnn-{v}.csv"
         if not cache.exists():
             ap.error(f"no scores for {v}: {cache} is missing (run judge_cnn.py with these weights)")
-        scores = pd.read_csv(cache).set_index("path")["score"]
+        scores = pd.read_csv(cache).drop_duplicates("path", keep="last").set_index("path")["score"]
         ev[v] = ev["file"].map(scores)
         if ev[v].isna().any():
             ap.error(f"{cache} lacks {int(ev[v].isna().sum())} of the evaluation set's files")
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
             for c in columns:
                 neg = g.loc[g["step"] == 0, c]
                 for step in (5, 10):
-                    row[f"{c[:6]} 0v{step}"] = auroc(neg, g.loc[g["step"] == step, c])
+                    row[f"{c} 0v{step}"] = auroc(neg, g.loc[g["step"] == step, c])
             rows.append(row)
         t = pd.DataFrame(rows).set_index("family")
         print(f"\n== {storage}")
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
         held = [f for f in t.index if f in HELD_OUT]
         print(f"{'':14s} {'worst held-out 0v10':>20s} {'worst default 0v5':>18s} {'family mean 0v5':>16s}")
         for c in columns:
-            print(f"{c:14s} {t.loc[held, f'{c[:6]} 0v10'].min():20.3f} "
-                  f"{t.loc[default, f'{c[:6]} 0v5'].min():18.3f} {t[f'{c[:6]} 0v5'].mean():16.3f}")
+            print(f"{c:14s} {t.loc[held, f'{c} 0v10'].min():20.3f} "
+                  f"{t.loc[default, f'{c} 0v5'].min():18.3f} {t[f'{c} 0v5'].mean():16.3f}")
     return 0
 
 

@@ -86,7 +86,7 @@ def list_samples(inputs: Sequence[str], image_column: str | None = None) -> Iter
     then image files; each file once, as ``score`` reads them). ``nth`` counts earlier samples of
     the same key in the shard. A URL input that cannot be listed names no sample (``run_score``
     reports it as a failed input)."""
-    data, files = expand(inputs, failed=[])
+    data, files = expand(inputs, failed=[], image_column=image_column)
     shards, files = unique_inputs(data, files)
     for inp in shards:
         s = inp.name

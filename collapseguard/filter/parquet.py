@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collapseguard.filter.decisions import (
@@ -52,8 +54,8 @@ from collapseguard.io.outdir import out_dir as open_out_dir
 from collapseguard.io.parquet import (
     RowGroupWriter,
     find_image_column,
-    other_image_columns,
     open_parquet,
+    other_image_columns,
     read_rows,
 )
 from collapseguard.io.parse import Input
@@ -93,9 +95,9 @@ def _precomputed(rows, scores_path: str, where: str):
 
 
 def decided_runs(keep: list[bool]) -> list[tuple[int, int, bool]]:
-    """``(start, length, kept)`` for each run of rows with one decision, in order. Rows are written
-    as slices of their batch: a slice is a view of any Arrow type (a filter or take has no kernel
-    for some, ``string_view`` and ``binary_view`` among them) and copies nothing."""
+    """``(start, length, kept)`` for each run of rows with one decision, in order: how a batch is
+    written where Arrow's filter has no kernel for a column's type (``string_view``,
+    ``binary_view``), since a slice is a view of any type."""
     runs: list[tuple[int, int, bool]] = []
     for i, k in enumerate(keep):
         if runs and runs[-1][2] == k:
@@ -169,10 +171,16 @@ def process_parquet(inp: Input, options: FilterOptions, detector=None,
         done_since = 0
 
         def write_batch() -> None:
-            for start, length, kept in decided_runs(keep):
-                key = "kept" if kept else "rejected"
-                if key in writers:
-                    writers[key].write(batch.slice(start, length))
+            mask = pa.array(keep, pa.bool_())
+            for key, m in (("kept", mask), ("rejected", pc.invert(mask))):
+                if key not in writers:
+                    continue
+                try:
+                    writers[key].write(batch.filter(m))
+                except pa.ArrowNotImplementedError:  # a type with no take kernel (string_view,
+                    for start, length, kept in decided_runs(keep):  # binary_view): as slices
+                        if kept == (key == "kept"):
+                            writers[key].write(batch.slice(start, length))
 
         for row, scored in stream:
             if row.batch is not batch:

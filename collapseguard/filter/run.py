@@ -616,8 +616,10 @@ def summarize(shards, records, errors, options: FilterOptions, todo, run_seconds
                           **({"orphan_rows": rec["orphan_rows"]} if rec.get("orphan_rows") else {}),
                           **({"sidecar_notes": rec["sidecar_notes"]} if rec.get("sidecar_notes") else {}),
                           **({"image_column": rec["image_column"]} if rec.get("image_column") else {}),
+                          # a run that names the column (--image-column) judged the one it chose
                           **({"unjudged_image_columns": rec["unjudged_image_columns"]}
-                             if rec.get("unjudged_image_columns") else {})})
+                             if rec.get("unjudged_image_columns") and not options.image_column
+                             else {})})
     ran = [records[s] for s in todo if s in records]
     # images scored by this run: none when it decides from an earlier pass's scores (scores_from)
     images_run = 0 if options.scores_from else sum(r["images"] for r in ran)

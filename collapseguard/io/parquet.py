@@ -6,8 +6,9 @@ and ``path``), or a binary column of encoded images, plain or dictionary-encoded
 the dictionary). It is named by the caller (``--image-column``) or found: a column the file's
 Hugging Face metadata (``huggingface`` schema key) declares an ``Image``, else a struct with a
 binary ``bytes`` field, else a binary column named ``image``, ``img``, ``jpg``, ``jpeg``, ``png``
-or ``webp`` (in that order), else a column of that name whose every cell is null (Arrow's null
-type, as pandas writes an all-None column): its rows hold no image. A column holding a list of
+or ``webp`` (in that order), else, when no column holds image bytes, a column of that name whose
+every cell is null (Arrow's null type, as pandas writes an all-None column): its rows hold no
+image. A column holding a list of
 images per row (a Hugging Face ``Sequence(Image)`` / ``List(Image)``, ``list<binary>``) is not
 read: a file whose images are only there is a ParquetInputError that says so, as is a column of
 an image name holding anything else (text, numbers), and an image column whose name the file
@@ -146,8 +147,9 @@ def _image_list_columns(schema: pa.Schema) -> list[str]:
 
 def _image_list_error(prefix: str, schema: pa.Schema, name: str, others: bool) -> ParquetInputError:
     hint = "; name a column of one image per row with --image-column" if others else ""
+    kind = next(f.type for f in schema if f.name == name)  # the first, if two share the name
     return ParquetInputError(f"{prefix}column {printable(name)!r} holds a list of images per row "
-                             f"({schema.field(name).type}), which is not read: collapseguard "
+                             f"({kind}), which is not read: collapseguard "
                              f"judges one image per row{hint}")
 
 
@@ -194,7 +196,7 @@ def _find_image_column(schema: pa.Schema, requested: str | None, prefix: str) ->
     if lists:
         raise _image_list_error(prefix, schema, lists[0], others=bool(usable))
     empty = [f.name for f in schema if _is_null_image_column(f)]
-    if empty:  # no column holds image bytes, and this one holds no value at all
+    if empty and not usable:  # no column holds image bytes, and this one holds no value at all
         return empty[0]
     named = [f for f in schema if f.name.lower() in IMAGE_COLUMN_NAMES]
     if named:
@@ -272,13 +274,14 @@ def _parquet_file(name: str, f) -> pq.ParquetFile:
         raise
 
 
-def _check_size(f, size: int | None, limit: int, name: str, check) -> None:
+def _check_size(f, size: int | None, limit: int, name: str) -> None:
     """A file read with random access counts its whole size against the limit on one shard
     (``--max-shard-bytes``), as a tar shard counts the bytes it is read to."""
+    from collapseguard.io.tar import check_shard_bytes
     if size is None:
         return
     try:
-        check(size, limit, printable(name), "in the file")
+        check_shard_bytes(size, limit, printable(name), "in the file")
     except BaseException:
         f.close()
         raise
@@ -290,18 +293,18 @@ def open_parquet(name: str, max_bytes: int | None = None) -> pq.ParquetFile:
     whole body copied once into an anonymous temporary file, up to ``max_bytes`` (``_spooled``;
     default ``io.tar.MAX_SHARD_BYTES``). A file read with random access larger than ``max_bytes``
     is ``io.tar.ShardTooLargeError`` too."""
-    from collapseguard.io.tar import MAX_SHARD_BYTES, check_shard_bytes, open_regular_file
+    from collapseguard.io.tar import MAX_SHARD_BYTES, open_regular_file
     limit = MAX_SHARD_BYTES if max_bytes is None else max_bytes
     path = local_path(name)
     if path is not None:
         f = open_regular_file(path)
-        _check_size(f, os.fstat(f.fileno()).st_size, limit, name, check_shard_bytes)
+        _check_size(f, os.fstat(f.fileno()).st_size, limit, name)
         return _parquet_file(name, f)
     if scheme(name) == "pipe":
         return _parquet_file(name, _spooled(name, max_bytes))
     fs, p = filesystem(name)
     f = fs.open(p, "rb")
-    _check_size(f, getattr(f, "size", None), limit, name, check_shard_bytes)
+    _check_size(f, getattr(f, "size", None), limit, name)
     try:
         return _parquet_file(name, f)
     except ValueError as exc:  # fsspec's http: "doesn't appear to support range requests"
@@ -379,41 +382,55 @@ def may_hold_images(name: str, image_column: str | None = None) -> bool:
     """Could the Parquet file ``name`` hold images: has it a column of image bytes (binary,
     dictionary-encoded binary, a struct with a binary ``bytes`` field), a column of lists of those,
     a column its Hugging Face metadata declares an ``Image`` or a list of them, a struct with a
-    ``bytes`` field of any type, a column of an image name whose every cell is null (pandas'
-    all-None column) or whose first value is an image as base64 text, or the column
-    ``image_column`` names (``--image-column``)? False only for a file whose schema reads and has
-    none (a scores, groups or metadata table found in a folder, whose ``image`` column holds
-    member names as text); a file that cannot be read, or whose image column holds something else
-    than bytes, counts as one that may, so its reader says what is wrong with it or reads its rows
-    as rows without images, instead of the folder passing over it without a word."""
+    ``bytes`` field of any type, or a column of an image name (``IMAGE_COLUMN_NAMES``, or the one
+    ``image_column`` names, ``--image-column``) that is not short text: rows whose cells are all
+    null (pandas' all-None column), or text whose values average ``LONG_TEXT_BYTES`` or more (an
+    image as base64), read from the footer's sizes without reading a value? False for a file
+    whose schema reads and has none (a scores, groups or metadata table found in a folder, whose
+    ``image`` column holds member names as short text; one without rows). A file that cannot be
+    read, or whose image column holds something other than bytes, counts as one that may, so its
+    reader says what is wrong with it, instead of the folder passing over it without a word."""
     try:
         with parquet_file(name) as pf:
             schema = pf.schema_arrow
-            return (any(_holds_image(f.type) for f in schema) or bool(_image_list_columns(schema))
-                    or bool(_hf_image_columns(schema))
-                    or any(_is_null_image_column(f) or f.name == image_column
-                           or (pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0)
-                           for f in schema)
-                    or any(_holds_base64_images(pf, f) for f in schema))
+            if (any(_holds_image(f.type) for f in schema) or _image_list_columns(schema)
+                    or _hf_image_columns(schema)
+                    or any(pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0
+                           for f in schema)):
+                return True
+            named = [f for f in schema if f.name.lower() in IMAGE_COLUMN_NAMES or f.name == image_column]
+            if not named or pf.metadata.num_rows == 0:  # no rows: nothing to lose
+                return False
+            return any(pa.types.is_null(f.type) or (_is_text(f.type) and _long_text(pf, f.name))
+                       or not (_is_text(f.type) or pa.types.is_null(f.type)) and f.name == image_column
+                       for f in named)
     except Exception:  # noqa: BLE001 - judged by the reader, which names the error
         return True
 
 
-#: how base64 text of an image begins (PNG, JPEG, GIF, WebP, a data URL)
-_BASE64_IMAGE_STARTS = ("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR", "data:image/")
+#: text values of at least this many bytes on average are no member names or paths: base64 images
+LONG_TEXT_BYTES = 512
 
 
-def _holds_base64_images(pf: pq.ParquetFile, f: pa.Field) -> bool:
-    """Is ``f`` a text column of an image name whose first value is an image as base64 text (a
-    table someone exported that way)? Read from the first rows of that column alone."""
-    if f.name.lower() not in IMAGE_COLUMN_NAMES or not (
-            pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
-        return False
-    for batch in pf.iter_batches(batch_size=8, columns=[f.name], use_threads=False):
-        for value in batch.column(0).to_pylist():
-            if value is not None:
-                return value.lstrip().startswith(_BASE64_IMAGE_STARTS)
-    return False
+def _is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    view = getattr(pa.types, "is_string_view", None)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or bool(view and view(t))
+
+
+def _long_text(pf: pq.ParquetFile, column: str) -> bool:
+    """Do the values of the text column ``column`` average ``LONG_TEXT_BYTES`` or more, by the
+    uncompressed sizes the footer records for its chunks?"""
+    meta = pf.metadata
+    size = rows = 0
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        for j in range(rg.num_columns):
+            if rg.column(j).path_in_schema == column:
+                size += rg.column(j).total_uncompressed_size
+                rows += rg.num_rows
+    return rows > 0 and size / rows >= LONG_TEXT_BYTES
 
 
 def count_rows(name: str) -> int | None:

