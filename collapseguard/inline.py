@@ -201,17 +201,19 @@ class _Decider:
                 "changed: make the scorer again")
         return detector
 
-    def decide(self, samples: Iterable[dict], *, track_keys: bool = False
+    def decide(self, samples: Iterable[dict], *, track_keys: bool = False, images_only: bool = True
                ) -> Iterator[tuple[dict, Scored, str, str]]:
         """Yield ``(sample, scored, decision, reason)`` in input order.
 
         With ``track_keys``, a sample whose ``__key__`` already named an earlier sample of the
         same pass over a shard (``__url__``; the record starts afresh when the shard changes, and
         when the pass's first key comes again: the module's notes) is rejected as
-        ``repeated_key``, as ``filter`` rejects the later copy of ``k`` in ``j, k, i, k``."""
+        ``repeated_key``, as ``filter`` rejects the later copy of ``k`` in ``j, k, i, k``.
+        ``images_only=False`` judges every field as an image, whatever its name (columns the
+        caller named as image columns)."""
         url, seen, first = object(), set(), None
         for sample, scored in score_records(samples, self.detector, members_of=_members,
-                                            batch_size=self.batch_size):
+                                            batch_size=self.batch_size, images_only=images_only):
             unsafe, repeated = _unsafe(sample), False
             if track_keys:
                 key = str(sample.get("__key__", ""))  # io.tar keeps a leading ./ in keys too
@@ -288,7 +290,8 @@ class RayScorer:
 
     Rows are webdataset samples as ``ray.data.read_webdataset(..., decoder=None)`` gives them: one
     column per file extension holding the encoded bytes, plus ``__key__``. Columns named by
-    ``image_columns`` (default: every column whose name is an image extension) are scored; a
+    ``image_columns`` (default: every column whose name is an image extension) are scored, each
+    as encoded image bytes whatever its name (``image``, ``photo`` from ``read_parquet``); a
     row's score is its most degraded image's, as in ``filter``.
     """
 
@@ -326,7 +329,8 @@ class RayScorer:
                 row[c] = v
             rows.append(row)
         scores, decisions, reasons = [], [], []
-        for _, scored, decision, reason in self._decider.decide(rows):
+        for _, scored, decision, reason in self._decider.decide(
+                rows, images_only=self.image_columns is None):
             scores.append(scored.score)
             decisions.append(decision)
             reasons.append(reason)
@@ -436,6 +440,15 @@ class HFScorer:
         _check_batch(batch)
         column = self._column(batch)
         rows = [(i, *_row_image(v, column, i)) for i, v in enumerate(batch[column])]
+        paths = sum(1 for _, _, why in rows if why.startswith("the image holds no bytes (only"))
+        if paths:
+            import warnings
+            warnings.warn(
+                f"{paths} row(s) of the batch hold only a file path in {column!r}, no image bytes "
+                "(datasets' imagefolder with Image(decode=False) gives such rows): they are "
+                "no_image, kept unless reject_no_image=True; read the files into the rows to "
+                "judge them: ds.map(lambda r: {col: {'bytes': open(r[col]['path'], 'rb').read(), "
+                "'path': r[col]['path']}})", UserWarning, stacklevel=3)
         out = []
         d = self._decider
         for (_, _, missing), scored in score_records(rows, d.detector, members_of=lambda r: r[1],

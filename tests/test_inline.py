@@ -195,3 +195,19 @@ def test_wds_stage_passes_samples_without_an_image_on_as_they_come():
     stage = wds_filter("nss", threshold=1e9, batch_size=4)
     first = next(iter(stage(stream())))
     assert first["__key__"] == "k0" and pulled <= 4
+
+
+def test_ray_scorer_judges_the_columns_it_is_given_whatever_their_names(photos):
+    """``image_columns=["photo"]`` (a read_parquet table's column): the bytes are judged as in a
+    column named ``png``, not passed over as a file of no image type."""
+    import pandas as pd
+
+    from collapseguard.images import encode_png
+    from collapseguard.inline import RayScorer
+
+    png = encode_png(photos[0])
+    by_ext = RayScorer("nss", threshold=0.0, image_columns=["png"])(pd.DataFrame({"png": [png]}))
+    for col in ("photo", "image"):
+        got = RayScorer("nss", threshold=0.0, image_columns=[col])(pd.DataFrame({col: [png]}))
+        assert got["reason"].tolist() == by_ext["reason"].tolist() != ["no_image"]
+        assert got["score"].tolist() == by_ext["score"].tolist()

@@ -194,3 +194,29 @@ def test_without_batched_the_scorer_says_to_pass_batched_true(clean_and_degraded
     with pytest.raises(TypeError, match=r"takes batches: pass batched=True"):
         ds.filter(scorer.keep)
     assert len(ds.map(scorer, batched=True)["decision"]) == 2  # with batched=True it scores
+
+
+def test_rows_holding_only_a_path_are_kept_as_no_image_with_a_warning(tmp_path, photos):
+    """A local imagefolder dataset cast with decode=False holds paths, not bytes: each row is
+    no_image (kept), and the scorer warns with the map that reads the files in; after that map
+    the same rows are judged."""
+    import warnings
+
+    import datasets
+    from PIL import Image
+
+    from collapseguard.inline import hf_scorer
+
+    (tmp_path / "train").mkdir()
+    Image.fromarray(degrade(photos[0], seed=0)).save(tmp_path / "train" / "p.png")
+    ds = datasets.load_dataset("imagefolder", data_dir=str(tmp_path), split="train",
+                               cache_dir=str(tmp_path / "cache"))
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    scorer = hf_scorer("nss", threshold=-1e9)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert scorer(ds[:1])["reason"] == ["no_image"]
+    assert any("hold only a file path" in str(w.message) for w in caught)
+    read = ds.map(lambda r: {"image": {"bytes": open(r["image"]["path"], "rb").read(),
+                                       "path": r["image"]["path"]}})
+    assert scorer(read[:1])["reason"] == ["degraded"]

@@ -469,8 +469,14 @@ def build_calibration(table: pd.DataFrame, detector: str, detector_version: str,
         command=command, notes=notes)
 
 
-def breakdown_text(cal: Calibration, steps=(1, 5, 10, 20)) -> str:
-    """Lines of the per-storage and per-kind tables: clean images dropped, step-k images dropped."""
+def breakdown_text(cal: Calibration, steps=None) -> str:
+    """Lines of the per-storage and per-kind tables: clean images dropped, step-k images dropped
+    (``steps``, default: the steps after 0 the breakdown holds, ``table_steps``; none without
+    chains)."""
+    if steps is None:
+        steps = table_steps(r["step"] for col in ("storage", "source_kind")
+                            for r in ((cal.breakdown or {}).get(col) or {}).get("steps", [])
+                            if int(r["step"]) > 0)
     lines = []
     for col, title in (("storage", "storage"), ("source_kind", "clean kind")):
         part = (cal.breakdown or {}).get(col)

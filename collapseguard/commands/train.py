@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import click
@@ -229,6 +230,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
     if not resume and ck.path.is_file():
         raise click.UsageError(f"{ck.path} holds a stopped run of this --out: --resume goes on from it "
                                "(delete it to start over)")
+    started = time.time()
     try:
         summary = run_training(chains, out, cfg, clean_dirs=clean, exclude=exclude,
                                evaluate=not no_eval, epochs=epochs, log=click.echo,
@@ -240,7 +242,7 @@ def train(chains, clean, out, iterations, epochs, seed, exclude, threads, device
                    "without --stop-at-step (or with a later step)")
         return
     except KeyboardInterrupt:
-        _say_how_to_resume(ck.path)
+        _say_how_to_resume(ck.path, Path(out), started)
         raise
     except (ValueError, OSError) as exc:  # FileNotFoundError: a --clean that is not a folder
         raise click.ClickException(str(exc)) from None
@@ -299,15 +301,26 @@ def _echo_agreement(rho: float) -> None:
                + (f"{rho:.3f}" if math.isfinite(rho) else "n/a (fewer than 3 held-out images)"))
 
 
-def _say_how_to_resume(ckpt: Path) -> None:
-    """After Ctrl-C: which step the run's checkpoint holds and how to go on from it."""
+def _say_how_to_resume(ckpt: Path, out: Path | None = None, started: float = math.inf) -> None:
+    """After Ctrl-C: which step the run's checkpoint holds and how to go on from it; or, stopped
+    after training (the weights written, the checkpoint gone) while the held-out evaluation ran,
+    that the weights are kept and were not measured."""
     import json
 
     try:
         step = json.loads(Path(ckpt).read_text()).get("step")
     except (OSError, ValueError):
         step = None
-    if isinstance(step, int):
+    try:  # this run's card (written since it started), not an earlier run's
+        summary = out.with_suffix(".json")
+        card = json.loads(summary.read_text()) if summary.stat().st_mtime >= started else {}
+    except (AttributeError, OSError, ValueError):
+        card = {}
+    if not isinstance(step, int) and isinstance(card, dict) and card.get("evaluation") == "not run":
+        click.echo(f"interrupted after training: the weights are written to {out} (version "
+                   f"{card.get('version')}); the held-out evaluation did not run, as its card says: "
+                   f"collapseguard evaluate --chains ... -d cnn:{out} measures them", err=True)
+    elif isinstance(step, int):
         click.echo(f"interrupted: the checkpoint {ckpt} holds step {step} (later steps are lost); the "
                    "same command with --resume goes on from it", err=True)
     else:

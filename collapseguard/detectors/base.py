@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import os
 from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
@@ -44,9 +45,14 @@ def as_batch(images) -> list:
     is, and grey arrays ((H, W) or (H, W, 1)) are repeated to three channels, so one picture gets
     one score whichever way it arrives.
     """
+    from PIL import Image
+
     if isinstance(images, np.ndarray) and images.ndim in (2, 3):
         raise TypeError(f"score() takes a batch of images (a list, or an (N, H, W, 3) array); got one "
                         f"array of shape {images.shape}: pass [image]")
+    if isinstance(images, (Image.Image, str, bytes, os.PathLike)):
+        raise TypeError(f"score() takes a batch of images (a list, or an (N, H, W, 3) array); got one "
+                        f"{type(images).__name__}: pass [image]")
     return [_as_rgb(img, i) for i, img in enumerate(images)]
 
 
@@ -58,6 +64,10 @@ def _as_rgb(img, i: int) -> np.ndarray:
         from collapseguard.images import shown_rgb_array
 
         img = shown_rgb_array(img)
+    if isinstance(img, (str, bytes, os.PathLike)):  # a file name or its bytes: no pixels yet
+        raise TypeError(f"image {i}: expected pixels (a uint8 array or a PIL image), got a "
+                        f"{type(img).__name__}; decode files first (collapseguard.images."
+                        "decode_image), or score them with `collapseguard score`")
     arr = np.asarray(img)
     if arr.dtype != np.uint8:
         raise ValueError(f"image {i}: expected uint8 pixels (0-255), got {arr.dtype}")

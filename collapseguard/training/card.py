@@ -67,6 +67,11 @@ def render_card(summary: dict) -> str:
         "## Held-out metrics (sources never seen in training)",
         "",
     ]
+    if summary.get("evaluation") == "not run":  # --no-eval, or a run stopped while evaluating
+        lines.append("Not measured: the held-out evaluation did not run (`train --no-eval`, or the "
+                     "run was stopped after its weights were written). `collapseguard evaluate "
+                     "--chains ... -d cnn:WEIGHTS` measures the weights.")
+        return "\n".join(lines)
     au = summary["heldout_auroc"]
     cols = ["family", "n_chains"] + sorted({k for r in au for k in r if k.startswith("auroc")},
                                             key=lambda c: int(c.split("v")[1]))

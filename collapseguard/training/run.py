@@ -419,6 +419,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         "seconds_train_this_process": t2 - t1,
         "resumed_from_step": resumed_step,
         "seconds_eval": 0.0,
+        "evaluation": "not run",  # until it has run: a card of a stopped evaluation says so
         "heldout_auroc": [],
         "clean": {"threshold": float("nan"), "groups": []},
     }
@@ -435,6 +436,7 @@ def run_training(chain_dirs: Sequence[str | Path], out: str | Path, cfg: TrainCo
         ev.pop("scored")
         summary.update(ev)
         summary["seconds_eval"] = time.time() - t2
+        summary["evaluation"] = "done"
     write_summary(summary, out.with_suffix(".json"))
     write_card(summary, out.with_suffix(".md"))
     log(f"wrote {out} ({n_bytes} bytes, version {summary['version']}), {out.with_suffix('.json').name}, "

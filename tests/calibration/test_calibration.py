@@ -777,3 +777,12 @@ def test_the_drop_curve_table_shows_the_steps_the_chains_hold():
     assert "50.0%" in row and "100.0%" in row and " - " not in row + " "
     assert table_steps([0, 1, 2, 3, 5, 10, 20, 30, 50, 100]) == (0, 1, 2, 3, 5, 10, 20)
     assert table_steps([0, 2, 4, 6, 8, 12, 14, 16]) == (0, 2, 4, 6, 8, 12, 14)
+    # the per-storage and per-kind tables too: the steps after 0 they hold, none without chains
+    from collapseguard.calibration.build import breakdown_text
+    cal.breakdown = {"measured_on": "held-out", "storage": {
+        "clean": [{"storage": "png", "fraction": 0.0, "ci_low": 0.0, "ci_high": 0.1, "n": 30}],
+        "steps": [{"storage": "png", "step": s, "fraction": f, "n": 30} for s, f in ((2, 0.5), (10, 0.9))]}}
+    head = breakdown_text(cal).splitlines()[1]
+    assert head.split()[-4:] == ["step", "2", "step", "10"] and "20" not in head
+    cal.breakdown["storage"]["steps"] = []
+    assert "step" not in breakdown_text(cal).splitlines()[1]

@@ -187,6 +187,10 @@ def test_one_image_on_its_own_is_refused_and_rgba_arrays_score_as_their_files(sp
         det.score(img)  # iterated, it would be 96 "images" of one row each
     with pytest.raises(TypeError, match=r"pass \[image\]"):
         det.score_detailed(img[..., 0])
+    with pytest.raises(TypeError, match=r"got one Image: pass \[image\]"):
+        det.score(Image.fromarray(img))  # not "'Image' object is not iterable"
+    with pytest.raises(TypeError, match="got a str; decode files first"):
+        det.score(["photo.png"])  # not "expected uint8 pixels, got <U9"
     rgba = np.dstack([img, np.linspace(0, 255, img.shape[1], dtype=np.uint8)[None].repeat(img.shape[0], 0)])
     buf = io.BytesIO()
     Image.fromarray(rgba, "RGBA").save(buf, format="PNG")

@@ -214,3 +214,24 @@ def test_a_run_whose_loss_stops_being_a_number_fails_and_writes_nothing(tmp_path
     assert res.exit_code == 1, res.output
     assert "training diverged at step" in res.output and "no weights were written" in res.output
     assert not out.exists() and not out.with_suffix(".json").exists()
+
+
+def test_a_run_stopped_while_evaluating_says_its_weights_are_written_and_unmeasured(tmp_path, data, monkeypatch):
+    """Ctrl-C (or SIGTERM) after training, during the held-out evaluation: the weights are
+    written and the checkpoint gone; the run says so (it said "nothing is kept"), and the card
+    says the held-out metrics were not measured instead of showing empty tables."""
+    from collapseguard.training import run as training_run
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training_run, "evaluate_weights", stopped)
+    out = tmp_path / "w.safetensors"
+    args = [a for a in data if a != "--no-eval"]
+    res = CliRunner().invoke(main, ["train", *args, "--steps", "6", "--checkpoint-steps", "3",
+                                    "--out", str(out)])
+    assert isinstance(res.exception, KeyboardInterrupt) or res.exit_code != 0
+    assert "interrupted after training: the weights are written" in res.output, res.output
+    assert "nothing is kept" not in res.output and out.is_file()
+    assert "Not measured" in out.with_suffix(".md").read_text()
+    assert json.loads(out.with_suffix(".json").read_text())["evaluation"] == "not run"
