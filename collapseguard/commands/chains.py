@@ -73,7 +73,8 @@ def ls_cmd(path, extract_dir, one_based, manifest_out):
 @click.option("--sources", default="bundled,art:24", show_default=True,
               help="Comma-separated: bundled | art:N[:MIN-MAX][:dither=SIGMA|vary] | pixel:N (pixel art) | "
                    "screen:N (screenshots, UI, diagrams, text) | folder:PATH | views:PATH[:SIDE] | "
-                   "shards:GLOB | a folder | a .tar.")
+                   "shards:GLOB | a folder | a .tar. A folder whose name holds a comma is read "
+                   "whole when it exists.")
 @click.option("--families", default=None,
               help="Comma-separated replicator families (default: all; see `chains families`).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1), help="Steps per chain.")

@@ -484,8 +484,29 @@ def _distinct(name: str, given: set[str]) -> str:
     return out
 
 
+def _split_spec(spec: str) -> list[str]:
+    """The parts of a spec joined with ``,``; a folder whose name holds a comma (``folder:a,b``,
+    ``views:a,b:512`` or a bare path) stays one part when the longer name is an existing folder."""
+    pieces, parts, i = spec.split(","), [], 0
+    while i < len(pieces):
+        take = 1
+        for j in range(len(pieces), i + 1, -1):
+            whole = ",".join(pieces[i:j]).strip()
+            kind, _, arg = whole.partition(":")
+            if kind == "views":
+                arg = re.sub(r":\d+$", "", arg)
+            if (kind in ("folder", "views") and os.path.isdir(arg)) or os.path.isdir(whole):
+                take = j - i
+                break
+        part = ",".join(pieces[i:i + take]).strip()
+        if part:
+            parts.append(part)
+        i += take
+    return parts
+
+
 def _resolve_parts(spec: str, seed: int, skipped: list[str] | None) -> Iterator[Source]:
-    for part in [s.strip() for s in spec.split(",") if s.strip()]:
+    for part in _split_spec(spec):
         kind, _, arg = part.partition(":")
         if part == "bundled":
             yield from bundled_photos()

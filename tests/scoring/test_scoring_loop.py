@@ -233,3 +233,26 @@ def test_an_image_over_the_pixel_limit_keeps_its_size_in_the_row():
     (_, res), = list(score_records([[("big.png", header)]], create("nss")))
     assert res.status == "decode_error" and "13000x11000 pixels" in res.error, res.error
     assert (res.width, res.height) == (13000, 11000)
+
+
+def test_score_says_which_rows_repeat_an_earlier_key_of_their_shard(tmp_path, photos):
+    """``a.png, b.png, a.png`` in one shard: two rows of key ``a``; the later says its key repeats
+    (filter sets that sample aside as repeated_key), so a join on (source, key) is not trusted
+    blindly; the first and the other sample say nothing of it."""
+    import tarfile
+
+    import pandas as pd
+    from cg_testutil import add_member, run_cli
+
+    from collapseguard.images import encode_png
+
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tf:
+        for name, img in (("a.png", photos[0]), ("b.png", photos[1]), ("a.png", photos[2])):
+            add_member(tf, name, encode_png(img[:64, :64]))
+    run_cli(["score", shard, "-d", "nss", "-o", tmp_path / "s.csv", "-q"])
+    t = pd.read_csv(tmp_path / "s.csv", keep_default_na=False)
+    assert t["key"].tolist() == ["a", "b", "a"]
+    said = ["repeats an earlier sample's" in e for e in t["error"]]
+    assert said == [False, False, True] and "repeated_key" in t["error"].iloc[2]
+    assert t["score"].iloc[2] != ""  # still scored

@@ -282,3 +282,16 @@ def test_names_that_clean_alike_stay_distinct_pictures_whatever_else_is_there(tm
     after = [n for n, _ in folder_images(tmp_path)]
     assert len(set(map(source_group, before))) == 2 and set(before) < set(after)
     assert all(re.fullmatch(r"[A-Za-z0-9._/@-]+", n) for n in after)
+
+
+def test_a_folder_whose_name_holds_a_comma_is_one_source(tmp_path):
+    """``folder:odd,dir`` names the folder ``odd,dir`` when it exists (it was split into
+    ``folder:odd`` and ``dir``: "not a folder"), also beside other parts and as a bare path."""
+    odd = tmp_path / "odd,dir"
+    odd.mkdir()
+    Image.new("RGB", (16, 16)).save(odd / "x.png")
+    assert [n for n, _ in resolve_sources(f"folder:{odd}")] == ["x"]
+    assert [n for n, _ in resolve_sources(f"art:1:64-96,folder:{odd},art:1:64-96")] == [
+        "art/0-0", "x", "art/0-0@repeat1"]
+    assert [n for n, _ in resolve_sources(str(odd))] == ["x"]
+    assert len(list(resolve_sources(f"views:{odd}:64"))) >= 1
