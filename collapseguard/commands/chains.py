@@ -131,6 +131,11 @@ def make_cmd(sources, families, steps, keep, repeats, out_dir, seed, workers, ma
                        f"--sources {printable(sources)} in order; the rest were left out", err=True)
     except ValueError as e:  # plain ValueErrors of argument checks
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated)
+        click.echo(f"interrupted: the chains finished so far are kept in {printable(str(out_dir))} "
+                   "(each with its .chain.json); the same command makes the rest and reuses them",
+                   err=True)
+        raise
     finally:  # undecodable and too small source images are left out, but never without a word
         # (even when leaving them out leaves nothing to make)
         if skipped:

@@ -4,7 +4,10 @@
 replicator seeded from ``(seed, source name, family, repeat)`` (so a chain does not depend on
 which other chains are made, or in which order, or by how many workers), runs it for ``steps``
 steps, writes the kept steps as PNG under ``out_dir/<family>/<chain_id>/step_XXX.png`` and returns
-the manifest (also written to ``out_dir/manifest.csv``).
+the manifest (also written to ``out_dir/manifest.csv``). Each finished chain's folder holds a
+record (``.chain.json``, written last) of what it was made from and its files' SHA-256: a run
+into the same ``out_dir`` after an interrupted one reuses every chain whose record matches its
+settings, source pixels and the chain-making code, and makes the rest, to the same files.
 
 Manifest columns: ``chain_id, source_image, family, task, step, path`` plus ``repeat, generator,
 width, height, seed, params`` (the replicator's drawn parameters as JSON) and, where a replicator
@@ -14,6 +17,7 @@ records state, one column per state key (``content_scale_x``, ``content_scale_y`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -91,10 +95,62 @@ def _chain_job(job: dict) -> list[dict]:
         torch.set_num_threads(threads)
 
 
+#: a chain folder's record of its finished chain (written last): what a rerun reuses
+DONE_NAME = ".chain.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    """SHA-256 of the chain-making code (this module and the replicators): a chain made by other
+    code is made again, not reused."""
+    here = Path(__file__).resolve()
+    files = [here, *sorted((here.parent / "replicators").glob("*.py"))]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _identity(job: dict) -> dict:
+    """What a finished chain was made from: its settings, its source's pixels and the code."""
+    image = np.ascontiguousarray(job["image"])
+    return {"chain_id": job["chain_id"], "family": job["family"], "steps": job["steps"],
+            "keep": list(job["keep"]), "seed": job["seed"], "repeat": job["repeat"],
+            "source_image": job["source_image"],
+            "source_sha256": hashlib.sha256(repr(image.shape).encode() + image.tobytes()).hexdigest(),
+            "code": _code_digest()}
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _finished_rows(job: dict, folder: Path) -> list[dict] | None:
+    """The rows of this job's chain when an earlier run finished it in ``folder`` (its record
+    names this job's identity and every kept file is there with its recorded bytes); else None."""
+    try:
+        done = json.loads((folder / DONE_NAME).read_text())
+        if done.get("identity") != _identity(job):
+            return None
+        rows = []
+        for row, sha in zip(done["rows"], done["sha256"], strict=True):
+            path = folder / row["path"]  # the file's name: rows keep their columns' order
+            if row["path"] != path.name or _file_sha256(path) != sha:
+                return None
+            rows.append({**row, "path": str(path)})
+        return rows
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _chain_rows(job: dict) -> list[dict]:
-    params, kept = run_chain(job["image"], job["family"], job["steps"], job["keep"], job["seed_seq"])
     folder = Path(job["out_dir"]) / job["family"] / job["chain_id"]
+    reused = _finished_rows(job, folder)
+    if reused is not None:  # a rerun after an interrupted one: this chain was finished then
+        return reused
+    params, kept = run_chain(job["image"], job["family"], job["steps"], job["keep"], job["seed_seq"])
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / DONE_NAME).unlink(missing_ok=True)
     rows = []
     h, w = job["image"].shape[:2]
     for step, img, state in kept:
@@ -105,6 +161,11 @@ def _chain_rows(job: dict) -> list[dict]:
                      "path": str(path), "repeat": job["repeat"],
                      "generator": f"simulated:{job['family']}", "width": w, "height": h,
                      "seed": job["seed"], "params": json.dumps(params, sort_keys=True), **state})
+    record = {"identity": _identity(job), "rows": [{**r, "path": Path(r["path"]).name} for r in rows],
+              "sha256": [_file_sha256(Path(r["path"])) for r in rows]}
+    tmp = folder / (DONE_NAME + ".tmp")
+    tmp.write_text(json.dumps(record, default=float))
+    os.replace(tmp, folder / DONE_NAME)
     return rows
 
 

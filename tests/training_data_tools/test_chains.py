@@ -135,3 +135,48 @@ def test_a_manifest_is_whole_or_absent(tmp_path, sources, monkeypatch):
     write_manifest(df, tmp_path / "manifest.csv")
     assert len(read_manifest(tmp_path / "manifest.csv")) == len(df)
     assert sorted(p.name for p in tmp_path.glob("*.csv")) == ["first.csv", "manifest.csv"]
+
+
+def test_a_rerun_reuses_the_chains_an_interrupted_run_finished(tmp_path, sources, monkeypatch):
+    """An interrupted run (stopped inside its third chain) leaves two finished chains; the rerun
+    into the same folder makes only the others, and writes the manifest and files of a run that
+    never stopped. A finished chain whose file changed, or made with other settings, is made
+    again."""
+    import pandas as pd
+
+    from collapseguard.training_data_tools import chains as chains_mod
+
+    kw = dict(steps=3, keep=(0, 1, 3), seed=2, workers=1, progress=False)
+    whole = make_chains(sources, ["noise_tint", "codec"], out_dir=tmp_path / "whole", **kw)
+    real, made = chains_mod.run_chain, []
+
+    def stops_at_the_third(*args, **kwargs):
+        made.append(args[1])
+        if len(made) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chains_mod, "run_chain", stops_at_the_third)
+    out = tmp_path / "split"
+    with pytest.raises(KeyboardInterrupt):
+        make_chains(sources, ["noise_tint", "codec"], out_dir=out, **kw)
+    assert len(list(out.rglob(chains_mod.DONE_NAME))) == 2 and not (out / "manifest.csv").exists()
+    made.clear()
+    monkeypatch.setattr(chains_mod, "run_chain", lambda *a, **k: made.append(a[1]) or real(*a, **k))
+    again = make_chains(sources, ["noise_tint", "codec"], out_dir=out, **kw)
+    assert len(made) == 2  # the two unfinished chains only
+    rel = lambda df, root: df.assign(path=[str(p).replace(str(root), "") for p in df["path"]])  # noqa: E731
+    pd.testing.assert_frame_equal(rel(again, out), rel(whole, tmp_path / "whole"))
+    for a, b in zip(sorted((tmp_path / "whole").rglob("*.png")), sorted(out.rglob("*.png"))):
+        assert a.read_bytes() == b.read_bytes()
+    # a changed file, or another --steps, is not reused
+    (out / "manifest.csv").unlink()
+    first = sorted(out.rglob("step_003.png"))[0]
+    first.write_bytes(b"changed")
+    made.clear()
+    make_chains(sources, ["noise_tint", "codec"], out_dir=out, **kw)
+    assert len(made) == 1 and first.read_bytes() != b"changed"
+    (out / "manifest.csv").unlink()
+    made.clear()
+    make_chains(sources, ["noise_tint", "codec"], out_dir=out, **{**kw, "steps": 4, "keep": (0, 1, 4)})
+    assert len(made) == 4

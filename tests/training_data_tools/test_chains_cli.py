@@ -547,3 +547,25 @@ def test_evaluate_and_calibrate_say_chains_numbered_from_1_were_renumbered(tmp_p
                                     "--no-plot", "-q", "-o", str(tmp_path / "cal.json")])
     assert "renumbered from 0" in res.output, res.output
     assert "scoring" not in res.output  # -q: warnings only, no progress line
+
+
+def test_an_interrupted_chains_make_says_the_same_command_resumes(tmp_path, monkeypatch):
+    from collapseguard.training_data_tools import chains as chains_mod
+
+    real, calls = chains_mod.run_chain, []
+
+    def stops_at_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chains_mod, "run_chain", stops_at_the_second)
+    args = ["chains", "make", "--sources", "art:2:64-96", "--families", "codec", "--steps", "2",
+            "--keep", "0,2", "--out", str(tmp_path / "c"), "-w", "1", "-q"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code != 0 and "the same command makes the rest" in res.output, res.output
+    monkeypatch.setattr(chains_mod, "run_chain", real)
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert len(load_chains(tmp_path / "c")) == 4
