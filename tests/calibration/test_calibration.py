@@ -764,9 +764,9 @@ def test_a_threshold_beside_a_calibration_without_score_maps_says_it_adds_nothin
 
 
 def test_the_drop_curve_table_shows_the_steps_the_chains_hold():
-    """Chains kept at steps 0, 2 and 30 show those columns (the table showed 0, 1, 3, 5, 10 and 20
-    whatever the chains held: dashes only, beside a summary line naming steps 2 and 30); many
-    steps show the usual ones first, seven columns at most."""
+    """Chains kept at steps 0, 2 and 30 show those columns, not fixed steps of dashes beside a
+    summary line naming steps 2 and 30; many steps show the usual ones first, seven columns at
+    most."""
     from collapseguard.calibration.build import curve_table, table_steps
 
     cal = Calibration(detector="d", detector_version="v", threshold=1.0, drop_curve=[

@@ -698,7 +698,7 @@ def test_fuzzed_shards_are_read_whole_or_refused_clearly_and_conservation_holds(
 def test_an_interrupt_while_the_scores_are_tabled_leaves_no_staged_file(tmp_path, photos, monkeypatch, kind):
     """Ctrl-C or SIGTERM (a worker's ``WorkerStopped``) that lands after kept/ and rejected/ are
     written and before they are committed, while the scores table is built: what was staged
-    goes (it stayed in kept/ and rejected/ as ``*.tmp`` when ``filter -w 2`` was killed there)."""
+    goes: no ``*.tmp`` is left in kept/ or rejected/, and no marker."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

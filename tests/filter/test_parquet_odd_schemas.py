@@ -179,7 +179,7 @@ def test_collapseguard_s_own_tables_in_a_folder_stay_out_and_a_real_column_wins(
         out = tmp_path / f"out{len(extra)}"
         run_cli(["filter", d, "-o", out, "-d", "nss", "--threshold", "1e9", "-q", *extra])
         assert sorted(p.name for p in (out / "kept").iterdir()) == ["imgs.parquet"]
-    run_cli(["score", d, "-d", "nss", "-o", d / "scores.parquet", "-q"])  # written over, as before
+    run_cli(["score", d, "-d", "nss", "-o", d / "scores.parquet", "-q"])  # its own table: written over
     both = tmp_path / "both.parquet"
     pq.write_table(pa.table({"image": pa.nulls(2), "content": [encode_png(p) for p in photos[:2]]}), both)
     res = run_cli(["filter", both, "-o", tmp_path / "b", "-d", "nss", "--threshold", "1e9"], expect=1)

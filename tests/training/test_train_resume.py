@@ -218,7 +218,7 @@ def test_a_run_whose_loss_stops_being_a_number_fails_and_writes_nothing(tmp_path
 
 def test_a_run_stopped_while_evaluating_says_its_weights_are_written_and_unmeasured(tmp_path, data, monkeypatch):
     """Ctrl-C (or SIGTERM) after training, during the held-out evaluation: the weights are
-    written and the checkpoint gone; the run says so (it said "nothing is kept"), and the card
+    written and the checkpoint gone; the run says so, not "nothing is kept", and the card
     says the held-out metrics were not measured instead of showing empty tables."""
     from collapseguard.training import run as training_run
 

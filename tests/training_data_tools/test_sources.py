@@ -285,8 +285,8 @@ def test_names_that_clean_alike_stay_distinct_pictures_whatever_else_is_there(tm
 
 
 def test_a_folder_whose_name_holds_a_comma_is_one_source(tmp_path):
-    """``folder:odd,dir`` names the folder ``odd,dir`` when it exists (it was split into
-    ``folder:odd`` and ``dir``: "not a folder"), also beside other parts and as a bare path."""
+    """``folder:odd,dir`` names the folder ``odd,dir`` when it exists, not ``folder:odd`` and
+    ``dir``, also beside other parts and as a bare path."""
     odd = tmp_path / "odd,dir"
     odd.mkdir()
     Image.new("RGB", (16, 16)).save(odd / "x.png")
