@@ -440,7 +440,8 @@ class HFScorer:
         _check_batch(batch)
         column = self._column(batch)
         rows = [(i, *_row_image(v, column, i)) for i, v in enumerate(batch[column])]
-        paths = sum(1 for _, _, why in rows if why.startswith("the image holds no bytes (only"))
+        paths = sum(1 for v in batch[column] if isinstance(v, dict) and v.get("bytes") is None
+                    and v.get("path"))
         if paths:
             import warnings
             warnings.warn(

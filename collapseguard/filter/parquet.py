@@ -17,6 +17,7 @@ get a ``group`` column.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -98,13 +99,11 @@ def decided_runs(keep: list[bool]) -> list[tuple[int, int, bool]]:
     """``(start, length, kept)`` for each run of rows with one decision, in order: how a batch is
     written where Arrow's filter has no kernel for a column's type (``string_view``,
     ``binary_view``), since a slice is a view of any type."""
-    runs: list[tuple[int, int, bool]] = []
-    for i, k in enumerate(keep):
-        if runs and runs[-1][2] == k:
-            start, length, _ = runs[-1]
-            runs[-1] = (start, length + 1, k)
-        else:
-            runs.append((i, 1, k))
+    runs, start = [], 0
+    for kept, run in itertools.groupby(keep):
+        length = sum(1 for _ in run)
+        runs.append((start, length, kept))
+        start += length
     return runs
 
 

@@ -146,7 +146,8 @@ def plan_shards(inputs: Sequence[str], out_dir: str | None = None,
     often or however spelled it was given; ``loose`` (optional) receives the loose image files
     found beside them, which are not filtered; ``failed`` (optional) receives the URL inputs that
     cannot be listed; ``allow_pipe=False`` refuses ``pipe:`` commands; ``image_column``
-    (``--image-column``) makes a Parquet file in a folder that has that column an input.
+    (``--image-column``) is read as an image-named column when a folder's Parquet files are
+    judged inputs or not (``io.parquet.may_hold_images``).
 
     Refuses what an input folder holds and cannot be read, two different shards that would write
     to the same output name, and (given ``out_dir``) a shard lying in ``out_dir``'s kept/ or

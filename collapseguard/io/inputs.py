@@ -248,9 +248,9 @@ def expand(inputs: Iterable[str], unread: list[tuple[str, str]] | None = None,
     location is listed the same way. A Parquet file found there is an input unless it is an
     img2dataset sidecar (beside a shard whose stem starts its name, ``00000.parquet`` beside
     ``00000.tar``: it travels with its shard) or a table with no column that could hold image
-    bytes (``io.parquet.may_hold_images``: a scores table, say; one that has the column
-    ``image_column`` names, ``--image-column``, is an input whatever that column holds); a Parquet
-    file named on the command line is always an input. ``unread``
+    bytes (``io.parquet.may_hold_images``: a scores table, say; the column ``image_column`` names,
+    ``--image-column``, counts as an image-named one); a Parquet file named on the command line is
+    always an input. ``unread``
     (optional) receives ``(path, why)`` for what a folder holds and cannot be read: a subfolder
     that cannot be listed, an entry that cannot be examined, a broken link that is not named like
     an image or shard (it may have pointed to a folder). A link loop or a second link to a folder

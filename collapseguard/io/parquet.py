@@ -225,17 +225,9 @@ def find_id_column(schema: pa.Schema) -> str | None:
     for name in ID_COLUMN_NAMES:
         if schema.names.count(name) == 1:
             t = schema.field(name).type
-            if pa.types.is_dictionary(t):
-                t = t.value_type
-            if _is_key_type(t):
+            if _is_text(t) or pa.types.is_integer(t.value_type if pa.types.is_dictionary(t) else t):
                 return name
     return None
-
-
-def _is_key_type(t: pa.DataType) -> bool:
-    view = getattr(pa.types, "is_string_view", None)
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
-            or bool(view and view(t)))
 
 
 def _spooled(name: str, max_bytes: int | None = None):
@@ -398,12 +390,10 @@ def may_hold_images(name: str, image_column: str | None = None) -> bool:
                     or any(pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0
                            for f in schema)):
                 return True
-            named = [f for f in schema if f.name.lower() in IMAGE_COLUMN_NAMES or f.name == image_column]
-            if not named or pf.metadata.num_rows == 0:  # no rows: nothing to lose
+            if pf.metadata.num_rows == 0:  # no rows: nothing to lose
                 return False
-            return any(pa.types.is_null(f.type) or (_is_text(f.type) and _long_text(pf, f.name))
-                       or not (_is_text(f.type) or pa.types.is_null(f.type)) and f.name == image_column
-                       for f in named)
+            return any(_named_column_may_hold(pf, f, image_column) for f in schema
+                       if f.name.lower() in IMAGE_COLUMN_NAMES or f.name == image_column)
     except Exception:  # noqa: BLE001 - judged by the reader, which names the error
         return True
 
@@ -417,6 +407,16 @@ def _is_text(t: pa.DataType) -> bool:
         t = t.value_type
     view = getattr(pa.types, "is_string_view", None)
     return pa.types.is_string(t) or pa.types.is_large_string(t) or bool(view and view(t))
+
+
+def _named_column_may_hold(pf: pq.ParquetFile, f: pa.Field, image_column: str | None) -> bool:
+    """A column of an image name (or the one ``--image-column`` names) that holds no image bytes:
+    all null, long text (base64 images), or, for the named one, any type but short text."""
+    if pa.types.is_null(f.type):
+        return True
+    if _is_text(f.type):
+        return _long_text(pf, f.name)
+    return f.name == image_column
 
 
 def _long_text(pf: pq.ParquetFile, column: str) -> bool:

@@ -320,9 +320,11 @@ def set_aside_reason(sample) -> str:
     return first_set_aside(**set_aside_flags(sample))
 
 
-def sample_error(sample, error: str) -> str:
+def sample_error(sample, error: str, say_repeat: bool = False) -> str:
     """A row's error text: the scoring error plus what was wrong with the sample's members (left
-    out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``)."""
+    out when ``error`` already says it, as an earlier pass's error read back by ``scores_from``);
+    with ``say_repeat`` (a table with no reason or ``set_aside`` column to say it), that its key
+    repeats an earlier sample's in the shard, so a join on (source, key) is not trusted blindly."""
     notes = []
     if sample.unsafe_names:
         names = list(dict.fromkeys(sample.unsafe_names))  # a repeated name is listed once per change
@@ -332,5 +334,8 @@ def sample_error(sample, error: str) -> str:
     if sample.refused:
         notes.append("members not read: " + ", ".join(
             f"{name!r} ({why})" for name, why in sample.refused[:5]))
+    if say_repeat and sample.repeat > 0:
+        notes.append(f"the key {sample.key!r} repeats an earlier sample's in the shard (filter sets "
+                     "it aside: repeated_key)")
     error = error or ""
     return "; ".join(([error] if error else []) + [n for n in notes if n not in error])

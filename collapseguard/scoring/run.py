@@ -117,11 +117,7 @@ def _score_task(task: tuple, detector, progress=None, pf=None, decode=None, set_
                                   images_only=kind != "parquet", decode=decode):
         source, key = ident(rec)
         if kind == "shard":
-            error = sample_error(rec, res.error)
-            if rec.repeat > 0 and not set_aside:  # without the set_aside column, said here: a join
-                # on (source, key) is then not trusted blindly
-                error = "; ".join(x for x in (error, f"the key {rec.key!r} repeats an earlier sample's "
-                                              "in the shard (filter sets it aside: repeated_key)") if x)
+            error = sample_error(rec, res.error, say_repeat=not set_aside)
         elif kind == "parquet":
             error = res.error if rec.data is not None else rec.missing
         else:

@@ -125,12 +125,12 @@ def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _finished_rows(job: dict, folder: Path) -> list[dict] | None:
-    """The rows of this job's chain when an earlier run finished it in ``folder`` (its record
-    names this job's identity and every kept file is there with its recorded bytes); else None."""
+def _finished_rows(identity: dict, folder: Path) -> list[dict] | None:
+    """The rows of a chain an earlier run finished in ``folder`` (its record names ``identity``
+    and every kept file is there with its recorded bytes); else None."""
     try:
         done = json.loads((folder / DONE_NAME).read_text())
-        if done.get("identity") != _identity(job):
+        if done.get("identity") != identity:
             return None
         rows = []
         for row, sha in zip(done["rows"], done["sha256"], strict=True):
@@ -145,7 +145,8 @@ def _finished_rows(job: dict, folder: Path) -> list[dict] | None:
 
 def _chain_rows(job: dict) -> list[dict]:
     folder = Path(job["out_dir"]) / job["family"] / job["chain_id"]
-    reused = _finished_rows(job, folder)
+    identity = _identity(job)
+    reused = _finished_rows(identity, folder)
     if reused is not None:  # a rerun after an interrupted one: this chain was finished then
         return reused
     params, kept = run_chain(job["image"], job["family"], job["steps"], job["keep"], job["seed_seq"])
@@ -161,7 +162,7 @@ def _chain_rows(job: dict) -> list[dict]:
                      "path": str(path), "repeat": job["repeat"],
                      "generator": f"simulated:{job['family']}", "width": w, "height": h,
                      "seed": job["seed"], "params": json.dumps(params, sort_keys=True), **state})
-    record = {"identity": _identity(job), "rows": [{**r, "path": Path(r["path"]).name} for r in rows],
+    record = {"identity": identity, "rows": [{**r, "path": Path(r["path"]).name} for r in rows],
               "sha256": [_file_sha256(Path(r["path"])) for r in rows]}
     tmp = folder / (DONE_NAME + ".tmp")
     tmp.write_text(json.dumps(record, default=float))

@@ -68,16 +68,13 @@ def weights_provenance(path: Path) -> dict:
     """Which converted weights ``path`` holds, for the manifest: the SHA-256 of the npm tarball they
     were converted from (the file's ``tarball_sha256`` metadata) and the dtype of their tensors
     (``float16`` as ``--half`` stores them, else ``float32``). Read from the file's header alone."""
-    from safetensors import safe_open
+    from collapseguard.training_data_tools.replicators.super_resolution import (
+        opened_weights,
+    )
 
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            dtypes = sorted({str(f.get_slice(k).get_dtype()) for k in f.keys()})  # noqa: SIM118 - not a dict
-    except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a damaged file
-        raise ReplicatorError(f"{path}: not readable safetensors weights ({type(exc).__name__}: "
-                              f"{exc}): damaged or cut short? make them again with: "
-                              f"{make_command(path)}") from None
+    with opened_weights(path, make_command(path)) as f:
+        meta = f.metadata() or {}
+        dtypes = sorted({str(f.get_slice(k).get_dtype()) for k in f.keys()})  # noqa: SIM118 - not a dict
     names = {"F16": "float16", "F32": "float32", "BF16": "bfloat16", "F64": "float64"}
     return {"tarball_sha256": meta.get("tarball_sha256", ""),
             "dtype": ",".join(names.get(d, d.lower()) for d in dtypes)}

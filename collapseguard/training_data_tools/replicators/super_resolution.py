@@ -16,6 +16,7 @@ and restored again and again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -116,6 +117,21 @@ def depth_to_space(x, r: int):
     return x.reshape(n, r, r, c, h, w).permute(0, 3, 4, 1, 5, 2).reshape(n, c, h * r, w * r)
 
 
+@contextlib.contextmanager
+def opened_weights(path: str | Path, remedy: str = "recipes/convert_upscalerjs.py"):
+    """``safetensors.safe_open`` of converted network weights (numpy); a file that does not read
+    (damaged, cut short, not safetensors) is a ReplicatorError naming it and ``remedy``, how to
+    make it again."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            yield f
+    except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a damaged file
+        raise ReplicatorError(f"{path}: not readable safetensors weights ({type(exc).__name__}: "
+                              f"{exc}): damaged or cut short? make them again with: {remedy}") from None
+
+
 def load_network(path: str | Path = WEIGHTS):
     """The converted network (once per process), eval mode, CPU; it takes and returns 0-255
     whatever range the network was trained on (the file's ``input_range``)."""
@@ -125,16 +141,9 @@ def load_network(path: str | Path = WEIGHTS):
         if not path.is_file():
             raise ReplicatorError(f"super-resolution weights missing: {path}; make them with "
                                   "recipes/convert_upscalerjs.py")
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open, not a dict
-        except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a damaged file
-            raise ReplicatorError(f"{path}: not readable safetensors weights ({type(exc).__name__}: "
-                                  f"{exc}): damaged or cut short? make them again with "
-                                  "recipes/convert_upscalerjs.py") from None
+        with opened_weights(path) as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open, not a dict
         try:
             layers = json.loads(meta["layers"])
         except (KeyError, ValueError):
